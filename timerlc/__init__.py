@@ -1,0 +1,3 @@
+"""timerlc: a compiler for deep reinforcement-learning programs written in RTL."""
+
+__version__ = "0.1.0"

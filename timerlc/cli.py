@@ -1,0 +1,259 @@
+"""The ``timerlc`` command line (LANGUAGE.md section 12).
+
+Exit status: 0 success; 1 an error in the program (``FILE:LINE:COL: error: ...``);
+2 a usage error; 3 a failure while running.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from timerlc import __version__
+from timerlc.diagnostics import ProgramError, RunError, Source, UsageError
+
+BACKENDS = ("reference", "cpu", "cuda")
+IMPLEMENTED_BACKENDS = ("reference",)
+BUILD_MANIFEST = "build.json"
+BUILD_PROGRAM = "program.pdg.json"
+BUILD_FORMAT = 1
+
+
+class _Fail(Exception):
+    def __init__(self, status: int, text: str):
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+def _overrides(sets: tuple[str, ...], seed: int | None = None) -> dict[str, str]:
+    from timerlc.frontend.configs import parse_override
+
+    out = {}
+    for s in sets:
+        try:
+            name, value = parse_override(s)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--set") from None
+        out[name] = value
+    if seed is not None:
+        out["seed"] = str(seed)
+    return out
+
+
+def _env_overrides(envs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for s in envs:
+        if "=" not in s or not s.split("=", 1)[0].strip() or not s.split("=", 1)[1].strip():
+            raise click.BadParameter(f"expected E=PLUGIN, got '{s}'", param_hint="--env")
+        name, plugin = s.split("=", 1)
+        out[name.strip()] = plugin.strip()
+    return out
+
+
+def _read_source(path: str) -> Source:
+    p = Path(path)
+    try:
+        return Source(str(path), p.read_text())
+    except OSError as e:
+        raise _Fail(2, f"timerlc: error: cannot read {path}: {e.strerror}") from None
+
+
+def _check(source: Source, overrides: dict[str, str], envs: dict[str, str]):
+    from timerlc.frontend.check import check_source
+
+    try:
+        graph = check_source(source, overrides)
+    except ProgramError as e:
+        raise _Fail(1, e.render(source)) from None
+    for name in envs:
+        # the program has no env of that name (a program with envs is refused earlier)
+        raise _Fail(1, ProgramError(f"--env {name}=...: the program has no env '{name}'", None).render(source))
+    return graph
+
+
+def _backend(backend: str | None) -> str:
+    backend = backend or "reference"
+    if backend not in IMPLEMENTED_BACKENDS:
+        raise _Fail(
+            2,
+            f"timerlc: error: backend '{backend}' is not available in this version of timerlc "
+            f"(available: {', '.join(IMPLEMENTED_BACKENDS)})",
+        )
+    return backend
+
+
+def _guard(fn):
+    """Run a command body, turning timerlc errors into messages and exit statuses."""
+
+    def wrapper(*args, debug=False, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except _Fail as f:
+            click.echo(f.text, err=True)
+            sys.exit(f.status)
+        except UsageError as e:
+            click.echo(f"timerlc: error: {e}", err=True)
+            sys.exit(2)
+        except RunError as e:
+            if debug:
+                raise
+            click.echo(f"timerlc: run failed: {e}", err=True)
+            sys.exit(3)
+        except KeyboardInterrupt:
+            click.echo("timerlc: interrupted", err=True)
+            sys.exit(130)
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+_set_option = click.option(
+    "--set", "sets", multiple=True, metavar="K=V", help="Override a config, e.g. --set T=500 (repeatable)."
+)
+_env_option = click.option(
+    "--env", "envs", multiple=True, metavar="E=PLUGIN", help="Bind environment E to a plugin (repeatable)."
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="timerlc")
+def cli():
+    """timerlc compiles deep-RL training programs written in RTL (.rtl files) and runs them."""
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@_set_option
+@_env_option
+def check(file, sets, envs):
+    """Parse and check FILE; print nothing and exit 0 when it is valid."""
+    _guard(lambda: _check(_read_source(file), _overrides(sets), _env_overrides(envs)))()
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", "out_dir", default="build", show_default=True, help="The build folder to write.")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None, help="Target backend.")
+@_set_option
+@_env_option
+@click.option("--dump-ir", is_flag=True, help="Also write the IR after every stage to DIR/ir/.")
+@click.option("--timings", is_flag=True, help="Print how long each compile stage took.")
+def compile(file, out_dir, backend, sets, envs, dump_ir, timings):
+    """Compile FILE into a build folder (the checked program and, with --dump-ir, its IR)."""
+
+    def body():
+        from timerlc.ir import serialize
+
+        source = _read_source(file)
+        started = time.perf_counter()
+        chosen = _backend(backend)
+        graph = _check(source, _overrides(sets), _env_overrides(envs))
+        checked = time.perf_counter()
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / BUILD_PROGRAM).write_text(serialize.to_json(graph))
+        manifest = {
+            "format_version": BUILD_FORMAT,
+            "timerlc": __version__,
+            "source": str(Path(file).resolve()),
+            "backend": chosen,
+            "program": BUILD_PROGRAM,
+            "overrides": _overrides(sets),
+        }
+        (out / BUILD_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        if dump_ir:
+            ir = out / "ir"
+            ir.mkdir(exist_ok=True)
+            (ir / "00-frontend.pdg").write_text(serialize.to_text(graph))
+        if timings:
+            click.echo(f"check+lower  {1000 * (checked - started):8.1f} ms", err=True)
+            click.echo(f"total        {1000 * (time.perf_counter() - started):8.1f} ms", err=True)
+
+    _guard(body)()
+
+
+def _load_build(path: Path):
+    from timerlc.ir import serialize
+
+    try:
+        manifest = json.loads((path / BUILD_MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise _Fail(2, f"timerlc: error: {path} is not a timerlc build folder ({e})") from None
+    if manifest.get("format_version") != BUILD_FORMAT:
+        raise _Fail(
+            2,
+            f"timerlc: error: {path} was built with build format {manifest.get('format_version')}; "
+            f"this timerlc reads format {BUILD_FORMAT}. Recompile the program.",
+        )
+    try:
+        return serialize.from_json((path / manifest["program"]).read_text())
+    except (OSError, ValueError, KeyError) as e:
+        raise _Fail(2, f"timerlc: error: cannot load {path / manifest.get('program', BUILD_PROGRAM)}: {e}") from None
+
+
+@cli.command()
+@click.argument("target", type=click.Path())
+@click.option("--backend", type=click.Choice(BACKENDS), default=None, help="Backend (default: the best available).")
+@_set_option
+@_env_option
+@click.option("--seed", type=int, default=None, help="The seed of all random streams (overrides config seed).")
+@click.option("--outputs", "outputs_path", type=click.Path(dir_okay=False), help="Save the `out` tensors to F.npz.")
+@click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), help="Stream metrics to F.csv or F.jsonl.")
+@click.option("--no-progress", is_flag=True, help="Do not show the progress line.")
+@click.option("--profile", is_flag=True, help="Print where the run spent its time.")
+@click.option("--debug", is_flag=True, help="Show tracebacks of failures.")
+def run(target, backend, sets, envs, seed, outputs_path, metrics_path, no_progress, profile, debug):
+    """Run TARGET, a program FILE.rtl or a build folder, and save outputs and metrics."""
+
+    def body():
+        from timerlc.runner import run_program
+
+        path = Path(target)
+        chosen = _backend(backend)
+        if metrics_path and not metrics_path.endswith((".csv", ".jsonl")):
+            raise click.BadParameter("the metrics file must end in .csv or .jsonl", param_hint="--metrics")
+        if outputs_path and not outputs_path.endswith(".npz"):
+            raise click.BadParameter("the outputs file must end in .npz", param_hint="--outputs")
+        if path.is_dir():
+            if sets or envs or seed is not None:
+                raise _Fail(2, "timerlc: error: --set, --env and --seed change the program; recompile it instead")
+            graph = _load_build(path)
+        else:
+            graph = _check(_read_source(target), _overrides(sets, seed), _env_overrides(envs))
+        progress = not no_progress and sys.stderr.isatty()
+        run_program(graph, chosen, outputs_path, metrics_path, progress, profile)
+
+    _guard(body)(debug=debug)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "dot"]), default="text", show_default=True)
+def inspect(file, fmt):
+    """Show a dumped IR file (.pdg text or .json) in readable form."""
+
+    def body():
+        from timerlc.ir import serialize
+
+        text = Path(file).read_text()
+        try:
+            graph = serialize.from_json(text) if text.lstrip().startswith("{") else serialize.from_text(text)
+        except ValueError as e:
+            raise _Fail(2, f"timerlc: error: {file} is not a timerlc IR dump: {e}") from None
+        render = {"text": serialize.to_text, "json": serialize.to_json, "dot": serialize.to_dot}[fmt]
+        click.echo(render(graph), nl=False)
+
+    _guard(body)()
+
+
+def main():
+    cli(prog_name="timerlc")
+
+
+if __name__ == "__main__":
+    main()

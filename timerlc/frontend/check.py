@@ -1,0 +1,23 @@
+"""The front end's entry point: source text -> a checked PDG.
+
+parse -> configs -> declarations and domains -> typing and lowering -> polyhedral checks.
+"""
+from __future__ import annotations
+
+from timerlc.diagnostics import Source
+from timerlc.frontend.configs import evaluate_configs
+from timerlc.frontend.declarations import collect
+from timerlc.frontend.lower import lower
+from timerlc.frontend.parser import parse
+from timerlc.ir.pdg import Graph
+from timerlc.poly.checks import check_all
+
+
+def check_source(source: Source, overrides: dict[str, str] | None = None) -> Graph:
+    """Check a program; raises ``ProgramError`` on the first error found."""
+    program = parse(source.text)
+    configs = evaluate_configs(program, overrides or {})
+    info = collect(program, configs)
+    graph = lower(info)
+    check_all(graph)
+    return graph

@@ -1,0 +1,628 @@
+"""Elaboration: RTL expressions -> PDG nodes of one equation, with types checked.
+
+The elaborator walks the right side of an equation at the equation's iteration domain.
+Each operation becomes a node over that domain; a read of a tensor becomes an input edge
+whose access says which points it reads. Literals and configs stay Python numbers as long
+as possible (weak scalars) and get the dtype of the value they meet. ``def`` calls are
+inlined. Dtype promotion and broadcasting follow LANGUAGE.md section 5.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from timerlc.diagnostics import ProgramError, Span, UnsupportedError, did_you_mean
+from timerlc.frontend import ast
+from timerlc.frontend.declarations import ProgramInfo, TensorInfo
+from timerlc.frontend.indexing import NotIndex, to_index
+from timerlc.frontend.values import RecordType, RecordVal, TupleVal, Val
+from timerlc.ir import ops
+from timerlc.ir import index as ix
+from timerlc.ir.pdg import SCALAR_DOMAIN, Domain, Edge, Node, Point, Range, identity_access, make_attrs
+from timerlc.ir.types import DTYPES, TensorType, format_shape, is_float, promote
+
+# reductions that may take a dynamic slice directly (LANGUAGE.md section 5)
+DYNAMIC_OK = frozenset({"sum", "mean", "max", "min", "logsumexp", "discounted_sum"})
+
+ARITH_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod", "**": "pow"}
+COMPARE_OPS = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
+
+
+class UnknownType(Exception):
+    """Raised while inferring types, when a read tensor has no type yet."""
+
+    def __init__(self, tensor: str):
+        super().__init__(tensor)
+        self.tensor = tensor
+
+
+class Builder:
+    """Accumulates the nodes of a PDG under construction."""
+
+    def __init__(self):
+        self.nodes: list[Node | None] = []
+        self._consts: dict = {}
+
+    def reserve(self) -> int:
+        self.nodes.append(None)
+        return len(self.nodes) - 1
+
+    def add(self, op, domain, inputs, type_, attrs=(), name=None, span=None) -> int:
+        nid = len(self.nodes)
+        self.nodes.append(Node(nid, op, domain, tuple(inputs), (type_,), attrs, name, span))
+        return nid
+
+    def fill(self, nid: int, node: Node):
+        assert self.nodes[nid] is None
+        self.nodes[nid] = node
+
+    def const(self, value, dtype: str, shape: tuple, span=None) -> int:
+        key = (repr(value), dtype, shape)
+        if key not in self._consts:
+            attrs = make_attrs(value=value, dtype=dtype, shape=shape)
+            self._consts[key] = self.add("const", SCALAR_DOMAIN, (), TensorType(dtype, shape), attrs, span=span)
+        return self._consts[key]
+
+
+@dataclass
+class Locals:
+    """The names bound inside a def body (or nothing, at the top of an equation)."""
+
+    values: dict = field(default_factory=dict)
+    calls: tuple[str, ...] = ()  # the defs being inlined, outermost first
+
+    def names(self) -> frozenset:
+        return frozenset(self.values)
+
+
+def weak_dtype(value) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "i32"
+    return "f32"
+
+
+class Elaborator:
+    def __init__(self, info: ProgramInfo, types: dict, merge_ids: dict[str, int], builder: Builder):
+        self.info = info
+        self.types = types  # tensor name -> TensorType | RecordType | None
+        self.merge_ids = merge_ids  # tensor name or "rec.field" -> merge node id
+        self.builder = builder
+        self.domain: Domain = SCALAR_DOMAIN
+        self.iterated: frozenset = frozenset()
+        self._dimvals: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ context
+    def enter(self, domain: Domain):
+        self.domain = domain
+        self.iterated = frozenset(domain.dims)
+        self._dimvals = {}
+
+    def scope(self, env: Locals, allow_dims: bool = True):
+        return self.info.scope(self.iterated if allow_dims else None, env.names())
+
+    # ------------------------------------------------------------------ values -> nodes
+    def const(self, value, dtype: str | None = None, shape=(), weak: bool | None = None, span=None) -> Val:
+        dtype = dtype or weak_dtype(value)
+        if weak is None:
+            weak = shape == ()
+        return Val(TensorType(dtype, tuple(shape)), weak=weak, const=value, span=span)
+
+    def materialize(self, v: Val) -> Val:
+        if v.const is None:
+            return v
+        nid = self.builder.const(_cast_py(v.const, v.dtype), v.dtype, v.shape, v.span)
+        return Val(v.type, weak=v.weak, node=nid, span=v.span)
+
+    def edge(self, v: Val) -> Edge:
+        v = self.materialize(v)
+        if v.edge is not None:
+            return v.edge
+        node = self.builder.nodes[v.node]
+        return Edge(v.node, identity_access(node.dims), span=v.span)
+
+    def node_of(self, v: Val) -> Val:
+        """``v`` as a node of this equation (reads are copied in)."""
+        if v.edge is None:
+            return self.materialize(v)
+        return self.apply("copy", [v], v.span)
+
+    def apply(self, op: str, args: list[Val], span, weak: bool = False, **attrs) -> Val:
+        if op not in DYNAMIC_OK:
+            for a in args:
+                if not a.type.is_static:
+                    raise dynamic_slice_error(a.span or span)
+        try:
+            t = ops.infer(op, dict(attrs, _name=op), [a.type for a in args])
+        except ops.TypeRuleError as e:
+            raise ProgramError(str(e), span) from None
+        domain = self.domain
+        edges = [self.edge(a) for a in args]
+        nid = self.builder.add(op, domain, edges, t, make_attrs(**attrs), span=span)
+        return Val(t, weak=weak, node=nid, span=span)
+
+    def cast(self, v: Val, dtype: str) -> Val:
+        if v.dtype == dtype:
+            return v
+        if v.const is not None:
+            return Val(v.type.with_dtype(dtype), weak=v.weak, const=_cast_py(v.const, dtype), span=v.span)
+        return self.apply("cast", [v], v.span, dtype=dtype)
+
+    def to_float(self, v: Val) -> Val:
+        return v if is_float(v.dtype) else self.cast(v, "f32")
+
+    def to_number(self, v: Val) -> Val:
+        return self.cast(v, "i32") if v.dtype == "bool" else v
+
+    def to_bool(self, v: Val) -> Val:
+        if v.dtype == "bool":
+            return v
+        if v.const is not None:
+            return self.const(bool(v.const), "bool", v.shape, v.weak, v.span)
+        return self.apply("ne", [v, self.materialize(self.const(0, v.dtype, (), span=v.span))], v.span)
+
+    def common(self, vals: list[Val]) -> tuple[str, bool]:
+        """The dtype values combine into, and whether the result is weak."""
+        strong = [v.dtype for v in vals if not v.weak]
+        weak = [v.dtype for v in vals if v.weak]
+        if not strong:
+            return promote(*weak), True
+        s = promote(*strong)
+        if weak:
+            w = promote(*weak)
+            if is_float(w) and not is_float(s):
+                s = "f32"
+            elif w == "i32" and s == "bool":
+                s = "i32"
+        return s, False
+
+    def unify(self, vals: list[Val], minimum: str | None = None) -> tuple[list[Val], bool]:
+        dtype, weak = self.common(vals)
+        if minimum == "number" and dtype == "bool":
+            dtype = "i32"
+        elif minimum == "float" and not is_float(dtype):
+            dtype = "f32"
+        return [self.cast(v, dtype) for v in vals], weak
+
+    # ------------------------------------------------------------------ expressions
+    def value(self, expr: ast.Expr, env: Locals):
+        method = getattr(self, "_" + type(expr).__name__)
+        return method(expr, env)
+
+    def tensor_value(self, expr: ast.Expr, env: Locals, what: str = "this") -> Val:
+        v = self.value(expr, env)
+        if isinstance(v, RecordVal):
+            raise ProgramError(f"{what} needs a tensor, got a record", expr.span)
+        if isinstance(v, TupleVal):
+            raise ProgramError(f"{what} needs a tensor, got a tuple of {len(v.items)}", expr.span)
+        return v
+
+    def _Int(self, expr: ast.Int, env):
+        if expr.value > 2**31 - 1:
+            raise ProgramError(f"integer literal {expr.value} does not fit in i32", expr.span)
+        return self.const(expr.value, span=expr.span)
+
+    def _Float(self, expr: ast.Float, env):
+        return self.const(expr.value, span=expr.span)
+
+    def _Bool(self, expr: ast.Bool, env):
+        return self.const(expr.value, span=expr.span)
+
+    def _Str(self, expr: ast.Str, env):
+        raise ProgramError("a string is not a value", expr.span)
+
+    def _ListLit(self, expr: ast.ListLit, env):
+        raise ProgramError("a list is only an argument (a shape, axes, or arrays to concat)", expr.span)
+
+    def _TupleLit(self, expr: ast.TupleLit, env):
+        return TupleVal(tuple(self.value(e, env) for e in expr.items), expr.span)
+
+    def _Slice(self, expr: ast.Slice, env):
+        raise ProgramError("a slice is only allowed inside brackets", expr.span)
+
+    def _Name(self, expr: ast.Name, env: Locals):
+        name = expr.id
+        if name in env.values:
+            v = env.values[name]
+            return v.at(expr.span) if isinstance(v, Val) else v
+        info = self.info
+        if name in info.tensors:
+            t = info.tensors[name]
+            missing = [d for d in t.dims if d not in self.iterated]
+            if missing:
+                raise ProgramError(
+                    f"'{name}' stands for {name}[{', '.join(t.dims)}], but this equation does not "
+                    f"iterate {', '.join(missing)}; index it explicitly",
+                    expr.span,
+                )
+            access = identity_access(t.dims)
+            return self.read(t, access, (), expr.span)
+        if name in info.configs:
+            v = info.configs[name].value
+            return self.const(v, span=expr.span)
+        if name in info.dims:
+            if name not in self.iterated:
+                raise ProgramError(
+                    f"this equation does not iterate dim '{name}' "
+                    f"(it iterates {', '.join(self.domain.dims) or 'no dims'})",
+                    expr.span,
+                )
+            if name not in self._dimvals:
+                self._dimvals[name] = self.apply("dimval", [], expr.span, dim=name).node
+            return Val(TensorType("i32", ()), node=self._dimvals[name], span=expr.span)
+        if name in info.envs:
+            raise UnsupportedError("environments are not supported yet", expr.span)
+        if name in info.defs or name in BUILTINS_REF():
+            raise ProgramError(f"'{name}' is a function; call it with (...)", expr.span)
+        if name in DTYPES:
+            raise ProgramError(f"'{name}' is a dtype; use {name}(x) to cast", expr.span)
+        raise ProgramError(
+            f"unknown name '{name}'" + did_you_mean(name, self._visible_names(env)), expr.span
+        )
+
+    def _visible_names(self, env: Locals):
+        info = self.info
+        return (
+            list(env.values) + list(info.tensors) + list(info.configs) + list(info.dims)
+            + list(info.defs) + list(BUILTINS_REF())
+        )
+
+    def read(self, t: TensorInfo, access: tuple, lengths: tuple, span) -> Val | RecordVal:
+        ty = self.types.get(t.name)
+        if ty is None:
+            raise UnknownType(t.name)
+        if isinstance(ty, RecordType):
+            fields = []
+            for fname, ftype in ty.fields:
+                src = self.merge_ids.get(f"{t.name}.{fname}", -1)
+                fields.append(
+                    (fname, Val(ftype.with_shape(lengths + ftype.shape), edge=Edge(src, access, span=span), span=span))
+                )
+            return RecordVal(tuple(fields), span)
+        src = self.merge_ids.get(t.name, -1)
+        return Val(ty.with_shape(lengths + ty.shape), edge=Edge(src, access, span=span), span=span)
+
+    def _Attribute(self, expr: ast.Attribute, env: Locals):
+        if isinstance(expr.value, ast.Name) and expr.value.id in self.info.envs and expr.value.id not in env.values:
+            raise UnsupportedError("environments are not supported yet", expr.span)
+        base = self.value(expr.value, env)
+        if isinstance(base, RecordVal):
+            v = base.field(expr.name)
+            if v is None:
+                raise ProgramError(
+                    f"the record has no field '{expr.name}' (fields: {', '.join(base.names)})"
+                    + did_you_mean(expr.name, base.names),
+                    expr.name_span,
+                )
+            return v.at(expr.span)
+        if isinstance(base, TupleVal):
+            raise ProgramError(f"a tuple has no attribute '{expr.name}'", expr.name_span)
+        if expr.name == "T":
+            return self.apply("transpose", [base], expr.span, perm=tuple(reversed(range(base.type.rank))))
+        raise ProgramError(f"a tensor has no attribute '{expr.name}' (only .T)", expr.name_span)
+
+    def _Subscript(self, expr: ast.Subscript, env: Locals):
+        if isinstance(expr.value, ast.Name) and expr.value.id not in env.values:
+            t = self.info.tensors.get(expr.value.id)
+            if t is not None and t.dims:
+                return self.temporal(t, expr.items, expr.span, env)
+        base = self.value(expr.value, env)
+        if isinstance(base, RecordVal):
+            raise ProgramError("a record cannot be indexed; use .field", expr.span)
+        if isinstance(base, TupleVal):
+            raise ProgramError("a tuple cannot be indexed", expr.span)
+        return self.spatial(base, expr.items, expr.span, env)
+
+    def temporal(self, t: TensorInfo, items, span, env: Locals):
+        if len(items) != len(t.dims):
+            raise ProgramError(
+                f"'{t.name}' has {len(t.dims)} {'dim' if len(t.dims) == 1 else 'dims'} "
+                f"({', '.join(t.dims)}) but is indexed with {len(items)}",
+                span,
+            )
+        scope = self.scope(env)
+        access, lengths = [], []
+        for k, (item, d) in enumerate(zip(items, t.dims)):
+            if isinstance(item, ast.Slice):
+                lo = self._temporal_index(item.lo, scope) if item.lo is not None else sympy.Integer(0)
+                hi = self._temporal_index(item.hi, scope) if item.hi is not None else sympy.Integer(t.extents[k])
+                length = sympy.simplify(hi - lo)
+                if length.is_Integer and int(length) < 0:
+                    raise ProgramError(f"slice {ix.to_text(lo)}:{ix.to_text(hi)} has negative length", item.span)
+                access.append(Range(lo, hi))
+                lengths.append(int(length) if length.is_Integer else length)
+            else:
+                access.append(Point(self._temporal_index(item, scope)))
+        v = self.read(t, tuple(access), tuple(lengths), span)
+        return v
+
+    def _temporal_index(self, expr, scope):
+        try:
+            return to_index(expr, scope)
+        except NotIndex as e:
+            raise ProgramError(
+                f"a temporal index must be an index expression of dims and int configs ({e.reason})", e.span
+            ) from None
+
+    def spatial(self, x: Val, items, span, env: Locals) -> Val:
+        if not x.type.is_static:
+            raise dynamic_slice_error(x.span or span)
+        if len(items) > x.type.rank:
+            raise ProgramError(f"too many indices ({len(items)}) for a value of type {x.type}", span)
+        scope = self.scope(env)
+        out, gather = [], None
+        for k, item in enumerate(items):
+            n = x.shape[k]
+            if isinstance(item, ast.Slice):
+                out.append(self._spatial_slice(item, n, k, scope))
+                continue
+            try:
+                e = to_index(item, scope)
+            except NotIndex:
+                e = None
+            if e is not None:
+                if e.is_Integer:
+                    v = int(e)
+                    if not -n <= v < n:
+                        raise ProgramError(f"index {v} is out of range for axis {k} of length {n}", item.span)
+                    out.append(("int", sympy.Integer(v % n)))
+                else:
+                    out.append(("int", e))
+                continue
+            g = self.tensor_value(item, env, "an index")
+            if g.dtype == "bool":
+                raise ProgramError(f"boolean mask indexing is not supported; index with integers, got {g.type}", item.span)
+            if not g.dtype.startswith("i"):
+                raise ProgramError(f"an index must be an integer, got {g.type}", item.span)
+            if gather is not None:
+                raise ProgramError("only one tensor index is allowed in one subscript", item.span)
+            gather = g
+            out.append(("gather",))
+        args = [x] + ([gather] if gather is not None else [])
+        return self.apply("index", args, span, items=tuple(out))
+
+    def _spatial_slice(self, item: ast.Slice, n: int, axis: int, scope):
+        def bound(e):
+            if e is None:
+                return None
+            try:
+                return to_index(e, scope)
+            except NotIndex as err:
+                raise ProgramError(
+                    f"a slice bound must be an index expression of dims and int configs ({err.reason})", err.span
+                ) from None
+
+        lo, hi = bound(item.lo), bound(item.hi)
+        if (lo is None or lo.is_Integer) and (hi is None or hi.is_Integer):
+            start, stop, _ = slice(
+                None if lo is None else int(lo), None if hi is None else int(hi)
+            ).indices(n)
+            length = max(0, stop - start)
+            if start == 0 and length == n:
+                return ("full",)
+            return ("slice", sympy.Integer(start), length)
+        if lo is None or hi is None:
+            raise ProgramError("a spatial slice with a dim-dependent bound needs both bounds", item.span)
+        length = sympy.simplify(hi - lo)
+        if not length.is_Integer:
+            raise ProgramError(
+                f"the length of a spatial slice must be constant, here it is {ix.to_text(length)}", item.span
+            )
+        if not 0 <= int(length) <= n:
+            raise ProgramError(f"a slice of length {int(length)} does not fit axis {axis} of length {n}", item.span)
+        return ("slice", lo, int(length))
+
+    # ------------------------------------------------------------------ operators
+    def _Unary(self, expr: ast.Unary, env: Locals):
+        v = self.value(expr.operand, env)
+        return self.map_fields(lambda a: self.unary(expr.op, a, expr.op_span), [v], expr.span)
+
+    def unary(self, op: str, a: Val, span) -> Val:
+        if op == "not":
+            a = self.to_bool(a)
+            if a.const is not None and a.shape == ():
+                return self.const(not a.const, "bool", weak=a.weak, span=span)
+            return self.apply("logical_not", [a], span, weak=a.weak)
+        a = self.to_number(a)
+        if op == "+":
+            return a
+        if a.const is not None and a.shape == ():
+            return self.const(-a.const, a.dtype, weak=a.weak, span=span)
+        return self.apply("neg", [a], span, weak=a.weak)
+
+    def _Binary(self, expr: ast.Binary, env: Locals):
+        a = self.value(expr.left, env)
+        b = self.value(expr.right, env)
+        return self.map_fields(lambda x, y: self.binary(expr.op, x, y, expr.op_span), [a, b], expr.span)
+
+    def binary(self, op: str, a: Val, b: Val, span) -> Val:
+        if op in ("and", "or"):
+            a, b = self.to_bool(a), self.to_bool(b)
+            if a.const is not None and b.const is not None and a.shape == b.shape == ():
+                v = (a.const and b.const) if op == "and" else (a.const or b.const)
+                return self.const(bool(v), "bool", weak=a.weak and b.weak, span=span)
+            return self.apply("logical_and" if op == "and" else "logical_or", [a, b], span, weak=a.weak and b.weak)
+        if op == "@":
+            (a, b), weak = self.unify([a, b], "number")
+            return self.apply("matmul", [a, b], span)
+        (a, b), weak = self.unify([a, b], "float" if op == "/" else "number")
+        if a.const is not None and b.const is not None and a.shape == b.shape == ():
+            return self.const(_fold(op, a.const, b.const, span), a.dtype, weak=weak, span=span)
+        return self.apply(ARITH_OPS[op], [a, b], span, weak=weak)
+
+    def compare(self, op: str, a: Val, b: Val, span) -> Val:
+        (a, b), weak = self.unify([a, b])
+        if a.const is not None and b.const is not None and a.shape == b.shape == ():
+            v = {"<": a.const < b.const, "<=": a.const <= b.const, ">": a.const > b.const,
+                 ">=": a.const >= b.const, "==": a.const == b.const, "!=": a.const != b.const}[op]
+            return self.const(bool(v), "bool", weak=weak, span=span)
+        return self.apply(COMPARE_OPS[op], [a, b], span, weak=weak)
+
+    def _Compare(self, expr: ast.Compare, env: Locals):
+        operands = [self.value(e, env) for e in expr.operands]
+        result = None
+        for k, op in enumerate(expr.ops):
+            part = self.map_fields(
+                lambda x, y, op=op, k=k: self.compare(op, x, y, expr.op_spans[k]),
+                [operands[k], operands[k + 1]],
+                expr.span,
+            )
+            result = part if result is None else self.map_fields(
+                lambda x, y: self.binary("and", x, y, expr.span), [result, part], expr.span
+            )
+        return result
+
+    def map_fields(self, fn, vals: list, span):
+        """Apply ``fn`` to tensors, or field by field when some operands are records."""
+        for v in vals:
+            if isinstance(v, TupleVal):
+                raise ProgramError(f"a tuple of {len(v.items)} values cannot be used here", v.span or span)
+        records = [v for v in vals if isinstance(v, RecordVal)]
+        if not records:
+            return fn(*vals)
+        names = records[0].names
+        for r in records[1:]:
+            if r.names != names:
+                raise ProgramError(
+                    f"records with different fields ({', '.join(names)}) and ({', '.join(r.names)})", span
+                )
+        fields = []
+        for n in names:
+            args = [v.field(n) if isinstance(v, RecordVal) else v for v in vals]
+            fields.append((n, fn(*args)))
+        return RecordVal(tuple(fields), span)
+
+    # ------------------------------------------------------------------ calls
+    def _Call(self, expr: ast.Call, env: Locals):
+        func = expr.func
+        if isinstance(func, ast.Attribute):
+            if isinstance(func.value, ast.Name) and func.value.id in self.info.envs:
+                raise UnsupportedError("environments are not supported yet", func.span)
+            raise ProgramError("only functions and defs can be called", func.span)
+        if not isinstance(func, ast.Name):
+            raise ProgramError("only functions and defs can be called", func.span)
+        name = func.id
+        if name in env.values:
+            raise ProgramError(f"'{name}' is a local value, not a function", func.span)
+        if name in self.info.defs:
+            return self.inline(self.info.defs[name], expr, env)
+        if name in self.info.tensors or name in self.info.configs or name in self.info.dims:
+            raise ProgramError(f"'{name}' is not a function", func.span)
+        builtin = BUILTINS_REF().get(name)
+        if builtin is None:
+            raise ProgramError(
+                f"unknown function '{name}'"
+                + did_you_mean(name, list(BUILTINS_REF()) + list(self.info.defs)),
+                func.span,
+            )
+        return builtin.call(self, expr, env)
+
+    def inline(self, d: ast.DefDecl, call: ast.Call, env: Locals):
+        name = d.name.name
+        if name in env.calls:
+            chain = " -> ".join(env.calls[env.calls.index(name):] + (name,))
+            raise ProgramError(f"recursive call of def '{name}' ({chain}); defs cannot recurse", call.func.span)
+        params = [p.name for p in d.params]
+        if len(call.args) > len(params):
+            raise ProgramError(
+                f"'{name}' takes {len(params)} argument{'s' if len(params) != 1 else ''}, got {len(call.args)}",
+                call.func.span,
+            )
+        bound = {}
+        for p, a in zip(params, call.args):
+            bound[p] = self.value(a, env)
+        for kw in call.kwargs:
+            if kw.name not in params:
+                raise ProgramError(f"'{name}' has no parameter '{kw.name}'" + did_you_mean(kw.name, params), kw.span)
+            if kw.name in bound:
+                raise ProgramError(f"argument '{kw.name}' given twice", kw.span)
+            bound[kw.name] = self.value(kw.value, env)
+        missing = [p for p in params if p not in bound]
+        if missing:
+            raise ProgramError(
+                f"'{name}' takes {len(params)} argument{'s' if len(params) != 1 else ''}; "
+                f"missing {', '.join(missing)}",
+                call.func.span,
+            )
+        inner = Locals(dict(bound), env.calls + (name,))
+        if not d.body or d.body[-1].targets is not None:
+            raise ProgramError(f"the body of '{name}' must end with an expression (its value)", d.name.span)
+        for item in d.body[:-1]:
+            if item.targets is None:
+                raise ProgramError("only the last line of a def body is its value; bind this with name = ...", item.span)
+            value = self.tuple_value(item.value, inner)
+            self.bind(item.targets, value, inner, item.span)
+        result = self.tuple_value(d.body[-1].value, inner)
+        return result
+
+    def tuple_value(self, exprs: tuple, env: Locals):
+        if len(exprs) == 1:
+            return self.value(exprs[0], env)
+        return TupleVal(tuple(self.value(e, env) for e in exprs), Span.join(exprs[0].span, exprs[-1].span))
+
+    def bind(self, targets: tuple, value, env: Locals, span):
+        for t in targets:
+            if not isinstance(t, ast.Name):
+                raise ProgramError("a def binding must assign plain names", t.span)
+        if len(targets) == 1:
+            env.values[targets[0].id] = value
+            return
+        if not isinstance(value, TupleVal) or len(value.items) != len(targets):
+            n = len(value.items) if isinstance(value, TupleVal) else 1
+            raise ProgramError(f"cannot unpack {n} value{'s' if n != 1 else ''} into {len(targets)} names", span)
+        for t, v in zip(targets, value.items):
+            env.values[t.id] = v
+
+
+def dynamic_slice_error(span) -> ProgramError:
+    return ProgramError(
+        "a dynamic slice (its length depends on a dim) is allowed only as the direct argument of "
+        "sum, mean, max, min, logsumexp or discounted_sum",
+        span,
+    )
+
+
+def _fold(op: str, a, b, span):
+    try:
+        if op == "+":
+            return a + b
+        if op == "-":
+            return a - b
+        if op == "*":
+            return a * b
+        if op == "/":
+            return a / b
+        if op == "//":
+            r = a // b
+            return float(r) if isinstance(a, float) or isinstance(b, float) else r
+        if op == "%":
+            return a % b
+        if op == "**":
+            if isinstance(a, int) and isinstance(b, int) and b < 0:
+                return 0 if a not in (1, -1) else a ** b
+            return a**b
+    except ZeroDivisionError:
+        raise ProgramError("division by zero in a constant expression", span) from None
+    except OverflowError:
+        raise ProgramError("overflow in a constant expression", span) from None
+    raise AssertionError(op)
+
+
+def _cast_py(value, dtype: str):
+    if dtype == "bool":
+        return bool(value)
+    if dtype in ("i32", "i64"):
+        if isinstance(value, float):
+            if value != value or value in (float("inf"), float("-inf")):
+                return 0
+            return int(value)
+        return int(value)
+    return float(value)
+
+
+def BUILTINS_REF():
+    from timerlc.frontend.builtins import BUILTINS
+
+    return BUILTINS

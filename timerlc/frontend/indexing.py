@@ -1,0 +1,144 @@
+"""Index expressions and conditions of RTL source, as sympy (``timerlc.ir.index``).
+
+Temporal indices, slice bounds, ``when`` clauses, spatial integer indices and static
+arguments (shapes, axes) are index expressions: affine in dims and int configs, with
+``//`` and ``%`` by positive constants and ``min``/``max``. ``NotIndex`` tells a caller
+that an expression is not one (a spatial index then becomes a gather); a ``ProgramError``
+is a definite mistake, such as a dim the equation does not iterate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from timerlc.diagnostics import ProgramError
+from timerlc.frontend import ast
+from timerlc.ir import index as ix
+
+
+class NotIndex(Exception):
+    def __init__(self, reason: str, span):
+        super().__init__(reason)
+        self.reason = reason
+        self.span = span
+
+
+@dataclass
+class IndexScope:
+    configs: dict  # name -> Config
+    dims: dict  # name -> bound (all declared dims)
+    iterated: frozenset | None  # the dims the equation iterates; None: no dims allowed
+    shadowed: frozenset = field(default_factory=frozenset)  # local names hiding globals
+
+
+def _check_dim(name: str, scope: IndexScope, span):
+    if scope.iterated is None:
+        raise ProgramError(f"dim '{name}' cannot be used here: a constant is needed", span)
+    if name not in scope.iterated:
+        raise ProgramError(
+            f"this equation does not iterate dim '{name}' (its left side uses "
+            f"{_dims_words(scope.iterated, scope.dims)})",
+            span,
+        )
+
+
+def _dims_words(iterated, dims) -> str:
+    names = [d for d in dims if d in iterated]
+    return "no dims" if not names else "dims " + ", ".join(names)
+
+
+def to_index(expr: ast.Expr, scope: IndexScope) -> sympy.Expr:
+    if isinstance(expr, ast.Int):
+        return sympy.Integer(expr.value)
+    if isinstance(expr, ast.Name):
+        name = expr.id
+        if name in scope.shadowed:
+            raise NotIndex(f"'{name}' is a value, not an index", expr.span)
+        if name in scope.dims:
+            _check_dim(name, scope, expr.span)
+            return ix.sym(name)
+        if name in scope.configs:
+            v = scope.configs[name].value
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise NotIndex(f"config '{name}' is not an int", expr.span)
+            return sympy.Integer(v)
+        raise NotIndex(f"'{name}' is not a dim or an int config", expr.span)
+    if isinstance(expr, ast.Unary) and expr.op in "+-":
+        v = to_index(expr.operand, scope)
+        return -v if expr.op == "-" else v
+    if isinstance(expr, ast.Binary):
+        if expr.op in ("+", "-"):
+            a, b = to_index(expr.left, scope), to_index(expr.right, scope)
+            return a + b if expr.op == "+" else a - b
+        if expr.op == "*":
+            a, b = to_index(expr.left, scope), to_index(expr.right, scope)
+            if not (a.is_Integer or b.is_Integer):
+                raise NotIndex("a product of two dims is not affine", expr.op_span)
+            return sympy.expand(a * b)
+        if expr.op in ("//", "%"):
+            a, b = to_index(expr.left, scope), to_index(expr.right, scope)
+            if not b.is_Integer or int(b) <= 0:
+                if b.is_Integer and int(b) == 0:
+                    raise ProgramError("division by zero in an index expression", expr.op_span)
+                raise NotIndex(f"'{expr.op}' in an index needs a positive constant divisor", expr.op_span)
+            return ix.floordiv(a, int(b)) if expr.op == "//" else ix.mod(a, int(b))
+        raise NotIndex(f"'{expr.op}' is not allowed in an index expression", expr.op_span)
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in ("min", "max"):
+        if expr.func.id not in scope.shadowed and not expr.kwargs and len(expr.args) >= 2:
+            args = [to_index(a, scope) for a in expr.args]
+            return (sympy.Min if expr.func.id == "min" else sympy.Max)(*args)
+    raise NotIndex("not an index expression", expr.span)
+
+
+def to_constant(expr: ast.Expr, scope: IndexScope, what: str) -> int:
+    """A compile-time int (literal, int config, arithmetic of those)."""
+    const_scope = IndexScope(scope.configs, scope.dims, None, scope.shadowed)
+    try:
+        v = to_index(expr, const_scope)
+    except NotIndex as e:
+        raise ProgramError(f"{what} must be an int constant ({e.reason})", e.span) from None
+    if not v.is_Integer:
+        raise ProgramError(f"{what} must be an int constant", expr.span)
+    return int(v)
+
+
+_REL = {
+    "<": sympy.Lt,
+    "<=": sympy.Le,
+    ">": sympy.Gt,
+    ">=": sympy.Ge,
+    "==": sympy.Eq,
+    "!=": sympy.Ne,
+}
+
+
+def to_condition(expr: ast.Expr, scope: IndexScope):
+    """A ``when`` condition as a sympy boolean."""
+    if isinstance(expr, ast.Bool):
+        return sympy.true if expr.value else sympy.false
+    if isinstance(expr, ast.Name) and expr.id in scope.configs and expr.id not in scope.shadowed:
+        v = scope.configs[expr.id].value
+        if isinstance(v, bool):
+            return sympy.true if v else sympy.false
+    if isinstance(expr, ast.Binary) and expr.op in ("and", "or"):
+        a, b = to_condition(expr.left, scope), to_condition(expr.right, scope)
+        return sympy.And(a, b) if expr.op == "and" else sympy.Or(a, b)
+    if isinstance(expr, ast.Unary) and expr.op == "not":
+        return sympy.Not(to_condition(expr.operand, scope))
+    if isinstance(expr, ast.Compare):
+        parts = []
+        for k, op in enumerate(expr.ops):
+            a, b = expr.operands[k], expr.operands[k + 1]
+            try:
+                parts.append(_REL[op](to_index(a, scope), to_index(b, scope)))
+            except NotIndex as e:
+                raise ProgramError(
+                    f"a condition compares index expressions of dims and int configs ({e.reason})",
+                    e.span,
+                ) from None
+        return sympy.And(*parts)
+    raise ProgramError(
+        "a condition must compare index expressions (dims, int configs), joined by and/or/not",
+        expr.span,
+    )

@@ -1,0 +1,276 @@
+"""Lowering: a checked ``ProgramInfo`` -> the PDG (``timerlc.ir.pdg.Graph``).
+
+First the types of tensors are inferred: a recurrence takes its type from its base
+equations, so equations are elaborated repeatedly until every tensor's type is fixed
+(weak scalars such as ``x[0] = 0`` adapt to the other equations). Then each equation is
+elaborated once more into nodes over its iteration domain, and each tensor becomes a
+``merge`` node whose branches read those nodes under the first-match conditions.
+"""
+from __future__ import annotations
+
+import sympy
+
+from timerlc.diagnostics import ProgramError, UnsupportedError
+from timerlc.frontend import ast
+from timerlc.frontend.declarations import EquationInfo, Lhs, ProgramInfo, TensorInfo, field_type
+from timerlc.frontend.elaborate import Builder, Elaborator, Locals, UnknownType
+from timerlc.frontend.values import RecordType, RecordVal, TupleVal, Val
+from timerlc.ir import index as ix
+from timerlc.ir.pdg import SCALAR_DOMAIN, Dim, Domain, Edge, Graph, Node, Point, Tensor
+from timerlc.ir.types import TensorType, is_float, promote
+
+RANDOM_INITS = {"glorot", "orthogonal", "normal", "uniform"}
+
+
+def lower(info: ProgramInfo) -> Graph:
+    types = infer_types(info)
+    return _build(info, types)
+
+
+# ----------------------------------------------------------------------------- typing
+class _TypeState:
+    def __init__(self, info: ProgramInfo):
+        self.info = info
+        self.types: dict = {}
+        self.weak: dict[str, bool] = {}
+        self.origin: dict[str, int] = {}
+        for name, t in info.tensors.items():
+            if t.params is not None:
+                self.types[name] = RecordType(
+                    tuple((f.name.name, field_type(info, f.type)) for f in t.params.fields)
+                )
+
+    def join(self, t: TensorInfo, v, eq: EquationInfo, span) -> bool:
+        name = t.name
+        old = self.types.get(name)
+        if t.params is not None:
+            _check_params_value(t, old, v, span)
+            return False
+        if isinstance(v, RecordVal):
+            new = RecordType(tuple((n, f.type) for n, f in v.fields))
+            if old is None:
+                self.types[name], self.origin[name] = new, eq.line
+                return True
+            if not isinstance(old, RecordType) or old.names() != new.names():
+                raise ProgramError(f"'{name}' is {_describe(old)} (line {self.origin[name]}) but this equation gives {_describe(new)}", span)
+            fields = []
+            for (n, a), (_, b) in zip(old.fields, new.fields):
+                if a.shape != b.shape:
+                    raise ProgramError(
+                        f"field '{n}' of '{name}' is {a} (line {self.origin[name]}) but this equation gives {b}", span
+                    )
+                fields.append((n, a.with_dtype(promote(a.dtype, b.dtype))))
+            joined = RecordType(tuple(fields))
+        else:
+            weak = v.weak and v.shape == ()
+            if old is None:
+                self.types[name], self.weak[name] = v.type, weak
+                self.origin[name] = eq.line
+                return True
+            if isinstance(old, RecordType):
+                raise ProgramError(f"'{name}' is {_describe(old)} (line {self.origin[name]}) but this equation gives {v.type}", span)
+            old_weak = self.weak[name]
+            if old_weak and weak:
+                joined, jweak = TensorType(promote(old.dtype, v.dtype), ()), True
+            elif old_weak:
+                joined, jweak = v.type.with_dtype(_weak_join(old.dtype, v.dtype)), False
+                self.origin[name] = eq.line
+            elif weak:
+                joined, jweak = old.with_dtype(_weak_join(v.dtype, old.dtype)), False
+            else:
+                if old.shape != v.shape:
+                    raise ProgramError(
+                        f"shape mismatch: '{name}' is {old} (line {self.origin[name]}) but this equation gives {v.type}",
+                        span,
+                    )
+                joined, jweak = old.with_dtype(promote(old.dtype, v.dtype)), False
+            if jweak != old_weak:
+                self.weak[name] = jweak
+                self.types[name] = joined
+                return True
+        if joined != old:
+            self.types[name] = joined
+            return True
+        return False
+
+
+def _weak_join(weak: str, strong: str) -> str:
+    if is_float(weak) and not is_float(strong):
+        return "f32"
+    if weak == "i32" and strong == "bool":
+        return "i32"
+    return strong
+
+
+def _describe(t) -> str:
+    return f"a record {t}" if isinstance(t, RecordType) else f"a tensor {t}"
+
+
+def _check_params_value(t: TensorInfo, declared: RecordType, v, span):
+    if not isinstance(v, RecordVal):
+        what = f"a tuple of {len(v.items)}" if isinstance(v, TupleVal) else f"a tensor {v.type}"
+        raise ProgramError(f"'{t.name}' is a params record {declared}; this equation gives {what}", span)
+    if v.names != declared.names():
+        raise ProgramError(
+            f"'{t.name}' has fields ({', '.join(declared.names())}) but this equation gives "
+            f"({', '.join(v.names)})",
+            span,
+        )
+    for (n, want), (_, got) in zip(declared.fields, v.fields):
+        _fits(f"{t.name}.{n}", want, got, span)
+
+
+def _fits(name: str, want: TensorType, got: Val, span):
+    if got.weak and got.shape == ():
+        return
+    if got.shape != want.shape or got.dtype != want.dtype:
+        raise ProgramError(f"'{name}' is {want} but this equation gives {got.type}", span)
+
+
+def _split(eq: EquationInfo, value) -> list:
+    n = len(eq.lhs)
+    span = eq.stmt.rhs[0].span if eq.stmt.rhs else eq.span
+    if n == 1:
+        if isinstance(value, TupleVal):
+            raise ProgramError(
+                f"the right side gives {len(value.items)} values but the left side defines 1 tensor", span
+            )
+        return [value]
+    if not isinstance(value, TupleVal) or len(value.items) != n:
+        got = len(value.items) if isinstance(value, TupleVal) else 1
+        raise ProgramError(f"the right side gives {got} value{'s' if got != 1 else ''} but the left side defines {n} tensors", span)
+    return list(value.items)
+
+
+def _rhs_span(eq: EquationInfo):
+    from timerlc.diagnostics import Span
+
+    return Span.join(eq.stmt.rhs[0].span, eq.stmt.rhs[-1].span)
+
+
+def infer_types(info: ProgramInfo) -> dict:
+    state = _TypeState(info)
+    pending = [eq for eq in info.equations]
+    for _ in range(4 * len(pending) + 4):
+        changed = False
+        for eq in pending:
+            el = Elaborator(info, state.types, {}, Builder())
+            el.enter(Domain(eq.iter_dims, eq.eff_cond))
+            try:
+                value = el.tuple_value(eq.stmt.rhs, Locals())
+            except UnknownType:
+                continue
+            for lhs, v in zip(eq.lhs, _split(eq, value)):
+                changed |= state.join(info.tensors[lhs.tensor], v, eq, _rhs_span(eq))
+        if not changed:
+            break
+    for name, t in info.tensors.items():
+        if state.types.get(name) is None:
+            raise ProgramError(
+                f"cannot infer the type of '{name}': each of its equations reads a tensor whose type "
+                "depends on it (a recurrence needs a base equation that does not)",
+                t.span,
+            )
+    # a last run surfaces errors that only final types reveal
+    return state.types
+
+
+# ----------------------------------------------------------------------------- building
+def _build(info: ProgramInfo, types: dict) -> Graph:
+    builder = Builder()
+    keys: dict[str, tuple[TensorInfo, TensorType]] = {}
+    merge_ids: dict[str, int] = {}
+    for name, t in info.tensors.items():
+        ty = types[name]
+        if isinstance(ty, RecordType):
+            for fname, ftype in ty.fields:
+                key = f"{name}.{fname}"
+                keys[key] = (t, ftype)
+                merge_ids[key] = builder.reserve()
+        else:
+            keys[name] = (t, ty)
+            merge_ids[name] = builder.reserve()
+    branches: dict[str, list[Edge]] = {k: [] for k in keys}
+    el = Elaborator(info, types, merge_ids, builder)
+
+    for name, t in info.tensors.items():
+        if t.params is not None:
+            _params_init(el, t, types[name], branches)
+
+    for eq in info.equations:
+        el.enter(Domain(eq.iter_dims, eq.eff_cond))
+        value = el.tuple_value(eq.stmt.rhs, Locals())
+        for lhs, v in zip(eq.lhs, _split(eq, value)):
+            t = info.tensors[lhs.tensor]
+            k = next(i for i, (e, _) in enumerate(t.definitions) if e is eq)
+            ty = types[lhs.tensor]
+            if isinstance(ty, RecordType):
+                for fname, ftype in ty.fields:
+                    fv = v.field(fname)
+                    _branch(el, lhs, t, k, f"{lhs.tensor}.{fname}", ftype, fv, branches)
+            else:
+                _branch(el, lhs, t, k, lhs.tensor, ty, v, branches)
+
+    for key, (t, ty) in keys.items():
+        node = Node(merge_ids[key], "merge", Domain(t.dims, t.domain), tuple(branches[key]), (ty,), (), key, t.span)
+        builder.fill(merge_ids[key], node)
+
+    outputs = []
+    for ident in info.outputs:
+        outputs += [k for k in keys if k == ident.name or k.startswith(ident.name + ".")]
+    metrics = []
+    for ident in info.metrics:
+        ty = types[ident.name]
+        if isinstance(ty, RecordType) or ty.shape != ():
+            raise ProgramError(f"a metric must be a scalar (shape []), but '{ident.name}' is {_describe(ty)}", ident.span)
+        metrics.append(ident.name)
+    return Graph(
+        dims=tuple(Dim(d.name, d.bound) for d in info.dims.values()),
+        nodes=tuple(builder.nodes),
+        tensors=tuple(Tensor(k, merge_ids[k]) for k in keys),
+        outputs=tuple(dict.fromkeys(outputs)),
+        metrics=tuple(dict.fromkeys(metrics)),
+        configs=tuple((c.name, c.value) for c in info.configs.values()),
+    )
+
+
+def _coerce(el: Elaborator, v: Val, ty: TensorType, span) -> Val:
+    v = el.cast(v, ty.dtype)
+    if v.shape != ty.shape:
+        if v.shape != ():
+            raise ProgramError(f"expected {ty}, got {v.type}", span)
+        if v.const is not None:
+            v = el.const(v.const, ty.dtype, ty.shape, weak=False, span=v.span)
+        else:
+            v = el.apply("broadcast_to", [v], span, shape=ty.shape)
+    return el.node_of(v)
+
+
+def _branch(el: Elaborator, lhs: Lhs, t: TensorInfo, k: int, key: str, ty: TensorType, v: Val, branches):
+    v = _coerce(el, v, ty, v.span or lhs.span)
+    node = el.builder.nodes[v.node]
+    offsets = {e.dim: e.offset for e in lhs.entries if e.dim is not None}
+    access = tuple(Point(ix.sym(d) - offsets[d]) for d in node.dims)
+    branches[key].append(Edge(v.node, access, cond=t.effective[k], span=lhs.span))
+
+
+def _params_init(el: Elaborator, t: TensorInfo, ty: RecordType, branches):
+    el.enter(SCALAR_DOMAIN)
+    for f in t.params.fields:
+        ftype = dict(ty.fields)[f.name.name]
+        init = f.init
+        head = init.func if isinstance(init, ast.Call) else init
+        if isinstance(head, ast.Name) and head.id in RANDOM_INITS and head.id not in el.info.tensors:
+            raise UnsupportedError(f"random initializer '{head.id}' is not supported yet", head.span)
+        if isinstance(init, ast.Name) and init.id in ("zeros", "ones") and init.id not in el.info.tensors:
+            v = el.const(0 if init.id == "zeros" else 1, ftype.dtype, ftype.shape, weak=False, span=init.span)
+        else:
+            v = el.tensor_value(init, Locals(), "an initializer")
+            if not (v.shape == () or v.shape == ftype.shape):
+                raise ProgramError(
+                    f"the initializer of '{t.name}.{f.name.name}' is {v.type} but the field is {ftype}", init.span
+                )
+        v = _coerce(el, v, ftype, init.span)
+        node = el.builder.nodes[v.node]
+        assert node.dims == ()
+        branches[f"{t.name}.{f.name.name}"].append(Edge(v.node, (), cond=t.effective[0], span=f.name.span))

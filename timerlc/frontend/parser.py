@@ -1,0 +1,357 @@
+"""Parsing: RTL source text -> ``ast.Program`` (grammar in ``grammar/rtl.lark``).
+
+Syntax errors become ``ProgramError``s pointing at the offending token.
+"""
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from pathlib import Path
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import VisitError, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from timerlc.diagnostics import ProgramError, Span
+from timerlc.frontend import ast
+
+KEYWORDS = frozenset(
+    "config dim env batch params def when and or not out metric true false".split()
+)
+
+_OPEN = {"LPAR", "LSQB"}
+_CLOSE = {"RPAR", "RSQB"}
+
+
+class BracketNewlines:
+    """Post-lexer: drops newlines inside () and [], where they do not end a statement."""
+
+    always_accept = ("_NL",)
+
+    def process(self, stream):
+        depth = 0
+        for tok in stream:
+            if tok.type == "_NL":
+                if depth == 0:
+                    yield tok
+                continue
+            if tok.type in _OPEN:
+                depth += 1
+            elif tok.type in _CLOSE:
+                if depth == 0:
+                    raise ProgramError(f"unmatched '{tok}'", _token_span(tok))
+                depth -= 1
+            yield tok
+
+
+def grammar_text() -> str:
+    """The grammar: ``grammar/rtl.lark`` of a source checkout, or the installed copy."""
+    checkout = Path(__file__).resolve().parents[2] / "grammar" / "rtl.lark"
+    if checkout.is_file():
+        return checkout.read_text()
+    return resources.files("timerlc.grammar").joinpath("rtl.lark").read_text()
+
+
+@functools.lru_cache(maxsize=1)
+def _parser() -> Lark:
+    return Lark(
+        grammar_text(),
+        parser="lalr",
+        lexer="contextual",
+        postlex=BracketNewlines(),
+        propagate_positions=True,
+        maybe_placeholders=True,
+    )
+
+
+def parse(text: str) -> ast.Program:
+    """Parse a whole program. Raises ``ProgramError`` on a syntax error."""
+    try:
+        tree = _parser().parse(text + "\n")
+    except UnexpectedInput as e:
+        raise _syntax_error(e, text) from None
+    try:
+        return _ToAst().transform(tree)
+    except VisitError as e:
+        if isinstance(e.orig_exc, ProgramError):
+            raise e.orig_exc from None
+        raise
+
+
+def parse_expression(text: str) -> ast.Expr:
+    """Parse a single expression (used for ``--set`` values and IR index expressions)."""
+    program = parse(f"__x = {text}")
+    (stmt,) = program.statements
+    assert isinstance(stmt, ast.Equation) and len(stmt.rhs) == 1
+    return stmt.rhs[0]
+
+
+# ----------------------------------------------------------------------------- errors
+_TOKEN_WORDS = {
+    "_NL": "end of line",
+    "$END": "end of input",
+    "NAME": "a name",
+    "INT": "an integer",
+    "FLOAT": "a number",
+    "STRING": "a string",
+    "COMP_OP": "a comparison",
+    "ADD_OP": "'+' or '-'",
+    "MUL_OP": "an operator",
+    "NEG_OP": "'-'",
+    "POW_OP": "'**'",
+}
+
+
+def _describe(tok_type: str, value: str | None = None) -> str:
+    if tok_type in _TOKEN_WORDS and tok_type not in ("NAME", "INT", "FLOAT", "STRING"):
+        return _TOKEN_WORDS[tok_type]
+    if value is not None and value.strip():
+        return f"'{value}'"
+    return _TOKEN_WORDS.get(tok_type, tok_type.lower())
+
+
+def _expected(names) -> str:
+    words = []
+    for n in sorted(names):
+        if n in ("$END",):
+            continue
+        term = _parser().get_terminal(n) if n in _terminal_names() else None
+        pattern = getattr(term, "pattern", None)
+        if n in _TOKEN_WORDS:
+            words.append(_TOKEN_WORDS[n])
+        elif pattern is not None and pattern.type == "str":
+            words.append(f"'{pattern.value}'")
+    words = sorted(set(words))
+    if not words:
+        return ""
+    if len(words) > 6:
+        return ""
+    return "; expected " + ", ".join(words[:-1]) + (" or " if len(words) > 1 else "") + words[-1]
+
+
+@functools.lru_cache(maxsize=1)
+def _terminal_names():
+    return frozenset(t.name for t in _parser().terminals)
+
+
+def _syntax_error(e: UnexpectedInput, text: str) -> ProgramError:
+    if isinstance(e, ProgramError):
+        return e
+    if isinstance(e, UnexpectedCharacters):
+        ch = text[e.pos_in_stream] if e.pos_in_stream < len(text) else "end of input"
+        span = Span(e.line, e.column, e.line, e.column + 1)
+        if ch == '"':
+            return ProgramError("unterminated string", span)
+        return ProgramError(f"unexpected character '{ch}'", span)
+    if isinstance(e, UnexpectedToken):
+        tok = e.token
+        if tok.type == "$END" or tok.line is None:
+            line = text.count("\n") + 1
+            col = len(text.rsplit("\n", 1)[-1]) + 1
+            return ProgramError("unexpected end of input", Span(line, col, line, col + 1))
+        what = _describe(tok.type, str(tok))
+        if tok.type == "_NL":
+            # the newline token may start with a comment; point just after the last token
+            line, col = tok.line, tok.column
+            return ProgramError(
+                f"unexpected end of line{_expected(e.expected)}", Span(line, col, line, col + 1)
+            )
+        if tok.type == "NAME" and str(tok) in KEYWORDS:
+            what = f"keyword '{tok}'"
+        return ProgramError(f"unexpected {what}{_expected(e.expected)}", _token_span(tok))
+    if isinstance(e, UnexpectedEOF):
+        line = text.count("\n") + 1
+        return ProgramError("unexpected end of input", Span(line, 1, line, 2))
+    return ProgramError(str(e), None)
+
+
+# ----------------------------------------------------------------------------- tree -> ast
+def _token_span(tok: Token) -> Span:
+    return Span(tok.line, tok.column, tok.end_line or tok.line, tok.end_column or tok.column + 1)
+
+
+def _meta_span(meta) -> Span | None:
+    if getattr(meta, "empty", True):
+        return None
+    return Span(meta.line, meta.column, meta.end_line, meta.end_column)
+
+
+def _ident(tok: Token) -> ast.Ident:
+    name = str(tok)
+    if name in KEYWORDS:
+        raise ProgramError(f"'{name}' is a keyword and cannot be used as a name", _token_span(tok))
+    return ast.Ident(name, _token_span(tok))
+
+
+def _fold_left(items, make):
+    """Items alternate operand, operator token, operand, ... ; fold to the left."""
+    result = items[0]
+    for i in range(1, len(items), 2):
+        result = make(str(items[i]), result, items[i + 1], _token_span(items[i]))
+    return result
+
+
+def _binary(op, left, right, op_span):
+    return ast.Binary(op, left, right, Span.join(left.span, right.span), op_span)
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    # -- statements
+    def start(self, meta, children):
+        return ast.Program(tuple(c for c in children if c is not None))
+
+    def config_decl(self, meta, items):
+        return ast.ConfigDecl(tuple(items), _meta_span(meta))
+
+    def config_item(self, meta, children):
+        name, value = children
+        return (_ident(name), value)
+
+    def dim_decl(self, meta, children):
+        name, bound = children
+        return ast.DimDecl(_ident(name), bound, _meta_span(meta))
+
+    def env_decl(self, meta, children):
+        name, plugin, batch = children
+        return ast.EnvDecl(_ident(name), str(plugin)[1:-1], _ident(batch), _meta_span(meta))
+
+    def out_decl(self, meta, names):
+        return ast.OutDecl(tuple(_ident(n) for n in names), _meta_span(meta))
+
+    def metric_decl(self, meta, names):
+        return ast.MetricDecl(tuple(_ident(n) for n in names), _meta_span(meta))
+
+    def params_decl(self, meta, children):
+        name, dims, *fields = children
+        return ast.ParamsDecl(_ident(name), dims or (), tuple(fields), _meta_span(meta))
+
+    def param_dims(self, meta, names):
+        return tuple(_ident(n) for n in names if n is not None)
+
+    def param_field(self, meta, children):
+        name, type_, init = children
+        return ast.ParamField(_ident(name), type_, init, _meta_span(meta))
+
+    def type(self, meta, children):
+        dtype, *shape = children
+        return ast.TypeExpr(_ident(dtype), tuple(s for s in shape if s is not None), _meta_span(meta))
+
+    def def_decl(self, meta, children):
+        name = children[0]
+        params, body = [], []
+        for c in children[1:]:
+            if isinstance(c, ast.DefItem):
+                body.append(c)
+            elif c is not None:
+                params.append(_ident(c))
+        return ast.DefDecl(_ident(name), tuple(params), tuple(body), _meta_span(meta))
+
+    def def_item(self, meta, children):
+        first, second = children
+        if second is None:
+            return ast.DefItem(None, first, _meta_span(meta))
+        return ast.DefItem(first, second, _meta_span(meta))
+
+    def equation(self, meta, children):
+        lhs, rhs, when = children
+        return ast.Equation(lhs, rhs, when, _meta_span(meta))
+
+    def tuple_expr(self, meta, items):
+        return tuple(items)
+
+    # -- operators
+    def or_expr(self, meta, items):
+        return _fold_left(items, _binary)
+
+    and_expr = or_expr
+    arith = or_expr
+    term = or_expr
+
+    def power(self, meta, children):
+        base, op, exponent = children
+        return _binary("**", base, exponent, _token_span(op))
+
+    def not_op(self, meta, children):
+        op, operand = children
+        return ast.Unary("not", operand, _meta_span(meta), _token_span(op))
+
+    def unary_op(self, meta, children):
+        op, operand = children
+        return ast.Unary(str(op), operand, _meta_span(meta), _token_span(op))
+
+    def comparison(self, meta, items):
+        operands = tuple(items[0::2])
+        ops = tuple(str(t) for t in items[1::2])
+        spans = tuple(_token_span(t) for t in items[1::2])
+        return ast.Compare(ops, operands, _meta_span(meta), spans)
+
+    # -- postfix
+    def subscript(self, meta, children):
+        value, items = children
+        return ast.Subscript(value, items, _meta_span(meta))
+
+    def subscripts(self, meta, items):
+        return tuple(i for i in items if i is not None)
+
+    def slice(self, meta, children):
+        lo, colon, hi = children
+        span = _meta_span(meta) or _token_span(colon)
+        return ast.Slice(lo, hi, span)
+
+    def call(self, meta, children):
+        func, args = children
+        pos, kws = [], []
+        for a in args or ():
+            if isinstance(a, ast.Keyword):
+                kws.append(a)
+            elif kws:
+                raise ProgramError("positional argument after a keyword argument", a.span)
+            else:
+                pos.append(a)
+        names = [k.name for k in kws]
+        for k in kws:
+            if names.count(k.name) > 1:
+                raise ProgramError(f"keyword argument '{k.name}' repeated", k.span)
+        return ast.Call(func, tuple(pos), tuple(kws), _meta_span(meta))
+
+    def args(self, meta, items):
+        return tuple(i for i in items if i is not None)
+
+    def keyword(self, meta, children):
+        name, value = children
+        ident = _ident(name)
+        return ast.Keyword(ident.name, value, Span.join(ident.span, value.span))
+
+    def attribute(self, meta, children):
+        value, name = children
+        return ast.Attribute(value, str(name), _meta_span(meta), _token_span(name))
+
+    # -- atoms
+    def name(self, meta, children):
+        (tok,) = children
+        ident = _ident(tok)
+        return ast.Name(ident.name, ident.span)
+
+    def int_lit(self, meta, children):
+        (tok,) = children
+        return ast.Int(int(tok), _token_span(tok))
+
+    def float_lit(self, meta, children):
+        (tok,) = children
+        return ast.Float(float(tok), _token_span(tok))
+
+    def string_lit(self, meta, children):
+        (tok,) = children
+        return ast.Str(str(tok)[1:-1], _token_span(tok))
+
+    def true_lit(self, meta, children):
+        return ast.Bool(True, _token_span(children[0]))
+
+    def false_lit(self, meta, children):
+        return ast.Bool(False, _token_span(children[0]))
+
+    def tuple_lit(self, meta, items):
+        return ast.TupleLit(tuple(i for i in items if i is not None), _meta_span(meta))
+
+    def list_lit(self, meta, items):
+        return ast.ListLit(tuple(i for i in items if i is not None), _meta_span(meta))

@@ -1,0 +1,1 @@
+"""The polyhedral dependence graph (PDG): data model, op registry, printers and parsers."""

@@ -1,0 +1,242 @@
+"""Index expressions and conditions over dims, as sympy expressions.
+
+An index expression is quasi-affine in the dims (integer symbols): sums, products by
+constants, ``//`` and ``%`` by positive constants (``floor``/``Mod``) and ``min``/``max``.
+A condition is a sympy boolean of comparisons between index expressions. Both print as
+RTL text (for IR dumps), as isl text (for the polyhedral checks) and as Python code that
+NumPy can evaluate on scalars or whole index grids (for the reference interpreter).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import sympy
+from sympy.logic.boolalg import Boolean, BooleanFalse, BooleanTrue
+
+TRUE = sympy.true
+FALSE = sympy.false
+
+
+@functools.lru_cache(maxsize=None)
+def sym(name: str) -> sympy.Symbol:
+    """The symbol of dim ``name``."""
+    return sympy.Symbol(name, integer=True)
+
+
+def const(value: int) -> sympy.Integer:
+    return sympy.Integer(value)
+
+
+def floordiv(a, c: int):
+    return sympy.floor(sympy.sympify(a) / c)
+
+
+def mod(a, c: int):
+    return sympy.Mod(sympy.sympify(a), c)
+
+
+def dims_of(e) -> frozenset[str]:
+    return frozenset(s.name for s in sympy.sympify(e).free_symbols)
+
+
+def is_constant(e) -> bool:
+    return sympy.sympify(e).is_Integer
+
+
+def substitute(e, mapping: dict[str, object]):
+    """Replace dims by expressions (simultaneously)."""
+    if not mapping:
+        return e
+    return sympy.sympify(e).xreplace({sym(k): sympy.sympify(v) for k, v in mapping.items()})
+
+
+def conj(*conds) -> Boolean:
+    return sympy.And(*conds)
+
+
+def disj(*conds) -> Boolean:
+    return sympy.Or(*conds)
+
+
+def neg(c) -> Boolean:
+    return sympy.Not(c)
+
+
+def box(dims_and_bounds) -> Boolean:
+    """``0 <= d < bound`` for each (dim, bound)."""
+    parts = []
+    for d, bound in dims_and_bounds:
+        parts += [sym(d) >= 0, sym(d) < bound]
+    return sympy.And(*parts)
+
+
+# ----------------------------------------------------------------------------- printing
+def _floor_parts(arg):
+    num, den = sympy.fraction(sympy.together(arg))
+    if not den.is_Integer:
+        raise ValueError(f"not a quasi-affine floor: floor({arg})")
+    return sympy.expand(num), int(den)
+
+
+class _Printer:
+    """Prints an index expression in one of three syntaxes."""
+
+    def __init__(self, flavor: str):
+        self.flavor = flavor  # "rtl" | "isl" | "py"
+
+    def name(self, s: sympy.Symbol) -> str:
+        if self.flavor == "isl":
+            return "d_" + s.name
+        return s.name
+
+    def expr(self, e, prec: int = 0) -> str:
+        # prec: 0 top/add context, 1 mul operand, 2 atom needed
+        e = sympy.sympify(e)
+        if e.is_Integer:
+            v = int(e)
+            return f"({v})" if v < 0 and prec > 0 else str(v)
+        if e.is_Symbol:
+            return self.name(e)
+        if e.is_Add:
+            terms = e.as_ordered_terms()
+            out = self.expr(terms[0], 0)
+            for t in terms[1:]:
+                coeff, rest = t.as_coeff_Mul()
+                if coeff.is_negative:
+                    out += " - " + self.expr(-t, 1)
+                else:
+                    out += " + " + self.expr(t, 1)
+            return f"({out})" if prec > 0 else out
+        if e.is_Mul:
+            coeff, rest = e.as_coeff_Mul()
+            if not coeff.is_Integer:
+                raise ValueError(f"not an integer index expression: {e}")
+            if coeff == -1:
+                s = "-" + self.expr(rest, 2)
+                return f"({s})" if prec > 0 else s
+            s = f"{int(coeff)}*{self.expr(rest, 2)}"
+            return f"({s})" if prec > 1 else s
+        if isinstance(e, sympy.floor):
+            num, den = _floor_parts(e.args[0])
+            if self.flavor == "isl":
+                return f"floor(({self.expr(num)})/{den})"
+            s = f"{self.expr(num, 2)} // {den}"
+            return f"({s})" if prec > 0 else s
+        if isinstance(e, sympy.Mod):
+            a, c = e.args
+            if self.flavor == "isl":
+                return f"(({self.expr(a)}) mod {int(c)})"
+            s = f"{self.expr(a, 2)} % {self.expr(c, 2)}"
+            return f"({s})" if prec > 0 else s
+        if isinstance(e, (sympy.Min, sympy.Max)):
+            fn = "min" if isinstance(e, sympy.Min) else "max"
+            args = sorted(e.args, key=sympy.default_sort_key)
+            if self.flavor == "py":
+                fn = "_np.minimum" if fn == "min" else "_np.maximum"
+            out = self.expr(args[-1])
+            for a in reversed(args[:-1]):
+                out = f"{fn}({self.expr(a)}, {out})"
+            return out
+        raise ValueError(f"not an index expression: {e}")
+
+    _REL = {
+        "rtl": {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="},
+        "isl": {"==": "=", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="},
+        "py": {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="},
+    }
+
+    def cond(self, c, prec: int = 0) -> str:
+        # prec: 0 top, 1 inside and/or, 2 operand of not
+        if c is True or isinstance(c, BooleanTrue):
+            return {"rtl": "true", "isl": "0 = 0", "py": "True"}[self.flavor]
+        if c is False or isinstance(c, BooleanFalse):
+            return {"rtl": "false", "isl": "1 = 0", "py": "False"}[self.flavor]
+        if isinstance(c, sympy.And) or isinstance(c, sympy.Or):
+            word = "and" if isinstance(c, sympy.And) else "or"
+            args = sorted(c.args, key=sympy.default_sort_key)
+            parts = [self.cond(a, 1) for a in args]
+            if self.flavor == "py":
+                fn = "_np.logical_and" if word == "and" else "_np.logical_or"
+                return functools.reduce(lambda x, y: f"{fn}({x}, {y})", parts)
+            s = f" {word} ".join(parts)
+            return f"({s})" if prec > 0 else s
+        if isinstance(c, sympy.Not):
+            inner = self.cond(c.args[0], 2)
+            if self.flavor == "py":
+                return f"_np.logical_not({inner})"
+            return f"not {inner}" if prec < 2 else f"(not {inner})"
+        if isinstance(c, sympy.core.relational.Relational):
+            op = c.rel_op
+            if self.flavor == "isl" and op == "!=":
+                return f"not ({self.expr(c.lhs)} = {self.expr(c.rhs)})"
+            s = f"{self.expr(c.lhs)} {self._REL[self.flavor][op]} {self.expr(c.rhs)}"
+            return f"({s})" if prec > 0 else s
+        raise ValueError(f"not a condition: {c}")
+
+
+_RTL, _ISL, _PY = _Printer("rtl"), _Printer("isl"), _Printer("py")
+
+
+def to_text(e) -> str:
+    return _RTL.expr(e)
+
+
+def cond_to_text(c) -> str:
+    return _RTL.cond(c)
+
+
+def to_isl(e) -> str:
+    return _ISL.expr(e)
+
+
+def cond_to_isl(c) -> str:
+    return _ISL.cond(c)
+
+
+def isl_name(dim: str) -> str:
+    return "d_" + dim
+
+
+# ----------------------------------------------------------------------------- evaluation
+@functools.lru_cache(maxsize=4096)
+def _compile(code: str, dims: tuple[str, ...]):
+    src = f"lambda {', '.join(dims)}: {code}" if dims else f"lambda: {code}"
+    return eval(src, {"_np": np})  # noqa: S307 - code generated from sympy trees above
+
+
+def compile_expr(e, dims: tuple[str, ...]):
+    """A function of the dims' values (ints or NumPy index grids) giving ``e``."""
+    return _compile(_PY.expr(e), tuple(dims))
+
+
+def compile_cond(c, dims: tuple[str, ...]):
+    """A function of the dims' values giving the truth of ``c`` (bool or bool array)."""
+    return _compile(_PY.cond(c), tuple(dims))
+
+
+def evaluate(e, point: dict[str, int]) -> int:
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return int(e)
+    names = tuple(sorted(dims_of(e)))
+    return int(compile_expr(e, names)(*(point[n] for n in names)))
+
+
+def holds(c, point: dict[str, int]) -> bool:
+    names = tuple(sorted(dims_of(c) if not isinstance(c, bool) else ()))
+    if not names:
+        return bool(c)
+    return bool(compile_cond(c, names)(*(point[n] for n in names)))
+
+
+# ----------------------------------------------------------------------------- helpers
+def affine_offset(e, dim: str):
+    """If ``e`` is ``dim + c`` return c, else None."""
+    d = sympy.sympify(e) - sym(dim)
+    return int(d) if d.is_Integer else None
+
+
+def lcm(*xs: int) -> int:
+    return functools.reduce(math.lcm, xs, 1)

@@ -1,0 +1,77 @@
+"""PDG domains, conditions and accesses as isl objects.
+
+Everything is built from isl's text syntax, which reads the quasi-affine index expressions
+of ``timerlc.ir.index`` directly. Dims are renamed ``d_<dim>`` (see ``index.isl_name``) so
+that user names never clash with isl keywords; producer dims in maps are ``s_<k>``.
+"""
+from __future__ import annotations
+
+import islpy as isl
+
+from timerlc.ir import index as ix
+from timerlc.ir.pdg import Domain, Point
+
+
+def _tuple(dims, tag: str = "") -> str:
+    return f"{tag}[{', '.join(ix.isl_name(d) for d in dims)}]"
+
+
+def cond_set(dims: tuple[str, ...], cond, tag: str = "") -> isl.Set:
+    return isl.Set(f"{{ {_tuple(dims, tag)} : {ix.cond_to_isl(cond)} }}")
+
+
+def domain_set(domain: Domain, tag: str = "") -> isl.Set:
+    return cond_set(domain.dims, domain.cond, tag)
+
+
+def access_map(consumer: Domain, access, n_src: int, src_tag: str = "", dst_tag: str = "") -> isl.Map:
+    """``{ consumer point -> producer points it reads }`` over the consumer's domain."""
+    src_names = [f"s_{k}" for k in range(n_src)]
+    parts = [ix.cond_to_isl(consumer.cond)]
+    for name, a in zip(src_names, access):
+        if isinstance(a, Point):
+            parts.append(f"{name} = {ix.to_isl(a.expr)}")
+        else:
+            parts.append(f"{ix.to_isl(a.lo)} <= {name} < {ix.to_isl(a.hi)}")
+    text = (
+        f"{{ {_tuple(consumer.dims, dst_tag)} -> {src_tag}[{', '.join(src_names)}] : "
+        + " and ".join(f"({p})" for p in parts)
+        + " }"
+    )
+    return isl.Map(text)
+
+
+def point_of(point: isl.Point, dims: tuple[str, ...]) -> dict[str, int]:
+    return {
+        d: point.get_coordinate_val(isl.dim_type.set, k).to_python() for k, d in enumerate(dims)
+    }
+
+
+def sample(s: isl.Set, dims: tuple[str, ...]) -> dict[str, int] | None:
+    """The lexicographically smallest point of ``s`` (a readable example), or None."""
+    if s.is_empty():
+        return None
+    return point_of(s.lexmin().sample_point(), dims)
+
+
+def is_empty(dims: tuple[str, ...], cond) -> bool:
+    return cond_set(dims, cond).is_empty()
+
+
+def extents(dims: tuple[str, ...], cond) -> tuple[int, ...]:
+    """1 + the largest value of each dim over the set (0 where the set is empty)."""
+    s = cond_set(dims, cond)
+    if s.is_empty():
+        return tuple(0 for _ in dims)
+    return tuple(s.dim_max_val(k).to_python() + 1 for k in range(len(dims)))
+
+
+def minimum(dims: tuple[str, ...], cond, k: int) -> int | None:
+    s = cond_set(dims, cond)
+    if s.is_empty():
+        return None
+    return s.dim_min_val(k).to_python()
+
+
+def format_point(point: dict[str, int]) -> str:
+    return ", ".join(f"{d}={v}" for d, v in point.items()) if point else "(no dims)"

@@ -1,0 +1,253 @@
+"""The reference interpreter: evaluates a PDG point by point with NumPy, on demand.
+
+It is the semantic oracle of timerlc: simple rather than fast. Every node that is read at
+another point than its consumer's (tensors, constants, anything read through a shifted
+index or a slice) is *stored* in a dense buffer over its domain's bounding box, with a
+mask of the points computed so far. Asking for a point computes first the stored points it
+reads (an explicit stack, so long recurrences do not exhaust Python's recursion), then the
+point itself, walking the expression nodes of its equation. Every point of every tensor is
+computed, in the lexicographic order of the dims, so metrics stream in the order a user
+expects. Points outside a tensor's domain stay 0 in its buffer.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from timerlc.diagnostics import RunError
+from timerlc.ir import index as ix
+from timerlc.ir import ops
+from timerlc.ir.pdg import Edge, Graph, Node, Point
+from timerlc.ir.types import numpy_dtype
+from timerlc.poly import isl as pisl
+
+MetricSink = Callable[[str, dict, float], None]
+
+
+@dataclass
+class _Store:
+    node: Node
+    extents: tuple[int, ...]
+    buf: np.ndarray
+    done: np.ndarray  # bool, over extents
+    active: np.ndarray  # bool: expanded on the stack, waiting for its inputs
+    inside: np.ndarray  # bool: in the node's domain
+    branch: np.ndarray | None  # merges: the input chosen at each point (-1: none)
+
+
+class _Access:
+    """An edge's access, compiled to Python functions of the consumer's dims."""
+
+    def __init__(self, edge: Edge, dims: tuple[str, ...]):
+        self.parts = []
+        for a in edge.access:
+            if isinstance(a, Point):
+                self.parts.append((ix.compile_expr(a.expr, dims), None))
+            else:
+                self.parts.append((ix.compile_expr(a.lo, dims), ix.compile_expr(a.hi, dims)))
+
+    def at(self, values: tuple[int, ...]) -> tuple:
+        out = []
+        for lo, hi in self.parts:
+            if hi is None:
+                out.append(int(lo(*values)))
+            else:
+                out.append(slice(int(lo(*values)), int(hi(*values))))
+        return tuple(out)
+
+
+class Interpreter:
+    def __init__(self, graph: Graph, on_metric: MetricSink | None = None, profile: bool = False):
+        self.graph = graph
+        self.on_metric = on_metric
+        self.metric_nodes = {graph.tensor(m).node: m for m in graph.metrics}
+        self.stored = self._choose_stored()
+        self.stores: dict[int, _Store] = {}
+        self.access: dict[tuple[int, int], _Access] = {}
+        for n in graph.nodes:
+            for k, e in enumerate(n.inputs):
+                self.access[(n.id, k)] = _Access(e, n.dims)
+        self.profile = profile
+        self.seconds: dict[int, float] = {}
+
+    # ------------------------------------------------------------------ setup
+    def _choose_stored(self) -> set[int]:
+        stored = set()
+        for n in self.graph.nodes:
+            if n.op == "merge" or not n.dims:
+                stored.add(n.id)
+            for e in n.inputs:
+                src = self.graph.node(e.src)
+                if src.dims != n.dims or not e.is_identity_of(n.dims):
+                    stored.add(e.src)
+        return stored
+
+    def store(self, nid: int) -> _Store:
+        st = self.stores.get(nid)
+        if st is None:
+            st = self.stores[nid] = self._make_store(self.graph.node(nid))
+        return st
+
+    def _make_store(self, node: Node) -> _Store:
+        extents = pisl.extents(node.dims, node.domain.cond) if node.dims else ()
+        t = node.type
+        buf = np.zeros(extents + tuple(t.shape), numpy_dtype(t.dtype))
+        grids = np.indices(extents, dtype=np.int64) if node.dims else ()
+        inside = np.asarray(ix.compile_cond(node.domain.cond, node.dims)(*grids), bool)
+        inside = np.broadcast_to(inside, extents).copy()
+        branch = None
+        if node.op == "merge":
+            branch = np.full(extents, -1, np.int64)
+            for k, e in enumerate(node.inputs):
+                hold = np.broadcast_to(np.asarray(ix.compile_cond(e.cond, node.dims)(*grids), bool), extents)
+                branch[hold & (branch == -1) & inside] = k
+        return _Store(node, extents, buf, np.zeros(extents, bool), np.zeros(extents, bool), inside, branch)
+
+    # ------------------------------------------------------------------ evaluation
+    def run(self) -> None:
+        """Compute every point of every tensor, in the lexicographic order of the dims."""
+        order = [d.name for d in self.graph.dims]
+        roots = []
+        for rank, tensor in enumerate(self.graph.tensors):
+            node = self.graph.node(tensor.node)
+            st = self.store(node.id)
+            pts = np.argwhere(st.inside) if node.dims else np.zeros((1, 0), np.int64)
+            if len(pts) == 0:
+                continue
+            keys = np.full((len(pts), len(order)), -1, np.int64)
+            for k, d in enumerate(node.dims):
+                keys[:, order.index(d)] = pts[:, k]
+            roots.append((keys, np.full(len(pts), rank), pts, node.id))
+        if not roots:
+            return
+        keys = np.concatenate([r[0] for r in roots])
+        ranks = np.concatenate([r[1] for r in roots])
+        which = np.concatenate([np.full(len(r[2]), j) for j, r in enumerate(roots)])
+        local = np.concatenate([np.arange(len(r[2])) for r in roots])
+        perm = np.lexsort([ranks] + [keys[:, k] for k in reversed(range(keys.shape[1]))])
+        with np.errstate(all="ignore"):
+            for j in perm:
+                _, _, pts, nid = roots[which[j]]
+                self.ensure(nid, tuple(int(v) for v in pts[local[j]]))
+
+    def value(self, name: str) -> np.ndarray:
+        """A tensor's buffer (computed by ``run``): its bounding box, 0 outside its domain."""
+        t = self.graph.tensor(name)
+        return self.store(t.node).buf
+
+    def ensure(self, nid: int, point: tuple[int, ...]) -> None:
+        stack = [(nid, point)]
+        while stack:
+            n, p = stack[-1]
+            st = self.store(n)
+            if st.done[p]:
+                stack.pop()
+                continue
+            missing = []
+            for src, idx in self._stored_inputs(n, dict(zip(st.node.dims, p))):
+                sst = self.store(src)
+                done = sst.done[idx]
+                if not np.all(done):
+                    missing.extend(_missing_points(done, idx, sst, self.graph, src))
+            if missing:
+                if st.active[p]:
+                    raise RunError(f"cyclic definition at {self._where(n, p)}")
+                st.active[p] = True
+                for m in missing:
+                    if self.store(m[0]).active[m[1]]:
+                        raise RunError(f"cyclic definition: {self._where(*m)} depends on itself")
+                    stack.append(m)
+                continue
+            self._compute_stored(n, p)
+            stack.pop()
+
+    def _where(self, nid: int, p) -> str:
+        node = self.graph.node(nid)
+        what = node.name or f"%{nid}"
+        return f"{what} at {pisl.format_point(dict(zip(node.dims, p)))}"
+
+    def _edges_at(self, node: Node, point: dict) -> list[tuple[int, Edge]]:
+        if node.op == "merge":
+            st = self.store(node.id)
+            k = int(st.branch[tuple(point[d] for d in node.dims)])
+            return [(k, node.inputs[k])]
+        return list(enumerate(node.inputs))
+
+    def _stored_inputs(self, nid: int, point: dict):
+        node = self.graph.node(nid)
+        values = tuple(point[d] for d in node.dims)
+        for k, e in self._edges_at(node, point):
+            if e.src in self.stored:
+                yield e.src, self.access[(nid, k)].at(values)
+            else:
+                yield from self._stored_inputs(e.src, point)
+
+    def _compute_stored(self, nid: int, p: tuple[int, ...]):
+        st = self.store(nid)
+        point = dict(zip(st.node.dims, p))
+        start = time.perf_counter() if self.profile else 0.0
+        try:
+            value = self._compute(nid, point, {})
+        except RunError:
+            raise
+        except (ValueError, IndexError, OverflowError, ZeroDivisionError) as e:
+            raise RunError(f"while computing {self._where(nid, p)}: {e}") from None
+        st.buf[p] = value
+        st.done[p] = True
+        st.active[p] = False
+        if self.profile:
+            self.seconds[nid] = self.seconds.get(nid, 0.0) + time.perf_counter() - start
+        if nid in self.metric_nodes and self.on_metric is not None:
+            self.on_metric(self.metric_nodes[nid], point, st.buf[p].item())
+
+    def _compute(self, nid: int, point: dict, memo: dict):
+        node = self.graph.node(nid)
+        values = tuple(point[d] for d in node.dims)
+        args = []
+        for k, e in self._edges_at(node, point):
+            if e.src in self.stored:
+                args.append(self.store(e.src).buf[self.access[(nid, k)].at(values)])
+            else:
+                if e.src not in memo:
+                    memo[e.src] = self._compute(e.src, point, memo)
+                args.append(memo[e.src])
+        if node.op == "merge":
+            return args[0]
+        out = ops.get(node.op).numpy(node.attr_dict, [np.asarray(a) for a in args], point)
+        return np.asarray(out).astype(numpy_dtype(node.type.dtype), copy=False)
+
+
+def _missing_points(done: np.ndarray, idx: tuple, st: _Store, graph: Graph, src: int):
+    """The (src, point) pairs not yet computed among those ``idx`` reads."""
+    if not isinstance(done, np.ndarray) or done.ndim == 0:
+        if not st.inside[idx]:
+            raise RunError(f"internal error: read of {graph.node(src).name or src} outside its domain at {idx}")
+        return [(src, idx)]
+    out = []
+    inside = st.inside[idx]
+    for rel in np.argwhere(~done):
+        p, j = [], 0
+        for part in idx:
+            if isinstance(part, slice):
+                p.append(part.start + int(rel[j]))
+                j += 1
+            else:
+                p.append(part)
+        if not inside[tuple(rel)]:
+            raise RunError(f"internal error: read of {graph.node(src).name or src} outside its domain at {p}")
+        out.append((src, tuple(p)))
+    return out
+
+
+def run_graph(graph: Graph, on_metric: MetricSink | None = None, profile: bool = False) -> Interpreter:
+    interp = Interpreter(graph, on_metric, profile)
+    interp.run()
+    return interp
+
+
+def outputs(interp: Interpreter) -> dict[str, np.ndarray]:
+    """The ``out`` tensors, as LANGUAGE.md section 12 says ``--outputs`` holds them."""
+    return {name: interp.value(name) for name in interp.graph.outputs}
