@@ -3,11 +3,13 @@
 Exit status: 0 success; 1 an error in the program (``FILE:LINE:COL: error: ...``);
 2 a usage error; 3 a failure while running.
 """
+
 from __future__ import annotations
 
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import click
@@ -71,7 +73,10 @@ def _check(source: Source, overrides: dict[str, str], envs: dict[str, str]):
         raise _Fail(1, e.render(source)) from None
     for name in envs:
         # the program has no env of that name (a program with envs is refused earlier)
-        raise _Fail(1, ProgramError(f"--env {name}=...: the program has no env '{name}'", None).render(source))
+        raise _Fail(
+            1,
+            ProgramError(f"--env {name}=...: the program has no env '{name}'", None).render(source),
+        )
     return graph
 
 
@@ -100,7 +105,7 @@ def _guard(fn):
             sys.exit(2)
         except RunError as e:
             if debug:
-                raise
+                traceback.print_exc()
             click.echo(f"timerlc: run failed: {e}", err=True)
             sys.exit(3)
         except KeyboardInterrupt:
@@ -113,10 +118,18 @@ def _guard(fn):
 
 
 _set_option = click.option(
-    "--set", "sets", multiple=True, metavar="K=V", help="Override a config, e.g. --set T=500 (repeatable)."
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="K=V",
+    help="Override a config, e.g. --set T=500 (repeatable).",
 )
 _env_option = click.option(
-    "--env", "envs", multiple=True, metavar="E=PLUGIN", help="Bind environment E to a plugin (repeatable)."
+    "--env",
+    "envs",
+    multiple=True,
+    metavar="E=PLUGIN",
+    help="Bind environment E to a plugin (repeatable).",
 )
 
 
@@ -137,7 +150,14 @@ def check(file, sets, envs):
 
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", "out_dir", default="build", show_default=True, help="The build folder to write.")
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    default="build",
+    show_default=True,
+    help="The build folder to write.",
+)
 @click.option("--backend", type=click.Choice(BACKENDS), default=None, help="Target backend.")
 @_set_option
 @_env_option
@@ -193,17 +213,36 @@ def _load_build(path: Path):
     try:
         return serialize.from_json((path / manifest["program"]).read_text())
     except (OSError, ValueError, KeyError) as e:
-        raise _Fail(2, f"timerlc: error: cannot load {path / manifest.get('program', BUILD_PROGRAM)}: {e}") from None
+        raise _Fail(
+            2, f"timerlc: error: cannot load {path / manifest.get('program', BUILD_PROGRAM)}: {e}"
+        ) from None
 
 
 @cli.command()
 @click.argument("target", type=click.Path())
-@click.option("--backend", type=click.Choice(BACKENDS), default=None, help="Backend (default: the best available).")
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    default=None,
+    help="Backend (default: the best available).",
+)
 @_set_option
 @_env_option
-@click.option("--seed", type=int, default=None, help="The seed of all random streams (overrides config seed).")
-@click.option("--outputs", "outputs_path", type=click.Path(dir_okay=False), help="Save the `out` tensors to F.npz.")
-@click.option("--metrics", "metrics_path", type=click.Path(dir_okay=False), help="Stream metrics to F.csv or F.jsonl.")
+@click.option(
+    "--seed", type=int, default=None, help="The seed of all random streams (overrides config seed)."
+)
+@click.option(
+    "--outputs",
+    "outputs_path",
+    type=click.Path(dir_okay=False),
+    help="Save the `out` tensors to F.npz.",
+)
+@click.option(
+    "--metrics",
+    "metrics_path",
+    type=click.Path(dir_okay=False),
+    help="Stream metrics to F.csv or F.jsonl.",
+)
 @click.option("--no-progress", is_flag=True, help="Do not show the progress line.")
 @click.option("--profile", is_flag=True, help="Print where the run spent its time.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of failures.")
@@ -216,12 +255,18 @@ def run(target, backend, sets, envs, seed, outputs_path, metrics_path, no_progre
         path = Path(target)
         chosen = _backend(backend)
         if metrics_path and not metrics_path.endswith((".csv", ".jsonl")):
-            raise click.BadParameter("the metrics file must end in .csv or .jsonl", param_hint="--metrics")
+            raise click.BadParameter(
+                "the metrics file must end in .csv or .jsonl", param_hint="--metrics"
+            )
         if outputs_path and not outputs_path.endswith(".npz"):
             raise click.BadParameter("the outputs file must end in .npz", param_hint="--outputs")
         if path.is_dir():
             if sets or envs or seed is not None:
-                raise _Fail(2, "timerlc: error: --set, --env and --seed change the program; recompile it instead")
+                raise _Fail(
+                    2,
+                    "timerlc: error: --set, --env and --seed change the program; recompile it "
+                    "instead",
+                )
             graph = _load_build(path)
         else:
             graph = _check(_read_source(target), _overrides(sets, seed), _env_overrides(envs))
@@ -233,7 +278,9 @@ def run(target, backend, sets, envs, seed, outputs_path, metrics_path, no_progre
 
 @cli.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "dot"]), default="text", show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "json", "dot"]), default="text", show_default=True
+)
 def inspect(file, fmt):
     """Show a dumped IR file (.pdg text or .json) in readable form."""
 
@@ -242,10 +289,16 @@ def inspect(file, fmt):
 
         text = Path(file).read_text()
         try:
-            graph = serialize.from_json(text) if text.lstrip().startswith("{") else serialize.from_text(text)
+            graph = (
+                serialize.from_json(text)
+                if text.lstrip().startswith("{")
+                else serialize.from_text(text)
+            )
         except ValueError as e:
             raise _Fail(2, f"timerlc: error: {file} is not a timerlc IR dump: {e}") from None
-        render = {"text": serialize.to_text, "json": serialize.to_json, "dot": serialize.to_dot}[fmt]
+        render = {"text": serialize.to_text, "json": serialize.to_json, "dot": serialize.to_dot}[
+            fmt
+        ]
         click.echo(render(graph), nl=False)
 
     _guard(body)()

@@ -5,6 +5,7 @@ renders it once, as ``FILE:LINE:COL: error: MESSAGE`` followed by the source lin
 caret under the offending token (LANGUAGE.md section 11). Errors met while running a
 program are ``RunError``s. Anything else is an internal bug and may show a traceback.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -6,6 +6,7 @@ CSV has the header ``name,<dims>,value`` over every dim any metric has, in decla
 order, with empty cells for dims a metric lacks; JSONL rows are
 ``{"name": ..., "<dim>": index, ..., "value": ...}``.
 """
+
 from __future__ import annotations
 
 import csv
@@ -13,6 +14,8 @@ import json
 import math
 import sys
 import time
+
+import numpy as np
 
 
 class MetricsFile:
@@ -26,16 +29,33 @@ class MetricsFile:
             self.csv.writerow(["name", *dims, "value"])
             self.fh.flush()
 
-    def write(self, name: str, point: dict, value: float):
+    def write(self, name: str, point: dict, value):
+        value = plain(value)
         if self.jsonl:
-            row = {"name": name, **{d: point[d] for d in self.dims if d in point}, "value": _json_number(value)}
+            row = {
+                "name": name,
+                **{d: point[d] for d in self.dims if d in point},
+                "value": _json_number(value),
+            }
             self.fh.write(json.dumps(row) + "\n")
         else:
-            self.csv.writerow([name, *[point.get(d, "") for d in self.dims], repr(value) if isinstance(value, float) else value])
+            self.csv.writerow([name, *[point.get(d, "") for d in self.dims], value])
         self.fh.flush()
 
     def close(self):
         self.fh.close()
+
+
+def plain(value):
+    """A NumPy scalar as the Python number with the shortest text that reads back the same
+    (so an f32 metric 0.1 is written 0.1, not 0.10000000149011612)."""
+    if isinstance(value, (np.floating, float)):
+        return float(str(value)) if isinstance(value, np.floating) else value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
 
 
 def _json_number(v):
@@ -55,8 +75,8 @@ class Progress:
         self.shown = 0.0
         self.position = None
 
-    def update(self, name: str, point: dict, value: float):
-        self.latest[name] = value
+    def update(self, name: str, point: dict, value):
+        self.latest[name] = plain(value)
         if self.outer is not None and self.outer in point:
             self.position = point[self.outer]
         now = time.monotonic()
@@ -68,7 +88,9 @@ class Progress:
         head = ""
         if self.position is not None and self.extent:
             head = f"{self.outer} {self.position + 1}/{self.extent}  "
-        values = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.latest.items())
+        values = "  ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.latest.items()
+        )
         self.stream.write("\r\x1b[K" + head + values)
         self.stream.flush()
 

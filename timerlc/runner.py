@@ -3,6 +3,7 @@
 In: a PDG and the ``run`` options. Out: the ``--outputs`` file and the metric stream.
 A failure still flushes the metrics written so far and saves the outputs computed so far.
 """
+
 from __future__ import annotations
 
 import sys
@@ -21,7 +22,9 @@ def metric_dims(graph: Graph) -> list[str]:
     return [d.name for d in graph.dims if d.name in used]
 
 
-def run_program(graph: Graph, backend: str, outputs_path=None, metrics_path=None, progress=False, profile=False):
+def run_program(
+    graph: Graph, backend: str, outputs_path=None, metrics_path=None, progress=False, profile=False
+):
     from timerlc.reference.interpreter import Interpreter
 
     sinks = []

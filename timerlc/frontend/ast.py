@@ -3,6 +3,7 @@
 Spans are carried for diagnostics and excluded from equality, so two programs that differ
 only in layout have equal trees.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

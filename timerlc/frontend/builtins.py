@@ -6,17 +6,16 @@ and emits primitive ops from ``timerlc.ir.ops``; composite functions (softmax, m
 are written here in terms of primitives. Functions whose meaning comes with a later part
 of timerlc (random draws, environments, gradients, optimizers) say so.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Callable
 
-import sympy
-
-from timerlc.diagnostics import ProgramError, UnsupportedError, did_you_mean
+from timerlc.diagnostics import ProgramError, did_you_mean
 from timerlc.frontend import ast
-from timerlc.frontend.indexing import NotIndex, to_constant, to_index
+from timerlc.frontend.indexing import to_constant
 from timerlc.frontend.values import RecordVal, TupleVal, Val
 from timerlc.ir.ops import TypeRuleError, normalize_axes
 from timerlc.ir.types import DTYPES, is_float
@@ -46,13 +45,15 @@ class Builtin:
         required = [p for p, d in self.params if d is REQUIRED]
         if len(call.args) > len(names):
             raise ProgramError(
-                f"{self.name} takes {_count(len(required), len(names))}, got {len(call.args)}", call.func.span
+                f"{self.name} takes {_count(len(required), len(names))}, got {len(call.args)}",
+                call.func.span,
             )
         bound = dict(zip(names, call.args))
         for kw in call.kwargs:
             if kw.name not in names:
                 raise ProgramError(
-                    f"{self.name} has no argument '{kw.name}'" + did_you_mean(kw.name, names), kw.span
+                    f"{self.name} has no argument '{kw.name}'" + did_you_mean(kw.name, names),
+                    kw.span,
                 )
             if kw.name in bound:
                 raise ProgramError(f"{self.name} got argument '{kw.name}' twice", kw.span)
@@ -100,15 +101,21 @@ class Args:
     def value(self, key) -> Val:
         v = self.raw(key)
         if isinstance(v, RecordVal):
-            raise ProgramError(f"{self.name} needs a tensor here, got a record", self.bound[key].span)
+            raise ProgramError(
+                f"{self.name} needs a tensor here, got a record", self.bound[key].span
+            )
         if isinstance(v, TupleVal):
-            raise ProgramError(f"{self.name} needs a tensor here, got a tuple", self.bound[key].span)
+            raise ProgramError(
+                f"{self.name} needs a tensor here, got a tuple", self.bound[key].span
+            )
         return v
 
     def const_int(self, key, default=None) -> int | None:
         if key not in self.bound:
             return default
-        return to_constant(self.bound[key], self.el.scope(self.env, False), f"'{key}' of {self.name}")
+        return to_constant(
+            self.bound[key], self.el.scope(self.env, False), f"'{key}' of {self.name}"
+        )
 
     def const_float(self, key, default: float) -> Val:
         """A scalar argument that may be any value (kept weak when it is a literal)."""
@@ -131,9 +138,25 @@ class Args:
         if key not in self.bound or _is_none(self.bound[key]):
             return tuple(range(rank)) if default == "all" else default
         try:
-            return normalize_axes(self.int_list(key), rank, self.name)
+            axes = self.int_list(key)
+        except ProgramError as err:
+            if self.name in ("max", "min"):
+                err = ProgramError(
+                    f"{err.message}; {self.name} is a reduction in a value, "
+                    f"the elementwise {self.name}imum of two values is "
+                    f"{self.name}imum(a, b)",
+                    err.span,
+                )
+            raise err from None
+        try:
+            return normalize_axes(axes, rank, self.name)
         except TypeRuleError as err:
-            raise ProgramError(str(err), self.bound[key].span) from None
+            hint = ""
+            if self.name in ("max", "min") and rank == 0:
+                hint = (
+                    f"; for the elementwise {self.name}imum of two values use {self.name}imum(a, b)"
+                )
+            raise ProgramError(str(err) + hint, self.bound[key].span) from None
 
     def axis(self, key, rank: int, default=None, extra: int = 0) -> int | None:
         """One axis in [-(rank+extra), rank+extra), normalized."""
@@ -142,7 +165,10 @@ class Args:
         a = self.const_int(key)
         n = rank + extra
         if not -n <= a < n or n == 0:
-            raise ProgramError(f"axis {a} is out of range for {self.name} of a rank-{rank} value", self.bound[key].span)
+            raise ProgramError(
+                f"axis {a} is out of range for {self.name} of a rank-{rank} value",
+                self.bound[key].span,
+            )
         return a % n
 
     def dtype(self, key, default: str | None) -> str | None:
@@ -208,7 +234,11 @@ def _softplus(a: Args):
     el = a.el
     x = el.to_float(a.value("x"))
     pos = _maximum(el, x, el.const(0.0), a.span)
-    tail = el.apply("log1p", [el.apply("exp", [el.unary("-", el.apply("abs", [x], a.span), a.span)], a.span)], a.span)
+    tail = el.apply(
+        "log1p",
+        [el.apply("exp", [el.unary("-", el.apply("abs", [x], a.span), a.span)], a.span)],
+        a.span,
+    )
     return el.binary("+", pos, tail, a.span)
 
 
@@ -218,12 +248,17 @@ def _maximum(el, x, y, span, op="maximum"):
 
 
 for _op in ("abs", "sign"):
-    builtin(_op, "x", records=True)(lambda a, _op=_op: a.el.apply(_op, [a.el.to_number(a.value("x"))], a.span))
+    builtin(_op, "x", records=True)(
+        lambda a, _op=_op: a.el.apply(_op, [a.el.to_number(a.value("x"))], a.span)
+    )
 
 for _op in ("floor", "ceil", "round"):
     builtin(_op, "x", records=True)(
-        lambda a, _op=_op: a.el.apply(_op, [a.value("x")], a.span) if is_float(a.value("x").dtype)
-        else a.el.to_number(a.value("x"))
+        lambda a, _op=_op: (
+            a.el.apply(_op, [a.value("x")], a.span)
+            if is_float(a.value("x").dtype)
+            else a.el.to_number(a.value("x"))
+        )
     )
 
 
@@ -238,7 +273,9 @@ def _elu(a: Args):
     el = a.el
     x = el.to_float(a.value("x"))
     alpha = a.const_float("alpha", 1.0)
-    neg = el.binary("*", alpha, el.binary("-", el.apply("exp", [x], a.span), el.const(1.0), a.span), a.span)
+    neg = el.binary(
+        "*", alpha, el.binary("-", el.apply("exp", [x], a.span), el.const(1.0), a.span), a.span
+    )
     return _where(el, el.compare(">", x, el.const(0.0), a.span), x, neg, a.span)
 
 
@@ -250,12 +287,16 @@ def _where(el, c, x, y, span):
 
 @builtin("minimum", "x", "y")
 def _minimum(a: Args):
-    return a.el.map_fields(lambda x, y: _maximum(a.el, x, y, a.span, "minimum"), [a.raw("x"), a.raw("y")], a.span)
+    return a.el.map_fields(
+        lambda x, y: _maximum(a.el, x, y, a.span, "minimum"), [a.raw("x"), a.raw("y")], a.span
+    )
 
 
 @builtin("maximum", "x", "y")
 def _maximum_fn(a: Args):
-    return a.el.map_fields(lambda x, y: _maximum(a.el, x, y, a.span), [a.raw("x"), a.raw("y")], a.span)
+    return a.el.map_fields(
+        lambda x, y: _maximum(a.el, x, y, a.span), [a.raw("x"), a.raw("y")], a.span
+    )
 
 
 @builtin("clip", "x", "lo", "hi")
@@ -272,12 +313,16 @@ def _clip(a: Args):
 @builtin("where", "c", "a", "b")
 def _where_fn(a: Args):
     el = a.el
-    return el.map_fields(lambda c, x, y: _where(el, c, x, y, a.span), [a.raw("c"), a.raw("a"), a.raw("b")], a.span)
+    return el.map_fields(
+        lambda c, x, y: _where(el, c, x, y, a.span), [a.raw("c"), a.raw("a"), a.raw("b")], a.span
+    )
 
 
 @builtin("pow", "x", "y")
 def _pow(a: Args):
-    return a.el.map_fields(lambda x, y: a.el.binary("**", x, y, a.span), [a.raw("x"), a.raw("y")], a.span)
+    return a.el.map_fields(
+        lambda x, y: a.el.binary("**", x, y, a.span), [a.raw("x"), a.raw("y")], a.span
+    )
 
 
 for _dt in DTYPES:
@@ -337,7 +382,9 @@ def _moments(a: Args, root: bool):
     return el.apply("sqrt", [v], a.span) if root else v
 
 
-builtin("var", "x", ("axis", None), ("keepdims", None), ("ddof", None))(lambda a: _moments(a, False))
+builtin("var", "x", ("axis", None), ("keepdims", None), ("ddof", None))(
+    lambda a: _moments(a, False)
+)
 builtin("std", "x", ("axis", None), ("keepdims", None), ("ddof", None))(lambda a: _moments(a, True))
 
 
@@ -359,7 +406,9 @@ def _discounted_sum(a: Args):
     x = el.to_float(a.value("x"))
     g = a.value("gamma")
     if g.shape != ():
-        raise ProgramError(f"the discount of discounted_sum must be a scalar, got {g.type}", a.expr("gamma").span)
+        raise ProgramError(
+            f"the discount of discounted_sum must be a scalar, got {g.type}", a.expr("gamma").span
+        )
     g = el.cast(g, x.dtype)
     return el.apply("discounted_sum", [x, g], a.span)
 
@@ -370,240 +419,5 @@ def _cumsum(a: Args):
     return a.el.apply("cumsum", [x], a.span, axis=a.axis("axis", x.type.rank))
 
 
-# ----------------------------------------------------------------------------- shapes
-def _static_shape(a: Args, key) -> tuple[int, ...]:
-    shape = a.int_list(key)
-    for s in shape:
-        if s < 0:
-            raise ProgramError(f"a shape entry must not be negative, got {s}", a.expr(key).span)
-    return shape
-
-
-@builtin("reshape", "x", "shape")
-def _reshape(a: Args):
-    x = a.value("x")
-    shape = list(a.int_list("shape"))
-    size = math.prod(x.shape) if x.type.is_static else None
-    if shape.count(-1) > 1:
-        raise ProgramError("reshape: at most one -1", a.expr("shape").span)
-    if -1 in shape and size is not None:
-        rest = math.prod(s for s in shape if s != -1)
-        if rest == 0 or size % rest:
-            raise ProgramError(f"cannot reshape {x.type} into {shape}", a.span)
-        shape[shape.index(-1)] = size // rest
-    return a.el.apply("reshape", [x], a.span, shape=tuple(shape))
-
-
-@builtin("flatten", "x")
-def _flatten(a: Args):
-    x = a.value("x")
-    n = math.prod(x.shape) if x.type.is_static else 0
-    return a.el.apply("reshape", [x], a.span, shape=(n,))
-
-
-@builtin("transpose", "x", ("perm", None))
-def _transpose(a: Args):
-    x = a.value("x")
-    perm = a.int_list("perm", tuple(reversed(range(x.type.rank))))
-    perm = tuple(p % x.type.rank if x.type.rank else p for p in perm)
-    return a.el.apply("transpose", [x], a.span, perm=perm)
-
-
-def _value_list(a: Args, key) -> list[Val]:
-    e = a.expr(key)
-    if not isinstance(e, (ast.ListLit, ast.TupleLit)):
-        raise ProgramError(f"{a.name} takes a list of arrays like [a, b]", e.span)
-    if not e.items:
-        raise ProgramError(f"{a.name} needs at least one array", e.span)
-    return [a.el.tensor_value(x, a.env, a.name) for x in e.items]
-
-
-@builtin("concat", "xs", ("axis", None))
-def _concat(a: Args):
-    xs, _ = a.el.unify(_value_list(a, "xs"))
-    axis = a.axis("axis", xs[0].type.rank, 0)
-    return a.el.apply("concat", xs, a.span, axis=axis)
-
-
-@builtin("stack", "xs", ("axis", None))
-def _stack(a: Args):
-    xs, _ = a.el.unify(_value_list(a, "xs"))
-    axis = a.axis("axis", xs[0].type.rank, 0, extra=1)
-    xs = [a.el.apply("expand_dims", [x], a.span, axis=axis) for x in xs]
-    return a.el.apply("concat", xs, a.span, axis=axis)
-
-
-@builtin("expand", "x", "axis")
-def _expand(a: Args):
-    x = a.value("x")
-    return a.el.apply("expand_dims", [x], a.span, axis=a.axis("axis", x.type.rank, extra=1))
-
-
-@builtin("squeeze", "x", ("axis", None))
-def _squeeze(a: Args):
-    x = a.value("x")
-    if not a.given("axis") or _is_none(a.expr("axis")):
-        axes = tuple(k for k, s in enumerate(x.shape) if s == 1)
-    else:
-        axes = a.axes("axis", x.type.rank)
-    return a.el.apply("squeeze", [x], a.span, axes=axes)
-
-
-@builtin("broadcast", "x", "shape")
-def _broadcast(a: Args):
-    x = a.value("x")
-    return a.el.apply("broadcast_to", [a.el.materialize(x)], a.span, shape=_static_shape(a, "shape"))
-
-
-def _index_arg(a: Args, key) -> Val:
-    v = a.value(key)
-    if not v.dtype.startswith("i"):
-        raise ProgramError(f"{a.name} needs integer indices, got {v.type}", a.expr(key).span)
-    return v
-
-
-@builtin("take", "x", "idx", ("axis", None))
-def _take(a: Args):
-    x = a.value("x")
-    idx = _index_arg(a, "idx")
-    return a.el.apply("take", [x, idx], a.span, axis=a.axis("axis", x.type.rank))
-
-
-@builtin("take_along", "x", "idx", "axis")
-def _take_along(a: Args):
-    x = a.value("x")
-    idx = _index_arg(a, "idx")
-    return a.el.apply("take_along", [x, idx], a.span, axis=a.axis("axis", x.type.rank))
-
-
-@builtin("one_hot", "k", "n", ("dtype", None))
-def _one_hot(a: Args):
-    el = a.el
-    k = _index_arg(a, "k")
-    n = a.const_int("n")
-    if n < 0:
-        raise ProgramError(f"one_hot needs n >= 0, got {n}", a.expr("n").span)
-    dtype = a.dtype("dtype", "f32")
-    r = el.apply("arange", [], a.span, start=0, stop=n, step=1, dtype=k.dtype)
-    kk = el.apply("expand_dims", [el.materialize(k)], a.span, axis=k.type.rank)
-    return el.cast(el.apply("eq", [kk, r], a.span), dtype)
-
-
-# ----------------------------------------------------------------------------- creation
-def _filled(a: Args, value):
-    dtype = a.dtype("dtype", "f32")
-    return a.el.const(value, dtype, _static_shape(a, "shape"), weak=False, span=a.span)
-
-
-builtin("zeros", "shape", ("dtype", None))(lambda a: _filled(a, 0))
-builtin("ones", "shape", ("dtype", None))(lambda a: _filled(a, 1))
-
-
-@builtin("full", "value", "shape", ("dtype", None))
-def _full(a: Args):
-    el = a.el
-    v = a.value("value")
-    if v.shape != ():
-        raise ProgramError(f"full takes a scalar value, got {v.type}", a.expr("value").span)
-    dtype = a.dtype("dtype", v.dtype)
-    shape = _static_shape(a, "shape")
-    if v.const is not None:
-        return el.const(v.const, dtype, shape, weak=False, span=a.span)
-    return el.apply("broadcast_to", [el.cast(v, dtype)], a.span, shape=shape)
-
-
-@builtin("arange", "start", ("stop", None), ("step", None), ("dtype", None))
-def _arange(a: Args):
-    start = a.const_int("start")
-    stop = a.const_int("stop")
-    if stop is None:
-        start, stop = 0, start
-    step = a.const_int("step", 1)
-    if step == 0:
-        raise ProgramError("arange step must not be 0", a.expr("step").span)
-    return a.el.apply("arange", [], a.span, start=start, stop=stop, step=step, dtype=a.dtype("dtype", "i32"))
-
-
-# ----------------------------------------------------------------------------- nn
-def _log_softmax(el, x, axis, span):
-    x = el.to_float(x)
-    lse = el.apply("logsumexp", [x], span, axes=(axis,), keepdims=True)
-    return el.binary("-", x, lse, span)
-
-
-@builtin("log_softmax", "x", ("axis", None))
-def _log_softmax_fn(a: Args):
-    x = a.value("x")
-    return _log_softmax(a.el, x, a.axis("axis", x.type.rank, x.type.rank - 1), a.span)
-
-
-@builtin("softmax", "x", ("axis", None))
-def _softmax(a: Args):
-    x = a.value("x")
-    return a.el.apply("exp", [_log_softmax(a.el, x, a.axis("axis", x.type.rank, x.type.rank - 1), a.span)], a.span)
-
-
-@builtin("entropy_logits", "logits")
-def _entropy(a: Args):
-    el = a.el
-    x = a.value("logits")
-    if x.type.rank == 0:
-        raise ProgramError(f"entropy_logits needs logits with an action axis, got {x.type}", a.expr("logits").span)
-    lsm = _log_softmax(el, x, x.type.rank - 1, a.span)
-    p_logp = el.binary("*", el.apply("exp", [lsm], a.span), lsm, a.span)
-    return el.unary("-", el.apply("sum", [p_logp], a.span, axes=(x.type.rank - 1,)), a.span)
-
-
-@builtin("mse", "a", "b")
-def _mse(a: Args):
-    el = a.el
-    d = el.binary("-", el.to_float(a.value("a")), a.value("b"), a.span)
-    sq = el.binary("*", d, d, a.span)
-    return el.apply("mean", [sq], a.span, axes=tuple(range(sq.type.rank)))
-
-
-@builtin("huber", "a", "b", ("delta", None))
-def _huber(a: Args):
-    el = a.el
-    delta = a.const_float("delta", 1.0)
-    d = el.apply("abs", [el.binary("-", el.to_float(a.value("a")), a.value("b"), a.span)], a.span)
-    quad = el.binary("*", el.const(0.5), el.binary("*", d, d, a.span), a.span)
-    lin = el.binary("*", delta, el.binary("-", d, el.binary("*", el.const(0.5), delta, a.span), a.span), a.span)
-    loss = _where(el, el.compare("<=", d, delta, a.span), quad, lin, a.span)
-    return el.apply("mean", [loss], a.span, axes=tuple(range(loss.type.rank)))
-
-
-@builtin("normal_logp", "x", "mean", "log_std")
-def _normal_logp(a: Args):
-    el = a.el
-    x, mean, log_std = a.value("x"), a.value("mean"), a.value("log_std")
-    (x, mean, log_std), _ = el.unify([x, mean, log_std], "float")
-    z = el.binary("/", el.binary("-", x, mean, a.span), el.apply("exp", [log_std], a.span), a.span)
-    quad = el.binary("*", el.const(-0.5), el.binary("*", z, z, a.span), a.span)
-    return el.binary("-", el.binary("-", quad, log_std, a.span), el.const(0.5 * math.log(2 * math.pi)), a.span)
-
-
-# ----------------------------------------------------------------------------- later parts
-def _later(what: str):
-    def fn(a: Args):
-        raise UnsupportedError(f"{a.name} is not supported yet by this version of timerlc ({what})", a.span)
-
-    return fn
-
-
-for _name, _params in {
-    "uniform": ("shape", ("lo", None), ("hi", None)),
-    "normal": ("shape",),
-    "categorical": ("logits",),
-    "bernoulli": ("p",),
-    "permutation": ("n",),
-    "glorot": ("shape",),
-}.items():
-    builtin(_name, *_params)(_later("random draws"))
-builtin("grad", "y", "x")(_later("gradients"))
-for _name, _params in {
-    "sgd": ("p", "g", "lr"),
-    "adam": ("p", "g", "lr", ("beta1", None), ("beta2", None), ("eps", None)),
-    "clip_norm": ("g", "max_norm"),
-}.items():
-    builtin(_name, *_params)(_later("optimizers"))
+# the array built-ins register themselves into BUILTINS
+from timerlc.frontend import builtins_array  # noqa: E402, F401

@@ -2,11 +2,13 @@
 
 parse -> configs -> declarations and domains -> typing and lowering -> polyhedral checks.
 """
+
 from __future__ import annotations
 
 from timerlc.diagnostics import Source
 from timerlc.frontend.configs import evaluate_configs
 from timerlc.frontend.declarations import collect
+from timerlc.frontend.defs import check_defs
 from timerlc.frontend.lower import lower
 from timerlc.frontend.parser import parse
 from timerlc.ir.pdg import Graph
@@ -18,6 +20,7 @@ def check_source(source: Source, overrides: dict[str, str] | None = None) -> Gra
     program = parse(source.text)
     configs = evaluate_configs(program, overrides or {})
     info = collect(program, configs)
+    check_defs(info)
     graph = lower(info)
     check_all(graph)
     return graph

@@ -4,6 +4,7 @@ A config expression may use literals, earlier configs, ``+ - * / // %`` and ``mi
 (LANGUAGE.md section 3). ``/`` is true division (a float), ``//`` and ``%`` floor like
 Python. ``seed`` always exists (default 0).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,8 +61,11 @@ def _coerce(name: str, declared: ConfigValue, text: str, span) -> ConfigValue:
         return v
     if want == "float" and got == "int":
         return float(v)
-    raise ProgramError(f"--set {name}={text}: {name} is {'an' if want == 'int' else 'a'} {want} config, "
-                       f"'{text}' is {'an' if got == 'int' else 'a'} {got}", span)
+    raise ProgramError(
+        f"--set {name}={text}: {name} is {'an' if want == 'int' else 'a'} {want} config, "
+        f"'{text}' is {'an' if got == 'int' else 'a'} {got}",
+        span,
+    )
 
 
 def evaluate_configs(program: ast.Program, overrides: dict[str, str]) -> dict[str, Config]:
@@ -84,12 +88,13 @@ def evaluate_configs(program: ast.Program, overrides: dict[str, str]) -> dict[st
         if "seed" in overrides:
             value = _coerce("seed", 0, overrides["seed"], None)
         configs["seed"] = Config("seed", value, None)
+    first = next((c.span for c in configs.values() if c.span is not None), None)
     for name in overrides:
         if name not in configs:
             raise ProgramError(
                 f"--set {name}={overrides[name]}: the program has no config '{name}'"
                 + did_you_mean(name, configs),
-                None,
+                first,
             )
     return configs
 
@@ -131,7 +136,9 @@ def evaluate(expr: ast.Expr, configs: dict[str, Config]) -> ConfigValue:
         and not expr.kwargs
     ):
         if len(expr.args) < 2:
-            raise ProgramError(f"{expr.func.id} takes 2 or more arguments, got {len(expr.args)}", expr.func.span)
+            raise ProgramError(
+                f"{expr.func.id} takes 2 or more arguments, got {len(expr.args)}", expr.func.span
+            )
         values = [evaluate(a, configs) for a in expr.args]
         for v, a in zip(values, expr.args):
             _number(v, a)

@@ -5,6 +5,7 @@ In: a parsed program and its configs. Out: a ``ProgramInfo`` with, for every ten
 dims and, for every equation, its iteration domain and the points it defines after
 "first match wins". Domains are sympy conditions; emptiness and examples come from isl.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -79,6 +80,8 @@ class TensorInfo:
     effective: list = field(default_factory=list)  # after first match wins
     domain: object = sympy.false
     extents: tuple[int, ...] = ()
+    branch_conds: list = field(default_factory=list)  # effective, relative to domain
+    shadowed: set = field(default_factory=set)  # definitions left with no point
 
 
 @dataclass
@@ -92,9 +95,11 @@ class ProgramInfo:
     equations: list[EquationInfo]
     outputs: list[ast.Ident]
     metrics: list[ast.Ident]
+    names: frozenset = frozenset()  # every name the program declares, and the built-ins
 
     def scope(self, iterated=None, shadowed=frozenset()) -> IndexScope:
-        return IndexScope(self.configs, {d: i.bound for d, i in self.dims.items()}, iterated, shadowed)
+        dims = {d: i.bound for d, i in self.dims.items()}
+        return IndexScope(self.configs, dims, iterated, shadowed, self.names | shadowed)
 
     def canonical(self, dims) -> tuple[str, ...]:
         return tuple(sorted(dims, key=lambda d: self.dims[d].order))
@@ -103,13 +108,34 @@ class ProgramInfo:
         return ix.box((d, self.dims[d].bound) for d in dims)
 
 
+def declared_names(program: ast.Program) -> frozenset:
+    """Every name a statement declares (before they are checked), and the built-ins."""
+    from timerlc.frontend.builtins import BUILTINS
+
+    names = set(BUILTINS) | set(DTYPES)
+    for stmt in program.statements:
+        if isinstance(stmt, ast.ConfigDecl):
+            names.update(i.name for i, _ in stmt.items)
+        elif isinstance(stmt, (ast.DimDecl, ast.EnvDecl, ast.ParamsDecl, ast.DefDecl)):
+            names.add(stmt.name.name)
+        elif isinstance(stmt, ast.Equation):
+            for e in stmt.lhs:
+                head = e.value if isinstance(e, ast.Subscript) else e
+                if isinstance(head, ast.Name):
+                    names.add(head.id)
+    return frozenset(names)
+
+
 def collect(program: ast.Program, configs: dict[str, Config]) -> ProgramInfo:
     info = ProgramInfo(configs, {}, {}, {}, {}, {}, [], [], [])
+    info.names = declared_names(program) | frozenset(configs)
     taken: dict[str, str] = {c: "config" for c in configs}
 
     def claim(ident: ast.Ident, kind: str):
         if ident.name in taken:
-            raise ProgramError(f"'{ident.name}' is already declared as a {taken[ident.name]}", ident.span)
+            raise ProgramError(
+                f"'{ident.name}' is already declared as a {taken[ident.name]}", ident.span
+            )
         taken[ident.name] = kind
 
     for stmt in program.statements:
@@ -117,8 +143,13 @@ def collect(program: ast.Program, configs: dict[str, Config]) -> ProgramInfo:
             claim(stmt.name, "dim")
             bound = to_constant(stmt.bound, info.scope(), "a dim bound")
             if bound < 1:
-                raise ProgramError(f"dim '{stmt.name.name}' has bound {bound}; it must be at least 1", stmt.bound.span)
-            info.dims[stmt.name.name] = DimInfo(stmt.name.name, bound, len(info.dims), stmt.name.span)
+                raise ProgramError(
+                    f"dim '{stmt.name.name}' has bound {bound}; it must be at least 1",
+                    stmt.bound.span,
+                )
+            info.dims[stmt.name.name] = DimInfo(
+                stmt.name.name, bound, len(info.dims), stmt.name.span
+            )
         elif isinstance(stmt, ast.EnvDecl):
             claim(stmt.name, "env")
             info.envs[stmt.name.name] = stmt
@@ -140,7 +171,10 @@ def collect(program: ast.Program, configs: dict[str, Config]) -> ProgramInfo:
 
     for env in info.envs.values():
         if env.batch.name not in info.dims:
-            raise ProgramError(f"unknown dim '{env.batch.name}'" + did_you_mean(env.batch.name, info.dims), env.batch.span)
+            raise ProgramError(
+                f"unknown dim '{env.batch.name}'" + did_you_mean(env.batch.name, info.dims),
+                env.batch.span,
+            )
         raise UnsupportedError(
             "environments are not supported yet by this version of timerlc", env.name.span
         )
@@ -155,7 +189,8 @@ def collect(program: ast.Program, configs: dict[str, Config]) -> ProgramInfo:
                 if lhs.tensor not in info.tensors:
                     if lhs.tensor in taken:
                         raise ProgramError(
-                            f"'{lhs.tensor}' is a {taken[lhs.tensor]}; only tensors and params are defined by equations",
+                            f"'{lhs.tensor}' is a {taken[lhs.tensor]}; only tensors and params "
+                            "are defined by equations",
                             lhs.span,
                         )
                     info.tensors[lhs.tensor] = TensorInfo(lhs.tensor, lhs.span)
@@ -163,7 +198,9 @@ def collect(program: ast.Program, configs: dict[str, Config]) -> ProgramInfo:
             names = [l.tensor for l in eq.lhs]
             for k, n in enumerate(names):
                 if n in names[:k]:
-                    raise ProgramError(f"'{n}' appears twice on the left of one equation", eq.lhs[k].span)
+                    raise ProgramError(
+                        f"'{n}' appears twice on the left of one equation", eq.lhs[k].span
+                    )
             info.equations.append(eq)
 
     for t in info.tensors.values():
@@ -172,6 +209,7 @@ def collect(program: ast.Program, configs: dict[str, Config]) -> ProgramInfo:
         _iteration_domain(info, eq)
     for t in info.tensors.values():
         _defined_points(info, t)
+    _check_tuple_equations(info)
     for eq in info.equations:
         _effective_iteration_domain(info, eq)
 
@@ -179,8 +217,8 @@ def collect(program: ast.Program, configs: dict[str, Config]) -> ProgramInfo:
         if ident.name not in info.tensors:
             what = taken.get(ident.name)
             raise ProgramError(
-                f"'{ident.name}' is {'a ' + what if what else 'not defined'}; out and metric name tensors"
-                + ("" if what else did_you_mean(ident.name, info.tensors)),
+                f"'{ident.name}' is {'a ' + what if what else 'not defined'}; out and metric name "
+                "tensors" + ("" if what else did_you_mean(ident.name, info.tensors)),
                 ident.span,
             )
     return info
@@ -193,7 +231,8 @@ def _collect_params(info: ProgramInfo, p: ast.ParamsDecl):
             raise ProgramError(f"unknown dim '{d.name}'" + did_you_mean(d.name, info.dims), d.span)
         if dims and info.dims[d.name].order <= info.dims[dims[-1]].order:
             raise ProgramError(
-                f"the dims of '{p.name.name}' must follow the declaration order ({', '.join(info.dims)})",
+                f"the dims of '{p.name.name}' must follow the declaration order "
+                f"({', '.join(info.dims)})",
                 d.span,
             )
         dims.append(d.name)
@@ -206,7 +245,12 @@ def _collect_params(info: ProgramInfo, p: ast.ParamsDecl):
     if not p.fields:
         raise ProgramError(f"params '{p.name.name}' has no fields", p.name.span)
     t = TensorInfo(p.name.name, p.name.span, tuple(dims), params=p)
-    init = EquationInfo(-1, None, [Lhs(p.name.name, tuple(LhsEntry(None, 0, d.span) for d in p.dims), p.name.span)], params=p)
+    init = EquationInfo(
+        -1,
+        None,
+        [Lhs(p.name.name, tuple(LhsEntry(None, 0, d.span) for d in p.dims), p.name.span)],
+        params=p,
+    )
     t.definitions.append((init, 0))
     info.tensors[p.name.name] = t
 
@@ -214,12 +258,17 @@ def _collect_params(info: ProgramInfo, p: ast.ParamsDecl):
 def field_type(info: ProgramInfo, t: ast.TypeExpr) -> TensorType:
     if t.dtype.name not in DTYPES:
         raise ProgramError(
-            f"unknown dtype '{t.dtype.name}' (dtypes: {', '.join(DTYPES)})" + did_you_mean(t.dtype.name, DTYPES),
+            f"unknown dtype '{t.dtype.name}' (dtypes: {', '.join(DTYPES)})"
+            + did_you_mean(t.dtype.name, DTYPES),
             t.dtype.span,
         )
     shape = []
     for s in t.shape:
-        if isinstance(s, ast.Attribute) and isinstance(s.value, ast.Name) and s.value.id in info.envs:
+        if (
+            isinstance(s, ast.Attribute)
+            and isinstance(s.value, ast.Name)
+            and s.value.id in info.envs
+        ):
             raise UnsupportedError("environment attributes are not supported yet", s.span)
         n = to_constant(s, info.scope(), "a shape entry")
         if n < 0:
@@ -234,7 +283,13 @@ def _lhs(info: ProgramInfo, expr: ast.Expr) -> Lhs:
     if isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Name):
         entries = []
         for item in expr.items:
-            entries.append(_lhs_entry(info, item))
+            entry = _lhs_entry(info, item)
+            if entry.dim is not None and any(e.dim == entry.dim for e in entries):
+                raise ProgramError(
+                    f"dim '{entry.dim}' is used twice on the left side of '{expr.value.id}'",
+                    item.span,
+                )
+            entries.append(entry)
         return Lhs(expr.value.id, tuple(entries), expr.value.span)
     raise ProgramError(
         "the left side of an equation must be a tensor name, optionally indexed like x[i, t+1]",
@@ -323,13 +378,16 @@ def _iteration_domain(info: ProgramInfo, eq: EquationInfo):
         if u != used[0]:
             raise ProgramError(
                 "all left sides of a tuple equation must use the same dims "
-                f"({', '.join(info.canonical(used[0])) or 'none'} vs {', '.join(info.canonical(u)) or 'none'})",
+                f"({', '.join(info.canonical(used[0])) or 'none'} vs "
+                f"{', '.join(info.canonical(u)) or 'none'})",
                 eq.lhs[k].span,
             )
     eq.iter_dims = info.canonical(used[0])
     cond = info.box(eq.iter_dims)
     if eq.stmt is not None and eq.stmt.when is not None:
-        cond = sympy.And(cond, to_condition(eq.stmt.when, info.scope(iterated=frozenset(eq.iter_dims))))
+        cond = sympy.And(
+            cond, to_condition(eq.stmt.when, info.scope(iterated=frozenset(eq.iter_dims)))
+        )
     eq.iter_cond = cond
 
 
@@ -341,10 +399,14 @@ def _defined_points(info: ProgramInfo, t: TensorInfo):
             defined = sympy.And(*[sympy.Eq(ix.sym(d), 0) for d in t.dims])
         else:
             shift = {e.dim: ix.sym(e.dim) - e.offset for e in lhs.entries if e.dim is not None}
-            consts = [sympy.Eq(ix.sym(d), e.offset) for d, e in zip(t.dims, lhs.entries) if e.dim is None]
+            consts = [
+                sympy.Eq(ix.sym(d), e.offset) for d, e in zip(t.dims, lhs.entries) if e.dim is None
+            ]
             defined = sympy.And(ix.substitute(eq.iter_cond, shift), *consts)
             if pisl.is_empty(t.dims, defined):
-                raise ProgramError(f"this equation defines no point of '{t.name}': its domain is empty", lhs.span)
+                raise ProgramError(
+                    f"this equation defines no point of '{t.name}': its domain is empty", lhs.span
+                )
             for d, e in zip(t.dims, lhs.entries):
                 if e.dim is None:
                     continue
@@ -360,20 +422,47 @@ def _defined_points(info: ProgramInfo, t: TensorInfo):
                     )
         effective = sympy.And(defined, *[sympy.Not(c) for c in earlier]) if earlier else defined
         if eq.stmt is not None and pisl.is_empty(t.dims, effective):
-            lines = sorted({e2.line for e2, _ in t.definitions[: len(earlier)] if e2.stmt is not None})
-            where = (
-                f" (line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))})" if lines else " (its initializers)"
-            )
-            raise ProgramError(
-                f"this equation defines no point of '{t.name}': every point it would define "
-                f"is defined by an earlier equation{where}",
-                lhs.span,
-            )
+            t.shadowed.add(len(earlier))
+            if len(eq.lhs) == 1:
+                raise _shadowed_error(t, len(earlier))
         t.defined.append(defined)
         t.effective.append(effective)
         earlier.append(defined)
-    t.domain = sympy.Or(*t.defined)
+    t.domain = pisl.simplify(t.dims, sympy.Or(*t.defined))
     t.extents = pisl.extents(t.dims, t.domain)
+    # a merge evaluates branch conditions only inside its domain: state them relative to it
+    t.branch_conds = [pisl.simplify(t.dims, c, t.domain) for c in t.effective]
+
+
+def _shadowed_error(t: TensorInfo, k: int) -> ProgramError:
+    lines = sorted({e.line for e, _ in t.definitions[:k] if e.stmt is not None})
+    where = (
+        f" (line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))})"
+        if lines
+        else " (its initializers)"
+    )
+    eq, pos = t.definitions[k]
+    return ProgramError(
+        f"this equation defines no point of '{t.name}': every point it would define "
+        f"is defined by an earlier equation{where}",
+        eq.lhs[pos].span,
+    )
+
+
+def _check_tuple_equations(info: ProgramInfo):
+    """A tuple equation shadowed for some of its tensors still defines the others."""
+    for eq in info.equations:
+        if len(eq.lhs) < 2:
+            continue
+        ks = []
+        for lhs in eq.lhs:
+            t = info.tensors[lhs.tensor]
+            k = next(i for i, (e, _) in enumerate(t.definitions) if e is eq)
+            if k not in t.shadowed:
+                break
+            ks.append((t, k))
+        else:
+            raise _shadowed_error(*ks[0])
 
 
 def _effective_iteration_domain(info: ProgramInfo, eq: EquationInfo):
@@ -384,4 +473,4 @@ def _effective_iteration_domain(info: ProgramInfo, eq: EquationInfo):
         at = lhs.tensor_expr(t.dims)
         earlier = [ix.substitute(c, at) for c in t.defined[:k]]
         parts.append(sympy.And(eq.iter_cond, *[sympy.Not(c) for c in earlier]))
-    eq.eff_cond = sympy.Or(*parts)
+    eq.eff_cond = pisl.simplify(eq.iter_dims, sympy.Or(*parts))

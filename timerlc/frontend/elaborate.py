@@ -6,35 +6,46 @@ whose access says which points it reads. Literals and configs stay Python number
 as possible (weak scalars) and get the dtype of the value they meet. ``def`` calls are
 inlined. Dtype promotion and broadcasting follow LANGUAGE.md section 5.
 """
+
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-
-import sympy
 
 from timerlc.diagnostics import ProgramError, Span, UnsupportedError, did_you_mean
 from timerlc.frontend import ast
-from timerlc.frontend.declarations import ProgramInfo, TensorInfo
-from timerlc.frontend.indexing import NotIndex, to_index
-from timerlc.frontend.values import RecordType, RecordVal, TupleVal, Val
+from timerlc.frontend.declarations import ProgramInfo
+from timerlc.frontend.subscripts import Subscripts
+from timerlc.frontend.values import (
+    RecordVal,
+    TupleVal,
+    Val,
+    dynamic_slice_error,
+)
 from timerlc.ir import ops
-from timerlc.ir import index as ix
-from timerlc.ir.pdg import SCALAR_DOMAIN, Domain, Edge, Node, Point, Range, identity_access, make_attrs
-from timerlc.ir.types import DTYPES, TensorType, format_shape, is_float, promote
+from timerlc.ir.pdg import (
+    SCALAR_DOMAIN,
+    Domain,
+    Edge,
+    Node,
+    identity_access,
+    make_attrs,
+)
+from timerlc.ir.types import DTYPES, TensorType, is_float, promote
 
 # reductions that may take a dynamic slice directly (LANGUAGE.md section 5)
 DYNAMIC_OK = frozenset({"sum", "mean", "max", "min", "logsumexp", "discounted_sum"})
 
-ARITH_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod", "**": "pow"}
+ARITH_OPS = {
+    "+": "add",
+    "-": "sub",
+    "*": "mul",
+    "/": "div",
+    "//": "floordiv",
+    "%": "mod",
+    "**": "pow",
+}
 COMPARE_OPS = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
-
-
-class UnknownType(Exception):
-    """Raised while inferring types, when a read tensor has no type yet."""
-
-    def __init__(self, tensor: str):
-        super().__init__(tensor)
-        self.tensor = tensor
 
 
 class Builder:
@@ -61,7 +72,9 @@ class Builder:
         key = (repr(value), dtype, shape)
         if key not in self._consts:
             attrs = make_attrs(value=value, dtype=dtype, shape=shape)
-            self._consts[key] = self.add("const", SCALAR_DOMAIN, (), TensorType(dtype, shape), attrs, span=span)
+            self._consts[key] = self.add(
+                "const", SCALAR_DOMAIN, (), TensorType(dtype, shape), attrs, span=span
+            )
         return self._consts[key]
 
 
@@ -76,6 +89,9 @@ class Locals:
         return frozenset(self.values)
 
 
+_INT_RANGE = {"i32": (-(2**31), 2**31 - 1), "i64": (-(2**63), 2**63 - 1)}
+
+
 def weak_dtype(value) -> str:
     if isinstance(value, bool):
         return "bool"
@@ -84,7 +100,7 @@ def weak_dtype(value) -> str:
     return "f32"
 
 
-class Elaborator:
+class Elaborator(Subscripts):
     def __init__(self, info: ProgramInfo, types: dict, merge_ids: dict[str, int], builder: Builder):
         self.info = info
         self.types = types  # tensor name -> TensorType | RecordType | None
@@ -104,7 +120,9 @@ class Elaborator:
         return self.info.scope(self.iterated if allow_dims else None, env.names())
 
     # ------------------------------------------------------------------ values -> nodes
-    def const(self, value, dtype: str | None = None, shape=(), weak: bool | None = None, span=None) -> Val:
+    def const(
+        self, value, dtype: str | None = None, shape=(), weak: bool | None = None, span=None
+    ) -> Val:
         dtype = dtype or weak_dtype(value)
         if weak is None:
             weak = shape == ()
@@ -113,6 +131,10 @@ class Elaborator:
     def materialize(self, v: Val) -> Val:
         if v.const is None:
             return v
+        if v.dtype in _INT_RANGE and not isinstance(v.const, float):
+            lo, hi = _INT_RANGE[v.dtype]
+            if not lo <= int(v.const) <= hi:
+                raise ProgramError(f"the value {v.const} does not fit in {v.dtype}", v.span)
         nid = self.builder.const(_cast_py(v.const, v.dtype), v.dtype, v.shape, v.span)
         return Val(v.type, weak=v.weak, node=nid, span=v.span)
 
@@ -147,7 +169,9 @@ class Elaborator:
         if v.dtype == dtype:
             return v
         if v.const is not None:
-            return Val(v.type.with_dtype(dtype), weak=v.weak, const=_cast_py(v.const, dtype), span=v.span)
+            return Val(
+                v.type.with_dtype(dtype), weak=v.weak, const=_cast_py(v.const, dtype), span=v.span
+            )
         return self.apply("cast", [v], v.span, dtype=dtype)
 
     def to_float(self, v: Val) -> Val:
@@ -161,7 +185,9 @@ class Elaborator:
             return v
         if v.const is not None:
             return self.const(bool(v.const), "bool", v.shape, v.weak, v.span)
-        return self.apply("ne", [v, self.materialize(self.const(0, v.dtype, (), span=v.span))], v.span)
+        return self.apply(
+            "ne", [v, self.materialize(self.const(0, v.dtype, (), span=v.span))], v.span
+        )
 
     def common(self, vals: list[Val]) -> tuple[str, bool]:
         """The dtype values combine into, and whether the result is weak."""
@@ -200,8 +226,7 @@ class Elaborator:
         return v
 
     def _Int(self, expr: ast.Int, env):
-        if expr.value > 2**31 - 1:
-            raise ProgramError(f"integer literal {expr.value} does not fit in i32", expr.span)
+        # the range is checked when the literal gets its dtype (an i64 or float context is fine)
         return self.const(expr.value, span=expr.span)
 
     def _Float(self, expr: ast.Float, env):
@@ -214,7 +239,9 @@ class Elaborator:
         raise ProgramError("a string is not a value", expr.span)
 
     def _ListLit(self, expr: ast.ListLit, env):
-        raise ProgramError("a list is only an argument (a shape, axes, or arrays to concat)", expr.span)
+        raise ProgramError(
+            "a list is only an argument (a shape, axes, or arrays to concat)", expr.span
+        )
 
     def _TupleLit(self, expr: ast.TupleLit, env):
         return TupleVal(tuple(self.value(e, env) for e in expr.items), expr.span)
@@ -265,156 +292,14 @@ class Elaborator:
     def _visible_names(self, env: Locals):
         info = self.info
         return (
-            list(env.values) + list(info.tensors) + list(info.configs) + list(info.dims)
-            + list(info.defs) + list(BUILTINS_REF())
+            list(env.values)
+            + list(info.tensors)
+            + list(info.configs)
+            + list(info.dims)
+            + list(info.defs)
+            + list(BUILTINS_REF())
         )
 
-    def read(self, t: TensorInfo, access: tuple, lengths: tuple, span) -> Val | RecordVal:
-        ty = self.types.get(t.name)
-        if ty is None:
-            raise UnknownType(t.name)
-        if isinstance(ty, RecordType):
-            fields = []
-            for fname, ftype in ty.fields:
-                src = self.merge_ids.get(f"{t.name}.{fname}", -1)
-                fields.append(
-                    (fname, Val(ftype.with_shape(lengths + ftype.shape), edge=Edge(src, access, span=span), span=span))
-                )
-            return RecordVal(tuple(fields), span)
-        src = self.merge_ids.get(t.name, -1)
-        return Val(ty.with_shape(lengths + ty.shape), edge=Edge(src, access, span=span), span=span)
-
-    def _Attribute(self, expr: ast.Attribute, env: Locals):
-        if isinstance(expr.value, ast.Name) and expr.value.id in self.info.envs and expr.value.id not in env.values:
-            raise UnsupportedError("environments are not supported yet", expr.span)
-        base = self.value(expr.value, env)
-        if isinstance(base, RecordVal):
-            v = base.field(expr.name)
-            if v is None:
-                raise ProgramError(
-                    f"the record has no field '{expr.name}' (fields: {', '.join(base.names)})"
-                    + did_you_mean(expr.name, base.names),
-                    expr.name_span,
-                )
-            return v.at(expr.span)
-        if isinstance(base, TupleVal):
-            raise ProgramError(f"a tuple has no attribute '{expr.name}'", expr.name_span)
-        if expr.name == "T":
-            return self.apply("transpose", [base], expr.span, perm=tuple(reversed(range(base.type.rank))))
-        raise ProgramError(f"a tensor has no attribute '{expr.name}' (only .T)", expr.name_span)
-
-    def _Subscript(self, expr: ast.Subscript, env: Locals):
-        if isinstance(expr.value, ast.Name) and expr.value.id not in env.values:
-            t = self.info.tensors.get(expr.value.id)
-            if t is not None and t.dims:
-                return self.temporal(t, expr.items, expr.span, env)
-        base = self.value(expr.value, env)
-        if isinstance(base, RecordVal):
-            raise ProgramError("a record cannot be indexed; use .field", expr.span)
-        if isinstance(base, TupleVal):
-            raise ProgramError("a tuple cannot be indexed", expr.span)
-        return self.spatial(base, expr.items, expr.span, env)
-
-    def temporal(self, t: TensorInfo, items, span, env: Locals):
-        if len(items) != len(t.dims):
-            raise ProgramError(
-                f"'{t.name}' has {len(t.dims)} {'dim' if len(t.dims) == 1 else 'dims'} "
-                f"({', '.join(t.dims)}) but is indexed with {len(items)}",
-                span,
-            )
-        scope = self.scope(env)
-        access, lengths = [], []
-        for k, (item, d) in enumerate(zip(items, t.dims)):
-            if isinstance(item, ast.Slice):
-                lo = self._temporal_index(item.lo, scope) if item.lo is not None else sympy.Integer(0)
-                hi = self._temporal_index(item.hi, scope) if item.hi is not None else sympy.Integer(t.extents[k])
-                length = sympy.simplify(hi - lo)
-                if length.is_Integer and int(length) < 0:
-                    raise ProgramError(f"slice {ix.to_text(lo)}:{ix.to_text(hi)} has negative length", item.span)
-                access.append(Range(lo, hi))
-                lengths.append(int(length) if length.is_Integer else length)
-            else:
-                access.append(Point(self._temporal_index(item, scope)))
-        v = self.read(t, tuple(access), tuple(lengths), span)
-        return v
-
-    def _temporal_index(self, expr, scope):
-        try:
-            return to_index(expr, scope)
-        except NotIndex as e:
-            raise ProgramError(
-                f"a temporal index must be an index expression of dims and int configs ({e.reason})", e.span
-            ) from None
-
-    def spatial(self, x: Val, items, span, env: Locals) -> Val:
-        if not x.type.is_static:
-            raise dynamic_slice_error(x.span or span)
-        if len(items) > x.type.rank:
-            raise ProgramError(f"too many indices ({len(items)}) for a value of type {x.type}", span)
-        scope = self.scope(env)
-        out, gather = [], None
-        for k, item in enumerate(items):
-            n = x.shape[k]
-            if isinstance(item, ast.Slice):
-                out.append(self._spatial_slice(item, n, k, scope))
-                continue
-            try:
-                e = to_index(item, scope)
-            except NotIndex:
-                e = None
-            if e is not None:
-                if e.is_Integer:
-                    v = int(e)
-                    if not -n <= v < n:
-                        raise ProgramError(f"index {v} is out of range for axis {k} of length {n}", item.span)
-                    out.append(("int", sympy.Integer(v % n)))
-                else:
-                    out.append(("int", e))
-                continue
-            g = self.tensor_value(item, env, "an index")
-            if g.dtype == "bool":
-                raise ProgramError(f"boolean mask indexing is not supported; index with integers, got {g.type}", item.span)
-            if not g.dtype.startswith("i"):
-                raise ProgramError(f"an index must be an integer, got {g.type}", item.span)
-            if gather is not None:
-                raise ProgramError("only one tensor index is allowed in one subscript", item.span)
-            gather = g
-            out.append(("gather",))
-        args = [x] + ([gather] if gather is not None else [])
-        return self.apply("index", args, span, items=tuple(out))
-
-    def _spatial_slice(self, item: ast.Slice, n: int, axis: int, scope):
-        def bound(e):
-            if e is None:
-                return None
-            try:
-                return to_index(e, scope)
-            except NotIndex as err:
-                raise ProgramError(
-                    f"a slice bound must be an index expression of dims and int configs ({err.reason})", err.span
-                ) from None
-
-        lo, hi = bound(item.lo), bound(item.hi)
-        if (lo is None or lo.is_Integer) and (hi is None or hi.is_Integer):
-            start, stop, _ = slice(
-                None if lo is None else int(lo), None if hi is None else int(hi)
-            ).indices(n)
-            length = max(0, stop - start)
-            if start == 0 and length == n:
-                return ("full",)
-            return ("slice", sympy.Integer(start), length)
-        if lo is None or hi is None:
-            raise ProgramError("a spatial slice with a dim-dependent bound needs both bounds", item.span)
-        length = sympy.simplify(hi - lo)
-        if not length.is_Integer:
-            raise ProgramError(
-                f"the length of a spatial slice must be constant, here it is {ix.to_text(length)}", item.span
-            )
-        if not 0 <= int(length) <= n:
-            raise ProgramError(f"a slice of length {int(length)} does not fit axis {axis} of length {n}", item.span)
-        return ("slice", lo, int(length))
-
-    # ------------------------------------------------------------------ operators
     def _Unary(self, expr: ast.Unary, env: Locals):
         v = self.value(expr.operand, env)
         return self.map_fields(lambda a: self.unary(expr.op, a, expr.op_span), [v], expr.span)
@@ -435,7 +320,9 @@ class Elaborator:
     def _Binary(self, expr: ast.Binary, env: Locals):
         a = self.value(expr.left, env)
         b = self.value(expr.right, env)
-        return self.map_fields(lambda x, y: self.binary(expr.op, x, y, expr.op_span), [a, b], expr.span)
+        return self.map_fields(
+            lambda x, y: self.binary(expr.op, x, y, expr.op_span), [a, b], expr.span, expr.op_span
+        )
 
     def binary(self, op: str, a: Val, b: Val, span) -> Val:
         if op in ("and", "or"):
@@ -443,20 +330,33 @@ class Elaborator:
             if a.const is not None and b.const is not None and a.shape == b.shape == ():
                 v = (a.const and b.const) if op == "and" else (a.const or b.const)
                 return self.const(bool(v), "bool", weak=a.weak and b.weak, span=span)
-            return self.apply("logical_and" if op == "and" else "logical_or", [a, b], span, weak=a.weak and b.weak)
+            return self.apply(
+                "logical_and" if op == "and" else "logical_or", [a, b], span, weak=a.weak and b.weak
+            )
         if op == "@":
             (a, b), weak = self.unify([a, b], "number")
             return self.apply("matmul", [a, b], span)
         (a, b), weak = self.unify([a, b], "float" if op == "/" else "number")
         if a.const is not None and b.const is not None and a.shape == b.shape == ():
-            return self.const(_fold(op, a.const, b.const, span), a.dtype, weak=weak, span=span)
+            r = _fold(op, a.const, b.const, a.dtype, span)
+            if isinstance(r, float) and not is_float(a.dtype):
+                return self.const(r, "f32", weak=weak, span=span)  # 2 ** -1 is 0.5, as in Python
+            if not weak and a.dtype in _INT_RANGE:
+                r = _wrap(int(r), a.dtype)  # a strong integer wraps around, as a tensor would
+            return self.const(r, a.dtype, weak=weak, span=span)
         return self.apply(ARITH_OPS[op], [a, b], span, weak=weak)
 
     def compare(self, op: str, a: Val, b: Val, span) -> Val:
         (a, b), weak = self.unify([a, b])
         if a.const is not None and b.const is not None and a.shape == b.shape == ():
-            v = {"<": a.const < b.const, "<=": a.const <= b.const, ">": a.const > b.const,
-                 ">=": a.const >= b.const, "==": a.const == b.const, "!=": a.const != b.const}[op]
+            v = {
+                "<": a.const < b.const,
+                "<=": a.const <= b.const,
+                ">": a.const > b.const,
+                ">=": a.const >= b.const,
+                "==": a.const == b.const,
+                "!=": a.const != b.const,
+            }[op]
             return self.const(bool(v), "bool", weak=weak, span=span)
         return self.apply(COMPARE_OPS[op], [a, b], span, weak=weak)
 
@@ -469,16 +369,22 @@ class Elaborator:
                 [operands[k], operands[k + 1]],
                 expr.span,
             )
-            result = part if result is None else self.map_fields(
-                lambda x, y: self.binary("and", x, y, expr.span), [result, part], expr.span
+            result = (
+                part
+                if result is None
+                else self.map_fields(
+                    lambda x, y: self.binary("and", x, y, expr.span), [result, part], expr.span
+                )
             )
         return result
 
-    def map_fields(self, fn, vals: list, span):
+    def map_fields(self, fn, vals: list, span, op_span=None):
         """Apply ``fn`` to tensors, or field by field when some operands are records."""
         for v in vals:
             if isinstance(v, TupleVal):
-                raise ProgramError(f"a tuple of {len(v.items)} values cannot be used here", v.span or span)
+                raise ProgramError(
+                    f"a tuple of {len(v.items)} values cannot be used here", v.span or span
+                )
         records = [v for v in vals if isinstance(v, RecordVal)]
         if not records:
             return fn(*vals)
@@ -486,7 +392,9 @@ class Elaborator:
         for r in records[1:]:
             if r.names != names:
                 raise ProgramError(
-                    f"records with different fields ({', '.join(names)}) and ({', '.join(r.names)})", span
+                    f"records with different fields ({', '.join(names)}) and "
+                    f"({', '.join(r.names)})",
+                    op_span or span,
                 )
         fields = []
         for n in names:
@@ -522,12 +430,15 @@ class Elaborator:
     def inline(self, d: ast.DefDecl, call: ast.Call, env: Locals):
         name = d.name.name
         if name in env.calls:
-            chain = " -> ".join(env.calls[env.calls.index(name):] + (name,))
-            raise ProgramError(f"recursive call of def '{name}' ({chain}); defs cannot recurse", call.func.span)
+            chain = " -> ".join(env.calls[env.calls.index(name) :] + (name,))
+            raise ProgramError(
+                f"recursive call of def '{name}' ({chain}); defs cannot recurse", call.func.span
+            )
         params = [p.name for p in d.params]
         if len(call.args) > len(params):
             raise ProgramError(
-                f"'{name}' takes {len(params)} argument{'s' if len(params) != 1 else ''}, got {len(call.args)}",
+                f"'{name}' takes {len(params)} argument{'s' if len(params) != 1 else ''}, got "
+                f"{len(call.args)}",
                 call.func.span,
             )
         bound = {}
@@ -535,7 +446,10 @@ class Elaborator:
             bound[p] = self.value(a, env)
         for kw in call.kwargs:
             if kw.name not in params:
-                raise ProgramError(f"'{name}' has no parameter '{kw.name}'" + did_you_mean(kw.name, params), kw.span)
+                raise ProgramError(
+                    f"'{name}' has no parameter '{kw.name}'" + did_you_mean(kw.name, params),
+                    kw.span,
+                )
             if kw.name in bound:
                 raise ProgramError(f"argument '{kw.name}' given twice", kw.span)
             bound[kw.name] = self.value(kw.value, env)
@@ -548,10 +462,15 @@ class Elaborator:
             )
         inner = Locals(dict(bound), env.calls + (name,))
         if not d.body or d.body[-1].targets is not None:
-            raise ProgramError(f"the body of '{name}' must end with an expression (its value)", d.name.span)
+            raise ProgramError(
+                f"the body of '{name}' must end with an expression (its value)", d.name.span
+            )
         for item in d.body[:-1]:
             if item.targets is None:
-                raise ProgramError("only the last line of a def body is its value; bind this with name = ...", item.span)
+                raise ProgramError(
+                    "only the last line of a def body is its value; bind this with name = ...",
+                    item.span,
+                )
             value = self.tuple_value(item.value, inner)
             self.bind(item.targets, value, inner, item.span)
         result = self.tuple_value(d.body[-1].value, inner)
@@ -560,7 +479,9 @@ class Elaborator:
     def tuple_value(self, exprs: tuple, env: Locals):
         if len(exprs) == 1:
             return self.value(exprs[0], env)
-        return TupleVal(tuple(self.value(e, env) for e in exprs), Span.join(exprs[0].span, exprs[-1].span))
+        return TupleVal(
+            tuple(self.value(e, env) for e in exprs), Span.join(exprs[0].span, exprs[-1].span)
+        )
 
     def bind(self, targets: tuple, value, env: Locals, span):
         for t in targets:
@@ -571,43 +492,57 @@ class Elaborator:
             return
         if not isinstance(value, TupleVal) or len(value.items) != len(targets):
             n = len(value.items) if isinstance(value, TupleVal) else 1
-            raise ProgramError(f"cannot unpack {n} value{'s' if n != 1 else ''} into {len(targets)} names", span)
+            raise ProgramError(
+                f"cannot unpack {n} value{'s' if n != 1 else ''} into {len(targets)} names", span
+            )
         for t, v in zip(targets, value.items):
             env.values[t.id] = v
 
 
-def dynamic_slice_error(span) -> ProgramError:
-    return ProgramError(
-        "a dynamic slice (its length depends on a dim) is allowed only as the direct argument of "
-        "sum, mean, max, min, logsumexp or discounted_sum",
-        span,
-    )
-
-
-def _fold(op: str, a, b, span):
-    try:
-        if op == "+":
-            return a + b
-        if op == "-":
-            return a - b
-        if op == "*":
-            return a * b
-        if op == "/":
-            return a / b
-        if op == "//":
+def _fold(op: str, a, b, dtype: str, span):
+    """Arithmetic on two compile-time scalars: Python numbers, except that a float division
+    by zero gives IEEE inf or nan (as a tensor op would); an integer one is an error."""
+    if op == "+":
+        r = a + b
+    elif op == "-":
+        r = a - b
+    elif op == "*":
+        r = a * b
+    elif op == "/":
+        r = a / b if b != 0 else _ieee_div(a)
+    elif op in ("//", "%") and b == 0 and dtype not in ("f32", "f64"):
+        raise ProgramError("integer division by zero in a constant expression", span)
+    elif op == "//":
+        if b == 0:
+            r = _ieee_div(a)
+        else:
             r = a // b
-            return float(r) if isinstance(a, float) or isinstance(b, float) else r
-        if op == "%":
-            return a % b
-        if op == "**":
-            if isinstance(a, int) and isinstance(b, int) and b < 0:
-                return 0 if a not in (1, -1) else a ** b
-            return a**b
-    except ZeroDivisionError:
-        raise ProgramError("division by zero in a constant expression", span) from None
-    except OverflowError:
-        raise ProgramError("overflow in a constant expression", span) from None
-    raise AssertionError(op)
+            r = float(r) if isinstance(a, float) or isinstance(b, float) else r
+    elif op == "%":
+        r = math.nan if b == 0 else a % b
+    elif op == "**":
+        try:
+            r = a**b
+        except ZeroDivisionError:
+            r = math.inf
+        except OverflowError:
+            raise ProgramError("overflow in a constant expression", span) from None
+        if isinstance(r, complex):
+            r = math.nan
+    else:
+        raise AssertionError(op)
+    return r
+
+
+def _ieee_div(a) -> float:
+    if a == 0 or a != a:
+        return math.nan
+    return math.copysign(math.inf, a)
+
+
+def _wrap(v: int, dtype: str) -> int:
+    lo, hi = _INT_RANGE[dtype]
+    return (v - lo) % (hi - lo + 1) + lo
 
 
 def _cast_py(value, dtype: str):

@@ -6,13 +6,14 @@ arguments (shapes, axes) are index expressions: affine in dims and int configs, 
 that an expression is not one (a spatial index then becomes a gather); a ``ProgramError``
 is a definite mistake, such as a dim the equation does not iterate.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import sympy
 
-from timerlc.diagnostics import ProgramError
+from timerlc.diagnostics import ProgramError, did_you_mean
 from timerlc.frontend import ast
 from timerlc.ir import index as ix
 
@@ -30,6 +31,7 @@ class IndexScope:
     dims: dict  # name -> bound (all declared dims)
     iterated: frozenset | None  # the dims the equation iterates; None: no dims allowed
     shadowed: frozenset = field(default_factory=frozenset)  # local names hiding globals
+    known: frozenset | None = None  # every other name the program declares (None: unchecked)
 
 
 def _check_dim(name: str, scope: IndexScope, span):
@@ -63,6 +65,12 @@ def to_index(expr: ast.Expr, scope: IndexScope) -> sympy.Expr:
             if isinstance(v, bool) or not isinstance(v, int):
                 raise NotIndex(f"config '{name}' is not an int", expr.span)
             return sympy.Integer(v)
+        if scope.known is not None and name not in scope.known:
+            raise ProgramError(
+                f"unknown name '{name}'"
+                + did_you_mean(name, list(scope.dims) + list(scope.configs)),
+                expr.span,
+            )
         raise NotIndex(f"'{name}' is not a dim or an int config", expr.span)
     if isinstance(expr, ast.Unary) and expr.op in "+-":
         v = to_index(expr.operand, scope)
@@ -81,10 +89,16 @@ def to_index(expr: ast.Expr, scope: IndexScope) -> sympy.Expr:
             if not b.is_Integer or int(b) <= 0:
                 if b.is_Integer and int(b) == 0:
                     raise ProgramError("division by zero in an index expression", expr.op_span)
-                raise NotIndex(f"'{expr.op}' in an index needs a positive constant divisor", expr.op_span)
+                raise NotIndex(
+                    f"'{expr.op}' in an index needs a positive constant divisor", expr.op_span
+                )
             return ix.floordiv(a, int(b)) if expr.op == "//" else ix.mod(a, int(b))
         raise NotIndex(f"'{expr.op}' is not allowed in an index expression", expr.op_span)
-    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in ("min", "max"):
+    if (
+        isinstance(expr, ast.Call)
+        and isinstance(expr.func, ast.Name)
+        and expr.func.id in ("min", "max")
+    ):
         if expr.func.id not in scope.shadowed and not expr.kwargs and len(expr.args) >= 2:
             args = [to_index(a, scope) for a in expr.args]
             return (sympy.Min if expr.func.id == "min" else sympy.Max)(*args)
@@ -93,7 +107,7 @@ def to_index(expr: ast.Expr, scope: IndexScope) -> sympy.Expr:
 
 def to_constant(expr: ast.Expr, scope: IndexScope, what: str) -> int:
     """A compile-time int (literal, int config, arithmetic of those)."""
-    const_scope = IndexScope(scope.configs, scope.dims, None, scope.shadowed)
+    const_scope = IndexScope(scope.configs, scope.dims, None, scope.shadowed, scope.known)
     try:
         v = to_index(expr, const_scope)
     except NotIndex as e:

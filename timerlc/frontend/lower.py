@@ -6,15 +6,14 @@ equations, so equations are elaborated repeatedly until every tensor's type is f
 elaborated once more into nodes over its iteration domain, and each tensor becomes a
 ``merge`` node whose branches read those nodes under the first-match conditions.
 """
-from __future__ import annotations
 
-import sympy
+from __future__ import annotations
 
 from timerlc.diagnostics import ProgramError, UnsupportedError
 from timerlc.frontend import ast
 from timerlc.frontend.declarations import EquationInfo, Lhs, ProgramInfo, TensorInfo, field_type
-from timerlc.frontend.elaborate import Builder, Elaborator, Locals, UnknownType
-from timerlc.frontend.values import RecordType, RecordVal, TupleVal, Val
+from timerlc.frontend.elaborate import Builder, Elaborator, Locals
+from timerlc.frontend.values import RecordType, RecordVal, TupleVal, UnknownType, Val
 from timerlc.ir import index as ix
 from timerlc.ir.pdg import SCALAR_DOMAIN, Dim, Domain, Edge, Graph, Node, Point, Tensor
 from timerlc.ir.types import TensorType, is_float, promote
@@ -52,12 +51,18 @@ class _TypeState:
                 self.types[name], self.origin[name] = new, eq.line
                 return True
             if not isinstance(old, RecordType) or old.names() != new.names():
-                raise ProgramError(f"'{name}' is {_describe(old)} (line {self.origin[name]}) but this equation gives {_describe(new)}", span)
+                raise ProgramError(
+                    f"'{name}' is {_describe(old)} (line {self.origin[name]}) but this equation "
+                    f"gives {_describe(new)}",
+                    span,
+                )
             fields = []
             for (n, a), (_, b) in zip(old.fields, new.fields):
                 if a.shape != b.shape:
                     raise ProgramError(
-                        f"field '{n}' of '{name}' is {a} (line {self.origin[name]}) but this equation gives {b}", span
+                        f"field '{n}' of '{name}' is {a} (line {self.origin[name]}) but this "
+                        f"equation gives {b}",
+                        span,
                     )
                 fields.append((n, a.with_dtype(promote(a.dtype, b.dtype))))
             joined = RecordType(tuple(fields))
@@ -68,7 +73,11 @@ class _TypeState:
                 self.origin[name] = eq.line
                 return True
             if isinstance(old, RecordType):
-                raise ProgramError(f"'{name}' is {_describe(old)} (line {self.origin[name]}) but this equation gives {v.type}", span)
+                raise ProgramError(
+                    f"'{name}' is {_describe(old)} (line {self.origin[name]}) but this equation "
+                    f"gives {v.type}",
+                    span,
+                )
             old_weak = self.weak[name]
             if old_weak and weak:
                 joined, jweak = TensorType(promote(old.dtype, v.dtype), ()), True
@@ -80,7 +89,8 @@ class _TypeState:
             else:
                 if old.shape != v.shape:
                     raise ProgramError(
-                        f"shape mismatch: '{name}' is {old} (line {self.origin[name]}) but this equation gives {v.type}",
+                        f"shape mismatch: '{name}' is {old} (line {self.origin[name]}) but this "
+                        f"equation gives {v.type}",
                         span,
                     )
                 joined, jweak = old.with_dtype(promote(old.dtype, v.dtype)), False
@@ -109,7 +119,9 @@ def _describe(t) -> str:
 def _check_params_value(t: TensorInfo, declared: RecordType, v, span):
     if not isinstance(v, RecordVal):
         what = f"a tuple of {len(v.items)}" if isinstance(v, TupleVal) else f"a tensor {v.type}"
-        raise ProgramError(f"'{t.name}' is a params record {declared}; this equation gives {what}", span)
+        raise ProgramError(
+            f"'{t.name}' is a params record {declared}; this equation gives {what}", span
+        )
     if v.names != declared.names():
         raise ProgramError(
             f"'{t.name}' has fields ({', '.join(declared.names())}) but this equation gives "
@@ -133,12 +145,18 @@ def _split(eq: EquationInfo, value) -> list:
     if n == 1:
         if isinstance(value, TupleVal):
             raise ProgramError(
-                f"the right side gives {len(value.items)} values but the left side defines 1 tensor", span
+                f"the right side gives {len(value.items)} values but the left side defines 1 "
+                "tensor",
+                span,
             )
         return [value]
     if not isinstance(value, TupleVal) or len(value.items) != n:
         got = len(value.items) if isinstance(value, TupleVal) else 1
-        raise ProgramError(f"the right side gives {got} value{'s' if got != 1 else ''} but the left side defines {n} tensors", span)
+        raise ProgramError(
+            f"the right side gives {got} value{'s' if got != 1 else ''} but the left side defines "
+            f"{n} tensors",
+            span,
+        )
     return list(value.items)
 
 
@@ -149,11 +167,44 @@ def _rhs_span(eq: EquationInfo):
 
 
 def infer_types(info: ProgramInfo) -> dict:
+    """Types of all tensors: a fixpoint over the equations.
+
+    When no equation can make progress because each reads a tensor of unknown type (a
+    recurrence without a base case, or a cycle), the unknown tensors are assumed to be weak
+    scalars, so that lowering can go on and the domain checks can name the real mistake;
+    if that assumption itself leads to a type error, the error says the type is unknown.
+    """
     state = _TypeState(info)
-    pending = [eq for eq in info.equations]
-    for _ in range(4 * len(pending) + 4):
+    assumed: list[str] = []
+    while True:
+        try:
+            _fixpoint(info, state)
+        except ProgramError:
+            if assumed:
+                raise _cannot_infer(info, assumed[0]) from None
+            raise
+        unknown = [n for n in info.tensors if state.types.get(n) is None]
+        if not unknown:
+            return state.types
+        if assumed:
+            raise _cannot_infer(info, unknown[0])
+        for n in unknown:
+            state.types[n], state.weak[n], state.origin[n] = TensorType("f32", ()), True, 0
+        assumed = unknown
+
+
+def _cannot_infer(info: ProgramInfo, name: str) -> ProgramError:
+    return ProgramError(
+        f"cannot infer the type of '{name}': each of its equations reads a tensor whose type "
+        "depends on it (a recurrence needs a base equation that does not)",
+        info.tensors[name].span,
+    )
+
+
+def _fixpoint(info: ProgramInfo, state: _TypeState):
+    for _ in range(4 * len(info.equations) + 4):
         changed = False
-        for eq in pending:
+        for eq in info.equations:
             el = Elaborator(info, state.types, {}, Builder())
             el.enter(Domain(eq.iter_dims, eq.eff_cond))
             try:
@@ -163,16 +214,7 @@ def infer_types(info: ProgramInfo) -> dict:
             for lhs, v in zip(eq.lhs, _split(eq, value)):
                 changed |= state.join(info.tensors[lhs.tensor], v, eq, _rhs_span(eq))
         if not changed:
-            break
-    for name, t in info.tensors.items():
-        if state.types.get(name) is None:
-            raise ProgramError(
-                f"cannot infer the type of '{name}': each of its equations reads a tensor whose type "
-                "depends on it (a recurrence needs a base equation that does not)",
-                t.span,
-            )
-    # a last run surfaces errors that only final types reveal
-    return state.types
+            return
 
 
 # ----------------------------------------------------------------------------- building
@@ -203,6 +245,8 @@ def _build(info: ProgramInfo, types: dict) -> Graph:
         for lhs, v in zip(eq.lhs, _split(eq, value)):
             t = info.tensors[lhs.tensor]
             k = next(i for i, (e, _) in enumerate(t.definitions) if e is eq)
+            if k in t.shadowed:
+                continue
             ty = types[lhs.tensor]
             if isinstance(ty, RecordType):
                 for fname, ftype in ty.fields:
@@ -212,7 +256,16 @@ def _build(info: ProgramInfo, types: dict) -> Graph:
                 _branch(el, lhs, t, k, lhs.tensor, ty, v, branches)
 
     for key, (t, ty) in keys.items():
-        node = Node(merge_ids[key], "merge", Domain(t.dims, t.domain), tuple(branches[key]), (ty,), (), key, t.span)
+        node = Node(
+            merge_ids[key],
+            "merge",
+            Domain(t.dims, t.domain),
+            tuple(branches[key]),
+            (ty,),
+            (),
+            key,
+            t.span,
+        )
         builder.fill(merge_ids[key], node)
 
     outputs = []
@@ -222,7 +275,10 @@ def _build(info: ProgramInfo, types: dict) -> Graph:
     for ident in info.metrics:
         ty = types[ident.name]
         if isinstance(ty, RecordType) or ty.shape != ():
-            raise ProgramError(f"a metric must be a scalar (shape []), but '{ident.name}' is {_describe(ty)}", ident.span)
+            raise ProgramError(
+                f"a metric must be a scalar (shape []), but '{ident.name}' is {_describe(ty)}",
+                ident.span,
+            )
         metrics.append(ident.name)
     return Graph(
         dims=tuple(Dim(d.name, d.bound) for d in info.dims.values()),
@@ -246,12 +302,14 @@ def _coerce(el: Elaborator, v: Val, ty: TensorType, span) -> Val:
     return el.node_of(v)
 
 
-def _branch(el: Elaborator, lhs: Lhs, t: TensorInfo, k: int, key: str, ty: TensorType, v: Val, branches):
+def _branch(
+    el: Elaborator, lhs: Lhs, t: TensorInfo, k: int, key: str, ty: TensorType, v: Val, branches
+):
     v = _coerce(el, v, ty, v.span or lhs.span)
     node = el.builder.nodes[v.node]
     offsets = {e.dim: e.offset for e in lhs.entries if e.dim is not None}
     access = tuple(Point(ix.sym(d) - offsets[d]) for d in node.dims)
-    branches[key].append(Edge(v.node, access, cond=t.effective[k], span=lhs.span))
+    branches[key].append(Edge(v.node, access, cond=t.branch_conds[k], span=lhs.span))
 
 
 def _params_init(el: Elaborator, t: TensorInfo, ty: RecordType, branches):
@@ -260,17 +318,35 @@ def _params_init(el: Elaborator, t: TensorInfo, ty: RecordType, branches):
         ftype = dict(ty.fields)[f.name.name]
         init = f.init
         head = init.func if isinstance(init, ast.Call) else init
-        if isinstance(head, ast.Name) and head.id in RANDOM_INITS and head.id not in el.info.tensors:
-            raise UnsupportedError(f"random initializer '{head.id}' is not supported yet", head.span)
-        if isinstance(init, ast.Name) and init.id in ("zeros", "ones") and init.id not in el.info.tensors:
-            v = el.const(0 if init.id == "zeros" else 1, ftype.dtype, ftype.shape, weak=False, span=init.span)
+        if (
+            isinstance(head, ast.Name)
+            and head.id in RANDOM_INITS
+            and head.id not in el.info.tensors
+        ):
+            raise UnsupportedError(
+                f"random initializer '{head.id}' is not supported yet", head.span
+            )
+        if (
+            isinstance(init, ast.Name)
+            and init.id in ("zeros", "ones")
+            and init.id not in el.info.tensors
+        ):
+            v = el.const(
+                0 if init.id == "zeros" else 1, ftype.dtype, ftype.shape, weak=False, span=init.span
+            )
         else:
             v = el.tensor_value(init, Locals(), "an initializer")
-            if not (v.shape == () or v.shape == ftype.shape):
+            if not (v.shape == () or v.shape == ftype.shape) or (
+                not v.weak and v.dtype != ftype.dtype
+            ):
                 raise ProgramError(
-                    f"the initializer of '{t.name}.{f.name.name}' is {v.type} but the field is {ftype}", init.span
+                    f"the initializer of '{t.name}.{f.name.name}' is {v.type} but the field is "
+                    f"{ftype}",
+                    init.span,
                 )
         v = _coerce(el, v, ftype, init.span)
         node = el.builder.nodes[v.node]
         assert node.dims == ()
-        branches[f"{t.name}.{f.name.name}"].append(Edge(v.node, (), cond=t.effective[0], span=f.name.span))
+        branches[f"{t.name}.{f.name.name}"].append(
+            Edge(v.node, (), cond=t.branch_conds[0], span=f.name.span)
+        )

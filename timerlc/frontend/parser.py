@@ -2,6 +2,7 @@
 
 Syntax errors become ``ProgramError``s pointing at the offending token.
 """
+
 from __future__ import annotations
 
 import functools
@@ -9,7 +10,13 @@ from importlib import resources
 from pathlib import Path
 
 from lark import Lark, Token, Transformer, v_args
-from lark.exceptions import VisitError, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import (
+    UnexpectedCharacters,
+    UnexpectedEOF,
+    UnexpectedInput,
+    UnexpectedToken,
+    VisitError,
+)
 
 from timerlc.diagnostics import ProgramError, Span
 from timerlc.frontend import ast
@@ -18,28 +25,42 @@ KEYWORDS = frozenset(
     "config dim env batch params def when and or not out metric true false".split()
 )
 
-_OPEN = {"LPAR", "LSQB"}
-_CLOSE = {"RPAR", "RSQB"}
+_OPEN = {"LPAR": "RPAR", "LSQB": "RSQB", "LBRACE": "RBRACE"}
+_CLOSE = {"RPAR", "RSQB", "RBRACE"}
 
 
 class BracketNewlines:
-    """Post-lexer: drops newlines inside () and [], where they do not end a statement."""
+    """Post-lexer: drops the newlines that do not end a statement (inside () and [], but
+    not inside the { } of params and def), pairs the brackets, and refuses keywords used
+    as names (the contextual lexer gives a keyword in a name position as a NAME)."""
 
     always_accept = ("_NL",)
 
+    def __init__(self):
+        self.open: list[Token] = []  # brackets not closed yet, for error messages
+
     def process(self, stream):
-        depth = 0
+        self.open = []
         for tok in stream:
             if tok.type == "_NL":
-                if depth == 0:
+                if not self.open or self.open[-1].type == "LBRACE":
                     yield tok
                 continue
+            if tok.type == "NAME" and str(tok) in KEYWORDS:
+                raise ProgramError(
+                    f"'{tok}' is a keyword and cannot be used as a name", _token_span(tok)
+                )
             if tok.type in _OPEN:
-                depth += 1
+                self.open.append(tok)
             elif tok.type in _CLOSE:
-                if depth == 0:
+                if not self.open:
                     raise ProgramError(f"unmatched '{tok}'", _token_span(tok))
-                depth -= 1
+                opened = self.open.pop()
+                if _OPEN[opened.type] != tok.type:
+                    raise ProgramError(
+                        f"'{tok}' does not match the '{opened}' at {opened.line}:{opened.column}",
+                        _token_span(tok),
+                    )
             yield tok
 
 
@@ -60,15 +81,24 @@ def _parser() -> Lark:
         postlex=BracketNewlines(),
         propagate_positions=True,
         maybe_placeholders=True,
+        cache=True,
     )
 
 
 def parse(text: str) -> ast.Program:
     """Parse a whole program. Raises ``ProgramError`` on a syntax error."""
+    parser = _parser()
     try:
-        tree = _parser().parse(text + "\n")
+        tree = parser.parse(text + "\n")
     except UnexpectedInput as e:
-        raise _syntax_error(e, text) from None
+        err = _syntax_error(e, text)
+        unclosed = parser.options.postlex.open
+        if unclosed and not isinstance(e, UnexpectedCharacters):
+            tok = unclosed[-1]
+            err = ProgramError(
+                err.message, err.span, (f"the '{tok}' at {tok.line}:{tok.column} is not closed",)
+            )
+        raise err from None
     try:
         return _ToAst().transform(tree)
     except VisitError as e:
@@ -102,7 +132,7 @@ _TOKEN_WORDS = {
 
 
 def _describe(tok_type: str, value: str | None = None) -> str:
-    if tok_type in _TOKEN_WORDS and tok_type not in ("NAME", "INT", "FLOAT", "STRING"):
+    if tok_type in ("_NL", "$END"):
         return _TOKEN_WORDS[tok_type]
     if value is not None and value.strip():
         return f"'{value}'"
@@ -145,23 +175,36 @@ def _syntax_error(e: UnexpectedInput, text: str) -> ProgramError:
     if isinstance(e, UnexpectedToken):
         tok = e.token
         if tok.type == "$END" or tok.line is None:
-            line = text.count("\n") + 1
-            col = len(text.rsplit("\n", 1)[-1]) + 1
-            return ProgramError("unexpected end of input", Span(line, col, line, col + 1))
+            return ProgramError("unexpected end of input", _end_span(text))
         what = _describe(tok.type, str(tok))
         if tok.type == "_NL":
-            # the newline token may start with a comment; point just after the last token
             line, col = tok.line, tok.column
+            if "EQUAL" in e.expected:
+                source_line = text.splitlines()[line - 1] if line <= len(text.splitlines()) else ""
+                at = source_line.find("==")
+                if at >= 0:
+                    return ProgramError(
+                        "an equation defines a tensor with '=', not '=='",
+                        Span(line, at + 1, line, at + 3),
+                    )
             return ProgramError(
                 f"unexpected end of line{_expected(e.expected)}", Span(line, col, line, col + 1)
             )
-        if tok.type == "NAME" and str(tok) in KEYWORDS:
-            what = f"keyword '{tok}'"
         return ProgramError(f"unexpected {what}{_expected(e.expected)}", _token_span(tok))
     if isinstance(e, UnexpectedEOF):
-        line = text.count("\n") + 1
-        return ProgramError("unexpected end of input", Span(line, 1, line, 2))
+        return ProgramError("unexpected end of input", _end_span(text))
     return ProgramError(str(e), None)
+
+
+def _end_span(text: str) -> Span:
+    """Just after the last character that is not blank or part of a comment."""
+    lines = text.splitlines()
+    while lines and not lines[-1].split("#", 1)[0].strip():
+        lines.pop()
+    if not lines:
+        return Span(1, 1, 1, 2)
+    last = lines[-1].split("#", 1)[0].rstrip()
+    return Span(len(lines), len(last) + 1, len(lines), len(last) + 2)
 
 
 # ----------------------------------------------------------------------------- tree -> ast
@@ -176,10 +219,7 @@ def _meta_span(meta) -> Span | None:
 
 
 def _ident(tok: Token) -> ast.Ident:
-    name = str(tok)
-    if name in KEYWORDS:
-        raise ProgramError(f"'{name}' is a keyword and cannot be used as a name", _token_span(tok))
-    return ast.Ident(name, _token_span(tok))
+    return ast.Ident(str(tok), _token_span(tok))
 
 
 def _fold_left(items, make):
@@ -234,7 +274,9 @@ class _ToAst(Transformer):
 
     def type(self, meta, children):
         dtype, *shape = children
-        return ast.TypeExpr(_ident(dtype), tuple(s for s in shape if s is not None), _meta_span(meta))
+        return ast.TypeExpr(
+            _ident(dtype), tuple(s for s in shape if s is not None), _meta_span(meta)
+        )
 
     def def_decl(self, meta, children):
         name = children[0]
@@ -308,10 +350,11 @@ class _ToAst(Transformer):
                 raise ProgramError("positional argument after a keyword argument", a.span)
             else:
                 pos.append(a)
-        names = [k.name for k in kws]
+        seen = set()
         for k in kws:
-            if names.count(k.name) > 1:
+            if k.name in seen:
                 raise ProgramError(f"keyword argument '{k.name}' repeated", k.span)
+            seen.add(k.name)
         return ast.Call(func, tuple(pos), tuple(kws), _meta_span(meta))
 
     def args(self, meta, items):

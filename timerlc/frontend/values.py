@@ -1,9 +1,10 @@
 """The values the elaborator passes around while it turns expressions into PDG nodes."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from timerlc.diagnostics import Span
+from timerlc.diagnostics import ProgramError, Span
 from timerlc.ir.pdg import Edge
 from timerlc.ir.types import TensorType
 
@@ -72,3 +73,19 @@ class RecordType:
 
     def __str__(self) -> str:
         return "{" + ", ".join(f"{n}: {t}" for n, t in self.fields) + "}"
+
+
+class UnknownType(Exception):
+    """Raised while inferring types, when a read tensor has no type yet."""
+
+    def __init__(self, tensor: str):
+        super().__init__(tensor)
+        self.tensor = tensor
+
+
+def dynamic_slice_error(span) -> ProgramError:
+    return ProgramError(
+        "a dynamic slice (its length depends on a dim) is allowed only as the direct argument of "
+        "sum, mean, max, min, logsumexp or discounted_sum",
+        span,
+    )

@@ -6,6 +6,7 @@ A condition is a sympy boolean of comparisons between index expressions. Both pr
 RTL text (for IR dumps), as isl text (for the polyhedral checks) and as Python code that
 NumPy can evaluate on scalars or whole index grids (for the reference interpreter).
 """
+
 from __future__ import annotations
 
 import functools
@@ -172,7 +173,8 @@ class _Printer:
             if self.flavor == "isl" and op == "!=":
                 return f"not ({self.expr(c.lhs)} = {self.expr(c.rhs)})"
             s = f"{self.expr(c.lhs)} {self._REL[self.flavor][op]} {self.expr(c.rhs)}"
-            return f"({s})" if prec > 0 else s
+            # comparisons bind tighter than and/or/not in RTL and Python; isl gets parentheses
+            return f"({s})" if prec > 0 and self.flavor == "isl" else s
         raise ValueError(f"not a condition: {c}")
 
 

@@ -6,15 +6,14 @@ inserts casts for dtype promotion. A type rule raises ``TypeRuleError`` with a m
 that names both offending types; the front end attaches the source span.
 Later stages add to each entry (derivative, CUDA and LLVM renderings).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-import sympy
 
-from timerlc.ir import index as ix
 from timerlc.ir.types import TensorType, format_shape, is_float, numpy_dtype
 
 
@@ -236,7 +235,9 @@ def _power(a, b):
         r = np.power(a, safe)
         neg = b < 0
         if np.any(neg):
-            r = np.where(neg, np.where(a == 1, 1, np.where(a == -1, np.where(b % 2 == 0, 1, -1), 0)), r)
+            r = np.where(
+                neg, np.where(a == 1, 1, np.where(a == -1, np.where(b % 2 == 0, 1, -1), 0)), r
+            )
         return r.astype(a.dtype)
     return np.power(a, b)
 
@@ -334,9 +335,14 @@ op("prod", "reduce", 1)(_reduce(lambda x, a, k: np.prod(x, axis=a, keepdims=k), 
 op("max", "reduce", 1)(_reduce(_empty_check("max")))
 op("min", "reduce", 1)(_reduce(_empty_check("min")))
 op("mean", "reduce", 1)(
-    _reduce(lambda x, a, k: np.mean(x, axis=a, keepdims=k), lambda t: _need(is_float, t, "mean", "floats"))
+    _reduce(
+        lambda x, a, k: np.mean(x, axis=a, keepdims=k),
+        lambda t: _need(is_float, t, "mean", "floats"),
+    )
 )
-op("logsumexp", "reduce", 1)(_reduce(_logsumexp, lambda t: _need(is_float, t, "logsumexp", "floats")))
+op("logsumexp", "reduce", 1)(
+    _reduce(_logsumexp, lambda t: _need(is_float, t, "logsumexp", "floats"))
+)
 
 
 def _arg_reduce(fn):
@@ -405,297 +411,5 @@ def _():
     return infer, lambda attrs, args, point: np.cumsum(args[0], axis=attrs.get("axis"))
 
 
-# ----------------------------------------------------------------------------- linear algebra
-@op("matmul", "other", 2, "NumPy matmul: batched over leading axes")
-def _():
-    def infer(attrs, ts):
-        a, b = ts
-        _same_dtype(ts, "@")
-        _no_bool(a)
-        _static(a, "@")
-        _static(b, "@")
-        if a.rank == 0 or b.rank == 0:
-            raise TypeRuleError(f"@ needs arrays, got {a} and {b}")
-        sa = (1,) + a.shape if a.rank == 1 else a.shape
-        sb = b.shape + (1,) if b.rank == 1 else b.shape
-        if sa[-1] != sb[-2]:
-            raise TypeRuleError(
-                f"@ shapes {format_shape(a.shape)} and {format_shape(b.shape)} do not match "
-                f"({sa[-1]} != {sb[-2]})"
-            )
-        batch = broadcast_shapes(sa[:-2], sb[:-2])
-        shape = batch + (sa[-2], sb[-1])
-        if a.rank == 1:
-            shape = shape[:-2] + shape[-1:]
-        if b.rank == 1:
-            shape = shape[:-1]
-        return TensorType(a.dtype, shape)
-
-    return infer, lambda attrs, args, point: np.matmul(args[0], args[1])
-
-
-# ----------------------------------------------------------------------------- shape ops
-@op("reshape", "shape", 1, "attrs: shape (resolved, no -1)")
-def _():
-    def infer(attrs, ts):
-        (t,) = ts
-        _static(t, "reshape")
-        shape = tuple(attrs["shape"])
-        if int(np.prod(shape)) != int(np.prod(t.shape)):
-            raise TypeRuleError(f"cannot reshape {t} into {format_shape(shape)}")
-        return t.with_shape(shape)
-
-    return infer, lambda attrs, args, point: np.reshape(args[0], attrs["shape"])
-
-
-@op("transpose", "shape", 1, "attrs: perm")
-def _():
-    def infer(attrs, ts):
-        (t,) = ts
-        _static(t, "transpose")
-        perm = tuple(attrs["perm"])
-        if sorted(perm) != list(range(t.rank)):
-            raise TypeRuleError(f"transpose permutation {list(perm)} does not fit {t}")
-        return t.with_shape(tuple(t.shape[p] for p in perm))
-
-    return infer, lambda attrs, args, point: np.transpose(args[0], attrs["perm"])
-
-
-@op("broadcast_to", "shape", 1, "attrs: shape")
-def _():
-    def infer(attrs, ts):
-        (t,) = ts
-        _static(t, "broadcast")
-        shape = tuple(attrs["shape"])
-        if len(shape) < t.rank or broadcast_shapes(t.shape, shape) != shape:
-            raise TypeRuleError(f"cannot broadcast {t} to {format_shape(shape)}")
-        return t.with_shape(shape)
-
-    return infer, lambda attrs, args, point: np.broadcast_to(args[0], attrs["shape"]).copy()
-
-
-@op("expand_dims", "shape", 1, "attrs: axis (normalized)")
-def _():
-    def infer(attrs, ts):
-        (t,) = ts
-        _static(t, "expand")
-        axis = attrs["axis"]
-        if not 0 <= axis <= t.rank:
-            raise TypeRuleError(f"expand: axis {axis} is out of range for {t}")
-        return t.with_shape(t.shape[:axis] + (1,) + t.shape[axis:])
-
-    return infer, lambda attrs, args, point: np.expand_dims(args[0], attrs["axis"])
-
-
-@op("squeeze", "shape", 1, "attrs: axes (normalized)")
-def _():
-    def infer(attrs, ts):
-        (t,) = ts
-        _static(t, "squeeze")
-        axes = tuple(attrs["axes"])
-        for a in axes:
-            if t.shape[a] != 1:
-                raise TypeRuleError(f"squeeze: axis {a} of {t} has length {t.shape[a]}, not 1")
-        return t.with_shape(tuple(s for k, s in enumerate(t.shape) if k not in axes))
-
-    return infer, lambda attrs, args, point: np.squeeze(args[0], tuple(attrs["axes"]))
-
-
-@op("concat", "shape", None, "attrs: axis (normalized)")
-def _():
-    def infer(attrs, ts):
-        if not ts:
-            raise TypeRuleError("concat needs at least one array")
-        dtype = _same_dtype(ts, "concat")
-        axis = attrs["axis"]
-        first = ts[0]
-        for t in ts:
-            _static(t, "concat")
-            if t.rank != first.rank or t.rank == 0:
-                raise TypeRuleError(f"concat needs arrays of one rank, got {first} and {t}")
-            for k in range(t.rank):
-                if k != axis and t.shape[k] != first.shape[k]:
-                    raise TypeRuleError(
-                        f"concat: shapes {format_shape(first.shape)} and {format_shape(t.shape)} "
-                        f"differ off axis {axis}"
-                    )
-        shape = list(first.shape)
-        shape[axis] = sum(t.shape[axis] for t in ts)
-        return TensorType(dtype, tuple(shape))
-
-    return infer, lambda attrs, args, point: np.concatenate(args, axis=attrs["axis"])
-
-
-# ----------------------------------------------------------------------------- indexing
-def index_items(items, point):
-    """The NumPy index tuple of an ``index`` op at a point (gather array left as None)."""
-    out = []
-    for item in items:
-        kind = item[0]
-        if kind == "int":
-            out.append(ix.evaluate(item[1], point))
-        elif kind == "slice":
-            start = ix.evaluate(item[1], point)
-            out.append(slice(start, start + item[2]))
-        elif kind == "full":
-            out.append(slice(None))
-        else:  # gather
-            out.append(None)
-    return out
-
-
-@op("index", "index", None, "attrs: items, each ('int', e) | ('slice', start, length) | ('full',) | ('gather',)")
-def _():
-    def infer(attrs, ts):
-        x = ts[0]
-        _static(x, "indexing")
-        items = attrs["items"]
-        if len(items) > x.rank:
-            raise TypeRuleError(f"too many indices ({len(items)}) for {x}")
-        gathers = [k for k, it in enumerate(items) if it[0] == "gather"]
-        if len(gathers) != len(ts) - 1 or len(gathers) > 1:
-            raise TypeRuleError("at most one tensor index is allowed")
-        dummy = []
-        for k, it in enumerate(items):
-            if it[0] == "int":
-                dummy.append(0)
-            elif it[0] == "slice":
-                if it[2] > x.shape[k] or it[2] < 0:
-                    raise TypeRuleError(f"slice of length {it[2]} does not fit axis {k} of {x}")
-                dummy.append(slice(0, it[2]))
-            elif it[0] == "full":
-                dummy.append(slice(None))
-            else:
-                idx = ts[1]
-                if idx.dtype not in ("i32", "i64"):
-                    raise TypeRuleError(f"a tensor index must be an integer, got {idx}")
-                _static(idx, "a tensor index")
-                dummy.append(np.zeros(idx.shape, np.intp))
-        shape = np.broadcast_to(np.empty((), np.int8), x.shape)[tuple(dummy)].shape
-        return x.with_shape(tuple(int(s) for s in shape))
-
-    def impl(attrs, args, point):
-        x = args[0]
-        idx = index_items(attrs["items"], point)
-        for k, it in enumerate(attrs["items"]):
-            if it[0] == "gather":
-                g = args[1]
-                n = x.shape[k]
-                if np.any((g < -n) | (g >= n)):
-                    bad = g[(g < -n) | (g >= n)].flat[0]
-                    raise IndexError(f"index {bad} is out of range for an axis of length {n}")
-                idx[k] = g
-            elif it[0] == "int" and not 0 <= idx[k] < x.shape[k]:
-                raise IndexError(f"index {idx[k]} is out of range for an axis of length {x.shape[k]}")
-            elif it[0] == "slice" and not (0 <= idx[k].start and idx[k].stop <= x.shape[k]):
-                raise IndexError(
-                    f"slice {idx[k].start}:{idx[k].stop} is out of range for an axis of length {x.shape[k]}"
-                )
-        return x[tuple(idx)]
-
-    return infer, impl
-
-
-@op("take", "index", 2, "np.take; attrs: axis (None: flattened)")
-def _():
-    def infer(attrs, ts):
-        x, idx = ts
-        _static(x, "take")
-        if idx.dtype not in ("i32", "i64"):
-            raise TypeRuleError(f"take needs integer indices, got {idx}")
-        axis = attrs.get("axis")
-        if axis is None:
-            return x.with_shape(idx.shape)
-        return x.with_shape(x.shape[:axis] + idx.shape + x.shape[axis + 1 :])
-
-    def impl(attrs, args, point):
-        x, idx = args
-        axis = attrs.get("axis")
-        n = x.size if axis is None else x.shape[axis]
-        if np.any((idx < -n) | (idx >= n)):
-            raise IndexError(f"take: an index is out of range for an axis of length {n}")
-        return np.take(x, idx, axis=axis)
-
-    return infer, impl
-
-
-@op("take_along", "index", 2, "np.take_along_axis; attrs: axis")
-def _():
-    def infer(attrs, ts):
-        x, idx = ts
-        _static(x, "take_along")
-        if idx.dtype not in ("i32", "i64"):
-            raise TypeRuleError(f"take_along needs integer indices, got {idx}")
-        if idx.rank != x.rank:
-            raise TypeRuleError(f"take_along needs indices of the rank of {x}, got {idx}")
-        axis = attrs["axis"]
-        other_x = tuple(s for k, s in enumerate(x.shape) if k != axis)
-        other_i = tuple(s for k, s in enumerate(idx.shape) if k != axis)
-        shape = broadcast_shapes(other_x, other_i)
-        shape = shape[:axis] + (idx.shape[axis],) + shape[axis:]
-        return x.with_shape(shape)
-
-    def impl(attrs, args, point):
-        x, idx = args
-        axis = attrs["axis"]
-        n = x.shape[axis]
-        if np.any((idx < -n) | (idx >= n)):
-            raise IndexError(f"take_along: an index is out of range for an axis of length {n}")
-        return np.take_along_axis(x, idx, axis=axis)
-
-    return infer, impl
-
-
-# ----------------------------------------------------------------------------- sources
-@op("const", "source", 0, "attrs: value (number or nested tuples), dtype, shape")
-def _():
-    def infer(attrs, ts):
-        return TensorType(attrs["dtype"], tuple(attrs["shape"]))
-
-    def impl(attrs, args, point):
-        v = np.asarray(attrs["value"], dtype=numpy_dtype(attrs["dtype"]))
-        return np.broadcast_to(v, attrs["shape"]).copy()
-
-    return infer, impl
-
-
-@op("arange", "source", 0, "attrs: start, stop, step, dtype")
-def _():
-    def infer(attrs, ts):
-        n = len(range(attrs["start"], attrs["stop"], attrs["step"]))
-        return TensorType(attrs["dtype"], (n,))
-
-    def impl(attrs, args, point):
-        return np.arange(attrs["start"], attrs["stop"], attrs["step"], dtype=numpy_dtype(attrs["dtype"]))
-
-    return infer, impl
-
-
-@op("dimval", "source", 0, "the current index of dim attrs.dim, as an i32 scalar")
-def _():
-    return (lambda attrs, ts: TensorType("i32", ())), (
-        lambda attrs, args, point: np.asarray(point[attrs["dim"]], np.int32)
-    )
-
-
-@op("merge", "control", None, "the first input whose edge condition holds")
-def _():
-    def infer(attrs, ts):
-        first = ts[0]
-        for t in ts[1:]:
-            if t != first:
-                raise TypeRuleError(f"merge branches differ: {first} and {t}")
-        return first
-
-    def impl(attrs, args, point):  # the interpreter picks the branch; it passes only that one
-        return args[0]
-
-    return infer, impl
-
-
-def float_repr(x: float) -> str:
-    return repr(float(x))
-
-
-def is_index_attr(v) -> bool:
-    return isinstance(v, sympy.Basic)
+# the array ops register themselves into REGISTRY
+from timerlc.ir import ops_array  # noqa: E402, F401

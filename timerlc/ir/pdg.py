@@ -8,6 +8,7 @@ leading spatial axis of length ``hi - lo``. A user tensor defined piecewise is a
 node whose input edges carry disjoint conditions (first match wins, resolved at lowering).
 Source spans ride along for diagnostics and are excluded from equality.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace

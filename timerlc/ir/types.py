@@ -3,6 +3,7 @@
 A shape entry is an int, or a sympy index expression for the length of a dynamic slice
 (only reductions may consume such a value, LANGUAGE.md section 5).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,9 +4,11 @@ Everything is built from isl's text syntax, which reads the quasi-affine index e
 of ``timerlc.ir.index`` directly. Dims are renamed ``d_<dim>`` (see ``index.isl_name``) so
 that user names never clash with isl keywords; producer dims in maps are ``s_<k>``.
 """
+
 from __future__ import annotations
 
 import islpy as isl
+import sympy
 
 from timerlc.ir import index as ix
 from timerlc.ir.pdg import Domain, Point
@@ -24,7 +26,9 @@ def domain_set(domain: Domain, tag: str = "") -> isl.Set:
     return cond_set(domain.dims, domain.cond, tag)
 
 
-def access_map(consumer: Domain, access, n_src: int, src_tag: str = "", dst_tag: str = "") -> isl.Map:
+def access_map(
+    consumer: Domain, access, n_src: int, src_tag: str = "", dst_tag: str = ""
+) -> isl.Map:
     """``{ consumer point -> producer points it reads }`` over the consumer's domain."""
     src_names = [f"s_{k}" for k in range(n_src)]
     parts = [ix.cond_to_isl(consumer.cond)]
@@ -75,3 +79,31 @@ def minimum(dims: tuple[str, ...], cond, k: int) -> int | None:
 
 def format_point(point: dict[str, int]) -> str:
     return ", ".join(f"{d}={v}" for d, v in point.items()) if point else "(no dims)"
+
+
+def simplify(dims: tuple[str, ...], cond, context=sympy.true):
+    """``cond`` without the conjuncts (or disjuncts) that the rest and ``context`` imply.
+
+    The result is equivalent to ``cond`` on the points of ``context``; IR dumps stay short.
+    """
+
+    def empty(c) -> bool:
+        return is_empty(dims, sympy.And(context, c))
+
+    if empty(sympy.Not(cond)):
+        return sympy.true
+    if isinstance(cond, sympy.And):
+        parts = list(cond.args)
+        for c in list(parts):
+            rest = [p for p in parts if p is not c]
+            if empty(sympy.And(*rest, sympy.Not(c))):
+                parts = rest
+        return sympy.And(*parts)
+    if isinstance(cond, sympy.Or):
+        parts = list(cond.args)
+        for d in list(parts):
+            rest = [p for p in parts if p is not d]
+            if rest and empty(sympy.And(d, sympy.Not(sympy.Or(*rest)))):
+                parts = rest
+        return sympy.Or(*parts)
+    return cond

@@ -9,9 +9,11 @@ point itself, walking the expression nodes of its equation. Every point of every
 computed, in the lexicographic order of the dims, so metrics stream in the order a user
 expects. Points outside a tensor's domain stay 0 in its buffer.
 """
+
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -20,7 +22,7 @@ import numpy as np
 from timerlc.diagnostics import RunError
 from timerlc.ir import index as ix
 from timerlc.ir import ops
-from timerlc.ir.pdg import Edge, Graph, Node, Point
+from timerlc.ir.pdg import Edge, Graph, Node, Point, identity_access
 from timerlc.ir.types import numpy_dtype
 from timerlc.poly import isl as pisl
 
@@ -72,18 +74,36 @@ class Interpreter:
                 self.access[(n.id, k)] = _Access(e, n.dims)
         self.profile = profile
         self.seconds: dict[int, float] = {}
+        self.owners = self._owners()
 
     # ------------------------------------------------------------------ setup
     def _choose_stored(self) -> set[int]:
+        """Tensors, scalars, and whatever some consumer reads at another point."""
         stored = set()
         for n in self.graph.nodes:
             if n.op == "merge" or not n.dims:
                 stored.add(n.id)
             for e in n.inputs:
                 src = self.graph.node(e.src)
-                if src.dims != n.dims or not e.is_identity_of(n.dims):
+                if src.dims != n.dims or e.access != identity_access(n.dims):
                     stored.add(e.src)
         return stored
+
+    def _owners(self) -> dict[int, str]:
+        """For error messages: the tensor each unnamed node computes a part of."""
+        owner: dict[int, str] = {}
+        for n in self.graph.nodes:
+            if n.op != "merge":
+                continue
+            todo = [e.src for e in n.inputs]
+            while todo:
+                nid = todo.pop()
+                node = self.graph.node(nid)
+                if node.op == "merge" or nid in owner:
+                    continue
+                owner[nid] = n.name
+                todo.extend(e.src for e in node.inputs)
+        return owner
 
     def store(self, nid: int) -> _Store:
         st = self.stores.get(nid)
@@ -102,9 +122,13 @@ class Interpreter:
         if node.op == "merge":
             branch = np.full(extents, -1, np.int64)
             for k, e in enumerate(node.inputs):
-                hold = np.broadcast_to(np.asarray(ix.compile_cond(e.cond, node.dims)(*grids), bool), extents)
+                hold = np.broadcast_to(
+                    np.asarray(ix.compile_cond(e.cond, node.dims)(*grids), bool), extents
+                )
                 branch[hold & (branch == -1) & inside] = k
-        return _Store(node, extents, buf, np.zeros(extents, bool), np.zeros(extents, bool), inside, branch)
+        return _Store(
+            node, extents, buf, np.zeros(extents, bool), np.zeros(extents, bool), inside, branch
+        )
 
     # ------------------------------------------------------------------ evaluation
     def run(self) -> None:
@@ -128,7 +152,8 @@ class Interpreter:
         which = np.concatenate([np.full(len(r[2]), j) for j, r in enumerate(roots)])
         local = np.concatenate([np.arange(len(r[2])) for r in roots])
         perm = np.lexsort([ranks] + [keys[:, k] for k in reversed(range(keys.shape[1]))])
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # nan of an empty mean is a value
             for j in perm:
                 _, _, pts, nid = roots[which[j]]
                 self.ensure(nid, tuple(int(v) for v in pts[local[j]]))
@@ -139,6 +164,9 @@ class Interpreter:
         return self.store(t.node).buf
 
     def ensure(self, nid: int, point: tuple[int, ...]) -> None:
+        """Compute a stored point, after the stored points it reads."""
+        if self.store(nid).done[point]:
+            return
         stack = [(nid, point)]
         while stack:
             n, p = stack[-1]
@@ -146,28 +174,26 @@ class Interpreter:
             if st.done[p]:
                 stack.pop()
                 continue
-            missing = []
-            for src, idx in self._stored_inputs(n, dict(zip(st.node.dims, p))):
-                sst = self.store(src)
-                done = sst.done[idx]
-                if not np.all(done):
-                    missing.extend(_missing_points(done, idx, sst, self.graph, src))
-            if missing:
-                if st.active[p]:
-                    raise RunError(f"cyclic definition at {self._where(n, p)}")
+            try:
+                self._compute_stored(n, p)
+            except _Missing as missing:
+                # ``active`` marks the points on the current path of the depth-first walk;
+                # needing one of them again is a cycle
                 st.active[p] = True
-                for m in missing:
+                for m in missing.points:
                     if self.store(m[0]).active[m[1]]:
-                        raise RunError(f"cyclic definition: {self._where(*m)} depends on itself")
+                        raise RunError(
+                            f"cyclic definition: {self._where(*m)} depends on itself"
+                        ) from None
                     stack.append(m)
                 continue
-            self._compute_stored(n, p)
             stack.pop()
 
     def _where(self, nid: int, p) -> str:
         node = self.graph.node(nid)
-        what = node.name or f"%{nid}"
-        return f"{what} at {pisl.format_point(dict(zip(node.dims, p)))}"
+        what = node.name or self.owners.get(nid) or f"%{nid}"
+        line = f" (line {node.span.line})" if node.span is not None else ""
+        return f"{what} at {pisl.format_point(dict(zip(node.dims, p)))}{line}"
 
     def _edges_at(self, node: Node, point: dict) -> list[tuple[int, Edge]]:
         if node.op == "merge":
@@ -176,22 +202,13 @@ class Interpreter:
             return [(k, node.inputs[k])]
         return list(enumerate(node.inputs))
 
-    def _stored_inputs(self, nid: int, point: dict):
-        node = self.graph.node(nid)
-        values = tuple(point[d] for d in node.dims)
-        for k, e in self._edges_at(node, point):
-            if e.src in self.stored:
-                yield e.src, self.access[(nid, k)].at(values)
-            else:
-                yield from self._stored_inputs(e.src, point)
-
     def _compute_stored(self, nid: int, p: tuple[int, ...]):
         st = self.store(nid)
         point = dict(zip(st.node.dims, p))
         start = time.perf_counter() if self.profile else 0.0
         try:
             value = self._compute(nid, point, {})
-        except RunError:
+        except (RunError, _Missing):
             raise
         except (ValueError, IndexError, OverflowError, ZeroDivisionError) as e:
             raise RunError(f"while computing {self._where(nid, p)}: {e}") from None
@@ -201,7 +218,7 @@ class Interpreter:
         if self.profile:
             self.seconds[nid] = self.seconds.get(nid, 0.0) + time.perf_counter() - start
         if nid in self.metric_nodes and self.on_metric is not None:
-            self.on_metric(self.metric_nodes[nid], point, st.buf[p].item())
+            self.on_metric(self.metric_nodes[nid], point, st.buf[p][()])
 
     def _compute(self, nid: int, point: dict, memo: dict):
         node = self.graph.node(nid)
@@ -209,7 +226,12 @@ class Interpreter:
         args = []
         for k, e in self._edges_at(node, point):
             if e.src in self.stored:
-                args.append(self.store(e.src).buf[self.access[(nid, k)].at(values)])
+                src = self.store(e.src)
+                idx = self.access[(nid, k)].at(values)
+                done = src.done[idx]
+                if not (done if done.ndim == 0 else done.all()):
+                    raise _Missing(_missing_points(done, idx, src, self.graph, e.src))
+                args.append(src.buf[idx])
             else:
                 if e.src not in memo:
                     memo[e.src] = self._compute(e.src, point, memo)
@@ -220,11 +242,21 @@ class Interpreter:
         return np.asarray(out).astype(numpy_dtype(node.type.dtype), copy=False)
 
 
-def _missing_points(done: np.ndarray, idx: tuple, st: _Store, graph: Graph, src: int):
+class _Missing(Exception):
+    """A point needs stored points that are not computed yet."""
+
+    def __init__(self, points):
+        super().__init__(len(points))
+        self.points = points
+
+
+def _missing_points(done, idx: tuple, st: _Store, graph: Graph, src: int):
     """The (src, point) pairs not yet computed among those ``idx`` reads."""
-    if not isinstance(done, np.ndarray) or done.ndim == 0:
+    if done.ndim == 0:
         if not st.inside[idx]:
-            raise RunError(f"internal error: read of {graph.node(src).name or src} outside its domain at {idx}")
+            raise RunError(
+                f"internal error: read of {graph.node(src).name or src} outside its domain at {idx}"
+            )
         return [(src, idx)]
     out = []
     inside = st.inside[idx]
@@ -237,12 +269,16 @@ def _missing_points(done: np.ndarray, idx: tuple, st: _Store, graph: Graph, src:
             else:
                 p.append(part)
         if not inside[tuple(rel)]:
-            raise RunError(f"internal error: read of {graph.node(src).name or src} outside its domain at {p}")
+            raise RunError(
+                f"internal error: read of {graph.node(src).name or src} outside its domain at {p}"
+            )
         out.append((src, tuple(p)))
     return out
 
 
-def run_graph(graph: Graph, on_metric: MetricSink | None = None, profile: bool = False) -> Interpreter:
+def run_graph(
+    graph: Graph, on_metric: MetricSink | None = None, profile: bool = False
+) -> Interpreter:
     interp = Interpreter(graph, on_metric, profile)
     interp.run()
     return interp

@@ -1,0 +1,80 @@
+"""Helpers for the language conformance tests (tests/test_language_*.py).
+
+The tests are written from LANGUAGE.md alone: each runs a small RTL program on the
+reference backend and compares its outputs with an answer computed by NumPy.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from timerlc.diagnostics import ProgramError, Source
+from timerlc.frontend.check import check_source
+from timerlc.reference.interpreter import outputs, run_graph
+
+
+def src(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def run(text: str, **sets) -> dict[str, np.ndarray]:
+    """Run a program (dedented) and return its `out` tensors (LANGUAGE.md section 12 layout)."""
+    overrides = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in sets.items()}
+    graph = check_source(Source("p.rtl", src(text)), overrides=overrides)
+    return outputs(run_graph(graph))
+
+
+def run1(text: str, name: str = "y", **sets) -> np.ndarray:
+    return run(text, **sets)[name]
+
+
+def check(text: str, **sets):
+    overrides = {k: str(v) for k, v in sets.items()}
+    return check_source(Source("p.rtl", src(text)), overrides=overrides)
+
+
+def error(text: str, **sets) -> ProgramError:
+    """The ProgramError a program gives (fails the test when it checks fine)."""
+    with pytest.raises(ProgramError) as info:
+        check(text, **sets)
+    return info.value
+
+
+def close(actual, expected, dtype=None, rtol=1e-6, atol=1e-6):
+    """Values match (NaN-aware) and, when given, the dtype is exactly ``dtype``."""
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, f"shape {actual.shape} != expected {expected.shape}"
+    if dtype is not None:
+        assert actual.dtype == np.dtype(dtype), (
+            f"dtype {actual.dtype} != expected {np.dtype(dtype)}"
+        )
+    if expected.dtype.kind in "biu" and actual.dtype.kind in "biu":
+        np.testing.assert_array_equal(actual, expected)
+    else:
+        np.testing.assert_allclose(
+            actual.astype(np.float64), expected.astype(np.float64), rtol=rtol, atol=atol
+        )
+
+
+def write(tmp_path: Path, text: str, name: str = "p.rtl") -> Path:
+    p = tmp_path / name
+    p.write_text(src(text))
+    return p
+
+
+def cli(*args):
+    """Invoke the timerlc CLI in-process; returns click's Result (stdout, stderr, exit_code)."""
+    from click.testing import CliRunner
+
+    from timerlc.cli import cli as timerlc_cli
+
+    try:
+        runner = CliRunner(mix_stderr=False)
+    except TypeError:  # click >= 8.2 always keeps stderr apart
+        runner = CliRunner()
+    return runner.invoke(timerlc_cli, [str(a) for a in args], catch_exceptions=False)

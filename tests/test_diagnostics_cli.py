@@ -1,0 +1,652 @@
+"""Diagnostics (LANGUAGE.md sections 3, 11 and 12): out/metric, def recursion, --set and
+--env, features this version does not support, run-time failures and usage errors.
+
+Exit statuses (section 12): 1 an error in the program, 2 a usage error, 3 a failure while
+running. How a bad ``--set`` is classified:
+
+* ``--set NAME=VALUE`` that is well formed but wrong for the program (no config NAME,
+  VALUE of the wrong type, a value that makes the program invalid such as a dim bound of
+  0) is an error of the program as configured: section 11 lists "a bad --set or --env"
+  among the program errors, so exit status 1 and the section 11 format. A wrong type is
+  reported at the config's declaration (the caret under its name); an unknown name has no
+  token in the source, so only the format is pinned down.
+* ``--set T`` (no ``=``) or ``--set =3`` cannot be read as an override at all whatever the
+  program says: that is a malformed command line, a usage error, exit status 2 (as click
+  reports any other malformed option value). The same holds for ``--env E``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_diagnostics import (
+    assert_diagnostic,
+    assert_no_traceback,
+    diagnose,
+    expect_error,
+    expect_format,
+    invoke,
+    src,
+)
+
+VALID = """
+    config T = 4, gamma = 0.9
+    dim t < T
+    r[t] = f32(t)
+    g[T-1] = r[T-1]
+    g[t] = r + gamma * g[t+1]
+    out g
+"""
+
+# a gather whose index leaves its axis at t = 2 (exp(2) = 7.4 >= 3): only visible at run time
+RUNTIME_FAILURE = """
+    config T = 4
+    dim t < T
+    v[t] = zeros([3])
+    k[t] = i32(floor(exp(f32(t))))
+    x[t] = v[t][k[t]]
+    out x
+"""
+
+_HAS_SERIALIZE = importlib.util.find_spec("timerlc.ir.serialize") is not None
+
+
+# ----------------------------------------------------------------------------- out and metric
+def test_metric_that_is_not_a_scalar(tmp_path):
+    expect_error(
+        tmp_path,
+        """
+        config T = 4
+        dim t < T
+        v[t] = zeros([3])
+        metric v
+    """,
+        4,
+        8,
+        "metric",
+        "scalar",
+        "'v'",
+        "[3]",
+    )
+
+
+def test_metric_that_is_a_record(tmp_path):
+    expect_error(
+        tmp_path,
+        """
+        config I = 3
+        dim i < I
+        params net[i] { w : f32[3] = zeros }
+        net[i+1] = net[i]
+        metric net
+    """,
+        5,
+        8,
+        "metric",
+        "scalar",
+        "'net'",
+    )
+
+
+def test_second_name_of_a_metric_list(tmp_path):
+    expect_error(
+        tmp_path,
+        """
+        config T = 4
+        dim t < T
+        s[t] = f32(t)
+        v[t] = zeros([2])
+        metric s, v
+    """,
+        5,
+        11,
+        "scalar",
+        "'v'",
+    )
+
+
+def test_out_of_an_unknown_name(tmp_path):
+    expect_error(
+        tmp_path,
+        """
+        config T = 4
+        dim t < T
+        value[t] = f32(t)
+        out valu
+    """,
+        4,
+        5,
+        "'valu'",
+        "did you mean 'value'",
+    )
+
+
+def test_metric_of_an_unknown_name(tmp_path):
+    expect_error(
+        tmp_path,
+        """
+        config T = 4
+        dim t < T
+        value[t] = f32(t)
+        metric vlaue
+    """,
+        4,
+        8,
+        "'vlaue'",
+        "did you mean 'value'",
+    )
+
+
+def test_out_of_a_config(tmp_path):
+    expect_error(
+        tmp_path,
+        """
+        config T = 4
+        dim t < T
+        value[t] = f32(t)
+        out T
+    """,
+        4,
+        5,
+        "'T'",
+        "config",
+    )
+
+
+def test_out_of_a_dim(tmp_path):
+    expect_error(
+        tmp_path,
+        """
+        config T = 4
+        dim t < T
+        value[t] = f32(t)
+        out value, t
+    """,
+        4,
+        12,
+        "'t'",
+        "dim",
+    )
+
+
+# ----------------------------------------------------------------------------- def recursion
+def test_def_calling_itself(tmp_path):
+    expect_error(
+        tmp_path,
+        """
+        config T = 4
+        dim t < T
+        def f(v) { f(v) + 1.0 }
+        x[t] = f(f32(t))
+    """,
+        3,
+        12,
+        "recursi",
+        "'f'",
+    )
+
+
+def test_defs_calling_each_other(tmp_path):
+    expect_error(
+        tmp_path,
+        """
+        config T = 4
+        dim t < T
+        def f(v) { g(v) + 1.0 }
+        def g(v) { f(v) * 2.0 }
+        x[t] = f(f32(t))
+    """,
+        4,
+        12,
+        "recursi",
+        "f -> g -> f",
+    )
+
+
+def test_recursive_def_that_is_never_called(tmp_path):
+    expect_error(
+        tmp_path,
+        """
+        config T = 4
+        dim t < T
+        def f(v) { f(v) + 1.0 }
+        x[t] = f32(t)
+    """,
+        3,
+        12,
+        "recursi",
+        "'f'",
+    )
+
+
+# ----------------------------------------------------------------------------- --set
+def _head(out, *words):
+    """Exit 1 and a first line FILE:LINE:COL: error: MESSAGE holding ``words``."""
+    assert_no_traceback(out)
+    assert out.status == 1, out.stderr
+    head = re.match(re.escape(out.file) + r":(\d+):(\d+): error: (\S.*)$", out.lines[0])
+    assert head, out.stderr
+    for w in words:
+        assert w in head[3], out.stderr
+
+
+def test_set_of_an_unknown_config_message(tmp_path):
+    out = diagnose(tmp_path, VALID, "--set", "gama=0.5")
+    _head(out, "--set", "'gama'", "did you mean 'gamma'")
+
+
+def test_set_of_an_unknown_config(tmp_path):
+    out = diagnose(tmp_path, VALID, "--set", "gama=0.5")
+    expect_format(out, "--set", "'gama'", "did you mean 'gamma'")
+
+
+def test_set_with_a_value_that_is_not_a_number(tmp_path):
+    out = diagnose(tmp_path, VALID, "--set", "T=abc")
+    assert_diagnostic(out, 1, 8, "T=abc", "'abc'")
+
+
+def test_set_of_an_int_config_to_a_float(tmp_path):
+    out = diagnose(tmp_path, VALID, "--set", "T=2.5")
+    assert_diagnostic(out, 1, 8, "T=2.5", "int")
+
+
+def test_set_of_an_int_config_to_a_bool(tmp_path):
+    out = diagnose(tmp_path, VALID, "--set", "T=true")
+    assert_diagnostic(out, 1, 8, "T=true", "bool")
+
+
+def test_set_of_a_float_config_to_a_bool(tmp_path):
+    out = diagnose(tmp_path, VALID, "--set", "gamma=false")
+    assert_diagnostic(out, 1, 15, "gamma=false", "bool")
+
+
+def test_set_that_makes_a_dim_bound_zero(tmp_path):
+    out = diagnose(tmp_path, VALID, "--set", "T=0")
+    assert_diagnostic(out, 2, 9, "'t'", "bound 0")
+
+
+def test_set_of_a_float_config_to_an_int_is_fine(tmp_path):
+    out = diagnose(tmp_path, VALID, "--set", "gamma=1", "--set", "T=6")
+    assert (out.status, out.stderr) == (0, "")
+
+
+def test_set_of_the_implicit_seed(tmp_path):
+    out = diagnose(tmp_path, VALID, "--set", "seed=7")
+    assert (out.status, out.stderr) == (0, "")
+
+
+def test_set_of_the_implicit_seed_to_a_float_message(tmp_path):
+    out = diagnose(tmp_path, VALID, "--set", "seed=0.5")
+    _head(out, "seed", "0.5")
+
+
+def test_set_of_the_implicit_seed_to_a_float(tmp_path):
+    out = diagnose(tmp_path, VALID, "--set", "seed=0.5")
+    expect_format(out, "seed")
+
+
+def test_set_of_a_declared_seed_to_a_float(tmp_path):
+    out = diagnose(tmp_path, "config seed = 3\n" + src(VALID), "--set", "seed=0.5", raw=True)
+    assert_diagnostic(out, 1, 8, "seed", "0.5")
+
+
+@pytest.mark.parametrize("value", ["T", "=3", "T="])
+def test_malformed_set_is_a_usage_error(tmp_path, value):
+    out = diagnose(tmp_path, VALID, "--set", value)
+    assert_no_traceback(out)
+    assert out.status == 2, out.stderr
+    assert "--set" in out.stderr and "NAME=VALUE" in out.stderr, out.stderr
+
+
+def test_env_for_a_program_without_that_env_message(tmp_path):
+    out = diagnose(tmp_path, VALID, "--env", "E=cartpole")
+    _head(out, "--env", "'E'")
+
+
+def test_env_for_a_program_without_that_env(tmp_path):
+    out = diagnose(tmp_path, VALID, "--env", "E=cartpole")
+    expect_format(out, "--env", "'E'")
+
+
+def test_malformed_env_is_a_usage_error(tmp_path):
+    out = diagnose(tmp_path, VALID, "--env", "E")
+    assert_no_traceback(out)
+    assert out.status == 2, out.stderr
+    assert "--env" in out.stderr, out.stderr
+
+
+def test_set_on_run_reports_the_same_error(tmp_path):
+    out = diagnose(tmp_path, VALID, "--set", "T=2.5", cmd="run")
+    assert_diagnostic(out, 1, 8, "T=2.5", "int")
+
+
+# ----------------------------------------------------------------------------- not supported yet
+_LATER = ("not supported", "not yet supported")
+
+
+def test_env_declaration_is_not_supported_yet(tmp_path):
+    expect_error(
+        tmp_path,
+        """
+        config T = 4, B = 2
+        dim b < B
+        dim t < T
+        env E = "cartpole" batch b
+    """,
+        4,
+        5,
+        _LATER,
+        "environment",
+    )
+
+
+def test_env_use_is_not_supported_yet(tmp_path):
+    out = diagnose(
+        tmp_path,
+        """
+        config I = 3, B = 2, T = 4
+        dim i < I
+        dim b < B
+        dim t < T
+        env E = "cartpole" batch b
+        o[i, b, 0] = E.reset()
+    """,
+    )
+    expect_format(out, _LATER, "environment")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "uniform([3])",
+        "uniform([3], lo=0, hi=2)",
+        "normal([3])",
+        "categorical(zeros([3]))",
+        "bernoulli(0.5)",
+        "f32(permutation(5))",
+    ],
+)
+def test_random_functions_are_not_supported_yet(tmp_path, call):
+    name = call.split("(")[0] if not call.startswith("f32(") else "permutation"
+    col = 8 + call.index(name)
+    expect_error(
+        tmp_path,
+        f"""
+        config T = 4
+        dim t < T
+        x[t] = {call}
+    """,
+        3,
+        col,
+        _LATER,
+        name,
+    )
+
+
+@pytest.mark.parametrize("init", ["glorot", "orthogonal(1.0)", "normal(0.1)", "uniform(0.0, 1.0)"])
+def test_random_initializers_are_not_supported_yet(tmp_path, init):
+    name = init.split("(")[0]
+    expect_error(
+        tmp_path,
+        f"""
+        config I = 3
+        dim i < I
+        params net[i] {{ w : f32[3, 3] = {init} }}
+    """,
+        3,
+        33,
+        _LATER,
+        name,
+    )
+
+
+def test_grad_is_not_supported_yet(tmp_path):
+    expect_error(
+        tmp_path,
+        """
+        config I = 3
+        dim i < I
+        params net[i] { w : f32[3] = zeros }
+        net[i+1] = net[i]
+        loss[i] = sum(net[i].w)
+        g[i] = grad(loss[i], net[i])
+    """,
+        6,
+        8,
+        _LATER,
+        "grad",
+    )
+
+
+@pytest.mark.parametrize(
+    "rhs, name",
+    [
+        ("sgd(net[i], net[i], 0.1)", "sgd"),
+        ("adam(net[i], net[i], 0.1)", "adam"),
+        ("adam(net[i], clip_norm(net[i], 1.0), 0.1)", "adam"),
+    ],
+)
+def test_optimizers_are_not_supported_yet(tmp_path, rhs, name):
+    expect_error(
+        tmp_path,
+        f"""
+        config I = 3
+        dim i < I
+        params net[i] {{ w : f32[3] = zeros }}
+        net[i+1] = {rhs}
+    """,
+        4,
+        12,
+        _LATER,
+        name,
+    )
+
+
+def test_clip_norm_is_not_supported_yet(tmp_path):
+    expect_error(
+        tmp_path,
+        """
+        config I = 3
+        dim i < I
+        params net[i] { w : f32[3] = zeros }
+        net[i+1] = net[i]
+        c[i] = clip_norm(net[i], 1.0)
+    """,
+        5,
+        8,
+        _LATER,
+        "clip_norm",
+    )
+
+
+def test_unsupported_error_on_run_is_exit_1(tmp_path):
+    out = diagnose(
+        tmp_path,
+        """
+        config T = 4
+        dim t < T
+        x[t] = normal([3])
+    """,
+        cmd="run",
+    )
+    assert_diagnostic(out, 3, 8, _LATER, "normal")
+
+
+# ----------------------------------------------------------------------------- errors while running
+def test_run_time_failure_is_exit_3_one_paragraph(tmp_path):
+    out = diagnose(tmp_path, RUNTIME_FAILURE, cmd="run")
+    assert_no_traceback(out)
+    assert out.status == 3, out.stderr
+    text = out.stderr.strip()
+    assert text and "\n\n" not in text, out.stderr
+    assert "out of range" in text and "t=2" in text and "x" in text, out.stderr
+
+
+def test_run_time_failure_saves_outputs_and_is_still_exit_3(tmp_path):
+    npz = tmp_path / "o.npz"
+    out = diagnose(tmp_path, RUNTIME_FAILURE, "--outputs", str(npz), cmd="run")
+    assert_no_traceback(out)
+    assert out.status == 3, out.stderr
+    assert "\n\n" not in out.stderr.strip()
+
+
+def _timerlc_cmd() -> list[str]:
+    script = Path(sys.executable).with_name("timerlc")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "timerlc.cli"]
+
+
+def _subprocess(tmp_path, program, *args):
+    path = tmp_path / "bad.rtl"
+    path.write_text(src(program))
+    return subprocess.run(
+        _timerlc_cmd() + [args[0], str(path), *args[1:]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_run_time_failure_with_debug_shows_the_traceback_and_exits_3(tmp_path):
+    proc = _subprocess(tmp_path, RUNTIME_FAILURE, "run", "--debug")
+    assert "Traceback" in proc.stderr, proc.stderr
+    assert proc.returncode == 3, proc.stderr
+
+
+def test_program_error_in_a_real_process(tmp_path):
+    proc = _subprocess(
+        tmp_path,
+        """
+        config T = 4
+        dim t < T
+        reward[t] = f32(t)
+        x[t] = rewrd[t] * 2.0
+    """,
+        "check",
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith(f"{tmp_path / 'bad.rtl'}:4:8: error: "), proc.stderr
+    assert "'rewrd'" in lines[0] and "did you mean 'reward'" in lines[0], proc.stderr
+    assert lines[1] == "x[t] = rewrd[t] * 2.0" and lines[2] == "       ^~~~~", proc.stderr
+    assert proc.stdout == ""
+
+
+def test_program_error_on_run_is_exit_1(tmp_path):
+    out = diagnose(
+        tmp_path,
+        """
+        config T = 4
+        dim t < T
+        x[t] = x[t-1] + 1.0
+    """,
+        cmd="run",
+    )
+    assert_diagnostic(out, 3, 8, "outside", "x[-1]")
+
+
+@pytest.mark.xfail(
+    not _HAS_SERIALIZE,
+    strict=True,
+    reason="BUG: `timerlc compile` crashes with ImportError (timerlc.ir.serialize does "
+    "not exist) before it even reads the program (cli.compile imports it first)",
+)
+def test_program_error_on_compile_is_exit_1(tmp_path):
+    out = diagnose(
+        tmp_path,
+        """
+        config T = 4
+        dim t < T
+        x[t] = x[t-1] + 1.0
+    """,
+        "-o",
+        str(tmp_path / "build"),
+        cmd="compile",
+    )
+    assert_diagnostic(out, 3, 8, "outside", "x[-1]")
+    assert not (tmp_path / "build" / "build.json").exists()
+
+
+# ----------------------------------------------------------------------------- usage errors
+def _usage(status, stderr, *words):
+    assert "Traceback" not in stderr, stderr
+    assert status == 2, stderr
+    for w in words:
+        assert w in stderr, stderr
+
+
+@pytest.mark.parametrize("cmd", ["check", "run", "compile"])
+def test_unknown_option(tmp_path, cmd):
+    out = diagnose(tmp_path, VALID, "--bogus", cmd=cmd)
+    _usage(out.status, out.stderr, "--bogus")
+
+
+@pytest.mark.parametrize("cmd", ["check", "run"])
+def test_missing_file(tmp_path, cmd):
+    status, _, err = invoke(cmd, str(tmp_path / "nothere.rtl"))
+    _usage(status, err, "nothere.rtl")
+
+
+@pytest.mark.xfail(
+    not _HAS_SERIALIZE,
+    strict=True,
+    reason="BUG: `timerlc compile` crashes with ImportError (timerlc.ir.serialize) "
+    "before it reads the file",
+)
+def test_missing_file_on_compile(tmp_path):
+    status, _, err = invoke("compile", str(tmp_path / "nothere.rtl"), "-o", str(tmp_path / "b"))
+    _usage(status, err, "nothere.rtl")
+
+
+def test_missing_file_argument(tmp_path):
+    status, _, err = invoke("check")
+    _usage(status, err)
+
+
+def test_unknown_command(tmp_path):
+    status, _, err = invoke("chek", "x.rtl")
+    _usage(status, err, "chek")
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_run_on_a_backend_this_version_lacks(tmp_path, backend):
+    out = diagnose(tmp_path, VALID, "--backend", backend, cmd="run")
+    _usage(out.status, out.stderr, backend, "reference")
+
+
+@pytest.mark.xfail(
+    not _HAS_SERIALIZE,
+    strict=True,
+    reason="BUG: `timerlc compile --backend cpu` crashes with ImportError "
+    "(timerlc.ir.serialize) before checking the backend",
+)
+def test_compile_for_a_backend_this_version_lacks(tmp_path):
+    out = diagnose(tmp_path, VALID, "--backend", "cpu", "-o", str(tmp_path / "b"), cmd="compile")
+    _usage(out.status, out.stderr, "cpu", "reference")
+
+
+def test_unknown_backend(tmp_path):
+    out = diagnose(tmp_path, VALID, "--backend", "tpu", cmd="run")
+    _usage(out.status, out.stderr, "tpu")
+
+
+def test_bad_seed(tmp_path):
+    out = diagnose(tmp_path, VALID, "--seed", "x", cmd="run")
+    _usage(out.status, out.stderr, "--seed")
+
+
+def test_bad_metrics_file_extension(tmp_path):
+    out = diagnose(tmp_path, VALID, "--metrics", str(tmp_path / "m.txt"), cmd="run")
+    _usage(out.status, out.stderr, "--metrics")
+
+
+def test_run_of_a_folder_that_is_not_a_build(tmp_path):
+    folder = tmp_path / "notabuild"
+    folder.mkdir()
+    status, _, err = invoke("run", str(folder))
+    _usage(status, err, "notabuild")
