@@ -43,30 +43,34 @@ class Builtin:
     def bind(self, call: ast.Call) -> dict:
         names = [p for p, _ in self.params]
         required = [p for p, d in self.params if d is REQUIRED]
-        if len(call.args) > len(names):
+        return bind_arguments(self.name, names, required, call)
+
+
+def bind_arguments(label: str, names: list[str], required: list[str], call: ast.Call) -> dict:
+    """Python's binding of a call's arguments to parameter names (-> name: expression)."""
+    if len(call.args) > len(names):
+        raise ProgramError(
+            f"{label} takes {_count(len(required), len(names))}, got {len(call.args)}",
+            call.func.span,
+        )
+    bound = dict(zip(names, call.args))
+    for kw in call.kwargs:
+        if kw.name not in names:
             raise ProgramError(
-                f"{self.name} takes {_count(len(required), len(names))}, got {len(call.args)}",
-                call.func.span,
+                f"{label} has no argument '{kw.name}'" + did_you_mean(kw.name, names), kw.span
             )
-        bound = dict(zip(names, call.args))
-        for kw in call.kwargs:
-            if kw.name not in names:
-                raise ProgramError(
-                    f"{self.name} has no argument '{kw.name}'" + did_you_mean(kw.name, names),
-                    kw.span,
-                )
-            if kw.name in bound:
-                raise ProgramError(f"{self.name} got argument '{kw.name}' twice", kw.span)
-            bound[kw.name] = kw.value
-        missing = [p for p in required if p not in bound]
-        if missing:
-            given = len(call.args) + len(call.kwargs)
-            raise ProgramError(
-                f"{self.name} takes {_count(len(required), len(names))}, got {given} "
-                f"(missing {', '.join(missing)})",
-                call.func.span,
-            )
-        return bound
+        if kw.name in bound:
+            raise ProgramError(f"{label} got argument '{kw.name}' twice", kw.span)
+        bound[kw.name] = kw.value
+    missing = [p for p in required if p not in bound]
+    if missing:
+        given = len(call.args) + len(call.kwargs)
+        raise ProgramError(
+            f"{label} takes {_count(len(required), len(names))}, got {given} "
+            f"(missing {', '.join(missing)})",
+            call.func.span,
+        )
+    return bound
 
 
 def _count(lo: int, hi: int) -> str:

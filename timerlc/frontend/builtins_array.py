@@ -11,6 +11,7 @@ from timerlc.frontend.builtins import Args, _is_none, _where, builtin
 from timerlc.frontend.values import Val
 from timerlc.ir.types import format_shape
 
+
 # ----------------------------------------------------------------------------- shapes
 def _static_shape(a: Args, key) -> tuple[int, ...]:
     shape = a.int_list(key)

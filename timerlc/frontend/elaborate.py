@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from timerlc.diagnostics import ProgramError, Span, UnsupportedError, did_you_mean
 from timerlc.frontend import ast
+from timerlc.frontend.builtins import BUILTINS, bind_arguments
 from timerlc.frontend.declarations import ProgramInfo
 from timerlc.frontend.subscripts import Subscripts
 from timerlc.frontend.values import (
@@ -281,7 +282,7 @@ class Elaborator(Subscripts):
             return Val(TensorType("i32", ()), node=self._dimvals[name], span=expr.span)
         if name in info.envs:
             raise UnsupportedError("environments are not supported yet", expr.span)
-        if name in info.defs or name in BUILTINS_REF():
+        if name in info.defs or name in BUILTINS:
             raise ProgramError(f"'{name}' is a function; call it with (...)", expr.span)
         if name in DTYPES:
             raise ProgramError(f"'{name}' is a dtype; use {name}(x) to cast", expr.span)
@@ -297,7 +298,7 @@ class Elaborator(Subscripts):
             + list(info.configs)
             + list(info.dims)
             + list(info.defs)
-            + list(BUILTINS_REF())
+            + list(BUILTINS)
         )
 
     def _Unary(self, expr: ast.Unary, env: Locals):
@@ -418,11 +419,11 @@ class Elaborator(Subscripts):
             return self.inline(self.info.defs[name], expr, env)
         if name in self.info.tensors or name in self.info.configs or name in self.info.dims:
             raise ProgramError(f"'{name}' is not a function", func.span)
-        builtin = BUILTINS_REF().get(name)
+        builtin = BUILTINS.get(name)
         if builtin is None:
             raise ProgramError(
                 f"unknown function '{name}'"
-                + did_you_mean(name, list(BUILTINS_REF()) + list(self.info.defs)),
+                + did_you_mean(name, list(BUILTINS) + list(self.info.defs)),
                 func.span,
             )
         return builtin.call(self, expr, env)
@@ -435,31 +436,8 @@ class Elaborator(Subscripts):
                 f"recursive call of def '{name}' ({chain}); defs cannot recurse", call.func.span
             )
         params = [p.name for p in d.params]
-        if len(call.args) > len(params):
-            raise ProgramError(
-                f"'{name}' takes {len(params)} argument{'s' if len(params) != 1 else ''}, got "
-                f"{len(call.args)}",
-                call.func.span,
-            )
-        bound = {}
-        for p, a in zip(params, call.args):
-            bound[p] = self.value(a, env)
-        for kw in call.kwargs:
-            if kw.name not in params:
-                raise ProgramError(
-                    f"'{name}' has no parameter '{kw.name}'" + did_you_mean(kw.name, params),
-                    kw.span,
-                )
-            if kw.name in bound:
-                raise ProgramError(f"argument '{kw.name}' given twice", kw.span)
-            bound[kw.name] = self.value(kw.value, env)
-        missing = [p for p in params if p not in bound]
-        if missing:
-            raise ProgramError(
-                f"'{name}' takes {len(params)} argument{'s' if len(params) != 1 else ''}; "
-                f"missing {', '.join(missing)}",
-                call.func.span,
-            )
+        exprs = bind_arguments(f"'{name}'", params, params, call)
+        bound = {p: self.value(exprs[p], env) for p in params}
         inner = Locals(dict(bound), env.calls + (name,))
         if not d.body or d.body[-1].targets is not None:
             raise ProgramError(
@@ -557,7 +535,3 @@ def _cast_py(value, dtype: str):
     return float(value)
 
 
-def BUILTINS_REF():
-    from timerlc.frontend.builtins import BUILTINS
-
-    return BUILTINS

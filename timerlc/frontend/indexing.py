@@ -117,14 +117,6 @@ def to_constant(expr: ast.Expr, scope: IndexScope, what: str) -> int:
     return int(v)
 
 
-_REL = {
-    "<": sympy.Lt,
-    "<=": sympy.Le,
-    ">": sympy.Gt,
-    ">=": sympy.Ge,
-    "==": sympy.Eq,
-    "!=": sympy.Ne,
-}
 
 
 def to_condition(expr: ast.Expr, scope: IndexScope):
@@ -145,7 +137,7 @@ def to_condition(expr: ast.Expr, scope: IndexScope):
         for k, op in enumerate(expr.ops):
             a, b = expr.operands[k], expr.operands[k + 1]
             try:
-                parts.append(_REL[op](to_index(a, scope), to_index(b, scope)))
+                parts.append(ix.RELATIONS[op](to_index(a, scope), to_index(b, scope)))
             except NotIndex as e:
                 raise ProgramError(
                     f"a condition compares index expressions of dims and int configs ({e.reason})",

@@ -18,6 +18,15 @@ from sympy.logic.boolalg import Boolean, BooleanFalse, BooleanTrue
 
 TRUE = sympy.true
 FALSE = sympy.false
+# comparison operators of RTL -> sympy relations
+RELATIONS = {
+    "<": sympy.Lt,
+    "<=": sympy.Le,
+    ">": sympy.Gt,
+    ">=": sympy.Ge,
+    "==": sympy.Eq,
+    "!=": sympy.Ne,
+}
 
 
 @functools.lru_cache(maxsize=None)

@@ -198,12 +198,8 @@ def _():
         idx = index_items(attrs["items"], point)
         for k, it in enumerate(attrs["items"]):
             if it[0] == "gather":
-                g = args[1]
-                n = x.shape[k]
-                if np.any((g < -n) | (g >= n)):
-                    bad = g[(g < -n) | (g >= n)].flat[0]
-                    raise IndexError(f"index {bad} is out of range for an axis of length {n}")
-                idx[k] = g
+                _check_indices(args[1], x.shape[k], "gather")
+                idx[k] = args[1]
             elif it[0] == "int":
                 if not -x.shape[k] <= idx[k] < x.shape[k]:
                     raise IndexError(
@@ -218,6 +214,14 @@ def _():
         return x[tuple(idx)]
 
     return infer, impl
+
+
+def _check_indices(idx: np.ndarray, n: int, what: str):
+    """Integer indices must lie in [-n, n), as NumPy requires (negative ones count back)."""
+    bad = (idx < -n) | (idx >= n)
+    if np.any(bad):
+        first = idx[bad].flat[0]
+        raise IndexError(f"{what}: index {first} is out of range for an axis of length {n}")
 
 
 @op("take", "index", 2, "np.take; attrs: axis (None: flattened)")
@@ -235,9 +239,7 @@ def _():
     def impl(attrs, args, point):
         x, idx = args
         axis = attrs.get("axis")
-        n = x.size if axis is None else x.shape[axis]
-        if np.any((idx < -n) | (idx >= n)):
-            raise IndexError(f"take: an index is out of range for an axis of length {n}")
+        _check_indices(idx, x.size if axis is None else x.shape[axis], "take")
         return np.take(x, idx, axis=axis)
 
     return infer, impl
@@ -261,11 +263,8 @@ def _():
 
     def impl(attrs, args, point):
         x, idx = args
-        axis = attrs["axis"]
-        n = x.shape[axis]
-        if np.any((idx < -n) | (idx >= n)):
-            raise IndexError(f"take_along: an index is out of range for an axis of length {n}")
-        return np.take_along_axis(x, idx, axis=axis)
+        _check_indices(idx, x.shape[attrs["axis"]], "take_along")
+        return np.take_along_axis(x, idx, axis=attrs["axis"])
 
     return infer, impl
 

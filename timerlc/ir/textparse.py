@@ -23,14 +23,6 @@ _KEYWORDS = frozenset({"pdg", "config", "dim", "domain", "tensor", "out", "metri
 _VALUE_WORDS = frozenset({"none", "true", "false", "inf", "nan", "ix"})
 _EXPR_WORDS = frozenset({"and", "or", "not", "true", "false", "min", "max"})
 _NAME_RE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\Z")
-_REL = {
-    "<": sympy.Lt,
-    "<=": sympy.Le,
-    ">": sympy.Gt,
-    ">=": sympy.Ge,
-    "==": sympy.Eq,
-    "!=": sympy.Ne,
-}
 _NAME_WIDTH, _CALL_WIDTH, _TYPE_WIDTH = 20, 64, 16
 
 
@@ -141,11 +133,11 @@ class Parser:
             return sympy.Not(self._bool(self._not()))
         left = self._sum()
         kind, op = self.peek()
-        if kind != "op" or op not in _REL:
+        if kind != "op" or op not in ix.RELATIONS:
             return left
         self.pos += 1
-        rel = _REL[op](self._num(left), self.expr())
-        if self.peek()[1] in _REL:
+        rel = ix.RELATIONS[op](self._num(left), self.expr())
+        if self.peek()[1] in ix.RELATIONS:
             raise self.error("chained comparisons are not index conditions")
         return rel
 
