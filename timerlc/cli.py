@@ -64,20 +64,15 @@ def _read_source(path: str) -> Source:
         raise _Fail(2, f"timerlc: error: cannot read {path}: {e.strerror}") from None
 
 
-def _check(source: Source, overrides: dict[str, str], envs: dict[str, str]):
+def _check(source: Source, overrides: dict[str, str], envs: dict[str, str], on_stage=None):
+    """Check the program and run the pass pipeline: the PDG a backend runs."""
     from timerlc.frontend.check import check_source
+    from timerlc.passes.pipeline import run_pipeline
 
     try:
-        graph = check_source(source, overrides)
+        return run_pipeline(check_source(source, overrides, envs), on_stage)
     except ProgramError as e:
         raise _Fail(1, e.render(source)) from None
-    for name in envs:
-        # the program has no env of that name (a program with envs is refused earlier)
-        raise _Fail(
-            1,
-            ProgramError(f"--env {name}=...: the program has no env '{name}'", None).render(source),
-        )
-    return graph
 
 
 def _backend(backend: str | None) -> str:
@@ -170,10 +165,14 @@ def compile(file, out_dir, backend, sets, envs, dump_ir, timings):
         from timerlc.ir import serialize
 
         source = _read_source(file)
-        started = time.perf_counter()
         chosen = _backend(backend)
-        graph = _check(source, _overrides(sets), _env_overrides(envs))
-        checked = time.perf_counter()
+        stages: list[tuple[str, float, object]] = []
+        started = time.perf_counter()
+
+        def on_stage(name, g):
+            stages.append((name, time.perf_counter(), g))
+
+        graph = _check(source, _overrides(sets), _env_overrides(envs), on_stage)
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / BUILD_PROGRAM).write_text(serialize.to_json(graph))
@@ -189,10 +188,16 @@ def compile(file, out_dir, backend, sets, envs, dump_ir, timings):
         if dump_ir:
             ir = out / "ir"
             ir.mkdir(exist_ok=True)
-            (ir / "00-frontend.pdg").write_text(serialize.to_text(graph))
+            for k, (name, _, g) in enumerate(stages):
+                (ir / f"{k:02d}-{name}.pdg").write_text(serialize.to_text(g))
         if timings:
-            click.echo(f"check+lower  {1000 * (checked - started):8.1f} ms", err=True)
-            click.echo(f"total        {1000 * (time.perf_counter() - started):8.1f} ms", err=True)
+            last = started
+            for name, at, g in stages:
+                click.echo(
+                    f"{name:12s} {1000 * (at - last):8.1f} ms  ({len(g.nodes)} nodes)", err=True
+                )
+                last = at
+            click.echo(f"{'total':12s} {1000 * (time.perf_counter() - started):8.1f} ms", err=True)
 
     _guard(body)()
 
@@ -302,6 +307,17 @@ def inspect(file, fmt):
         click.echo(render(graph), nl=False)
 
     _guard(body)()
+
+
+@cli.command("envs")
+def list_envs():
+    """List the environment plugins that can be found."""
+    from timerlc.envs import available
+
+    rows = available()
+    width = max(len(name) for name, _ in rows)
+    for name, text in rows:
+        click.echo(f"{name:<{width}}  {text}")
 
 
 def main():

@@ -49,6 +49,7 @@ def run_program(
     except RunError as e:
         failure = e
     finally:
+        interp.envs.close()
         if bar:
             bar.close()
         if metrics_file:

@@ -423,5 +423,5 @@ def _cumsum(a: Args):
     return a.el.apply("cumsum", [x], a.span, axis=a.axis("axis", x.type.rank))
 
 
-# the array built-ins register themselves into BUILTINS
-from timerlc.frontend import builtins_array  # noqa: E402, F401
+# the array and learning built-ins register themselves into BUILTINS
+from timerlc.frontend import builtins_array, builtins_learn, builtins_random  # noqa: E402, F401

@@ -1,11 +1,12 @@
 """Built-in functions on arrays: shapes, creation, the nn helpers, and the functions whose
 meaning comes with a later part of timerlc. Registered into ``builtins.BUILTINS``.
 """
+
 from __future__ import annotations
 
 import math
 
-from timerlc.diagnostics import ProgramError, UnsupportedError
+from timerlc.diagnostics import ProgramError
 from timerlc.frontend import ast
 from timerlc.frontend.builtins import Args, _is_none, _where, builtin
 from timerlc.frontend.values import Val
@@ -242,31 +243,3 @@ def _normal_logp(a: Args):
     return el.binary(
         "-", el.binary("-", quad, log_std, a.span), el.const(0.5 * math.log(2 * math.pi)), a.span
     )
-
-
-# ----------------------------------------------------------------------------- later parts
-def _later(what: str):
-    def fn(a: Args):
-        raise UnsupportedError(
-            f"{a.name} is not supported yet by this version of timerlc ({what})", a.span
-        )
-
-    return fn
-
-
-for _name, _params in {
-    "uniform": ("shape", ("lo", None), ("hi", None)),
-    "normal": ("shape",),
-    "categorical": ("logits",),
-    "bernoulli": ("p",),
-    "permutation": ("n",),
-    "glorot": ("shape",),
-}.items():
-    builtin(_name, *_params)(_later("random draws"))
-builtin("grad", "y", "x")(_later("gradients"))
-for _name, _params in {
-    "sgd": ("p", "g", "lr"),
-    "adam": ("p", "g", "lr", ("beta1", None), ("beta2", None), ("eps", None)),
-    "clip_norm": ("g", "max_norm"),
-}.items():
-    builtin(_name, *_params)(_later("optimizers"))

@@ -12,10 +12,17 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from timerlc.diagnostics import ProgramError, Span, UnsupportedError, did_you_mean
+from timerlc.diagnostics import ProgramError, Span, did_you_mean
 from timerlc.frontend import ast
 from timerlc.frontend.configs import Config
-from timerlc.frontend.indexing import IndexScope, NotIndex, to_condition, to_constant, to_index
+from timerlc.frontend.indexing import (
+    IndexScope,
+    NotIndex,
+    shape_entries,
+    to_condition,
+    to_constant,
+    to_index,
+)
 from timerlc.ir import index as ix
 from timerlc.ir.types import DTYPES, TensorType
 from timerlc.poly import isl as pisl
@@ -85,10 +92,22 @@ class TensorInfo:
 
 
 @dataclass
+class EnvInfo:
+    decl: ast.EnvDecl
+    spec: str  # the plugin spec, after --env
+    attrs: object  # timerlc.envs.EnvSpec: spaces and attributes
+    batch: str
+
+    @property
+    def name(self) -> str:
+        return self.decl.name.name
+
+
+@dataclass
 class ProgramInfo:
     configs: dict[str, Config]
     dims: dict[str, DimInfo]
-    envs: dict[str, ast.EnvDecl]
+    envs: dict[str, EnvInfo]
     params: dict[str, ast.ParamsDecl]
     defs: dict[str, ast.DefDecl]
     tensors: dict[str, TensorInfo]
@@ -99,7 +118,8 @@ class ProgramInfo:
 
     def scope(self, iterated=None, shadowed=frozenset()) -> IndexScope:
         dims = {d: i.bound for d, i in self.dims.items()}
-        return IndexScope(self.configs, dims, iterated, shadowed, self.names | shadowed)
+        envs = {n: e.attrs for n, e in self.envs.items()}
+        return IndexScope(self.configs, dims, iterated, shadowed, self.names | shadowed, envs)
 
     def canonical(self, dims) -> tuple[str, ...]:
         return tuple(sorted(dims, key=lambda d: self.dims[d].order))
@@ -126,7 +146,9 @@ def declared_names(program: ast.Program) -> frozenset:
     return frozenset(names)
 
 
-def collect(program: ast.Program, configs: dict[str, Config]) -> ProgramInfo:
+def collect(
+    program: ast.Program, configs: dict[str, Config], env_overrides: dict[str, str] | None = None
+) -> ProgramInfo:
     info = ProgramInfo(configs, {}, {}, {}, {}, {}, [], [], [])
     info.names = declared_names(program) | frozenset(configs)
     taken: dict[str, str] = {c: "config" for c in configs}
@@ -152,7 +174,7 @@ def collect(program: ast.Program, configs: dict[str, Config]) -> ProgramInfo:
             )
         elif isinstance(stmt, ast.EnvDecl):
             claim(stmt.name, "env")
-            info.envs[stmt.name.name] = stmt
+            info.envs[stmt.name.name] = _env(info, stmt, (env_overrides or {}).get(stmt.name.name))
         elif isinstance(stmt, ast.ParamsDecl):
             claim(stmt.name, "params record")
             info.params[stmt.name.name] = stmt
@@ -169,15 +191,14 @@ def collect(program: ast.Program, configs: dict[str, Config]) -> ProgramInfo:
         elif isinstance(stmt, ast.MetricDecl):
             info.metrics.extend(stmt.names)
 
-    for env in info.envs.values():
-        if env.batch.name not in info.dims:
+    for name, spec in (env_overrides or {}).items():
+        if name not in info.envs:
+            first = next((e.decl.name.span for e in info.envs.values()), None)
             raise ProgramError(
-                f"unknown dim '{env.batch.name}'" + did_you_mean(env.batch.name, info.dims),
-                env.batch.span,
+                f"--env {name}={spec}: the program has no env '{name}'"
+                + did_you_mean(name, info.envs),
+                first,
             )
-        raise UnsupportedError(
-            "environments are not supported yet by this version of timerlc", env.name.span
-        )
 
     for p in info.params.values():
         _collect_params(info, p)
@@ -224,6 +245,25 @@ def collect(program: ast.Program, configs: dict[str, Config]) -> ProgramInfo:
     return info
 
 
+def _env(info: ProgramInfo, decl: ast.EnvDecl, override: str | None) -> EnvInfo:
+    from timerlc.envs import EnvError, describe
+
+    if decl.batch.name not in info.dims:
+        raise ProgramError(
+            f"unknown dim '{decl.batch.name}'" + did_you_mean(decl.batch.name, info.dims),
+            decl.batch.span,
+        )
+    spec = override if override is not None else decl.plugin
+    try:
+        attrs = describe(spec)
+    except EnvError as e:
+        where = f"--env {decl.name.name}={spec}" if override is not None else f'"{spec}"'
+        raise ProgramError(
+            f"environment '{decl.name.name}' ({where}): {e.message}", decl.name.span
+        ) from None
+    return EnvInfo(decl, spec, attrs, decl.batch.name)
+
+
 def _collect_params(info: ProgramInfo, p: ast.ParamsDecl):
     dims = []
     for d in p.dims:
@@ -262,18 +302,10 @@ def field_type(info: ProgramInfo, t: ast.TypeExpr) -> TensorType:
             + did_you_mean(t.dtype.name, DTYPES),
             t.dtype.span,
         )
-    shape = []
-    for s in t.shape:
-        if (
-            isinstance(s, ast.Attribute)
-            and isinstance(s.value, ast.Name)
-            and s.value.id in info.envs
-        ):
-            raise UnsupportedError("environment attributes are not supported yet", s.span)
-        n = to_constant(s, info.scope(), "a shape entry")
+    shape = shape_entries(t.shape, info.scope(), "a shape entry")
+    for n, s in zip(shape, t.shape):
         if n < 0:
             raise ProgramError(f"a shape entry must not be negative, got {n}", s.span)
-        shape.append(n)
     return TensorType(t.dtype.name, tuple(shape))
 
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from timerlc.diagnostics import ProgramError, Span, UnsupportedError, did_you_mean
+from timerlc.diagnostics import ProgramError, Span, did_you_mean
 from timerlc.frontend import ast
 from timerlc.frontend.builtins import BUILTINS, bind_arguments
 from timerlc.frontend.declarations import ProgramInfo
+from timerlc.frontend.envcalls import env_call
 from timerlc.frontend.subscripts import Subscripts
 from timerlc.frontend.values import (
     RecordVal,
@@ -24,11 +25,11 @@ from timerlc.frontend.values import (
     dynamic_slice_error,
 )
 from timerlc.ir import ops
+from timerlc.ir.builder import NodeBuilder
 from timerlc.ir.pdg import (
     SCALAR_DOMAIN,
     Domain,
     Edge,
-    Node,
     identity_access,
     make_attrs,
 )
@@ -49,34 +50,7 @@ ARITH_OPS = {
 COMPARE_OPS = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
 
 
-class Builder:
-    """Accumulates the nodes of a PDG under construction."""
-
-    def __init__(self):
-        self.nodes: list[Node | None] = []
-        self._consts: dict = {}
-
-    def reserve(self) -> int:
-        self.nodes.append(None)
-        return len(self.nodes) - 1
-
-    def add(self, op, domain, inputs, type_, attrs=(), name=None, span=None) -> int:
-        nid = len(self.nodes)
-        self.nodes.append(Node(nid, op, domain, tuple(inputs), (type_,), attrs, name, span))
-        return nid
-
-    def fill(self, nid: int, node: Node):
-        assert self.nodes[nid] is None
-        self.nodes[nid] = node
-
-    def const(self, value, dtype: str, shape: tuple, span=None) -> int:
-        key = (repr(value), dtype, shape)
-        if key not in self._consts:
-            attrs = make_attrs(value=value, dtype=dtype, shape=shape)
-            self._consts[key] = self.add(
-                "const", SCALAR_DOMAIN, (), TensorType(dtype, shape), attrs, span=span
-            )
-        return self._consts[key]
+Builder = NodeBuilder  # the front end builds with the IR builder
 
 
 @dataclass
@@ -112,10 +86,16 @@ class Elaborator(Subscripts):
         self._dimvals: dict[str, int] = {}
 
     # ------------------------------------------------------------------ context
-    def enter(self, domain: Domain):
+    def enter(self, domain: Domain, first_lhs=None, site: str = ""):
+        """Elaborate in ``domain``; ``first_lhs`` is (Lhs, tensor dims) of the equation's first
+        left side, ``site`` names the equation for the random draws it makes."""
         self.domain = domain
         self.iterated = frozenset(domain.dims)
         self._dimvals = {}
+        self.first_lhs = first_lhs
+        self.site = site
+        self.draws = 0
+        self.env_calls: set[str] = set()
 
     def scope(self, env: Locals, allow_dims: bool = True):
         return self.info.scope(self.iterated if allow_dims else None, env.names())
@@ -281,7 +261,10 @@ class Elaborator(Subscripts):
                 self._dimvals[name] = self.apply("dimval", [], expr.span, dim=name).node
             return Val(TensorType("i32", ()), node=self._dimvals[name], span=expr.span)
         if name in info.envs:
-            raise UnsupportedError("environments are not supported yet", expr.span)
+            raise ProgramError(
+                f"'{name}' is an environment; use {name}.reset(), {name}.step(a) or its attributes",
+                expr.span,
+            )
         if name in info.defs or name in BUILTINS:
             raise ProgramError(f"'{name}' is a function; call it with (...)", expr.span)
         if name in DTYPES:
@@ -407,8 +390,12 @@ class Elaborator(Subscripts):
     def _Call(self, expr: ast.Call, env: Locals):
         func = expr.func
         if isinstance(func, ast.Attribute):
-            if isinstance(func.value, ast.Name) and func.value.id in self.info.envs:
-                raise UnsupportedError("environments are not supported yet", func.span)
+            if (
+                isinstance(func.value, ast.Name)
+                and func.value.id in self.info.envs
+                and func.value.id not in env.values
+            ):
+                return env_call(self, self.info.envs[func.value.id], func.name, expr, env)
             raise ProgramError("only functions and defs can be called", func.span)
         if not isinstance(func, ast.Name):
             raise ProgramError("only functions and defs can be called", func.span)
@@ -533,5 +520,3 @@ def _cast_py(value, dtype: str):
             return int(value)
         return int(value)
     return float(value)
-
-

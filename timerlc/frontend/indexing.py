@@ -32,6 +32,44 @@ class IndexScope:
     iterated: frozenset | None  # the dims the equation iterates; None: no dims allowed
     shadowed: frozenset = field(default_factory=frozenset)  # local names hiding globals
     known: frozenset | None = None  # every other name the program declares (None: unchecked)
+    envs: dict = field(default_factory=dict)  # env name -> timerlc.envs.EnvSpec
+
+
+ENV_ATTRIBUTES = ("obs_shape", "obs_dim", "num_actions", "act_dim")
+
+
+def env_attribute(expr: ast.Expr, scope: IndexScope):
+    """The value of ``E.attr`` (an int, or a tuple for obs_shape), or None if ``expr`` is not
+    an environment attribute."""
+    if not (isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name)):
+        return None
+    name = expr.value.id
+    if name not in scope.envs or name in scope.shadowed:
+        return None
+    if expr.name not in ENV_ATTRIBUTES:
+        raise ProgramError(
+            f"environment '{name}' has no attribute '{expr.name}' (it has "
+            f"{', '.join(ENV_ATTRIBUTES)})" + did_you_mean(expr.name, ENV_ATTRIBUTES),
+            expr.name_span,
+        )
+    from timerlc.envs import EnvError
+
+    try:
+        return scope.envs[name].attribute(expr.name)
+    except EnvError as e:
+        raise ProgramError(e.message, expr.span) from None
+
+
+def shape_entries(items, scope: IndexScope, what: str) -> list[int]:
+    """The ints of a shape list, where ``E.obs_shape`` stands for all its entries."""
+    out = []
+    for e in items:
+        v = env_attribute(e, scope)
+        if isinstance(v, tuple):
+            out.extend(v)
+        else:
+            out.append(to_constant(e, scope, what))
+    return out
 
 
 def _check_dim(name: str, scope: IndexScope, span):
@@ -72,6 +110,14 @@ def to_index(expr: ast.Expr, scope: IndexScope) -> sympy.Expr:
                 expr.span,
             )
         raise NotIndex(f"'{name}' is not a dim or an int config", expr.span)
+    if isinstance(expr, ast.Attribute):
+        v = env_attribute(expr, scope)
+        if isinstance(v, int):
+            return sympy.Integer(v)
+        if v is not None:
+            raise NotIndex(
+                f"E.{expr.name} is a shape, not an int (use it in a shape list)", expr.span
+            )
     if isinstance(expr, ast.Unary) and expr.op in "+-":
         v = to_index(expr.operand, scope)
         return -v if expr.op == "-" else v
@@ -107,7 +153,9 @@ def to_index(expr: ast.Expr, scope: IndexScope) -> sympy.Expr:
 
 def to_constant(expr: ast.Expr, scope: IndexScope, what: str) -> int:
     """A compile-time int (literal, int config, arithmetic of those)."""
-    const_scope = IndexScope(scope.configs, scope.dims, None, scope.shadowed, scope.known)
+    const_scope = IndexScope(
+        scope.configs, scope.dims, None, scope.shadowed, scope.known, scope.envs
+    )
     try:
         v = to_index(expr, const_scope)
     except NotIndex as e:
@@ -115,8 +163,6 @@ def to_constant(expr: ast.Expr, scope: IndexScope, what: str) -> int:
     if not v.is_Integer:
         raise ProgramError(f"{what} must be an int constant", expr.span)
     return int(v)
-
-
 
 
 def to_condition(expr: ast.Expr, scope: IndexScope):

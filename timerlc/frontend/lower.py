@@ -9,16 +9,17 @@ elaborated once more into nodes over its iteration domain, and each tensor becom
 
 from __future__ import annotations
 
-from timerlc.diagnostics import ProgramError, UnsupportedError
+import numpy as np
+
+from timerlc import rng
+from timerlc.diagnostics import ProgramError
 from timerlc.frontend import ast
 from timerlc.frontend.declarations import EquationInfo, Lhs, ProgramInfo, TensorInfo, field_type
 from timerlc.frontend.elaborate import Builder, Elaborator, Locals
 from timerlc.frontend.values import RecordType, RecordVal, TupleVal, UnknownType, Val
 from timerlc.ir import index as ix
-from timerlc.ir.pdg import SCALAR_DOMAIN, Dim, Domain, Edge, Graph, Node, Point, Tensor
-from timerlc.ir.types import TensorType, is_float, promote
-
-RANDOM_INITS = {"glorot", "orthogonal", "normal", "uniform"}
+from timerlc.ir.pdg import SCALAR_DOMAIN, Dim, Domain, Edge, Env, Graph, Node, Point, Tensor
+from timerlc.ir.types import TensorType, is_float, numpy_dtype, promote
 
 
 def lower(info: ProgramInfo) -> Graph:
@@ -201,12 +202,20 @@ def _cannot_infer(info: ProgramInfo, name: str) -> ProgramError:
     )
 
 
+def _context(info: ProgramInfo, eq: EquationInfo):
+    """The elaboration context of an equation: its domain, its first left side (the order of
+    environment calls) and its name for random sites (tensor and equation ordinal)."""
+    lhs = eq.lhs[0]
+    site = f"{lhs.tensor}#{eq.ordinal}"
+    return Domain(eq.iter_dims, eq.eff_cond), (lhs, info.tensors[lhs.tensor].dims), site
+
+
 def _fixpoint(info: ProgramInfo, state: _TypeState):
     for _ in range(4 * len(info.equations) + 4):
         changed = False
         for eq in info.equations:
             el = Elaborator(info, state.types, {}, Builder())
-            el.enter(Domain(eq.iter_dims, eq.eff_cond))
+            el.enter(*_context(info, eq))
             try:
                 value = el.tuple_value(eq.stmt.rhs, Locals())
             except UnknownType:
@@ -240,7 +249,7 @@ def _build(info: ProgramInfo, types: dict) -> Graph:
             _params_init(el, t, types[name], branches)
 
     for eq in info.equations:
-        el.enter(Domain(eq.iter_dims, eq.eff_cond))
+        el.enter(*_context(info, eq))
         value = el.tuple_value(eq.stmt.rhs, Locals())
         for lhs, v in zip(eq.lhs, _split(eq, value)):
             t = info.tensors[lhs.tensor]
@@ -287,6 +296,7 @@ def _build(info: ProgramInfo, types: dict) -> Graph:
         outputs=tuple(dict.fromkeys(outputs)),
         metrics=tuple(dict.fromkeys(metrics)),
         configs=tuple((c.name, c.value) for c in info.configs.values()),
+        envs=tuple(Env(e.name, e.spec, e.batch) for e in info.envs.values()),
     )
 
 
@@ -312,6 +322,61 @@ def _branch(
     branches[key].append(Edge(v.node, access, cond=t.branch_conds[k], span=lhs.span))
 
 
+# a params initializer: its arguments (name, default) besides the field's shape and dtype
+RANDOM_INITS = {
+    "glorot": (),
+    "orthogonal": (("gain", 1.0),),
+    "normal": (("std", 1.0),),
+    "uniform": (("lo", 0.0), ("hi", 1.0)),
+}
+
+
+def _random_init(el: Elaborator, t: TensorInfo, f, ftype: TensorType, init, head) -> Val:
+    """``glorot``, ``orthogonal(gain)``, ``normal(std)``, ``uniform(lo, hi)``: one site per "
+    "field."""
+    from timerlc.frontend.builtins import bind_arguments
+
+    if not is_float(ftype.dtype):
+        raise ProgramError(
+            f"a random initializer needs a float field, '{f.name.name}' is {ftype}", head.span
+        )
+    spec = RANDOM_INITS[head.id]
+    attrs = {}
+    if isinstance(init, ast.Call):
+        names = [n for n, _ in spec]
+        exprs = bind_arguments(head.id, names, [], init)
+        for n, default in spec:
+            if n in exprs:
+                v = el.tensor_value(exprs[n], Locals(), f"'{n}' of {head.id}")
+                if v.const is None or v.shape != ():
+                    raise ProgramError(
+                        f"'{n}' of {head.id} must be a constant number", exprs[n].span
+                    )
+                attrs[n] = float(v.const)
+            else:
+                attrs[n] = default
+    else:
+        attrs = dict(spec)
+    if head.id == "orthogonal" and len(ftype.shape) < 2:
+        raise ProgramError(
+            f"orthogonal needs a field with 2 or more dims, '{f.name.name}' is {ftype}", head.span
+        )
+    seed = int(el.info.configs["seed"].value)
+    site = rng.site_id(f"{t.name}.{f.name.name}#init")
+    return el.apply(
+        "random_init",
+        [],
+        head.span,
+        kind=head.id,
+        shape=ftype.shape,
+        dtype=ftype.dtype,
+        seed=seed,
+        site=site,
+        space=(),
+        **attrs,
+    )
+
+
 def _params_init(el: Elaborator, t: TensorInfo, ty: RecordType, branches):
     el.enter(SCALAR_DOMAIN)
     for f in t.params.fields:
@@ -323,10 +388,8 @@ def _params_init(el: Elaborator, t: TensorInfo, ty: RecordType, branches):
             and head.id in RANDOM_INITS
             and head.id not in el.info.tensors
         ):
-            raise UnsupportedError(
-                f"random initializer '{head.id}' is not supported yet", head.span
-            )
-        if (
+            v = _random_init(el, t, f, ftype, init, head)
+        elif (
             isinstance(init, ast.Name)
             and init.id in ("zeros", "ones")
             and init.id not in el.info.tensors
@@ -336,9 +399,8 @@ def _params_init(el: Elaborator, t: TensorInfo, ty: RecordType, branches):
             )
         else:
             v = el.tensor_value(init, Locals(), "an initializer")
-            if not (v.shape == () or v.shape == ftype.shape) or (
-                not v.weak and v.dtype != ftype.dtype
-            ):
+            castable = np.can_cast(numpy_dtype(v.dtype), numpy_dtype(ftype.dtype), "same_kind")
+            if not (v.shape == () or v.shape == ftype.shape) or not (v.weak or castable):
                 raise ProgramError(
                     f"the initializer of '{t.name}.{f.name.name}' is {v.type} but the field is "
                     f"{ftype}",

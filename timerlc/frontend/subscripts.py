@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import sympy
 
-from timerlc.diagnostics import ProgramError, UnsupportedError, did_you_mean
+from timerlc.diagnostics import ProgramError, did_you_mean
 from timerlc.frontend import ast
 from timerlc.frontend.declarations import TensorInfo
-from timerlc.frontend.indexing import NotIndex, to_index
+from timerlc.frontend.indexing import NotIndex, env_attribute, to_index
 from timerlc.frontend.values import (
     RecordType,
     RecordVal,
@@ -57,12 +57,15 @@ class Subscripts:
         return Val(ty.with_shape(lengths + ty.shape), edge=Edge(src, access, span=span), span=span)
 
     def _Attribute(self, expr: ast.Attribute, env: Locals):
-        if (
-            isinstance(expr.value, ast.Name)
-            and expr.value.id in self.info.envs
-            and expr.value.id not in env.values
-        ):
-            raise UnsupportedError("environments are not supported yet", expr.span)
+        attr = env_attribute(expr, self.scope(env))
+        if isinstance(attr, int):
+            return self.const(attr, span=expr.span)
+        if attr is not None:
+            raise ProgramError(
+                f"{expr.value.id}.{expr.name} is a shape; use it in a shape list like "
+                f"zeros([{expr.value.id}.{expr.name}])",
+                expr.span,
+            )
         base = self.value(expr.value, env)
         if isinstance(base, RecordVal):
             v = base.field(expr.name)

@@ -368,7 +368,7 @@ op("argmax", "reduce", 1, "attrs: axis (None: flat index)")(_arg_reduce(np.argma
 op("argmin", "reduce", 1, "attrs: axis (None: flat index)")(_arg_reduce(np.argmin))
 
 
-@op("discounted_sum", "reduce", 2, "sum_k gamma**k x[k] along axis 0")
+@op("discounted_sum", "reduce", 2, "sum_k gamma**k x[k] along axis 0 (reverse: gamma**(n-1-k))")
 def _():
     def infer(attrs, ts):
         x, g = ts
@@ -385,10 +385,26 @@ def _():
 
     def impl(attrs, args, point):
         x, g = args
+        if attrs.get("reverse"):
+            x = x[::-1]
         acc = np.zeros(x.shape[1:], x.dtype)
         for k in range(x.shape[0] - 1, -1, -1):  # Horner: x0 + g (x1 + g (x2 + ...))
             acc = x[k] + g * acc
         return acc
+
+    return infer, impl
+
+
+@op("grad", "control", 2, "d y / d x at this point: inputs (y, x); replaced by the autodiff pass")
+def _():
+    def infer(attrs, ts):
+        y, x = ts
+        if y.shape != () or not is_float(y.dtype) or not is_float(x.dtype):
+            raise TypeRuleError(f"grad of {y} with respect to {x}")
+        return x
+
+    def impl(attrs, args, point):
+        raise RuntimeError("grad nodes must be replaced by timerlc.passes.autodiff before running")
 
     return infer, impl
 
@@ -412,4 +428,4 @@ def _():
 
 
 # the array ops register themselves into REGISTRY
-from timerlc.ir import ops_array  # noqa: E402, F401
+from timerlc.ir import ops_array, ops_rl  # noqa: E402, F401

@@ -224,6 +224,49 @@ def _check_indices(idx: np.ndarray, n: int, what: str):
         raise IndexError(f"{what}: index {first} is out of range for an axis of length {n}")
 
 
+@op("index_add", "index", None, "zeros(attrs.shape) with the input added at attrs.items")
+def _():
+    """The transpose of ``index``: scatter-add (repeated gather indices accumulate)."""
+
+    def infer(attrs, ts):
+        g = ts[0]
+        return g.with_shape(tuple(attrs["shape"]))
+
+    def impl(attrs, args, point):
+        g = args[0]
+        out = np.zeros(attrs["shape"], g.dtype)
+        idx = index_items(attrs["items"], point)
+        for k, it in enumerate(attrs["items"]):
+            if it[0] == "gather":
+                idx[k] = args[1]
+            elif it[0] == "int":
+                idx[k] %= attrs["shape"][k]
+        np.add.at(out, tuple(idx), g)
+        return out
+
+    return infer, impl
+
+
+@op("take_along_add", "index", 2, "zeros(attrs.shape) + g put along attrs.axis at idx (adding)")
+def _():
+    def infer(attrs, ts):
+        g, idx = ts
+        return g.with_shape(tuple(attrs["shape"]))
+
+    def impl(attrs, args, point):
+        g, idx = args
+        shape, axis = tuple(attrs["shape"]), attrs["axis"]
+        out = np.zeros(shape, g.dtype)
+        full = np.broadcast_shapes(idx.shape, g.shape)
+        idx, g = np.broadcast_to(idx, full), np.broadcast_to(g, full)
+        grids = list(np.indices(full, sparse=True))
+        grids[axis] = idx % shape[axis]
+        np.add.at(out, tuple(grids), g)
+        return out
+
+    return infer, impl
+
+
 @op("take", "index", 2, "np.take; attrs: axis (None: flattened)")
 def _():
     def infer(attrs, ts):
@@ -300,6 +343,13 @@ def _():
 def _():
     return (lambda attrs, ts: TensorType("i32", ())), (
         lambda attrs, args, point: np.asarray(point[attrs["dim"]], np.int32)
+    )
+
+
+@op("index_value", "source", 0, "the value of the index expression attrs.expr, as an i32 scalar")
+def _():
+    return (lambda attrs, ts: TensorType("i32", ())), (
+        lambda attrs, args, point: np.asarray(ix.evaluate(attrs["expr"], point), np.int32)
     )
 
 

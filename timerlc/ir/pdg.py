@@ -148,6 +148,15 @@ class Tensor:
 
 
 @dataclass(frozen=True, slots=True)
+class Env:
+    """An environment of the program: its plugin spec and its batch dim."""
+
+    name: str
+    spec: str
+    batch: str
+
+
+@dataclass(frozen=True, slots=True)
 class Graph:
     dims: tuple[Dim, ...]
     nodes: tuple[Node, ...]
@@ -155,6 +164,7 @@ class Graph:
     outputs: tuple[str, ...] = ()
     metrics: tuple[str, ...] = ()
     configs: tuple[tuple[str, Any], ...] = ()
+    envs: tuple[Env, ...] = ()
 
     def __post_init__(self):
         for k, n in enumerate(self.nodes):

@@ -41,6 +41,7 @@ from timerlc.ir.pdg import (
     Dim,
     Domain,
     Edge,
+    Env,
     Graph,
     Node,
     Tensor,
@@ -124,6 +125,9 @@ def to_text(graph: Graph) -> str:
     if graph.configs:
         out.append("config " + ", ".join(f"{_name(k)} = {_value(v)}" for k, v in graph.configs))
     out += [f"dim {_name(d.name)} < {d.bound}" for d in graph.dims]
+    out += [
+        f"env {_name(e.name)} = {json.dumps(e.spec)} batch {_name(e.batch)}" for e in graph.envs
+    ]
     out.append("")
     for d, k in domains.items():
         out.append(f"domain D{k} = [{', '.join(map(_name, d.dims))}] : {ix.cond_to_text(d.cond)}")
@@ -210,6 +214,7 @@ def to_json(graph: Graph) -> str:
         "format_version": FORMAT_VERSION,
         "configs": [[k, _enc(v)] for k, v in graph.configs],
         "dims": [[d.name, d.bound] for d in graph.dims],
+        "envs": [[e.name, e.spec, e.batch] for e in graph.envs],
         "domains": [[list(d.dims), ix.cond_to_text(d.cond)] for d in domains],
     }
     tail = {
@@ -274,6 +279,12 @@ def from_json(text: str) -> Graph:
         dims = tuple(
             Dim(_typed(n, str, where), _typed(b, int, where)) for n, b in _rows(data, where, 2)
         )
+        where = "envs"
+        envs = (
+            tuple(Env(*(_typed(x, str, where) for x in row)) for row in _rows(data, where, 3))
+            if "envs" in data
+            else ()
+        )
         domains = []
         for k, (ddims, cond) in enumerate(_rows(data, "domains", 2)):
             where = f"domains[{k}]"
@@ -301,7 +312,7 @@ def from_json(text: str) -> Graph:
     for t in tensors:
         if not 0 <= t.node < len(nodes):
             raise ValueError(f"tensors: {t.name} refers to %{t.node}, which is not a node")
-    return Graph(dims, tuple(nodes), tensors, outputs, metrics, configs)
+    return Graph(dims, tuple(nodes), tensors, outputs, metrics, configs, envs)
 
 
 def _node_from_json(d: dict, k: int, domains: list) -> Node:

@@ -16,10 +16,10 @@ from sympy.logic.boolalg import Boolean
 
 from timerlc.diagnostics import Span
 from timerlc.ir import index as ix
-from timerlc.ir.pdg import FORMAT_VERSION, Dim, Domain, Edge, Graph, Node, Point, Range, Tensor
+from timerlc.ir.pdg import FORMAT_VERSION, Dim, Domain, Edge, Env, Graph, Node, Point, Range, Tensor
 from timerlc.ir.types import DTYPES, TensorType, normalize_extent
 
-_KEYWORDS = frozenset({"pdg", "config", "dim", "domain", "tensor", "out", "metric"})
+_KEYWORDS = frozenset({"pdg", "config", "dim", "env", "domain", "tensor", "out", "metric"})
 _VALUE_WORDS = frozenset({"none", "true", "false", "inf", "nan", "ix"})
 _EXPR_WORDS = frozenset({"and", "or", "not", "true", "false", "min", "max"})
 _NAME_RE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\Z")
@@ -312,6 +312,7 @@ class Parser:
 def from_text(text: str) -> Graph:
     """Parse what ``to_text`` writes; raises ``ValueError("line N: ...")``."""
     configs, dims, domains, nodes, tensors, outputs, metrics = [], [], {}, [], [], [], []
+    envs = []
     refs: list[tuple[int, int]] = []  # (line, node id) of every reference, checked at the end
     header = False
     lines = text.splitlines()
@@ -342,6 +343,12 @@ def from_text(text: str) -> Graph:
                 name = p.name("a dim name")
                 p.expect("<")
                 dims.append(Dim(name, int(p.take("int", "a dim bound"))))
+            elif word == "env":
+                ename = p.name("an env name")
+                p.expect("=")
+                spec = p.string()
+                p.expect("batch")
+                envs.append(Env(ename, spec, p.name("a dim name")))
             elif word == "domain":
                 dname = p.name("a domain name")
                 if dname in domains:
@@ -367,5 +374,11 @@ def from_text(text: str) -> Graph:
         if not 0 <= nid < len(nodes):
             raise ValueError(f"line {no}: %{nid} is not a node (there are {len(nodes)})")
     return Graph(
-        tuple(dims), tuple(nodes), tuple(tensors), tuple(outputs), tuple(metrics), tuple(configs)
+        tuple(dims),
+        tuple(nodes),
+        tuple(tensors),
+        tuple(outputs),
+        tuple(metrics),
+        tuple(configs),
+        tuple(envs),
     )

@@ -25,6 +25,7 @@ from timerlc.ir import ops
 from timerlc.ir.pdg import Edge, Graph, Node, Point, identity_access
 from timerlc.ir.types import numpy_dtype
 from timerlc.poly import isl as pisl
+from timerlc.reference.envs import EnvCalls
 
 MetricSink = Callable[[str, dict, float], None]
 
@@ -33,7 +34,7 @@ MetricSink = Callable[[str, dict, float], None]
 class _Store:
     node: Node
     extents: tuple[int, ...]
-    buf: np.ndarray
+    bufs: list[np.ndarray]  # one per output of the node
     done: np.ndarray  # bool, over extents
     active: np.ndarray  # bool: expanded on the stack, waiting for its inputs
     inside: np.ndarray  # bool: in the node's domain
@@ -75,13 +76,14 @@ class Interpreter:
         self.profile = profile
         self.seconds: dict[int, float] = {}
         self.owners = self._owners()
+        self.envs = EnvCalls(graph, lambda nid: np.argwhere(self.store(nid).inside))
 
     # ------------------------------------------------------------------ setup
     def _choose_stored(self) -> set[int]:
         """Tensors, scalars, and whatever some consumer reads at another point."""
         stored = set()
         for n in self.graph.nodes:
-            if n.op == "merge" or not n.dims:
+            if n.op in ("merge", "env_reset", "env_step") or not n.dims:
                 stored.add(n.id)
             for e in n.inputs:
                 src = self.graph.node(e.src)
@@ -113,8 +115,7 @@ class Interpreter:
 
     def _make_store(self, node: Node) -> _Store:
         extents = pisl.extents(node.dims, node.domain.cond) if node.dims else ()
-        t = node.type
-        buf = np.zeros(extents + tuple(t.shape), numpy_dtype(t.dtype))
+        bufs = [np.zeros(extents + tuple(t.shape), numpy_dtype(t.dtype)) for t in node.types]
         grids = np.indices(extents, dtype=np.int64) if node.dims else ()
         inside = np.asarray(ix.compile_cond(node.domain.cond, node.dims)(*grids), bool)
         inside = np.broadcast_to(inside, extents).copy()
@@ -127,7 +128,7 @@ class Interpreter:
                 )
                 branch[hold & (branch == -1) & inside] = k
         return _Store(
-            node, extents, buf, np.zeros(extents, bool), np.zeros(extents, bool), inside, branch
+            node, extents, bufs, np.zeros(extents, bool), np.zeros(extents, bool), inside, branch
         )
 
     # ------------------------------------------------------------------ evaluation
@@ -161,7 +162,7 @@ class Interpreter:
     def value(self, name: str) -> np.ndarray:
         """A tensor's buffer (computed by ``run``): its bounding box, 0 outside its domain."""
         t = self.graph.tensor(name)
-        return self.store(t.node).buf
+        return self.store(t.node).bufs[t.out]
 
     def ensure(self, nid: int, point: tuple[int, ...]) -> None:
         """Compute a stored point, after the stored points it reads."""
@@ -212,17 +213,23 @@ class Interpreter:
             raise
         except (ValueError, IndexError, OverflowError, ZeroDivisionError) as e:
             raise RunError(f"while computing {self._where(nid, p)}: {e}") from None
-        st.buf[p] = value
+        for buf, v in zip(st.bufs, value):
+            buf[p] = v
         st.done[p] = True
         st.active[p] = False
         if self.profile:
             self.seconds[nid] = self.seconds.get(nid, 0.0) + time.perf_counter() - start
         if nid in self.metric_nodes and self.on_metric is not None:
-            self.on_metric(self.metric_nodes[nid], point, st.buf[p][()])
+            self.on_metric(self.metric_nodes[nid], point, st.bufs[0][p][()])
 
-    def _compute(self, nid: int, point: dict, memo: dict):
+    def _compute(self, nid: int, point: dict, memo: dict) -> tuple:
+        """The outputs of node ``nid`` at ``point`` (a tuple, one array per output)."""
         node = self.graph.node(nid)
         values = tuple(point[d] for d in node.dims)
+        if node.op in ("env_reset", "env_step"):
+            first = self.envs.before(nid, values)
+            if first is not None and not self.store(first[0]).done[first[1]]:
+                raise _Missing([first])
         args = []
         for k, e in self._edges_at(node, point):
             if e.src in self.stored:
@@ -231,15 +238,17 @@ class Interpreter:
                 done = src.done[idx]
                 if not (done if done.ndim == 0 else done.all()):
                     raise _Missing(_missing_points(done, idx, src, self.graph, e.src))
-                args.append(src.buf[idx])
+                args.append(src.bufs[e.out][idx])
             else:
                 if e.src not in memo:
                     memo[e.src] = self._compute(e.src, point, memo)
-                args.append(memo[e.src])
+                args.append(memo[e.src][e.out])
         if node.op == "merge":
-            return args[0]
+            return (args[0],)
+        if node.op in ("env_reset", "env_step"):
+            return self.envs.call(node, args[0] if args else None)
         out = ops.get(node.op).numpy(node.attr_dict, [np.asarray(a) for a in args], point)
-        return np.asarray(out).astype(numpy_dtype(node.type.dtype), copy=False)
+        return (np.asarray(out).astype(numpy_dtype(node.type.dtype), copy=False),)
 
 
 class _Missing(Exception):

@@ -1,0 +1,83 @@
+"""Small environment factories for tests/test_envs.py, found as ``env_plugins:NAME``.
+
+Each is a ``factory(num_envs, **options)``; some are deliberately broken, to test the
+errors the registry gives.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gymnasium import spaces
+
+from timerlc.envs import VectorEnv
+
+
+class Counter(VectorEnv):
+    """Observes ``scale * t``; reward ``a``; done every ``every`` steps."""
+
+    def __init__(self, num_envs: int, scale: float, every: int):
+        self.num_envs = num_envs
+        self.scale, self.every = scale, every
+        self.single_observation_space = spaces.Box(-np.inf, np.inf, (1,), np.float32)
+        self.single_action_space = spaces.Discrete(3)
+        self.t = np.zeros(num_envs, dtype=np.int64)
+
+    def _obs(self):
+        return (self.scale * self.t).astype(np.float32)[:, None]
+
+    def reset(self, *, seed=None):
+        self.t[:] = 0
+        return self._obs()
+
+    def step(self, actions):
+        a = self.check_actions(actions)
+        self.t += 1
+        done = self.t >= self.every
+        self.t[done] = 0
+        return self._obs(), a.astype(np.float32), done
+
+
+def make_counter(num_envs, scale=1.0, every=3):
+    return Counter(num_envs, scale, every)
+
+
+def make_counter_kwargs(num_envs, **options):
+    """Takes any options (so only the plugin itself can refuse them)."""
+    return Counter(num_envs, options.get("scale", 1.0), options.get("every", 3))
+
+
+def make_gym_vector(num_envs):
+    """A gymnasium vector environment in same-step mode: the registry wraps it."""
+    import gymnasium as gym
+    from gymnasium.vector import AutoresetMode
+
+    return gym.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode="sync",
+                        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+
+
+def make_next_step(num_envs):
+    """A gymnasium vector environment that resets one step late: refused."""
+    import gymnasium as gym
+
+    return gym.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode="sync")
+
+
+def make_not_an_env(num_envs):
+    return object()
+
+
+def make_wrong_count(num_envs):
+    return Counter(num_envs + 1, 1.0, 3)
+
+
+def make_raises(num_envs):
+    raise RuntimeError("the simulator is not installed")
+
+
+def make_dict_obs(num_envs):
+    env = Counter(num_envs, 1.0, 3)
+    env.single_observation_space = spaces.Dict({"x": spaces.Discrete(2)})
+    return env
+
+
+not_callable = 42

@@ -1,0 +1,1 @@
+"""PDG -> PDG passes and their ordered pipeline (``pipeline.PASSES``)."""

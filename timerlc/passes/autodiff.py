@@ -1,0 +1,498 @@
+"""The autodiff pass: replaces every ``grad`` node by reverse-mode derivatives over the PDG.
+
+In: a PDG with ``grad(y, x)`` nodes. Out: the same PDG where each ``grad`` node copies the
+adjoint of x, computed by new nodes. Guarantees (LANGUAGE.md section 8): the derivative is
+total, through every recurrence (backpropagation through time and through merges), slices,
+reductions and gathers; x's own value is an input (what x depends on is not traversed);
+sampling, environment outputs, comparisons, integer values, argmax and stop_grad pass none.
+
+How: the *region* is the set of nodes on a differentiable path from x to y. Every region
+node N gets an adjoint node over N's domain, the sum of one *transposed contribution* per
+edge that reads N from another region node C: the vector-Jacobian product of C's op
+(``vjp.py``) at C's points, extended by zeros to C's bounding box, then read back at the
+points of C that read each point of N (the inverse of the edge's access). A read ``x[t+1]``
+so becomes ``adj_x[s] += contrib[s-1]``, a slice ``x[0:T]`` an index into the contribution,
+a dim the reader has and x lacks a sum over it, a dynamic window ``x[t:T]`` under a sum a
+sum of the weights over the inverse window ``[0, s]``. Adjoints of one ``grad`` are those of
+the sum of y over the grad's points, which is exact because the region never mixes points
+of different grad points (checked: every region edge keeps the grad's dims in place).
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from timerlc.diagnostics import ProgramError
+from timerlc.ir import index as ix
+from timerlc.ir.builder import NodeBuilder
+from timerlc.ir.pdg import Domain, Edge, Graph, Node, Point, Range, identity_access
+from timerlc.ir.types import TensorType
+from timerlc.passes.vjp import Window, flows, vjp
+from timerlc.poly import isl as pisl
+
+
+def differentiate(graph: Graph) -> Graph:
+    """Replace the ``grad`` nodes of ``graph`` by their derivatives."""
+    grads = [n for n in graph.nodes if n.op == "grad"]
+    if not grads:
+        return graph
+    b = NodeBuilder.extending(graph)
+    groups: dict = {}
+    for g in grads:
+        y = g.inputs[0]
+        groups.setdefault((y.src, y.access, g.domain), []).append(g)
+    consumers = graph.consumers()
+    for group in groups.values():
+        _Backward(graph, b, consumers, group).run()
+    return graph.replace(nodes=tuple(b.nodes))
+
+
+def edge_type(nodes, e: Edge) -> TensorType:
+    src = nodes[e.src].types[e.out]
+    lengths = []
+    for a in e.access:
+        if isinstance(a, Range):
+            n = sympy.simplify(a.hi - a.lo)
+            lengths.append(int(n) if n.is_Integer else n)
+    return TensorType(src.dtype, tuple(lengths) + src.shape)
+
+
+class Emitter:
+    """Builds nodes over one domain, for the VJP rules of one forward node."""
+
+    def __init__(self, b: NodeBuilder, node: Node, span):
+        self.b, self.node, self.span = b, node, span
+        self.domain = node.domain
+
+    def _edge(self, a) -> Edge:
+        return a if isinstance(a, Edge) else self.b.identity(a, self.span)
+
+    def type_of(self, a) -> TensorType:
+        return edge_type(self.b.nodes, a) if isinstance(a, Edge) else self.b.type_of(a)
+
+    def shape(self, a) -> tuple:
+        return self.type_of(a).shape
+
+    def op(self, name: str, *args, **attrs) -> int:
+        edges = [self._edge(a) for a in args]
+        types = [self.type_of(a) for a in args]
+        return self.b.op(name, self.domain, edges, types, span=self.span, **attrs)
+
+    def const(self, value, dtype: str) -> int:
+        return self.b.const(value, dtype, ())
+
+    def fwd(self, k: int) -> Edge:
+        return self.node.inputs[k]
+
+    def out(self) -> int:
+        return self.node.id
+
+    def in_type(self, k: int) -> TensorType:
+        return edge_type(self.b.nodes, self.node.inputs[k])
+
+    def window_length(self) -> int:
+        (rng,) = [a for a in self.node.inputs[0].access if isinstance(a, Range) and not a.is_static]
+        return self.b.op(
+            "index_value", self.domain, [], [], span=self.span, expr=sympy.expand(rng.hi - rng.lo)
+        )
+
+
+class _Backward:
+    def __init__(self, graph: Graph, b: NodeBuilder, consumers, group: list[Node]):
+        self.graph, self.b, self.consumers, self.group = graph, b, consumers, group
+        self.y = group[0].inputs[0]
+        self.span = group[0].span
+        self.bounds = graph.dim_bounds
+
+    # ------------------------------------------------------------------ the region
+    def region(self) -> set[int]:
+        nodes = self.graph.nodes
+        xs = {g.inputs[1].src for g in self.group}
+        back, todo = set(), [self.y.src]
+        while todo:
+            nid = todo.pop()
+            if nid in back:
+                continue
+            back.add(nid)
+            if nid in xs:
+                continue  # x is an input: what it depends on is not traversed
+            n = nodes[nid]
+            for k, e in enumerate(n.inputs):
+                if flows(n, k, edge_type(nodes, e)):
+                    todo.append(e.src)
+        fwd, todo = set(), list(xs)
+        while todo:
+            nid = todo.pop()
+            if nid in fwd:
+                continue
+            fwd.add(nid)
+            for cid, k in self.consumers[nid]:
+                c = nodes[cid]
+                if c.op != "grad" and flows(c, k, edge_type(nodes, c.inputs[k])):
+                    todo.append(cid)
+        return back & fwd
+
+    def check_separable(self, region: set[int]):
+        """Every region edge keeps the grad's dims in place, so each region point belongs
+        to one grad point and the adjoint of the sum over grad points is exact."""
+        gdims = self.group[0].dims
+        nodes = self.graph.nodes
+
+        def keeps(consumer_dims, src: Node, e: Edge) -> bool:
+            for d in gdims:
+                if d not in src.dims or d not in consumer_dims:
+                    return False
+                a = e.access[src.dims.index(d)]
+                if not (isinstance(a, Point) and sympy.sympify(a.expr) == ix.sym(d)):
+                    return False
+            return True
+
+        for g in self.group:
+            for e in g.inputs:
+                if e.src in region and not keeps(g.dims, nodes[e.src], e):
+                    raise self._mixing(nodes[e.src])
+        for nid in region:
+            n = nodes[nid]
+            for e in n.inputs:
+                if e.src in region and not keeps(n.dims, nodes[e.src], e):
+                    raise self._mixing(nodes[e.src])
+
+    def _mixing(self, node: Node) -> ProgramError:
+        what = f" through '{node.name}'" if node.name else ""
+        return ProgramError(
+            f"this gradient would mix different points of {', '.join(self.group[0].dims)}{what}; "
+            "a gradient must depend on the points of its own iteration only",
+            self.span,
+        )
+
+    # ------------------------------------------------------------------ building
+    def run(self):
+        region = self.region()
+        nodes = self.graph.nodes
+        if self.y.src not in region:
+            for g in self.group:
+                zero = self.b.const(0.0, g.type.dtype, g.type.shape)
+                self.b.put(
+                    g.id, Node(g.id, "copy", g.domain, (Edge(zero, ()),), g.types, (), None, g.span)
+                )
+            return
+        self.check_separable(region)
+        # placeholders, so that contributions can read adjoints before they are summed
+        adj = {
+            nid: self.b.add("copy", nodes[nid].domain, (), nodes[nid].type, span=nodes[nid].span)
+            for nid in sorted(region)
+        }
+        incoming: dict[int, list[int]] = {nid: [] for nid in region}
+        g0 = self.group[0]
+        seed = self.b.const(1.0, nodes[self.y.src].type.dtype, ())
+        self._transpose(g0, self.y, self._extend(g0, seed, g0.domain.cond), incoming)
+        xs = {g.inputs[1].src for g in self.group}
+        for cid in sorted(region - xs):
+            c = nodes[cid]
+            em = Emitter(self.b, c, c.span or self.span)
+            for k, e in enumerate(c.inputs):
+                if e.src not in region or not flows(c, k, edge_type(nodes, e)):
+                    continue
+                if c.op == "merge":
+                    contrib, cond = adj[cid], sympy.And(c.domain.cond, e.cond)
+                else:
+                    contrib, cond = vjp(em, c, k, adj[cid]), c.domain.cond
+                if isinstance(contrib, Window):
+                    ext = self._extend(c, contrib.weight, cond)
+                    self._transpose_window(c, e, ext, contrib.kind, incoming)
+                else:
+                    self._transpose(c, e, self._extend(c, contrib, cond), incoming)
+        for nid in region:
+            self._fill_adjoint(nodes[nid], adj[nid], incoming[nid])
+        for g in self.group:
+            x = g.inputs[1]
+            read = Edge(adj[x.src], x.access, span=g.span)
+            self.b.put(g.id, Node(g.id, "copy", g.domain, (read,), g.types, (), None, g.span))
+
+    def _fill_adjoint(self, node: Node, slot: int, parts: list[int]):
+        t = node.type
+        if not parts:
+            zero = self.b.const(0.0, t.dtype, t.shape)
+            self.b.put(
+                slot, Node(slot, "copy", node.domain, (Edge(zero, ()),), (t,), (), None, node.span)
+            )
+            return
+        total = parts[0]
+        for p in parts[1:-1]:
+            total = self.b.op(
+                "add",
+                node.domain,
+                [self.b.identity(total), self.b.identity(p)],
+                [t, t],
+                span=node.span,
+            )
+        if len(parts) == 1:
+            inputs = (self.b.identity(total),)
+            op = "copy"
+        else:
+            inputs = (self.b.identity(total), self.b.identity(parts[-1]))
+            op = "add"
+        self.b.put(slot, Node(slot, op, node.domain, inputs, (t,), (), None, node.span))
+
+    def _box(self, node: Node) -> tuple[int, ...]:
+        return pisl.extents(node.dims, node.domain.cond) if node.dims else ()
+
+    def _extend(self, c: Node, contrib: int, cond) -> int:
+        """``contrib`` (over c's domain, zero-extended): a node over c's bounding box that is
+        ``contrib`` where ``cond`` holds and zero elsewhere."""
+        box_extents = self._box(c)
+        box = ix.box(zip(c.dims, box_extents))
+        t = self.b.type_of(contrib)
+        if pisl.is_empty(c.dims, sympy.And(box, sympy.Not(cond))):
+            if self.b.nodes[contrib].dims == c.dims or not c.dims:
+                return contrib
+        zero = self.b.const(0.0, t.dtype, t.shape)
+        branch = Edge(
+            contrib,
+            identity_access(self.b.nodes[contrib].dims),
+            cond=pisl.simplify(c.dims, cond, box),
+        )
+        rest = Edge(zero, (), cond=pisl.simplify(c.dims, sympy.Not(cond), box))
+        return self.b.add("merge", Domain(c.dims, box), [branch, rest], t, span=c.span)
+
+    # ------------------------------------------------------------------ transposition
+    def _transpose(self, c: Node, e: Edge, ext: int, incoming):
+        """Add to ``incoming[e.src]`` the contributions ``ext`` (over c's bounding box) read
+        back at the points of c that read each point of e's source."""
+        src = self.graph.nodes[e.src]
+        ext_node = self.b.nodes[ext]
+        extents = dict(zip(c.dims, self._box(c)))
+        variants = [({}, [], [])]  # (solved consumer dims, conditions, element items)
+        for j, a in enumerate(e.access):
+            s = ix.sym(src.dims[j])
+            nxt = []
+            for solved, conds, items in variants:
+                if isinstance(a, Point):
+                    nxt.append(self._invert_point(a.expr, s, solved, conds, items, e))
+                elif a.is_static:
+                    nxt.extend(self._invert_static_range(a, s, solved, conds, items, e))
+                else:
+                    raise ProgramError(
+                        "the gradient through a slice whose length depends on a dim is supported "
+                        "only under sum, mean and discounted_sum",
+                        e.span or c.span,
+                    )
+            variants = nxt
+        for solved, conds, items in variants:
+            part = self._read_back(src, c, ext, ext_node, extents, solved, conds, items, e)
+            if part is not None:
+                incoming[e.src].append(part)
+
+    def _invert_point(self, expr, s, solved, conds, items, e):
+        expr = sympy.sympify(expr)
+        solved, conds = dict(solved), list(conds)
+        if expr.is_Integer:
+            conds.append(sympy.Eq(s, expr))
+            return solved, conds, items
+        d = _translation(expr)
+        if d is None:
+            raise ProgramError(
+                f"the gradient through the read index {ix.to_text(expr)} is not supported "
+                "(only a dim plus a constant, or a constant)",
+                e.span,
+            )
+        dim, off = d
+        if dim in solved:
+            conds.append(sympy.Eq(solved[dim], s - off))
+        else:
+            solved[dim] = s - off
+        return solved, conds, items
+
+    def _invert_static_range(self, a: Range, s, solved, conds, items, e):
+        lo, hi = sympy.sympify(a.lo), sympy.sympify(a.hi)
+        length = int(sympy.simplify(hi - lo))
+        if lo.is_Integer:
+            return [(dict(solved), list(conds) + [s >= lo, s < hi], list(items) + [s - lo])]
+        d = _translation(lo)
+        if d is None:
+            raise ProgramError(
+                f"the gradient through the slice {ix.to_text(lo)}:{ix.to_text(hi)} is not "
+                "supported",
+                e.span,
+            )
+        dim, off = d
+        out = []
+        for k in range(length):  # element k of the window at c reads s = c + off + k
+            sv, cv = dict(solved), list(conds)
+            if dim in sv:
+                cv.append(sympy.Eq(sv[dim], s - off - k))
+            else:
+                sv[dim] = s - off - k
+            out.append((sv, cv, list(items) + [sympy.Integer(k)]))
+        return out
+
+    def _read_back(
+        self, src: Node, c: Node, ext: int, ext_node: Node, extents, solved, conds, items, e
+    ):
+        free = [d for d in c.dims if d not in solved]
+        conds = list(conds) + [sympy.And(v >= 0, v < extents[d]) for d, v in solved.items()]
+        cond = sympy.And(src.domain.cond, *conds)
+        if pisl.is_empty(src.dims, cond):
+            return None
+        access = []
+        for d in ext_node.dims:
+            access.append(
+                Point(solved[d])
+                if d in solved
+                else Range(sympy.Integer(0), sympy.Integer(extents[d]))
+            )
+        where = Domain(src.dims, pisl.simplify(src.dims, cond))
+        val = self._emit_read(where, ext, tuple(access), len(free), items, src)
+        return self._guard(src, val, cond)
+
+    def _emit_read(self, where: Domain, ext: int, access, n_free: int, items, src: Node) -> int:
+        read = Edge(ext, access)
+        t = edge_type(self.b.nodes, read)
+        if items:
+            its = (("full",),) * n_free + tuple(("int", sympy.expand(i)) for i in items)
+            nid = self.b.op("index", where, [read], [t], items=its)
+        else:
+            nid = self.b.op("copy", where, [read], [t])
+        if n_free:
+            nid = self.b.op(
+                "sum",
+                where,
+                [self.b.identity(nid)],
+                [self.b.type_of(nid)],
+                axes=tuple(range(n_free)),
+            )
+        return nid
+
+    def _guard(self, src: Node, val: int, cond) -> int:
+        """``val`` where ``cond`` holds, zero elsewhere on src's domain."""
+        if pisl.is_empty(src.dims, sympy.And(src.domain.cond, sympy.Not(cond))):
+            if self.b.nodes[val].dims == src.dims:
+                return val
+        t = self.b.type_of(val)
+        zero = self.b.const(0.0, t.dtype, t.shape)
+        branch = Edge(
+            val,
+            identity_access(self.b.nodes[val].dims),
+            cond=pisl.simplify(src.dims, cond, src.domain.cond),
+        )
+        rest = Edge(zero, (), cond=pisl.simplify(src.dims, sympy.Not(cond), src.domain.cond))
+        return self.b.add("merge", src.domain, [branch, rest], t, span=src.span)
+
+    def _transpose_window(self, c: Node, e: Edge, ext: int, kind: str, incoming):
+        """A dynamic window under a reduction: sum the weights over the inverse window."""
+        src = self.graph.nodes[e.src]
+        extents = dict(zip(c.dims, self._box(c)))
+        solved, conds, window, s_w = {}, [], None, None
+        for j, a in enumerate(e.access):
+            s = ix.sym(src.dims[j])
+            if isinstance(a, Point):
+                solved, conds, _ = self._invert_point(a.expr, s, solved, conds, [], e)
+            elif a.is_static:
+                raise ProgramError(
+                    "the gradient through a window with a fixed slice beside it is not supported",
+                    e.span,
+                )
+            else:
+                window, s_w = _invert_window(a, s, extents, e), s
+                conds += window[3]
+        dim, lo_w, hi_w, _, off = window
+        free = [d for d in c.dims if d not in solved and d != dim]
+        if free or dim in solved:
+            raise ProgramError("the gradient through this dynamic slice is not supported", e.span)
+        cond = sympy.And(
+            src.domain.cond, *[sympy.And(v >= 0, v < extents[d]) for d, v in solved.items()], *conds
+        )
+        if pisl.is_empty(src.dims, cond):
+            return
+        where = Domain(src.dims, pisl.simplify(src.dims, cond))
+        access = tuple(
+            Point(solved[d]) if d in solved else Range(lo_w, hi_w) for d in self.b.nodes[ext].dims
+        )
+        read = Edge(ext, access)
+        t = edge_type(self.b.nodes, read)
+        if kind == "sum":
+            val = self.b.op("sum", where, [read], [t], axes=(0,))
+        else:
+            gamma = c.inputs[1]
+            if self.graph.nodes[gamma.src].dims:
+                raise ProgramError(
+                    "the gradient of discounted_sum needs a constant discount", e.span
+                )
+            if off is None:
+                raise ProgramError(
+                    "the gradient of this discounted_sum window is not supported", e.span
+                )
+            gt = edge_type(self.b.nodes, gamma)
+            acc = self.b.op("discounted_sum", where, [read, gamma], [t, gt], reverse=True)
+            expo = self.b.op("index_value", where, [], [], expr=sympy.expand(s_w - off - hi_w + 1))
+            ef = self.b.op(
+                "cast", where, [self.b.identity(expo)], [self.b.type_of(expo)], dtype=gt.dtype
+            )
+            factor = self.b.op("pow", where, [gamma, self.b.identity(ef)], [gt, self.b.type_of(ef)])
+            val = self.b.op(
+                "mul",
+                where,
+                [self.b.identity(acc), self.b.identity(factor)],
+                [self.b.type_of(acc), gt],
+            )
+        incoming[e.src].append(self._guard(src, val, cond))
+
+
+def _translation(expr):
+    """``d + a`` -> (d, a) for a single dim d with coefficient 1, else None."""
+    expr = sympy.sympify(expr)
+    syms = list(expr.free_symbols)
+    if len(syms) != 1:
+        return None
+    off = ix.affine_offset(expr, syms[0].name)
+    return None if off is None else (syms[0].name, off)
+
+
+def _bound(expr):
+    """A window bound: ("const", K) | ("trans", d, a) | ("max", K, d, a) | ("min", K, d, a)."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return ("const", int(expr))
+    t = _translation(expr)
+    if t is not None:
+        return ("trans", *t)
+    if isinstance(expr, (sympy.Max, sympy.Min)) and len(expr.args) == 2:
+        consts = [a for a in expr.args if a.is_Integer]
+        rest = [a for a in expr.args if not a.is_Integer]
+        if len(consts) == 1 and len(rest) == 1 and _translation(rest[0]) is not None:
+            kind = "max" if isinstance(expr, sympy.Max) else "min"
+            return (kind, int(consts[0]), *_translation(rest[0]))
+    return None
+
+
+def _invert_window(a: Range, s, extents, e):
+    """For ``lo(c) <= s < hi(c)`` over one consumer dim c: (c, L(s), U(s), conds, off) with
+    c in [L, U), where ``lo(c) = c + off`` when lo is a plain translation (else off None)."""
+    lo, hi = _bound(a.lo), _bound(a.hi)
+    if lo is None or hi is None or "min" == lo[0] or "max" == hi[0]:
+        raise ProgramError(
+            f"the gradient through the slice {ix.to_text(a.lo)}:{ix.to_text(a.hi)} is not "
+            "supported",
+            e.span,
+        )
+    dims = {b[-2] for b in (lo, hi) if b[0] != "const"}
+    if len(dims) != 1:
+        raise ProgramError("the gradient through this dynamic slice is not supported", e.span)
+    (dim,) = dims
+    n = extents[dim]
+    lower, upper, conds, off = sympy.Integer(0), sympy.Integer(n), [], None
+    if lo[0] == "const":
+        conds.append(s >= lo[1])
+    else:  # lo = c + a or max(K, c + a): lo <= s  <=>  c <= s - a (and K <= s)
+        upper = sympy.Min(upper, s - lo[-1] + 1)
+        if lo[0] == "max":
+            conds.append(s >= lo[1])
+        else:
+            off = lo[-1]
+    if hi[0] == "const":
+        conds.append(s < hi[1])
+    else:  # hi = c + b or min(K, c + b): s < hi  <=>  c >= s - b + 1 (and s < K)
+        lower = sympy.Max(lower, s - hi[-1] + 1)
+        if hi[0] == "min":
+            conds.append(s < hi[1])
+    return dim, lower, sympy.Max(lower, upper), conds, off

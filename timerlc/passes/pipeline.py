@@ -1,0 +1,29 @@
+"""The ordered pipeline of passes. Each entry is ``(name, function)``; the names are the
+``--dump-ir`` file names (``ir/01-autodiff.pdg``), after the front end's ``00-frontend``.
+
+Ordering restriction: autodiff comes first, on the PDG as the front end built it, so
+that every later pass (and every backend) sees only ordinary ops.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from timerlc.ir.pdg import Graph
+from timerlc.passes.autodiff import differentiate
+
+PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
+    ("autodiff", differentiate),
+]
+
+
+def run_pipeline(graph: Graph, on_stage: Callable[[str, Graph], None] | None = None) -> Graph:
+    """Run every pass; ``on_stage(name, graph)`` sees the graph after each (and before all,
+    as ``frontend``)."""
+    if on_stage is not None:
+        on_stage("frontend", graph)
+    for name, fn in PASSES:
+        graph = fn(graph)
+        if on_stage is not None:
+            on_stage(name, graph)
+    return graph

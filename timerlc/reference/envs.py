@@ -1,0 +1,103 @@
+"""Environment calls for the reference interpreter: instances, call order, seeding.
+
+Calls of one environment happen in the order of their keys (the point of their first
+output without the batch dim, LANGUAGE.md section 10). The interpreter asks ``before``
+for the call that must run first; a call runs only after it. The first ``reset`` of an
+environment seeds it from the program's seed and the environment's name; later resets
+continue its random streams.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from timerlc import rng
+from timerlc.diagnostics import RunError
+from timerlc.ir import index as ix
+from timerlc.ir.pdg import Graph
+
+
+class EnvCalls:
+    def __init__(self, graph: Graph, points_of):
+        """``points_of(nid)`` gives the points (int array [n, ndims]) of a call node."""
+        self.graph = graph
+        self.seed = dict(graph.configs).get("seed", 0)
+        self.bound = graph.dim_bounds
+        self.instances: dict[str, object] = {}
+        self.seeded: set[str] = set()
+        self.pred: dict[tuple[int, tuple], tuple[int, tuple] | None] = {}
+        calls: dict[str, list] = {}
+        for n in graph.nodes:
+            if n.op in ("env_reset", "env_step"):
+                calls.setdefault(n.attr("env"), []).append(n)
+        for env, nodes in calls.items():
+            self._order(env, nodes, points_of)
+
+    def _order(self, env: str, nodes, points_of):
+        key_dims = {n.attr("key_dims") for n in nodes}
+        if len(key_dims) > 1:
+            raise RunError(
+                f"the calls of environment '{env}' define tensors over different dims "
+                f"({' and '.join(', '.join(k) for k in sorted(key_dims))}); their order is unclear"
+            )
+        entries = []
+        for n in nodes:
+            pts = points_of(n.id)
+            fns = [ix.compile_expr(k, n.dims) for k in n.attr("key")]
+            for p in pts:
+                p = tuple(int(v) for v in p)
+                key = tuple(int(f(*p)) for f in fns)
+                entries.append((key, n.id, p))
+        entries.sort()
+        prev = None
+        for key, nid, p in entries:
+            if prev is not None and prev[0] == key:
+                raise RunError(
+                    f"two calls of environment '{env}' define the same point {list(key)} of their "
+                    "first output"
+                )
+            self.pred[(nid, p)] = None if prev is None else (prev[1], prev[2])
+            prev = (key, nid, p)
+
+    def before(self, nid: int, point: tuple) -> tuple[int, tuple] | None:
+        return self.pred[(nid, point)]
+
+    def _instance(self, name: str):
+        from timerlc.envs import EnvError, make
+
+        if name not in self.instances:
+            env = next(e for e in self.graph.envs if e.name == name)
+            try:
+                self.instances[name] = make(env.spec, self.bound[env.batch])
+            except EnvError as e:
+                raise RunError(
+                    f"environment '{name}' ({env.spec}) could not be made: {e.message}"
+                ) from None
+        return self.instances[name]
+
+    def call(self, node, action) -> tuple:
+        name = node.attr("env")
+        inst = self._instance(name)
+        try:
+            if node.op == "env_reset":
+                if name in self.seeded:
+                    obs = inst.reset()
+                else:
+                    self.seeded.add(name)
+                    obs = inst.reset(
+                        seed=rng.seed32(self.seed) * 2**32 + rng.site_id(f"env:{name}")
+                    )
+                return (np.asarray(obs, np.float32),)
+            obs, reward, done = inst.step(action)
+        except RunError:
+            raise
+        except Exception as e:  # an environment is user code: any failure stops the run
+            raise RunError(f"environment '{name}' raised {type(e).__name__}: {e}") from None
+        return (np.asarray(obs, np.float32), np.asarray(reward, np.float32), np.asarray(done, bool))
+
+    def close(self):
+        for inst in self.instances.values():
+            try:
+                inst.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
