@@ -81,3 +81,29 @@ def make_dict_obs(num_envs):
 
 
 not_callable = 42
+
+
+LOG: list = []  # the calls of Recorder environments, in order
+
+
+class Recorder(Counter):
+    """A Counter that logs every call to ``LOG``, and raises at step ``fail_at`` if given."""
+
+    def __init__(self, num_envs: int, fail_at: int | None):
+        super().__init__(num_envs, 1.0, 1000)
+        self.fail_at, self.steps = fail_at, 0
+
+    def reset(self, *, seed=None):
+        LOG.append(("reset",))
+        return super().reset(seed=seed)
+
+    def step(self, actions):
+        self.steps += 1
+        if self.fail_at is not None and self.steps >= self.fail_at:
+            raise RuntimeError(f"the recorder fails at step {self.steps}")
+        LOG.append(("step", tuple(int(a) for a in actions)))
+        return super().step(actions)
+
+
+def make_recorder(num_envs, fail_at=None):
+    return Recorder(num_envs, fail_at)

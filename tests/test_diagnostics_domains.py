@@ -9,6 +9,11 @@ dynamic slices outside reductions, malformed left sides, negative defined points
 from __future__ import annotations
 
 import re
+import textwrap
+
+from click.testing import CliRunner
+
+from timerlc.cli import cli
 
 from test_diagnostics import diagnose, expect_error, expect_format
 
@@ -660,6 +665,43 @@ def test_two_tensor_cycle_points_at_a_read(tmp_path):
         8,
         "cyclic",
     )
+
+
+def test_cycle_across_dims_of_different_rates(tmp_path):
+    """y[i] needs x[2i+1], which needs y[(2i+1) // 2] = y[i]: the cheap level-by-level proof
+    (x's j against y's i scaled by K) must not accept it, and the exact check reports it."""
+    _cycle(
+        tmp_path,
+        """
+        config I = 3, K = 2
+        dim i < I
+        dim j < I * K
+        x[j] = y[j // K] + 1.0
+        y[i] = x[i * K + 1] * 2.0
+    """,
+        4,
+        "'x'",
+    )
+
+
+def test_reads_across_dims_of_different_rates_are_not_a_cycle(tmp_path):
+    """The same two tensors one iteration apart: no cycle (the level proof scales i by K)."""
+    path = tmp_path / "p.rtl"
+    path.write_text(
+        textwrap.dedent(
+            """
+            config I = 3, K = 2
+            dim i < I
+            dim j < I * K
+            x[j] = 1.0 when j < K
+            x[j] = y[j // K - 1] + 1.0
+            y[i] = x[i * K + 1] * 2.0
+            out y
+            """
+        )
+    )
+    result = CliRunner().invoke(cli, ["check", str(path)])
+    assert result.exit_code == 0, result.output
 
 
 # ----------------------------------------------------------------------------- dynamic slices

@@ -65,37 +65,40 @@ def _json_number(v):
 
 
 class Progress:
-    """One status line on stderr, refreshed at most ten times a second."""
+    """The progress display: one line per iteration of the outermost dim of the metrics, with
+    the latest value of each metric and the time so far, written when the next iteration
+    starts (and at the end)."""
 
     def __init__(self, outer_dim: str | None, outer_extent: int | None, stream=sys.stderr):
         self.outer = outer_dim
         self.extent = outer_extent
-        self.latest: dict[str, float] = {}
+        self.latest: dict[str, object] = {}
         self.stream = stream
-        self.shown = 0.0
         self.position = None
+        self.started = time.monotonic()
+        self.pending = False
 
     def update(self, name: str, point: dict, value):
+        pos = point.get(self.outer) if self.outer is not None else None
+        if pos is not None and self.position is not None and pos != self.position and self.pending:
+            self._line()
+        if pos is not None:
+            self.position = pos
         self.latest[name] = plain(value)
-        if self.outer is not None and self.outer in point:
-            self.position = point[self.outer]
-        now = time.monotonic()
-        if now - self.shown >= 0.1:
-            self.shown = now
-            self._draw()
+        self.pending = True
 
-    def _draw(self):
+    def _line(self):
         head = ""
-        if self.position is not None and self.extent:
-            head = f"{self.outer} {self.position + 1}/{self.extent}  "
+        if self.position is not None:
+            head = f"{self.outer} {self.position + 1}"
+            head += f"/{self.extent}  " if self.extent else "  "
         values = "  ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.latest.items()
         )
-        self.stream.write("\r\x1b[K" + head + values)
+        self.stream.write(f"{head}{values}  ({time.monotonic() - self.started:.1f} s)\n")
         self.stream.flush()
+        self.pending = False
 
     def close(self):
-        if self.latest:
-            self._draw()
-            self.stream.write("\n")
-            self.stream.flush()
+        if self.pending:
+            self._line()

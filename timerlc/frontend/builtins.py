@@ -15,7 +15,7 @@ from typing import Callable
 
 from timerlc.diagnostics import ProgramError, did_you_mean
 from timerlc.frontend import ast
-from timerlc.frontend.indexing import to_constant
+from timerlc.frontend.indexing import shape_entries, to_constant
 from timerlc.frontend.values import RecordVal, TupleVal, Val
 from timerlc.ir.ops import TypeRuleError, normalize_axes
 from timerlc.ir.types import DTYPES, is_float
@@ -133,9 +133,9 @@ class Args:
             return default
         e = self.bound[key]
         what = f"'{key}' of {self.name}"
-        if isinstance(e, (ast.ListLit, ast.TupleLit)):
-            return tuple(to_constant(x, self.el.scope(self.env, False), what) for x in e.items)
-        return (to_constant(e, self.el.scope(self.env, False), what),)
+        scope = self.el.scope(self.env, False)
+        items = e.items if isinstance(e, (ast.ListLit, ast.TupleLit)) else (e,)
+        return tuple(shape_entries(items, scope, what))
 
     def axes(self, key, rank: int, default="all") -> tuple[int, ...] | None:
         """Normalized axes; None when not given and the default is all axes."""
@@ -268,8 +268,11 @@ for _op in ("floor", "ceil", "round"):
 
 @builtin("relu", "x", records=True)
 def _relu(a: Args):
-    x = a.el.to_number(a.value("x"))
-    return _maximum(a.el, x, a.el.const(0), a.span)
+    # where(x > 0, x, 0): the derivative at 0 is 0, as in PyTorch and JAX
+    el = a.el
+    x = el.to_number(a.value("x"))
+    zero = el.const(0, x.dtype)
+    return _where(el, el.compare(">", x, zero, a.span), x, zero, a.span)
 
 
 @builtin("elu", "x", ("alpha", None), records=True)

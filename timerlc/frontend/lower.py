@@ -204,9 +204,12 @@ def _cannot_infer(info: ProgramInfo, name: str) -> ProgramError:
 
 def _context(info: ProgramInfo, eq: EquationInfo):
     """The elaboration context of an equation: its domain, its first left side (the order of
-    environment calls) and its name for random sites (tensor and equation ordinal)."""
+    environment calls) and its name for random sites: the tensor it defines (its first) and
+    its ordinal among that tensor's definitions, so that unrelated edits keep the draws."""
     lhs = eq.lhs[0]
-    site = f"{lhs.tensor}#{eq.ordinal}"
+    t = info.tensors[lhs.tensor]
+    ordinal = next(k for k, (e, _) in enumerate(t.definitions) if e is eq)
+    site = f"{lhs.tensor}#{ordinal}"
     return Domain(eq.iter_dims, eq.eff_cond), (lhs, info.tensors[lhs.tensor].dims), site
 
 

@@ -64,9 +64,18 @@ def _head(e) -> ast.Name | None:
     return e if isinstance(e, ast.Name) else None
 
 
+SIGNATURES = {
+    "adam": (["p", "g", "lr", "beta1", "beta2", "eps"], ["p", "g", "lr"]),
+    "sgd": (["p", "g", "lr"], ["p", "g", "lr"]),
+}
+
+
 def _check_update(stmt: ast.Equation, params: dict) -> tuple[str, str]:
+    from timerlc.frontend.builtins import bind_arguments
+
     call = _optimizer_call(stmt.rhs)
     kind = call.func.id
+    bind_arguments(kind, *SIGNATURES[kind], call)
     if not call.args:
         raise ProgramError(
             f"{kind} needs the parameters to update as its first argument", call.func.span

@@ -178,6 +178,7 @@ class _Printer:
                 return f"_np.logical_not({inner})"
             return f"not {inner}" if prec < 2 else f"(not {inner})"
         if isinstance(c, sympy.core.relational.Relational):
+            c = _integral(c)
             op = c.rel_op
             if self.flavor == "isl" and op == "!=":
                 return f"not ({self.expr(c.lhs)} = {self.expr(c.rhs)})"
@@ -185,6 +186,17 @@ class _Printer:
             # comparisons bind tighter than and/or/not in RTL and Python; isl gets parentheses
             return f"({s})" if prec > 0 and self.flavor == "isl" else s
         raise ValueError(f"not a condition: {c}")
+
+
+def _integral(rel):
+    """A comparison with integer coefficients: sympy rewrites ``floor(t/2) >= 2`` as
+    ``t/2 >= 2``; multiply by the denominators (a positive factor keeps the relation)."""
+    d = sympy.expand(rel.lhs - rel.rhs)
+    dens = [sympy.fraction(c)[1] for c in d.as_coefficients_dict().values()]
+    m = lcm(*(int(x) for x in dens if x.is_Integer))
+    if m == 1:
+        return rel
+    return type(rel)(sympy.expand(d * m), 0, evaluate=False)
 
 
 _RTL, _ISL, _PY = _Printer("rtl"), _Printer("isl"), _Printer("py")

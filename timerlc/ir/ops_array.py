@@ -249,6 +249,9 @@ def _():
 
 @op("take_along_add", "index", 2, "zeros(attrs.shape) + g put along attrs.axis at idx (adding)")
 def _():
+    """The transpose of ``take_along``: where x was broadcast against the indices, the
+    contributions of the broadcast copies are summed."""
+
     def infer(attrs, ts):
         g, idx = ts
         return g.with_shape(tuple(attrs["shape"]))
@@ -256,13 +259,18 @@ def _():
     def impl(attrs, args, point):
         g, idx = args
         shape, axis = tuple(attrs["shape"]), attrs["axis"]
-        out = np.zeros(shape, g.dtype)
-        full = np.broadcast_shapes(idx.shape, g.shape)
-        idx, g = np.broadcast_to(idx, full), np.broadcast_to(g, full)
-        grids = list(np.indices(full, sparse=True))
+        full = list(np.broadcast_shapes(
+            tuple(1 if k == axis else s for k, s in enumerate(shape)), idx.shape, g.shape
+        ))
+        full[axis] = shape[axis]
+        out = np.zeros(full, g.dtype)
+        gfull = np.broadcast_shapes(idx.shape, g.shape)
+        idx, g = np.broadcast_to(idx, gfull), np.broadcast_to(g, gfull)
+        grids = list(np.indices(gfull, sparse=True))
         grids[axis] = idx % shape[axis]
         np.add.at(out, tuple(grids), g)
-        return out
+        extra = tuple(k for k, s in enumerate(shape) if s == 1 and full[k] != 1)
+        return out.sum(axis=extra, keepdims=True) if extra else out
 
     return infer, impl
 

@@ -25,7 +25,16 @@ import sympy
 from timerlc.diagnostics import ProgramError
 from timerlc.ir import index as ix
 from timerlc.ir.builder import NodeBuilder
-from timerlc.ir.pdg import Domain, Edge, Graph, Node, Point, Range, identity_access
+from timerlc.ir.pdg import (
+    Domain,
+    Edge,
+    Graph,
+    Node,
+    Point,
+    Range,
+    access_to_text,
+    identity_access,
+)
 from timerlc.ir.types import TensorType
 from timerlc.passes.vjp import Window, flows, vjp
 from timerlc.poly import isl as pisl
@@ -105,16 +114,58 @@ class _Backward:
         self.bounds = graph.dim_bounds
 
     # ------------------------------------------------------------------ the region
+    def stops(self) -> set[int]:
+        """The x tensors read at the grad's own point (``net[i]`` in ``grad(loss[i], net[i])``):
+        with separable regions, every region read of them is of that point, so the traversal
+        stops at them whole. Other reads of x (``h[0]`` of a recurrence ``h``) are masked
+        point-wise instead: see ``masks``."""
+        out = set()
+        for g in self.group:
+            x = g.inputs[1]
+            src = self.graph.nodes[x.src]
+            if set(src.dims) <= set(g.dims) and x.access == identity_access(src.dims):
+                out.add(x.src)
+        return out
+
+    def masks(self) -> dict[int, object]:
+        """For each x read at other points: the condition, over its tensor's dims, of the
+        points that are not x. Its definition is traversed there only: x itself is an input
+        (what it depends on is not traversed) while the tensor's other points, which may
+        depend on x through a recurrence, are."""
+        out: dict[int, object] = {}
+        stops = self.stops()
+        for g in self.group:
+            x = g.inputs[1]
+            if x.src in stops:
+                continue
+            src = self.graph.nodes[x.src]
+            eqs = []
+            for d, a in zip(src.dims, x.access):
+                free = {str(s) for s in sympy.sympify(a.expr).free_symbols}
+                if not free <= set(src.dims) & set(g.dims):
+                    raise ProgramError(
+                        f"a gradient with respect to {src.name}{access_to_text(x.access)} is "
+                        "not supported: read x at the gradient's own point, or at constant "
+                        "indices",
+                        g.span,
+                    )
+                if sympy.sympify(a.expr) != ix.sym(d):
+                    eqs.append(sympy.Eq(ix.sym(d), a.expr))
+            cond = sympy.Not(sympy.And(*eqs)) if eqs else sympy.false
+            out[x.src] = sympy.And(out.get(x.src, sympy.true), cond)
+        return out
+
     def region(self) -> set[int]:
         nodes = self.graph.nodes
         xs = {g.inputs[1].src for g in self.group}
+        stops = self.stops()
         back, todo = set(), [self.y.src]
         while todo:
             nid = todo.pop()
             if nid in back:
                 continue
             back.add(nid)
-            if nid in xs:
+            if nid in stops:
                 continue  # x is an input: what it depends on is not traversed
             n = nodes[nid]
             for k, e in enumerate(n.inputs):
@@ -128,7 +179,7 @@ class _Backward:
             fwd.add(nid)
             for cid, k in self.consumers[nid]:
                 c = nodes[cid]
-                if c.op != "grad" and flows(c, k, edge_type(nodes, c.inputs[k])):
+                if flows(c, k, edge_type(nodes, c.inputs[k])):
                     todo.append(cid)
         return back & fwd
 
@@ -186,8 +237,8 @@ class _Backward:
         g0 = self.group[0]
         seed = self.b.const(1.0, nodes[self.y.src].type.dtype, ())
         self._transpose(g0, self.y, self._extend(g0, seed, g0.domain.cond), incoming)
-        xs = {g.inputs[1].src for g in self.group}
-        for cid in sorted(region - xs):
+        masks = self.masks()
+        for cid in sorted(region - self.stops()):
             c = nodes[cid]
             em = Emitter(self.b, c, c.span or self.span)
             for k, e in enumerate(c.inputs):
@@ -197,6 +248,10 @@ class _Backward:
                     contrib, cond = adj[cid], sympy.And(c.domain.cond, e.cond)
                 else:
                     contrib, cond = vjp(em, c, k, adj[cid]), c.domain.cond
+                if cid in masks:
+                    cond = sympy.And(cond, masks[cid])
+                    if pisl.is_empty(c.dims, cond):
+                        continue
                 if isinstance(contrib, Window):
                     ext = self._extend(c, contrib.weight, cond)
                     self._transpose_window(c, e, ext, contrib.kind, incoming)
@@ -206,7 +261,10 @@ class _Backward:
             self._fill_adjoint(nodes[nid], adj[nid], incoming[nid])
         for g in self.group:
             x = g.inputs[1]
-            read = Edge(adj[x.src], x.access, span=g.span)
+            if x.src in adj:
+                read = Edge(adj[x.src], x.access, span=g.span)
+            else:  # y does not depend on this field
+                read = Edge(self.b.const(0.0, g.type.dtype, g.type.shape), ())
             self.b.put(g.id, Node(g.id, "copy", g.domain, (read,), g.types, (), None, g.span))
 
     def _fill_adjoint(self, node: Node, slot: int, parts: list[int]):

@@ -246,7 +246,13 @@ def _sum(em, node, k, g):
         w = em.op("squeeze", _expand_reduced(em, node, g), axes=(0,))
         w = em.op("broadcast_to", w, shape=shape[1:])
         if node.op == "mean":
-            w = em.op("div", w, em.op("cast", em.window_length(), dtype=node.type.dtype))
+            others = 1
+            for a in node.attr("axes"):
+                others *= shape[a] if a else 1
+            n = em.op("cast", em.window_length(), dtype=node.type.dtype)
+            if others != 1:
+                n = em.op("mul", n, em.const(float(others), node.type.dtype))
+            w = em.op("div", w, n)
         return Window(w, "sum")
     ge = em.op("broadcast_to", _expand_reduced(em, node, g), shape=shape)
     if node.op == "mean":
@@ -259,10 +265,26 @@ def _sum(em, node, k, g):
 
 @_rule("prod")
 def _prod(em, node, k, g):
+    """The product of the other elements, also where some are zero."""
     shape = em.in_type(k).shape
+    dt = node.type.dtype
+    axes = node.attr("axes")
+    x = em.fwd(0)
+    zero, one = em.const(0.0, dt), em.const(1.0, dt)
+    is0 = em.op("eq", x, zero)
+    zeros = em.op("sum", em.op("cast", is0, dtype=dt), axes=axes, keepdims=True)
+    nonzero = em.op("prod", em.op("where", is0, one, x), axes=axes, keepdims=True)
+    nonzero = em.op("broadcast_to", nonzero, shape=shape)
+    zeros = em.op("broadcast_to", zeros, shape=shape)
+    # no zero: prod / x; one zero: the others' product at it, 0 elsewhere; more: 0
+    d = em.op(
+        "where",
+        em.op("eq", zeros, zero),
+        em.op("div", nonzero, em.op("where", is0, one, x)),
+        em.op("where", em.op("logical_and", is0, em.op("eq", zeros, one)), nonzero, zero),
+    )
     ge = em.op("broadcast_to", _expand_reduced(em, node, g), shape=shape)
-    ye = em.op("broadcast_to", _expand_reduced(em, node, em.out()), shape=shape)
-    return em.op("div", em.op("mul", ge, ye), em.fwd(0))
+    return em.op("mul", ge, d)
 
 
 @_rule("max", "min")
@@ -340,6 +362,8 @@ def _swap(em, x: int) -> int:
 def _matmul(em, node, k, g):
     a_t, b_t = em.in_type(0), em.in_type(1)
     a, b = em.fwd(0), em.fwd(1)
+    if a_t.rank == 1 and b_t.rank == 1:  # a dot product: g is a scalar
+        return em.op("mul", g, b if k == 0 else a)
     if a_t.rank == 1:
         a = em.op("expand_dims", a, axis=0)
         g = em.op("expand_dims", g, axis=len(em.shape(g)) - 1)

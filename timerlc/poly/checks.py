@@ -8,6 +8,9 @@ Failures are ``ProgramError``s at the span of the read or equation, with an exam
 
 from __future__ import annotations
 
+from fractions import Fraction
+from math import gcd
+
 import islpy as isl
 
 from timerlc.diagnostics import ProgramError
@@ -18,11 +21,14 @@ from timerlc.poly import isl as pisl
 
 def check_all(graph: Graph):
     check_reads(graph)
+    check_env_order(graph)
     check_acyclic(graph)
 
 
 def _label(graph: Graph, nid: int) -> str:
     n = graph.node(nid)
+    if n.op in ("env_reset", "env_step"):
+        return f"{n.attr('env')}.{n.op[4:]}()"
     return n.name if n.name is not None else f"%{nid}"
 
 
@@ -132,10 +138,14 @@ def _check_nonempty(graph: Graph, n: Node):
             )
 
 
+ANCHORS = ("merge", "env_reset", "env_step")  # tensors, and environment calls
+
+
 def _merge_reads(graph: Graph) -> dict[int, list[tuple[isl.UnionMap, object]]]:
-    """For each merge node, one relation per read of another merge in its equations:
-    merge point -> the points of the merge it reads (through the equation's other nodes),
-    with the span of the read."""
+    """For each anchor node (a tensor or an environment call), one relation per read of
+    another anchor through the nodes of its equation: point -> the anchor points it reads,
+    with the span of the read. An environment call also reads every earlier call of its
+    environment (section 10's order)."""
     reach: dict[int, list] = {}
 
     def tag(nid):
@@ -154,7 +164,7 @@ def _merge_reads(graph: Graph) -> dict[int, list[tuple[isl.UnionMap, object]]]:
         for e in n.inputs:
             m = edge_map(n, e)
             src = graph.node(e.src)
-            if src.op == "merge":
+            if src.op in ANCHORS:
                 out.append((m, e.span))
             else:
                 out.extend((m.apply_range(sub), span) for sub, span in frontier(src.id))
@@ -165,7 +175,60 @@ def _merge_reads(graph: Graph) -> dict[int, list[tuple[isl.UnionMap, object]]]:
             reach[nid] = reads(graph.node(nid))
         return reach[nid]
 
-    return {n.id: rs for n in graph.nodes if n.op == "merge" and (rs := reads(n))}
+    out = {n.id: reads(n) for n in graph.nodes if n.op in ANCHORS}
+    for calls in _env_calls(graph).values():
+        for c in calls:
+            for c2 in calls:
+                m = _earlier(c, c2)
+                if not m.is_empty():
+                    out[c.id].append((isl.UnionMap.from_map(m), c.span))
+    return {nid: rs for nid, rs in out.items() if rs}
+
+
+def _env_calls(graph: Graph) -> dict[str, list[Node]]:
+    calls: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        if n.op in ("env_reset", "env_step"):
+            calls.setdefault(n.attr("env"), []).append(n)
+    return calls
+
+
+def _key_map(c: Node) -> isl.Map:
+    """{ call point -> key } of an environment call."""
+    dims = ", ".join(ix.isl_name(d) for d in c.dims)
+    keys = ", ".join(ix.to_isl(k) for k in c.attr("key"))
+    return isl.Map(f"{{ n{c.id}[{dims}] -> [{keys}] : {ix.cond_to_isl(c.domain.cond)} }}")
+
+
+def _earlier(c: Node, c2: Node) -> isl.Map:
+    """{ c[p] -> c2[q] : key(c2 at q) lexicographically before key(c at p) }."""
+    before = _key_map(c).lex_gt_map(_key_map(c2))
+    return before
+
+
+def check_env_order(graph: Graph):
+    """Two calls of one environment must not define the same point of their first output."""
+    for env, calls in _env_calls(graph).items():
+        lens = {len(c.attr("key")) for c in calls}
+        if len(lens) > 1:
+            raise ProgramError(
+                f"the calls of environment '{env}' define tensors over different dims; "
+                "their order is unclear",
+                calls[-1].span,
+            )
+        for j, c in enumerate(calls):
+            for c2 in calls[j:]:
+                same = _key_map(c).apply_range(_key_map(c2).reverse())
+                if c2 is c:
+                    same = same.subtract(isl.Map.identity(same.get_space()))
+                if not same.is_empty():
+                    p = pisl.point_of(same.domain().lexmin().sample_point(), c.dims)
+                    raise ProgramError(
+                        f"two calls of environment '{env}' would define the same point of their "
+                        f"first output (at {pisl.format_point(p)}); each call must come at its own "
+                        "point",
+                        c2.span,
+                    )
 
 
 def _target(m: isl.Map) -> int:
@@ -218,53 +281,244 @@ def _sccs(nodes, succ) -> list[list[int]]:
 
 
 def check_acyclic(graph: Graph):
+    """No point depends on itself. Cheap first: each strongly connected group of tensors is
+    split level by level along a guessed time coordinate per tensor (a dim, scaled to match the
+    others), proved non-decreasing along every read; what a level does not order is checked
+    again at the next level. Groups no guess splits go to isl's scheduler, then to the exact
+    transitive-closure check, which also reports the cycle."""
     reads = _merge_reads(graph)
-    rel: dict[int, isl.UnionMap] = {}
-    succ: dict[int, set[int]] = {}
+    pairs: dict[tuple[int, int], isl.Map] = {}  # (reader, read) -> { reader point -> read points }
+
+    def add(nid, mp):
+        key = (nid, _target(mp))
+        pairs[key] = pairs[key].union(mp) if key in pairs else mp
+
     for nid, rs in reads.items():
-        total = rs[0][0]
-        for m, _ in rs[1:]:
-            total = total.union(m)
-        rel[nid] = total
-        targets: set[int] = set()
-        total.foreach_map(lambda mp: targets.add(_target(mp)))
-        succ[nid] = targets
-    for comp in _sccs(list(rel), succ):
-        if len(comp) == 1 and comp[0] not in succ.get(comp[0], ()):
-            continue
+        for m, _ in rs:
+            m.foreach_map(lambda mp, nid=nid: add(nid, mp))
+    work = [(comp, pairs, {}) for comp in _cyclic_sccs(list(reads), pairs)]
+    while work:
+        comp, maps, used = work.pop()
         members = set(comp)
-        maps: list[isl.Map] = []
-        for nid in comp:
-            rel[nid].foreach_map(lambda mp: maps.append(mp) if _target(mp) in members else None)
-        total = isl.UnionMap.from_map(maps[0])
-        for mp in maps[1:]:
-            total = total.union(isl.UnionMap.from_map(mp))
-        closure, exact = total.transitive_closure()
-        loops: list[isl.Map] = []
-        closure.foreach_map(
-            lambda mp: (
-                loops.append(mp)
-                if _target(mp) == int(mp.get_tuple_name(isl.dim_type.in_)[1:])
+        sub = {k: m for k, m in maps.items() if k[0] in members and k[1] in members}
+        split = _split_level(graph, comp, sub, used)
+        if split is None:
+            _check_component(graph, comp, sub, reads)
+            continue
+        residual, used = split
+        work.extend((c, residual, used) for c in _cyclic_sccs(comp, residual))
+
+
+def _cyclic_sccs(nodes, maps) -> list[list[int]]:
+    succ: dict[int, set[int]] = {}
+    for a, b in maps:
+        succ.setdefault(a, set()).add(b)
+    return [
+        comp for comp in _sccs(nodes, succ) if len(comp) > 1 or comp[0] in succ.get(comp[0], ())
+    ]
+
+
+def _split_level(graph: Graph, comp, sub, used):
+    """One level of a schedule for a strongly connected group: a coordinate ``phi`` per tensor
+    (one of its not yet used dims times a scale, or 0, plus a shift) that no read decreases.
+    The guesses: each tensor's first unused dim, then each dim by name, then the r-th unused
+    dims. Returns the reads that ``phi`` leaves unordered (equal ``phi``) and the dims used,
+    or None."""
+    free = {
+        nid: [k for k in range(len(graph.node(nid).dims)) if k not in used.get(nid, ())]
+        for nid in comp
+    }
+    width = max(len(f) for f in free.values())
+    positional = [
+        {nid: (f[r] if r < len(f) else None) for nid, f in free.items()} for r in range(width)
+    ]
+    named = [
+        {
+            nid: (
+                graph.node(nid).dims.index(d)
+                if d in graph.node(nid).dims and graph.node(nid).dims.index(d) in free[nid]
                 else None
             )
+            for nid in comp
+        }
+        for d in (dim.name for dim in graph.dims)
+    ]
+    tried = []
+    for coords in positional[:1] + named + positional[1:]:
+        if coords in tried or all(k is None for k in coords.values()):
+            continue
+        tried.append(coords)
+        scales = _scales(comp, sub, coords)
+        for sign in (1, -1):
+            phi = {nid: _phi(graph.node(nid), coords[nid], sign * scales[nid]) for nid in comp}
+            shift = _offsets(comp, sub, phi)
+            if shift is None:
+                continue
+            phi = {
+                nid: _phi(graph.node(nid), coords[nid], sign * scales[nid], shift[nid])
+                for nid in comp
+            }
+            residual = {}
+            for (a, b), m in sub.items():
+                rest = m.intersect(phi[a].apply_range(phi[b].reverse()))
+                if not rest.is_empty():
+                    residual[(a, b)] = rest
+            used = dict(used)
+            for nid, k in coords.items():
+                if k is not None:
+                    used[nid] = used.get(nid, ()) + (k,)
+            return residual, used
+    return None
+
+
+def _scales(comp, sub, coords) -> dict[int, int]:
+    """Integer scales that make the chosen coordinates advance together: a read of
+    ``x[K * i]`` from ``y[i]`` scales ``y``'s ``i`` by K relative to ``x``'s dim."""
+    ratio: dict[int, list[tuple[int, Fraction]]] = {nid: [] for nid in comp}
+    for (a, b), m in sub.items():
+        if a == b or coords[a] is None or coords[b] is None:
+            continue
+        rho = _slope(m, coords[a], coords[b])
+        if rho is not None:  # b's coordinate ~ rho * a's coordinate
+            ratio[a].append((b, 1 / rho))
+            ratio[b].append((a, rho))
+    scale: dict[int, Fraction] = {}
+    for root in comp:
+        if root in scale:
+            continue
+        scale[root] = Fraction(1)
+        todo = [root]
+        while todo:
+            a = todo.pop()
+            for b, f in ratio[a]:
+                if b not in scale:  # scale[b] * coord_b == scale[a] * coord_a
+                    scale[b] = scale[a] * f
+                    todo.append(b)
+    den = 1
+    for s in scale.values():
+        den = den * s.denominator // gcd(den, s.denominator)
+    return {nid: int(s * den) for nid, s in scale.items()}
+
+
+def _slope(m: isl.Map, ka: int, kb: int) -> Fraction | None:
+    """The slope of the read coordinate ``kb`` against the reader coordinate ``ka`` in ``m``,
+    from its constraints that bind both (None when there is none, or they disagree)."""
+    n_in, n_out = m.dim(isl.dim_type.in_), m.dim(isl.dim_type.out)
+    m2 = m.project_out(isl.dim_type.out, kb + 1, n_out - kb - 1).project_out(
+        isl.dim_type.out, 0, kb
+    )
+    m2 = m2.project_out(isl.dim_type.in_, ka + 1, n_in - ka - 1).project_out(
+        isl.dim_type.in_, 0, ka
+    )
+    found: set[Fraction] = set()
+
+    def visit(bm):
+        for c in bm.get_constraints():
+            if any(
+                not c.get_coefficient_val(isl.dim_type.div, d).is_zero()
+                for d in range(bm.dim(isl.dim_type.div))
+            ):
+                continue
+            ca = c.get_coefficient_val(isl.dim_type.in_, 0).to_python()
+            cb = c.get_coefficient_val(isl.dim_type.out, 0).to_python()
+            if ca and cb and -ca * cb > 0:
+                found.add(Fraction(-ca, cb))
+
+    m2.foreach_basic_map(visit)
+    return found.pop() if len(found) == 1 else None
+
+
+def _phi(node: Node, k: int | None, scale: int, shift: int = 0) -> isl.Map:
+    dims = ", ".join(ix.isl_name(d) for d in node.dims)
+    value = f"{shift}" if k is None else f"{scale} * {ix.isl_name(node.dims[k])} + {shift}"
+    return isl.Map(f"{{ n{node.id}[{dims}] -> [{value}] }}")
+
+
+def _offsets(comp, sub, phi) -> dict[int, int] | None:
+    """Constant shifts ``s`` with ``phi + s`` non-decreasing along every read (a reader may
+    read a later coordinate, as ``y[t] = x[t+1]`` does, if the read tensor is shifted): the
+    shortest paths of the difference constraints, or None where a read is unbounded or the
+    constraints have a negative cycle."""
+    weight: dict[tuple[int, int], int] = {}
+    for (a, b), m in sub.items():
+        ahead = m.apply_domain(phi[a]).apply_range(phi[b]).deltas().dim_max_val(0)
+        if not ahead.is_int():
+            return None
+        weight[(a, b)] = -ahead.to_python()  # s_b - s_a <= min(phi_a - phi_b)
+    dist = dict.fromkeys(comp, 0)
+    for _ in range(len(comp) + 1):
+        changed = False
+        for (a, b), w in weight.items():
+            if dist[a] + w < dist[b]:
+                dist[b] = dist[a] + w
+                changed = True
+        if not changed:
+            return dist
+    return None
+
+
+def _check_component(graph: Graph, comp, sub, reads):
+    if not sub:
+        return
+    maps = list(sub.values())
+    total = isl.UnionMap.from_map(maps[0])
+    for mp in maps[1:]:
+        total = total.union(isl.UnionMap.from_map(mp))
+    if _schedulable(graph, comp, total):
+        return
+    closure, exact = total.transitive_closure()
+    loops: list[isl.Map] = []
+    closure.foreach_map(
+        lambda mp: (
+            loops.append(mp)
+            if _target(mp) == int(mp.get_tuple_name(isl.dim_type.in_)[1:])
+            else None
         )
-        for mp in sorted(loops, key=_target):
-            nid = _target(mp)
-            fixed = mp.intersect(isl.Map.identity(mp.get_space()))
-            if fixed.is_empty():
-                continue
-            start = fixed.domain().lexmin()
-            if not exact and not _confirm_cycle(total, start):
-                continue
-            node = graph.node(nid)
-            p = pisl.point_of(start.sample_point(), node.dims)
-            others = sorted({graph.node(m).name or f"%{m}" for m in comp if m != nid})
-            via = f" (through {', '.join(others)})" if others else ""
-            raise ProgramError(
-                f"cyclic definition: '{node.name}' at {pisl.format_point(p)} depends on "
-                f"itself{via}",
-                _closing_read(reads[nid], start, closure) or _defining_span(node, p),
-            )
+    )
+    for mp in sorted(loops, key=_target):
+        nid = _target(mp)
+        fixed = mp.intersect(isl.Map.identity(mp.get_space()))
+        if fixed.is_empty():
+            continue
+        start = fixed.domain().lexmin()
+        if not exact and not _confirm_cycle(total, start):
+            continue
+        node = graph.node(nid)
+        p = pisl.point_of(start.sample_point(), node.dims)
+        others = sorted({_label(graph, m) for m in comp if m != nid})
+        via = f" (through {', '.join(others)})" if others else ""
+        raise ProgramError(
+            f"cyclic definition: '{node.name}' at {pisl.format_point(p)} depends on itself{via}",
+            _closing_read(reads[nid], start, closure) or _defining_span(node, p),
+        )
+
+
+def _schedulable(graph: Graph, comp, reads: isl.UnionMap) -> bool:
+    """A certificate of acyclicity that is cheap where transitive closures are not: isl's
+    scheduler finds an order of the points that puts every point after what it reads. No
+    order is found for a cycle (and, rarely, for an acyclic but non-affine dependence: then
+    the exact check runs)."""
+    domain = None
+    for nid in comp:
+        n = graph.node(nid)
+        s = isl.UnionSet.from_set(pisl.domain_set(n.domain, tag=f"n{nid}"))
+        domain = s if domain is None else domain.union(s)
+    deps = reads.reverse()  # producer point -> consumer point
+    try:
+        sched = isl.ScheduleConstraints.on_domain(domain).set_validity(deps).compute_schedule()
+        if sched is None:
+            return False
+        times = sched.get_map()
+        # verify: every consumer's time comes strictly after its producer's
+        order = deps.apply_domain(times).apply_range(times)
+        maps: list[isl.Map] = []
+        order.foreach_map(maps.append)
+        for m in maps:
+            if not m.is_subset(isl.Map.lex_lt(m.get_space().domain())):
+                return False
+        return True
+    except isl.Error:
+        return False
 
 
 def _closing_read(reads, start: isl.Set, closure: isl.UnionMap):
