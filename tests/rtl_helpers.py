@@ -6,6 +6,7 @@ reference backend and compares its outputs with an answer computed by NumPy.
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -25,7 +26,34 @@ def run(text: str, **sets) -> dict[str, np.ndarray]:
     """Run a program (dedented) and return its `out` tensors (LANGUAGE.md section 12 layout)."""
     overrides = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in sets.items()}
     graph = check_source(Source("p.rtl", src(text)), overrides=overrides)
-    return outputs(run_graph(graph))
+    want = outputs(run_graph(graph))
+    if BACKENDS_COMPARED:
+        compare_cpu(graph, want)
+    return want
+
+
+# Every conformance program also runs on the cpu backend, whose outputs must equal the
+# reference's (set TIMERLC_TEST_CPU=0 to skip, e.g. while debugging the front end).
+BACKENDS_COMPARED = os.environ.get("TIMERLC_TEST_CPU", "1") != "0"
+
+
+def compare_cpu(graph, want: dict):
+    from timerlc.passes.pipeline import run_pipeline
+    from timerlc.runner import compile_plan
+    from timerlc.runtime.cpu import CpuRuntime
+
+    runtime = CpuRuntime(compile_plan(run_pipeline(graph)))
+    runtime.run()
+    for name, expected in want.items():
+        got = runtime.value(name)
+        assert got.dtype == expected.dtype, f"cpu: {name} is {got.dtype}, not {expected.dtype}"
+        assert got.shape == expected.shape, f"cpu: {name} has shape {got.shape}"
+        if expected.dtype.kind in "biu":
+            np.testing.assert_array_equal(got, expected, err_msg=f"cpu: {name}")
+        else:
+            np.testing.assert_allclose(
+                got, expected, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"cpu: {name}"
+            )
 
 
 def run1(text: str, name: str = "y", **sets) -> np.ndarray:

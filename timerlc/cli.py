@@ -18,7 +18,8 @@ from timerlc import __version__
 from timerlc.diagnostics import ProgramError, RunError, Source, UsageError
 
 BACKENDS = ("reference", "cpu", "cuda")
-IMPLEMENTED_BACKENDS = ("reference",)
+IMPLEMENTED_BACKENDS = ("reference", "cpu")
+BUILD_PLAN = "plan.json"
 BUILD_MANIFEST = "build.json"
 BUILD_PROGRAM = "program.pdg.json"
 BUILD_FORMAT = 1
@@ -173,9 +174,19 @@ def compile(file, out_dir, backend, sets, envs, dump_ir, timings):
             stages.append((name, time.perf_counter(), g))
 
         graph = _check(source, _overrides(sets), _env_overrides(envs), on_stage)
+        plan = None
+        if chosen == "cpu":
+            from timerlc.runner import compile_plan
+
+            try:
+                plan = compile_plan(graph, str(Path(file).resolve()), on_stage)
+            except ProgramError as e:
+                raise _Fail(1, e.render(source)) from None
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / BUILD_PROGRAM).write_text(serialize.to_json(graph))
+        if plan is not None:
+            (out / BUILD_PLAN).write_text(json.dumps(plan) + "\n")
         manifest = {
             "format_version": BUILD_FORMAT,
             "timerlc": __version__,
@@ -189,13 +200,19 @@ def compile(file, out_dir, backend, sets, envs, dump_ir, timings):
             ir = out / "ir"
             ir.mkdir(exist_ok=True)
             for k, (name, _, g) in enumerate(stages):
-                (ir / f"{k:02d}-{name}.pdg").write_text(serialize.to_text(g))
+                if hasattr(g, "nodes"):
+                    (ir / f"{k:02d}-{name}.pdg").write_text(serialize.to_text(g))
         if timings:
             last = started
             for name, at, g in stages:
-                click.echo(
-                    f"{name:12s} {1000 * (at - last):8.1f} ms  ({len(g.nodes)} nodes)", err=True
+                size = (
+                    f"{len(g.nodes)} nodes"
+                    if hasattr(g, "nodes")
+                    else f"{len(g.statements)} statements"
+                    if hasattr(g, "statements")
+                    else f"{len(g['statements'])} statements"
                 )
+                click.echo(f"{name:12s} {1000 * (at - last):8.1f} ms  ({size})", err=True)
                 last = at
             click.echo(f"{'total':12s} {1000 * (time.perf_counter() - started):8.1f} ms", err=True)
 
@@ -272,6 +289,18 @@ def run(target, backend, sets, envs, seed, outputs_path, metrics_path, no_progre
                     "timerlc: error: --set, --env and --seed change the program; recompile it "
                     "instead",
                 )
+            plan_file = path / BUILD_PLAN
+            if plan_file.exists() and backend in (None, "cpu"):
+                from timerlc.runner import run_plan
+                from timerlc.runtime.plan import PlanError, load_plan
+
+                try:
+                    plan = load_plan(plan_file)
+                except PlanError as e:
+                    raise _Fail(2, f"timerlc: error: {e}") from None
+                progress = not no_progress and sys.stderr.isatty()
+                run_plan(plan, outputs_path, metrics_path, progress)
+                return
             graph = _load_build(path)
         else:
             graph = _check(_read_source(target), _overrides(sets, seed), _env_overrides(envs))

@@ -7,12 +7,15 @@ A failure still flushes the metrics written so far and saves the outputs compute
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from timerlc.diagnostics import RunError
-from timerlc.ir.pdg import Graph
 from timerlc.metrics import MetricsFile, Progress
+
+if TYPE_CHECKING:  # the plan path below must not import the compiler
+    from timerlc.ir.pdg import Graph
 
 
 def metric_dims(graph: Graph) -> list[str]:
@@ -22,47 +25,104 @@ def metric_dims(graph: Graph) -> list[str]:
     return [d.name for d in graph.dims if d.name in used]
 
 
+def plan_metric_dims(plan: dict) -> list[str]:
+    used = set()
+    for nid, _ in plan["metrics"].values():
+        used.update(plan["buffers"][str(nid)]["dims"])
+    return [d for d in plan.get("dim_order", list(plan["dims"])) if d in used]
+
+
+def compile_plan(graph: Graph, source: str = "", on_stage=None) -> dict:
+    """Schedule a checked, optimized PDG and write its plan (a JSON-ready dict)."""
+    from timerlc.plan.build import build_plan
+    from timerlc.schedule.build import build_schedule
+
+    schedule = build_schedule(graph)
+    if on_stage is not None:
+        on_stage("schedule", schedule)
+    plan = build_plan(graph, schedule, source)
+    if on_stage is not None:
+        on_stage("plan", plan)
+    return plan
+
+
 def run_program(
     graph: Graph, backend: str, outputs_path=None, metrics_path=None, progress=False, profile=False
 ):
+    if backend == "cpu":
+        return run_plan(compile_plan(graph), outputs_path, metrics_path, progress)
     from timerlc.reference.interpreter import Interpreter
 
+    def make(on_metric):
+        return Interpreter(graph, on_metric, profile)
+
+    interp = _execute(
+        make,
+        metric_dims(graph),
+        graph.dim_bounds,
+        bool(graph.metrics),
+        graph.outputs,
+        outputs_path,
+        metrics_path,
+        progress,
+    )
+    if profile:
+        _print_profile(graph, interp)
+    return interp
+
+
+def run_plan(plan: dict, outputs_path=None, metrics_path=None, progress=False):
+    """Run a plan on the cpu runtime (this path never imports the compiler)."""
+    from timerlc.runtime.cpu import CpuRuntime
+
+    return _execute(
+        lambda on_metric: CpuRuntime(plan, on_metric),
+        plan_metric_dims(plan),
+        plan["dims"],
+        bool(plan["metrics"]),
+        list(plan["outputs"]),
+        outputs_path,
+        metrics_path,
+        progress,
+    )
+
+
+def _execute(make, mdims, bounds, has_metrics, outputs, outputs_path, metrics_path, progress):
     sinks = []
-    metrics_file = MetricsFile(metrics_path, metric_dims(graph)) if metrics_path else None
+    metrics_file = MetricsFile(metrics_path, mdims) if metrics_path else None
     if metrics_file:
         sinks.append(metrics_file.write)
     bar = None
-    if progress and graph.metrics:
-        dims = metric_dims(graph)
-        outer = dims[0] if dims else None
-        bar = Progress(outer, graph.dim_bounds.get(outer) if outer else None)
+    if progress and has_metrics:
+        outer = mdims[0] if mdims else None
+        bar = Progress(outer, bounds.get(outer) if outer else None)
         sinks.append(bar.update)
 
     def on_metric(name, point, value):
         for s in sinks:
             s(name, point, value)
 
-    interp = Interpreter(graph, on_metric, profile)
+    engine = None
     failure = None
     try:
-        interp.run()
+        engine = make(on_metric)
+        engine.run()
     except RunError as e:
         failure = e
     finally:
-        interp.envs.close()
+        if engine is not None:
+            engine.envs.close()
         if bar:
             bar.close()
         if metrics_file:
             metrics_file.close()
-    if outputs_path:
-        arrays = {name: interp.value(name) for name in graph.outputs}
+    if outputs_path and engine is not None:
+        arrays = {name: engine.value(name) for name in outputs}
         np.savez(outputs_path, **arrays)
-    if profile:
-        _print_profile(graph, interp)
     if failure is not None:
         saved = f" (outputs computed so far saved to {outputs_path})" if outputs_path else ""
         raise RunError(f"{failure}{saved}")
-    return interp
+    return engine
 
 
 def _print_profile(graph: Graph, interp):

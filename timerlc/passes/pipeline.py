@@ -11,9 +11,11 @@ from typing import Callable
 
 from timerlc.ir.pdg import Graph
 from timerlc.passes.autodiff import differentiate
+from timerlc.passes.forward import forward_merge_reads
 
 PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("autodiff", differentiate),
+    ("forward", forward_merge_reads),
 ]
 
 

@@ -8,15 +8,13 @@ Failures are ``ProgramError``s at the span of the read or equation, with an exam
 
 from __future__ import annotations
 
-from fractions import Fraction
-from math import gcd
-
 import islpy as isl
 
 from timerlc.diagnostics import ProgramError
 from timerlc.ir import index as ix
 from timerlc.ir.pdg import Graph, Node, Range, access_to_text, input_type
 from timerlc.poly import isl as pisl
+from timerlc.poly import levels as lv
 
 
 def check_all(graph: Graph):
@@ -141,7 +139,14 @@ def _check_nonempty(graph: Graph, n: Node):
 ANCHORS = ("merge", "env_reset", "env_step")  # tensors, and environment calls
 
 
-def _merge_reads(graph: Graph) -> dict[int, list[tuple[isl.UnionMap, object]]]:
+def anchor_reads(graph: Graph, anchors: set[int]) -> dict[int, list[tuple[isl.UnionMap, object]]]:
+    """``_merge_reads`` for any set of anchor nodes (the scheduler's statements)."""
+    return _merge_reads(graph, anchors)
+
+
+def _merge_reads(
+    graph: Graph, anchors: set[int] | None = None
+) -> dict[int, list[tuple[isl.UnionMap, object]]]:
     """For each anchor node (a tensor or an environment call), one relation per read of
     another anchor through the nodes of its equation: point -> the anchor points it reads,
     with the span of the read. An environment call also reads every earlier call of its
@@ -164,7 +169,7 @@ def _merge_reads(graph: Graph) -> dict[int, list[tuple[isl.UnionMap, object]]]:
         for e in n.inputs:
             m = edge_map(n, e)
             src = graph.node(e.src)
-            if src.op in ANCHORS:
+            if (src.op in ANCHORS) if anchors is None else (src.id in anchors):
                 out.append((m, e.span))
             else:
                 out.extend((m.apply_range(sub), span) for sub, span in frontier(src.id))
@@ -175,7 +180,11 @@ def _merge_reads(graph: Graph) -> dict[int, list[tuple[isl.UnionMap, object]]]:
             reach[nid] = reads(graph.node(nid))
         return reach[nid]
 
-    out = {n.id: reads(n) for n in graph.nodes if n.op in ANCHORS}
+    out = {
+        n.id: reads(n)
+        for n in graph.nodes
+        if ((n.op in ANCHORS) if anchors is None else (n.id in anchors))
+    }
     for calls in _env_calls(graph).values():
         for c in calls:
             for c2 in calls:
@@ -231,55 +240,6 @@ def check_env_order(graph: Graph):
                     )
 
 
-def _target(m: isl.Map) -> int:
-    return int(m.get_tuple_name(isl.dim_type.out)[1:])
-
-
-def _sccs(nodes, succ) -> list[list[int]]:
-    index, low, stack, on, out = {}, {}, [], set(), []
-    counter = [0]
-
-    def visit(v):
-        work = [(v, iter(succ.get(v, ())))]
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        while work:
-            node, it = work[-1]
-            advanced = False
-            for w in it:
-                if w not in index:
-                    index[w] = low[w] = counter[0]
-                    counter[0] += 1
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(succ.get(w, ()))))
-                    advanced = True
-                    break
-                if w in on:
-                    low[node] = min(low[node], index[w])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp.append(w)
-                    if w == node:
-                        break
-                out.append(comp)
-
-    for v in nodes:
-        if v not in index:
-            visit(v)
-    return out
-
-
 def check_acyclic(graph: Graph):
     """No point depends on itself. Cheap first: each strongly connected group of tensors is
     split level by level along a guessed time coordinate per tensor (a dim, scaled to match the
@@ -287,174 +247,19 @@ def check_acyclic(graph: Graph):
     again at the next level. Groups no guess splits go to isl's scheduler, then to the exact
     transitive-closure check, which also reports the cycle."""
     reads = _merge_reads(graph)
-    pairs: dict[tuple[int, int], isl.Map] = {}  # (reader, read) -> { reader point -> read points }
-
-    def add(nid, mp):
-        key = (nid, _target(mp))
-        pairs[key] = pairs[key].union(mp) if key in pairs else mp
-
-    for nid, rs in reads.items():
-        for m, _ in rs:
-            m.foreach_map(lambda mp, nid=nid: add(nid, mp))
-    work = [(comp, pairs, {}) for comp in _cyclic_sccs(list(reads), pairs)]
+    pairs = lv.pair_maps(reads)
+    dims_of = {n.id: n.dims for n in graph.nodes}
+    all_dims = [d.name for d in graph.dims]
+    work = [(comp, pairs, {}) for comp in lv.cyclic_sccs(list(reads), pairs)]
     while work:
         comp, maps, used = work.pop()
         members = set(comp)
         sub = {k: m for k, m in maps.items() if k[0] in members and k[1] in members}
-        split = _split_level(graph, comp, sub, used)
-        if split is None:
+        level = lv.split_level(dims_of, all_dims, comp, sub, used)
+        if level is None:
             _check_component(graph, comp, sub, reads)
             continue
-        residual, used = split
-        work.extend((c, residual, used) for c in _cyclic_sccs(comp, residual))
-
-
-def _cyclic_sccs(nodes, maps) -> list[list[int]]:
-    succ: dict[int, set[int]] = {}
-    for a, b in maps:
-        succ.setdefault(a, set()).add(b)
-    return [
-        comp for comp in _sccs(nodes, succ) if len(comp) > 1 or comp[0] in succ.get(comp[0], ())
-    ]
-
-
-def _split_level(graph: Graph, comp, sub, used):
-    """One level of a schedule for a strongly connected group: a coordinate ``phi`` per tensor
-    (one of its not yet used dims times a scale, or 0, plus a shift) that no read decreases.
-    The guesses: each tensor's first unused dim, then each dim by name, then the r-th unused
-    dims. Returns the reads that ``phi`` leaves unordered (equal ``phi``) and the dims used,
-    or None."""
-    free = {
-        nid: [k for k in range(len(graph.node(nid).dims)) if k not in used.get(nid, ())]
-        for nid in comp
-    }
-    width = max(len(f) for f in free.values())
-    positional = [
-        {nid: (f[r] if r < len(f) else None) for nid, f in free.items()} for r in range(width)
-    ]
-    named = [
-        {
-            nid: (
-                graph.node(nid).dims.index(d)
-                if d in graph.node(nid).dims and graph.node(nid).dims.index(d) in free[nid]
-                else None
-            )
-            for nid in comp
-        }
-        for d in (dim.name for dim in graph.dims)
-    ]
-    tried = []
-    for coords in positional[:1] + named + positional[1:]:
-        if coords in tried or all(k is None for k in coords.values()):
-            continue
-        tried.append(coords)
-        scales = _scales(comp, sub, coords)
-        for sign in (1, -1):
-            phi = {nid: _phi(graph.node(nid), coords[nid], sign * scales[nid]) for nid in comp}
-            shift = _offsets(comp, sub, phi)
-            if shift is None:
-                continue
-            phi = {
-                nid: _phi(graph.node(nid), coords[nid], sign * scales[nid], shift[nid])
-                for nid in comp
-            }
-            residual = {}
-            for (a, b), m in sub.items():
-                rest = m.intersect(phi[a].apply_range(phi[b].reverse()))
-                if not rest.is_empty():
-                    residual[(a, b)] = rest
-            used = dict(used)
-            for nid, k in coords.items():
-                if k is not None:
-                    used[nid] = used.get(nid, ()) + (k,)
-            return residual, used
-    return None
-
-
-def _scales(comp, sub, coords) -> dict[int, int]:
-    """Integer scales that make the chosen coordinates advance together: a read of
-    ``x[K * i]`` from ``y[i]`` scales ``y``'s ``i`` by K relative to ``x``'s dim."""
-    ratio: dict[int, list[tuple[int, Fraction]]] = {nid: [] for nid in comp}
-    for (a, b), m in sub.items():
-        if a == b or coords[a] is None or coords[b] is None:
-            continue
-        rho = _slope(m, coords[a], coords[b])
-        if rho is not None:  # b's coordinate ~ rho * a's coordinate
-            ratio[a].append((b, 1 / rho))
-            ratio[b].append((a, rho))
-    scale: dict[int, Fraction] = {}
-    for root in comp:
-        if root in scale:
-            continue
-        scale[root] = Fraction(1)
-        todo = [root]
-        while todo:
-            a = todo.pop()
-            for b, f in ratio[a]:
-                if b not in scale:  # scale[b] * coord_b == scale[a] * coord_a
-                    scale[b] = scale[a] * f
-                    todo.append(b)
-    den = 1
-    for s in scale.values():
-        den = den * s.denominator // gcd(den, s.denominator)
-    return {nid: int(s * den) for nid, s in scale.items()}
-
-
-def _slope(m: isl.Map, ka: int, kb: int) -> Fraction | None:
-    """The slope of the read coordinate ``kb`` against the reader coordinate ``ka`` in ``m``,
-    from its constraints that bind both (None when there is none, or they disagree)."""
-    n_in, n_out = m.dim(isl.dim_type.in_), m.dim(isl.dim_type.out)
-    m2 = m.project_out(isl.dim_type.out, kb + 1, n_out - kb - 1).project_out(
-        isl.dim_type.out, 0, kb
-    )
-    m2 = m2.project_out(isl.dim_type.in_, ka + 1, n_in - ka - 1).project_out(
-        isl.dim_type.in_, 0, ka
-    )
-    found: set[Fraction] = set()
-
-    def visit(bm):
-        for c in bm.get_constraints():
-            if any(
-                not c.get_coefficient_val(isl.dim_type.div, d).is_zero()
-                for d in range(bm.dim(isl.dim_type.div))
-            ):
-                continue
-            ca = c.get_coefficient_val(isl.dim_type.in_, 0).to_python()
-            cb = c.get_coefficient_val(isl.dim_type.out, 0).to_python()
-            if ca and cb and -ca * cb > 0:
-                found.add(Fraction(-ca, cb))
-
-    m2.foreach_basic_map(visit)
-    return found.pop() if len(found) == 1 else None
-
-
-def _phi(node: Node, k: int | None, scale: int, shift: int = 0) -> isl.Map:
-    dims = ", ".join(ix.isl_name(d) for d in node.dims)
-    value = f"{shift}" if k is None else f"{scale} * {ix.isl_name(node.dims[k])} + {shift}"
-    return isl.Map(f"{{ n{node.id}[{dims}] -> [{value}] }}")
-
-
-def _offsets(comp, sub, phi) -> dict[int, int] | None:
-    """Constant shifts ``s`` with ``phi + s`` non-decreasing along every read (a reader may
-    read a later coordinate, as ``y[t] = x[t+1]`` does, if the read tensor is shifted): the
-    shortest paths of the difference constraints, or None where a read is unbounded or the
-    constraints have a negative cycle."""
-    weight: dict[tuple[int, int], int] = {}
-    for (a, b), m in sub.items():
-        ahead = m.apply_domain(phi[a]).apply_range(phi[b]).deltas().dim_max_val(0)
-        if not ahead.is_int():
-            return None
-        weight[(a, b)] = -ahead.to_python()  # s_b - s_a <= min(phi_a - phi_b)
-    dist = dict.fromkeys(comp, 0)
-    for _ in range(len(comp) + 1):
-        changed = False
-        for (a, b), w in weight.items():
-            if dist[a] + w < dist[b]:
-                dist[b] = dist[a] + w
-                changed = True
-        if not changed:
-            return dist
-    return None
+        work.extend((c, level.residual, level.used) for c in lv.cyclic_sccs(comp, level.residual))
 
 
 def _check_component(graph: Graph, comp, sub, reads):
@@ -471,12 +276,12 @@ def _check_component(graph: Graph, comp, sub, reads):
     closure.foreach_map(
         lambda mp: (
             loops.append(mp)
-            if _target(mp) == int(mp.get_tuple_name(isl.dim_type.in_)[1:])
+            if lv.target(mp) == int(mp.get_tuple_name(isl.dim_type.in_)[1:])
             else None
         )
     )
-    for mp in sorted(loops, key=_target):
-        nid = _target(mp)
+    for mp in sorted(loops, key=lv.target):
+        nid = lv.target(mp)
         fixed = mp.intersect(isl.Map.identity(mp.get_space()))
         if fixed.is_empty():
             continue

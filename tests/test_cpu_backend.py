@@ -1,0 +1,221 @@
+"""The cpu backend: schedule, plan and runtime, against the reference interpreter.
+
+Every conformance program also runs on cpu (``rtl_helpers.run`` compares them); here: every
+example program at small sizes (outputs and metrics), the build folder and its plan, the
+plan's errors, that the runtime never imports the compiler, and what the schedule does.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rtl_helpers import cli, src
+
+from timerlc.diagnostics import Source
+from timerlc.frontend.check import check_source
+from timerlc.passes.pipeline import run_pipeline
+from timerlc.reference.interpreter import run_graph
+from timerlc.runner import compile_plan
+from timerlc.runtime.cpu import CpuRuntime
+from timerlc.runtime.plan import PlanError, compile_index, load_plan
+from timerlc.schedule.build import build_schedule
+
+PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
+SMALL = {
+    "returns": {},
+    "cumsum": {},
+    "window_mean": {},
+    "rnn": {},
+    "attention": {},
+    "reinforce": {"I": 3, "B": 4, "T": 20},
+    "reinforce_td": {"I": 3, "B": 4, "T": 20},
+    "rnn_reinforce": {"I": 2, "B": 2, "T": 10},
+    "ppo": {"total_steps": 64, "B": 2, "T": 16},
+}
+
+
+def graph_of(name: str, sets: dict):
+    path = PROGRAMS / f"{name}.rtl"
+    overrides = {k: str(v) for k, v in sets.items()}
+    return run_pipeline(check_source(Source(str(path), path.read_text()), overrides))
+
+
+def both(graph):
+    ref_m, cpu_m = [], []
+    ref = run_graph(graph, lambda n, p, v: ref_m.append((n, tuple(sorted(p.items())), float(v))))
+    rt = CpuRuntime(
+        compile_plan(graph), lambda n, p, v: cpu_m.append((n, tuple(sorted(p.items())), float(v)))
+    )
+    rt.run()
+    rt.envs.close()
+    return ref, ref_m, rt, cpu_m
+
+
+def test_every_program_is_covered():
+    assert sorted(p.stem for p in PROGRAMS.glob("*.rtl")) == sorted(SMALL)
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_program_on_cpu_equals_reference(name):
+    graph = graph_of(name, SMALL[name])
+    ref, ref_m, rt, cpu_m = both(graph)
+    for out in graph.outputs:
+        want, got = ref.value(out), rt.value(out)
+        assert got.dtype == want.dtype and got.shape == want.shape, out
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=out)
+    assert graph.metrics and len(cpu_m) == len(ref_m) > 0
+    for (n1, p1, v1), (n2, p2, v2) in zip(sorted(ref_m), sorted(cpu_m)):
+        assert (n1, p1) == (n2, p2)
+        assert np.isclose(v1, v2, rtol=1e-5, atol=1e-6, equal_nan=True), (n1, p1, v1, v2)
+
+
+def schedule_of(text: str):
+    graph = run_pipeline(check_source(Source("p.rtl", src(text))))
+    s = build_schedule(graph)
+    by_name = {graph.node(nid).name: st for nid, st in s.statements.items()}
+    return graph, s, by_name
+
+
+def test_schedule_vectorizes_what_no_recurrence_needs():
+    _, _, st = schedule_of(
+        """
+        config I = 3, B = 4, T = 8
+        dim i < I
+        dim b < B
+        dim t < T
+        r[i, b, t] = f32(t + b + i)
+        g[i, b, T-1] = r[i, b, T-1]
+        g[i, b, t] = r + 0.9 * g[i, b, t+1]
+        m[i] = mean(g[i, 0:B, 0:T])
+        out g, m
+        """
+    )
+    assert st["r"].vector == ("i", "b", "t") and st["r"].loops == ()
+    assert st["g"].loops == ("t",) and st["g"].vector == ("i", "b")
+    assert st["m"].vector == ("i",)
+
+
+def test_schedule_runs_a_backward_recurrence_with_a_backward_loop():
+    graph, s, st = schedule_of(
+        """
+        config T = 6
+        dim t < T
+        r[t] = f32(t)
+        g[T-1] = r[T-1]
+        g[t] = r + 0.5 * g[t+1]
+        out g
+        """
+    )
+    gid = next(nid for nid, x in s.statements.items() if graph.node(nid).name == "g")
+    loops = [it for it in s.tree if "for" in it and _calls(it, gid)]
+    assert len(loops) == 1 and loops[0]["init"] < 0  # the loop counts -(T-1) .. 0
+
+
+def _calls(item, sid) -> bool:
+    if "call" in item:
+        return item["call"] == sid
+    kids = item.get("body", []) + item.get("then", []) + item.get("else", [])
+    return any(_calls(k, sid) for k in kids)
+
+
+def test_schedule_puts_the_rollout_and_the_update_in_one_iteration_loop():
+    graph = graph_of("reinforce", SMALL["reinforce"])
+    s = build_schedule(graph)
+    st = {graph.node(nid).name: x for nid, x in s.statements.items() if graph.node(nid).name}
+    assert st["o"].loops == ("i", "t") and st["o"].vector == ("b",)  # acting: one step at a time
+    assert st["logp"].vector == ("i", "b", "t")  # after the rollout: one batched op
+
+
+def test_compile_writes_a_plan_that_runs_without_recompiling(tmp_path):
+    prog = PROGRAMS / "returns.rtl"
+    build = tmp_path / "build"
+    r = cli("compile", prog, "--backend", "cpu", "-o", build)
+    assert r.exit_code == 0, r.output
+    plan = json.loads((build / "plan.json").read_text())
+    assert plan["format_version"] == 1 and plan["tree"] and plan["statements"]
+    r1 = cli("run", build, "--outputs", tmp_path / "a.npz", "--no-progress")
+    r2 = cli("run", prog, "--backend", "reference", "--outputs", tmp_path / "b.npz")
+    assert r1.exit_code == 0 and r2.exit_code == 0, r1.output + r2.output
+    a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    assert set(a.files) == set(b.files)
+    for k in a.files:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def test_runtime_never_imports_the_compiler(tmp_path):
+    build = tmp_path / "build"
+    assert (
+        cli(
+            "compile",
+            PROGRAMS / "reinforce.rtl",
+            "--backend",
+            "cpu",
+            "-o",
+            build,
+            "--set",
+            "I=2",
+            "--set",
+            "B=2",
+            "--set",
+            "T=8",
+        ).exit_code
+        == 0
+    )
+    code = (
+        "import sys\n"
+        "from timerlc.runtime.plan import load_plan\n"
+        "from timerlc.runner import run_plan\n"
+        f"run_plan(load_plan({str(build)!r}))\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('islpy', 'lark') or\n"
+        "       m.startswith(('timerlc.frontend', 'timerlc.passes', 'timerlc.poly',\n"
+        "                     'timerlc.schedule', 'timerlc.plan', 'timerlc.reference',\n"
+        "                     'timerlc.ir'))]\n"
+        "print(bad)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ('{"format_version": 99}', ["format 99", "compile the program again"]),
+        ("not json at all", ["not a valid plan"]),
+        ('{"format_version": 1, "dims": {}}', ["missing"]),
+        ("[1, 2]", ["not a timerlc plan"]),
+    ],
+)
+def test_a_bad_plan_is_a_clear_error(tmp_path, content, words):
+    build = tmp_path / "build"
+    assert cli("compile", PROGRAMS / "cumsum.rtl", "--backend", "cpu", "-o", build).exit_code == 0
+    (build / "plan.json").write_text(content)
+    r = cli("run", build, "--no-progress")
+    assert r.exit_code == 2
+    assert r.stderr.startswith("timerlc: error:")
+    for w in words:
+        assert w in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "text", ["__import__('os').system('true')", "t.__class__", "open('x')", "[t for t in x]"]
+)
+def test_plan_expressions_cannot_run_code(text):
+    with pytest.raises(PlanError):
+        compile_index(text, ("t",))
+
+
+def test_plan_expressions_compute_indices():
+    f = compile_index("_np.minimum(t + 3, 15) + j // 4 - j % 4", ("t", "j"))
+    assert f(14, 9) == 15 + 2 - 1
+    np.testing.assert_array_equal(f(np.array([0, 13]), np.array([4, 4])), [4, 16])
+
+
+def test_load_plan_of_a_missing_folder(tmp_path):
+    with pytest.raises(PlanError, match="timerlc compile"):
+        load_plan(tmp_path)

@@ -1,0 +1,1 @@
+"""The plan: the serialized result of compiling, the contract with the runtime."""

@@ -1,0 +1,120 @@
+"""The plan: what the runtime needs to run a scheduled PDG, as versioned JSON.
+
+In: an optimized PDG and its ``Schedule``. Out: a JSON-ready dict (see ``docs/plan.md``):
+sizes, environments, one buffer per statement (block storage over the bounding box of its
+domain), each statement's nodes (the inlined ones, then its own) with their reads, and the
+loop tree. Index expressions and conditions are NumPy-vectorized Python expressions over
+dim names (``t + 1``, ``j // 16``, ``_np.minimum(t + 3, 15)``), which the runtime validates
+and compiles; attributes that hold index expressions keep them as ``{"sympy": srepr}``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+
+from timerlc.ir import index as ix
+from timerlc.ir.pdg import Graph, Point
+from timerlc.poly import isl as pisl
+from timerlc.schedule.build import Schedule
+
+FORMAT_VERSION = 1
+
+
+def _py(e) -> str:
+    return ix._PY.expr(sympy.sympify(e))
+
+
+def _cond(c) -> str:
+    return ix._PY.cond(c)
+
+
+def _attr(v):
+    if isinstance(v, sympy.Basic) and not isinstance(v, (sympy.logic.boolalg.BooleanAtom,)):
+        if isinstance(v, sympy.Expr) and v.is_Integer:
+            return int(v)
+        if isinstance(v, sympy.Expr) and v.is_Number:
+            return float(v)
+        return {"sympy": sympy.srepr(v)}
+    if isinstance(v, (tuple, list)):
+        return [_attr(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return {"float": repr(v)}
+    if isinstance(v, dict):
+        return {"dict": [[_attr(k), _attr(x)] for k, x in v.items()]}
+    return v
+
+
+def build_plan(graph: Graph, schedule: Schedule, source: str = "") -> dict:
+    bounds = graph.dim_bounds
+    buffers = {}
+    statements = {}
+    for nid, st in schedule.statements.items():
+        node = graph.node(nid)
+        extents = pisl.extents(node.dims, node.domain.cond) if node.dims else ()
+        buffers[str(nid)] = {
+            "name": node.name,
+            "dims": list(node.dims),
+            "extents": list(extents),
+            "outputs": [{"dtype": t.dtype, "shape": list(t.shape)} for t in node.types],
+        }
+        nodes = []
+        for k in st.body:
+            n = graph.node(k)
+            nodes.append(
+                {
+                    "id": k,
+                    "op": n.op,
+                    "dims": list(n.dims),
+                    "attrs": {a: _attr(v) for a, v in n.attrs},
+                    "types": [{"dtype": t.dtype, "shape": list(t.shape)} for t in n.types],
+                    "inputs": [
+                        {
+                            "src": e.src,
+                            "out": e.out,
+                            "stored": e.src in schedule.statements,
+                            "access": [
+                                ["pt", _py(a.expr)] if isinstance(a, Point)
+                                else ["rg", _py(a.lo), _py(a.hi)]
+                                for a in e.access
+                            ],
+                            "cond": None if e.cond is None else _cond(e.cond),
+                        }
+                        for e in n.inputs
+                    ],
+                    "where": _where(graph, n),
+                }
+            )
+        statements[str(nid)] = {
+            "dims": list(node.dims),
+            "loops": list(st.loops),
+            "vector": list(st.vector),
+            "domain": _cond(node.domain.cond),
+            "nodes": nodes,
+        }
+    tensors = {t.name: [t.node, t.out] for t in graph.tensors}
+    return {
+        "format_version": FORMAT_VERSION,
+        "source": source,
+        "dims": {d: int(b) for d, b in bounds.items()},
+        "dim_order": [d.name for d in graph.dims],
+        "configs": {k: _attr(v) for k, v in graph.configs},
+        "seed": int(dict(graph.configs).get("seed", 0)),
+        "envs": [
+            {"name": e.name, "spec": e.spec, "batch": e.batch, "num_envs": int(bounds[e.batch])}
+            for e in graph.envs
+        ],
+        "buffers": buffers,
+        "statements": statements,
+        "order": list(schedule.order),
+        "tree": schedule.tree,
+        "outputs": {name: tensors[name] for name in graph.outputs},
+        "metrics": {name: tensors[name] for name in graph.metrics},
+    }
+
+
+def _where(graph: Graph, n) -> str:
+    """For run-time error messages: the tensor and line a node computes."""
+    line = f" (line {n.span.line})" if n.span is not None else ""
+    return f"{n.name or '%' + str(n.id)}{line}"

@@ -1,0 +1,1 @@
+"""The runtime: loads a plan and runs it; never imports the compiler."""

@@ -1,0 +1,1 @@
+"""Statements, their order and loops (isl), and the memory plan."""

@@ -1,0 +1,290 @@
+"""The schedule: which nodes are statements, which of their dims are loops and which are
+vectorized, in what order everything runs, and the loop tree isl's AST builder makes of it.
+
+Statements are the nodes some other node reads at another point (tensors, environment calls,
+scalars, anything read through a shifted index or a slice); every other node is *inlined*
+into the statements that read it and computed with them, at the same points. Statements are
+ordered level by level (``poly.levels``): a strongly connected group of statements gets a
+loop along a guessed, scaled and shifted coordinate per statement, proved to order the reads
+it carries, and its members are ordered again inside it; what no loop needs stays an array
+axis (vectorized), so a statement outside every recurrence runs as one batched op over all
+its points, and a loss after a rollout runs once per iteration over all of ``b`` and ``t``.
+Dims on which the length of a window read depends stay loops too (ragged windows do not
+batch). The result is an isl schedule map ``S[loop dims] -> [time vector]``, and isl's AST
+builder turns it into the loop tree (loops may run backward, as returns do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+import sympy
+
+from timerlc.diagnostics import ProgramError
+from timerlc.ir import index as ix
+from timerlc.ir.pdg import Graph, Range, identity_access
+from timerlc.poly import checks
+from timerlc.poly import levels as lv
+
+ENV_OPS = ("env_reset", "env_step")
+
+
+@dataclass(frozen=True)
+class Statement:
+    nid: int
+    loops: tuple[str, ...]  # the dims that are loops, in the node's dim order
+    vector: tuple[str, ...]  # the dims that are array axes
+    body: tuple[int, ...]  # inlined nodes in evaluation order, then the statement's node
+
+
+@dataclass(frozen=True)
+class Schedule:
+    statements: dict[int, Statement]
+    order: tuple[int, ...]  # the statements in the order the loop tree first runs them
+    times: dict[int, tuple[str, ...]]  # isl time vector of each statement (its loop dims)
+    tree: list  # the loop tree (see ``_convert``)
+
+
+def stored_nodes(graph: Graph) -> set[int]:
+    """Tensors, environment calls, dimensionless nodes, and whatever some consumer reads at
+    another point (the reference interpreter stores the same nodes)."""
+    stored = set()
+    for n in graph.nodes:
+        if n.op == "grad":
+            raise ValueError("the schedule needs a graph after the autodiff pass")
+        if n.op == "merge" or n.op in ENV_OPS or not n.dims:
+            stored.add(n.id)
+        for e in n.inputs:
+            src = graph.node(e.src)
+            if src.dims != n.dims or e.access != identity_access(n.dims):
+                stored.add(e.src)
+    return stored
+
+
+def _body(graph: Graph, nid: int, stored: set[int]) -> tuple[int, ...]:
+    order: list[int] = []
+    seen: set[int] = set()
+
+    def visit(k: int, top: bool):
+        if k in seen or (not top and k in stored):
+            return
+        seen.add(k)
+        for e in graph.node(k).inputs:
+            visit(e.src, False)
+        order.append(k)
+
+    visit(nid, True)
+    return tuple(order)
+
+
+def _ragged_dims(graph: Graph, body) -> set[str]:
+    """Dims on which the length of a window read inside the body depends."""
+    out: set[str] = set()
+    for k in body:
+        for e in graph.node(k).inputs:
+            for a in e.access:
+                if isinstance(a, Range) and not a.is_static:
+                    out |= {str(s) for s in sympy.sympify(a.hi - a.lo).free_symbols}
+    return out
+
+
+def build_schedule(graph: Graph) -> Schedule:
+    stored = stored_nodes(graph)
+    reads = checks.anchor_reads(graph, stored)
+    pairs = lv.pair_maps(reads)
+    dims_of = {n.id: n.dims for n in graph.nodes}
+    all_dims = [d.name for d in graph.dims]
+    bodies = {nid: _body(graph, nid, stored) for nid in stored}
+
+    # the tree: ("leaf", nid) | ("band", Level, [children]); children in execution order
+    def build(nodes, maps, used) -> list:
+        succ: dict[int, set[int]] = {}
+        for a, b in maps:
+            succ.setdefault(a, set()).add(b)
+        items = []
+        for comp in lv.sccs(sorted(nodes), succ):  # producers first
+            cyclic = len(comp) > 1 or comp[0] in succ.get(comp[0], ())
+            if not cyclic:
+                items.append(("leaf", comp[0]))
+                continue
+            members = set(comp)
+            sub = {k: m for k, m in maps.items() if k[0] in members and k[1] in members}
+            level = lv.split_level(dims_of, all_dims, comp, sub, used, progress=True)
+            if level is None:
+                names = sorted({graph.node(c).name or f"%{c}" for c in comp})
+                raise ProgramError(
+                    "timerlc cannot schedule this recurrence yet (no loop order of its dims "
+                    f"found): {', '.join(names)}",
+                    graph.node(comp[0]).span,
+                )
+            items.append(("band", level, build(comp, level.residual, level.used)))
+        return items
+
+    tree = build(list(stored), pairs, {})
+
+    statements: dict[int, Statement] = {}
+    times: dict[int, list[str]] = {}
+    order: list[int] = []
+
+    def phi(level: lv.Level, nid: int) -> str:
+        k = level.coords[nid]
+        if k is None:
+            return str(level.shift[nid])
+        d = ix.isl_name(graph.node(nid).dims[k])
+        return f"{level.scale[nid]} * {d} + {level.shift[nid]}"
+
+    def place(items, prefix_of, used):
+        for pos, item in enumerate(items):
+            if item[0] == "band":
+                level = item[1]
+                place(
+                    item[2],
+                    lambda nid, pos=pos, level=level: prefix_of(nid) + [str(pos), phi(level, nid)],
+                    level.used,
+                )
+                continue
+            nid = item[1]
+            node = graph.node(nid)
+            banded = {node.dims[k] for k in used.get(nid, ())}
+            loops = set(banded)
+            if node.op in ENV_OPS:
+                loops = set(node.dims)
+            loops |= _ragged_dims(graph, bodies[nid]) & set(node.dims)
+            inner = [ix.isl_name(d) for d in node.dims if d in loops and d not in banded]
+            statements[nid] = Statement(
+                nid,
+                tuple(d for d in node.dims if d in loops),
+                tuple(d for d in node.dims if d not in loops),
+                bodies[nid],
+            )
+            times[nid] = prefix_of(nid) + [str(pos)] + inner
+            order.append(nid)
+
+    place(tree, lambda nid: [], {})
+    width = max((len(t) for t in times.values()), default=0)
+    padded = {nid: tuple(t + ["0"] * (width - len(t))) for nid, t in times.items()}
+    return Schedule(statements, tuple(order), padded, _loop_tree(graph, statements, padded))
+
+
+def instance_set(graph: Graph, st: Statement) -> isl.Set:
+    """The points of a statement's loop dims: its domain with the vector dims projected out."""
+    node = graph.node(st.nid)
+    names = ", ".join(ix.isl_name(d) for d in node.dims)
+    s = isl.Set(f"{{ S{st.nid}[{names}] : {ix.cond_to_isl(node.domain.cond)} }}")
+    for d in reversed(node.dims):
+        if d in st.vector:
+            k = node.dims.index(d)
+            s = s.project_out(isl.dim_type.set, k, 1)
+    return s.set_tuple_name(f"S{st.nid}")
+
+
+def _loop_tree(graph: Graph, statements: dict[int, Statement], times) -> list:
+    sched = None
+    for nid, st in statements.items():
+        node = graph.node(nid)
+        dom = instance_set(graph, st)
+        names = ", ".join(ix.isl_name(d) for d in node.dims if d in st.loops)
+        m = isl.Map(f"{{ S{nid}[{names}] -> [{', '.join(times[nid])}] }}").intersect_domain(dom)
+        um = isl.UnionMap.from_map(m)
+        sched = um if sched is None else sched.union(um)
+    if sched is None:
+        return []
+    build = isl.AstBuild.from_context(isl.Set("{ : }"))
+    return _convert(build.node_from_schedule_map(sched))
+
+
+# ----------------------------------------------------------------------------- isl AST -> tree
+# The loop tree is JSON: a list of items
+#   {"for": var, "init": E, "cond": E, "inc": int, "body": [...]}
+#   {"if": E, "then": [...], "else": [...]}
+#   {"call": statement id, "args": [E, ...]}       (values of the statement's loop dims)
+# and expressions E: an int, a variable name (str), or [op, E, ...] with op one of
+#   add sub mul neg min max fdiv_q (floor) pdiv_q pdiv_r zdiv_r (C semantics, operands >= 0
+#   for the p-forms) and or eq le lt ge gt select.
+_OPS = {
+    isl.ast_expr_op_type.and_: "and",
+    isl.ast_expr_op_type.and_then: "and",
+    isl.ast_expr_op_type.or_: "or",
+    isl.ast_expr_op_type.or_else: "or",
+    isl.ast_expr_op_type.max: "max",
+    isl.ast_expr_op_type.min: "min",
+    isl.ast_expr_op_type.minus: "neg",
+    isl.ast_expr_op_type.add: "add",
+    isl.ast_expr_op_type.sub: "sub",
+    isl.ast_expr_op_type.mul: "mul",
+    isl.ast_expr_op_type.div: "fdiv_q",  # exact division: any rounding agrees
+    isl.ast_expr_op_type.fdiv_q: "fdiv_q",
+    isl.ast_expr_op_type.pdiv_q: "pdiv_q",
+    isl.ast_expr_op_type.pdiv_r: "pdiv_r",
+    isl.ast_expr_op_type.zdiv_r: "zdiv_r",
+    isl.ast_expr_op_type.cond: "select",
+    isl.ast_expr_op_type.select: "select",
+    isl.ast_expr_op_type.eq: "eq",
+    isl.ast_expr_op_type.le: "le",
+    isl.ast_expr_op_type.lt: "lt",
+    isl.ast_expr_op_type.ge: "ge",
+    isl.ast_expr_op_type.gt: "gt",
+}
+
+
+def _expr(e: isl.AstExpr):
+    t = e.get_type()
+    if t == isl.ast_expr_type.int:
+        return e.get_val().to_python()
+    if t == isl.ast_expr_type.id:
+        return e.get_id().get_name()
+    op = e.get_op_type()
+    if op not in _OPS:
+        raise ValueError(f"isl AST expression not handled: {e.to_C_str()}")
+    return [_OPS[op]] + [_expr(e.get_op_arg(k)) for k in range(e.get_op_n_arg())]
+
+
+def _convert(node: isl.AstNode) -> list:
+    t = node.get_type()
+    if t == isl.ast_node_type.block:
+        out = []
+        children = node.block_get_children()
+        for k in range(children.n_ast_node()):
+            out.extend(_convert(children.get_at(k)))
+        return out
+    if t == isl.ast_node_type.for_:
+        return [
+            {
+                "for": _expr(node.for_get_iterator()),
+                "init": _expr(node.for_get_init()),
+                "cond": _expr(node.for_get_cond()),
+                "inc": _expr(node.for_get_inc()),
+                "body": _convert(node.for_get_body()),
+            }
+        ]
+    if t == isl.ast_node_type.if_:
+        return [
+            {
+                "if": _expr(node.if_get_cond()),
+                "then": _convert(node.if_get_then_node()),
+                "else": _convert(node.if_get_else_node()) if node.if_has_else_node() else [],
+            }
+        ]
+    if t == isl.ast_node_type.user:
+        call = node.user_get_expr()
+        name = call.get_op_arg(0).get_id().get_name()
+        return [
+            {
+                "call": int(name[1:]),
+                "args": [_expr(call.get_op_arg(k)) for k in range(1, call.get_op_n_arg())],
+            }
+        ]
+    if t == isl.ast_node_type.mark:
+        return _convert(node.mark_get_node())
+    raise ValueError(f"isl AST node not handled: {t}")
+
+
+def _leaves(items) -> list[int]:
+    out = []
+    for item in items:
+        if item[0] == "leaf":
+            out.append(item[1])
+        else:
+            out.extend(_leaves(item[2]))
+    return out
