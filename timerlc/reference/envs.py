@@ -9,22 +9,22 @@ continue its random streams.
 
 from __future__ import annotations
 
-import numpy as np
 
-from timerlc import rng
 from timerlc.diagnostics import RunError
 from timerlc.ir import index as ix
 from timerlc.ir.pdg import Graph
+from timerlc.runtime.envs import EnvRunner
 
 
 class EnvCalls:
     def __init__(self, graph: Graph, points_of):
         """``points_of(nid)`` gives the points (int array [n, ndims]) of a call node."""
         self.graph = graph
-        self.seed = dict(graph.configs).get("seed", 0)
         self.bound = graph.dim_bounds
-        self.instances: dict[str, object] = {}
-        self.seeded: set[str] = set()
+        self.runner = EnvRunner(
+            dict(graph.configs).get("seed", 0),
+            {e.name: (e.spec, self.bound[e.batch]) for e in graph.envs},
+        )
         self.pred: dict[tuple[int, tuple], tuple[int, tuple] | None] = {}
         calls: dict[str, list] = {}
         for n in graph.nodes:
@@ -62,42 +62,8 @@ class EnvCalls:
     def before(self, nid: int, point: tuple) -> tuple[int, tuple] | None:
         return self.pred[(nid, point)]
 
-    def _instance(self, name: str):
-        from timerlc.envs import EnvError, make
-
-        if name not in self.instances:
-            env = next(e for e in self.graph.envs if e.name == name)
-            try:
-                self.instances[name] = make(env.spec, self.bound[env.batch])
-            except EnvError as e:
-                raise RunError(
-                    f"environment '{name}' ({env.spec}) could not be made: {e.message}"
-                ) from None
-        return self.instances[name]
-
     def call(self, node, action) -> tuple:
-        name = node.attr("env")
-        inst = self._instance(name)
-        try:
-            if node.op == "env_reset":
-                if name in self.seeded:
-                    obs = inst.reset()
-                else:
-                    self.seeded.add(name)
-                    obs = inst.reset(
-                        seed=rng.seed32(self.seed) * 2**32 + rng.site_id(f"env:{name}")
-                    )
-                return (np.asarray(obs, np.float32),)
-            obs, reward, done = inst.step(action)
-        except RunError:
-            raise
-        except Exception as e:  # an environment is user code: any failure stops the run
-            raise RunError(f"environment '{name}' raised {type(e).__name__}: {e}") from None
-        return (np.asarray(obs, np.float32), np.asarray(reward, np.float32), np.asarray(done, bool))
+        return self.runner.call(node.attr("env"), node.op, action)
 
     def close(self):
-        for inst in self.instances.values():
-            try:
-                inst.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass
+        self.runner.close()

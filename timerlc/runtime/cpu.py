@@ -23,16 +23,7 @@ from timerlc.diagnostics import RunError
 from timerlc.runtime.envs import EnvRunner
 from timerlc.runtime.plan import compile_index, decode_attr, free_names
 
-_DTYPES = {
-    "f16": np.float16, "f32": np.float32, "f64": np.float64, "i8": np.int8, "i16": np.int16,
-    "i32": np.int32, "i64": np.int64, "u8": np.uint8, "bool": np.bool_,
-}
-
 MetricSink = Callable[[str, dict, float], None]
-
-
-def np_dtype(name: str):
-    return np.dtype(_DTYPES[name])
 
 
 @dataclass
@@ -148,8 +139,10 @@ class _Statement:
         taken = np.zeros(n, bool)
         out = []
         for cond in self.node["_conds"]:
-            hold = np.ones(n, bool) if cond is None else np.broadcast_to(
-                np.asarray(cond(*values), bool), (n,)
+            hold = (
+                np.ones(n, bool)
+                if cond is None
+                else np.broadcast_to(np.asarray(cond(*values), bool), (n,))
             )
             mine = hold & ~taken
             taken |= mine
@@ -168,7 +161,7 @@ class _Statement:
             action = None
             if self.node["inputs"]:
                 action = self._value(self.node, 0, batch, {}, point)[0]
-            outs = rt.envs.call(self.node, action)
+            outs = rt.envs.call(self.node["_attrs"]["env"], self.node["op"], action)
             idx = tuple(int(batch.coords[d][0]) for d in self.dims)
             for buf, v in zip(bufs, outs):
                 buf[idx] = v
@@ -178,8 +171,10 @@ class _Statement:
             for k, pos in enumerate(batch.branches):
                 if len(pos) == 0:
                     continue
-                sub = batch if len(pos) == batch.n else _Batch(
-                    {d: c[pos] for d, c in batch.coords.items()}, len(pos), None
+                sub = (
+                    batch
+                    if len(pos) == batch.n
+                    else _Batch({d: c[pos] for d, c in batch.coords.items()}, len(pos), None)
                 )
                 v = self._value(self.node, k, sub, {}, None)
                 bufs[0][tuple(i[pos] for i in idx) if idx else ()] = v if idx else v[0]
@@ -229,10 +224,11 @@ class CpuRuntime:
         for sid, b in plan["buffers"].items():
             ext = tuple(b["extents"])
             self.buffers[int(sid)] = [
-                np.zeros(ext + tuple(o["shape"]), np_dtype(o["dtype"])) for o in b["outputs"]
+                np.zeros(ext + tuple(o["shape"]), kernels.numpy_dtype(o["dtype"]))
+                for o in b["outputs"]
             ]
         self.metric_of = {nid: name for name, (nid, _) in plan["metrics"].items()}
-        self.envs = EnvRunner(plan)
+        self.envs = EnvRunner.of_plan(plan)
         self.statements = {
             int(sid): _Statement(int(sid), spec, plan, self)
             for sid, spec in plan["statements"].items()

@@ -15,30 +15,36 @@ from timerlc.diagnostics import RunError
 
 
 class EnvRunner:
-    def __init__(self, plan: dict):
-        self.seed = plan.get("seed", 0)
-        self.specs = {e["name"]: e for e in plan.get("envs", [])}
+    def __init__(self, seed: int, envs: dict[str, tuple[str, int]]):
+        """``envs``: each environment's name -> (plugin spec, number of instances)."""
+        self.seed = seed
+        self.specs = envs
         self.instances: dict[str, object] = {}
         self.seeded: set[str] = set()
+
+    @classmethod
+    def of_plan(cls, plan: dict) -> "EnvRunner":
+        envs = {e["name"]: (e["spec"], e["num_envs"]) for e in plan.get("envs", [])}
+        return cls(plan.get("seed", 0), envs)
 
     def _instance(self, name: str):
         from timerlc.envs import EnvError, make
 
         if name not in self.instances:
-            env = self.specs[name]
+            spec, num = self.specs[name]
             try:
-                self.instances[name] = make(env["spec"], env["num_envs"])
+                self.instances[name] = make(spec, num)
             except EnvError as e:
                 raise RunError(
-                    f"environment '{name}' ({env['spec']}) could not be made: {e.message}"
+                    f"environment '{name}' ({spec}) could not be made: {e.message}"
                 ) from None
         return self.instances[name]
 
-    def call(self, node: dict, action) -> tuple:
-        name = node["_attrs"]["env"]
+    def call(self, name: str, op: str, action) -> tuple:
+        """Run ``op`` (``env_reset`` or ``env_step``) of environment ``name``."""
         inst = self._instance(name)
         try:
-            if node["op"] == "env_reset":
+            if op == "env_reset":
                 if name in self.seeded:
                     obs = inst.reset()
                 else:

@@ -18,10 +18,33 @@ FORMAT_VERSION = 1
 REQUIRED = ("format_version", "dims", "buffers", "statements", "tree", "outputs", "metrics")
 _NP_FUNCS = {"minimum", "maximum", "logical_and", "logical_or", "logical_not", "floor_divide"}
 _NODES = (
-    ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.Call, ast.Name,
-    ast.Load, ast.Constant, ast.Attribute, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod,
-    ast.USub, ast.UAdd, ast.Not, ast.And, ast.Or, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt,
-    ast.GtE, ast.Pow,
+    ast.Expression,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.Compare,
+    ast.BoolOp,
+    ast.Call,
+    ast.Name,
+    ast.Load,
+    ast.Constant,
+    ast.Attribute,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.FloorDiv,
+    ast.Mod,
+    ast.USub,
+    ast.UAdd,
+    ast.Not,
+    ast.And,
+    ast.Or,
+    ast.Eq,
+    ast.NotEq,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.Pow,
 )
 
 
@@ -75,9 +98,9 @@ def compile_index(text: str, dims) -> callable:
 
 
 def free_names(text: str) -> set[str]:
-    return {
-        n.id for n in ast.walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Name)
-    } - {"_np"}
+    return {n.id for n in ast.walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Name)} - {
+        "_np"
+    }
 
 
 def decode_attr(v):
@@ -95,10 +118,40 @@ def decode_attr(v):
 
 
 _SYMPY_NAMES = {
-    "Symbol", "Integer", "Rational", "Add", "Mul", "Pow", "Mod", "floor", "ceiling", "Min",
-    "Max", "And", "Or", "Not", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "StrictLessThan",
-    "LessThan", "StrictGreaterThan", "GreaterThan", "Equality", "Unequality", "true", "false",
-    "BooleanTrue", "BooleanFalse", "NegativeOne", "One", "Zero", "Half",
+    "Symbol",
+    "Integer",
+    "Rational",
+    "Add",
+    "Mul",
+    "Pow",
+    "Mod",
+    "floor",
+    "ceiling",
+    "Min",
+    "Max",
+    "And",
+    "Or",
+    "Not",
+    "Eq",
+    "Ne",
+    "Lt",
+    "Le",
+    "Gt",
+    "Ge",
+    "StrictLessThan",
+    "LessThan",
+    "StrictGreaterThan",
+    "GreaterThan",
+    "Equality",
+    "Unequality",
+    "true",
+    "false",
+    "BooleanTrue",
+    "BooleanFalse",
+    "NegativeOne",
+    "One",
+    "Zero",
+    "Half",
 }
 
 
