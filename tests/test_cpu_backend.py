@@ -74,6 +74,17 @@ def test_program_on_cpu_equals_reference(name):
         assert np.isclose(v1, v2, rtol=1e-5, atol=1e-6, equal_nan=True), (n1, p1, v1, v2)
 
 
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_program_metrics_stream_in_the_order_of_their_first_dim(name):
+    # a metric is reported as its points are computed: the iteration loop runs them, not a
+    # batched op after the whole run
+    graph = graph_of(name, SMALL[name])
+    _, _, _, cpu_m = both(graph)
+    for dim in {p[0][0] for _, p, _ in cpu_m if p}:
+        firsts = [p[0][1] for _, p, _ in cpu_m if p and p[0][0] == dim]
+        assert firsts == sorted(firsts), [(n, p) for n, p, _ in cpu_m]
+
+
 def schedule_of(text: str):
     graph = run_pipeline(check_source(Source("p.rtl", src(text))))
     s = build_schedule(graph)
@@ -128,7 +139,8 @@ def test_schedule_puts_the_rollout_and_the_update_in_one_iteration_loop():
     s = build_schedule(graph)
     st = {graph.node(nid).name: x for nid, x in s.statements.items() if graph.node(nid).name}
     assert st["o"].loops == ("i", "t") and st["o"].vector == ("b",)  # acting: one step at a time
-    assert st["logp"].vector == ("i", "b", "t")  # after the rollout: one batched op
+    # after the rollout, inside the iteration: one batched op over every env and step
+    assert st["logp"].loops == ("i",) and st["logp"].vector == ("b", "t")
 
 
 def test_compile_writes_a_plan_that_runs_without_recompiling(tmp_path):
@@ -219,3 +231,15 @@ def test_plan_expressions_compute_indices():
 def test_load_plan_of_a_missing_folder(tmp_path):
     with pytest.raises(PlanError, match="timerlc compile"):
         load_plan(tmp_path)
+
+
+def test_run_time_failure_names_the_first_failing_point_of_a_batched_op(tmp_path):
+    # x runs as one op over every t; t = 2 .. 5 index out of range, and t = 2 is reported
+    p = tmp_path / "p.rtl"
+    p.write_text(
+        "config T = 6\ndim t < T\nv[t] = zeros([3])\n"
+        "k[t] = i32(floor(exp(f32(t))))\nx[t] = v[t][k[t]]\nout x\n"
+    )
+    r = cli("run", p, "--backend", "cpu", "--no-progress")
+    assert r.exit_code == 3
+    assert "while computing x at t=2 (line 5)" in r.stderr and "out of range" in r.stderr

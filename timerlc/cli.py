@@ -77,7 +77,7 @@ def _check(source: Source, overrides: dict[str, str], envs: dict[str, str], on_s
 
 
 def _backend(backend: str | None) -> str:
-    backend = backend or "reference"
+    backend = backend or "cpu"  # LANGUAGE.md 12: cuda where a GPU can be used (not built yet)
     if backend not in IMPLEMENTED_BACKENDS:
         raise _Fail(
             2,

@@ -75,7 +75,8 @@ def build_plan(graph: Graph, schedule: Schedule, source: str = "") -> dict:
                             "out": e.out,
                             "stored": e.src in schedule.statements,
                             "access": [
-                                ["pt", _py(a.expr)] if isinstance(a, Point)
+                                ["pt", _py(a.expr)]
+                                if isinstance(a, Point)
                                 else ["rg", _py(a.lo), _py(a.hi)]
                                 for a in e.access
                             ],
@@ -83,7 +84,7 @@ def build_plan(graph: Graph, schedule: Schedule, source: str = "") -> dict:
                         }
                         for e in n.inputs
                     ],
-                    "where": _where(graph, n),
+                    "where": _where(graph, n, node),
                 }
             )
         statements[str(nid)] = {
@@ -114,7 +115,7 @@ def build_plan(graph: Graph, schedule: Schedule, source: str = "") -> dict:
     }
 
 
-def _where(graph: Graph, n) -> str:
-    """For run-time error messages: the tensor and line a node computes."""
-    line = f" (line {n.span.line})" if n.span is not None else ""
-    return f"{n.name or '%' + str(n.id)}{line}"
+def _where(graph: Graph, n, owner) -> list:
+    """For run-time error messages: the tensor a node computes (or the statement's tensor it
+    is inlined into) and its source line (or None)."""
+    return [n.name or owner.name or f"%{n.id}", n.span.line if n.span is not None else None]

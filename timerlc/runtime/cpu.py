@@ -33,6 +33,19 @@ class _Batch:
     branches: list | None  # merges: per input, the positions (into the batch) it defines
 
 
+class _OpFailed(Exception):
+    """An op raised on a batch; the statement turns it into a RunError naming the point."""
+
+    def __init__(self, where, error: Exception):
+        self.what, self.line = where
+        self.message = str(error)
+
+    def error(self, point: str) -> RunError:
+        at = f" at {point}" if point else ""
+        line = f" (line {self.line})" if self.line is not None else ""
+        return RunError(f"while computing {self.what}{at}{line}: {self.message}")
+
+
 class _Read:
     """One input edge: where it reads (a buffer, or a node of the same statement)."""
 
@@ -166,6 +179,34 @@ class _Statement:
             for buf, v in zip(bufs, outs):
                 buf[idx] = v
             return
+        try:
+            self._compute(batch)
+        except _OpFailed as f:
+            raise self._first_failure(batch, f) from None
+        if self.id in rt.metric_of:
+            rt.emit(self.id, batch)
+
+    def _first_failure(self, batch: _Batch, failed: "_OpFailed") -> RunError:
+        """The error of the first point of a failed batch, in the order of the statement's
+        dims (a batched op cannot say which point failed): the batch is recomputed point by
+        point."""
+        cols = [batch.coords[d] for d in self.dims]
+        for k in np.lexsort(list(reversed(cols))) if batch.n > 1 else range(batch.n):
+            if batch.n > 1:
+                one = _Batch({d: c[k : k + 1] for d, c in batch.coords.items()}, 1, None)
+                if self.node["op"] == "merge":
+                    one.branches = [np.flatnonzero(pos == k)[:1] * 0 for pos in batch.branches]
+                try:
+                    self._compute(one)
+                    continue
+                except _OpFailed as f:
+                    failed = f
+            point = ", ".join(f"{d}={int(c[k])}" for d, c in zip(self.dims, cols))
+            return failed.error(point)
+        return failed.error("")
+
+    def _compute(self, batch: _Batch):
+        bufs = self.rt.buffers[self.id]
         idx = tuple(batch.coords[d] for d in self.dims)
         if self.node["op"] == "merge":
             for k, pos in enumerate(batch.branches):
@@ -185,8 +226,6 @@ class _Statement:
                     buf[idx] = v
                 else:
                     buf[()] = v[0]
-        if self.id in rt.metric_of:
-            rt.emit(self.id, batch)
 
     def _value(self, node: dict, k: int, batch: _Batch, memo: dict, point) -> np.ndarray:
         """Input ``k`` of ``node`` over the batch: ``(n or 1, ...)``."""
@@ -212,7 +251,7 @@ class _Statement:
                 node["op"], node["_attrs"], args, (batch.n,), point, t["dtype"], tuple(t["shape"])
             )
         except (ValueError, IndexError, OverflowError, ZeroDivisionError) as e:
-            raise RunError(f"while computing {node['where']}: {e}") from None
+            raise _OpFailed(node["where"], e) from None
         return (out,)
 
 

@@ -122,6 +122,8 @@ def build_schedule(graph: Graph) -> Schedule:
         return items
 
     tree = build(list(stored), pairs, {})
+    metric_nodes = {graph.tensor(name).node for name in graph.metrics} & stored
+    tree = _stream_metrics(tree, _Fuse(graph, pairs, build), metric_nodes)
 
     statements: dict[int, Statement] = {}
     times: dict[int, list[str]] = {}
@@ -165,6 +167,231 @@ def build_schedule(graph: Graph) -> Schedule:
     width = max((len(t) for t in times.values()), default=0)
     padded = {nid: tuple(t + ["0"] * (width - len(t))) for nid, t in times.items()}
     return Schedule(statements, tuple(order), padded, _loop_tree(graph, statements, padded))
+
+
+# ----------------------------------------------------------------------------- outer fusion
+# A metric is reported as soon as each point is computed, so a metric must not wait for the
+# end of the run: a metric statement (with what it reads that runs after the iteration loop)
+# joins the last loop it depends on, at a coordinate of its own proved not to run ahead of
+# what it reads. A metric that depends on no loop gets a loop of its own over its first dim,
+# which later metrics join, so that all of them stream in the order of their dims.
+
+
+def _members(item) -> list[int]:
+    return [item[1]] if item[0] == "leaf" else _leaves(item[2])
+
+
+class _Fuse:
+    """What outer fusion needs to know of the graph: the reads between stored nodes (isl
+    maps), each node's dims and domain, and the level builder of ``build_schedule``."""
+
+    def __init__(self, graph: Graph, pairs, build):
+        self.graph, self.pairs, self.build = graph, pairs, build
+        self.dims_of = {n.id: n.dims for n in graph.nodes}
+        self.reads_of: dict[int, set[int]] = {}
+        for a, b in pairs:
+            if a != b:
+                self.reads_of.setdefault(a, set()).add(b)
+        self._domains: dict[int, isl.Set] = {}
+
+    def domain(self, nid: int) -> isl.Set:
+        if nid not in self._domains:
+            node = self.graph.node(nid)
+            names = ", ".join(ix.isl_name(d) for d in node.dims)
+            cond = ix.cond_to_isl(node.domain.cond)
+            self._domains[nid] = isl.Set(f"{{ n{nid}[{names}] : {cond} }}")
+        return self._domains[nid]
+
+    def span(self, phi: dict[int, isl.Map], nodes) -> tuple[int, int] | None:
+        """The least and greatest coordinate ``phi`` gives the points of ``nodes``."""
+        lo = hi = None
+        for n in nodes:
+            image = self.domain(n).apply(phi[n])
+            if image.is_empty():
+                continue
+            a, b = image.dim_min_val(0), image.dim_max_val(0)
+            if not (a.is_int() and b.is_int()):
+                return None
+            a, b = a.to_python(), b.to_python()
+            lo = a if lo is None else min(lo, a)
+            hi = b if hi is None else max(hi, b)
+        return (lo, hi) if lo is not None else None
+
+
+def _stream_metrics(items, fuse: _Fuse, metric_nodes) -> list:
+    dims_of = fuse.dims_of
+    items = list(items)
+    k = 0
+    while k < len(items):
+        x = items[k]
+        metrics = [n for n in _members(x) if n in metric_nodes and dims_of[n]]
+        if not metrics:
+            k += 1
+            continue
+        stream = dims_of[metrics[0]][0]  # the dim the metric streams along
+        where = {n: j for j, it in enumerate(items) for n in _members(it)}
+        deps = [
+            {where[b] for n in _members(it) for b in fuse.reads_of.get(n, ()) if where[b] != j}
+            for j, it in enumerate(items)
+        ]
+        closure = _closure(deps, k)
+        # the loops along that dim it depends on, the largest first (the training loop);
+        # else the last such loop before it (another metric's)
+        hosts = sorted(
+            (j for j in closure if stream in _loop_names(items[j], dims_of)),
+            key=lambda j: (-len(_members(items[j])), j),
+        )
+        hosts += [j for j in range(k - 1, -1, -1) if stream in _loop_names(items[j], dims_of)][:1]
+        joined = None
+        for host in hosts:
+            after = sorted(j for j in closure if j > host)
+            moved = [j for j in after if host in _closure(deps, j)] + [k]
+            hoisted = [j for j in after if j not in moved]
+            joined = _join(items[host], [items[j] for j in moved], fuse, stream)
+            if joined is not None:
+                break
+        if joined is None:
+            if x[0] == "leaf":
+                items[k] = _own_loop(x[1], dims_of)
+            k += 1
+            continue
+        rest = items[k + 1 :]
+        items = (
+            items[:host]
+            + [items[j] for j in hoisted]
+            + [joined]
+            + [items[j] for j in range(host + 1, k) if j not in after]
+            + rest
+        )
+        k = len(items) - len(rest)
+    return items
+
+
+def _loop_names(item, dims_of) -> set[str]:
+    if item[0] != "band":
+        return set()
+    return {dims_of[n][c] for n, c in item[1].coords.items() if c is not None}
+
+
+def _closure(deps, k) -> set[int]:
+    out: set[int] = set()
+    todo = [k]
+    while todo:
+        for j in deps[todo.pop()]:
+            if j not in out:
+                out.add(j)
+                todo.append(j)
+    return out
+
+
+def _own_loop(nid: int, dims_of):
+    phi = lv._phi(nid, dims_of[nid], 0, 1)
+    level = lv.Level({nid: 0}, {nid: 1}, {nid: 0}, {nid: phi}, {}, {nid: (0,)})
+    return ("band", level, [("leaf", nid)])
+
+
+def _join(host, items, fuse: _Fuse, stream: str):
+    """``host`` (a band) with ``items`` (in order; each reads only the host, items before it,
+    or what runs before the host) run inside it, each at a coordinate along a dim of the
+    host's loop that orders every read and stays within the host's range (joining never
+    makes a loop longer), the last one (the metric) along ``stream``; None where some item
+    has no such coordinate."""
+    dims_of = fuse.dims_of
+    level = host[1]
+    coords, scale, shift = dict(level.coords), dict(level.scale), dict(level.shift)
+    phi, used = dict(level.phi), dict(level.used)
+    children = list(host[2])
+    bounds = fuse.span(phi, _members(host))
+    if bounds is None:
+        return None
+    names: list[str] = []
+    for n, c in level.coords.items():
+        if c is not None and dims_of[n][c] not in names:
+            names.append(dims_of[n][c])
+    for pos, item in enumerate(items):
+        mine = _members(item)
+        # the host's loop dims this item has, most shared first; if none, a fixed coordinate
+        ranked = sorted(names, key=lambda d: -sum(d in dims_of[n] for n in mine))
+        ranked = [d for d in ranked if any(d in dims_of[n] for n in mine)] or [None]
+        if pos == len(items) - 1:
+            ranked = [stream]
+        for name in ranked:
+            c = {n: dims_of[n].index(name) if name in dims_of[n] else None for n in mine}
+            placed = _place_at(c, mine, coords, scale, phi, fuse)
+            if placed is None:
+                continue
+            s, sh, ph = placed
+            span = fuse.span(ph, mine)
+            if span is not None and not (bounds[0] <= span[0] and span[1] <= bounds[1]):
+                continue
+            inner = {
+                (a, b): m.intersect(ph[a].apply_range(ph[b].reverse()))
+                for (a, b), m in fuse.pairs.items()
+                if a in c and b in c
+            }
+            inner = {key: m for key, m in inner.items() if not m.is_empty()}
+            now = {n: () if c[n] is None else (c[n],) for n in mine}
+            try:
+                sub = fuse.build(mine, inner, now)
+            except ProgramError:
+                continue
+            coords.update(c)
+            scale.update(s)
+            shift.update(sh)
+            phi.update(ph)
+            used.update(now)
+            children.extend(sub)
+            break
+        else:
+            return None
+    return ("band", lv.Level(coords, scale, shift, phi, level.residual, used), children)
+
+
+def _place_at(c, mine, coords, scale, phi, fuse: _Fuse):
+    """Scales and shifts for the nodes ``mine`` at dim positions ``c`` so that no read from
+    them goes ahead of the placed nodes' ``phi`` or of each other; None if there are none."""
+    pairs, reads_of, dims_of = fuse.pairs, fuse.reads_of, fuse.dims_of
+    found = set()
+    for n in mine:
+        for b in reads_of.get(n, ()):
+            if b in phi and c[n] is not None and coords.get(b) is not None:
+                rho = lv._slope(pairs[(n, b)], c[n], coords[b])
+                if rho is not None:
+                    found.add(scale[b] * rho)
+    if len(found) > 1:
+        return None
+    f = found.pop() if found else 1
+    if f <= 0 or f != int(f):
+        return None
+    s = {n: 0 if c[n] is None else int(f) for n in mine}
+    base = {n: lv._phi(n, dims_of[n], c[n], s[n]) for n in mine}
+
+    def ahead(m, a, b_phi):
+        v = m.apply_domain(base[a]).apply_range(b_phi).deltas().dim_max_val(0)
+        return v.to_python() if v.is_int() else None
+
+    sh = dict.fromkeys(mine, 0)
+    internal = {}
+    for n in mine:
+        for b in reads_of.get(n, ()):
+            if b in phi or b in base:
+                v = ahead(pairs[(n, b)], n, phi[b] if b in phi else base[b])
+                if v is None:
+                    return None
+                if b in phi:
+                    sh[n] = max(sh[n], v)
+                else:
+                    internal[(n, b)] = v
+    for _ in range(len(mine) + 1):
+        changed = False
+        for (n, b), v in internal.items():
+            if sh[b] + v > sh[n]:
+                sh[n] = sh[b] + v
+                changed = True
+        if not changed:
+            ph = {n: lv._phi(n, dims_of[n], c[n], s[n], sh[n]) for n in mine}
+            return s, sh, ph
+    return None
 
 
 def instance_set(graph: Graph, st: Statement) -> isl.Set:
