@@ -28,6 +28,7 @@ from timerlc.ir.types import TensorType
 from timerlc.passes.pipeline import run_pipeline
 from timerlc.poly.checks import check_all
 from timerlc.reference.interpreter import outputs, run_graph
+from rtl_helpers import BACKENDS_COMPARED, compare_cpu
 
 EPS = 1e-6
 RTOL = 1e-6
@@ -39,15 +40,21 @@ def src(text: str) -> str:
 
 
 def compile_program(text: str, **sets):
-    """The graph after the whole pipeline, checked by the domain checks."""
+    """The graph after the lowering passes (autodiff), checked by the domain checks."""
     overrides = {k: str(v) for k, v in sets.items()}
-    graph = run_pipeline(check_source(Source("p.rtl", src(text)), overrides=overrides))
+    graph = check_source(Source("p.rtl", src(text)), overrides=overrides)
+    graph = run_pipeline(graph, optimize=False)
     check_all(graph)  # the differentiated graph must still pass the domain checks
     return graph
 
 
 def run(text: str, **sets) -> dict[str, np.ndarray]:
-    return outputs(run_graph(compile_program(text, **sets)))
+    """The reference's outputs; the cpu backend (the optimized program) must agree."""
+    graph = compile_program(text, **sets)
+    want = outputs(run_graph(graph))
+    if BACKENDS_COMPARED:
+        compare_cpu(graph, want)
+    return want
 
 
 def error(text: str, **sets) -> ProgramError:

@@ -65,13 +65,16 @@ def _read_source(path: str) -> Source:
         raise _Fail(2, f"timerlc: error: cannot read {path}: {e.strerror}") from None
 
 
-def _check(source: Source, overrides: dict[str, str], envs: dict[str, str], on_stage=None):
-    """Check the program and run the pass pipeline: the PDG a backend runs."""
+def _check(
+    source: Source, overrides: dict[str, str], envs: dict[str, str], on_stage=None, optimize=True
+):
+    """Check the program and run the pass pipeline: the PDG a backend runs (the reference
+    backend runs it unoptimized: it is the oracle the optimized program is tested against)."""
     from timerlc.frontend.check import check_source
     from timerlc.passes.pipeline import run_pipeline
 
     try:
-        return run_pipeline(check_source(source, overrides, envs), on_stage)
+        return run_pipeline(check_source(source, overrides, envs), on_stage, optimize)
     except ProgramError as e:
         raise _Fail(1, e.render(source)) from None
 
@@ -141,7 +144,9 @@ def cli():
 @_env_option
 def check(file, sets, envs):
     """Parse and check FILE; print nothing and exit 0 when it is valid."""
-    _guard(lambda: _check(_read_source(file), _overrides(sets), _env_overrides(envs)))()
+    _guard(
+        lambda: _check(_read_source(file), _overrides(sets), _env_overrides(envs), optimize=False)
+    )()
 
 
 @cli.command()
@@ -173,7 +178,9 @@ def compile(file, out_dir, backend, sets, envs, dump_ir, timings):
         def on_stage(name, g):
             stages.append((name, time.perf_counter(), g))
 
-        graph = _check(source, _overrides(sets), _env_overrides(envs), on_stage)
+        graph = _check(
+            source, _overrides(sets), _env_overrides(envs), on_stage, chosen != "reference"
+        )
         plan = None
         if chosen == "cpu":
             from timerlc.runner import compile_plan
@@ -303,7 +310,12 @@ def run(target, backend, sets, envs, seed, outputs_path, metrics_path, no_progre
                 return
             graph = _load_build(path)
         else:
-            graph = _check(_read_source(target), _overrides(sets, seed), _env_overrides(envs))
+            graph = _check(
+                _read_source(target),
+                _overrides(sets, seed),
+                _env_overrides(envs),
+                optimize=chosen != "reference",
+            )
         progress = not no_progress and sys.stderr.isatty()
         run_program(graph, chosen, outputs_path, metrics_path, progress, profile)
 

@@ -12,19 +12,27 @@ from typing import Callable
 from timerlc.ir.pdg import Graph
 from timerlc.passes.autodiff import differentiate
 from timerlc.passes.forward import forward_merge_reads
+from timerlc.passes.simplify import simplify
 
 PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("autodiff", differentiate),
     ("forward", forward_merge_reads),
+    ("simplify", simplify),
 ]
+LOWERING = ("autodiff",)  # what every backend needs; the rest optimizes for compiled ones
 
 
-def run_pipeline(graph: Graph, on_stage: Callable[[str, Graph], None] | None = None) -> Graph:
-    """Run every pass; ``on_stage(name, graph)`` sees the graph after each (and before all,
-    as ``frontend``)."""
+def run_pipeline(
+    graph: Graph, on_stage: Callable[[str, Graph], None] | None = None, optimize: bool = True
+) -> Graph:
+    """Run every pass (only the lowering ones unless ``optimize``: the reference backend
+    interprets the program as written); ``on_stage(name, graph)`` sees the graph after each
+    (and before all, as ``frontend``)."""
     if on_stage is not None:
         on_stage("frontend", graph)
     for name, fn in PASSES:
+        if not optimize and name not in LOWERING:
+            continue
         graph = fn(graph)
         if on_stage is not None:
             on_stage(name, graph)

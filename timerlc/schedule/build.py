@@ -23,6 +23,7 @@ import sympy
 
 from timerlc.diagnostics import ProgramError
 from timerlc.ir import index as ix
+from timerlc.ir import ops
 from timerlc.ir.pdg import Graph, Range, identity_access
 from timerlc.poly import checks
 from timerlc.poly import levels as lv
@@ -47,8 +48,10 @@ class Schedule:
 
 
 def stored_nodes(graph: Graph) -> set[int]:
-    """Tensors, environment calls, dimensionless nodes, and whatever some consumer reads at
-    another point (the reference interpreter stores the same nodes)."""
+    """Tensors, environment calls, dimensionless nodes, whatever some consumer reads at
+    another point (the reference interpreter stores the same nodes), and costly nodes
+    (matmuls, reductions, gathers, random draws) that would otherwise be inlined into, and
+    computed again by, more than one statement."""
     stored = set()
     for n in graph.nodes:
         if n.op == "grad":
@@ -59,7 +62,24 @@ def stored_nodes(graph: Graph) -> set[int]:
             src = graph.node(e.src)
             if src.dims != n.dims or e.access != identity_access(n.dims):
                 stored.add(e.src)
-    return stored
+    while True:
+        uses: dict[int, int] = {}
+        for nid in stored:
+            for k in _body(graph, nid, stored)[:-1]:
+                uses[k] = uses.get(k, 0) + 1
+        shared = {k for k, c in uses.items() if c > 1 and not _cheap(graph.node(k).op)}
+        if not shared:
+            return stored
+        stored |= shared
+
+
+def _cheap(op: str) -> bool:
+    """Ops as cheap to compute again as to store and read back."""
+    kind = ops.get(op).kind
+    return kind == "elementwise" or (kind == "shape" and op != "concat") or op in CHEAP_SOURCES
+
+
+CHEAP_SOURCES = ("const", "arange", "dimval", "index_value")
 
 
 def _body(graph: Graph, nid: int, stored: set[int]) -> tuple[int, ...]:

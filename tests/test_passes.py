@@ -1,0 +1,117 @@
+"""The optimization passes, one by one: what each removes or rewrites, and that the
+program's outputs stay those of the program as written (the reference interpreter)."""
+
+from __future__ import annotations
+
+import numpy as np
+from rtl_helpers import src
+
+from timerlc.diagnostics import Source
+from timerlc.frontend.check import check_source
+from timerlc.passes.pipeline import PASSES, run_pipeline
+from timerlc.passes.simplify import simplify
+from timerlc.reference.interpreter import outputs, run_graph
+
+
+def checked(text: str):
+    return run_pipeline(check_source(Source("p.rtl", src(text))), optimize=False)
+
+
+def ops(graph) -> list[str]:
+    return sorted(n.op for n in graph.nodes)
+
+
+def same_outputs(before, after):
+    want, got = outputs(run_graph(before)), outputs(run_graph(after))
+    assert want.keys() == got.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def test_pipeline_names_are_the_dump_file_names():
+    assert [name for name, _ in PASSES][:3] == ["autodiff", "forward", "simplify"]
+
+
+def test_simplify_reads_through_copies_with_the_composed_access():
+    g = checked(
+        """
+        config T = 6
+        dim t < T
+        x[t] = sin(f32(t))
+        y[t] = x[t]
+        z[t] = y[T-1-t] * 2.0
+        out z
+        """
+    )
+    s = simplify(g)
+    assert "copy" not in ops(s) and len(s.nodes) < len(g.nodes)
+    (z,) = [n for n in s.nodes if n.name == "z"]
+    mul = s.node(z.inputs[0].src)
+    reads = {s.node(e.src).op: e.access for e in mul.inputs}
+    assert "sin" in reads  # y's merge and copy are gone: z reads x's value at T-1-t
+    same_outputs(g, s)
+
+
+def test_simplify_shares_common_subexpressions():
+    g = checked(
+        """
+        config T = 4
+        dim t < T
+        a[t] = exp(f32(t)) + 1.0
+        b[t] = exp(f32(t)) + 1.0
+        out a, b
+        """
+    )
+    s = simplify(g)
+    assert ops(s).count("exp") == 1 and ops(s).count("add") == 1
+    same_outputs(g, s)
+
+
+def test_simplify_drops_what_no_output_metric_or_environment_needs():
+    g = checked(
+        """
+        config T = 4
+        dim t < T
+        unused[t] = tanh(f32(t))
+        y[t] = f32(t) * 3.0
+        out y
+        """
+    )
+    s = simplify(g)
+    assert "tanh" not in ops(s)
+    assert [t.name for t in s.tensors if t.name == "unused"] == []
+    same_outputs(g, s)
+
+
+def test_simplify_keeps_environment_calls_nobody_reads():
+    g = checked(
+        """
+        config B = 2, T = 3
+        dim b < B
+        dim t < T
+        env E = "trivial" batch b
+        o[b, 0] = E.reset()
+        o[b, t+1], r[b, t], d[b, t] = E.step(0)
+        y = 1.0
+        out y
+        """
+    )
+    s = simplify(g)
+    assert ops(s).count("env_reset") == 1 and ops(s).count("env_step") == 1
+
+
+def test_simplify_keeps_outputs_and_metrics_named():
+    g = checked(
+        """
+        config I = 3
+        dim i < I
+        l[i] = f32(i) * 0.5
+        m[i] = l[i]
+        metric m
+        out l
+        """
+    )
+    s = simplify(g)
+    names = {t.name for t in s.tensors}
+    assert {"l", "m"} <= names
+    same_outputs(g, s)
