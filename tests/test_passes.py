@@ -29,7 +29,7 @@ def same_outputs(before, after):
 
 
 def test_pipeline_names_are_the_dump_file_names():
-    assert [name for name, _ in PASSES][:3] == ["autodiff", "forward", "simplify"]
+    assert [name for name, _ in PASSES][:4] == ["autodiff", "forward", "incremental", "simplify"]
 
 
 def test_simplify_reads_through_copies_with_the_composed_access():

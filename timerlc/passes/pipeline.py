@@ -12,11 +12,13 @@ from typing import Callable
 from timerlc.ir.pdg import Graph
 from timerlc.passes.autodiff import differentiate
 from timerlc.passes.forward import forward_merge_reads
+from timerlc.passes.incremental import incrementalize
 from timerlc.passes.simplify import simplify
 
 PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("autodiff", differentiate),
     ("forward", forward_merge_reads),
+    ("incremental", incrementalize),
     ("simplify", simplify),
 ]
 LOWERING = ("autodiff",)  # what every backend needs; the rest optimizes for compiled ones

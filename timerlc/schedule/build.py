@@ -50,8 +50,8 @@ class Schedule:
 def stored_nodes(graph: Graph) -> set[int]:
     """Tensors, environment calls, dimensionless nodes, whatever some consumer reads at
     another point (the reference interpreter stores the same nodes), and costly nodes
-    (matmuls, reductions, gathers, random draws) that would otherwise be inlined into, and
-    computed again by, more than one statement."""
+    (matmuls, reductions, gathers, random draws, chains of more than ``CHEAP_CHAIN`` cheap
+    ops) that would otherwise be inlined into, and computed again by, several statements."""
     stored = set()
     for n in graph.nodes:
         if n.op == "grad":
@@ -67,7 +67,12 @@ def stored_nodes(graph: Graph) -> set[int]:
         for nid in stored:
             for k in _body(graph, nid, stored)[:-1]:
                 uses[k] = uses.get(k, 0) + 1
-        shared = {k for k, c in uses.items() if c > 1 and not _cheap(graph.node(k).op)}
+        shared = {
+            k
+            for k, c in uses.items()
+            if c > 1
+            and (not _cheap(graph.node(k).op) or len(_body(graph, k, stored)) > CHEAP_CHAIN)
+        }
         if not shared:
             return stored
         stored |= shared
@@ -80,6 +85,7 @@ def _cheap(op: str) -> bool:
 
 
 CHEAP_SOURCES = ("const", "arange", "dimval", "index_value")
+CHEAP_CHAIN = 2  # a shared chain of cheap ops longer than this is stored, not recomputed
 
 
 def _body(graph: Graph, nid: int, stored: set[int]) -> tuple[int, ...]:
