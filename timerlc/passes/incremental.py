@@ -57,6 +57,16 @@ _KINDS = {
 }
 
 
+_FLIPPED = {
+    sympy.Lt: sympy.Gt,
+    sympy.Le: sympy.Ge,
+    sympy.Gt: sympy.Lt,
+    sympy.Ge: sympy.Le,
+    sympy.Eq: sympy.Eq,
+    sympy.Ne: sympy.Ne,
+}
+
+
 @dataclass(frozen=True)
 class _Match:
     dim: str  # the dim t the window moves with
@@ -146,7 +156,7 @@ def _match(graph: Graph, n: Node) -> _Match | None:
                 if form == "suffix"
                 else sympy.And(sympy.Eq(lo_n, lo), sympy.Eq(hi_n, hi - 1))
             )
-            has_next = ix.substitute(dom, at)
+            has_next = _tidy(pisl.simplify(n.dims, ix.substitute(dom, at), dom))
             # the moving end first, so that conditions print as the front end's (t == 15)
             ends = (lo, hi - 1) if form == "suffix" else (hi - 1, lo)
             one = sympy.Eq(*ends)
@@ -154,7 +164,7 @@ def _match(graph: Graph, n: Node) -> _Match | None:
             # every point with a neighbour must follow from it (or be a one-point window)
             if not pisl.is_empty(n.dims, sympy.And(dom, has_next, longer, sympy.Not(follows))):
                 continue
-            rec = pisl.simplify(n.dims, sympy.And(has_next, longer), dom)
+            rec = _tidy(pisl.simplify(n.dims, sympy.And(has_next, longer), dom))
             if pisl.is_empty(n.dims, sympy.And(dom, rec)):
                 continue
             start = sympy.And(sympy.Not(has_next), longer)
@@ -176,7 +186,23 @@ def _simplified(n: Node, cond):
     """``cond`` simplified on R's domain, or None where it holds nowhere."""
     if pisl.is_empty(n.dims, sympy.And(n.domain.cond, cond)):
         return None
-    return pisl.simplify(n.dims, cond, n.domain.cond)
+    return _tidy(pisl.simplify(n.dims, cond, n.domain.cond))
+
+
+def _tidy(cond):
+    """Comparisons with their constant on the right: ``t + 1 < 16`` is ``t < 15``."""
+
+    def tidy(rel):
+        d = sympy.expand(rel.lhs - rel.rhs)
+        c, rest = d.as_coeff_Add()
+        if not c.is_Integer or rest == 0:
+            return rel
+        if rest.could_extract_minus_sign():  # -t >= -14 is t <= 14
+            return _FLIPPED[type(rel)](-rest, c)
+        return type(rel)(rest, -c)
+
+    rels = sympy.sympify(cond).atoms(sympy.core.relational.Relational)
+    return cond.xreplace({r: tidy(r) for r in rels}) if rels else cond
 
 
 def _combinable(combine: str, t: TensorType) -> bool:
@@ -314,4 +340,3 @@ class _Rewrite:
             return self.b.add(op, where, inputs, t, node_attrs, span=self.n.span)
         self.b.put(at, Node(at, op, where, tuple(inputs), (t,), node_attrs, None, self.n.span))
         return at
-
