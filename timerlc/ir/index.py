@@ -210,10 +210,12 @@ def cond_to_text(c) -> str:
     return _RTL.cond(c)
 
 
+@functools.lru_cache(maxsize=65536)
 def to_isl(e) -> str:
     return _ISL.expr(e)
 
 
+@functools.lru_cache(maxsize=65536)  # the checks and the schedule convert the same conditions
 def cond_to_isl(c) -> str:
     return _ISL.cond(c)
 

@@ -7,6 +7,8 @@ that user names never clash with isl keywords; producer dims in maps are ``s_<k>
 
 from __future__ import annotations
 
+import functools
+
 import islpy as isl
 import sympy
 
@@ -18,6 +20,7 @@ def _tuple(dims, tag: str = "") -> str:
     return f"{tag}[{', '.join(ix.isl_name(d) for d in dims)}]"
 
 
+@functools.lru_cache(maxsize=16384)  # isl sets are values: operations return new ones
 def cond_set(dims: tuple[str, ...], cond, tag: str = "") -> isl.Set:
     return isl.Set(f"{{ {_tuple(dims, tag)} : {ix.cond_to_isl(cond)} }}")
 
