@@ -45,6 +45,7 @@ class Schedule:
     order: tuple[int, ...]  # the statements in the order the loop tree first runs them
     times: dict[int, tuple[str, ...]]  # isl time vector of each statement (its loop dims)
     tree: list  # the loop tree (see ``_convert``)
+    reads: dict[tuple[int, int], isl.Map]  # (reader, read statement) -> points it reads
 
 
 def stored_nodes(graph: Graph) -> set[int]:
@@ -187,12 +188,15 @@ def build_schedule(graph: Graph) -> Schedule:
                 bodies[nid],
             )
             times[nid] = prefix_of(nid) + [str(pos)] + inner
+            slots[nid] = (tuple(prefix_of(nid)), pos, tuple(inner))
             order.append(nid)
 
+    slots: dict[int, tuple] = {}
     place(tree, lambda nid: [], {})
     width = max((len(t) for t in times.values()), default=0)
     padded = {nid: tuple(t + ["0"] * (width - len(t))) for nid, t in times.items()}
-    return Schedule(statements, tuple(order), padded, _loop_tree(graph, statements, padded))
+    tree_json = _loop_tree(graph, statements, padded, _groups(graph, statements, order, slots))
+    return Schedule(statements, tuple(order), padded, tree_json, pairs)
 
 
 # ----------------------------------------------------------------------------- outer fusion
@@ -432,9 +436,37 @@ def instance_set(graph: Graph, st: Statement) -> isl.Set:
     return s.set_tuple_name(f"S{st.nid}")
 
 
-def _loop_tree(graph: Graph, statements: dict[int, Statement], times) -> list:
+def _groups(graph: Graph, statements, order, slots) -> dict[int, list[int]]:
+    """Runs of statements that are next to each other in one loop body with the same loops
+    over the same points: isl's AST builder gets one statement per run (it is much faster
+    with fewer statements), which the loop tree expands back into the run's calls."""
+    groups: dict[int, list[int]] = {}
+    leader = prev = None
+    for nid in order:
+        if prev is not None:
+            (pre_a, pos_a, in_a), (pre_b, pos_b, in_b) = slots[prev], slots[nid]
+            a, b = statements[leader], statements[nid]
+            if (
+                pre_a == pre_b
+                and pos_b == pos_a + 1
+                and in_a == in_b
+                and a.loops == b.loops
+                and instance_set(graph, a)
+                .set_tuple_name("G")
+                .is_equal(instance_set(graph, b).set_tuple_name("G"))
+            ):
+                groups[leader].append(nid)
+                prev = nid
+                continue
+        leader = prev = nid
+        groups[leader] = [nid]
+    return groups
+
+
+def _loop_tree(graph: Graph, statements: dict[int, Statement], times, groups) -> list:
     sched = None
-    for nid, st in statements.items():
+    for nid in groups:
+        st = statements[nid]
         node = graph.node(nid)
         dom = instance_set(graph, st)
         names = ", ".join(ix.isl_name(d) for d in node.dims if d in st.loops)
@@ -444,7 +476,21 @@ def _loop_tree(graph: Graph, statements: dict[int, Statement], times) -> list:
     if sched is None:
         return []
     build = isl.AstBuild.from_context(isl.Set("{ : }"))
-    return _convert(build.node_from_schedule_map(sched))
+    return _expand(_convert(build.node_from_schedule_map(sched)), groups)
+
+
+def _expand(items: list, groups: dict[int, list[int]]) -> list:
+    out = []
+    for it in items:
+        if "call" in it:
+            out.extend({"call": nid, "args": it["args"]} for nid in groups[it["call"]])
+        elif "for" in it:
+            out.append({**it, "body": _expand(it["body"], groups)})
+        else:
+            out.append(
+                {**it, "then": _expand(it["then"], groups), "else": _expand(it["else"], groups)}
+            )
+    return out
 
 
 # ----------------------------------------------------------------------------- isl AST -> tree
