@@ -328,12 +328,21 @@ def run(target, backend, sets, envs, seed, outputs_path, metrics_path, no_progre
     "--format", "fmt", type=click.Choice(["text", "json", "dot"]), default="text", show_default=True
 )
 def inspect(file, fmt):
-    """Show a dumped IR file (.pdg text or .json) in readable form."""
+    """Show a dumped IR file (.pdg text or .json) or a plan (plan.json) in readable form."""
 
     def body():
         from timerlc.ir import serialize
 
         text = Path(file).read_text()
+        plan = _as_plan(text)
+        if plan is not None:
+            from timerlc.plan import text as plan_text
+
+            if fmt == "dot":
+                raise _Fail(2, "timerlc: error: a plan has no dot form (use text or json)")
+            shown = plan_text.render(plan) if fmt == "text" else json.dumps(plan, indent=1) + "\n"
+            click.echo(shown, nl=False)
+            return
         try:
             graph = (
                 serialize.from_json(text)
@@ -348,6 +357,19 @@ def inspect(file, fmt):
         click.echo(render(graph), nl=False)
 
     _guard(body)()
+
+
+def _as_plan(text: str) -> dict | None:
+    """The plan in ``text`` if it is one (a JSON object with a plan's keys), else None."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(data, dict) and {"format_version", "statements", "tree"} <= data.keys():
+        return data
+    return None
 
 
 @cli.command("envs")

@@ -64,7 +64,7 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=4, help="update epochs EPOCHS")
     p.add_argument("--minibatches", type=int, default=4, help="minibatches per epoch MB")
     p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2.5e-4)
+    p.add_argument("--lr", type=float, default=1e-3)  # as programs/ppo.rtl
     p.add_argument("--no-anneal-lr", action="store_true")
     p.add_argument("--gamma", type=float, default=0.99)
     p.add_argument("--lam", type=float, default=0.95)

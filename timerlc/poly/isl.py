@@ -29,6 +29,7 @@ def domain_set(domain: Domain, tag: str = "") -> isl.Set:
     return cond_set(domain.dims, domain.cond, tag)
 
 
+@functools.lru_cache(maxsize=16384)  # the checks and the schedule build the same maps
 def access_map(
     consumer: Domain, access, n_src: int, src_tag: str = "", dst_tag: str = ""
 ) -> isl.Map:

@@ -1,0 +1,56 @@
+"""`timerlc inspect` of a plan (LANGUAGE.md section 12: "a dumped IR file or a plan")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rtl_helpers import cli
+
+PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
+
+
+def _plan(tmp_path) -> Path:
+    build = tmp_path / "build"
+    r = cli(
+        "compile",
+        PROGRAMS / "reinforce.rtl",
+        "--set",
+        "I=3",
+        "--set",
+        "B=2",
+        "--set",
+        "T=5",
+        "-o",
+        build,
+    )
+    assert r.exit_code == 0, r.output
+    return build / "plan.json"
+
+
+def test_inspect_shows_a_plan_as_text(tmp_path):
+    plan = _plan(tmp_path)
+    r = cli("inspect", plan)
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert out.startswith("plan format ")
+    for section in ("buffers:", "statements:", "loop tree:", "metrics: ep_ret"):
+        assert section in out
+    assert "for c1 = 0;" in out  # the iteration loop
+    assert "o[c1, c3]" in out  # the acting step, one call per (i, t)
+    data = json.loads(plan.read_text())
+    for name in ("o", "logits", "loss"):
+        if any(b.get("name") == name for b in data["buffers"].values()):
+            assert f" {name} " in out
+
+
+def test_inspect_shows_a_plan_as_json(tmp_path):
+    plan = _plan(tmp_path)
+    r = cli("inspect", plan, "--format", "json")
+    assert r.exit_code == 0
+    assert json.loads(r.output) == json.loads(plan.read_text())
+
+
+def test_inspect_refuses_dot_for_a_plan(tmp_path):
+    r = cli("inspect", _plan(tmp_path), "--format", "dot")
+    assert r.exit_code == 2 and "no dot form" in r.stderr
