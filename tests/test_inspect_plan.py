@@ -54,3 +54,25 @@ def test_inspect_shows_a_plan_as_json(tmp_path):
 def test_inspect_refuses_dot_for_a_plan(tmp_path):
     r = cli("inspect", _plan(tmp_path), "--format", "dot")
     assert r.exit_code == 2 and "no dot form" in r.stderr
+
+
+def test_dump_ir_writes_each_pass_and_the_plan(tmp_path):
+    build = tmp_path / "b"
+    r = cli("compile", PROGRAMS / "returns.rtl", "-o", build, "--dump-ir")
+    assert r.exit_code == 0, r.output
+    names = sorted(p.name for p in (build / "ir").iterdir())
+    assert names[:5] == [
+        "00-frontend.pdg",
+        "01-autodiff.pdg",
+        "02-forward.pdg",
+        "03-incremental.pdg",
+        "04-simplify.pdg",
+    ]
+    plan = (build / "ir" / names[-1]).read_text()
+    assert names[-1].endswith("-plan.txt") and plan.startswith("plan format ")
+    # discounted_sum(r[i, b, t:T]) runs as a recurrence: a loop over t, i and b vectorized
+    assert any(
+        line.split()[1] == "g_ds" and "loops [t] vector [i, b]" in line
+        for line in plan.splitlines()
+        if len(line.split()) > 1
+    )

@@ -209,6 +209,10 @@ def compile(file, out_dir, backend, sets, envs, dump_ir, timings):
             for k, (name, _, g) in enumerate(stages):
                 if hasattr(g, "nodes"):
                     (ir / f"{k:02d}-{name}.pdg").write_text(serialize.to_text(g))
+            if plan is not None:  # the schedule and memory decisions, readable
+                from timerlc.plan import text as plan_text
+
+                (ir / f"{len(stages) - 1:02d}-plan.txt").write_text(plan_text.render(plan))
         if timings:
             last = started
             for name, at, g in stages:
