@@ -28,7 +28,6 @@ import functools
 import math
 import operator
 import warnings
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -54,13 +53,22 @@ def numpy_dtype(name: str) -> np.dtype:
         raise ValueError(f"unknown dtype {name!r} (known: {', '.join(DTYPES)})") from None
 
 
-@dataclass(frozen=True)
 class _Ctx:
-    nb: int  # number of batch axes
-    batch: tuple[int, ...]  # the full batch shape
-    point: dict  # dim -> int | int64 array with nb dims
-    out_shape: tuple[int, ...]
-    dtype: np.dtype  # of the result
+    """What a kernel knows of its batch: ``nb`` batch axes of shape ``batch``, the value of
+    each dim at each point (``point``: dim -> int | int64 array with nb dims, checked when a
+    kernel first asks: most never do), and the result's spatial shape and dtype."""
+
+    __slots__ = ("nb", "batch", "_raw", "_point", "out_shape", "dtype")
+
+    def __init__(self, nb: int, batch: tuple, point: dict, out_shape: tuple, dtype: np.dtype):
+        self.nb, self.batch, self._raw, self._point = nb, batch, point, None
+        self.out_shape, self.dtype = out_shape, dtype
+
+    @property
+    def point(self) -> dict:
+        if self._point is None:
+            self._point = {d: _point_value(d, v, self.batch) for d, v in self._raw.items()}
+        return self._point
 
 
 Kernel = Callable[[_Ctx, dict, list], np.ndarray]
@@ -101,8 +109,9 @@ def run_op(
                 f"broadcastable to {batch}"
             )
         arrays.append(a)
-    pt = {d: _point_value(d, v, batch) for d, v in point.items()}
-    ctx = _Ctx(nb, batch, pt, tuple(operator.index(s) for s in out_shape), numpy_dtype(out_dtype))
+    ctx = _Ctx(
+        nb, batch, point, tuple(operator.index(s) for s in out_shape), numpy_dtype(out_dtype)
+    )
     with np.errstate(all="ignore"):
         out = fn(ctx, attrs, arrays)
     return _finish(name, out, ctx, arrays)
