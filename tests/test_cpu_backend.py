@@ -156,7 +156,7 @@ def test_compile_writes_a_plan_that_runs_without_recompiling(tmp_path):
     r = cli("compile", prog, "--backend", "cpu", "-o", build)
     assert r.exit_code == 0, r.output
     plan = json.loads((build / "plan.json").read_text())
-    assert plan["format_version"] == 1 and plan["tree"] and plan["statements"]
+    assert plan["format_version"] == 2 and plan["tree"] and plan["statements"]
     r1 = cli("run", build, "--outputs", tmp_path / "a.npz", "--no-progress")
     r2 = cli("run", prog, "--backend", "reference", "--outputs", tmp_path / "b.npz")
     assert r1.exit_code == 0 and r2.exit_code == 0, r1.output + r2.output
@@ -206,7 +206,7 @@ def test_runtime_never_imports_the_compiler(tmp_path):
     [
         ('{"format_version": 99}', ["format 99", "compile the program again"]),
         ("not json at all", ["not a valid plan"]),
-        ('{"format_version": 1, "dims": {}}', ["missing"]),
+        ('{"format_version": 2, "dims": {}}', ["missing"]),
         ("[1, 2]", ["not a timerlc plan"]),
     ],
 )

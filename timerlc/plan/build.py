@@ -1,11 +1,13 @@
 """The plan: what the runtime needs to run a scheduled PDG, as versioned JSON.
 
 In: an optimized PDG and its ``Schedule``. Out: a JSON-ready dict (see ``docs/plan.md``):
-sizes, environments, one buffer per statement (block storage over the bounding box of its
-domain), each statement's nodes (the inlined ones, then its own) with their reads, and the
-loop tree. Index expressions and conditions are NumPy-vectorized Python expressions over
-dim names (``t + 1``, ``j // 16``, ``_np.minimum(t + 3, 15)``), which the runtime validates
-and compiles; attributes that hold index expressions keep them as ``{"sympy": srepr}``.
+sizes, environments, one buffer per statement with its storage (``plan.memory``: a block over
+the bounding box of its domain, or a ring buffer along the iteration loop; the buffer whose
+memory it takes, if any), each statement's nodes (the inlined ones, then its own) with their
+reads, and the loop tree with the frees of the memory plan. Index expressions and conditions
+are NumPy-vectorized Python expressions over dim names (``t + 1``, ``j // 16``,
+``_np.minimum(t + 3, 15)``), which the runtime validates and compiles; attributes that hold
+index expressions keep them as ``{"sympy": srepr}``.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import sympy
 
 from timerlc.ir import index as ix
 from timerlc.ir.pdg import Graph, Point
+from timerlc.plan.memory import plan_memory
 from timerlc.poly import isl as pisl
 from timerlc.schedule.build import Schedule
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def _py(e) -> str:
@@ -50,15 +53,33 @@ def build_plan(graph: Graph, schedule: Schedule, source: str = "") -> dict:
     bounds = graph.dim_bounds
     buffers = {}
     statements = {}
-    for nid, st in schedule.statements.items():
+    for nid in schedule.statements:
         node = graph.node(nid)
-        extents = pisl.extents(node.dims, node.domain.cond) if node.dims else ()
-        buffers[str(nid)] = {
+        box = pisl.extents(node.dims, node.domain.cond) if node.dims else ()
+        buffers[nid] = {
             "name": node.name,
             "dims": list(node.dims),
-            "extents": list(extents),
+            "box": list(box),
+            "extents": list(box),
+            "storage": {"kind": "block"},
             "outputs": [{"dtype": t.dtype, "shape": list(t.shape)} for t in node.types],
         }
+    tensors = {t.name: [t.node, t.out] for t in graph.tensors}
+    kept = {tensors[name][0] for name in graph.outputs + graph.metrics}
+    memory = plan_memory(graph, schedule, buffers, kept)
+    for nid, (dim, size) in memory.windows.items():
+        buf = buffers[nid]
+        buf["storage"] = {"kind": "window", "dim": dim, "size": size}
+        buf["extents"][buf["dims"].index(dim)] = size
+    for nid, donor in memory.donors.items():
+        buffers[nid]["donor"] = donor
+    tree = []
+    for k, item in enumerate(schedule.tree):
+        tree.append(item)
+        if k in memory.frees:
+            tree.append({"free": memory.frees[k]})
+    for nid, st in schedule.statements.items():
+        node = graph.node(nid)
         nodes = []
         for k in st.body:
             n = graph.node(k)
@@ -94,7 +115,6 @@ def build_plan(graph: Graph, schedule: Schedule, source: str = "") -> dict:
             "domain": _cond(node.domain.cond),
             "nodes": nodes,
         }
-    tensors = {t.name: [t.node, t.out] for t in graph.tensors}
     return {
         "format_version": FORMAT_VERSION,
         "source": source,
@@ -106,10 +126,10 @@ def build_plan(graph: Graph, schedule: Schedule, source: str = "") -> dict:
             {"name": e.name, "spec": e.spec, "batch": e.batch, "num_envs": int(bounds[e.batch])}
             for e in graph.envs
         ],
-        "buffers": buffers,
+        "buffers": {str(nid): buf for nid, buf in buffers.items()},
         "statements": statements,
         "order": list(schedule.order),
-        "tree": schedule.tree,
+        "tree": tree,
         "outputs": {name: tensors[name] for name in graph.outputs},
         "metrics": {name: tensors[name] for name in graph.metrics},
     }

@@ -6,12 +6,18 @@ dims, as coordinate arrays), the compiled index functions of every read, and the
 as nested Python closures. A call of a statement then gathers its reads with NumPy fancy
 indexing (a read that does not depend on the vector dims is gathered once and broadcast),
 runs its nodes as batched kernels (``kernels.run_op``) and scatters the result into the
-statement's buffer. Buffers are blocks over each statement's bounding box (0 outside its
-domain), so the outputs are what the reference interpreter gives.
+statement's buffer.
+
+Buffers follow the plan's memory plan: a buffer is allocated (zeros, so the points a
+statement does not define read 0, as in the reference) when it is first written or read,
+takes the memory of its ``donor`` instead if the plan gives one (after the statement's values
+are computed), is indexed modulo its size along the dim of a ``window``, and is dropped at a
+``free`` item of the tree. ``peak_bytes`` is the most memory the buffers held at once.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -21,7 +27,7 @@ import numpy as np
 from timerlc.runtime import kernels
 from timerlc.diagnostics import RunError
 from timerlc.runtime.envs import EnvRunner
-from timerlc.runtime.plan import compile_index, decode_attr, free_names
+from timerlc.runtime.plan import PlanError, compile_index, decode_attr, free_names
 
 MetricSink = Callable[[str, dict, float], None]
 
@@ -31,6 +37,7 @@ class _Batch:
     coords: dict[str, np.ndarray]  # every dim of the statement: (n,) int64
     n: int
     branches: list | None  # merges: per input, the positions (into the batch) it defines
+    where: tuple = ()  # the indices of the batch's points in the statement's buffer
 
 
 class _OpFailed(Exception):
@@ -49,10 +56,11 @@ class _OpFailed(Exception):
 class _Read:
     """One input edge: where it reads (a buffer, or a node of the same statement)."""
 
-    def __init__(self, edge: dict, dims: tuple[str, ...], vector: set[str]):
+    def __init__(self, edge: dict, dims: tuple[str, ...], vector: set[str], plan: dict):
         self.src = edge["src"]
         self.out = edge["out"]
         self.stored = edge["stored"]
+        self.window = _window(plan["buffers"][str(self.src)]) if self.stored else None
         self.parts = []
         self.broadcast = True  # reads the same points for every point of the batch
         for a in edge["access"]:
@@ -66,7 +74,8 @@ class _Read:
     def index(self, values: list) -> tuple[tuple, bool]:
         """Fancy indices for the batch (``values``: each dim's coordinates, ``(n,)`` arrays)
         and whether they have the batch axis (else they read one place for the whole batch);
-        the gathered array has the batch axis, then one axis per slice."""
+        the gathered array has the batch axis, then one axis per slice. The indices are the
+        points' own: the caller wraps the dim of a ring buffer."""
         pieces = []
         batched = False
         n_ranges = sum(1 for kind, _ in self.parts if kind == "rg")
@@ -104,19 +113,20 @@ class _Statement:
         for n in spec["nodes"]:
             self.nodes[n["id"]] = n
             n["_attrs"] = {k: decode_attr(v) for k, v in n["attrs"].items()}
-            n["_reads"] = [_Read(e, tuple(n["dims"]), self.vector) for e in n["inputs"]]
+            n["_reads"] = [_Read(e, tuple(n["dims"]), self.vector, plan) for e in n["inputs"]]
             n["_conds"] = [
                 None if e["cond"] is None else compile_index(e["cond"], tuple(n["dims"]))
                 for e in n["inputs"]
             ]
         self.node = self.nodes[sid]
         self.rt = runtime
+        self.window = _window(plan["buffers"][str(sid)])
         self.batches = self._batches(spec)
         self.is_env = self.node["op"] in ("env_reset", "env_step")
 
     def _batches(self, spec) -> dict[tuple, _Batch]:
         buf = self.rt.plan["buffers"][str(self.id)]
-        extents = tuple(buf["extents"])
+        extents = tuple(buf["box"])
         if not self.dims:
             return {(): _Batch({}, 1, self._branches({}, 1))}
         if 0 in extents:
@@ -143,7 +153,15 @@ class _Statement:
             coords = {d: sel[:, k].copy() for k, d in enumerate(self.dims)}
             key = tuple(int(sel[0, k]) for k in loop_k)
             out[key] = _Batch(coords, len(g), self._branches(coords, len(g)))
+            out[key].where = self._where(coords)
         return out
+
+    def _where(self, coords) -> tuple:
+        idx = [coords[d] for d in self.dims]
+        if self.window is not None:
+            k, size = self.window
+            idx[k] = idx[k] % size
+        return tuple(idx)
 
     def _branches(self, coords, n):
         if self.node["op"] != "merge":
@@ -168,23 +186,30 @@ class _Statement:
         if batch is None:
             return
         rt = self.rt
-        bufs = rt.buffers[self.id]
         if self.is_env:
             point = {d: int(batch.coords[d][0]) for d in self.dims}
             action = None
             if self.node["inputs"]:
                 action = self._value(self.node, 0, batch, {}, point)[0]
             outs = rt.envs.call(self.node["_attrs"]["env"], self.node["op"], action)
-            idx = tuple(int(batch.coords[d][0]) for d in self.dims)
-            for buf, v in zip(bufs, outs):
+            idx = tuple(int(i[0]) for i in batch.where)
+            for buf, v in zip(rt.written(self.id), outs):
                 buf[idx] = v
+            self._record(batch)
             return
         try:
             self._compute(batch)
         except _OpFailed as f:
             raise self._first_failure(batch, f) from None
+        self._record(batch)
         if self.id in rt.metric_of:
             rt.emit(self.id, batch)
+
+    def _record(self, batch: _Batch):
+        """Checking mode: which point of the window dim each written slot now holds."""
+        if self.window is not None and self.rt.slots is not None:
+            k, _ = self.window
+            self.rt.slot_owner(self.id)[batch.where] = batch.coords[self.dims[k]]
 
     def _first_failure(self, batch: _Batch, failed: "_OpFailed") -> RunError:
         """The error of the first point of a failed batch, in the order of the statement's
@@ -194,6 +219,7 @@ class _Statement:
         for k in np.lexsort(list(reversed(cols))) if batch.n > 1 else range(batch.n):
             if batch.n > 1:
                 one = _Batch({d: c[k : k + 1] for d, c in batch.coords.items()}, 1, None)
+                one.where = self._where(one.coords)
                 if self.node["op"] == "merge":
                     one.branches = [np.flatnonzero(pos == k)[:1] * 0 for pos in batch.branches]
                 try:
@@ -206,9 +232,10 @@ class _Statement:
         return failed.error("")
 
     def _compute(self, batch: _Batch):
-        bufs = self.rt.buffers[self.id]
-        idx = tuple(batch.coords[d] for d in self.dims)
+        # every value first, then the writes: the buffer may take the memory of an input
+        idx = batch.where
         if self.node["op"] == "merge":
+            parts = []
             for k, pos in enumerate(batch.branches):
                 if len(pos) == 0:
                     continue
@@ -217,11 +244,13 @@ class _Statement:
                     if len(pos) == batch.n
                     else _Batch({d: c[pos] for d, c in batch.coords.items()}, len(pos), None)
                 )
-                v = self._value(self.node, k, sub, {}, None)
-                bufs[0][tuple(i[pos] for i in idx) if idx else ()] = v if idx else v[0]
+                parts.append((pos, self._value(self.node, k, sub, {}, None)))
+            (buf,) = self.rt.written(self.id)
+            for pos, v in parts:
+                buf[tuple(i[pos] for i in idx) if idx else ()] = v if idx else v[0]
         else:
             outs = self._eval(self.id, batch, {})
-            for buf, v in zip(bufs, outs):
+            for buf, v in zip(self.rt.written(self.id), outs):
                 if idx:
                     buf[idx] = v
                 else:
@@ -234,11 +263,16 @@ class _Statement:
             if read.src not in memo:
                 memo[read.src] = self._eval(read.src, batch, memo)
             return memo[read.src][read.out]
-        src = self.rt.buffers[read.src][read.out]
+        src = self.rt.read(read.src)[read.out]
         values = [batch.coords[d] for d in node["dims"]]
         if read.broadcast:
             values = [v[:1] for v in values]
         idx, batched = read.index(values)
+        if read.window is not None:
+            k, size = read.window
+            if self.rt.slots is not None:
+                self.rt.check_slots(read.src, idx, k, size, node["where"])
+            idx = idx[:k] + (idx[k] % size,) + idx[k + 1 :]
         return src[idx] if batched else src[idx][None]  # [None]: one value for the batch
 
     def _eval(self, nid: int, batch: _Batch, memo: dict) -> tuple:
@@ -256,16 +290,19 @@ class _Statement:
 
 
 class CpuRuntime:
-    def __init__(self, plan: dict, on_metric: MetricSink | None = None):
+    def __init__(
+        self, plan: dict, on_metric: MetricSink | None = None, check_windows: bool = False
+    ):
         self.plan = plan
         self.on_metric = on_metric
-        self.buffers: dict[int, list[np.ndarray]] = {}
-        for sid, b in plan["buffers"].items():
-            ext = tuple(b["extents"])
-            self.buffers[int(sid)] = [
-                np.zeros(ext + tuple(o["shape"]), kernels.numpy_dtype(o["dtype"]))
-                for o in b["outputs"]
-            ]
+        # per statement: its arrays once allocated (None before, and after its free)
+        self.buffers: dict[int, list[np.ndarray] | None] = {int(s): None for s in plan["buffers"]}
+        self._freed: set[int] = set()
+        self.live_bytes = 0  # bytes the buffers hold now
+        self.peak_bytes = 0  # the most they held at once
+        self.donated: list[tuple[int, int]] = []  # (statement, donor) of each memory taken
+        # checking mode: per ring buffer, the window dim's index each slot holds (-1: none)
+        self.slots: dict[int, np.ndarray] | None = {} if check_windows else None
         self.metric_of = {nid: name for name, (nid, _) in plan["metrics"].items()}
         self.envs = EnvRunner.of_plan(plan)
         self.statements = {
@@ -274,12 +311,72 @@ class CpuRuntime:
         }
         self.tree = self._compile(plan["tree"])
 
+    # ------------------------------------------------------------------ buffers
+    def read(self, sid: int) -> list[np.ndarray]:
+        bufs = self.buffers[sid]
+        return bufs if bufs is not None else self._allocate(sid, False)
+
+    def written(self, sid: int) -> list[np.ndarray]:
+        """The arrays of ``sid`` for a write: its donor's memory at its first write."""
+        bufs = self.buffers[sid]
+        return bufs if bufs is not None else self._allocate(sid, True)
+
+    def _allocate(self, sid: int, write: bool) -> list[np.ndarray]:
+        if sid in self._freed:
+            raise RunError(f"internal error: buffer {sid} used after its free (a bad plan)")
+        spec = self.plan["buffers"][str(sid)]
+        shapes = [tuple(spec["extents"]) + tuple(o["shape"]) for o in spec["outputs"]]
+        dtypes = [kernels.numpy_dtype(o["dtype"]) for o in spec["outputs"]]
+        donor = spec.get("donor")
+        given = self.buffers.get(donor) if write and donor is not None else None
+        if (
+            given is not None
+            and len(given) == len(shapes) == 1
+            and given[0].dtype == dtypes[0]
+            and given[0].size == math.prod(shapes[0])
+            and given[0].flags.c_contiguous
+        ):
+            bufs = [given[0].reshape(shapes[0])]
+            self.buffers[donor] = None  # its memory is sid's now
+            self._freed.add(donor)
+            self.donated.append((sid, donor))
+        else:
+            bufs = [np.zeros(s, d) for s, d in zip(shapes, dtypes)]
+            self.live_bytes += sum(b.nbytes for b in bufs)
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self.buffers[sid] = bufs
+        return bufs
+
+    def slot_owner(self, sid: int) -> np.ndarray:
+        if sid not in self.slots:
+            self.slots[sid] = np.full(self.plan["buffers"][str(sid)]["extents"], -1, np.int64)
+        return self.slots[sid]
+
+    def check_slots(self, sid: int, idx: tuple, k: int, size: int, where):
+        """Checking mode: a read of a ring buffer must find the points it asks for."""
+        held = self.slot_owner(sid)[idx[:k] + (idx[k] % size,) + idx[k + 1 :]]
+        wrong = held != np.broadcast_to(idx[k], np.shape(held))
+        if np.any(wrong):
+            at = tuple(np.broadcast_to(i, np.shape(held))[wrong][0] for i in idx)
+            got = held[wrong][0]
+            raise RunError(
+                f"internal error: while computing {where[0]}, a read of buffer {sid} at "
+                f"{at} found the slot holding index {got} (a window too small for the plan)"
+            )
+
+    def free(self, sid: int):
+        bufs = self.buffers[sid]
+        if bufs is not None:
+            self.live_bytes -= sum(b.nbytes for b in bufs)
+        self.buffers[sid] = None
+        self._freed.add(sid)
+
     def emit(self, nid: int, batch: _Batch):
         if self.on_metric is None:
             return
         name = self.metric_of[nid]
         st = self.statements[nid]
-        buf = self.buffers[nid][0]
+        buf = self.read(nid)[0]
         if not st.dims:
             self.on_metric(name, {}, buf[()])
             return
@@ -299,6 +396,14 @@ class CpuRuntime:
         return run
 
     def _item(self, it):
+        if "free" in it:
+            sids = [int(s) for s in it["free"]]
+
+            def free(env):
+                for s in sids:
+                    self.free(s)
+
+            return free
         if "for" in it:
             var, init, cond, inc = it["for"], _expr(it["init"]), _expr(it["cond"]), it["inc"]
             body = self._compile(it["body"])
@@ -337,7 +442,17 @@ class CpuRuntime:
 
     def value(self, name: str) -> np.ndarray:
         nid, out = self.plan["outputs"].get(name) or self.plan["metrics"][name]
-        return self.buffers[nid][out]
+        return self.read(nid)[out]
+
+
+def _window(buffer: dict) -> tuple[int, int] | None:
+    """(axis, slots) of a ring buffer, or None for a block."""
+    storage = buffer["storage"]
+    if storage["kind"] == "block":
+        return None
+    if storage["kind"] != "window":
+        raise PlanError(f"unknown buffer storage {storage['kind']!r} in the plan")
+    return buffer["dims"].index(storage["dim"]), int(storage["size"])
 
 
 def _expr(e) -> Callable[[dict], int]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 REQUIRED = ("format_version", "dims", "buffers", "statements", "tree", "outputs", "metrics")
 _NP_FUNCS = {"minimum", "maximum", "logical_and", "logical_or", "logical_not", "floor_divide"}
 _NODES = (

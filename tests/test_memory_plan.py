@@ -1,0 +1,363 @@
+"""The memory plan (``timerlc/plan/memory.py``, ``docs/plan.md`` "Storage"): ring buffers
+along the iteration loop, frees after the last use, donation of dying buffers; the cpu
+runtime obeys it and still gives the reference's outputs and metrics.
+
+The runtime runs in checking mode here (``check_windows``): it records which point each
+slot of a ring buffer holds and fails any read that finds another one, so a window too
+small for the schedule cannot pass unnoticed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rtl_helpers import src
+
+from timerlc.diagnostics import RunError, Source
+from timerlc.frontend.check import check_source
+from timerlc.passes.pipeline import run_pipeline
+from timerlc.reference.interpreter import run_graph
+from timerlc.runner import compile_plan
+from timerlc.runtime.cpu import CpuRuntime
+from timerlc.runtime.kernels import numpy_dtype
+from timerlc.runtime.plan import PlanError, load_plan
+
+PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
+REINFORCE = {"I": 3, "B": 4, "T": 20}
+PPO = {"total_steps": 64, "B": 2, "T": 16}
+
+
+def source_of(name: str) -> Source:
+    path = PROGRAMS / f"{name}.rtl"
+    return Source(str(path), path.read_text())
+
+
+def graph_of(source: Source, sets: dict, optimize: bool = True):
+    overrides = {k: str(v) for k, v in sets.items()}
+    return run_pipeline(check_source(source, overrides), None, optimize)
+
+
+def run_both(source: Source, sets: dict, plan: dict | None = None):
+    """The reference on the program as written; the cpu runtime (checking its windows) on
+    the optimized program's plan (or on ``plan``). Both metric streams are returned."""
+    written = graph_of(source, sets, optimize=False)
+    ref_m, cpu_m = [], []
+    ref = run_graph(written, lambda n, p, v: ref_m.append((n, tuple(sorted(p.items())), float(v))))
+    plan = plan if plan is not None else compile_plan(graph_of(source, sets))
+    rt = CpuRuntime(
+        plan,
+        lambda n, p, v: cpu_m.append((n, tuple(sorted(p.items())), float(v))),
+        check_windows=True,
+    )
+    rt.run()
+    rt.envs.close()
+    return ref, ref_m, rt, cpu_m
+
+
+def assert_same(written_graph, ref, ref_m, rt, cpu_m):
+    for out in written_graph.outputs:
+        want, got = ref.value(out), rt.value(out)
+        assert got.dtype == want.dtype and got.shape == want.shape, out
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=out)
+    assert len(cpu_m) == len(ref_m)
+    for (n1, p1, v1), (n2, p2, v2) in zip(sorted(ref_m), sorted(cpu_m)):
+        assert (n1, p1) == (n2, p2)
+        assert np.isclose(v1, v2, rtol=1e-5, atol=1e-6, equal_nan=True), (n1, p1, v1, v2)
+
+
+def storage(plan: dict, name: str) -> dict:
+    (buf,) = [b for b in plan["buffers"].values() if b["name"] == name]
+    return buf["storage"]
+
+
+def frees(plan: dict) -> list[int]:
+    return [s for item in plan["tree"] if "free" in item for s in item["free"]]
+
+
+def donors(plan: dict) -> dict[int, int]:
+    return {int(s): b["donor"] for s, b in plan["buffers"].items() if "donor" in b}
+
+
+def nbytes(buf: dict) -> int:
+    return sum(
+        math.prod(buf["extents"] + o["shape"]) * np.dtype(numpy_dtype(o["dtype"])).itemsize
+        for o in buf["outputs"]
+    )
+
+
+def block_bytes(plan: dict) -> int:
+    """What the plan's buffers would take as blocks over their boxes, all alive at once."""
+    return sum(nbytes({**b, "extents": b["box"]}) for b in plan["buffers"].values())
+
+
+def check_decisions(plan: dict):
+    """What every plan must satisfy: windows shrink extents, frees and donors are safe."""
+    kept = {nid for nid, _ in list(plan["outputs"].values()) + list(plan["metrics"].values())}
+    for sid, b in plan["buffers"].items():
+        st = b["storage"]
+        if st["kind"] == "window":
+            k = b["dims"].index(st["dim"])
+            assert int(sid) not in kept
+            assert 1 <= st["size"] == b["extents"][k] < b["box"][k]
+            assert b["extents"][:k] + b["extents"][k + 1 :] == b["box"][:k] + b["box"][k + 1 :]
+        else:
+            assert st == {"kind": "block"} and b["extents"] == b["box"]
+    freed = frees(plan)
+    assert len(freed) == len(set(freed)) and not set(freed) & kept
+    assert all(set(item) == {"free"} for item in plan["tree"] if "free" in item)
+    for y, x in donors(plan).items():
+        bx, by = plan["buffers"][str(x)], plan["buffers"][str(y)]
+        assert bx["storage"]["kind"] == "block" and x not in kept
+        assert [o["dtype"] for o in bx["outputs"]] == [o["dtype"] for o in by["outputs"]]
+        assert nbytes(bx) == nbytes(by) > 0
+        assert plan["statements"][str(y)]["loops"] == []
+        # y is a top-level item of its own, and no later item uses x: its free (if the run
+        # does not end there) comes right after y
+        tree = plan["tree"]
+        k = next(k for k, item in enumerate(tree) if item.get("call") == y)
+        assert k == len(tree) - 1 or x in tree[k + 1]["free"]
+
+
+# ----------------------------------------------------------------------------- the programs
+def test_reinforce_plan_windows_frees_and_donations():
+    plan = compile_plan(graph_of(source_of("reinforce"), REINFORCE))
+    check_decisions(plan)
+    one = {"kind": "window", "dim": "i", "size": 1}
+    # the rollout, the returns, the loss terms and their gradients: this iteration only
+    for name in ("o", "g", "run"):
+        assert storage(plan, name) == one, name
+    rollout = [b for b in plan["buffers"].values() if b["dims"] == ["i", "b", "t"]]
+    assert len(rollout) > 10 and all(b["storage"] == one for b in rollout)
+    # the parameters and the gradients (per iteration, of a parameter's shape)
+    shapes = {
+        tuple(b["outputs"][0]["shape"]) for b in plan["buffers"].values() if b["name"] == "net.w1"
+    }
+    grads = [
+        b
+        for b in plan["buffers"].values()
+        if b["dims"] == ["i"] and tuple(b["outputs"][0]["shape"]) in shapes
+    ]
+    assert len(grads) >= 4
+    assert all(b["storage"]["kind"] == "window" and b["storage"]["size"] <= 2 for b in grads)
+    assert storage(plan, "net.w1") == one  # read only in its own iteration
+    assert frees(plan) and donors(plan)
+
+
+def test_ppo_plan_windows_frees_and_donations():
+    plan = compile_plan(graph_of(source_of("ppo"), PPO))
+    check_decisions(plan)
+    one = {"kind": "window", "dim": "i", "size": 1}
+    for name in ("v", "adv", "run"):
+        assert storage(plan, name) == one, name
+    for name in ("net.pi_w1", "net.v_w3"):
+        assert storage(plan, name) == {"kind": "window", "dim": "j", "size": 1}, name
+    # last_clipfrac[i] = mean(clipfrac[i*K : i*K+K]): the K = 16 minibatch steps of i are
+    # read at the end of iteration i, so clipfrac keeps a window of 16 along j
+    windows = [b["storage"] for b in plan["buffers"].values() if b["storage"]["kind"] != "block"]
+    assert {"kind": "window", "dim": "j", "size": 16} in windows
+    assert frees(plan) and donors(plan)
+
+
+@pytest.mark.parametrize("name, sets", [("reinforce", REINFORCE), ("ppo", PPO)])
+def test_program_with_memory_plan_equals_reference(name, sets):
+    source = source_of(name)
+    ref, ref_m, rt, cpu_m = run_both(source, sets)
+    assert_same(graph_of(source, sets, optimize=False), ref, ref_m, rt, cpu_m)
+    assert ref_m
+    assert rt.donated  # the runtime took the memory the plan donates
+    assert 0 < rt.live_bytes <= rt.peak_bytes < block_bytes(rt.plan) / 2
+
+
+def test_peak_buffer_bytes_do_not_grow_with_the_iterations():
+    peaks, ends, blocks = {}, {}, {}
+    for n in (3, 12):
+        plan = compile_plan(graph_of(source_of("reinforce"), {"I": n, "B": 2, "T": 8}))
+        rt = CpuRuntime(plan)
+        rt.run()
+        rt.envs.close()
+        peaks[n], ends[n], blocks[n] = rt.peak_bytes, rt.live_bytes, block_bytes(plan)
+    # blocks grow by every iteration's rollout; the plan only by a few scalars per
+    # iteration (the metrics, and what runs batched over i before the loop)
+    assert blocks[12] - blocks[3] > 9 * 2 * 8 * 4 * 64
+    assert peaks[12] - peaks[3] <= 9 * 64
+    assert ends[12] - ends[3] <= 9 * 64
+    assert peaks[12] < blocks[12] / 5
+
+
+# ----------------------------------------------------------------------------- windows
+LATER = """
+    config I = 10, K = 3, N = 4
+    dim i < I
+    dim n < N
+    s[0, n] = f32(n) + 1.0
+    s[i+1, n] = 0.5 * s[i, n] + 0.25 * x[max(i - K, 0), n]
+    x[i, n] = sin(s[i, n]) + f32(i)
+    m[i] = sum(x[i, 0:N])
+    fin = s[I, 0:N]
+    out fin
+    metric m
+"""
+
+
+def later_plan(k: int) -> tuple[Source, dict, dict]:
+    source = Source("later.rtl", src(LATER))
+    plan = compile_plan(graph_of(source, {"K": k}))
+    return source, {"K": k}, plan
+
+
+def windowed(plan: dict) -> dict[int, int]:
+    return {
+        int(s): b["storage"]["size"]
+        for s, b in plan["buffers"].items()
+        if b["storage"]["kind"] == "window"
+    }
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 6])
+def test_a_tensor_read_k_iterations_later_keeps_k_plus_one_slots(k):
+    source, sets, plan = later_plan(k)
+    check_decisions(plan)
+    # x (whatever the passes call it) is read k iterations after it is written
+    assert max(windowed(plan).values()) == k + 1
+    ref, ref_m, rt, cpu_m = run_both(source, sets, plan)
+    assert_same(graph_of(source, sets, optimize=False), ref, ref_m, rt, cpu_m)
+
+
+def shrunk(plan: dict, sid: int) -> dict:
+    plan = json.loads(json.dumps(plan))
+    buf = plan["buffers"][str(sid)]
+    buf["storage"]["size"] -= 1
+    buf["extents"][buf["dims"].index(buf["storage"]["dim"])] -= 1
+    return plan
+
+
+def test_a_window_one_slot_short_is_caught_and_would_be_wrong():
+    source, sets, plan = later_plan(3)
+    sid = max(windowed(plan), key=windowed(plan).get)
+    bad = shrunk(plan, sid)
+    with pytest.raises(RunError, match="window too small"):
+        CpuRuntime(json.loads(json.dumps(bad)), check_windows=True).run()
+    # without the check, the run silently reads the wrong iteration: the outputs differ
+    rt = CpuRuntime(bad)
+    rt.run()
+    ref = run_graph(graph_of(source, sets, optimize=False))
+    assert not np.allclose(rt.value("fin"), ref.value("fin"))
+
+
+def test_slices_of_a_window_wrap_each_index():
+    # flat[i] reads xs[i : i+3]: a slice along the windowed dim, three slots
+    text = """
+        config I = 8, N = 3
+        dim i < I
+        dim n < N
+        s[0, n] = f32(n) * 0.5
+        xs[0, n] = 0.0
+        xs[1, n] = 1.0
+        xs[i+2, n] = cos(s[i, n]) * f32(i + 1)
+        flat[i] = reshape(xs[i : i+3, 0:N], [3 * N])
+        s[i+1, n] = 0.9 * s[i, n] + 0.1 * sum(flat[i]) * f32(n + 1)
+        m[i] = sum(flat[i])
+        fin = s[I, 0:N]
+        out fin
+        metric m
+    """
+    source = Source("slice.rtl", src(text))
+    plan = compile_plan(graph_of(source, {}))
+    check_decisions(plan)
+    assert storage(plan, "xs") == {"kind": "window", "dim": "i", "size": 3}
+    reads = [
+        e
+        for st in plan["statements"].values()
+        for n in st["nodes"]
+        for e in n["inputs"]
+        if e["stored"] and plan["buffers"][str(e["src"])]["name"] == "xs"
+    ]
+    assert any(e["access"][0][0] == "rg" for e in reads)
+    ref, ref_m, rt, cpu_m = run_both(source, {}, plan)
+    assert_same(graph_of(source, {}, optimize=False), ref, ref_m, rt, cpu_m)
+
+
+def test_outputs_metrics_and_what_is_read_after_the_loop_stay_blocks():
+    source, sets, plan = later_plan(2)
+    assert storage(plan, "s")["kind"] == "block"  # fin reads s[I] after the loop
+    assert storage(plan, "m")["kind"] == "block"  # a metric
+    assert storage(plan, "fin")["kind"] == "block"
+
+
+# ----------------------------------------------------------------------------- frees, donation
+DONATE = """
+    config N = 6
+    dim n < N
+    x[n] = f32(n) * 2.0 + 1.0
+    y[n] = x[N - 1 - n] * 3.0
+    z[n] = y[(n + 1) % N] - 1.0
+    out z
+"""
+
+
+def vectors(plan: dict) -> list[int]:
+    """The statements over n (x, y, z: the passes rename them), in the order they run."""
+    calls = [it["call"] for it in plan["tree"] if "call" in it]
+    return [c for c in calls if plan["buffers"][str(c)]["dims"]]
+
+
+def test_a_one_batch_statement_takes_the_memory_of_its_dying_input():
+    source = Source("donate.rtl", src(DONATE))
+    plan = compile_plan(graph_of(source, {}))
+    check_decisions(plan)
+    x, y, z = vectors(plan)
+    assert donors(plan) == {y: x, z: y}
+    assert x in frees(plan) and z not in frees(plan)
+    ref, ref_m, rt, cpu_m = run_both(source, {}, plan)
+    assert_same(graph_of(source, {}, optimize=False), ref, ref_m, rt, cpu_m)
+    assert rt.donated == [(y, x), (z, y)]
+    assert rt.peak_bytes < 2 * N_BYTES  # one f32[6] at a time (and a few scalars)
+    want = [(2 * (5 - (n + 1) % 6) + 1) * 3 - 1 for n in range(6)]
+    np.testing.assert_array_equal(rt.value("z"), want)
+
+
+N_BYTES = 6 * 4
+
+
+def test_no_donation_from_an_output_or_a_buffer_read_later():
+    source = Source("keep.rtl", src(DONATE.replace("out z", "out x, z")))
+    plan = compile_plan(graph_of(source, {}))
+    check_decisions(plan)
+    (x,) = [int(s) for s, b in plan["buffers"].items() if b["name"] == "x"]
+    assert x not in donors(plan).values() and x not in frees(plan)
+    source = Source("later.rtl", src(DONATE.replace("- 1.0", "- x[n]")))
+    plan = compile_plan(graph_of(source, {}))
+    check_decisions(plan)
+    x, y, z = vectors(plan)
+    assert donors(plan).get(y) is None  # z reads x after y
+    assert donors(plan).get(z) in (x, y)
+    ref, ref_m, rt, cpu_m = run_both(source, {}, plan)
+    assert_same(graph_of(source, {}, optimize=False), ref, ref_m, rt, cpu_m)
+
+
+def test_freed_buffers_are_dropped_and_outputs_survive_the_run():
+    source = Source("donate.rtl", src(DONATE))
+    plan = compile_plan(graph_of(source, {}))
+    rt = CpuRuntime(plan)
+    rt.run()
+    for sid in frees(plan):
+        assert rt.buffers[sid] is None
+    assert rt.value("z").shape == (6,)
+
+
+# ----------------------------------------------------------------------------- the format
+def test_a_plan_of_format_1_is_refused(tmp_path):
+    (tmp_path / "plan.json").write_text(json.dumps({"format_version": 1}))
+    with pytest.raises(PlanError, match="compile the program again"):
+        load_plan(tmp_path)
+
+
+def test_an_unknown_storage_is_refused():
+    plan = compile_plan(graph_of(Source("donate.rtl", src(DONATE)), {}))
+    next(iter(plan["buffers"].values()))["storage"] = {"kind": "swap"}
+    with pytest.raises(PlanError, match="unknown buffer storage"):
+        CpuRuntime(plan)

@@ -1,0 +1,194 @@
+"""The memory plan: how each statement's buffer is stored, when it is dropped, and which
+dying buffer a statement takes over instead of allocating its own.
+
+- **Windows.** A statement ``X`` in a top-level band of the schedule whose time vector has a
+  coordinate along one of its dims ``d`` (``phi_X = s * d + c``) and whose readers are all in
+  the same band needs only the last ``w`` values of ``d``: a ring buffer, indexed ``d mod w``.
+  ``w`` comes from the largest distance, in that band's coordinate, between the write of a
+  point of ``X`` and a read of it (``phi_Y(q) - phi_X(p)`` over every read ``q -> p``, with
+  isl): the next write into the slot of ``p`` (the point ``p +- w`` along ``d``) runs at
+  ``phi_X(p) + |s| * w``, so ``|s| * w > max distance`` keeps ``p`` there until its last
+  read, whatever the order of the reader and ``X`` inside the band at an equal coordinate.
+  Outputs, metrics, and tensors read at points they do not define (0 in a block) stay
+  blocks.
+- **Frees.** A buffer that is not an output or a metric is dropped right after the last
+  top-level item of the loop tree that writes or reads it (unless that is the last item).
+- **Donation.** A statement that runs as one batch (no loop dims), is itself a top-level
+  item of the loop tree, and writes every point of its bounding box takes the memory of a
+  block it is the last reader of, if that block has one output of the same dtype and size.
+
+In: the PDG, its ``Schedule`` and the plan's buffers and loop tree. Out: a ``MemoryPlan``;
+``plan.build`` records it (``docs/plan.md``) and the runtime obeys it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import islpy as isl
+
+from timerlc.ir import index as ix
+from timerlc.ir.pdg import Graph
+from timerlc.ir.types import NUMPY_DTYPES
+from timerlc.poly import isl as pisl
+from timerlc.schedule.build import Schedule
+
+_PHI = re.compile(r"^(-?\d+) \* (\w+) \+ (-?\d+)$")
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    windows: dict[int, tuple[str, int]]  # statement -> (dim, slots) of its ring buffer
+    frees: dict[int, list[int]]  # top-level tree item -> statements dropped after it
+    donors: dict[int, int]  # statement -> the statement whose memory it takes
+
+
+def plan_memory(
+    graph: Graph, schedule: Schedule, buffers: dict[int, dict], kept: set[int]
+) -> MemoryPlan:
+    """``buffers``: per statement, ``box`` (its bounding box) and ``outputs`` (dtype, shape);
+    ``kept``: the statements the run must keep to the end (outputs and metrics)."""
+    direct = {y: _direct_reads(graph, schedule, y) for y in schedule.statements}
+    readers: dict[int, set[int]] = {}
+    for y, xs in direct.items():
+        for x in xs:
+            readers.setdefault(x, set()).add(y)
+    maps: dict[int, dict[int, isl.Map]] = {}
+    for (y, x), m in schedule.reads.items():
+        if x in direct[y]:  # not the order of an environment's calls
+            maps.setdefault(x, {})[y] = m
+    windows = {}
+    for x in schedule.statements:
+        w = _window(graph, schedule, x, readers.get(x, set()), maps.get(x, {}), buffers, kept)
+        if w is not None:
+            windows[x] = w
+    last: dict[int, int] = {}  # the last top-level item that writes or reads each buffer
+    for k, item in enumerate(schedule.tree):
+        for y in _calls(item):
+            last[y] = k
+            for x in direct[y]:
+                last[x] = k
+    frees: dict[int, list[int]] = {}
+    for x, k in sorted(last.items()):
+        if x not in kept and k < len(schedule.tree) - 1:
+            frees.setdefault(k, []).append(x)
+    donors = _donations(graph, schedule, buffers, windows, direct, last, kept)
+    return MemoryPlan(windows, frees, donors)
+
+
+def _direct_reads(graph: Graph, schedule: Schedule, y: int) -> set[int]:
+    """The statements whose buffers ``y`` reads (through its inlined nodes)."""
+    return {
+        e.src
+        for k in schedule.statements[y].body
+        for e in graph.node(k).inputs
+        if e.src in schedule.statements
+    }
+
+
+def _window(graph: Graph, schedule: Schedule, x: int, readers, maps, buffers, kept):
+    """``(dim, slots)`` of the ring buffer ``x`` needs, or None (a block)."""
+    node = graph.node(x)
+    if x in kept or not node.dims:
+        return None
+    times = schedule.times
+    phi = _PHI.match(times[x][1]) if len(times[x]) > 1 else None
+    if phi is None:
+        return None
+    scale = abs(int(phi.group(1)))
+    names = {ix.isl_name(d): d for d in node.dims}
+    dim = names.get(phi.group(2))
+    if dim is None or scale == 0 or any(times[y][0] != times[x][0] for y in readers):
+        return None
+    defined = _written(graph, x)
+    phi_x = _phi_map(graph, x, times[x][1])
+    most = None
+    for y, m in maps.items():
+        if not m.range().is_subset(defined):
+            return None  # reads a point x does not write: a block reads 0 there
+        delta = m.apply_domain(_phi_map(graph, y, times[y][1])).apply_range(phi_x).deltas()
+        if delta.is_empty():
+            continue
+        lo, hi = delta.dim_min_val(0), delta.dim_max_val(0)  # phi_X(p) - phi_Y(q)
+        if not (lo.is_int() and hi.is_int()) or hi.to_python() > 0:
+            return None  # unbounded, or a read before the write (no schedule does that)
+        far = -lo.to_python()
+        most = far if most is None else max(most, far)
+    size = (most or 0) // scale + 1
+    if size >= buffers[x]["box"][node.dims.index(dim)]:
+        return None
+    return dim, size
+
+
+def _phi_map(graph: Graph, nid: int, phi: str) -> isl.Map:
+    names = ", ".join(ix.isl_name(d) for d in graph.node(nid).dims)
+    return isl.Map(f"{{ n{nid}[{names}] -> [{phi}] }}")
+
+
+def _calls(item) -> set[int]:
+    if "call" in item:
+        return {item["call"]}
+    out: set[int] = set()
+    for key in ("body", "then", "else"):
+        for kid in item.get(key, ()):
+            out |= _calls(kid)
+    return out
+
+
+def _donations(graph, schedule: Schedule, buffers, windows, direct, last, kept) -> dict:
+    donors: dict[int, int] = {}
+    taken: set[int] = set()
+    for k, item in enumerate(schedule.tree):
+        y = item.get("call")
+        if y is None or schedule.statements[y].loops or len(buffers[y]["outputs"]) != 1:
+            continue
+        if not _fills_box(graph, y, buffers[y]["box"]):
+            continue
+        want = _signature(buffers[y])
+        if want[1] == 0:
+            continue
+        for x in sorted(direct[y]):
+            if (
+                x != y
+                and x not in kept
+                and x not in windows
+                and x not in taken
+                and last.get(x) == k
+                and len(buffers[x]["outputs"]) == 1
+                and _signature(buffers[x]) == want
+            ):
+                donors[y] = x
+                taken.add(x)
+                break
+    return donors
+
+
+def _signature(buf: dict) -> tuple[str, int]:
+    (out,) = buf["outputs"]
+    count = math.prod(buf["box"]) * math.prod(out["shape"])
+    return out["dtype"], count * NUMPY_DTYPES[out["dtype"]].itemsize
+
+
+def _fills_box(graph: Graph, y: int, box) -> bool:
+    """Whether one call of ``y`` writes every point of its bounding box."""
+    node = graph.node(y)
+    if not node.dims:
+        return True
+    names = ", ".join(ix.isl_name(d) for d in node.dims)
+    bounds = " and ".join(f"0 <= {ix.isl_name(d)} < {e}" for d, e in zip(node.dims, box))
+    return isl.Set(f"{{ n{y}[{names}] : {bounds} }}").is_subset(_written(graph, y))
+
+
+def _written(graph: Graph, nid: int) -> isl.Set:
+    """The points a statement writes: its domain, where (a merge) some equation applies."""
+    node = graph.node(nid)
+    out = pisl.domain_set(node.domain, f"n{nid}")
+    conds = [e.cond for e in node.inputs]
+    if node.op == "merge" and all(c is not None for c in conds):
+        covered = out.subtract(out)
+        for c in conds:
+            covered = covered.union(pisl.cond_set(node.dims, c, f"n{nid}"))
+        out = out.intersect(covered)
+    return out
