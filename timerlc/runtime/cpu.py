@@ -38,6 +38,9 @@ class _Batch:
     n: int
     branches: list | None  # merges: per input, the positions (into the batch) it defines
     where: tuple = ()  # the indices of the batch's points in the statement's buffer
+    # a batch of a statement whose vector dims cover the same box at every loop point: the
+    # loop dims' values (by name, vector dims 0) for the reads' basic indexing, else None
+    scalars: list | None = None
 
 
 class _OpFailed(Exception):
@@ -70,6 +73,32 @@ class _Read:
                     self.broadcast = False
             fns = [compile_index(t, dims) for t in texts]
             self.parts.append((a[0], fns))
+        self.basic = self._basic(edge["access"], dims, vector)
+
+    def _basic(self, access, dims, vector) -> list | None:
+        """How to read with basic indexing (a view, no gather) in a batch whose vector dims
+        cover a box: per source dim ``("int", fn)`` (a loop-dims expression), ``("vec", d)``
+        (the consumer's vector dim ``d`` itself: a slice over the box) or ``("rg", lo, hi)``
+        (a window from loop-dims bounds). The vector dims must all come, in the consumer's
+        order, before any window, so that the view's axes are the batch's; None otherwise."""
+        out, seen, ranged = [], [], False
+        for k, a in enumerate(access):
+            kind, texts = a[0], a[1:]
+            names = set().union(*(free_names(t) for t in texts))
+            windowed = self.window is not None and self.window[0] == k
+            if kind == "pt" and not names & vector:
+                out.append(("int", compile_index(texts[0], dims)))
+            elif kind == "pt" and texts[0].strip() in vector and not ranged and not windowed:
+                seen.append(texts[0].strip())
+                out.append(("vec", texts[0].strip()))
+            elif kind == "rg" and not names & vector and not windowed:
+                ranged = True
+                out.append(("rg", compile_index(texts[0], dims), compile_index(texts[1], dims)))
+            else:
+                return None
+        if seen and seen != [d for d in dims if d in vector]:
+            return None
+        return out
 
     def index(self, values: list) -> tuple[tuple, bool]:
         """Fancy indices for the batch (``values``: each dim's coordinates, ``(n,)`` arrays)
@@ -118,7 +147,18 @@ class _Statement:
                 None if e["cond"] is None else compile_index(e["cond"], tuple(n["dims"]))
                 for e in n["inputs"]
             ]
+            if n["op"] not in ("merge", "env_reset", "env_step"):
+                n["_kernel"] = kernels.kernel_of(n["op"])
+                n["_dtype"] = kernels.numpy_dtype(n["types"][0]["dtype"])
+                n["_shape"] = tuple(n["types"][0]["shape"])
         self.node = self.nodes[sid]
+        self.template = None  # vector dims' coordinates, where the batches are uniform
+        named = set()
+        for e in self.node["inputs"] if self.node["op"] == "merge" else ():
+            if e["cond"] is not None:
+                named |= free_names(e["cond"])
+        self._cond_loops = [k for k, d in enumerate(self.dims) if d in named and d in self.loops]
+        self._branch_cache: dict[tuple, list] = {}
         self.rt = runtime
         self.window = _window(plan["buffers"][str(sid)])
         self.batches = self._batches(spec)
@@ -128,7 +168,7 @@ class _Statement:
         buf = self.rt.plan["buffers"][str(self.id)]
         extents = tuple(buf["box"])
         if not self.dims:
-            return {(): _Batch({}, 1, self._branches({}, 1))}
+            return {(): _Batch({}, 1, self._branches([], 1))}
         if 0 in extents:
             return {}
         grids = np.indices(extents, dtype=np.int64)
@@ -139,6 +179,22 @@ class _Statement:
         if len(pts) == 0:
             return {}
         loop_k = [self.dims.index(d) for d in self.loops]
+        vec_k = [k for k, d in enumerate(self.dims) if d in self.vector]
+        n_keys = len(np.unique(pts[:, loop_k], axis=0)) if loop_k else 1
+        los = pts[:, vec_k].min(axis=0) if vec_k else np.zeros(0, np.int64)
+        lens = pts[:, vec_k].max(axis=0) - los + 1 if vec_k else np.zeros(0, np.int64)
+        if len(pts) == n_keys * int(np.prod(lens)):
+            # every loop point has the whole box of the vector dims: one template serves
+            # every batch, and reads and writes can be views (basic indexing)
+            shape = tuple(int(x) for x in lens)
+            grid = np.indices(shape, dtype=np.int64).reshape(len(vec_k), int(np.prod(shape)))
+            self.template = {self.dims[k]: grid[j] + los[j] for j, k in enumerate(vec_k)}
+            self.n = int(np.prod(lens))
+            self.box = tuple(int(x) for x in lens)
+            self.vec_slice = {
+                self.dims[k]: slice(int(lo), int(lo + ln)) for k, lo, ln in zip(vec_k, los, lens)
+            }
+            return {}
         if loop_k:
             order = np.lexsort([pts[:, k] for k in reversed(loop_k)])
             pts = pts[order]
@@ -152,9 +208,15 @@ class _Statement:
             sel = pts[g]
             coords = {d: sel[:, k].copy() for k, d in enumerate(self.dims)}
             key = tuple(int(sel[0, k]) for k in loop_k)
-            out[key] = _Batch(coords, len(g), self._branches(coords, len(g)))
+            values = [coords[d] for d in self.dims]
+            out[key] = _Batch(coords, len(g), self._branches(values, len(g)))
             out[key].where = self._where(coords)
         return out
+
+    def _fancy(self, batch: _Batch) -> tuple:
+        if batch.where is None:
+            batch.where = self._where(batch.coords)
+        return batch.where
 
     def _where(self, coords) -> tuple:
         idx = [coords[d] for d in self.dims]
@@ -163,10 +225,11 @@ class _Statement:
             idx[k] = idx[k] % size
         return tuple(idx)
 
-    def _branches(self, coords, n):
+    def _branches(self, values, n):
+        """Merges: per input, the positions of the batch it defines (``values``: per dim,
+        the batch's coordinates or one number)."""
         if self.node["op"] != "merge":
             return None
-        values = [coords[d] for d in self.dims]
         taken = np.zeros(n, bool)
         out = []
         for cond in self.node["_conds"]:
@@ -181,10 +244,45 @@ class _Statement:
         return out
 
     # ------------------------------------------------------------------ running
+    def _uniform(self, key: tuple) -> _Batch:
+        n = self.n
+        coords = dict(self.template)
+        scalars = [0] * len(self.dims)
+        basic = []
+        values = dict(zip(self.loops, key))
+        for k, d in enumerate(self.dims):
+            if d in values:
+                v = values[d]
+                coords[d] = np.full(n, v, np.int64)
+                scalars[k] = v
+                if self.window is not None and self.window[0] == k:
+                    v = v % self.window[1]
+                basic.append(v)
+            else:
+                basic.append(self.vec_slice[d])
+        branches = None
+        if self.node["op"] == "merge":
+            # the conditions see the loop dims as numbers; their answer depends only on the
+            # loop dims they name (the vector dims' box is the same at every loop point)
+            ckey = tuple(scalars[k] for k in self._cond_loops)
+            branches = self._branch_cache.get(ckey)
+            if branches is None:
+                values = [
+                    coords[d] if d in self.template else scalars[k] for k, d in enumerate(self.dims)
+                ]
+                branches = self._branch_cache[ckey] = self._branches(values, n)
+        batch = _Batch(coords, n, branches, scalars=scalars)
+        batch.where = None  # the fancy indices, made if a path needs them
+        batch.basic_where = tuple(basic)
+        return batch
+
     def run(self, key: tuple):
-        batch = self.batches.get(key)
-        if batch is None:
-            return
+        if self.template is not None:
+            batch = self._uniform(key)
+        else:
+            batch = self.batches.get(key)
+            if batch is None:
+                return
         rt = self.rt
         if self.is_env:
             point = {d: int(batch.coords[d][0]) for d in self.dims}
@@ -192,7 +290,7 @@ class _Statement:
             if self.node["inputs"]:
                 action = self._value(self.node, 0, batch, {}, point)[0]
             outs = rt.envs.call(self.node["_attrs"]["env"], self.node["op"], action)
-            idx = tuple(int(i[0]) for i in batch.where)
+            idx = tuple(int(i[0]) for i in self._fancy(batch))
             for buf, v in zip(rt.written(self.id), outs):
                 buf[idx] = v
             self._record(batch)
@@ -209,7 +307,7 @@ class _Statement:
         """Checking mode: which point of the window dim each written slot now holds."""
         if self.window is not None and self.rt.slots is not None:
             k, _ = self.window
-            self.rt.slot_owner(self.id)[batch.where] = batch.coords[self.dims[k]]
+            self.rt.slot_owner(self.id)[self._fancy(batch)] = batch.coords[self.dims[k]]
 
     def _first_failure(self, batch: _Batch, failed: "_OpFailed") -> RunError:
         """The error of the first point of a failed batch, in the order of the statement's
@@ -233,7 +331,6 @@ class _Statement:
 
     def _compute(self, batch: _Batch):
         # every value first, then the writes: the buffer may take the memory of an input
-        idx = batch.where
         if self.node["op"] == "merge":
             parts = []
             for k, pos in enumerate(batch.branches):
@@ -244,17 +341,31 @@ class _Statement:
                     if len(pos) == batch.n
                     else _Batch({d: c[pos] for d, c in batch.coords.items()}, len(pos), None)
                 )
-                parts.append((pos, self._value(self.node, k, sub, {}, None)))
+                parts.append((pos, sub is batch, self._value(self.node, k, sub, {}, None)))
             (buf,) = self.rt.written(self.id)
-            for pos, v in parts:
-                buf[tuple(i[pos] for i in idx) if idx else ()] = v if idx else v[0]
+            for pos, whole, v in parts:
+                if not self.dims:
+                    buf[()] = v[0]
+                elif whole and batch.scalars is not None:
+                    self._write_box(buf, batch, v)
+                else:
+                    buf[tuple(i[pos] for i in self._fancy(batch))] = v
         else:
             outs = self._eval(self.id, batch, {})
             for buf, v in zip(self.rt.written(self.id), outs):
-                if idx:
-                    buf[idx] = v
-                else:
+                if not self.dims:
                     buf[()] = v[0]
+                elif batch.scalars is not None:
+                    self._write_box(buf, batch, v)
+                else:
+                    buf[self._fancy(batch)] = v
+
+    def _write_box(self, buf: np.ndarray, batch: _Batch, v: np.ndarray):
+        """A uniform batch's values into its box of the buffer: a basic-indexed view."""
+        if v.shape[0] == batch.n:
+            buf[batch.basic_where] = v.reshape(self.box + v.shape[1:])
+        else:
+            buf[batch.basic_where] = v[0]
 
     def _value(self, node: dict, k: int, batch: _Batch, memo: dict, point) -> np.ndarray:
         """Input ``k`` of ``node`` over the batch: ``(n or 1, ...)``."""
@@ -264,6 +375,8 @@ class _Statement:
                 memo[read.src] = self._eval(read.src, batch, memo)
             return memo[read.src][read.out]
         src = self.rt.read(read.src)[read.out]
+        if batch.scalars is not None and read.basic is not None and self.rt.slots is None:
+            return self._view(read, src, batch)
         values = [batch.coords[d] for d in node["dims"]]
         if read.broadcast:
             values = [v[:1] for v in values]
@@ -275,14 +388,38 @@ class _Statement:
             idx = idx[:k] + (idx[k] % size,) + idx[k + 1 :]
         return src[idx] if batched else src[idx][None]  # [None]: one value for the batch
 
+    def _view(self, read: _Read, src: np.ndarray, batch: _Batch) -> np.ndarray:
+        """A read with basic indexing (see ``_Read._basic``): ``(n or 1, ...)``."""
+        sc = batch.scalars
+        idx = []
+        vec = 0
+        for k, e in enumerate(read.basic):
+            if e[0] == "int":
+                v = int(e[1](*sc))
+                if read.window is not None and read.window[0] == k:
+                    v %= read.window[1]
+                idx.append(v)
+            elif e[0] == "vec":
+                idx.append(self.vec_slice[e[1]])
+                vec += 1
+            else:
+                idx.append(slice(int(e[1](*sc)), int(e[2](*sc))))
+        v = src[tuple(idx)]
+        return v.reshape((batch.n,) + v.shape[vec:]) if vec else v[None]
+
     def _eval(self, nid: int, batch: _Batch, memo: dict) -> tuple:
         node = self.nodes[nid]
         args = [self._value(node, k, batch, memo, None) for k in range(len(node["inputs"]))]
-        t = node["types"][0]
         point = {d: batch.coords[d] for d in node["dims"]}
         try:
-            out = kernels.run_op(
-                node["op"], node["_attrs"], args, (batch.n,), point, t["dtype"], tuple(t["shape"])
+            out = kernels.run_prepared(
+                node["_kernel"],
+                node["_attrs"],
+                args,
+                batch.n,
+                point,
+                node["_dtype"],
+                node["_shape"],
             )
         except (ValueError, IndexError, OverflowError, ZeroDivisionError) as e:
             raise _OpFailed(node["where"], e) from None

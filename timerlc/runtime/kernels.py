@@ -117,6 +117,25 @@ def run_op(
     return _finish(name, out, ctx, arrays)
 
 
+def kernel_of(name: str) -> Kernel:
+    """The batched kernel of op ``name``, for ``run_prepared``."""
+    fn = _KERNELS.get(name)
+    if fn is None:
+        raise ValueError(f"op {name!r} has no batched kernel (the runtime runs it itself)")
+    return fn
+
+
+def run_prepared(
+    fn: Kernel, attrs: dict, args: list, n: int, point: dict, dtype: np.dtype, out_shape: tuple
+) -> np.ndarray:
+    """``run_op`` for the runtime, without its checks: ``args`` have one batch axis of ``n``
+    or 1, as the plan's types say, and the caller is inside ``np.errstate(all="ignore")``.
+    The result may keep a batch axis of 1 where it is the same at every point, and may be a
+    view of an input (kernels never write into their inputs)."""
+    out = np.asarray(fn(_Ctx(1, (n,), point, out_shape, dtype), attrs, args))
+    return out if out.dtype == dtype else out.astype(dtype)
+
+
 def _point_value(dim: str, v, batch: tuple):
     if np.ndim(v) == 0:
         return operator.index(v)
