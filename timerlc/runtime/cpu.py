@@ -5,8 +5,11 @@ grouped by the values of its loop dims (each group is one *batch*: the points of
 dims, as coordinate arrays), the compiled index functions of every read, and the loop tree
 as nested Python closures. A call of a statement then gathers its reads with NumPy fancy
 indexing (a read that does not depend on the vector dims is gathered once and broadcast),
-runs its nodes as batched kernels (``kernels.run_op``) and scatters the result into the
-statement's buffer.
+runs its nodes as batched kernels (``kernels.run_prepared``) and scatters the result into
+the statement's buffer. Most statements are *uniform*: their vector dims cover the same box
+at every loop point (the acting step over all of ``b``, a loss over all of ``b`` and ``t``);
+one template batch then serves every call, and reads whose indices are loop expressions or
+the vector dims themselves, and the writes, are NumPy views (basic indexing), not gathers.
 
 Buffers follow the plan's memory plan: a buffer is allocated (zeros, so the points a
 statement does not define read 0, as in the reference) when it is first written or read,
