@@ -61,12 +61,13 @@ def test_dump_ir_writes_each_pass_and_the_plan(tmp_path):
     r = cli("compile", PROGRAMS / "returns.rtl", "-o", build, "--dump-ir")
     assert r.exit_code == 0, r.output
     names = sorted(p.name for p in (build / "ir").iterdir())
-    assert names[:5] == [
+    assert names[:6] == [
         "00-frontend.pdg",
         "01-autodiff.pdg",
         "02-forward.pdg",
         "03-incremental.pdg",
-        "04-simplify.pdg",
+        "04-noise.pdg",
+        "05-simplify.pdg",
     ]
     plan = (build / "ir" / names[-1]).read_text()
     assert names[-1].endswith("-plan.txt") and plan.startswith("plan format ")

@@ -491,7 +491,7 @@ def test_cli_dump_and_inspect(tmp_path):
     assert dump.read_text() == to_text(graph)
     # the build's program is the graph after the last pass
     last = sorted((build / "ir").glob("*.pdg"))[-1]
-    assert last.name == "04-simplify.pdg"
+    assert last.name == "05-simplify.pdg"
     assert to_text(from_json((build / "program.pdg.json").read_text())) == last.read_text()
     runner = CliRunner()
     result = runner.invoke(cli, ["inspect", str(dump)])

@@ -392,6 +392,7 @@ RANDOM = [
     C("random_uniform", _draw(space=(("k", 3), ("b", 4)), shape=(3,), dtype="f32"), id="u-k"),
     C("random_normal", _draw(space=SPACE_BT, shape=(2, 3), dtype="f32"), id="normal-f32"),
     C("random_normal", _draw(space=(("b", 4),), shape=(5,), dtype="f64"), id="normal-f64"),
+    C("random_gumbel", _draw(space=SPACE_BT, shape=(2, 3), dtype="f64"), id="gumbel"),
     C("random_categorical", _draw(space=SPACE_BT), (F, (3, 5), "n"), id="categorical"),
     C("random_categorical", _draw(space=()), ("f64", (4,), "n"), id="categorical-nospace"),
     C("random_bernoulli", _draw(space=SPACE_BT), ("f64", (2, 3), "u"), id="bernoulli"),

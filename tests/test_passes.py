@@ -29,7 +29,13 @@ def same_outputs(before, after):
 
 
 def test_pipeline_names_are_the_dump_file_names():
-    assert [name for name, _ in PASSES][:4] == ["autodiff", "forward", "incremental", "simplify"]
+    assert [name for name, _ in PASSES][:5] == [
+        "autodiff",
+        "forward",
+        "incremental",
+        "noise",
+        "simplify",
+    ]
 
 
 def test_simplify_reads_through_copies_with_the_composed_access():
@@ -115,3 +121,32 @@ def test_simplify_keeps_outputs_and_metrics_named():
     names = {t.name for t in s.tensors}
     assert {"l", "m"} <= names
     same_outputs(g, s)
+
+
+def test_noise_splits_categorical_into_noise_and_argmax_drawing_the_same_samples():
+    text = """
+        config B = 3, T = 5
+        dim b < B
+        dim t < T
+        logits[b, t] = stack([f32(b) * 0.3, f32(t) * 0.2, 0.1])
+        a[b, t] = categorical(logits[b, t])
+        out a
+        """
+    g = checked(text)
+    s = run_pipeline(check_source(Source("p.rtl", src(text))))
+    assert "random_categorical" in ops(g) and "random_categorical" not in ops(s)
+    assert "random_gumbel" in ops(s) and "argmax" in ops(s)
+    same_outputs(g, s)
+
+
+def test_schedule_draws_the_acting_noise_once_per_iteration():
+    from pathlib import Path
+
+    from timerlc.schedule.build import build_schedule
+
+    path = Path(__file__).resolve().parent.parent / "programs" / "reinforce.rtl"
+    sets = {"I": "3", "B": "2", "T": "5"}
+    graph = run_pipeline(check_source(Source(str(path), path.read_text()), sets))
+    sched = build_schedule(graph)
+    (noise,) = [s for nid, s in sched.statements.items() if graph.node(nid).op == "random_gumbel"]
+    assert noise.loops == ("i",) and noise.vector == ("b", "t")

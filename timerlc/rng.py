@@ -449,15 +449,25 @@ def _batch_of(point) -> tuple:
     return ()
 
 
+def gumbel(seed, site, point, bounds, shape, dtype=np.float64) -> np.ndarray:
+    """Standard Gumbel noise ``-log(-log(u))``, u uniform in (0, 1) on an odd 53-bit grid,
+    in f64 (``dtype`` must be f64): the noise of ``categorical``, which does not depend on
+    the logits (the compiler draws it ahead, for a whole rollout at once)."""
+    if _float_dtype(dtype) != np.float64:
+        raise ValueError("gumbel noise is f64")
+    (x0, x1, _, _), _ = _lanes(seed, site, point, bounds, shape)
+    u = ((_n53(x0, x1) >> _U64(1)) * _U64(2) + _U64(1)).astype(np.float64) * _TWO_M53
+    return -log64(-log64(u))
+
+
 def categorical(seed, site, point, bounds, logits) -> np.ndarray:
-    """One int32 sample along the last axis of ``logits`` by Gumbel-max."""
+    """One int32 sample along the last axis of ``logits`` by Gumbel-max:
+    ``argmax(f64(logits) + gumbel(same key, logits' shape))``."""
     logits = np.asarray(logits)
     shape = _elem_shape(logits, _batch_of(point), "logits")
     if not shape or shape[-1] == 0:
         raise ValueError("categorical needs logits with a non-empty last axis")
-    (x0, x1, _, _), _ = _lanes(seed, site, point, bounds, shape)
-    u = ((_n53(x0, x1) >> _U64(1)) * _U64(2) + _U64(1)).astype(np.float64) * _TWO_M53
-    g = -log64(-log64(u))
+    g = gumbel(seed, site, point, bounds, shape)
     return np.argmax(logits.astype(np.float64) + g, axis=-1).astype(np.int32)
 
 

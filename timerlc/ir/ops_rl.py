@@ -46,6 +46,9 @@ op("random_uniform", "source", 0, "uniform in [0, 1); attrs seed, site, space, s
 op("random_normal", "source", 0, "standard normal; attrs seed, site, space, shape, dtype")(
     _random("normal")
 )
+op("random_gumbel", "source", 0, "categorical's Gumbel noise (f64); attrs as random_uniform")(
+    _random("gumbel")
+)
 
 
 @op("random_categorical", "other", 1, "one sample along the last axis of the logits")

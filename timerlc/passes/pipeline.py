@@ -13,12 +13,14 @@ from timerlc.ir.pdg import Graph
 from timerlc.passes.autodiff import differentiate
 from timerlc.passes.forward import forward_merge_reads
 from timerlc.passes.incremental import incrementalize
+from timerlc.passes.noise import split_categorical
 from timerlc.passes.simplify import simplify
 
 PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("autodiff", differentiate),
     ("forward", forward_merge_reads),
     ("incremental", incrementalize),
+    ("noise", split_categorical),
     ("simplify", simplify),
 ]
 LOWERING = ("autodiff",)  # what every backend needs; the rest optimizes for compiled ones

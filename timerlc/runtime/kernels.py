@@ -850,6 +850,7 @@ def _random(fn):
 
 _kernel("random_uniform")(_random(rng.uniform))
 _kernel("random_normal")(_random(rng.normal))
+_kernel("random_gumbel")(_random(rng.gumbel))
 
 
 def _param_draw(fn):

@@ -57,7 +57,7 @@ def stored_nodes(graph: Graph) -> set[int]:
     for n in graph.nodes:
         if n.op == "grad":
             raise ValueError("the schedule needs a graph after the autodiff pass")
-        if n.op == "merge" or n.op in ENV_OPS or not n.dims:
+        if n.op == "merge" or n.op in ENV_OPS or not n.dims or _noise(n):
             stored.add(n.id)
         for e in n.inputs:
             src = graph.node(e.src)
@@ -77,6 +77,12 @@ def stored_nodes(graph: Graph) -> set[int]:
         if not shared:
             return stored
         stored |= shared
+
+
+def _noise(n) -> bool:
+    """A random draw that reads nothing (its value is a function of its key and point):
+    stored, it runs ahead of the loops that read it, batched over all their points."""
+    return not n.inputs and n.op.startswith("random_") and bool(n.dims)
 
 
 def _cheap(op: str) -> bool:
@@ -150,7 +156,9 @@ def build_schedule(graph: Graph) -> Schedule:
 
     tree = build(list(stored), pairs, {})
     metric_nodes = {graph.tensor(name).node for name in graph.metrics} & stored
-    tree = _stream_metrics(tree, _Fuse(graph, pairs, build), metric_nodes)
+    fuse = _Fuse(graph, pairs, build)
+    tree = _stream_metrics(tree, fuse, metric_nodes)
+    tree = _noise_ahead(tree, fuse)
 
     statements: dict[int, Statement] = {}
     times: dict[int, list[str]] = {}
@@ -301,6 +309,85 @@ def _loop_names(item, dims_of) -> set[str]:
     if item[0] != "band":
         return set()
     return {dims_of[n][c] for n, c in item[1].coords.items() if c is not None}
+
+
+def _noise_ahead(items, fuse: _Fuse) -> list:
+    """A random draw that reads nothing (``_noise``) and is read only inside one loop joins
+    that loop as its first statement, at the latest coordinate that still runs before every
+    read of it: one batched draw per iteration (for every env and step), not a draw per
+    step, and not the whole run's noise at once (which would grow with the iterations)."""
+    items = list(items)
+    k = 0
+    while k < len(items):
+        x = items[k]
+        if x[0] != "leaf" or not _noise(fuse.graph.node(x[1])):
+            k += 1
+            continue
+        nid = x[1]
+        readers = {a for a, b in fuse.pairs if b == nid and a != nid}
+        hosts = [j for j, it in enumerate(items) if readers & set(_members(it))]
+        if (
+            len(hosts) != 1
+            or items[hosts[0]][0] != "band"
+            or not readers <= set(_members(items[hosts[0]]))
+        ):
+            k += 1
+            continue
+        joined = _join_ahead(items[hosts[0]], nid, readers, fuse)
+        if joined is None:
+            k += 1
+            continue
+        items[hosts[0]] = joined
+        del items[k]
+    return items
+
+
+def _join_ahead(host, nid: int, readers: set[int], fuse: _Fuse):
+    level = host[1]
+    dims = fuse.dims_of[nid]
+    for name in sorted(_loop_names(host, fuse.dims_of)):
+        if name not in dims:
+            continue
+        c = dims.index(name)
+        scales = set()
+        for r in readers:
+            if level.coords.get(r) is None:
+                continue
+            rho = lv._slope(fuse.pairs[(r, nid)], level.coords[r], c)  # x ~ rho * reader's
+            if rho is None:
+                break
+            scales.add(level.scale[r] / rho)
+        else:
+            if len(scales) != 1:
+                continue
+            f = scales.pop()
+            if f <= 0 or f != int(f):
+                continue
+            base = lv._phi(nid, dims, c, int(f))
+            ahead = None
+            for r in readers:
+                m = fuse.pairs[(r, nid)].apply_domain(level.phi[r]).apply_range(base)
+                v = m.deltas().dim_max_val(0)
+                if not v.is_int():
+                    ahead = None
+                    break
+                ahead = v.to_python() if ahead is None else max(ahead, v.to_python())
+            if ahead is None:
+                continue
+            phi = lv._phi(nid, dims, c, int(f), -ahead)
+            bounds, span = fuse.span(level.phi, _members(host)), fuse.span({nid: phi}, [nid])
+            if bounds is None or span is None or not (bounds[0] <= span[0] <= span[1] <= bounds[1]):
+                continue
+            new = lv.Level(
+                {**level.coords, nid: c},
+                {**level.scale, nid: int(f)},
+                {**level.shift, nid: -ahead},
+                {**level.phi, nid: phi},
+                level.residual,
+                {**level.used, nid: (c,)},
+            )
+            return ("band", new, [("leaf", nid)] + list(host[2]))
+    return None
 
 
 def _closure(deps, k) -> set[int]:

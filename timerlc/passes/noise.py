@@ -1,0 +1,72 @@
+"""Noise ahead: a categorical draw becomes its logits plus Gumbel noise, then an argmax.
+
+In: a PDG after autodiff. Out: the same values, where each ``random_categorical(logits)``
+node is ``argmax(f64(logits) + random_gumbel(), axis=-1)`` (``timerlc.rng.categorical`` is
+defined so, draw for draw). Why: the noise depends only on the draw's key and point, not on
+the logits, so it has no dependence on the acting loop; the schedule computes it ahead, one
+batched op per iteration for every env and step, instead of 10 Philox rounds and two logs
+per step inside the loop. The categorical node keeps its id (it is now the argmax), so its
+consumers are unchanged.
+"""
+
+from __future__ import annotations
+
+from timerlc.ir.pdg import Edge, Graph, Node, identity_access, input_type, make_attrs
+from timerlc.ir.types import TensorType
+
+
+def split_categorical(graph: Graph) -> Graph:
+    nodes = list(graph.nodes)
+    for n in graph.nodes:
+        if n.op != "random_categorical":
+            continue
+        (e,) = n.inputs
+        t = input_type(graph, e)
+        if not all(isinstance(s, int) for s in t.shape):
+            continue
+        here = identity_access(n.dims)
+        attrs = dict(n.attrs)
+        noise_t = TensorType("f64", t.shape)
+        noise = Node(
+            len(nodes),
+            "random_gumbel",
+            n.domain,
+            (),
+            (noise_t,),
+            make_attrs(
+                seed=attrs["seed"],
+                site=attrs["site"],
+                space=attrs["space"],
+                shape=t.shape,
+                dtype="f64",
+            ),
+            span=n.span,
+        )
+        nodes.append(noise)
+        logits = e
+        if t.dtype != "f64":
+            cast = Node(
+                len(nodes), "cast", n.domain, (e,), (noise_t,), make_attrs(dtype="f64"), span=n.span
+            )
+            nodes.append(cast)
+            logits = Edge(cast.id, here)
+        total = Node(
+            len(nodes),
+            "add",
+            n.domain,
+            (logits, Edge(noise.id, here)),
+            (noise_t,),
+            span=n.span,
+        )
+        nodes.append(total)
+        nodes[n.id] = Node(
+            n.id,
+            "argmax",
+            n.domain,
+            (Edge(total.id, here),),
+            n.types,
+            make_attrs(axis=len(t.shape) - 1),
+            n.name,
+            n.span,
+        )
+    return graph.replace(nodes=tuple(nodes)) if len(nodes) > len(graph.nodes) else graph
