@@ -108,6 +108,10 @@ def check_decisions(plan: dict):
             assert st == {"kind": "block"} and b["extents"] == b["box"]
     freed = frees(plan)
     assert len(freed) == len(set(freed)) and not set(freed) & kept
+    # no budget, no swaps (tests/test_memory_budget.py has the swaps)
+    assert plan["memory_budget"] is None and plan["memory_budget_met"] is None
+    assert not any("swap_out" in item or "swap_in" in item for item in plan["tree"])
+    assert plan["memory_peak"] == plan["memory_peak_unswapped"] > 0
     assert all(set(item) == {"free"} for item in plan["tree"] if "free" in item)
     for y, x in donors(plan).items():
         bx, by = plan["buffers"][str(x)], plan["buffers"][str(y)]
@@ -170,6 +174,7 @@ def test_program_with_memory_plan_equals_reference(name, sets):
     assert ref_m
     assert rt.donated  # the runtime took the memory the plan donates
     assert 0 < rt.live_bytes <= rt.peak_bytes < block_bytes(rt.plan) / 2
+    assert rt.peak_bytes <= rt.plan["memory_peak"]  # the plan's own count bounds the run's
 
 
 def test_peak_buffer_bytes_do_not_grow_with_the_iterations():

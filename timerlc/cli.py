@@ -116,6 +116,64 @@ def _guard(fn):
     return wrapper
 
 
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``SIZE``: bytes, or a number with a K, M or G suffix (powers of 1024): ``64M``,
+    ``1.5G``, ``4096``; an optional ``B``/``iB`` may follow the suffix (``64MiB``)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMG]?)(?:I?B)?\s*", str(text).upper())
+    if m is None or (not m.group(2) and "." in m.group(1)):
+        raise ValueError(
+            f"'{text}' is not a size: give a number of bytes, optionally with a K, M or G "
+            "suffix (powers of 1024), e.g. 64M"
+        )
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+
+
+class _Size(click.ParamType):
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+_budget_option = click.option(
+    "--memory-budget",
+    "memory_budget",
+    type=_Size(),
+    default=None,
+    metavar="SIZE",
+    help="Device memory the plan's buffers may hold at once (bytes, or with a K, M or G "
+    "suffix: 64M); blocks unused for long are swapped to host memory to stay within it "
+    "(cpu backend).",
+)
+
+
+def _check_budget(memory_budget, backend: str):
+    if memory_budget is not None and backend != "cpu":
+        raise _Fail(
+            2,
+            f"timerlc: error: --memory-budget applies to a compiled plan; the {backend} "
+            "backend has none (use --backend cpu)",
+        )
+
+
+def _warn_budget(plan: dict):
+    from timerlc.runner import budget_warning
+
+    text = budget_warning(plan)
+    if text is not None:
+        click.echo(text, err=True)
+
+
 _set_option = click.option(
     "--set",
     "sets",
@@ -162,9 +220,10 @@ def check(file, sets, envs):
 @click.option("--backend", type=click.Choice(BACKENDS), default=None, help="Target backend.")
 @_set_option
 @_env_option
+@_budget_option
 @click.option("--dump-ir", is_flag=True, help="Also write the IR after every stage to DIR/ir/.")
 @click.option("--timings", is_flag=True, help="Print how long each compile stage took.")
-def compile(file, out_dir, backend, sets, envs, dump_ir, timings):
+def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings):
     """Compile FILE into a build folder (the checked program and, with --dump-ir, its IR)."""
 
     def body():
@@ -172,6 +231,7 @@ def compile(file, out_dir, backend, sets, envs, dump_ir, timings):
 
         source = _read_source(file)
         chosen = _backend(backend)
+        _check_budget(memory_budget, chosen)
         stages: list[tuple[str, float, object]] = []
         started = time.perf_counter()
 
@@ -186,9 +246,10 @@ def compile(file, out_dir, backend, sets, envs, dump_ir, timings):
             from timerlc.runner import compile_plan
 
             try:
-                plan = compile_plan(graph, str(Path(file).resolve()), on_stage)
+                plan = compile_plan(graph, str(Path(file).resolve()), on_stage, memory_budget)
             except ProgramError as e:
                 raise _Fail(1, e.render(source)) from None
+            _warn_budget(plan)
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / BUILD_PROGRAM).write_text(serialize.to_json(graph))
@@ -276,10 +337,23 @@ def _load_build(path: Path):
     type=click.Path(dir_okay=False),
     help="Stream metrics to F.csv or F.jsonl.",
 )
+@_budget_option
 @click.option("--no-progress", is_flag=True, help="Do not show the progress line.")
 @click.option("--profile", is_flag=True, help="Print where the run spent its time.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of failures.")
-def run(target, backend, sets, envs, seed, outputs_path, metrics_path, no_progress, profile, debug):
+def run(
+    target,
+    backend,
+    sets,
+    envs,
+    seed,
+    outputs_path,
+    metrics_path,
+    memory_budget,
+    no_progress,
+    profile,
+    debug,
+):
     """Run TARGET, a program FILE.rtl or a build folder, and save outputs and metrics."""
 
     def body():
@@ -287,6 +361,7 @@ def run(target, backend, sets, envs, seed, outputs_path, metrics_path, no_progre
 
         path = Path(target)
         chosen = _backend(backend)
+        _check_budget(memory_budget, chosen)
         if metrics_path and not metrics_path.endswith((".csv", ".jsonl")):
             raise click.BadParameter(
                 "the metrics file must end in .csv or .jsonl", param_hint="--metrics"
@@ -299,6 +374,12 @@ def run(target, backend, sets, envs, seed, outputs_path, metrics_path, no_progre
                     2,
                     "timerlc: error: --set, --env and --seed change the program; recompile it "
                     "instead",
+                )
+            if memory_budget is not None:
+                raise _Fail(
+                    2,
+                    "timerlc: error: --memory-budget changes the plan; compile the program "
+                    "with it instead (timerlc compile FILE.rtl --memory-budget SIZE)",
                 )
             plan_file = path / BUILD_PLAN
             if plan_file.exists() and backend in (None, "cpu"):
@@ -321,7 +402,16 @@ def run(target, backend, sets, envs, seed, outputs_path, metrics_path, no_progre
                 optimize=chosen != "reference",
             )
         progress = not no_progress and sys.stderr.isatty()
-        run_program(graph, chosen, outputs_path, metrics_path, progress, profile)
+        run_program(
+            graph,
+            chosen,
+            outputs_path,
+            metrics_path,
+            progress,
+            profile,
+            memory_budget=memory_budget,
+            on_plan=_warn_budget,
+        )
 
     _guard(body)(debug=debug)
 

@@ -32,25 +32,67 @@ def plan_metric_dims(plan: dict) -> list[str]:
     return [d for d in plan.get("dim_order", list(plan["dims"])) if d in used]
 
 
-def compile_plan(graph: Graph, source: str = "", on_stage=None) -> dict:
-    """Schedule a checked, optimized PDG and write its plan (a JSON-ready dict)."""
+def compile_plan(
+    graph: Graph, source: str = "", on_stage=None, memory_budget: int | None = None
+) -> dict:
+    """Schedule a checked, optimized PDG and write its plan (a JSON-ready dict);
+    ``memory_budget``: the bytes of device memory its buffers may hold at once (None: no
+    limit)."""
     from timerlc.plan.build import build_plan
     from timerlc.schedule.build import build_schedule
 
     schedule = build_schedule(graph)
     if on_stage is not None:
         on_stage("schedule", schedule)
-    plan = build_plan(graph, schedule, source)
+    plan = build_plan(graph, schedule, source, memory_budget)
     if on_stage is not None:
         on_stage("plan", plan)
     return plan
 
 
+def budget_warning(plan: dict) -> str | None:
+    """The one-line warning for a plan whose memory budget swapping cannot meet, else None."""
+    if plan.get("memory_budget") is None or plan.get("memory_budget_met") is not False:
+        return None
+    budget, peak = plan["memory_budget"], plan["memory_peak"]
+    unswapped = plan.get("memory_peak_unswapped", peak)
+    head = f"timerlc: warning: the memory budget of {format_bytes(budget)} cannot be met: "
+    if peak < unswapped:
+        return (
+            head + f"swapping blocks to host memory lowers the buffers' peak from "
+            f"{format_bytes(unswapped)} to {format_bytes(peak)} at best"
+        )
+    return (
+        head + f"the buffers' peak is {format_bytes(peak)} and no swap at the top level of the "
+        "loop tree lowers it (an item keeps every buffer it uses on the device: a loop, those of "
+        "all its iterations)"
+    )
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit} ({n} bytes)"
+    return "1 byte" if n == 1 else f"{n} bytes"
+
+
 def run_program(
-    graph: Graph, backend: str, outputs_path=None, metrics_path=None, progress=False, profile=False
+    graph: Graph,
+    backend: str,
+    outputs_path=None,
+    metrics_path=None,
+    progress=False,
+    profile=False,
+    memory_budget: int | None = None,
+    on_plan=None,
 ):
+    """Run on ``backend``; for the cpu backend the plan is compiled first (with
+    ``memory_budget``) and given to ``on_plan`` before it runs."""
     if backend == "cpu":
-        return run_plan(compile_plan(graph), outputs_path, metrics_path, progress)
+        plan = compile_plan(graph, memory_budget=memory_budget)
+        if on_plan is not None:
+            on_plan(plan)
+        return run_plan(plan, outputs_path, metrics_path, progress)
     from timerlc.reference.interpreter import Interpreter
 
     def make(on_metric):

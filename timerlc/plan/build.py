@@ -4,7 +4,8 @@ In: an optimized PDG and its ``Schedule``. Out: a JSON-ready dict (see ``docs/pl
 sizes, environments, one buffer per statement with its storage (``plan.memory``: a block over
 the bounding box of its domain, or a ring buffer along the iteration loop; the buffer whose
 memory it takes, if any), each statement's nodes (the inlined ones, then its own) with their
-reads, and the loop tree with the frees of the memory plan. Index expressions and conditions
+reads, and the loop tree with the frees of the memory plan (and, under a device memory
+budget, its swaps to host memory and back). Index expressions and conditions
 are NumPy-vectorized Python expressions over dim names (``t + 1``, ``j // 16``,
 ``_np.minimum(t + 3, 15)``), which the runtime validates and compiles; attributes that hold
 index expressions keep them as ``{"sympy": srepr}``.
@@ -49,7 +50,11 @@ def _attr(v):
     return v
 
 
-def build_plan(graph: Graph, schedule: Schedule, source: str = "") -> dict:
+def build_plan(
+    graph: Graph, schedule: Schedule, source: str = "", memory_budget: int | None = None
+) -> dict:
+    """``memory_budget``: the bytes of device memory the buffers may hold at once (None: no
+    limit); the memory plan swaps blocks to host memory to stay within it."""
     bounds = graph.dim_bounds
     buffers = {}
     statements = {}
@@ -66,7 +71,7 @@ def build_plan(graph: Graph, schedule: Schedule, source: str = "") -> dict:
         }
     tensors = {t.name: [t.node, t.out] for t in graph.tensors}
     kept = {tensors[name][0] for name in graph.outputs + graph.metrics}
-    memory = plan_memory(graph, schedule, buffers, kept)
+    memory = plan_memory(graph, schedule, buffers, kept, memory_budget)
     for nid, (dim, size) in memory.windows.items():
         buf = buffers[nid]
         buf["storage"] = {"kind": "window", "dim": dim, "size": size}
@@ -75,9 +80,13 @@ def build_plan(graph: Graph, schedule: Schedule, source: str = "") -> dict:
         buffers[nid]["donor"] = donor
     tree = []
     for k, item in enumerate(schedule.tree):
+        if k in memory.swap_ins:
+            tree.append({"swap_in": memory.swap_ins[k]})
         tree.append(item)
         if k in memory.frees:
             tree.append({"free": memory.frees[k]})
+        if k in memory.swap_outs:
+            tree.append({"swap_out": memory.swap_outs[k]})
     for nid, st in schedule.statements.items():
         node = graph.node(nid)
         nodes = []
@@ -132,6 +141,10 @@ def build_plan(graph: Graph, schedule: Schedule, source: str = "") -> dict:
         "tree": tree,
         "outputs": {name: tensors[name] for name in graph.outputs},
         "metrics": {name: tensors[name] for name in graph.metrics},
+        "memory_budget": memory.budget,
+        "memory_budget_met": memory.budget_met,
+        "memory_peak": memory.peak,
+        "memory_peak_unswapped": memory.unswapped_peak,
     }
 
 

@@ -16,6 +16,18 @@ dying buffer a statement takes over instead of allocating its own.
 - **Donation.** A statement that runs as one batch (no loop dims), is itself a top-level
   item of the loop tree, and writes every point of its bounding box takes the memory of a
   block it is the last reader of, if that block has one output of the same dtype and size.
+- **Swaps** (only under a memory budget). The top-level items run in order; a buffer is
+  on the device from the first item that uses it (writes or reads it) to its free (or the
+  end of the run), so the bytes the buffers hold during each item are known. Where they
+  exceed the budget, blocks that sit unused across that item (not outputs or metrics; a
+  *gap* between two items that use them) are moved to host memory: a ``swap_out`` after the
+  use before the gap, a ``swap_in`` right before the use after it. They are chosen as
+  Belady would: the next use farthest away first; then those the item no longer needs
+  (the smallest first) are given back. If swapping every gap still leaves some item over
+  the budget, the plan aims at the lowest peak swapping can reach instead (swapping no
+  more than that peak needs) and says the budget is not met. A buffer used by the
+  training loop at every iteration is used by that one top-level item: it has no gap there
+  and stays on the device.
 
 In: the PDG, its ``Schedule`` and the plan's buffers and loop tree. Out: a ``MemoryPlan``;
 ``plan.build`` records it (``docs/plan.md``) and the runtime obeys it.
@@ -25,7 +37,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import islpy as isl
 
@@ -43,13 +55,25 @@ class MemoryPlan:
     windows: dict[int, tuple[str, int]]  # statement -> (dim, slots) of its ring buffer
     frees: dict[int, list[int]]  # top-level tree item -> statements dropped after it
     donors: dict[int, int]  # statement -> the statement whose memory it takes
+    # top-level tree item -> statements moved to host memory after it / back before it
+    swap_outs: dict[int, list[int]] = field(default_factory=dict)
+    swap_ins: dict[int, list[int]] = field(default_factory=dict)
+    budget: int | None = None  # bytes of device memory the buffers may hold, or None
+    budget_met: bool | None = None  # None without a budget
+    peak: int = 0  # the most bytes the buffers hold at once (by this plan's own count)
+    unswapped_peak: int = 0  # the same without any swap
 
 
 def plan_memory(
-    graph: Graph, schedule: Schedule, buffers: dict[int, dict], kept: set[int]
+    graph: Graph,
+    schedule: Schedule,
+    buffers: dict[int, dict],
+    kept: set[int],
+    budget: int | None = None,
 ) -> MemoryPlan:
     """``buffers``: per statement, ``box`` (its bounding box) and ``outputs`` (dtype, shape);
-    ``kept``: the statements the run must keep to the end (outputs and metrics)."""
+    ``kept``: the statements the run must keep to the end (outputs and metrics); ``budget``:
+    the bytes the buffers may hold at once on the device (None: no limit, no swaps)."""
     direct = {y: _direct_reads(graph, schedule, y) for y in schedule.statements}
     readers: dict[int, set[int]] = {}
     for y, xs in direct.items():
@@ -64,18 +88,100 @@ def plan_memory(
         w = _window(graph, schedule, x, readers.get(x, set()), maps.get(x, {}), buffers, kept)
         if w is not None:
             windows[x] = w
-    last: dict[int, int] = {}  # the last top-level item that writes or reads each buffer
+    uses: dict[int, list[int]] = {}  # per buffer, the top-level items that write or read it
     for k, item in enumerate(schedule.tree):
+        touched: set[int] = set()
         for y in _calls(item):
-            last[y] = k
-            for x in direct[y]:
-                last[x] = k
+            touched.add(y)
+            touched |= direct[y]
+        for x in touched:
+            uses.setdefault(x, []).append(k)
+    last = {x: ks[-1] for x, ks in uses.items()}  # the last item that writes or reads it
     frees: dict[int, list[int]] = {}
     for x, k in sorted(last.items()):
         if x not in kept and k < len(schedule.tree) - 1:
             frees.setdefault(k, []).append(x)
     donors = _donations(graph, schedule, buffers, windows, direct, last, kept)
-    return MemoryPlan(windows, frees, donors)
+    sizes = {x: buffer_bytes(buffers[x], windows.get(x)) for x in schedule.statements}
+    swap = _swaps(len(schedule.tree), uses, sizes, kept, windows, donors, budget)
+    return MemoryPlan(windows, frees, donors, *swap)
+
+
+def buffer_bytes(buf: dict, window: tuple[str, int] | None = None) -> int:
+    """The bytes of a statement's buffer: its box (``window``: ``(dim, slots)`` along one
+    dim) times each output's points."""
+    box = list(buf["box"])
+    if window is not None:
+        box[buf["dims"].index(window[0])] = window[1]
+    points = math.prod(box)
+    return sum(
+        points * math.prod(o["shape"]) * NUMPY_DTYPES[o["dtype"]].itemsize for o in buf["outputs"]
+    )
+
+
+def _swaps(n: int, uses, sizes, kept, windows, donors, budget):
+    """``(swap_outs, swap_ins, budget, budget_met, peak, unswapped_peak)`` over the ``n``
+    top-level items (see the module's docstring)."""
+    live = [0] * n  # the bytes the buffers hold during each item (before the frees after it)
+    for x, ks in uses.items():
+        start = ks[0]
+        donor = donors.get(x)
+        if donor is not None and uses.get(donor, [None])[-1] == start:
+            start += 1  # x holds its donor's memory during that item, then in its place
+        end = n - 1 if x in kept else ks[-1]
+        for k in range(start, end + 1):
+            live[k] += sizes[x]
+    unswapped = max(live, default=0)
+    if budget is None:
+        return {}, {}, None, None, unswapped, unswapped
+    # the gaps a swap may use: (item of the use before, item of the use after, buffer)
+    gaps = [
+        (a, b, x)
+        for x, ks in sorted(uses.items())
+        if x not in kept and x not in windows and sizes[x] > 0
+        for a, b in zip(ks, ks[1:])
+        if b - a > 1
+    ]
+    floor = list(live)
+    for a, b, x in gaps:
+        for k in range(a + 1, b):
+            floor[k] -= sizes[x]
+    reachable = max(floor, default=0)
+    target = max(budget, reachable)
+    chosen: set[tuple[int, int, int]] = set()
+    for k in range(n):
+        if live[k] <= target:
+            continue
+        # Belady: the gaps across item k whose next use is farthest away first
+        around = sorted(
+            (g for g in gaps if g[0] < k < g[1] and g not in chosen),
+            key=lambda g: (-g[1], -sizes[g[2]], g[2]),
+        )
+        now = []
+        for g in around:
+            if live[k] <= target:
+                break
+            now.append(g)
+            chosen.add(g)
+            for j in range(g[0] + 1, g[1]):
+                live[j] -= sizes[g[2]]
+        # give back what item k (and the items before it in the gap) do not need
+        for g in sorted(now, key=lambda g: (sizes[g[2]], g[2])):
+            size = sizes[g[2]]
+            if all(live[j] + size <= target for j in range(g[0] + 1, k + 1)):
+                chosen.discard(g)
+                for j in range(g[0] + 1, g[1]):
+                    live[j] += size
+    outs: dict[int, list[int]] = {}
+    ins: dict[int, list[int]] = {}
+    for a, b, x in sorted(chosen):
+        outs.setdefault(a, []).append(x)
+        ins.setdefault(b, []).append(x)
+    for d in (outs, ins):
+        for k in d:
+            d[k].sort()
+    peak = max(live, default=0)
+    return outs, ins, budget, reachable <= budget, peak, unswapped
 
 
 def _direct_reads(graph: Graph, schedule: Schedule, y: int) -> set[int]:

@@ -16,6 +16,10 @@ statement does not define read 0, as in the reference) when it is first written 
 takes the memory of its ``donor`` instead if the plan gives one (after the statement's values
 are computed), is indexed modulo its size along the dim of a ``window``, and is dropped at a
 ``free`` item of the tree. ``peak_bytes`` is the most memory the buffers held at once.
+Under a memory budget the plan also has ``swap_out`` items (a buffer's arrays are copied into
+a host pool, kept apart from the device buffers, and dropped, so ``live_bytes`` goes down)
+and ``swap_in`` items (copied back before the next use); a read or a write of a buffer while
+it is swapped out is an internal error.
 """
 
 from __future__ import annotations
@@ -233,14 +237,16 @@ class _Statement:
         the batch's coordinates or one number)."""
         if self.node["op"] != "merge":
             return None
+        conds = self.node["_conds"]
+        holds = [True if c is None else c(*values) for c in conds]
+        if all(np.ndim(h) == 0 for h in holds):  # conditions on the loop dims only
+            first = next((k for k, h in enumerate(holds) if h), None)
+            none = np.zeros(0, np.int64)
+            return [np.arange(n) if k == first else none for k in range(len(conds))]
         taken = np.zeros(n, bool)
         out = []
-        for cond in self.node["_conds"]:
-            hold = (
-                np.ones(n, bool)
-                if cond is None
-                else np.broadcast_to(np.asarray(cond(*values), bool), (n,))
-            )
+        for h in holds:
+            hold = np.broadcast_to(np.asarray(h, bool), (n,))
             mine = hold & ~taken
             taken |= mine
             out.append(np.flatnonzero(mine))
@@ -440,6 +446,12 @@ class CpuRuntime:
         self._freed: set[int] = set()
         self.live_bytes = 0  # bytes the buffers hold now
         self.peak_bytes = 0  # the most they held at once
+        # the host pool: per buffer swapped out, a copy of its arrays (None: it had none yet)
+        self.host: dict[int, list[np.ndarray] | None] = {}
+        self.host_bytes = 0  # bytes the host pool holds now
+        self.host_peak_bytes = 0  # the most it held at once
+        self.swapped = 0  # buffers copied to the host pool (each swap_out of an array)
+        self.swapped_bytes = 0  # bytes copied to the host pool, all swaps together
         self.donated: list[tuple[int, int]] = []  # (statement, donor) of each memory taken
         # checking mode: per ring buffer, the window dim's index each slot holds (-1: none)
         self.slots: dict[int, np.ndarray] | None = {} if check_windows else None
@@ -464,6 +476,12 @@ class CpuRuntime:
     def _allocate(self, sid: int, write: bool) -> list[np.ndarray]:
         if sid in self._freed:
             raise RunError(f"internal error: buffer {sid} used after its free (a bad plan)")
+        if sid in self.host:
+            raise RunError(
+                f"internal error: buffer {sid} ({self._name(sid)}) "
+                f"{'written' if write else 'read'} while it is swapped out to host memory "
+                "(a bad plan: no swap_in before this use)"
+            )
         spec = self.plan["buffers"][str(sid)]
         shapes = [tuple(spec["extents"]) + tuple(o["shape"]) for o in spec["outputs"]]
         dtypes = [kernels.numpy_dtype(o["dtype"]) for o in spec["outputs"]]
@@ -482,10 +500,58 @@ class CpuRuntime:
             self.donated.append((sid, donor))
         else:
             bufs = [np.zeros(s, d) for s, d in zip(shapes, dtypes)]
-            self.live_bytes += sum(b.nbytes for b in bufs)
-            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+            self._grow(sum(b.nbytes for b in bufs))
         self.buffers[sid] = bufs
         return bufs
+
+    def _grow(self, nbytes: int):
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def _name(self, sid: int) -> str:
+        return self.plan["buffers"][str(sid)].get("name") or f"%{sid}"
+
+    def swap_out(self, sid: int):
+        """Copy the buffer's arrays into the host pool and drop them from the device."""
+        if sid in self.host or sid in self._freed:
+            state = "already swapped out" if sid in self.host else "freed"
+            raise RunError(
+                f"internal error: swap_out of buffer {sid} ({self._name(sid)}), {state} "
+                "(a bad plan)"
+            )
+        bufs = self.buffers[sid]
+        if bufs is None:  # never used yet (no call wrote or read it): nothing to keep
+            self.host[sid] = None
+            return
+        copies = [np.array(b, copy=True) for b in bufs]
+        nbytes = sum(b.nbytes for b in bufs)
+        self.host[sid] = copies
+        self.buffers[sid] = None
+        self.live_bytes -= nbytes
+        self.host_bytes += nbytes
+        self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
+        self.swapped += 1
+        self.swapped_bytes += nbytes
+
+    def swap_in(self, sid: int):
+        """Copy a swapped-out buffer back from the host pool before its next use."""
+        if sid not in self.host:
+            raise RunError(
+                f"internal error: swap_in of buffer {sid} ({self._name(sid)}), which is not "
+                "swapped out (a bad plan)"
+            )
+        copies = self.host.pop(sid)
+        if copies is None:
+            return  # it had no arrays: its first use allocates them
+        bufs = []
+        for h in copies:
+            b = np.empty_like(h)
+            np.copyto(b, h)
+            bufs.append(b)
+        nbytes = sum(b.nbytes for b in bufs)
+        self.host_bytes -= nbytes
+        self._grow(nbytes)
+        self.buffers[sid] = bufs
 
     def slot_owner(self, sid: int) -> np.ndarray:
         if sid not in self.slots:
@@ -508,6 +574,9 @@ class CpuRuntime:
         bufs = self.buffers[sid]
         if bufs is not None:
             self.live_bytes -= sum(b.nbytes for b in bufs)
+        held = self.host.pop(sid, None)  # a plan frees a buffer on the device, but be safe
+        if held is not None:
+            self.host_bytes -= sum(h.nbytes for h in held)
         self.buffers[sid] = None
         self._freed.add(sid)
 
@@ -536,14 +605,24 @@ class CpuRuntime:
         return run
 
     def _item(self, it):
-        if "free" in it:
-            sids = [int(s) for s in it["free"]]
+        for key, fn in (
+            ("free", self.free),
+            ("swap_out", self.swap_out),
+            ("swap_in", self.swap_in),
+        ):
+            if key in it:
+                sids = [int(s) for s in it[key]]
+                unknown = [s for s in sids if s not in self.buffers]
+                if unknown:
+                    raise PlanError(f"a {key} item of the plan names unknown buffers {unknown}")
 
-            def free(env):
-                for s in sids:
-                    self.free(s)
+                def buffers(env, sids=sids, fn=fn):
+                    for s in sids:
+                        fn(s)
 
-            return free
+                return buffers
+        if "call" not in it and "for" not in it and "if" not in it:
+            raise PlanError(f"unknown item in the plan's loop tree: {sorted(it)}")
         if "for" in it:
             var, init, cond, inc = it["for"], _expr(it["init"]), _expr(it["cond"]), it["inc"]
             body = self._compile(it["body"])
