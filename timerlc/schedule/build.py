@@ -158,7 +158,7 @@ def build_schedule(graph: Graph) -> Schedule:
     metric_nodes = {graph.tensor(name).node for name in graph.metrics} & stored
     fuse = _Fuse(graph, pairs, build)
     tree = _stream_metrics(tree, fuse, metric_nodes)
-    tree = _noise_ahead(tree, fuse)
+    tree = _join_producers(tree, fuse)
 
     statements: dict[int, Statement] = {}
     times: dict[int, list[str]] = {}
@@ -311,17 +311,18 @@ def _loop_names(item, dims_of) -> set[str]:
     return {dims_of[n][c] for n, c in item[1].coords.items() if c is not None}
 
 
-def _noise_ahead(items, fuse: _Fuse) -> list:
-    """A random draw that reads nothing (``_noise``) and is read only inside one loop joins
-    that loop as its first statement, at the latest coordinate that still runs before every
-    read of it: one batched draw per iteration (for every env and step), not a draw per
-    step, and not the whole run's noise at once (which would grow with the iterations)."""
+def _join_producers(items, fuse: _Fuse) -> list:
+    """A statement outside every loop that only one loop reads joins that loop as its first
+    statement, at the latest coordinate that still runs before every read of it: per
+    iteration, one batched op over the points that iteration reads (a random draw for every
+    env and step; a minibatch step's constants), instead of one op over the whole run whose
+    result would be held, and grow with the iterations, until the loop ends."""
     items = list(items)
-    k = 0
-    while k < len(items):
+    k = len(items) - 1  # consumers first: a producer of a joined statement may precede it
+    while k >= 0:
         x = items[k]
-        if x[0] != "leaf" or not _noise(fuse.graph.node(x[1])):
-            k += 1
+        if x[0] != "leaf" or not fuse.dims_of[x[1]] or fuse.graph.node(x[1]).op in ENV_OPS:
+            k -= 1
             continue
         nid = x[1]
         readers = {a for a, b in fuse.pairs if b == nid and a != nid}
@@ -331,14 +332,13 @@ def _noise_ahead(items, fuse: _Fuse) -> list:
             or items[hosts[0]][0] != "band"
             or not readers <= set(_members(items[hosts[0]]))
         ):
-            k += 1
+            k -= 1
             continue
         joined = _join_ahead(items[hosts[0]], nid, readers, fuse)
-        if joined is None:
-            k += 1
-            continue
-        items[hosts[0]] = joined
-        del items[k]
+        if joined is not None:
+            items[hosts[0]] = joined
+            del items[k]
+        k -= 1
     return items
 
 
