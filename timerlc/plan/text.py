@@ -42,6 +42,13 @@ def expr(e) -> str:
     return f"{op}({', '.join(expr(a) for a in args)})"
 
 
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
 def _name(plan: dict, sid) -> str:
     buf = plan["buffers"].get(str(sid), {})
     return buf.get("name") or f"%{sid}"
@@ -62,6 +69,13 @@ def _storage(buf: dict) -> str:
 def render(plan: dict) -> str:
     out = [f"plan format {plan.get('format_version')}  source {plan.get('source') or '-'}"]
     out.append("dims: " + ", ".join(f"{d} < {n}" for d, n in plan.get("dims", {}).items()))
+    if plan.get("memory_peak") is not None:
+        line = f"memory: peak {_bytes(plan['memory_peak'])} of buffers"
+        if plan.get("memory_budget") is not None:
+            met = "met" if plan.get("memory_budget_met") else "NOT met"
+            line += f", budget {_bytes(plan['memory_budget'])} ({met}; without swaps "
+            line += f"{_bytes(plan.get('memory_peak_unswapped', plan['memory_peak']))})"
+        out.append(line)
     for e in plan.get("envs", []):
         out.append(f"env {e['name']} = {e['spec']!r} batch {e['batch']} ({e['num_envs']})")
     out.append("")
@@ -109,5 +123,9 @@ def _tree(plan: dict, items: list, depth: int, out: list):
             out.append(f"{pad}{_name(plan, it['call'])}[{args}]")
         elif "free" in it:
             out.append(f"{pad}free " + ", ".join(_name(plan, s) for s in it["free"]))
+        elif "swap_out" in it or "swap_in" in it:
+            kind = "swap_out" if "swap_out" in it else "swap_in"
+            where = "to host" if kind == "swap_out" else "from host"
+            out.append(f"{pad}{kind} {where} " + ", ".join(_name(plan, s) for s in it[kind]))
         else:
             out.append(f"{pad}{json.dumps(it)}")
