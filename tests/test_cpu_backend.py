@@ -250,3 +250,10 @@ def test_run_time_failure_names_the_first_failing_point_of_a_batched_op(tmp_path
     r = cli("run", p, "--backend", "cpu", "--no-progress")
     assert r.exit_code == 3
     assert "while computing x at t=2 (line 5)" in r.stderr and "out of range" in r.stderr
+
+
+def test_profile_prints_where_the_cpu_runtime_spent_its_time(tmp_path):
+    r = cli("run", PROGRAMS / "returns.rtl", "--profile", "--no-progress")
+    assert r.exit_code == 0, r.stderr
+    assert "cpu runtime:" in r.stderr and "statement calls" in r.stderr
+    assert "g_ds loops [t] vector [i, b]" in r.stderr  # the incrementalized discounted sum

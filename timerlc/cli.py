@@ -391,7 +391,7 @@ def run(
                 except PlanError as e:
                     raise _Fail(2, f"timerlc: error: {e}") from None
                 progress = not no_progress and sys.stderr.isatty()
-                run_plan(plan, outputs_path, metrics_path, progress)
+                run_plan(plan, outputs_path, metrics_path, progress, profile)
                 return
             graph = _load_build(path)
         else:

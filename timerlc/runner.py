@@ -7,6 +7,7 @@ A failure still flushes the metrics written so far and saves the outputs compute
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -92,7 +93,7 @@ def run_program(
         plan = compile_plan(graph, memory_budget=memory_budget)
         if on_plan is not None:
             on_plan(plan)
-        return run_plan(plan, outputs_path, metrics_path, progress)
+        return run_plan(plan, outputs_path, metrics_path, progress, profile)
     from timerlc.reference.interpreter import Interpreter
 
     def make(on_metric):
@@ -113,12 +114,14 @@ def run_program(
     return interp
 
 
-def run_plan(plan: dict, outputs_path=None, metrics_path=None, progress=False):
-    """Run a plan on the cpu runtime (this path never imports the compiler)."""
+def run_plan(plan: dict, outputs_path=None, metrics_path=None, progress=False, profile=False):
+    """Run a plan on the cpu runtime (this path never imports the compiler); with
+    ``profile``, print where the time went."""
     from timerlc.runtime.cpu import CpuRuntime
 
-    return _execute(
-        lambda on_metric: CpuRuntime(plan, on_metric),
+    started = time.perf_counter()
+    engine = _execute(
+        lambda on_metric: CpuRuntime(plan, on_metric, profile=profile),
         plan_metric_dims(plan),
         plan["dims"],
         bool(plan["metrics"]),
@@ -127,6 +130,30 @@ def run_plan(plan: dict, outputs_path=None, metrics_path=None, progress=False):
         metrics_path,
         progress,
     )
+    if profile:
+        _print_plan_profile(plan, engine, time.perf_counter() - started)
+    return engine
+
+
+def _print_plan_profile(plan: dict, rt, wall: float):
+    """The statements that took the most time, with their loops and vectorized dims."""
+    total = sum(rt.seconds.values())
+    print(
+        f"cpu runtime: {wall:.3f} s run, {total:.3f} s in {sum(rt.calls.values())} statement "
+        f"calls; peak buffers {format_bytes(rt.peak_bytes)}",
+        file=sys.stderr,
+    )
+    print("  seconds    calls   us/call  statement", file=sys.stderr)
+    for sid, sec in sorted(rt.seconds.items(), key=lambda kv: -kv[1])[:15]:
+        st = plan["statements"][str(sid)]
+        name = plan["buffers"][str(sid)].get("name") or f"%{sid}"
+        ops = " ".join(n["op"] for n in st["nodes"][-4:])
+        calls = rt.calls[sid]
+        print(
+            f"  {sec:7.3f} {calls:8d} {1e6 * sec / max(calls, 1):9.1f}  {name} "
+            f"loops [{', '.join(st['loops'])}] vector [{', '.join(st['vector'])}]: {ops}",
+            file=sys.stderr,
+        )
 
 
 def _execute(make, mdims, bounds, has_metrics, outputs, outputs_path, metrics_path, progress):

@@ -25,6 +25,7 @@ it is swapped out is an internal error.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -437,9 +438,17 @@ class _Statement:
 
 class CpuRuntime:
     def __init__(
-        self, plan: dict, on_metric: MetricSink | None = None, check_windows: bool = False
+        self,
+        plan: dict,
+        on_metric: MetricSink | None = None,
+        check_windows: bool = False,
+        profile: bool = False,
     ):
         self.plan = plan
+        # profiling: per statement, seconds spent in its calls and how many calls
+        self.profile = profile
+        self.seconds: dict[int, float] = {}
+        self.calls: dict[int, int] = {}
         self.on_metric = on_metric
         # per statement: its arrays once allocated (None before, and after its free)
         self.buffers: dict[int, list[np.ndarray] | None] = {int(s): None for s in plan["buffers"]}
@@ -652,7 +661,19 @@ class CpuRuntime:
         def call(env):
             st.run(tuple(int(a(env)) for a in args))
 
-        return call
+        if not self.profile:
+            return call
+        sid = st.id
+        self.seconds.setdefault(sid, 0.0)
+        self.calls.setdefault(sid, 0)
+
+        def timed(env):
+            started = time.perf_counter()
+            call(env)
+            self.seconds[sid] += time.perf_counter() - started
+            self.calls[sid] += 1
+
+        return timed
 
     def run(self):
         with np.errstate(all="ignore"), warnings.catch_warnings():
