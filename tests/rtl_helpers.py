@@ -7,6 +7,7 @@ reference backend and compares its outputs with an answer computed by NumPy.
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -16,6 +17,12 @@ import pytest
 from timerlc.diagnostics import ProgramError, Source
 from timerlc.frontend.check import check_source
 from timerlc.reference.interpreter import outputs, run_graph
+
+
+def timerlc_cmd() -> list[str]:
+    """The command that runs the installed ``timerlc`` (or the module, if no script)."""
+    script = Path(sys.executable).with_name("timerlc")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "timerlc.cli"]
 
 
 def src(text: str) -> str:

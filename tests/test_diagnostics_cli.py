@@ -20,10 +20,9 @@ from __future__ import annotations
 import importlib.util
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from rtl_helpers import timerlc_cmd
 from test_diagnostics import (
     assert_diagnostic,
     assert_no_traceback,
@@ -343,16 +342,11 @@ def test_run_time_failure_saves_outputs_and_is_still_exit_3(tmp_path):
     assert "\n\n" not in out.stderr.strip()
 
 
-def _timerlc_cmd() -> list[str]:
-    script = Path(sys.executable).with_name("timerlc")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "timerlc.cli"]
-
-
 def _subprocess(tmp_path, program, *args):
     path = tmp_path / "bad.rtl"
     path.write_text(src(program))
     return subprocess.run(
-        _timerlc_cmd() + [args[0], str(path), *args[1:]],
+        timerlc_cmd() + [args[0], str(path), *args[1:]],
         capture_output=True,
         text=True,
         timeout=300,

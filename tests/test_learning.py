@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from rtl_helpers import timerlc_cmd
+
 PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
 SOLVED, WINDOW, BUDGET = 475.0, 10, 100
-
-
-def _timerlc() -> list[str]:
-    script = Path(sys.executable).with_name("timerlc")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "timerlc.cli"]
 
 
 def best_mean(values: list[float], window: int = WINDOW) -> float:
@@ -40,7 +36,7 @@ def train_until_solved(tmp_path, program: str, budget: int = BUDGET) -> list[flo
     iterations; the ep_ret of each iteration it ran."""
     metrics = tmp_path / "m.jsonl"
     err = (tmp_path / "stderr.txt").open("w")
-    cmd = _timerlc() + ["run", str(PROGRAMS / program), "--backend", "cpu"]
+    cmd = timerlc_cmd() + ["run", str(PROGRAMS / program), "--backend", "cpu"]
     proc = subprocess.Popen(cmd + ["--metrics", str(metrics), "--no-progress"], stderr=err)
     returns: list[float] = []
     pos = 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+from timerlc.runner import format_bytes
+
 _BIN = {
     "add": "+",
     "sub": "-",
@@ -42,13 +44,6 @@ def expr(e) -> str:
     return f"{op}({', '.join(expr(a) for a in args)})"
 
 
-def _bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
 def _name(plan: dict, sid) -> str:
     buf = plan["buffers"].get(str(sid), {})
     return buf.get("name") or f"%{sid}"
@@ -70,11 +65,11 @@ def render(plan: dict) -> str:
     out = [f"plan format {plan.get('format_version')}  source {plan.get('source') or '-'}"]
     out.append("dims: " + ", ".join(f"{d} < {n}" for d, n in plan.get("dims", {}).items()))
     if plan.get("memory_peak") is not None:
-        line = f"memory: peak {_bytes(plan['memory_peak'])} of buffers"
+        line = f"memory: peak {format_bytes(plan['memory_peak'])} of buffers"
         if plan.get("memory_budget") is not None:
             met = "met" if plan.get("memory_budget_met") else "NOT met"
-            line += f", budget {_bytes(plan['memory_budget'])} ({met}; without swaps "
-            line += f"{_bytes(plan.get('memory_peak_unswapped', plan['memory_peak']))})"
+            line += f", budget {format_bytes(plan['memory_budget'])} ({met}; without swaps "
+            line += f"{format_bytes(plan.get('memory_peak_unswapped', plan['memory_peak']))})"
         out.append(line)
     for e in plan.get("envs", []):
         out.append(f"env {e['name']} = {e['spec']!r} batch {e['batch']} ({e['num_envs']})")

@@ -95,9 +95,7 @@ def run_op(
     out_shape: tuple[int, ...],
 ) -> np.ndarray:
     """Op ``name`` at every point of a batch: an array ``batch_shape + out_shape``."""
-    fn = _KERNELS.get(name)
-    if fn is None:
-        raise ValueError(f"op {name!r} has no batched kernel (the runtime runs it itself)")
+    fn = kernel_of(name)
     batch = tuple(operator.index(s) for s in batch_shape)
     nb = len(batch)
     arrays = []
@@ -643,23 +641,22 @@ def _basic(items: list, nb: int):
     return tuple(out)
 
 
-@_kernel("index")
-def _index(ctx, attrs, args):
-    nb = ctx.nb
-    x = args[0]
-    sx = _spatial(x, nb)
-    if len(attrs["items"]) > len(sx):
-        raise IndexError(f"too many indices ({len(attrs['items'])}) for rank {len(sx)}")
+def _resolve_items(ctx, spec, shape, gathers, what: str, check_ints: bool) -> list:
+    """An index's items (``int`` E, ``slice`` E length, ``full``, ``gather``) at the batch's
+    points, against the axes ``shape``: ints wrapped (and, with ``check_ints``, bounds
+    checked), slices bounds checked, the gather indices (``gathers[0]``) checked as
+    ``what``."""
     items = []
-    for k, it in enumerate(attrs["items"]):
-        n = sx[k]
+    for k, it in enumerate(spec):
+        n = shape[k]
         if it[0] == "int":
             v = _ix(it[1], ctx.point)
-            bad = (v < -n) | (v >= n)
-            if np.any(bad):
-                raise IndexError(
-                    f"index {_first(v, bad)} is out of range for an axis of length {n}"
-                )
+            if check_ints:
+                bad = (v < -n) | (v >= n)
+                if np.any(bad):
+                    raise IndexError(
+                        f"index {_first(v, bad)} is out of range for an axis of length {n}"
+                    )
             items.append(("int", v % n))
         elif it[0] == "slice":
             start, length = _ix(it[1], ctx.point), it[2]
@@ -673,9 +670,20 @@ def _index(ctx, attrs, args):
         elif it[0] == "full":
             items.append(("full",))
         else:
-            g = args[1]
-            _check_indices(g, n, "gather")
+            g = gathers[0]
+            _check_indices(g, n, what)
             items.append(("gather", g % n if n else g))
+    return items
+
+
+@_kernel("index")
+def _index(ctx, attrs, args):
+    nb = ctx.nb
+    x = args[0]
+    sx = _spatial(x, nb)
+    if len(attrs["items"]) > len(sx):
+        raise IndexError(f"too many indices ({len(attrs['items'])}) for rank {len(sx)}")
+    items = _resolve_items(ctx, attrs["items"], sx, args[1:], "gather", check_ints=True)
     basic = _basic(items, nb)
     if basic is not None:
         return x[basic]
@@ -689,26 +697,7 @@ def _index_add(ctx, attrs, args):
     nb = ctx.nb
     g = args[0]
     shape = tuple(attrs["shape"])
-    items = []
-    for k, it in enumerate(attrs["items"]):
-        n = shape[k]
-        if it[0] == "int":
-            items.append(("int", _ix(it[1], ctx.point) % n))
-        elif it[0] == "slice":
-            start, length = _ix(it[1], ctx.point), it[2]
-            bad = (start < 0) | (start + length > n)
-            if np.any(bad):
-                s = _first(start, bad)
-                raise IndexError(
-                    f"slice {s}:{s + length} is out of range for an axis of length {n}"
-                )
-            items.append(("slice", start, length))
-        elif it[0] == "full":
-            items.append(("full",))
-        else:
-            idx = args[1]
-            _check_indices(idx, n, "index_add")
-            items.append(("gather", idx % n if n else idx))
+    items = _resolve_items(ctx, attrs["items"], shape, args[1:], "index_add", check_ints=False)
     out = np.zeros(ctx.batch + shape, g.dtype)
     arrays, sub = _fancy(nb, items, shape, ctx.batch)
     gv = np.broadcast_to(_to_rank(g, nb, len(sub)), ctx.batch + sub)
