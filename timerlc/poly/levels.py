@@ -26,6 +26,11 @@ def target(m: isl.Map) -> int:
     return int(m.get_tuple_name(isl.dim_type.out)[1:])
 
 
+def source(m: isl.Map) -> int:
+    """The node id of a map's domain tuple ``n<id>``."""
+    return int(m.get_tuple_name(isl.dim_type.in_)[1:])
+
+
 def pair_maps(reads: dict[int, list]) -> dict[tuple[int, int], isl.Map]:
     """``{reader: [(union map, span), ...]}`` -> ``{(reader, read): map}``."""
     pairs: dict[tuple[int, int], isl.Map] = {}
@@ -104,6 +109,7 @@ class Level:
     phi: dict[int, isl.Map]
     residual: dict[tuple[int, int], isl.Map]
     used: dict[int, tuple[int, ...]]
+    exprs: dict[int, str] | None = None  # phi as isl text, where it is not scale * dim + shift
 
 
 def split_level(dims_of, all_dims, comp, sub, used, progress: bool = False) -> Level | None:
@@ -249,3 +255,91 @@ def _offsets(comp, sub, phi) -> dict[int, int] | None:
         if not changed:
             return dist
     return None
+
+
+def isl_levels(domains: dict[int, isl.Set], comp, sub) -> list[Level] | None:
+    """The fallback for a group no guess splits (a wavefront that only a skewed coordinate
+    such as ``i + j`` orders): isl's scheduler, one Level per row of its schedule, each
+    node's ``phi`` an affine function of its dims, all of which become loops. The schedule is
+    checked to put every point of ``sub`` strictly after what it reads; None when isl finds
+    none (or one that is not affine with integer coefficients)."""
+    domain = None
+    for nid in comp:
+        s = isl.UnionSet.from_set(domains[nid])
+        domain = s if domain is None else domain.union(s)
+    deps = None
+    for m in sub.values():
+        d = isl.UnionMap.from_map(m.reverse())  # read point -> reader point
+        deps = d if deps is None else deps.union(d)
+    if deps is None:
+        return None
+    try:
+        sched = (
+            isl.ScheduleConstraints.on_domain(domain)
+            .set_validity(deps)
+            .set_proximity(deps)
+            .compute_schedule()
+        )
+    except isl.Error:
+        return None
+    if sched is None:
+        return None
+    times = sched.get_map()
+    by_node: dict[int, isl.Map] = {}
+    times.foreach_map(lambda mp: by_node.__setitem__(source(mp), mp))
+    for (a, b), m in sub.items():
+        order = m.reverse().apply_domain(by_node[b]).apply_range(by_node[a])
+        if not order.is_subset(isl.Map.lex_lt(order.get_space().domain())):
+            return None
+    width = max(by_node[nid].dim(isl.dim_type.out) for nid in comp)
+    rows: dict[int, list[str]] = {}
+    for nid in comp:
+        exprs = _affine_rows(by_node[nid])
+        if exprs is None:
+            return None
+        rows[nid] = exprs + ["0"] * (width - len(exprs))
+    levels = []
+    for k in range(width):
+        exprs = {nid: rows[nid][k] for nid in comp}
+        phi = {}
+        for nid in comp:
+            names = ", ".join(
+                domains[nid].get_dim_name(isl.dim_type.set, j)
+                for j in range(domains[nid].dim(isl.dim_type.set))
+            )
+            phi[nid] = isl.Map(f"{{ n{nid}[{names}] -> [{exprs[nid]}] }}")
+        used = {nid: tuple(range(domains[nid].dim(isl.dim_type.set))) for nid in comp}
+        levels.append(
+            Level(
+                dict.fromkeys(comp),
+                dict.fromkeys(comp, 0),
+                dict.fromkeys(comp, 0),
+                phi,
+                {},
+                used,
+                exprs,
+            )
+        )
+    return levels
+
+
+def _affine_rows(m: isl.Map) -> list[str] | None:
+    """The rows of a schedule map ``n[dims] -> [rows]`` as isl text, affine in the dims."""
+    pieces = []
+    isl.PwMultiAff.from_map(m).foreach_piece(lambda _, maff: pieces.append(maff))
+    if len(pieces) != 1:
+        return None
+    maff = pieces[0]
+    out = []
+    for k in range(maff.dim(isl.dim_type.out)):
+        aff = maff.get_aff(k)
+        if not aff.get_denominator_val().is_one() or aff.dim(isl.dim_type.div):
+            return None
+        terms = []
+        for d in range(aff.dim(isl.dim_type.in_)):
+            c = aff.get_coefficient_val(isl.dim_type.in_, d).to_python()
+            if c:
+                terms.append(f"{c} * {m.get_dim_name(isl.dim_type.in_, d)}")
+        terms.append(str(aff.get_constant_val().to_python()))
+        out.append(" + ".join(terms))
+    return out

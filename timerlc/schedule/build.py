@@ -10,8 +10,10 @@ it carries, and its members are ordered again inside it; what no loop needs stay
 axis (vectorized), so a statement outside every recurrence runs as one batched op over all
 its points, and a loss after a rollout runs once per iteration over all of ``b`` and ``t``.
 Dims on which the length of a window read depends stay loops too (ragged windows do not
-batch). The result is an isl schedule map ``S[loop dims] -> [time vector]``, and isl's AST
-builder turns it into the loop tree (loops may run backward, as returns do).
+batch). A group that no guess orders (a wavefront only a skewed loop orders) goes to isl's
+scheduler, with all its dims loops. The result is an isl schedule map
+``S[loop dims] -> [time vector]``, and isl's AST builder turns it into the loop tree (loops
+may run backward, as returns do).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from timerlc.ir import index as ix
 from timerlc.ir import ops
 from timerlc.ir.pdg import Graph, Range, identity_access
 from timerlc.poly import checks
+from timerlc.poly import isl as pisl
 from timerlc.poly import levels as lv
 
 ENV_OPS = ("env_reset", "env_step")
@@ -144,15 +147,26 @@ def build_schedule(graph: Graph) -> Schedule:
             members = set(comp)
             sub = {k: m for k, m in maps.items() if k[0] in members and k[1] in members}
             level = lv.split_level(dims_of, all_dims, comp, sub, used, progress=True)
-            if level is None:
+            if level is not None:
+                items.append(("band", level, build(comp, level.residual, level.used)))
+                continue
+            # no guess orders it: isl's scheduler does, with every dim a loop
+            rows = lv.isl_levels({n: domain_of(n) for n in comp}, comp, sub)
+            if rows is None:
                 names = sorted({graph.node(c).name or f"%{c}" for c in comp})
                 raise ProgramError(
-                    "timerlc cannot schedule this recurrence yet (no loop order of its dims "
-                    f"found): {', '.join(names)}",
+                    "timerlc cannot schedule this recurrence (neither a loop order of its "
+                    f"dims nor isl's scheduler orders it): {', '.join(names)}",
                     graph.node(comp[0]).span,
                 )
-            items.append(("band", level, build(comp, level.residual, level.used)))
+            nested = [("leaf", n) for n in sorted(comp)]
+            for level in reversed(rows):
+                nested = [("band", level, nested)]
+            items.extend(nested)
         return items
+
+    def domain_of(nid: int) -> isl.Set:
+        return pisl.domain_set(graph.node(nid).domain, tag=f"n{nid}")
 
     tree = build(list(stored), pairs, {})
     metric_nodes = {graph.tensor(name).node for name in graph.metrics} & stored
@@ -165,6 +179,8 @@ def build_schedule(graph: Graph) -> Schedule:
     order: list[int] = []
 
     def phi(level: lv.Level, nid: int) -> str:
+        if level.exprs is not None:
+            return level.exprs[nid]
         k = level.coords[nid]
         if k is None:
             return str(level.shift[nid])
