@@ -179,19 +179,27 @@ class _Statement:
             return {(): _Batch({}, 1, self._branches([], 1))}
         if 0 in extents:
             return {}
-        grids = np.indices(extents, dtype=np.int64)
+        # open grids: the domain's condition broadcasts to the box
+        grids = [
+            np.arange(e, dtype=np.int64).reshape([-1 if j == k else 1 for j in range(len(extents))])
+            for k, e in enumerate(extents)
+        ]
         inside = np.broadcast_to(
             np.asarray(compile_index(spec["domain"], self.dims)(*grids), bool), extents
         )
-        pts = np.argwhere(inside)
-        if len(pts) == 0:
+        total = int(np.count_nonzero(inside))
+        if total == 0:
             return {}
         loop_k = [self.dims.index(d) for d in self.loops]
         vec_k = [k for k, d in enumerate(self.dims) if d in self.vector]
-        n_keys = len(np.unique(pts[:, loop_k], axis=0)) if loop_k else 1
-        los = pts[:, vec_k].min(axis=0) if vec_k else np.zeros(0, np.int64)
-        lens = pts[:, vec_k].max(axis=0) - los + 1 if vec_k else np.zeros(0, np.int64)
-        if len(pts) == n_keys * int(np.prod(lens)):
+        # loop points with some point inside, and the bounding box of the vector dims
+        n_keys = int(np.count_nonzero(inside.any(axis=tuple(vec_k)))) if loop_k else 1
+        los, lens = [], []
+        for k in vec_k:
+            hit = np.flatnonzero(inside.any(axis=tuple(j for j in range(len(extents)) if j != k)))
+            los.append(int(hit[0]))
+            lens.append(int(hit[-1]) - int(hit[0]) + 1)
+        if total == n_keys * int(np.prod(lens)):
             # every loop point has the whole box of the vector dims: one template serves
             # every batch, and reads and writes can be views (basic indexing)
             shape = tuple(int(x) for x in lens)
@@ -203,6 +211,7 @@ class _Statement:
                 self.dims[k]: slice(int(lo), int(lo + ln)) for k, lo, ln in zip(vec_k, los, lens)
             }
             return {}
+        pts = np.argwhere(inside)
         if loop_k:
             order = np.lexsort([pts[:, k] for k in reversed(loop_k)])
             pts = pts[order]
