@@ -350,6 +350,29 @@ def test_stop_grad_inside_a_recurrence():
         """, {"w": np.array(0.7)}, expected={"w": np.array(h)}, header="config T = 3\ndim t < T")
 
 
+def test_environment_outputs_pass_no_gradient():
+    # a continuous action: its observations and rewards depend on it, but pass no gradient
+    out = run("""
+        config B = 2, T = 3
+        dim b < B
+        dim t < T
+        env E = "pendulum" batch b
+        params p {
+          w : f32[E.obs_dim, 1] = 0.5
+        }
+        o[b, 0] = E.reset()
+        a[b, t] = tanh(o @ p.w)
+        o[b, t+1], r[b, t], done[b, t] = E.step(a[b, t])
+        loss = p.w[0, 0] * sum(r[0:B, 0:T]) + sum(a[0:B, 0:T])
+        g = grad(loss, p)
+        out g, o, r, a
+        """)
+    o, a = out["o"][:, :3].astype(np.float64), out["a"].astype(np.float64)
+    want = np.einsum("bto,btk->ok", o, 1 - a**2)
+    want[0, 0] += out["r"].sum(dtype=np.float64)
+    np.testing.assert_allclose(out["g.w"], want, rtol=1e-5)
+
+
 def test_loss_independent_of_the_parameters_gives_zeros():
     for body in ["loss = sum(f64(arange(3)))\n",
                  "loss = sum(stop_grad(p.w) ** 2)\n",

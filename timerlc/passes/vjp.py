@@ -40,6 +40,8 @@ CUTS = frozenset(
         "arange",
         "floordiv",
         "mod",
+        "env_reset",  # environments pass no gradient (LANGUAGE.md section 8)
+        "env_step",
     }
 )
 
