@@ -175,6 +175,34 @@ def test_dynamic_slice_as_direct_argument_of_each_reduction(expr, fn):
     close(y, np.array([fn(x, t) for t in range(6)], np.float32), np.float32, rtol=1e-5)
 
 
+def test_dynamic_slice_of_ints_and_bools_under_each_reduction():
+    # the reduction converts as it does for a static slice: sum of bools counts (i32), mean,
+    # logsumexp and discounted_sum of ints are f32
+    out = run(
+        """
+        config T = 5
+        dim t < T
+        x[t] = t * 2 - 3
+        p[t] = t % 2 == 0
+        c[t] = sum(p[0:t+1])
+        s[t] = sum(x[max(0, t-2):t+1])
+        m[t] = mean(x[t:T])
+        l[t] = logsumexp(x[0:t+1])
+        d[t] = discounted_sum(x[t:T], 0.5)
+        out c, s, m, l, d
+        """
+    )
+    x, p = np.arange(5) * 2 - 3, np.arange(5) % 2 == 0
+    close(out["c"], np.array([p[: t + 1].sum() for t in range(5)], np.int32), np.int32)
+    want_s = [x[max(0, t - 2) : t + 1].sum() for t in range(5)]
+    close(out["s"], np.array(want_s, np.int32), np.int32)
+    close(out["m"], np.array([x[t:].mean() for t in range(5)], np.float32), np.float32)
+    want_l = [np.log(np.exp(x[: t + 1].astype(np.float64)).sum()) for t in range(5)]
+    close(out["l"], np.array(want_l, np.float32), np.float32, rtol=1e-5)
+    want_d = [sum(0.5**k * x[t + k] for k in range(5 - t)) for t in range(5)]
+    close(out["d"], np.array(want_d, np.float32), np.float32)
+
+
 def test_dynamic_slice_that_is_empty_at_the_last_point():
     out = run(
         DYN

@@ -9,6 +9,7 @@ inlined. Dtype promotion and broadcasting follow LANGUAGE.md section 5.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -84,6 +85,7 @@ class Elaborator(Subscripts):
         self.domain: Domain = SCALAR_DOMAIN
         self.iterated: frozenset = frozenset()
         self._dimvals: dict[str, int] = {}
+        self._window_casts: dict[tuple[int, str], int] = {}  # (tensor node, dtype) -> cast
 
     # ------------------------------------------------------------------ context
     def enter(self, domain: Domain, first_lhs=None, site: str = ""):
@@ -153,7 +155,38 @@ class Elaborator(Subscripts):
             return Val(
                 v.type.with_dtype(dtype), weak=v.weak, const=_cast_py(v.const, dtype), span=v.span
             )
+        if v.edge is not None and not v.type.is_static:
+            return self._cast_window(v, dtype)
         return self.apply("cast", [v], v.span, dtype=dtype)
+
+    def _cast_window(self, v: Val, dtype: str) -> Val:
+        """A dynamic slice of an int or bool tensor, cast for a reduction (``mean`` of ints,
+        ``sum`` of bools): the cast is made where the tensor is defined, one node per tensor
+        and dtype, and the window reads it, so the reduction still gets the slice itself."""
+        src = v.edge.src
+        if not self.merge_ids:  # inferring types: no nodes yet
+            return Val(v.type.with_dtype(dtype), weak=v.weak, edge=v.edge, span=v.span)
+        key = next((k for k, nid in self.merge_ids.items() if nid == src), None)
+        if key is None:
+            raise dynamic_slice_error(v.span)
+        nid = self._window_casts.get((src, dtype))
+        if nid is None:
+            t = self.info.tensors[key.split(".")[0]]
+            ty = self.types[key.split(".")[0]]
+            if "." in key:
+                ty = dict(ty.fields)[key.split(".", 1)[1]]
+            domain = Domain(t.dims, t.domain)
+            nid = self.builder.add(
+                "cast",
+                domain,
+                (Edge(src, identity_access(t.dims), span=v.span),),
+                ty.with_dtype(dtype),
+                make_attrs(dtype=dtype),
+                span=v.span,
+            )
+            self._window_casts[(src, dtype)] = nid
+        edge = dataclasses.replace(v.edge, src=nid)
+        return Val(v.type.with_dtype(dtype), weak=v.weak, edge=edge, span=v.span)
 
     def to_float(self, v: Val) -> Val:
         return v if is_float(v.dtype) else self.cast(v, "f32")
