@@ -193,6 +193,34 @@ out critic
         close32(out["critic.c"][i + 1], c)
 
 
+def test_two_records_each_with_its_optimizer_on_one_shared_loss():
+    # actor-critic style: each update differentiates the same loss with respect to its own
+    # record; critic[i] was updated from actor[i-1], which is not actor[i] (section 8)
+    out = run("""
+config I = 4
+dim i < I
+params actor[i] {
+  a : f32[] = 1.0
+}
+params critic[i] {
+  c : f32[] = 2.0
+}
+loss[i] = (actor[i].a * critic[i].c - 0.5) ** 2
+actor[i+1] = sgd(actor[i], grad(loss[i], actor[i]), 0.1)
+critic[i+1] = adam(critic[i], grad(loss[i], critic[i]), 0.1)
+out actor, critic, loss
+""")
+    a, c, ref = F32(1.0), F32(2.0), AdamRef(0.1)
+    for i in range(4):
+        r = a * c - F32(0.5)
+        ga, gc = F32(2.0) * r * c, F32(2.0) * r * a
+        a = a - F32(0.1) * ga
+        c = ref.update({"c": c}, {"c": gc})["c"]
+        close32(out["actor.a"][i + 1], a, what=f"actor[{i + 1}]")
+        close32(out["critic.c"][i + 1], c, what=f"critic[{i + 1}]")
+        a, c = out["actor.a"][i + 1], out["critic.c"][i + 1]
+
+
 # ============================================================================ state recurrence
 
 

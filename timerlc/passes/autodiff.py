@@ -156,32 +156,82 @@ class _Backward:
         return out
 
     def region(self) -> set[int]:
+        """The nodes on a differentiable path from x to y at the grad's own point.
+
+        Paths are followed point-wise along the grad's dims: a read ``v[i-1]`` leads to ``v``
+        one grad point earlier (offset -1), and x is an input at offset 0 only. So a loss
+        that reads ``v[i]``, where ``v[i]`` was updated from ``w[i-1]``, does not put ``v``
+        on a path to x = ``w[i]`` (it depends on an earlier point of w, not on x). A node
+        reached at another offset, or through a read that is not a translation along the
+        grad's dims, is on a path only if the node level says so too; ``check_separable``
+        then refuses it."""
         nodes = self.graph.nodes
-        xs = {g.inputs[1].src for g in self.group}
+        gdims = self.group[0].dims
+        bounds = self.bounds
         stops = self.stops()
-        back, todo = set(), [self.y.src]
+        xs = {g.inputs[1].src for g in self.group}
+
+        def shift(off, consumer: Node, src: Node, e: Edge, sign: int):
+            """The offset of the other end of edge ``e`` (None: not a translation)."""
+            if off is None:
+                return None
+            out = []
+            for d, o in zip(gdims, off):
+                if d not in src.dims or d not in consumer.dims:
+                    return None
+                a = e.access[src.dims.index(d)]
+                if not isinstance(a, Point):
+                    return None
+                c = sympy.sympify(a.expr) - ix.sym(d)
+                if not c.is_Integer:
+                    return None
+                o2 = o + sign * int(c)
+                if abs(o2) >= bounds[d]:
+                    return False  # no such point
+                out.append(o2)
+            return tuple(out)
+
+        zero = (0,) * len(gdims)
+        back, todo = set(), [(self.y.src, zero)]
         while todo:
-            nid = todo.pop()
-            if nid in back:
+            state = todo.pop()
+            if state in back:
                 continue
-            back.add(nid)
-            if nid in stops:
+            back.add(state)
+            nid, off = state
+            if nid in stops and off == zero:
                 continue  # x is an input: what it depends on is not traversed
             n = nodes[nid]
             for k, e in enumerate(n.inputs):
                 if flows(n, k, edge_type(nodes, e)):
-                    todo.append(e.src)
-        fwd, todo = set(), list(xs)
+                    o = shift(off, n, nodes[e.src], e, 1)
+                    if o is not False:
+                        todo.append((e.src, o))
+        back_nodes: dict[int, set] = {}
+        for nid, off in back:
+            back_nodes.setdefault(nid, set()).add(off)
+        # forward from x, only through what y depends on (with any offset)
+        fwd, todo = set(), [(x, zero) for x in xs]
         while todo:
-            nid = todo.pop()
-            if nid in fwd:
+            state = todo.pop()
+            if state in fwd:
                 continue
-            fwd.add(nid)
+            fwd.add(state)
+            nid, off = state
             for cid, k in self.consumers[nid]:
                 c = nodes[cid]
-                if flows(c, k, edge_type(nodes, c.inputs[k])):
-                    todo.append(cid)
-        return back & fwd
+                if cid in back_nodes and flows(c, k, edge_type(nodes, c.inputs[k])):
+                    o = shift(off, c, nodes[nid], c.inputs[k], -1)
+                    if o is not False:
+                        todo.append((cid, o))
+        region = set()
+        for nid, off in fwd:
+            offs = back_nodes.get(nid, set())
+            if off == zero and zero in offs:
+                region.add(nid)
+            elif off in offs or (offs and (off is None or None in offs)):
+                raise self._mixing(nodes[nid])
+        return region
 
     def check_separable(self, region: set[int]):
         """Every region edge keeps the grad's dims in place, so each region point belongs
