@@ -237,6 +237,11 @@ def test_transpose_with_a_bad_permutation(tmp_path):
     )
 
 
+def test_arange_of_bools_and_with_step_zero(tmp_path):
+    expect_error(tmp_path, "x = arange(4, dtype=bool)\nout x\n", 1, 21, "arange", "bool")
+    expect_error(tmp_path, "x = arange(0, 4, 0)\nout x\n", 1, 18, "step", "0")
+
+
 def test_reduction_axis_out_of_range(tmp_path):
     expect_error(
         tmp_path,

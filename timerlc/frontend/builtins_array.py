@@ -173,9 +173,12 @@ def _arange(a: Args):
     step = a.const_int("step", 1)
     if step == 0:
         raise ProgramError("arange step must not be 0", a.expr("step").span)
-    return a.el.apply(
-        "arange", [], a.span, start=start, stop=stop, step=step, dtype=a.dtype("dtype", "i32")
-    )
+    dtype = a.dtype("dtype", "i32")
+    if dtype == "bool":  # NumPy refuses it too (beyond length 2)
+        raise ProgramError(
+            "arange cannot make bools; compare instead: arange(n) % 2 == 0", a.expr("dtype").span
+        )
+    return a.el.apply("arange", [], a.span, start=start, stop=stop, step=step, dtype=dtype)
 
 
 # ----------------------------------------------------------------------------- nn
