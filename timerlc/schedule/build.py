@@ -18,6 +18,7 @@ may run backward, as returns do).
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import islpy as isl
@@ -134,7 +135,7 @@ def build_schedule(graph: Graph) -> Schedule:
     bodies = {nid: _body(graph, nid, stored) for nid in stored}
 
     # the tree: ("leaf", nid) | ("band", Level, [children]); children in execution order
-    def build(nodes, maps, used) -> list:
+    def build(nodes, maps, used, top: bool = False) -> list:
         succ: dict[int, set[int]] = {}
         for a, b in maps:
             succ.setdefault(a, set()).add(b)
@@ -146,29 +147,41 @@ def build_schedule(graph: Graph) -> Schedule:
                 continue
             members = set(comp)
             sub = {k: m for k, m in maps.items() if k[0] in members and k[1] in members}
-            level = lv.split_level(dims_of, all_dims, comp, sub, used, progress=True)
-            if level is not None:
-                items.append(("band", level, build(comp, level.residual, level.used)))
-                continue
-            # no guess orders it: isl's scheduler does, with every dim a loop
-            rows = lv.isl_levels({n: domain_of(n) for n in comp}, comp, sub)
-            if rows is None:
-                names = sorted({graph.node(c).name or f"%{c}" for c in comp})
-                raise ProgramError(
-                    "timerlc cannot schedule this recurrence (neither a loop order of its "
-                    f"dims nor isl's scheduler orders it): {', '.join(names)}",
-                    graph.node(comp[0]).span,
-                )
-            nested = [("leaf", n) for n in sorted(comp)]
-            for level in reversed(rows):
-                nested = [("band", level, nested)]
-            items.extend(nested)
+            try:
+                items.extend(group(comp, sub, used))
+            except _Unschedulable:
+                if not top:
+                    raise
+                # the last resort: the group's points one by one, in an order of their reads
+                calls = _point_order(comp, sub, domain_of)
+                if calls is None:
+                    raise
+                items.append(("points", None, [("leaf", n) for n in sorted(comp)], calls))
         return items
+
+    def group(comp, sub, used) -> list:
+        level = lv.split_level(dims_of, all_dims, comp, sub, used, progress=True)
+        if level is not None:
+            return [("band", level, build(comp, level.residual, level.used))]
+        # no guess orders it: isl's scheduler does, with every dim a loop
+        rows = lv.isl_levels({n: domain_of(n) for n in comp}, comp, sub)
+        if rows is None:
+            names = sorted({graph.node(c).name or f"%{c}" for c in comp})
+            raise _Unschedulable(
+                "timerlc cannot schedule this recurrence (no loop order of its dims, nor "
+                "isl's scheduler, nor its points one by one: it has more than "
+                f"{POINT_LIMIT} points): {', '.join(names)}",
+                graph.node(comp[0]).span,
+            )
+        nested = [("leaf", n) for n in sorted(comp)]
+        for level in reversed(rows):
+            nested = [("band", level, nested)]
+        return nested
 
     def domain_of(nid: int) -> isl.Set:
         return pisl.domain_set(graph.node(nid).domain, tag=f"n{nid}")
 
-    tree = build(list(stored), pairs, {})
+    tree = build(list(stored), pairs, {}, top=True)
     metric_nodes = {graph.tensor(name).node for name in graph.metrics} & stored
     fuse = _Fuse(graph, pairs, build)
     tree = _stream_metrics(tree, fuse, metric_nodes)
@@ -189,6 +202,14 @@ def build_schedule(graph: Graph) -> Schedule:
 
     def place(items, prefix_of, used):
         for pos, item in enumerate(items):
+            if item[0] == "points":
+                for _, nid in item[2]:
+                    dims = graph.node(nid).dims
+                    statements[nid] = Statement(nid, dims, (), bodies[nid])
+                    times[nid] = prefix_of(nid) + [str(pos)]
+                    order.append(nid)
+                points.append((times[item[2][0][1]], item[3]))
+                continue
             if item[0] == "band":
                 level = item[1]
                 place(
@@ -216,11 +237,75 @@ def build_schedule(graph: Graph) -> Schedule:
             order.append(nid)
 
     slots: dict[int, tuple] = {}
+    points: list[tuple[list[str], list]] = []  # (time, calls) of the groups run point by point
     place(tree, lambda nid: [], {})
     width = max((len(t) for t in times.values()), default=0)
     padded = {nid: tuple(t + ["0"] * (width - len(t))) for nid, t in times.items()}
-    tree_json = _loop_tree(graph, statements, padded, _groups(graph, statements, order, slots))
+    looped = [nid for nid in order if nid in slots]
+    groups = _groups(graph, statements, looped, slots)
+    tree_json = _loop_tree(graph, statements, padded, groups, points, width)
     return Schedule(statements, tuple(order), padded, tree_json, pairs)
+
+
+class _Unschedulable(ProgramError):
+    pass
+
+
+POINT_LIMIT = 100_000  # the most points (and reads between them) run one by one
+
+
+def _point_order(comp, sub, domain_of) -> list | None:
+    """The points of a group that no loop orders (a recurrence that runs outward from a
+    seed in the middle: backward on one side, forward on the other), one call each, in an
+    order that puts every point after what it reads: Kahn's algorithm over the points, the
+    smallest (statement, point) first. None when there are more than ``POINT_LIMIT`` points
+    or reads (a plan that size is no use), or the reads have a cycle."""
+    pts: list[tuple[int, tuple]] = []
+    for nid in sorted(comp):
+        dom = domain_of(nid)
+        if dom.is_empty():
+            continue
+        if len(pts) + dom.count_val().to_python() > POINT_LIMIT:
+            return None
+        dom.foreach_point(
+            lambda p, nid=nid, n=dom.dim(isl.dim_type.set): pts.append(
+                (
+                    nid,
+                    tuple(p.get_coordinate_val(isl.dim_type.set, k).to_python() for k in range(n)),
+                )
+            )
+        )
+        if len(pts) > POINT_LIMIT:
+            return None
+    deps: dict[tuple, list] = {}
+    indeg = dict.fromkeys(pts, 0)
+    n_reads = 0
+    for (a, b), m in sub.items():
+        pairs = m.wrap()
+        n_reads += pairs.count_val().to_python()
+        if n_reads > POINT_LIMIT:
+            return None
+        n_in, n_all = m.dim(isl.dim_type.in_), pairs.dim(isl.dim_type.set)
+
+        def add(p, a=a, b=b, n_in=n_in, n_all=n_all):
+            c = [p.get_coordinate_val(isl.dim_type.set, k).to_python() for k in range(n_all)]
+            reader, read = (a, tuple(c[:n_in])), (b, tuple(c[n_in:]))
+            if reader in indeg and read in indeg:
+                deps.setdefault(read, []).append(reader)
+                indeg[reader] += 1
+
+        pairs.foreach_point(add)
+    ready = [p for p, d in indeg.items() if d == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        p = heapq.heappop(ready)
+        out.append(p)
+        for q in deps.get(p, ()):
+            indeg[q] -= 1
+            if indeg[q] == 0:
+                heapq.heappush(ready, q)
+    return out if len(out) == len(pts) else None
 
 
 # ----------------------------------------------------------------------------- outer fusion
@@ -566,8 +651,12 @@ def _groups(graph: Graph, statements, order, slots) -> dict[int, list[int]]:
     return groups
 
 
-def _loop_tree(graph: Graph, statements: dict[int, Statement], times, groups) -> list:
+def _loop_tree(graph: Graph, statements, times, groups, points=(), width: int = 0) -> list:
     sched = None
+    for k, (time, _) in enumerate(points):  # one isl statement stands for each such group
+        t = ", ".join(time + ["0"] * (width - len(time)))
+        um = isl.UnionMap.from_map(isl.Map(f"{{ P{k}[] -> [{t}] }}"))
+        sched = um if sched is None else sched.union(um)
     for nid in groups:
         st = statements[nid]
         node = graph.node(nid)
@@ -579,19 +668,26 @@ def _loop_tree(graph: Graph, statements: dict[int, Statement], times, groups) ->
     if sched is None:
         return []
     build = isl.AstBuild.from_context(isl.Set("{ : }"))
-    return _expand(_convert(build.node_from_schedule_map(sched)), groups)
+    calls = [c for _, c in points]
+    return _expand(_convert(build.node_from_schedule_map(sched)), groups, calls)
 
 
-def _expand(items: list, groups: dict[int, list[int]]) -> list:
+def _expand(items: list, groups: dict[int, list[int]], points=()) -> list:
     out = []
     for it in items:
-        if "call" in it:
+        if "points" in it:
+            out.extend({"call": nid, "args": list(pt)} for nid, pt in points[it["points"]])
+        elif "call" in it:
             out.extend({"call": nid, "args": it["args"]} for nid in groups[it["call"]])
         elif "for" in it:
-            out.append({**it, "body": _expand(it["body"], groups)})
+            out.append({**it, "body": _expand(it["body"], groups, points)})
         else:
             out.append(
-                {**it, "then": _expand(it["then"], groups), "else": _expand(it["else"], groups)}
+                {
+                    **it,
+                    "then": _expand(it["then"], groups, points),
+                    "else": _expand(it["else"], groups, points),
+                }
             )
     return out
 
@@ -671,6 +767,8 @@ def _convert(node: isl.AstNode) -> list:
     if t == isl.ast_node_type.user:
         call = node.user_get_expr()
         name = call.get_op_arg(0).get_id().get_name()
+        if name.startswith("P"):
+            return [{"points": int(name[1:])}]
         return [
             {
                 "call": int(name[1:]),
