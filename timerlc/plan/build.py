@@ -34,6 +34,28 @@ def _cond(c) -> str:
     return ix._PY.cond(c)
 
 
+def _branch_cond(node, cond):
+    """A merge branch's condition without what the merge's domain already says (the
+    runtime evaluates it there only): ``not (t == 0 and 0 <= b < 16)`` over a domain with
+    ``0 <= b < 16`` is ``not t == 0``, which names the loop dims only, so the runtime can
+    work out the branches once per value of ``t`` and not once per batch."""
+    dims, domain = node.dims, pisl.cond_set(node.dims, node.domain.cond)
+
+    def simplify(c):
+        if isinstance(c, sympy.logic.boolalg.BooleanAtom):
+            return c
+        a = pisl.cond_set(dims, c)
+        if domain.is_subset(a):
+            return sympy.true
+        if domain.intersect(a).is_empty():
+            return sympy.false
+        if isinstance(c, (sympy.And, sympy.Or, sympy.Not)):
+            return c.func(*[simplify(x) for x in c.args])
+        return c
+
+    return _cond(simplify(cond))
+
+
 def _attr(v):
     if isinstance(v, sympy.Basic) and not isinstance(v, (sympy.logic.boolalg.BooleanAtom,)):
         if isinstance(v, sympy.Expr) and v.is_Integer:
@@ -110,7 +132,7 @@ def build_plan(
                                 else ["rg", _py(a.lo), _py(a.hi)]
                                 for a in e.access
                             ],
-                            "cond": None if e.cond is None else _cond(e.cond),
+                            "cond": None if e.cond is None else _branch_cond(n, e.cond),
                         }
                         for e in n.inputs
                     ],

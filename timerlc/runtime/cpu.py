@@ -51,6 +51,29 @@ class _Batch:
     scalars: list | None = None
 
 
+class _LoopCoords(dict):
+    """The coordinates of a uniform batch: the vector dims' from the template; a loop dim's
+    (its value repeated n times) made only when something asks for it."""
+
+    __slots__ = ("loop_values", "n")
+
+    def __missing__(self, d: str) -> np.ndarray:
+        v = self[d] = np.full(self.n, self.loop_values[d], np.int64)
+        return v
+
+
+class _PointOf:
+    """A node's point for a kernel (``kernels._Ctx`` asks for it only if the op needs it)."""
+
+    __slots__ = ("coords", "dims")
+
+    def __init__(self, coords, dims):
+        self.coords, self.dims = coords, dims
+
+    def items(self):
+        return ((d, self.coords[d]) for d in self.dims)
+
+
 class _OpFailed(Exception):
     """An op raised on a batch; the statement turns it into a RunError naming the point."""
 
@@ -265,14 +288,14 @@ class _Statement:
     # ------------------------------------------------------------------ running
     def _uniform(self, key: tuple) -> _Batch:
         n = self.n
-        coords = dict(self.template)
+        coords = _LoopCoords(self.template)
         scalars = [0] * len(self.dims)
         basic = []
         values = dict(zip(self.loops, key))
+        coords.loop_values, coords.n = values, n
         for k, d in enumerate(self.dims):
             if d in values:
                 v = values[d]
-                coords[d] = np.full(n, v, np.int64)
                 scalars[k] = v
                 if self.window is not None and self.window[0] == k:
                     v = v % self.window[1]
@@ -335,7 +358,7 @@ class _Statement:
         cols = [batch.coords[d] for d in self.dims]
         for k in np.lexsort(list(reversed(cols))) if batch.n > 1 else range(batch.n):
             if batch.n > 1:
-                one = _Batch({d: c[k : k + 1] for d, c in batch.coords.items()}, 1, None)
+                one = _Batch({d: batch.coords[d][k : k + 1] for d in self.dims}, 1, None)
                 one.where = self._where(one.coords)
                 if self.node["op"] == "merge":
                     one.branches = [np.flatnonzero(pos == k)[:1] * 0 for pos in batch.branches]
@@ -358,7 +381,7 @@ class _Statement:
                 sub = (
                     batch
                     if len(pos) == batch.n
-                    else _Batch({d: c[pos] for d, c in batch.coords.items()}, len(pos), None)
+                    else _Batch({d: batch.coords[d][pos] for d in self.dims}, len(pos), None)
                 )
                 parts.append((pos, sub is batch, self._value(self.node, k, sub, {}, None)))
             (buf,) = self.rt.written(self.id)
@@ -429,7 +452,7 @@ class _Statement:
     def _eval(self, nid: int, batch: _Batch, memo: dict) -> tuple:
         node = self.nodes[nid]
         args = [self._value(node, k, batch, memo, None) for k in range(len(node["inputs"]))]
-        point = {d: batch.coords[d] for d in node["dims"]}
+        point = _PointOf(batch.coords, node["dims"])
         try:
             out = kernels.run_prepared(
                 node["_kernel"],
