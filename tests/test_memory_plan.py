@@ -165,7 +165,14 @@ def test_ppo_plan_windows_frees_and_donations():
     # read at the end of iteration i, so clipfrac keeps a window of 16 along j
     windows = [b["storage"] for b in plan["buffers"].values() if b["storage"]["kind"] != "block"]
     assert {"kind": "window", "dim": "j", "size": 16} in windows
+    # perm[e], read as perm[j // MB] in the loop over j: one epoch's permutation at a time
+    (perm,) = [s for s, st in plan["statements"].items() if _op(st) == "random_permutation"]
+    assert plan["buffers"][perm]["storage"] == {"kind": "window", "dim": "e", "size": 1}
     assert frees(plan) and donors(plan)
+
+
+def _op(statement: dict) -> str:
+    return statement["nodes"][-1]["op"]
 
 
 @pytest.mark.parametrize("name, sets", [("reinforce", REINFORCE), ("ppo", PPO)])

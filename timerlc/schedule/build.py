@@ -446,9 +446,10 @@ def _join_producers(items, fuse: _Fuse) -> list:
 def _join_ahead(host, nid: int, readers: set[int], fuse: _Fuse):
     level = host[1]
     dims = fuse.dims_of[nid]
-    for name in sorted(_loop_names(host, fuse.dims_of)):
-        if name not in dims:
-            continue
+    # the host's loop dims first; then the producer's others, along which its readers may
+    # still advance with the loop (``perm[e]`` read as ``perm[j // 4]`` in a loop over j)
+    names = _loop_names(host, fuse.dims_of)
+    for name in sorted(dims, key=lambda d: (d not in names, dims.index(d))):
         c = dims.index(name)
         scales = set()
         for r in readers:
