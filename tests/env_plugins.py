@@ -107,3 +107,14 @@ class Recorder(Counter):
 
 def make_recorder(num_envs, fail_at=None):
     return Recorder(num_envs, fail_at)
+
+
+class _WrongObs(Counter):
+    """Observes one value too many per instance (its space says 1)."""
+
+    def _obs(self):
+        return np.zeros((self.num_envs, 2), np.float32)
+
+
+def make_wrong_obs_shape(num_envs):
+    return _WrongObs(num_envs, 1.0, 3)

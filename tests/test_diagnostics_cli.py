@@ -485,3 +485,72 @@ def test_run_of_a_folder_that_is_not_a_build(tmp_path):
     folder.mkdir()
     status, _, err = invoke("run", str(folder))
     _usage(status, err, "notabuild")
+
+
+# ----------------------------------------------------------------------------- files and failures
+def test_program_file_that_is_not_utf8_is_a_usage_error(tmp_path):
+    path = tmp_path / "bad.rtl"
+    path.write_bytes(b"config T = 3\xff\ndim t < T\n")
+    status, _, err = invoke("check", str(path))
+    _usage(status, err, "UTF-8")
+
+
+def test_a_utf8_byte_order_mark_is_ignored(tmp_path):
+    path = tmp_path / "bom.rtl"
+    path.write_bytes(b"\xef\xbb\xbf" + src(VALID).encode())
+    status, _, err = invoke("check", str(path))
+    assert status == 0, err
+
+
+@pytest.mark.parametrize("option, name", [("--outputs", "o.npz"), ("--metrics", "m.csv")])
+def test_a_file_in_a_missing_folder_is_a_usage_error_before_the_run(tmp_path, option, name):
+    out = diagnose(tmp_path, VALID, option, str(tmp_path / "nodir" / name), cmd="run")
+    _usage(out.status, out.stderr, "nodir")
+
+
+def test_running_out_of_memory_is_a_run_failure(tmp_path):
+    program = "config N = 1000000\ndim t < 2\nx[t] = sum(ones([N, N]))\nout x\n"
+    out = diagnose(tmp_path, program, cmd="run")
+    assert_no_traceback(out)
+    assert out.status == 3 and "out of memory" in out.stderr, out.stderr
+
+
+def test_a_recurrence_too_big_to_schedule_is_a_program_error_on_run(tmp_path):
+    # outward from a seed in the middle: no loop orders it, and it has too many points to
+    # run one by one
+    program = """
+        config T = 300001
+        dim t < T
+        x[t] = 1.0 when t == T // 2
+        x[t] = x[t+1] * 0.5 when t < T // 2
+        x[t] = x[t-1] * 0.5
+        out x
+    """
+    out = diagnose(tmp_path, program, cmd="run")
+    assert_diagnostic(out, 3, 1, "cannot schedule", "points")
+
+
+def test_an_environment_returning_the_wrong_shape_is_a_run_failure(tmp_path):
+    program = """
+        config T = 3
+        dim b < 2
+        dim t < T
+        env E = "env_plugins:make_wrong_obs_shape" batch b
+        o[b, 0] = E.reset()
+        o[b, t+1], r[b, t], d[b, t] = E.step(0)
+        out o
+    """
+    for backend in ("cpu", "reference"):
+        out = diagnose(tmp_path, program, "--backend", backend, cmd="run")
+        assert_no_traceback(out)
+        assert out.status == 3, out.stderr
+        assert "'E'" in out.stderr and "[2, 2]" in out.stderr and "[2, 1]" in out.stderr
+
+
+def test_compiling_into_a_build_folder_drops_what_an_earlier_build_left(tmp_path):
+    build = tmp_path / "b"
+    diagnose(tmp_path, VALID, "-o", str(build), "--dump-ir", cmd="compile")
+    assert (build / "plan.json").exists() and (build / "ir").is_dir()
+    out = diagnose(tmp_path, VALID, "-o", str(build), "--backend", "reference", cmd="compile")
+    assert out.status == 0, out.stderr
+    assert not (build / "plan.json").exists() and not (build / "ir").exists()

@@ -7,6 +7,8 @@ Exit status: 0 success; 1 an error in the program (``FILE:LINE:COL: error: ...``
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 import time
 import traceback
@@ -60,9 +62,29 @@ def _env_overrides(envs: tuple[str, ...]) -> dict[str, str]:
 def _read_source(path: str) -> Source:
     p = Path(path)
     try:
-        return Source(str(path), p.read_text())
+        return Source(str(path), p.read_bytes().decode("utf-8-sig"))  # a BOM is dropped
     except OSError as e:
         raise _Fail(2, f"timerlc: error: cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise _Fail(
+            2,
+            f"timerlc: error: cannot read {path}: it is not UTF-8 text "
+            f"(byte 0x{e.object[e.start]:02x} at offset {e.start})",
+        ) from None
+
+
+def _writable(path: str | None, option: str):
+    """A file the run will write at the end must be writable before the run starts."""
+    if not path:
+        return
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise click.BadParameter(f"no folder {parent} to write {path} in", param_hint=option)
+    if p.is_dir():
+        raise click.BadParameter(f"{path} is a folder", param_hint=option)
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise click.BadParameter(f"cannot write {path}", param_hint=option)
 
 
 def _check(
@@ -251,7 +273,14 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
                 raise _Fail(1, e.render(source)) from None
             _warn_budget(plan)
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _Fail(2, f"timerlc: error: cannot make the build folder {out}: {e}") from None
+        # nothing of an earlier build stays behind to be run or inspected by mistake
+        (out / BUILD_PLAN).unlink(missing_ok=True)
+        if (out / "ir").is_dir():
+            shutil.rmtree(out / "ir")
         (out / BUILD_PROGRAM).write_text(serialize.to_json(graph))
         if plan is not None:
             (out / BUILD_PLAN).write_text(json.dumps(plan) + "\n")
@@ -368,6 +397,9 @@ def run(
             )
         if outputs_path and not outputs_path.endswith(".npz"):
             raise click.BadParameter("the outputs file must end in .npz", param_hint="--outputs")
+        _writable(outputs_path, "--outputs")
+        _writable(metrics_path, "--metrics")
+        source = None
         if path.is_dir():
             if sets or envs or seed is not None:
                 raise _Fail(
@@ -395,23 +427,28 @@ def run(
                 return
             graph = _load_build(path)
         else:
+            source = _read_source(target)
             graph = _check(
-                _read_source(target),
+                source,
                 _overrides(sets, seed),
                 _env_overrides(envs),
                 optimize=chosen != "reference",
             )
         progress = not no_progress and sys.stderr.isatty()
-        run_program(
-            graph,
-            chosen,
-            outputs_path,
-            metrics_path,
-            progress,
-            profile,
-            memory_budget=memory_budget,
-            on_plan=_warn_budget,
-        )
+        try:
+            run_program(
+                graph,
+                chosen,
+                outputs_path,
+                metrics_path,
+                progress,
+                profile,
+                memory_budget=memory_budget,
+                on_plan=_warn_budget,
+            )
+        except ProgramError as e:  # found while compiling the plan (the schedule)
+            text = e.render(source) if source is not None else f"timerlc: error: {e.message}"
+            raise _Fail(1, text) from None
 
     _guard(body)(debug=debug)
 
@@ -427,7 +464,12 @@ def inspect(file, fmt):
     def body():
         from timerlc.ir import serialize
 
-        text = Path(file).read_text()
+        try:
+            text = Path(file).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise _Fail(
+                2, f"timerlc: error: {file} is not a timerlc IR dump or plan (not text)"
+            ) from None
         plan = _as_plan(text)
         if plan is not None:
             from timerlc.plan import text as plan_text

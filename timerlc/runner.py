@@ -173,11 +173,17 @@ def _execute(make, mdims, bounds, has_metrics, outputs, outputs_path, metrics_pa
 
     engine = None
     failure = None
+    interrupted = None
     try:
         engine = make(on_metric)
         engine.run()
     except RunError as e:
         failure = e
+    except MemoryError as e:  # NumPy's allocation failures are MemoryErrors too
+        failure = RunError(f"out of memory: {e}")
+        failure.__cause__ = e
+    except KeyboardInterrupt as e:  # Ctrl-C: save what was computed, then stop
+        interrupted = e
     finally:
         if engine is not None:
             engine.envs.close()
@@ -187,10 +193,15 @@ def _execute(make, mdims, bounds, has_metrics, outputs, outputs_path, metrics_pa
             metrics_file.close()
     if outputs_path and engine is not None:
         arrays = {name: engine.value(name) for name in outputs}
-        np.savez(outputs_path, **arrays)
+        try:
+            np.savez(outputs_path, **arrays)
+        except OSError as e:
+            raise RunError(f"cannot write the outputs to {outputs_path}: {e.strerror}") from e
+    if interrupted is not None:
+        raise interrupted
     if failure is not None:
         saved = f" (outputs computed so far saved to {outputs_path})" if outputs_path else ""
-        raise RunError(f"{failure}{saved}")
+        raise RunError(f"{failure}{saved}") from failure
     return engine
 
 

@@ -52,13 +52,33 @@ class EnvRunner:
                     obs = inst.reset(
                         seed=rng.seed32(self.seed) * 2**32 + rng.site_id(f"env:{name}")
                     )
-                return (np.asarray(obs, np.float32),)
+                return (self._checked(name, "reset", "obs", obs, np.float32, inst),)
             obs, reward, done = inst.step(action)
         except RunError:
             raise
         except Exception as e:  # an environment is user code: any failure stops the run
-            raise RunError(f"environment '{name}' raised {type(e).__name__}: {e}") from None
-        return (np.asarray(obs, np.float32), np.asarray(reward, np.float32), np.asarray(done, bool))
+            raise RunError(f"environment '{name}' raised {type(e).__name__}: {e}") from e
+        return (
+            self._checked(name, "step", "obs", obs, np.float32, inst),
+            self._checked(name, "step", "reward", reward, np.float32, inst),
+            self._checked(name, "step", "done", done, bool, inst),
+        )
+
+    def _checked(self, name: str, op: str, what: str, value, dtype, inst) -> np.ndarray:
+        """A returned array of the shape the program was compiled for (section 10)."""
+        try:
+            v = np.asarray(value, dtype)
+        except (TypeError, ValueError) as e:
+            raise RunError(f"environment '{name}' {op} returned a bad {what}: {e}") from None
+        n = self.specs[name][1]
+        space = getattr(inst, "single_observation_space", None)
+        want = (n,) + tuple(space.shape) if what == "obs" and space is not None else (n,)
+        if v.shape != want:
+            raise RunError(
+                f"environment '{name}' {op} returned {what} of shape {list(v.shape)}, but "
+                f"{list(want)} was expected ({n} instances)"
+            )
+        return v
 
     def close(self):
         for inst in self.instances.values():

@@ -1,0 +1,5 @@
+"""``python -m timerlc``: the command line."""
+
+from timerlc.cli import main
+
+main()
