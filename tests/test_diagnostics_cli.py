@@ -545,6 +545,7 @@ def test_an_environment_returning_the_wrong_shape_is_a_run_failure(tmp_path):
         assert_no_traceback(out)
         assert out.status == 3, out.stderr
         assert "'E'" in out.stderr and "[2, 2]" in out.stderr and "[2, 1]" in out.stderr
+        assert "while computing o" in out.stderr and "(line 5)" in out.stderr, out.stderr
 
 
 def test_compiling_into_a_build_folder_drops_what_an_earlier_build_left(tmp_path):
@@ -554,3 +555,20 @@ def test_compiling_into_a_build_folder_drops_what_an_earlier_build_left(tmp_path
     out = diagnose(tmp_path, VALID, "-o", str(build), "--backend", "reference", cmd="compile")
     assert out.status == 0, out.stderr
     assert not (build / "plan.json").exists() and not (build / "ir").exists()
+
+
+def test_a_run_failure_names_the_tensor_on_both_backends(tmp_path):
+    # v's node is also read by s: the cpu plan stores it (not v's copy of it), under v's name
+    program = """
+        config T = 6
+        dim t < T
+        idx[t] = t
+        v[t] = arange(4)[idx]
+        s[t] = f32(v)
+        out v
+        metric s
+    """
+    for backend in ("cpu", "reference"):
+        out = diagnose(tmp_path, program, "--backend", backend, cmd="run")
+        assert out.status == 3, out.stderr
+        assert "while computing v at t=4 (line 4)" in out.stderr, (backend, out.stderr)

@@ -78,6 +78,17 @@ def build_plan(
     """``memory_budget``: the bytes of device memory the buffers may hold at once (None: no
     limit); the memory plan swaps blocks to host memory to stay within it."""
     bounds = graph.dim_bounds
+    # the tensor each node computes part of, for messages: its own, else the first tensor
+    # that reads it through unnamed nodes (``v = merge(%4)``, an env call under ``o``)
+    tensor_names: dict[int, str] = {}
+    for t in graph.tensors:
+        todo = [t.node]
+        while todo:
+            k = todo.pop()
+            if k in tensor_names:
+                continue
+            tensor_names[k] = t.name
+            todo.extend(e.src for e in graph.node(k).inputs if not graph.node(e.src).name)
     buffers = {}
     statements = {}
     for nid in schedule.statements:
@@ -136,7 +147,7 @@ def build_plan(
                         }
                         for e in n.inputs
                     ],
-                    "where": _where(graph, n, node),
+                    "where": _where(tensor_names, n, node),
                 }
             )
         statements[str(nid)] = {
@@ -170,7 +181,9 @@ def build_plan(
     }
 
 
-def _where(graph: Graph, n, owner) -> list:
+def _where(names: dict[int, str], n, owner) -> list:
     """For run-time error messages: the tensor a node computes (or the statement's tensor it
-    is inlined into) and its source line (or None)."""
-    return [n.name or owner.name or f"%{n.id}", n.span.line if n.span is not None else None]
+    is inlined into) and its source line (or None). ``names``: node id -> the tensor it holds
+    (a pass that removes a copy points the tensor at the copied node, which has no name)."""
+    name = n.name or names.get(n.id) or owner.name or names.get(owner.id) or f"%{n.id}"
+    return [name, n.span.line if n.span is not None else None]

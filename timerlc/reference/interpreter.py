@@ -246,7 +246,10 @@ class Interpreter:
         if node.op == "merge":
             return (args[0],)
         if node.op in ("env_reset", "env_step"):
-            return self.envs.call(node, args[0] if args else None)
+            try:
+                return self.envs.call(node, args[0] if args else None)
+            except RunError as e:
+                raise RunError(f"while computing {self._where(nid, values)}: {e}") from e
         out = ops.get(node.op).numpy(node.attr_dict, [np.asarray(a) for a in args], point)
         return (np.asarray(out).astype(numpy_dtype(node.type.dtype), copy=False),)
 

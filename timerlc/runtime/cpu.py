@@ -331,7 +331,11 @@ class _Statement:
             action = None
             if self.node["inputs"]:
                 action = self._value(self.node, 0, batch, {}, point)[0]
-            outs = rt.envs.call(self.node["_attrs"]["env"], self.node["op"], action)
+            try:
+                outs = rt.envs.call(self.node["_attrs"]["env"], self.node["op"], action)
+            except RunError as e:
+                at = ", ".join(f"{d}={v}" for d, v in point.items())
+                raise _OpFailed(self.node["where"], e).error(at) from e
             idx = tuple(int(i[0]) for i in self._fancy(batch))
             for buf, v in zip(rt.written(self.id), outs):
                 buf[idx] = v
