@@ -70,7 +70,10 @@ def test_dump_ir_writes_each_pass_and_the_plan(tmp_path):
         "05-simplify.pdg",
     ]
     plan = (build / "ir" / names[-1]).read_text()
-    assert names[-1].endswith("-plan.txt") and plan.startswith("plan format ")
+    assert names[-1] == "06-plan.txt" and plan.startswith("plan format ")
+    shown = cli("inspect", build / "ir" / names[-1])  # a dump inspect shows as it is
+    assert shown.exit_code == 0 and shown.stdout == plan
+    assert cli("inspect", build / "ir" / names[-1], "--format", "json").exit_code == 2
     # discounted_sum(r[i, b, t:T]) runs as a recurrence: a loop over t, i and b vectorized
     assert any(
         line.split()[1] == "g_ds" and "loops [t] vector [i, b]" in line

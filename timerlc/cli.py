@@ -296,13 +296,13 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
         if dump_ir:
             ir = out / "ir"
             ir.mkdir(exist_ok=True)
-            for k, (name, _, g) in enumerate(stages):
-                if hasattr(g, "nodes"):
-                    (ir / f"{k:02d}-{name}.pdg").write_text(serialize.to_text(g))
+            passes = [(name, g) for name, _, g in stages if hasattr(g, "nodes")]
+            for k, (name, g) in enumerate(passes):
+                (ir / f"{k:02d}-{name}.pdg").write_text(serialize.to_text(g))
             if plan is not None:  # the schedule and memory decisions, readable
                 from timerlc.plan import text as plan_text
 
-                (ir / f"{len(stages) - 1:02d}-plan.txt").write_text(plan_text.render(plan))
+                (ir / f"{len(passes):02d}-plan.txt").write_text(plan_text.render(plan))
         if timings:
             last = started
             for name, at, g in stages:
@@ -470,6 +470,15 @@ def inspect(file, fmt):
             raise _Fail(
                 2, f"timerlc: error: {file} is not a timerlc IR dump or plan (not text)"
             ) from None
+        if text.startswith(PLAN_TEXT_HEAD):  # a plan dumped as text (build/ir/NN-plan.txt)
+            if fmt != "text":
+                raise _Fail(
+                    2,
+                    f"timerlc: error: {file} is a plan's text form; inspect the build's "
+                    f"plan.json for --format {fmt}",
+                )
+            click.echo(text, nl=False)
+            return
         plan = _as_plan(text)
         if plan is not None:
             from timerlc.plan import text as plan_text
@@ -493,6 +502,9 @@ def inspect(file, fmt):
         click.echo(render(graph), nl=False)
 
     _guard(body)()
+
+
+PLAN_TEXT_HEAD = "plan format "  # the first words of timerlc.plan.text.render
 
 
 def _as_plan(text: str) -> dict | None:
