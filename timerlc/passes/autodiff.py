@@ -158,79 +158,114 @@ class _Backward:
     def region(self) -> set[int]:
         """The nodes on a differentiable path from x to y at the grad's own point.
 
-        Paths are followed point-wise along the grad's dims: a read ``v[i-1]`` leads to ``v``
-        one grad point earlier (offset -1), and x is an input at offset 0 only. So a loss
-        that reads ``v[i]``, where ``v[i]`` was updated from ``w[i-1]``, does not put ``v``
-        on a path to x = ``w[i]`` (it depends on an earlier point of w, not on x). A node
-        reached at another offset, or through a read that is not a translation along the
-        grad's dims, is on a path only if the node level says so too; ``check_separable``
-        then refuses it."""
+        Paths are followed along the grad's dims with their offsets from the grad's point: a
+        read ``v[i-1]`` leads to ``v`` one grad point earlier, and x is an input at offset 0
+        only. So a loss that reads ``v[i]``, where ``v[i]`` was updated from ``w[i-1]``,
+        does not put ``v`` on a path to x = ``w[i]`` (it depends on an earlier point of w,
+        not on x). The offsets a node is reached at are kept as a box per grad dim (widened
+        to the dim's whole range when a recurrence keeps moving them, so the walk does not
+        grow with the number of iterations); a read that is not a translation along the
+        grad's dims reaches any offset. A node reached both ways at an offset other than
+        0 (or at any offset) would mix grad points: ``_mixing`` refuses it."""
         nodes = self.graph.nodes
         gdims = self.group[0].dims
-        bounds = self.bounds
+        top = [self.bounds[d] - 1 for d in gdims]
         stops = self.stops()
-        xs = {g.inputs[1].src for g in self.group}
+        zero = tuple((0, 0) for _ in gdims)
+        trans: dict[tuple[int, int], tuple | None] = {}
 
-        def shift(off, consumer: Node, src: Node, e: Edge, sign: int):
-            """The offset of the other end of edge ``e`` (None: not a translation)."""
-            if off is None:
+        def translation(c: Node, k: int):
+            """The offset of input ``k`` of ``c`` from ``c``'s point (None: not one)."""
+            key = (c.id, k)
+            if key not in trans:
+                e, src = c.inputs[k], nodes[c.inputs[k].src]
+                out = []
+                for d in gdims:
+                    a = e.access[src.dims.index(d)] if d in src.dims else None
+                    if d not in c.dims or not isinstance(a, Point):
+                        out = None
+                        break
+                    off = sympy.sympify(a.expr) - ix.sym(d)
+                    if not off.is_Integer:
+                        out = None
+                        break
+                    out.append(int(off))
+                trans[key] = None if out is None else tuple(out)
+            return trans[key]
+
+        def shift(box, t, sign):
+            """``box`` moved by ``sign * t``, within the dims' ranges; False if empty."""
+            if box is None or t is None:
                 return None
             out = []
-            for d, o in zip(gdims, off):
-                if d not in src.dims or d not in consumer.dims:
-                    return None
-                a = e.access[src.dims.index(d)]
-                if not isinstance(a, Point):
-                    return None
-                c = sympy.sympify(a.expr) - ix.sym(d)
-                if not c.is_Integer:
-                    return None
-                o2 = o + sign * int(c)
-                if abs(o2) >= bounds[d]:
-                    return False  # no such point
-                out.append(o2)
+            for (lo, hi), c, m in zip(box, t, top):
+                lo, hi = max(lo + sign * c, -m), min(hi + sign * c, m)
+                if lo > hi:
+                    return False
+                out.append((lo, hi))
             return tuple(out)
 
-        zero = (0,) * len(gdims)
-        back, todo = set(), [(self.y.src, zero)]
-        while todo:
-            state = todo.pop()
-            if state in back:
-                continue
-            back.add(state)
-            nid, off = state
-            if nid in stops and off == zero:
-                continue  # x is an input: what it depends on is not traversed
+        def without_zero(box):
+            """Boxes covering ``box`` minus the grad's own point (x is an input there)."""
+            if box is None:
+                return [None]
+            out, prefix = [], []
+            for j, (lo, hi) in enumerate(box):
+                rest = list(box[j + 1 :])
+                if lo < 0:
+                    out.append(tuple(prefix + [(lo, min(hi, -1))] + rest))
+                if hi > 0:
+                    out.append(tuple(prefix + [(max(lo, 1), hi)] + rest))
+                if lo > 0 or hi < 0:
+                    return [box]
+                prefix.append((0, 0))
+            return out
+
+        def walk(starts, step) -> dict:
+            seen: dict = dict(starts)
+            todo = list(starts)
+            while todo:
+                nid = todo.pop()
+                for nxt, box in step(nid, seen[nid]):
+                    if box is False:
+                        continue
+                    old = seen.get(nxt, False)
+                    new = _widen(old, box, top)
+                    if new != old:
+                        seen[nxt] = new
+                        todo.append(nxt)
+            return seen
+
+        def back_step(nid, box):
             n = nodes[nid]
+            sources = without_zero(box) if nid in stops else [box]
             for k, e in enumerate(n.inputs):
                 if flows(n, k, edge_type(nodes, e)):
-                    o = shift(off, n, nodes[e.src], e, 1)
-                    if o is not False:
-                        todo.append((e.src, o))
-        back_nodes: dict[int, set] = {}
-        for nid, off in back:
-            back_nodes.setdefault(nid, set()).add(off)
-        # forward from x, only through what y depends on (with any offset)
-        fwd, todo = set(), [(x, zero) for x in xs]
-        while todo:
-            state = todo.pop()
-            if state in fwd:
-                continue
-            fwd.add(state)
-            nid, off = state
+                    for b in sources:
+                        yield e.src, shift(b, translation(n, k), 1)
+
+        back = walk({self.y.src: zero}, back_step)
+
+        def fwd_step(nid, box):
             for cid, k in self.consumers[nid]:
                 c = nodes[cid]
-                if cid in back_nodes and flows(c, k, edge_type(nodes, c.inputs[k])):
-                    o = shift(off, c, nodes[nid], c.inputs[k], -1)
-                    if o is not False:
-                        todo.append((cid, o))
+                if cid in back and flows(c, k, edge_type(nodes, c.inputs[k])):
+                    yield cid, shift(box, translation(c, k), -1)
+
+        fwd = walk({g.inputs[1].src: zero for g in self.group}, fwd_step)
         region = set()
-        for nid, off in fwd:
-            offs = back_nodes.get(nid, set())
-            if off == zero and zero in offs:
-                region.add(nid)
-            elif off in offs or (offs and (off is None or None in offs)):
+        for nid, box in fwd.items():
+            if nid not in back:
+                continue
+            b = back[nid]
+            if box is None or b is None:
                 raise self._mixing(nodes[nid])
+            meet = [(max(l1, l2), min(h1, h2)) for (l1, h1), (l2, h2) in zip(box, b)]
+            if any(lo > hi for lo, hi in meet):
+                continue
+            if tuple(meet) != zero:
+                raise self._mixing(nodes[nid])
+            region.add(nid)
         return region
 
     def check_separable(self, region: set[int]):
@@ -544,6 +579,20 @@ class _Backward:
                 [self.b.type_of(acc), gt],
             )
         incoming[e.src].append(self._guard(src, val, cond))
+
+
+def _widen(old, box, top):
+    """The offsets reached so far (``old``; False: none yet) joined with ``box``; a bound
+    that moves again goes straight to the end of its dim's range (a recurrence would move
+    it one step per visit)."""
+    if old is False:
+        return box
+    if old is None or box is None:
+        return None
+    out = []
+    for (lo, hi), (l2, h2), m in zip(old, box, top):
+        out.append((lo if l2 >= lo else -m, hi if h2 <= hi else m))
+    return tuple(out)
 
 
 def _translation(expr):
