@@ -470,7 +470,9 @@ def inspect(file, fmt):
             raise _Fail(
                 2, f"timerlc: error: {file} is not a timerlc IR dump or plan (not text)"
             ) from None
-        if text.startswith(PLAN_TEXT_HEAD):  # a plan dumped as text (build/ir/NN-plan.txt)
+        from timerlc.plan import text as plan_text
+
+        if text.startswith(plan_text.HEAD):  # a plan dumped as text (build/ir/NN-plan.txt)
             if fmt != "text":
                 raise _Fail(
                     2,
@@ -481,8 +483,6 @@ def inspect(file, fmt):
             return
         plan = _as_plan(text)
         if plan is not None:
-            from timerlc.plan import text as plan_text
-
             if fmt == "dot":
                 raise _Fail(2, "timerlc: error: a plan has no dot form (use text or json)")
             shown = plan_text.render(plan) if fmt == "text" else json.dumps(plan, indent=1) + "\n"
@@ -502,9 +502,6 @@ def inspect(file, fmt):
         click.echo(render(graph), nl=False)
 
     _guard(body)()
-
-
-PLAN_TEXT_HEAD = "plan format "  # the first words of timerlc.plan.text.render
 
 
 def _as_plan(text: str) -> dict | None:

@@ -171,14 +171,13 @@ class Elaborator(Subscripts):
             raise dynamic_slice_error(v.span)
         nid = self._window_casts.get((src, dtype))
         if nid is None:
-            t = self.info.tensors[key.split(".")[0]]
-            ty = self.types[key.split(".")[0]]
-            if "." in key:
-                ty = dict(ty.fields)[key.split(".", 1)[1]]
-            domain = Domain(t.dims, t.domain)
+            name, _, fname = key.partition(".")  # "rec.field" for a params record's field
+            t, ty = self.info.tensors[name], self.types[name]
+            if fname:
+                ty = dict(ty.fields)[fname]
             nid = self.builder.add(
                 "cast",
-                domain,
+                Domain(t.dims, t.domain),
                 (Edge(src, identity_access(t.dims), span=v.span),),
                 ty.with_dtype(dtype),
                 make_attrs(dtype=dtype),

@@ -182,14 +182,11 @@ class _Backward:
                 out = []
                 for d in gdims:
                     a = e.access[src.dims.index(d)] if d in src.dims else None
-                    if d not in c.dims or not isinstance(a, Point):
+                    off = ix.affine_offset(a.expr, d) if isinstance(a, Point) else None
+                    if d not in c.dims or off is None:
                         out = None
                         break
-                    off = sympy.sympify(a.expr) - ix.sym(d)
-                    if not off.is_Integer:
-                        out = None
-                        break
-                    out.append(int(off))
+                    out.append(off)
                 trans[key] = None if out is None else tuple(out)
             return trans[key]
 

@@ -61,8 +61,11 @@ def _storage(buf: dict) -> str:
     return text
 
 
+HEAD = "plan format "  # how the text form starts (``timerlc inspect`` knows it by this)
+
+
 def render(plan: dict) -> str:
-    out = [f"plan format {plan.get('format_version')}  source {plan.get('source') or '-'}"]
+    out = [f"{HEAD}{plan.get('format_version')}  source {plan.get('source') or '-'}"]
     out.append("dims: " + ", ".join(f"{d} < {n}" for d, n in plan.get("dims", {}).items()))
     if plan.get("memory_peak") is not None:
         line = f"memory: peak {format_bytes(plan['memory_peak'])} of buffers"

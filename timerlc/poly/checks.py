@@ -269,7 +269,7 @@ def _check_component(graph: Graph, comp, sub, reads):
     total = isl.UnionMap.from_map(maps[0])
     for mp in maps[1:]:
         total = total.union(isl.UnionMap.from_map(mp))
-    if _schedulable(graph, comp, total):
+    if _schedulable(graph, comp, maps):
         return
     closure, exact = total.transitive_closure()
     loops: list[isl.Map] = []
@@ -298,32 +298,13 @@ def _check_component(graph: Graph, comp, sub, reads):
         )
 
 
-def _schedulable(graph: Graph, comp, reads: isl.UnionMap) -> bool:
+def _schedulable(graph: Graph, comp, maps: list[isl.Map]) -> bool:
     """A certificate of acyclicity that is cheap where transitive closures are not: isl's
     scheduler finds an order of the points that puts every point after what it reads. No
     order is found for a cycle (and, rarely, for an acyclic but non-affine dependence: then
     the exact check runs)."""
-    domain = None
-    for nid in comp:
-        n = graph.node(nid)
-        s = isl.UnionSet.from_set(pisl.domain_set(n.domain, tag=f"n{nid}"))
-        domain = s if domain is None else domain.union(s)
-    deps = reads.reverse()  # producer point -> consumer point
-    try:
-        sched = isl.ScheduleConstraints.on_domain(domain).set_validity(deps).compute_schedule()
-        if sched is None:
-            return False
-        times = sched.get_map()
-        # verify: every consumer's time comes strictly after its producer's
-        order = deps.apply_domain(times).apply_range(times)
-        maps: list[isl.Map] = []
-        order.foreach_map(maps.append)
-        for m in maps:
-            if not m.is_subset(isl.Map.lex_lt(m.get_space().domain())):
-                return False
-        return True
-    except isl.Error:
-        return False
+    domains = [pisl.domain_set(graph.node(nid).domain, tag=f"n{nid}") for nid in comp]
+    return lv.isl_schedule(domains, maps) is not None
 
 
 def _closing_read(reads, start: isl.Set, closure: isl.UnionMap):

@@ -257,40 +257,46 @@ def _offsets(comp, sub, phi) -> dict[int, int] | None:
     return None
 
 
-def isl_levels(domains: dict[int, isl.Set], comp, sub) -> list[Level] | None:
-    """The fallback for a group no guess splits (a wavefront that only a skewed coordinate
-    such as ``i + j`` orders): isl's scheduler, one Level per row of its schedule, each
-    node's ``phi`` an affine function of its dims, all of which become loops. The schedule is
-    checked to put every point of ``sub`` strictly after what it reads; None when isl finds
-    none (or one that is not affine with integer coefficients)."""
-    domain = None
-    for nid in comp:
-        s = isl.UnionSet.from_set(domains[nid])
-        domain = s if domain is None else domain.union(s)
-    deps = None
-    for m in sub.values():
+def isl_schedule(domains, reads, proximity: bool = False) -> isl.UnionMap | None:
+    """isl's scheduler over the node ``domains`` (sets ``n<id>[dims]``) and their ``reads``
+    (maps ``reader point -> read points``): the schedule map ``n<id>[dims] -> [time]``,
+    checked to put every point strictly after what it reads; None if isl finds no such
+    schedule. ``proximity``: also ask isl to keep each read close to its reader."""
+    domain = deps = None
+    for s in domains:
+        u = isl.UnionSet.from_set(s)
+        domain = u if domain is None else domain.union(u)
+    for m in reads:
         d = isl.UnionMap.from_map(m.reverse())  # read point -> reader point
         deps = d if deps is None else deps.union(d)
     if deps is None:
         return None
     try:
-        sched = (
-            isl.ScheduleConstraints.on_domain(domain)
-            .set_validity(deps)
-            .set_proximity(deps)
-            .compute_schedule()
-        )
+        sc = isl.ScheduleConstraints.on_domain(domain).set_validity(deps)
+        sched = (sc.set_proximity(deps) if proximity else sc).compute_schedule()
+        if sched is None:
+            return None
+        times = sched.get_map()
+        order = deps.apply_domain(times).apply_range(times)
+        maps: list[isl.Map] = []
+        order.foreach_map(maps.append)
+        if all(m.is_subset(isl.Map.lex_lt(m.get_space().domain())) for m in maps):
+            return times
     except isl.Error:
+        pass
+    return None
+
+
+def isl_levels(domains: dict[int, isl.Set], comp, sub) -> list[Level] | None:
+    """The fallback for a group no guess splits (a wavefront that only a skewed coordinate
+    such as ``i + j`` orders): isl's scheduler, one Level per row of its schedule, each
+    node's ``phi`` an affine function of its dims, all of which become loops. None when isl
+    finds no schedule (or one that is not affine with integer coefficients)."""
+    times = isl_schedule([domains[n] for n in comp], sub.values(), proximity=True)
+    if times is None:
         return None
-    if sched is None:
-        return None
-    times = sched.get_map()
     by_node: dict[int, isl.Map] = {}
     times.foreach_map(lambda mp: by_node.__setitem__(source(mp), mp))
-    for (a, b), m in sub.items():
-        order = m.reverse().apply_domain(by_node[b]).apply_range(by_node[a])
-        if not order.is_subset(isl.Map.lex_lt(order.get_space().domain())):
-            return None
     width = max(by_node[nid].dim(isl.dim_type.out) for nid in comp)
     rows: dict[int, list[str]] = {}
     for nid in comp:
@@ -298,28 +304,18 @@ def isl_levels(domains: dict[int, isl.Set], comp, sub) -> list[Level] | None:
         if exprs is None:
             return None
         rows[nid] = exprs + ["0"] * (width - len(exprs))
+    n_dims = {nid: domains[nid].dim(isl.dim_type.set) for nid in comp}
+    names = {
+        nid: ", ".join(domains[nid].get_dim_name(isl.dim_type.set, j) for j in range(n))
+        for nid, n in n_dims.items()
+    }
+    used = {nid: tuple(range(n)) for nid, n in n_dims.items()}
     levels = []
     for k in range(width):
         exprs = {nid: rows[nid][k] for nid in comp}
-        phi = {}
-        for nid in comp:
-            names = ", ".join(
-                domains[nid].get_dim_name(isl.dim_type.set, j)
-                for j in range(domains[nid].dim(isl.dim_type.set))
-            )
-            phi[nid] = isl.Map(f"{{ n{nid}[{names}] -> [{exprs[nid]}] }}")
-        used = {nid: tuple(range(domains[nid].dim(isl.dim_type.set))) for nid in comp}
-        levels.append(
-            Level(
-                dict.fromkeys(comp),
-                dict.fromkeys(comp, 0),
-                dict.fromkeys(comp, 0),
-                phi,
-                {},
-                used,
-                exprs,
-            )
-        )
+        phi = {nid: isl.Map(f"{{ n{nid}[{names[nid]}] -> [{exprs[nid]}] }}") for nid in comp}
+        zeros = dict.fromkeys(comp, 0)
+        levels.append(Level(dict.fromkeys(comp), zeros, zeros, phi, {}, used, exprs))
     return levels
 
 

@@ -153,7 +153,7 @@ def build_schedule(graph: Graph) -> Schedule:
                 if not top:
                     raise
                 # the last resort: the group's points one by one, in an order of their reads
-                calls = _point_order(comp, sub, domain_of)
+                calls = _point_order(comp, sub, graph)
                 if calls is None:
                     raise
                 items.append(("points", None, [("leaf", n) for n in sorted(comp)], calls))
@@ -164,7 +164,7 @@ def build_schedule(graph: Graph) -> Schedule:
         if level is not None:
             return [("band", level, build(comp, level.residual, level.used))]
         # no guess orders it: isl's scheduler does, with every dim a loop
-        rows = lv.isl_levels({n: domain_of(n) for n in comp}, comp, sub)
+        rows = lv.isl_levels({n: _domain(graph, n) for n in comp}, comp, sub)
         if rows is None:
             names = sorted({graph.node(c).name or f"%{c}" for c in comp})
             raise _Unschedulable(
@@ -177,9 +177,6 @@ def build_schedule(graph: Graph) -> Schedule:
         for level in reversed(rows):
             nested = [("band", level, nested)]
         return nested
-
-    def domain_of(nid: int) -> isl.Set:
-        return pisl.domain_set(graph.node(nid).domain, tag=f"n{nid}")
 
     tree = build(list(stored), pairs, {}, top=True)
     metric_nodes = {graph.tensor(name).node for name in graph.metrics} & stored
@@ -247,6 +244,11 @@ def build_schedule(graph: Graph) -> Schedule:
     return Schedule(statements, tuple(order), padded, tree_json, pairs)
 
 
+def _domain(graph: Graph, nid: int) -> isl.Set:
+    """Node ``nid``'s points as the isl set ``n<id>[dims]`` (memoized by ``poly.isl``)."""
+    return pisl.domain_set(graph.node(nid).domain, tag=f"n{nid}")
+
+
 class _Unschedulable(ProgramError):
     pass
 
@@ -254,7 +256,7 @@ class _Unschedulable(ProgramError):
 POINT_LIMIT = 100_000  # the most points (and reads between them) run one by one
 
 
-def _point_order(comp, sub, domain_of) -> list | None:
+def _point_order(comp, sub, graph: Graph) -> list | None:
     """The points of a group that no loop orders (a recurrence that runs outward from a
     seed in the middle: backward on one side, forward on the other), one call each, in an
     order that puts every point after what it reads: Kahn's algorithm over the points, the
@@ -262,7 +264,7 @@ def _point_order(comp, sub, domain_of) -> list | None:
     or reads (a plan that size is no use), or the reads have a cycle."""
     pts: list[tuple[int, tuple]] = []
     for nid in sorted(comp):
-        dom = domain_of(nid)
+        dom = _domain(graph, nid)
         if dom.is_empty():
             continue
         if len(pts) + dom.count_val().to_python() > POINT_LIMIT:
@@ -331,15 +333,9 @@ class _Fuse:
         for a, b in pairs:
             if a != b:
                 self.reads_of.setdefault(a, set()).add(b)
-        self._domains: dict[int, isl.Set] = {}
 
     def domain(self, nid: int) -> isl.Set:
-        if nid not in self._domains:
-            node = self.graph.node(nid)
-            names = ", ".join(ix.isl_name(d) for d in node.dims)
-            cond = ix.cond_to_isl(node.domain.cond)
-            self._domains[nid] = isl.Set(f"{{ n{nid}[{names}] : {cond} }}")
-        return self._domains[nid]
+        return _domain(self.graph, nid)
 
     def span(self, phi: dict[int, isl.Map], nodes) -> tuple[int, int] | None:
         """The least and greatest coordinate ``phi`` gives the points of ``nodes``."""
