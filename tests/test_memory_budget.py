@@ -28,23 +28,7 @@ MIB = 1 << 20
 # Four blocks of K x f32[64] = 1 MiB each (a, b, c, d), made one after another at the top
 # level (each needs the mean of the one before it) and read again, late, in the same order:
 # without swaps all four are on the device when d is made (4 MiB).
-BIG = """
-    config K = 4096, P = 64
-    dim k < K
-    a[k] = sin(f32(arange(P)) * 0.01 + f32(k) * 0.001)
-    sa = mean(a[0:K])
-    b[k] = cos(f32(arange(P)) * 0.02 + f32(k) * 0.002) + sa
-    sb = mean(b[0:K])
-    c[k] = sin(f32(arange(P)) * 0.03 - f32(k) * 0.003) * sb
-    sc = mean(c[0:K])
-    d[k] = cos(f32(arange(P)) * 0.04 - f32(k) * 0.004) - sc
-    sd = mean(d[0:K])
-    la = mean(abs(a[0:K] - sd))
-    lb = mean(abs(b[0:K] * la - 0.5))
-    lc = max(c[0:K] + lb)
-    fin = lc + sa
-    out fin, la, lb, lc
-"""
+BIG = (Path(__file__).parent / "programs" / "swaps.rtl").read_text()
 
 
 def graph_of(text: str, optimize: bool = True):
