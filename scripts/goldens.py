@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import sys
 from pathlib import Path
 
@@ -62,96 +63,44 @@ def all_dumps() -> dict[str, dict[str, str]]:
 
 
 # ----------------------------------------------------------------------------- plan nodes
-def nodes_text(plan: dict) -> str:
+def nodes_text(plan) -> str:
     """Every node of every statement: its op and attributes, and per input the statement or
     node it reads, at which index, under which condition."""
-    from timerlc.plan import text as plan_text
+    from timerlc.plan import expr as px
+    from timerlc.plan.items import At
 
     lines = ["nodes:"]
-    for sid, st in plan["statements"].items():
-        lines.append(f"  statement {sid} over {cond_text(st['domain'])}")
-        for n in st["nodes"]:
-            attrs = ", ".join(f"{k}={_attr(v)}" for k, v in sorted(n["attrs"].items()))
-            types = ", ".join(f"{t['dtype']}{t['shape']}" for t in n["types"])
-            where = n["where"]
+    for st in plan.statements:
+        lines.append(f"  statement {st.id} over {px.text(st.domain)}")
+        for n in st.nodes:
+            attrs = ", ".join(f"{k}={_attr(v)}" for k, v in sorted(n.attrs))
+            types = ", ".join(f"{t.dtype}{list(t.shape)}" for t in n.types)
             lines.append(
-                f"    %{n['id']} = {n['op']}[{','.join(n['dims'])}]({attrs}) : {types}"
-                f"  ({where[0]}, line {where[1]})"
+                f"    %{n.id} = {n.op}[{','.join(st.dims)}]({attrs}) : {types}"
+                f"  ({n.where[0]}, line {n.where[1]})"
             )
-            for e in n["inputs"]:
-                kind = "buffer" if e["stored"] else "node"
-                parts = []
-                for a in e["access"]:
-                    if a[0] == "pt":
-                        parts.append(plan_text.expr(_expr(a[1])))
-                    else:
-                        parts.append(f"{plan_text.expr(_expr(a[1]))}:{plan_text.expr(_expr(a[2]))}")
-                cond = "" if e["cond"] is None else f" if {cond_text(e['cond'])}"
-                lines.append(f"      <- {kind} %{e['src']}.{e['out']}[{', '.join(parts)}]{cond}")
+            for r in n.inputs:
+                kind = "buffer" if r.stored else "node"
+                parts = [
+                    px.text(a.index) if isinstance(a, At) else f"{px.text(a.lo)}:{px.text(a.hi)}"
+                    for a in r.access
+                ]
+                cond = "" if r.cond is None else f" if {px.text(r.cond)}"
+                lines.append(f"      <- {kind} %{r.src}.{r.out}[{', '.join(parts)}]{cond}")
     return "\n".join(lines) + "\n"
 
 
-def cond_text(c) -> str:
-    from timerlc.plan import text as plan_text
-
-    return plan_text.expr(_expr(c))
-
-
 def _attr(v) -> str:
-    from timerlc.plan import text as plan_text
+    from timerlc.plan import expr as px
+    from timerlc.plan.items import Ix
 
-    if isinstance(v, list):
+    if isinstance(v, tuple):
         return "(" + ", ".join(_attr(x) for x in v) + ")"
-    if isinstance(v, dict) and "sympy" in v:
-        return "ix " + plan_text.expr(_sympy_expr(v["sympy"]))
-    if isinstance(v, dict) and "float" in v:
-        return v["float"]
-    if isinstance(v, dict) and "dict" in v:
-        return "{" + ", ".join(f"{_attr(k)}: {_attr(x)}" for k, x in v["dict"]) + "}"
+    if isinstance(v, Ix):
+        return "ix " + px.text(v.expr)
+    if isinstance(v, float) and not math.isfinite(v):
+        return repr(v)
     return repr(v)
-
-
-# Plan format 2 writes index expressions as NumPy-Python text and index-valued attributes
-# as sympy srepr; both are read here into the structured form ``[op, E...]`` that
-# ``timerlc.plan.text.expr`` prints.
-_BINOPS = {"Add": "add", "Sub": "sub", "Mult": "mul", "FloorDiv": "fdiv_q", "Mod": "mod"}
-_CMP = {"Lt": "lt", "LtE": "le", "Gt": "gt", "GtE": "ge", "Eq": "eq", "NotEq": "ne"}
-_CALLS = {
-    "_np.minimum": "min",
-    "_np.maximum": "max",
-    "_np.logical_and": "and",
-    "_np.logical_or": "or",
-    "_np.logical_not": "not",
-}
-
-
-def _expr(text: str):
-    import ast
-
-    def walk(n):
-        if isinstance(n, ast.Constant):
-            return n.value
-        if isinstance(n, ast.Name):
-            return n.id
-        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
-            return ["neg", walk(n.operand)]
-        if isinstance(n, ast.BinOp):
-            return [_BINOPS[type(n.op).__name__], walk(n.left), walk(n.right)]
-        if isinstance(n, ast.Compare) and len(n.ops) == 1:
-            return [_CMP[type(n.ops[0]).__name__], walk(n.left), walk(n.comparators[0])]
-        if isinstance(n, ast.Call):
-            return [_CALLS[ast.unparse(n.func)]] + [walk(a) for a in n.args]
-        raise ValueError(f"not a plan expression: {ast.unparse(n)}")
-
-    return walk(ast.parse(text, mode="eval").body)
-
-
-def _sympy_expr(text: str):
-    import sympy
-
-    from timerlc.ir import index as ix
-
-    return _expr(ix._PY.expr(sympy.sympify(text)))
 
 
 # ----------------------------------------------------------------------------- main

@@ -40,7 +40,7 @@ def test_inspect_shows_a_plan_as_text(tmp_path):
     assert "o[c1, c3]" in out  # the acting step, one call per (i, t)
     data = json.loads(plan.read_text())
     for name in ("o", "logits", "loss"):
-        if any(b.get("name") == name for b in data["buffers"].values()):
+        if any(b["name"] == name for b in data["buffers"]):
             assert f" {name} " in out
 
 

@@ -7,7 +7,7 @@ a budget and of the reference.
 
 from __future__ import annotations
 
-import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,10 @@ from timerlc.frontend.check import check_source
 from timerlc.passes.pipeline import run_pipeline
 from timerlc.reference.interpreter import run_graph
 from timerlc.runner import budget_warning, compile_plan
+from timerlc.plan import items
+from timerlc.plan.items import Call, Free, If, Loop, Plan, SwapIn, SwapOut, walk
 from timerlc.runtime.cpu import CpuRuntime
+from timerlc.runtime.plan import load_plan
 
 MIB = 1 << 20
 
@@ -46,57 +49,53 @@ def reference():
     return {name: ref.value(name) for name in ("fin", "la", "lb", "lc")}
 
 
-def run(plan: dict) -> CpuRuntime:
-    rt = CpuRuntime(json.loads(json.dumps(plan)))  # as a build folder would give it
+def run(plan: Plan) -> CpuRuntime:
+    rt = CpuRuntime(items.loads(items.dumps(plan)))  # as a build folder would give it
     rt.run()
     rt.envs.close()
     return rt
 
 
-def items(plan: dict, key: str) -> list[int]:
-    return [s for it in plan["tree"] if key in it for s in it[key]]
+def listed(plan: Plan, kind: type) -> list[int]:
+    """The buffers of the top-level items of type ``kind`` (``SwapOut``, ``Free``, ...)."""
+    return [s for it in plan.tree if isinstance(it, kind) for s in it.buffers]
 
 
-def uses(plan: dict, item: dict) -> set[int]:
+def uses(plan: Plan, item) -> set[int]:
     """The buffers a top-level item writes or reads."""
     out: set[int] = set()
-    for key in ("body", "then", "else"):
-        for kid in item.get(key, ()):
-            out |= uses(plan, kid)
-    if "call" in item:
-        out.add(item["call"])
-        for n in plan["statements"][str(item["call"])]["nodes"]:
-            out |= {e["src"] for e in n["inputs"] if e["stored"]}
+    for kid in walk([item]):
+        if isinstance(kid, Call):
+            out.add(kid.statement)
+            for n in plan.statement(kid.statement).nodes:
+                out |= {r.src for r in n.inputs if r.stored}
     return out
 
 
-def check_swaps(plan: dict):
+def check_swaps(plan: Plan):
     """Every swap_out is of a block (not an output or a metric) right after an item that
     uses it, and is followed, before any other use, by a swap_in right before an item that
     uses it; the buffer is not used in between."""
-    kept = {nid for nid, _ in list(plan["outputs"].values()) + list(plan["metrics"].values())}
-    tree = plan["tree"]
+    kept = {sid for _, sid, _ in plan.outputs + plan.metrics}
+    tree = plan.tree
     out: dict[int, int] = {}  # buffer -> position of its swap_out
     for k, it in enumerate(tree):
-        if "swap_out" in it:
-            assert set(it) == {"swap_out"}
+        if isinstance(it, SwapOut):
             j = k - 1
-            while "free" in tree[j]:
+            while isinstance(tree[j], Free):
                 j -= 1
-            for s in it["swap_out"]:
-                buf = plan["buffers"][str(s)]
-                assert buf["storage"] == {"kind": "block"} and s not in kept
+            for s in it.buffers:
+                assert plan.buffer(s).window is None and s not in kept
                 assert s not in out
                 assert s in uses(plan, tree[j]), (s, tree[j])
                 out[s] = k
-        elif "swap_in" in it:
-            assert set(it) == {"swap_in"}
+        elif isinstance(it, SwapIn):
             nxt = tree[k + 1]
-            assert "call" in nxt or "for" in nxt or "if" in nxt
-            for s in it["swap_in"]:
+            assert isinstance(nxt, (Call, Loop, If))
+            for s in it.buffers:
                 assert s in out and s in uses(plan, nxt)
                 del out[s]
-        elif "free" not in it:
+        elif not isinstance(it, Free):
             assert not uses(plan, it) & set(out), "a use of a swapped-out buffer"
     assert not out, "swapped out and never back"
 
@@ -108,21 +107,21 @@ def assert_outputs(rt: CpuRuntime, want: dict):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def blocks(plan: dict) -> list[int]:
+def blocks(plan: Plan) -> list[int]:
     """a, b, c, d (the passes rename them): the buffers over k, in the order they are made."""
-    calls = [it["call"] for it in plan["tree"] if "call" in it]
-    return [c for c in calls if plan["buffers"][str(c)]["dims"] == ["k"]]
+    calls = [it.statement for it in plan.tree if isinstance(it, Call)]
+    return [c for c in calls if plan.buffer(c).dims == ("k",)]
 
 
 # ----------------------------------------------------------------------------- the plan
 def test_without_a_budget_there_are_no_swaps(big, reference):
     plan = compile_plan(big)
-    assert plan["memory_budget"] is None and plan["memory_budget_met"] is None
-    assert not items(plan, "swap_out") and not items(plan, "swap_in")
-    assert plan["memory_peak"] == plan["memory_peak_unswapped"]
-    assert 4 * MIB <= plan["memory_peak"] < 4 * MIB + 1024  # a, b, c, d (and scalars)
+    assert plan.memory_budget is None and plan.memory_budget_met is None
+    assert not listed(plan, SwapOut) and not listed(plan, SwapIn)
+    assert plan.memory_peak == plan.memory_peak_unswapped
+    assert 4 * MIB <= plan.memory_peak < 4 * MIB + 1024  # a, b, c, d (and scalars)
     rt = run(plan)
-    assert rt.peak_bytes == plan["memory_peak"] and rt.swapped == 0
+    assert rt.peak_bytes == plan.memory_peak and rt.swapped == 0
     assert_outputs(rt, reference)
 
 
@@ -130,15 +129,15 @@ def test_a_budget_below_the_peak_swaps_the_blocks_used_farthest_away(big, refere
     budget = int(2.5 * MIB)
     plan = compile_plan(big, memory_budget=budget)
     check_swaps(plan)
-    assert plan["memory_budget"] == budget and plan["memory_budget_met"] is True
-    assert plan["memory_peak"] <= budget < plan["memory_peak_unswapped"]
+    assert plan.memory_budget == budget and plan.memory_budget_met is True
+    assert plan.memory_peak <= budget < plan.memory_peak_unswapped
     a, b, c, d = blocks(plan)
     # when c is made, a, b and c would be on the device (3 MiB): of a and b, b is read again
     # later (Belady: it goes); when d is made, of a and c, c is read again later
-    assert sorted(items(plan, "swap_out")) == sorted(items(plan, "swap_in")) == [b, c]
+    assert sorted(listed(plan, SwapOut)) == sorted(listed(plan, SwapIn)) == [b, c]
     rt = run(plan)
     assert rt.peak_bytes <= budget
-    assert rt.peak_bytes <= plan["memory_peak"]
+    assert rt.peak_bytes <= plan.memory_peak
     assert rt.swapped == 2 and rt.swapped_bytes == 2 * MIB
     assert rt.host_peak_bytes == 2 * MIB and rt.host_bytes == 0 and not rt.host
     assert_outputs(rt, reference)
@@ -150,23 +149,23 @@ def test_every_reachable_budget_is_kept(big, reference, mib):
     budget = int(mib * MIB)
     plan = compile_plan(big, memory_budget=budget)
     check_swaps(plan)
-    assert plan["memory_budget_met"] is True
+    assert plan.memory_budget_met is True
     rt = run(plan)
-    assert rt.peak_bytes <= plan["memory_peak"] <= budget
-    assert rt.swapped == len(items(plan, "swap_out")) > 0
+    assert rt.peak_bytes <= plan.memory_peak <= budget
+    assert rt.swapped == len(listed(plan, SwapOut)) > 0
     assert_outputs(rt, reference)
 
 
 def test_an_impossible_budget_swaps_what_helps_and_says_so(big, reference):
     plan = compile_plan(big, memory_budget=1)
     check_swaps(plan)
-    assert plan["memory_budget"] == 1 and plan["memory_budget_met"] is False
+    assert plan.memory_budget == 1 and plan.memory_budget_met is False
     # one block must be on the device while it is made or read: 1 MiB is the best
-    assert MIB <= plan["memory_peak"] < MIB + 1024
+    assert MIB <= plan.memory_peak < MIB + 1024
     a, b, c, d = blocks(plan)
-    assert {a, b, c} <= set(items(plan, "swap_out"))  # d is not read again
+    assert {a, b, c} <= set(listed(plan, SwapOut))  # d is not read again
     rt = run(plan)
-    assert rt.peak_bytes <= plan["memory_peak"]
+    assert rt.peak_bytes <= plan.memory_peak
     assert_outputs(rt, reference)
 
 
@@ -180,18 +179,17 @@ def test_a_peak_inside_the_training_loop_cannot_be_swapped():
         True,
     )
     free = compile_plan(graph)
-    plan = compile_plan(graph, memory_budget=free["memory_peak"] // 2)
-    assert plan["memory_budget_met"] is False and not items(plan, "swap_out")
-    assert plan["memory_peak"] == free["memory_peak"]
-    assert plan["tree"] == free["tree"]
+    plan = compile_plan(graph, memory_budget=free.memory_peak // 2)
+    assert plan.memory_budget_met is False and not listed(plan, SwapOut)
+    assert plan.memory_peak == free.memory_peak
+    assert plan.tree == free.tree
     assert "no swap at the top level of the loop tree lowers it" in budget_warning(plan)
 
 
 # ----------------------------------------------------------------------------- the runtime
 def test_a_read_of_a_swapped_out_buffer_is_an_internal_error(big):
     plan = compile_plan(big, memory_budget=int(2.5 * MIB))
-    bad = json.loads(json.dumps(plan))
-    bad["tree"] = [it for it in bad["tree"] if "swap_in" not in it]
+    bad = replace(plan, tree=tuple(it for it in plan.tree if not isinstance(it, SwapIn)))
     with pytest.raises(RunError, match="internal error: buffer .* swapped out to host memory"):
         CpuRuntime(bad).run()
 
@@ -245,13 +243,13 @@ def test_cli_compile_records_the_budget(tmp_path):
     status, _, err = invoke("compile", path, "-o", tmp_path / "b", "--memory-budget", "64M")
     assert status == 0, err
     assert err == ""
-    plan = json.loads((tmp_path / "b" / "plan.json").read_text())
-    assert plan["memory_budget"] == 64 * MIB and plan["memory_budget_met"] is True
-    assert not items(plan, "swap_out")  # the 4 MiB fit
+    plan = load_plan(tmp_path / "b")
+    assert plan.memory_budget == 64 * MIB and plan.memory_budget_met is True
+    assert not listed(plan, SwapOut)  # the 4 MiB fit
     status, _, err = invoke("compile", path, "-o", tmp_path / "c", "--memory-budget", "2.5M")
     assert status == 0 and err == ""
-    plan = json.loads((tmp_path / "c" / "plan.json").read_text())
-    assert len(items(plan, "swap_out")) == 2
+    plan = load_plan(tmp_path / "c")
+    assert len(listed(plan, SwapOut)) == 2
     status, _, err = invoke("run", tmp_path / "c", "--outputs", tmp_path / "o.npz")
     assert status == 0, err
     ref = run_graph(graph_of(BIG, optimize=False))
@@ -267,8 +265,8 @@ def test_cli_an_impossible_budget_warns_and_runs(tmp_path):
     (line,) = err.splitlines()
     assert line.startswith("timerlc: warning: the memory budget of 1 byte cannot be met")
     assert "from 4.0 MiB (4194" in line and "to 1.0 MiB (1048" in line
-    plan = json.loads((tmp_path / "b" / "plan.json").read_text())
-    assert plan["memory_budget_met"] is False
+    plan = load_plan(tmp_path / "b")
+    assert plan.memory_budget_met is False
     status, _, err = invoke("run", path, "--memory-budget", "1", "--outputs", tmp_path / "o.npz")
     assert status == 0 and "cannot be met" in err
     ref = run_graph(graph_of(BIG, optimize=False))

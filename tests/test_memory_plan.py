@@ -9,8 +9,7 @@ small for the schedule cannot pass unnoticed.
 
 from __future__ import annotations
 
-import json
-import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,8 @@ from timerlc.passes.pipeline import run_pipeline
 from timerlc.reference.interpreter import run_graph
 from timerlc.runner import compile_plan
 from timerlc.runtime.cpu import CpuRuntime
-from timerlc.runtime.kernels import numpy_dtype
+from timerlc.plan import items
+from timerlc.plan.items import Buffer, Call, Free, Plan, Slice, SwapIn, SwapOut, Window
 from timerlc.runtime.plan import PlanError, load_plan
 
 PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
@@ -41,7 +41,7 @@ def graph_of(source: Source, sets: dict, optimize: bool = True):
     return run_pipeline(check_source(source, overrides), None, optimize)
 
 
-def run_both(source: Source, sets: dict, plan: dict | None = None):
+def run_both(source: Source, sets: dict, plan: Plan | None = None):
     """The reference on the program as written; the cpu runtime (checking its windows) on
     the optimized program's plan (or on ``plan``). Both metric streams are returned."""
     written = graph_of(source, sets, optimize=False)
@@ -69,84 +69,74 @@ def assert_same(written_graph, ref, ref_m, rt, cpu_m):
         assert np.isclose(v1, v2, rtol=1e-5, atol=1e-6, equal_nan=True), (n1, p1, v1, v2)
 
 
-def storage(plan: dict, name: str) -> dict:
-    (buf,) = [b for b in plan["buffers"].values() if b["name"] == name]
-    return buf["storage"]
+def buffer_named(plan: Plan, name: str) -> Buffer:
+    (buf,) = [b for b in plan.buffers if b.name == name]
+    return buf
 
 
-def frees(plan: dict) -> list[int]:
-    return [s for item in plan["tree"] if "free" in item for s in item["free"]]
+def storage(plan: Plan, name: str) -> Window | None:
+    """The window of the buffer of tensor ``name`` (None: a block)."""
+    return buffer_named(plan, name).window
 
 
-def donors(plan: dict) -> dict[int, int]:
-    return {int(s): b["donor"] for s, b in plan["buffers"].items() if "donor" in b}
+def frees(plan: Plan) -> list[int]:
+    return [s for item in plan.tree if isinstance(item, Free) for s in item.buffers]
 
 
-def nbytes(buf: dict) -> int:
-    return sum(
-        math.prod(buf["extents"] + o["shape"]) * np.dtype(numpy_dtype(o["dtype"])).itemsize
-        for o in buf["outputs"]
-    )
+def donors(plan: Plan) -> dict[int, int]:
+    return {b.id: b.donor for b in plan.buffers if b.donor is not None}
 
 
-def block_bytes(plan: dict) -> int:
+def block_bytes(plan: Plan) -> int:
     """What the plan's buffers would take as blocks over their boxes, all alive at once."""
-    return sum(nbytes({**b, "extents": b["box"]}) for b in plan["buffers"].values())
+    return sum(replace(b, window=None).nbytes for b in plan.buffers)
 
 
-def check_decisions(plan: dict):
+def check_decisions(plan: Plan):
     """What every plan must satisfy: windows shrink extents, frees and donors are safe."""
-    kept = {nid for nid, _ in list(plan["outputs"].values()) + list(plan["metrics"].values())}
-    for sid, b in plan["buffers"].items():
-        st = b["storage"]
-        if st["kind"] == "window":
-            k = b["dims"].index(st["dim"])
-            assert int(sid) not in kept
-            assert 1 <= st["size"] == b["extents"][k] < b["box"][k]
-            assert b["extents"][:k] + b["extents"][k + 1 :] == b["box"][:k] + b["box"][k + 1 :]
+    kept = {sid for _, sid, _ in plan.outputs + plan.metrics}
+    for b in plan.buffers:
+        if b.window is not None:
+            k = b.dims.index(b.window.dim)
+            assert b.id not in kept
+            assert 1 <= b.window.size == b.extents[k] < b.box[k]
+            assert b.extents[:k] + b.extents[k + 1 :] == b.box[:k] + b.box[k + 1 :]
         else:
-            assert st == {"kind": "block"} and b["extents"] == b["box"]
+            assert b.extents == b.box
     freed = frees(plan)
     assert len(freed) == len(set(freed)) and not set(freed) & kept
     # no budget, no swaps (tests/test_memory_budget.py has the swaps)
-    assert plan["memory_budget"] is None and plan["memory_budget_met"] is None
-    assert not any("swap_out" in item or "swap_in" in item for item in plan["tree"])
-    assert plan["memory_peak"] == plan["memory_peak_unswapped"] > 0
-    assert all(set(item) == {"free"} for item in plan["tree"] if "free" in item)
+    assert plan.memory_budget is None and plan.memory_budget_met is None
+    assert not any(isinstance(item, (SwapOut, SwapIn)) for item in plan.tree)
+    assert plan.memory_peak == plan.memory_peak_unswapped > 0
     for y, x in donors(plan).items():
-        bx, by = plan["buffers"][str(x)], plan["buffers"][str(y)]
-        assert bx["storage"]["kind"] == "block" and x not in kept
-        assert [o["dtype"] for o in bx["outputs"]] == [o["dtype"] for o in by["outputs"]]
-        assert nbytes(bx) == nbytes(by) > 0
-        assert plan["statements"][str(y)]["loops"] == []
+        bx, by = plan.buffer(x), plan.buffer(y)
+        assert bx.window is None and x not in kept
+        assert [o.dtype for o in bx.outputs] == [o.dtype for o in by.outputs]
+        assert bx.nbytes == by.nbytes > 0
+        assert plan.statement(y).loops == ()
         # y is a top-level item of its own, and no later item uses x: its free (if the run
         # does not end there) comes right after y
-        tree = plan["tree"]
-        k = next(k for k, item in enumerate(tree) if item.get("call") == y)
-        assert k == len(tree) - 1 or x in tree[k + 1]["free"]
+        tree = plan.tree
+        k = next(k for k, item in enumerate(tree) if isinstance(item, Call) and item.statement == y)
+        assert k == len(tree) - 1 or x in tree[k + 1].buffers
 
 
 # ----------------------------------------------------------------------------- the programs
 def test_reinforce_plan_windows_frees_and_donations():
     plan = compile_plan(graph_of(source_of("reinforce"), REINFORCE))
     check_decisions(plan)
-    one = {"kind": "window", "dim": "i", "size": 1}
+    one = Window("i", 1)
     # the rollout, the returns, the loss terms and their gradients: this iteration only
     for name in ("o", "g", "run"):
         assert storage(plan, name) == one, name
-    rollout = [b for b in plan["buffers"].values() if b["dims"] == ["i", "b", "t"]]
-    assert len(rollout) > 10 and all(b["storage"] == one for b in rollout)
+    rollout = [b for b in plan.buffers if b.dims == ("i", "b", "t")]
+    assert len(rollout) > 10 and all(b.window == one for b in rollout)
     # the parameters and the gradients (per iteration, of a parameter's shape)
-    shapes = {
-        tuple(b["outputs"][0]["shape"]) for b in plan["buffers"].values() if b["name"] == "net.w1"
-    }
-    grads = [
-        b
-        for b in plan["buffers"].values()
-        if b["dims"] == ["i"] and tuple(b["outputs"][0]["shape"]) in shapes
-    ]
+    shapes = {b.outputs[0].shape for b in plan.buffers if b.name == "net.w1"}
+    grads = [b for b in plan.buffers if b.dims == ("i",) and b.outputs[0].shape in shapes]
     assert len(grads) >= 4
-    assert all(b["storage"]["kind"] == "window" and b["storage"]["size"] <= 2 for b in grads)
+    assert all(b.window is not None and b.window.size <= 2 for b in grads)
     assert storage(plan, "net.w1") == one  # read only in its own iteration
     # (what used to be computed for all i ahead of the loop, and donated, now runs inside
     # it, one iteration at a time: the schedule joins such producers to their loop)
@@ -156,23 +146,18 @@ def test_reinforce_plan_windows_frees_and_donations():
 def test_ppo_plan_windows_frees_and_donations():
     plan = compile_plan(graph_of(source_of("ppo"), PPO))
     check_decisions(plan)
-    one = {"kind": "window", "dim": "i", "size": 1}
+    one = Window("i", 1)
     for name in ("v", "adv", "run"):
         assert storage(plan, name) == one, name
     for name in ("net.pi_w1", "net.v_w3"):
-        assert storage(plan, name) == {"kind": "window", "dim": "j", "size": 1}, name
+        assert storage(plan, name) == Window("j", 1), name
     # last_clipfrac[i] = mean(clipfrac[i*K : i*K+K]): the K = 16 minibatch steps of i are
     # read at the end of iteration i, so clipfrac keeps a window of 16 along j
-    windows = [b["storage"] for b in plan["buffers"].values() if b["storage"]["kind"] != "block"]
-    assert {"kind": "window", "dim": "j", "size": 16} in windows
+    assert Window("j", 16) in [b.window for b in plan.buffers]
     # perm[e], read as perm[j // MB] in the loop over j: one epoch's permutation at a time
-    (perm,) = [s for s, st in plan["statements"].items() if _op(st) == "random_permutation"]
-    assert plan["buffers"][perm]["storage"] == {"kind": "window", "dim": "e", "size": 1}
+    (perm,) = [s.id for s in plan.statements if s.node.op == "random_permutation"]
+    assert plan.buffer(perm).window == Window("e", 1)
     assert frees(plan) and donors(plan)
-
-
-def _op(statement: dict) -> str:
-    return statement["nodes"][-1]["op"]
 
 
 @pytest.mark.parametrize("name, sets", [("reinforce", REINFORCE), ("ppo", PPO)])
@@ -183,7 +168,7 @@ def test_program_with_memory_plan_equals_reference(name, sets):
     assert ref_m
     assert len(rt.donated) == len(donors(rt.plan))  # the runtime took what the plan donates
     assert 0 < rt.live_bytes <= rt.peak_bytes < block_bytes(rt.plan) / 2
-    assert rt.peak_bytes <= rt.plan["memory_peak"]  # the plan's own count bounds the run's
+    assert rt.peak_bytes <= rt.plan.memory_peak  # the plan's own count bounds the run's
 
 
 def test_peak_buffer_bytes_do_not_grow_with_the_iterations():
@@ -217,18 +202,14 @@ LATER = """
 """
 
 
-def later_plan(k: int) -> tuple[Source, dict, dict]:
+def later_plan(k: int) -> tuple[Source, dict, Plan]:
     source = Source("later.rtl", src(LATER))
     plan = compile_plan(graph_of(source, {"K": k}))
     return source, {"K": k}, plan
 
 
-def windowed(plan: dict) -> dict[int, int]:
-    return {
-        int(s): b["storage"]["size"]
-        for s, b in plan["buffers"].items()
-        if b["storage"]["kind"] == "window"
-    }
+def windowed(plan: Plan) -> dict[int, int]:
+    return {b.id: b.window.size for b in plan.buffers if b.window is not None}
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 6])
@@ -241,12 +222,12 @@ def test_a_tensor_read_k_iterations_later_keeps_k_plus_one_slots(k):
     assert_same(graph_of(source, sets, optimize=False), ref, ref_m, rt, cpu_m)
 
 
-def shrunk(plan: dict, sid: int) -> dict:
-    plan = json.loads(json.dumps(plan))
-    buf = plan["buffers"][str(sid)]
+def shrunk(plan: Plan, sid: int) -> Plan:
+    """``plan`` with the window of ``sid`` one slot shorter, as an edited plan.json."""
+    data = items.to_json(plan)
+    (buf,) = [b for b in data["buffers"] if b["id"] == sid]
     buf["storage"]["size"] -= 1
-    buf["extents"][buf["dims"].index(buf["storage"]["dim"])] -= 1
-    return plan
+    return items.from_json(data)
 
 
 def test_a_window_one_slot_short_is_caught_and_would_be_wrong():
@@ -254,7 +235,7 @@ def test_a_window_one_slot_short_is_caught_and_would_be_wrong():
     sid = max(windowed(plan), key=windowed(plan).get)
     bad = shrunk(plan, sid)
     with pytest.raises(RunError, match="window too small"):
-        CpuRuntime(json.loads(json.dumps(bad)), check_windows=True).run()
+        CpuRuntime(bad, check_windows=True).run()
     # without the check, the run silently reads the wrong iteration: the outputs differ
     rt = CpuRuntime(bad)
     rt.run()
@@ -282,24 +263,24 @@ def test_slices_of_a_window_wrap_each_index():
     source = Source("slice.rtl", src(text))
     plan = compile_plan(graph_of(source, {}))
     check_decisions(plan)
-    assert storage(plan, "xs") == {"kind": "window", "dim": "i", "size": 3}
+    assert storage(plan, "xs") == Window("i", 3)
     reads = [
-        e
-        for st in plan["statements"].values()
-        for n in st["nodes"]
-        for e in n["inputs"]
-        if e["stored"] and plan["buffers"][str(e["src"])]["name"] == "xs"
+        r
+        for st in plan.statements
+        for n in st.nodes
+        for r in n.inputs
+        if r.stored and plan.buffer(r.src).name == "xs"
     ]
-    assert any(e["access"][0][0] == "rg" for e in reads)
+    assert any(isinstance(r.access[0], Slice) for r in reads)
     ref, ref_m, rt, cpu_m = run_both(source, {}, plan)
     assert_same(graph_of(source, {}, optimize=False), ref, ref_m, rt, cpu_m)
 
 
 def test_outputs_metrics_and_what_is_read_after_the_loop_stay_blocks():
     source, sets, plan = later_plan(2)
-    assert storage(plan, "s")["kind"] == "block"  # fin reads s[I] after the loop
-    assert storage(plan, "m")["kind"] == "block"  # a metric
-    assert storage(plan, "fin")["kind"] == "block"
+    assert storage(plan, "s") is None  # a block: fin reads s[I] after the loop
+    assert storage(plan, "m") is None  # a metric
+    assert storage(plan, "fin") is None
 
 
 # ----------------------------------------------------------------------------- frees, donation
@@ -313,10 +294,10 @@ DONATE = """
 """
 
 
-def vectors(plan: dict) -> list[int]:
+def vectors(plan: Plan) -> list[int]:
     """The statements over n (x, y, z: the passes rename them), in the order they run."""
-    calls = [it["call"] for it in plan["tree"] if "call" in it]
-    return [c for c in calls if plan["buffers"][str(c)]["dims"]]
+    calls = [it.statement for it in plan.tree if isinstance(it, Call)]
+    return [c for c in calls if plan.buffer(c).dims]
 
 
 def test_a_one_batch_statement_takes_the_memory_of_its_dying_input():
@@ -341,7 +322,7 @@ def test_no_donation_from_an_output_or_a_buffer_read_later():
     source = Source("keep.rtl", src(DONATE.replace("out z", "out x, z")))
     plan = compile_plan(graph_of(source, {}))
     check_decisions(plan)
-    (x,) = [int(s) for s, b in plan["buffers"].items() if b["name"] == "x"]
+    x = buffer_named(plan, "x").id
     assert x not in donors(plan).values() and x not in frees(plan)
     source = Source("later.rtl", src(DONATE.replace("- 1.0", "- x[n]")))
     plan = compile_plan(graph_of(source, {}))
@@ -364,14 +345,15 @@ def test_freed_buffers_are_dropped_and_outputs_survive_the_run():
 
 
 # ----------------------------------------------------------------------------- the format
-def test_a_plan_of_format_1_is_refused(tmp_path):
-    (tmp_path / "plan.json").write_text(json.dumps({"format_version": 1}))
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_plan_of_an_older_format_is_refused(tmp_path, version):
+    (tmp_path / "plan.json").write_text(f'{{"format_version": {version}}}')
     with pytest.raises(PlanError, match="compile the program again"):
         load_plan(tmp_path)
 
 
 def test_an_unknown_storage_is_refused():
-    plan = compile_plan(graph_of(Source("donate.rtl", src(DONATE)), {}))
-    next(iter(plan["buffers"].values()))["storage"] = {"kind": "swap"}
-    with pytest.raises(PlanError, match="unknown buffer storage"):
-        CpuRuntime(plan)
+    data = items.to_json(compile_plan(graph_of(Source("donate.rtl", src(DONATE)), {})))
+    data["buffers"][0]["storage"] = {"kind": "swap"}
+    with pytest.raises(PlanError, match=r"buffers\[0\]\.storage: unknown storage"):
+        items.from_json(data)

@@ -188,7 +188,7 @@ def _check_budget(memory_budget, backend: str):
         )
 
 
-def _warn_budget(plan: dict):
+def _warn_budget(plan):
     from timerlc.runner import budget_warning
 
     text = budget_warning(plan)
@@ -283,7 +283,9 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
             shutil.rmtree(out / "ir")
         (out / BUILD_PROGRAM).write_text(serialize.to_json(graph))
         if plan is not None:
-            (out / BUILD_PLAN).write_text(json.dumps(plan) + "\n")
+            from timerlc.plan import items
+
+            (out / BUILD_PLAN).write_text(items.dumps(plan))
         manifest = {
             "format_version": BUILD_FORMAT,
             "timerlc": __version__,
@@ -310,8 +312,6 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
                     f"{len(g.nodes)} nodes"
                     if hasattr(g, "nodes")
                     else f"{len(g.statements)} statements"
-                    if hasattr(g, "statements")
-                    else f"{len(g['statements'])} statements"
                 )
                 click.echo(f"{name:12s} {1000 * (at - last):8.1f} ms  ({size})", err=True)
                 last = at
@@ -423,7 +423,10 @@ def run(
                 except PlanError as e:
                     raise _Fail(2, f"timerlc: error: {e}") from None
                 progress = not no_progress and sys.stderr.isatty()
-                run_plan(plan, outputs_path, metrics_path, progress, profile)
+                try:
+                    run_plan(plan, outputs_path, metrics_path, progress, profile)
+                except PlanError as e:  # found while running: a read outside the buffers
+                    raise _Fail(2, f"timerlc: error: {plan_file}: {e}") from None
                 return
             graph = _load_build(path)
         else:
@@ -481,11 +484,16 @@ def inspect(file, fmt):
                 )
             click.echo(text, nl=False)
             return
-        plan = _as_plan(text)
+        plan = _as_plan(text, file)
         if plan is not None:
+            from timerlc.plan import items
+
             if fmt == "dot":
                 raise _Fail(2, "timerlc: error: a plan has no dot form (use text or json)")
-            shown = plan_text.render(plan) if fmt == "text" else json.dumps(plan, indent=1) + "\n"
+            if fmt == "text":
+                shown = plan_text.render(plan)
+            else:
+                shown = json.dumps(items.to_json(plan), indent=1) + "\n"
             click.echo(shown, nl=False)
             return
         try:
@@ -504,16 +512,22 @@ def inspect(file, fmt):
     _guard(body)()
 
 
-def _as_plan(text: str) -> dict | None:
-    """The plan in ``text`` if it is one (a JSON object with a plan's keys), else None."""
+def _as_plan(text: str, file: str):
+    """The plan in ``text`` if it is one (a JSON object with a plan's keys), checked, else
+    None; a plan that is not valid is a usage error (exit 2)."""
+    from timerlc.plan import items
+
     if not text.lstrip().startswith("{"):
         return None
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if isinstance(data, dict) and {"format_version", "statements", "tree"} <= data.keys():
-        return data
+        try:
+            return items.from_json(data, file)
+        except items.PlanError as e:
+            raise _Fail(2, f"timerlc: error: {e}") from None
     return None
 
 

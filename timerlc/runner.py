@@ -17,6 +17,7 @@ from timerlc.metrics import MetricsFile, Progress
 
 if TYPE_CHECKING:  # the plan path below must not import the compiler
     from timerlc.ir.pdg import Graph
+    from timerlc.plan.items import Plan
 
 
 def metric_dims(graph: Graph) -> list[str]:
@@ -26,17 +27,17 @@ def metric_dims(graph: Graph) -> list[str]:
     return [d.name for d in graph.dims if d.name in used]
 
 
-def plan_metric_dims(plan: dict) -> list[str]:
+def plan_metric_dims(plan: Plan) -> list[str]:
     used = set()
-    for nid, _ in plan["metrics"].values():
-        used.update(plan["buffers"][str(nid)]["dims"])
-    return [d for d in plan.get("dim_order", list(plan["dims"])) if d in used]
+    for _, sid, _ in plan.metrics:
+        used.update(plan.buffer(sid).dims)
+    return [d for d, _ in plan.dims if d in used]
 
 
 def compile_plan(
     graph: Graph, source: str = "", on_stage=None, memory_budget: int | None = None
-) -> dict:
-    """Schedule a checked, optimized PDG and write its plan (a JSON-ready dict);
+) -> Plan:
+    """Schedule a checked, optimized PDG and make its plan (``timerlc.plan.items``);
     ``memory_budget``: the bytes of device memory its buffers may hold at once (None: no
     limit)."""
     from timerlc.plan.build import build_plan
@@ -51,12 +52,12 @@ def compile_plan(
     return plan
 
 
-def budget_warning(plan: dict) -> str | None:
+def budget_warning(plan: Plan) -> str | None:
     """The one-line warning for a plan whose memory budget swapping cannot meet, else None."""
-    if plan.get("memory_budget") is None or plan.get("memory_budget_met") is not False:
+    if plan.memory_budget is None or plan.memory_budget_met is not False:
         return None
-    budget, peak = plan["memory_budget"], plan["memory_peak"]
-    unswapped = plan.get("memory_peak_unswapped", peak)
+    budget, peak = plan.memory_budget, plan.memory_peak
+    unswapped = plan.memory_peak_unswapped
     head = f"timerlc: warning: the memory budget of {format_bytes(budget)} cannot be met: "
     if peak < unswapped:
         return (
@@ -114,7 +115,7 @@ def run_program(
     return interp
 
 
-def run_plan(plan: dict, outputs_path=None, metrics_path=None, progress=False, profile=False):
+def run_plan(plan: Plan, outputs_path=None, metrics_path=None, progress=False, profile=False):
     """Run a plan on the cpu runtime (this path never imports the compiler); with
     ``profile``, print where the time went."""
     from timerlc.runtime.cpu import CpuRuntime
@@ -123,9 +124,9 @@ def run_plan(plan: dict, outputs_path=None, metrics_path=None, progress=False, p
     engine = _execute(
         lambda on_metric: CpuRuntime(plan, on_metric, profile=profile),
         plan_metric_dims(plan),
-        plan["dims"],
-        bool(plan["metrics"]),
-        list(plan["outputs"]),
+        plan.bounds,
+        bool(plan.metrics),
+        [name for name, _, _ in plan.outputs],
         outputs_path,
         metrics_path,
         progress,
@@ -135,7 +136,7 @@ def run_plan(plan: dict, outputs_path=None, metrics_path=None, progress=False, p
     return engine
 
 
-def _print_plan_profile(plan: dict, rt, wall: float):
+def _print_plan_profile(plan: Plan, rt, wall: float):
     """The statements that took the most time, with their loops and vectorized dims."""
     total = sum(rt.seconds.values())
     print(
@@ -145,13 +146,13 @@ def _print_plan_profile(plan: dict, rt, wall: float):
     )
     print("  seconds    calls   us/call  statement", file=sys.stderr)
     for sid, sec in sorted(rt.seconds.items(), key=lambda kv: -kv[1])[:15]:
-        st = plan["statements"][str(sid)]
-        name = plan["buffers"][str(sid)].get("name") or f"%{sid}"
-        ops = " ".join(n["op"] for n in st["nodes"][-4:])
+        st = plan.statement(sid)
+        name = plan.buffer(sid).name or f"%{sid}"
+        ops = " ".join(n.op for n in st.nodes[-4:])
         calls = rt.calls[sid]
         print(
             f"  {sec:7.3f} {calls:8d} {1e6 * sec / max(calls, 1):9.1f}  {name} "
-            f"loops [{', '.join(st['loops'])}] vector [{', '.join(st['vector'])}]: {ops}",
+            f"loops [{', '.join(st.loops)}] vector [{', '.join(st.vector)}]: {ops}",
             file=sys.stderr,
         )
 

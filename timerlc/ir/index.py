@@ -201,6 +201,63 @@ def _integral(rel):
 
 _RTL, _ISL, _PY = _Printer("rtl"), _Printer("isl"), _Printer("py")
 
+_PLAN_RELATIONS = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
+
+
+def to_plan(e):
+    """An index expression in the plan's structured form (``timerlc.plan.expr``): an int,
+    a dim name or a tuple ``(op, E, ...)``, shaped as the terms print (``t - 1`` is
+    ``("sub", "t", 1)``, ``min(a, b, c)`` is ``("min", a, ("min", b, c))``)."""
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return int(e)
+    if e.is_Symbol:
+        return e.name
+    if e.is_Add:
+        terms = e.as_ordered_terms()
+        out = to_plan(terms[0])
+        for t in terms[1:]:
+            coeff, _ = t.as_coeff_Mul()
+            out = ("sub", out, to_plan(-t)) if coeff.is_negative else ("add", out, to_plan(t))
+        return out
+    if e.is_Mul:
+        coeff, rest = e.as_coeff_Mul()
+        if not coeff.is_Integer:
+            raise ValueError(f"not an integer index expression: {e}")
+        return ("neg", to_plan(rest)) if coeff == -1 else ("mul", int(coeff), to_plan(rest))
+    if isinstance(e, sympy.floor):
+        num, den = _floor_parts(e.args[0])
+        return ("fdiv_q", to_plan(num), den)
+    if isinstance(e, sympy.Mod):
+        return ("mod", to_plan(e.args[0]), to_plan(e.args[1]))
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        fn = "min" if isinstance(e, sympy.Min) else "max"
+        args = sorted(e.args, key=sympy.default_sort_key)
+        out = to_plan(args[-1])
+        for a in reversed(args[:-1]):
+            out = (fn, to_plan(a), out)
+        return out
+    raise ValueError(f"not an index expression: {e}")
+
+
+def cond_to_plan(c):
+    """A condition in the plan's structured form (``timerlc.plan.expr``): a bool or a
+    tuple of ``and``/``or`` (folded from the left), ``not`` and comparisons."""
+    if c is True or isinstance(c, BooleanTrue):
+        return True
+    if c is False or isinstance(c, BooleanFalse):
+        return False
+    if isinstance(c, (sympy.And, sympy.Or)):
+        word = "and" if isinstance(c, sympy.And) else "or"
+        parts = [cond_to_plan(a) for a in sorted(c.args, key=sympy.default_sort_key)]
+        return functools.reduce(lambda x, y: (word, x, y), parts)
+    if isinstance(c, sympy.Not):
+        return ("not", cond_to_plan(c.args[0]))
+    if isinstance(c, sympy.core.relational.Relational):
+        c = _integral(c)
+        return (_PLAN_RELATIONS[c.rel_op], to_plan(c.lhs), to_plan(c.rhs))
+    raise ValueError(f"not a condition: {c}")
+
 
 def to_text(e) -> str:
     return _RTL.expr(e)

@@ -1,37 +1,39 @@
-"""The plan: what the runtime needs to run a scheduled PDG, as versioned JSON.
+"""The plan: what the runtime needs to run a scheduled PDG, as plan items.
 
-In: an optimized PDG and its ``Schedule``. Out: a JSON-ready dict (see ``docs/plan.md``):
-sizes, environments, one buffer per statement with its storage (``plan.memory``: a block over
-the bounding box of its domain, or a ring buffer along the iteration loop; the buffer whose
-memory it takes, if any), each statement's nodes (the inlined ones, then its own) with their
-reads, and the loop tree with the frees of the memory plan (and, under a device memory
-budget, its swaps to host memory and back). Index expressions and conditions
-are NumPy-vectorized Python expressions over dim names (``t + 1``, ``j // 16``,
-``_np.minimum(t + 3, 15)``), which the runtime validates and compiles; attributes that hold
-index expressions keep them as ``{"sympy": srepr}``.
+In: an optimized PDG and its ``Schedule``. Out: a ``Plan`` (``plan.items``; its JSON is
+``docs/plan.md``): sizes, environments, one buffer per statement with its storage
+(``plan.memory``: a block over the bounding box of its domain, or a ring buffer along the
+iteration loop; the buffer whose memory it takes, if any), each statement's nodes (the
+inlined ones, then its own) with their reads, and the loop tree with the frees of the
+memory plan (and, under a device memory budget, its swaps to host memory and back). Index
+expressions and conditions are structured expressions (``plan.expr``) over dim names.
 """
 
 from __future__ import annotations
-
-import math
 
 import sympy
 
 from timerlc.ir import index as ix
 from timerlc.ir.pdg import Graph, Point
+from timerlc.plan.items import (
+    At,
+    Buffer,
+    Env,
+    Free,
+    Ix,
+    Node,
+    Output,
+    Plan,
+    Read,
+    Slice,
+    Statement,
+    SwapIn,
+    SwapOut,
+    Window,
+)
 from timerlc.plan.memory import plan_memory
 from timerlc.poly import isl as pisl
 from timerlc.schedule.build import Schedule
-
-FORMAT_VERSION = 2
-
-
-def _py(e) -> str:
-    return ix._PY.expr(sympy.sympify(e))
-
-
-def _cond(c) -> str:
-    return ix._PY.cond(c)
 
 
 def _branch_cond(node, cond):
@@ -53,28 +55,29 @@ def _branch_cond(node, cond):
             return c.func(*[simplify(x) for x in c.args])
         return c
 
-    return _cond(simplify(cond))
+    return ix.cond_to_plan(simplify(cond))
 
 
 def _attr(v):
-    if isinstance(v, sympy.Basic) and not isinstance(v, (sympy.logic.boolalg.BooleanAtom,)):
+    """A PDG attribute value as a plan value: index expressions become ``Ix``."""
+    if isinstance(v, sympy.Basic) and not isinstance(v, sympy.logic.boolalg.BooleanAtom):
         if isinstance(v, sympy.Expr) and v.is_Integer:
             return int(v)
         if isinstance(v, sympy.Expr) and v.is_Number:
             return float(v)
-        return {"sympy": sympy.srepr(v)}
+        return Ix(ix.to_plan(v))
     if isinstance(v, (tuple, list)):
-        return [_attr(x) for x in v]
-    if isinstance(v, float) and not math.isfinite(v):
-        return {"float": repr(v)}
-    if isinstance(v, dict):
-        return {"dict": [[_attr(k), _attr(x)] for k, x in v.items()]}
+        return tuple(_attr(x) for x in v)
     return v
+
+
+def _outputs(types) -> tuple[Output, ...]:
+    return tuple(Output(t.dtype, tuple(int(s) for s in t.shape)) for t in types)
 
 
 def build_plan(
     graph: Graph, schedule: Schedule, source: str = "", memory_budget: int | None = None
-) -> dict:
+) -> Plan:
     """``memory_budget``: the bytes of device memory the buffers may hold at once (None: no
     limit); the memory plan swaps blocks to host memory to stay within it."""
     bounds = graph.dim_bounds
@@ -89,101 +92,108 @@ def build_plan(
                 continue
             tensor_names[k] = t.name
             todo.extend(e.src for e in graph.node(k).inputs if not graph.node(e.src).name)
-    buffers = {}
-    statements = {}
+    blocks = {}
     for nid in schedule.statements:
         node = graph.node(nid)
         box = pisl.extents(node.dims, node.domain.cond) if node.dims else ()
-        buffers[nid] = {
-            "name": node.name,
-            "dims": list(node.dims),
-            "box": list(box),
-            "extents": list(box),
-            "storage": {"kind": "block"},
-            "outputs": [{"dtype": t.dtype, "shape": list(t.shape)} for t in node.types],
-        }
-    tensors = {t.name: [t.node, t.out] for t in graph.tensors}
+        blocks[nid] = Buffer(
+            nid, node.name, node.dims, tuple(int(x) for x in box), _outputs(node.types)
+        )
+    tensors = {t.name: (t.node, t.out) for t in graph.tensors}
     kept = {tensors[name][0] for name in graph.outputs + graph.metrics}
-    memory = plan_memory(graph, schedule, buffers, kept, memory_budget)
-    for nid, (dim, size) in memory.windows.items():
-        buf = buffers[nid]
-        buf["storage"] = {"kind": "window", "dim": dim, "size": size}
-        buf["extents"][buf["dims"].index(dim)] = size
-    for nid, donor in memory.donors.items():
-        buffers[nid]["donor"] = donor
+    memory = plan_memory(graph, schedule, blocks, kept, memory_budget)
+    buffers = []
+    for nid, b in blocks.items():
+        window = memory.windows.get(nid)
+        buffers.append(
+            Buffer(
+                b.id,
+                b.name,
+                b.dims,
+                b.box,
+                b.outputs,
+                None if window is None else Window(*window),
+                memory.donors.get(nid),
+            )
+        )
     tree = []
     for k, item in enumerate(schedule.tree):
         if k in memory.swap_ins:
-            tree.append({"swap_in": memory.swap_ins[k]})
+            tree.append(SwapIn(tuple(memory.swap_ins[k])))
         tree.append(item)
         if k in memory.frees:
-            tree.append({"free": memory.frees[k]})
+            tree.append(Free(tuple(memory.frees[k])))
         if k in memory.swap_outs:
-            tree.append({"swap_out": memory.swap_outs[k]})
+            tree.append(SwapOut(tuple(memory.swap_outs[k])))
+    statements = []
     for nid, st in schedule.statements.items():
         node = graph.node(nid)
-        nodes = []
-        for k in st.body:
-            n = graph.node(k)
-            nodes.append(
-                {
-                    "id": k,
-                    "op": n.op,
-                    "dims": list(n.dims),
-                    "attrs": {a: _attr(v) for a, v in n.attrs},
-                    "types": [{"dtype": t.dtype, "shape": list(t.shape)} for t in n.types],
-                    "inputs": [
-                        {
-                            "src": e.src,
-                            "out": e.out,
-                            "stored": e.src in schedule.statements,
-                            "access": [
-                                ["pt", _py(a.expr)]
-                                if isinstance(a, Point)
-                                else ["rg", _py(a.lo), _py(a.hi)]
-                                for a in e.access
-                            ],
-                            "cond": None if e.cond is None else _branch_cond(n, e.cond),
-                        }
-                        for e in n.inputs
-                    ],
-                    "where": _where(tensor_names, n, node),
-                }
+        nodes = tuple(
+            _node(graph.node(k), node, schedule, tensor_names) for k in st.body
+        )
+        statements.append(
+            Statement(
+                nid,
+                node.dims,
+                tuple(st.loops),
+                tuple(st.vector),
+                ix.cond_to_plan(node.domain.cond),
+                nodes,
             )
-        statements[str(nid)] = {
-            "dims": list(node.dims),
-            "loops": list(st.loops),
-            "vector": list(st.vector),
-            "domain": _cond(node.domain.cond),
-            "nodes": nodes,
-        }
-    return {
-        "format_version": FORMAT_VERSION,
-        "source": source,
-        "dims": {d: int(b) for d, b in bounds.items()},
-        "dim_order": [d.name for d in graph.dims],
-        "configs": {k: _attr(v) for k, v in graph.configs},
-        "seed": int(dict(graph.configs).get("seed", 0)),
-        "envs": [
-            {"name": e.name, "spec": e.spec, "batch": e.batch, "num_envs": int(bounds[e.batch])}
-            for e in graph.envs
-        ],
-        "buffers": {str(nid): buf for nid, buf in buffers.items()},
-        "statements": statements,
-        "order": list(schedule.order),
-        "tree": tree,
-        "outputs": {name: tensors[name] for name in graph.outputs},
-        "metrics": {name: tensors[name] for name in graph.metrics},
-        "memory_budget": memory.budget,
-        "memory_budget_met": memory.budget_met,
-        "memory_peak": memory.peak,
-        "memory_peak_unswapped": memory.unswapped_peak,
-    }
+        )
+    configs = tuple((k, _config(v)) for k, v in graph.configs)
+    return Plan(
+        source=source,
+        dims=tuple((d.name, int(bounds[d.name])) for d in graph.dims),
+        configs=configs,
+        seed=int(dict(graph.configs).get("seed", 0)),
+        envs=tuple(Env(e.name, e.spec, e.batch, int(bounds[e.batch])) for e in graph.envs),
+        buffers=tuple(buffers),
+        statements=tuple(statements),
+        tree=tuple(tree),
+        outputs=tuple((name, *tensors[name]) for name in graph.outputs),
+        metrics=tuple((name, *tensors[name]) for name in graph.metrics),
+        memory_budget=memory.budget,
+        memory_budget_met=memory.budget_met,
+        memory_peak=memory.peak,
+        memory_peak_unswapped=memory.unswapped_peak,
+    )
 
 
-def _where(names: dict[int, str], n, owner) -> list:
+def _config(v):
+    if isinstance(v, sympy.Basic):
+        return int(v) if v.is_Integer else float(v)
+    return v
+
+
+def _node(n, owner, schedule: Schedule, names: dict[int, str]) -> Node:
+    return Node(
+        n.id,
+        n.op,
+        tuple((a, _attr(v)) for a, v in n.attrs),
+        _outputs(n.types),
+        tuple(
+            Read(
+                e.src,
+                e.out,
+                e.src in schedule.statements,
+                tuple(
+                    At(ix.to_plan(a.expr))
+                    if isinstance(a, Point)
+                    else Slice(ix.to_plan(a.lo), ix.to_plan(a.hi))
+                    for a in e.access
+                ),
+                None if e.cond is None else _branch_cond(n, e.cond),
+            )
+            for e in n.inputs
+        ),
+        _where(names, n, owner),
+    )
+
+
+def _where(names: dict[int, str], n, owner) -> tuple[str, int | None]:
     """For run-time error messages: the tensor a node computes (or the statement's tensor it
     is inlined into) and its source line (or None). ``names``: node id -> the tensor it holds
     (a pass that removes a copy points the tensor at the copied node, which has no name)."""
     name = n.name or names.get(n.id) or owner.name or names.get(owner.id) or f"%{n.id}"
-    return [name, n.span.line if n.span is not None else None]
+    return name, n.span.line if n.span is not None else None

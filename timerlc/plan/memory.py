@@ -35,15 +35,14 @@ In: the PDG, its ``Schedule`` and the plan's buffers and loop tree. Out: a ``Mem
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import islpy as isl
 
 from timerlc.ir import index as ix
 from timerlc.ir.pdg import Graph
-from timerlc.ir.types import NUMPY_DTYPES
+from timerlc.plan.items import Buffer, Call, Loop, Window
 from timerlc.poly import isl as pisl
 from timerlc.schedule.build import Schedule
 
@@ -67,11 +66,11 @@ class MemoryPlan:
 def plan_memory(
     graph: Graph,
     schedule: Schedule,
-    buffers: dict[int, dict],
+    buffers: dict[int, Buffer],
     kept: set[int],
     budget: int | None = None,
 ) -> MemoryPlan:
-    """``buffers``: per statement, ``box`` (its bounding box) and ``outputs`` (dtype, shape);
+    """``buffers``: per statement, its buffer as a block (its bounding box, its outputs);
     ``kept``: the statements the run must keep to the end (outputs and metrics); ``budget``:
     the bytes the buffers may hold at once on the device (None: no limit, no swaps)."""
     direct = {y: _direct_reads(graph, schedule, y) for y in schedule.statements}
@@ -107,16 +106,12 @@ def plan_memory(
     return MemoryPlan(windows, frees, donors, *swap)
 
 
-def buffer_bytes(buf: dict, window: tuple[str, int] | None = None) -> int:
+def buffer_bytes(buf: Buffer, window: tuple[str, int] | None = None) -> int:
     """The bytes of a statement's buffer: its box (``window``: ``(dim, slots)`` along one
     dim) times each output's points."""
-    box = list(buf["box"])
-    if window is not None:
-        box[buf["dims"].index(window[0])] = window[1]
-    points = math.prod(box)
-    return sum(
-        points * math.prod(o["shape"]) * NUMPY_DTYPES[o["dtype"]].itemsize for o in buf["outputs"]
-    )
+    if window is None:
+        return buf.nbytes
+    return replace(buf, window=Window(*window)).nbytes
 
 
 def _swaps(n: int, uses, sizes, kept, windows, donors, budget):
@@ -223,7 +218,7 @@ def _window(graph: Graph, schedule: Schedule, x: int, readers, maps, buffers, ke
         far = -lo.to_python()
         most = far if most is None else max(most, far)
     size = (most or 0) // scale + 1
-    if size >= buffers[x]["box"][node.dims.index(dim)]:
+    if size >= buffers[x].box[node.dims.index(dim)]:
         return None
     return dim, size
 
@@ -234,12 +229,12 @@ def _phi_map(graph: Graph, nid: int, phi: str) -> isl.Map:
 
 
 def _calls(item) -> set[int]:
-    if "call" in item:
-        return {item["call"]}
+    if isinstance(item, Call):
+        return {item.statement}
+    kids = item.body if isinstance(item, Loop) else item.then + item.orelse
     out: set[int] = set()
-    for key in ("body", "then", "else"):
-        for kid in item.get(key, ()):
-            out |= _calls(kid)
+    for kid in kids:
+        out |= _calls(kid)
     return out
 
 
@@ -247,10 +242,10 @@ def _donations(graph, schedule: Schedule, buffers, windows, direct, last, kept) 
     donors: dict[int, int] = {}
     taken: set[int] = set()
     for k, item in enumerate(schedule.tree):
-        y = item.get("call")
-        if y is None or schedule.statements[y].loops or len(buffers[y]["outputs"]) != 1:
+        y = item.statement if isinstance(item, Call) else None
+        if y is None or schedule.statements[y].loops or len(buffers[y].outputs) != 1:
             continue
-        if not _fills_box(graph, y, buffers[y]["box"]):
+        if not _fills_box(graph, y, buffers[y].box):
             continue
         want = _signature(buffers[y])
         if want[1] == 0:
@@ -262,7 +257,7 @@ def _donations(graph, schedule: Schedule, buffers, windows, direct, last, kept) 
                 and x not in windows
                 and x not in taken
                 and last.get(x) == k
-                and len(buffers[x]["outputs"]) == 1
+                and len(buffers[x].outputs) == 1
                 and _signature(buffers[x]) == want
             ):
                 donors[y] = x
@@ -271,10 +266,9 @@ def _donations(graph, schedule: Schedule, buffers, windows, direct, last, kept) 
     return donors
 
 
-def _signature(buf: dict) -> tuple[str, int]:
-    (out,) = buf["outputs"]
-    count = math.prod(buf["box"]) * math.prod(out["shape"])
-    return out["dtype"], count * NUMPY_DTYPES[out["dtype"]].itemsize
+def _signature(buf: Buffer) -> tuple[str, int]:
+    (out,) = buf.outputs
+    return out.dtype, buf.nbytes
 
 
 def _fills_box(graph: Graph, y: int, box) -> bool:

@@ -2,128 +2,89 @@
 with its storage decision, every statement with its loops and vectorized dims and the ops
 it runs, and the loop tree as indented code.
 
-In: a plan dict (docs/plan.md). Out: text. Fields this renderer does not know are shown
-as JSON, so that a newer plan still prints.
+In: a ``Plan`` (``timerlc.plan.items``). Out: text.
 """
 
 from __future__ import annotations
 
-import json
-
+from timerlc.plan import expr as px
+from timerlc.plan.items import FORMAT_VERSION, Call, Free, If, Loop, Plan, SwapOut
 from timerlc.runner import format_bytes
 
-_BIN = {
-    "add": "+",
-    "sub": "-",
-    "mul": "*",
-    "fdiv_q": "//",
-    "pdiv_q": "//",
-    "pdiv_r": "%",
-    "zdiv_r": "%",
-    "eq": "==",
-    "le": "<=",
-    "lt": "<",
-    "ge": ">=",
-    "gt": ">",
-    "and": "and",
-    "or": "or",
-}
+expr = px.text  # an expression as text
 
 
-def expr(e) -> str:
-    """A loop-tree expression (an int, a name, or ``[op, args...]``) as text."""
-    if isinstance(e, (int, str)):
-        return str(e)
-    op, *args = e
-    if op in _BIN and len(args) == 2:
-        return f"({expr(args[0])} {_BIN[op]} {expr(args[1])})"
-    if op == "neg":
-        return f"-{expr(args[0])}"
-    if op == "select":
-        return f"({expr(args[1])} if {expr(args[0])} else {expr(args[2])})"
-    return f"{op}({', '.join(expr(a) for a in args)})"
+def _name(plan: Plan, sid: int) -> str:
+    return plan.buffer(sid).name or f"%{sid}"
 
 
-def _name(plan: dict, sid) -> str:
-    buf = plan["buffers"].get(str(sid), {})
-    return buf.get("name") or f"%{sid}"
-
-
-def _storage(buf: dict) -> str:
-    st = buf.get("storage")
-    if st is None:
-        return "block"
-    kind = st.get("kind", "?")
-    rest = {k: v for k, v in st.items() if k != "kind"}
-    text = kind + (" " + " ".join(f"{k}={v}" for k, v in rest.items()) if rest else "")
-    if "donor" in buf:
-        text += f", donated by {buf['donor']}"
+def _storage(buf) -> str:
+    text = "block"
+    if buf.window is not None:
+        text = f"window dim={buf.window.dim} size={buf.window.size}"
+    if buf.donor is not None:
+        text += f", donated by {buf.donor}"
     return text
 
 
 HEAD = "plan format "  # how the text form starts (``timerlc inspect`` knows it by this)
 
 
-def render(plan: dict) -> str:
-    out = [f"{HEAD}{plan.get('format_version')}  source {plan.get('source') or '-'}"]
-    out.append("dims: " + ", ".join(f"{d} < {n}" for d, n in plan.get("dims", {}).items()))
-    if plan.get("memory_peak") is not None:
-        line = f"memory: peak {format_bytes(plan['memory_peak'])} of buffers"
-        if plan.get("memory_budget") is not None:
-            met = "met" if plan.get("memory_budget_met") else "NOT met"
-            line += f", budget {format_bytes(plan['memory_budget'])} ({met}; without swaps "
-            line += f"{format_bytes(plan.get('memory_peak_unswapped', plan['memory_peak']))})"
-        out.append(line)
-    for e in plan.get("envs", []):
-        out.append(f"env {e['name']} = {e['spec']!r} batch {e['batch']} ({e['num_envs']})")
+def render(plan: Plan) -> str:
+    out = [f"{HEAD}{FORMAT_VERSION}  source {plan.source or '-'}"]
+    out.append("dims: " + ", ".join(f"{d} < {n}" for d, n in plan.dims))
+    line = f"memory: peak {format_bytes(plan.memory_peak)} of buffers"
+    if plan.memory_budget is not None:
+        met = "met" if plan.memory_budget_met else "NOT met"
+        line += f", budget {format_bytes(plan.memory_budget)} ({met}; without swaps "
+        line += f"{format_bytes(plan.memory_peak_unswapped)})"
+    out.append(line)
+    for e in plan.envs:
+        out.append(f"env {e.name} = {e.spec!r} batch {e.batch} ({e.num_envs})")
     out.append("")
     out.append("buffers:")
-    for sid, b in plan.get("buffers", {}).items():
-        types = ", ".join(f"{o['dtype']}{o['shape']}" for o in b.get("outputs", []))
-        ext = "x".join(str(x) for x in b.get("extents", [])) or "scalar"
-        dims = ",".join(b.get("dims", []))
-        out.append(f"  {sid:>5} {_name(plan, sid):24s} [{dims}] {ext} of {types}: {_storage(b)}")
+    for b in plan.buffers:
+        types = ", ".join(f"{o.dtype}{list(o.shape)}" for o in b.outputs)
+        ext = "x".join(str(x) for x in b.extents) or "scalar"
+        dims = ",".join(b.dims)
+        out.append(f"  {b.id:>5} {_name(plan, b.id):24s} [{dims}] {ext} of {types}: {_storage(b)}")
     out.append("")
     out.append("statements:")
-    for sid, s in plan.get("statements", {}).items():
-        ops = " ".join(n["op"] for n in s.get("nodes", []))
+    for s in plan.statements:
+        ops = " ".join(n.op for n in s.nodes)
         out.append(
-            f"  {sid:>5} {_name(plan, sid):24s} loops [{', '.join(s.get('loops', []))}] "
-            f"vector [{', '.join(s.get('vector', []))}]: {ops}"
+            f"  {s.id:>5} {_name(plan, s.id):24s} loops [{', '.join(s.loops)}] "
+            f"vector [{', '.join(s.vector)}]: {ops}"
         )
     out.append("")
     out.append("loop tree:")
-    _tree(plan, plan.get("tree", []), 1, out)
-    for kind in ("outputs", "metrics"):
-        if plan.get(kind):
-            out.append(f"{kind}: " + ", ".join(plan[kind]))
+    _tree(plan, plan.tree, 1, out)
+    for kind, rows in (("outputs", plan.outputs), ("metrics", plan.metrics)):
+        if rows:
+            out.append(f"{kind}: " + ", ".join(name for name, _, _ in rows))
     return "\n".join(out) + "\n"
 
 
-def _tree(plan: dict, items: list, depth: int, out: list):
+def _tree(plan: Plan, items, depth: int, out: list):
     pad = "  " * depth
     for it in items:
-        if "for" in it:
-            step = it["inc"]
+        if isinstance(it, Loop):
             out.append(
-                f"{pad}for {it['for']} = {expr(it['init'])}; {expr(it['cond'])}; "
-                f"{it['for']} += {step}:"
+                f"{pad}for {it.var} = {expr(it.init)}; {expr(it.cond)}; {it.var} += {it.inc}:"
             )
-            _tree(plan, it["body"], depth + 1, out)
-        elif "if" in it:
-            out.append(f"{pad}if {expr(it['if'])}:")
-            _tree(plan, it["then"], depth + 1, out)
-            if it.get("else"):
+            _tree(plan, it.body, depth + 1, out)
+        elif isinstance(it, If):
+            out.append(f"{pad}if {expr(it.cond)}:")
+            _tree(plan, it.then, depth + 1, out)
+            if it.orelse:
                 out.append(f"{pad}else:")
-                _tree(plan, it["else"], depth + 1, out)
-        elif "call" in it:
-            args = ", ".join(expr(a) for a in it["args"])
-            out.append(f"{pad}{_name(plan, it['call'])}[{args}]")
-        elif "free" in it:
-            out.append(f"{pad}free " + ", ".join(_name(plan, s) for s in it["free"]))
-        elif "swap_out" in it or "swap_in" in it:
-            kind = "swap_out" if "swap_out" in it else "swap_in"
-            where = "to host" if kind == "swap_out" else "from host"
-            out.append(f"{pad}{kind} {where} " + ", ".join(_name(plan, s) for s in it[kind]))
+                _tree(plan, it.orelse, depth + 1, out)
+        elif isinstance(it, Call):
+            args = ", ".join(expr(a) for a in it.args)
+            out.append(f"{pad}{_name(plan, it.statement)}[{args}]")
+        elif isinstance(it, Free):
+            out.append(f"{pad}free " + ", ".join(_name(plan, s) for s in it.buffers))
         else:
-            out.append(f"{pad}{json.dumps(it)}")
+            kind = "swap_out" if isinstance(it, SwapOut) else "swap_in"
+            where = "to host" if kind == "swap_out" else "from host"
+            out.append(f"{pad}{kind} {where} " + ", ".join(_name(plan, s) for s in it.buffers))

@@ -32,10 +32,24 @@ from typing import Callable
 
 import numpy as np
 
-from timerlc.runtime import kernels
 from timerlc.diagnostics import RunError
+from timerlc.plan import expr as px
+from timerlc.plan.items import MAX_TREE_DEPTH as _MAX_DEPTH
+from timerlc.plan.items import (
+    At,
+    Call,
+    Free,
+    If,
+    Loop,
+    Plan,
+    PlanError,
+    Read,
+    Statement,
+    SwapIn,
+    SwapOut,
+)
+from timerlc.runtime import kernels
 from timerlc.runtime.envs import EnvRunner
-from timerlc.runtime.plan import PlanError, compile_index, decode_attr, free_names
 
 MetricSink = Callable[[str, dict, float], None]
 
@@ -88,23 +102,23 @@ class _OpFailed(Exception):
 
 
 class _Read:
-    """One input edge: where it reads (a buffer, or a node of the same statement)."""
+    """One input of a node, prepared: where it reads (a buffer, or a node of the same
+    statement) and its index functions."""
 
-    def __init__(self, edge: dict, dims: tuple[str, ...], vector: set[str], plan: dict):
-        self.src = edge["src"]
-        self.out = edge["out"]
-        self.stored = edge["stored"]
-        self.window = _window(plan["buffers"][str(self.src)]) if self.stored else None
+    def __init__(self, read: Read, dims: tuple[str, ...], vector: set[str], plan: Plan):
+        self.src = read.src
+        self.out = read.out
+        self.stored = read.stored
+        self.window = _window(plan, self.src) if self.stored else None
         self.parts = []
         self.broadcast = True  # reads the same points for every point of the batch
-        for a in edge["access"]:
-            texts = a[1:]
-            for t in texts:
-                if free_names(t) & vector:
-                    self.broadcast = False
-            fns = [compile_index(t, dims) for t in texts]
-            self.parts.append((a[0], fns))
-        self.basic = self._basic(edge["access"], dims, vector)
+        for a in read.access:
+            exprs = (a.index,) if isinstance(a, At) else (a.lo, a.hi)
+            if any(px.names(e) & vector for e in exprs):
+                self.broadcast = False
+            fns = [px.compile_expr(e, dims, vector=True) for e in exprs]
+            self.parts.append(("pt" if isinstance(a, At) else "rg", fns))
+        self.basic = self._basic(read.access, dims, vector)
 
     def _basic(self, access, dims, vector) -> list | None:
         """How to read with basic indexing (a view, no gather) in a batch whose vector dims
@@ -114,17 +128,19 @@ class _Read:
         order, before any window, so that the view's axes are the batch's; None otherwise."""
         out, seen, ranged = [], [], False
         for k, a in enumerate(access):
-            kind, texts = a[0], a[1:]
-            names = set().union(*(free_names(t) for t in texts))
+            exprs = (a.index,) if isinstance(a, At) else (a.lo, a.hi)
+            names = set().union(*(px.names(e) for e in exprs))
             windowed = self.window is not None and self.window[0] == k
-            if kind == "pt" and not names & vector:
-                out.append(("int", compile_index(texts[0], dims)))
-            elif kind == "pt" and texts[0].strip() in vector and not ranged and not windowed:
-                seen.append(texts[0].strip())
-                out.append(("vec", texts[0].strip()))
-            elif kind == "rg" and not names & vector and not windowed:
+            if isinstance(a, At) and not names & vector:
+                out.append(("int", px.compile_expr(a.index, dims)))
+            elif isinstance(a, At) and a.index in vector and not ranged and not windowed:
+                seen.append(a.index)
+                out.append(("vec", a.index))
+            elif not isinstance(a, At) and not names & vector and not windowed:
                 ranged = True
-                out.append(("rg", compile_index(texts[0], dims), compile_index(texts[1], dims)))
+                out.append(
+                    ("rg", px.compile_expr(a.lo, dims), px.compile_expr(a.hi, dims))
+                )
             else:
                 return None
         if seen and seen != [d for d in dims if d in vector]:
@@ -163,41 +179,51 @@ class _Read:
         return tuple(pieces), batched
 
 
+class _Node:
+    """A node of a statement, prepared for its kernel (the runtime's own structure: the
+    plan's items are never changed)."""
+
+    __slots__ = ("id", "op", "dims", "attrs", "reads", "conds", "kernel", "dtype", "shape", "where")
+
+    def __init__(self, node, dims: tuple[str, ...], vector: set[str], plan: Plan):
+        self.id, self.op, self.dims, self.where = node.id, node.op, dims, node.where
+        self.attrs = node.attr_dict()
+        self.reads = [_Read(r, dims, vector, plan) for r in node.inputs]
+        self.conds = [
+            None if r.cond is None else px.compile_expr(r.cond, dims, vector=True)
+            for r in node.inputs
+        ]
+        self.kernel = self.dtype = self.shape = None
+        if node.op != "merge" and node.op not in ENV_OPS:
+            self.kernel = kernels.kernel_of(node.op)
+            self.dtype = kernels.numpy_dtype(node.types[0].dtype)
+            self.shape = node.types[0].shape
+
+
+ENV_OPS = ("env_reset", "env_step")
+
+
 class _Statement:
-    def __init__(self, sid: int, spec: dict, plan: dict, runtime: CpuRuntime):
-        self.id = sid
-        self.dims = tuple(spec["dims"])
-        self.loops = tuple(spec["loops"])
-        self.vector = set(spec["vector"])
-        self.nodes = {}
-        for n in spec["nodes"]:
-            self.nodes[n["id"]] = n
-            n["_attrs"] = {k: decode_attr(v) for k, v in n["attrs"].items()}
-            n["_reads"] = [_Read(e, tuple(n["dims"]), self.vector, plan) for e in n["inputs"]]
-            n["_conds"] = [
-                None if e["cond"] is None else compile_index(e["cond"], tuple(n["dims"]))
-                for e in n["inputs"]
-            ]
-            if n["op"] not in ("merge", "env_reset", "env_step"):
-                n["_kernel"] = kernels.kernel_of(n["op"])
-                n["_dtype"] = kernels.numpy_dtype(n["types"][0]["dtype"])
-                n["_shape"] = tuple(n["types"][0]["shape"])
-        self.node = self.nodes[sid]
+    def __init__(self, spec: Statement, plan: Plan, runtime: CpuRuntime):
+        self.id = spec.id
+        self.dims = spec.dims
+        self.loops = spec.loops
+        self.vector = set(spec.vector)
+        self.nodes = {n.id: _Node(n, spec.dims, self.vector, plan) for n in spec.nodes}
+        self.node = self.nodes[spec.id]
         self.template = None  # vector dims' coordinates, where the batches are uniform
         named = set()
-        for e in self.node["inputs"] if self.node["op"] == "merge" else ():
-            if e["cond"] is not None:
-                named |= free_names(e["cond"])
+        for r in spec.node.inputs if self.node.op == "merge" else ():
+            if r.cond is not None:
+                named |= px.names(r.cond)
         self._cond_loops = [k for k, d in enumerate(self.dims) if d in named and d in self.loops]
         self._branch_cache: dict[tuple, list] = {}
         self.rt = runtime
-        self.window = _window(plan["buffers"][str(sid)])
-        self.batches = self._batches(spec)
-        self.is_env = self.node["op"] in ("env_reset", "env_step")
+        self.window = _window(plan, spec.id)
+        self.batches = self._batches(spec, plan.buffer(spec.id).box)
+        self.is_env = self.node.op in ENV_OPS
 
-    def _batches(self, spec) -> dict[tuple, _Batch]:
-        buf = self.rt.plan["buffers"][str(self.id)]
-        extents = tuple(buf["box"])
+    def _batches(self, spec: Statement, extents: tuple[int, ...]) -> dict[tuple, _Batch]:
         if not self.dims:
             return {(): _Batch({}, 1, self._branches([], 1))}
         if 0 in extents:
@@ -207,9 +233,8 @@ class _Statement:
             np.arange(e, dtype=np.int64).reshape([-1 if j == k else 1 for j in range(len(extents))])
             for k, e in enumerate(extents)
         ]
-        inside = np.broadcast_to(
-            np.asarray(compile_index(spec["domain"], self.dims)(*grids), bool), extents
-        )
+        domain = px.compile_expr(spec.domain, self.dims, vector=True)
+        inside = np.broadcast_to(np.asarray(domain(*grids), bool), extents)
         total = int(np.count_nonzero(inside))
         if total == 0:
             return {}
@@ -268,9 +293,9 @@ class _Statement:
     def _branches(self, values, n):
         """Merges: per input, the positions of the batch it defines (``values``: per dim,
         the batch's coordinates or one number)."""
-        if self.node["op"] != "merge":
+        if self.node.op != "merge":
             return None
-        conds = self.node["_conds"]
+        conds = self.node.conds
         holds = [True if c is None else c(*values) for c in conds]
         if all(np.ndim(h) == 0 for h in holds):  # conditions on the loop dims only
             first = next((k for k, h in enumerate(holds) if h), None)
@@ -303,7 +328,7 @@ class _Statement:
             else:
                 basic.append(self.vec_slice[d])
         branches = None
-        if self.node["op"] == "merge":
+        if self.node.op == "merge":
             # the conditions see the loop dims as numbers; their answer depends only on the
             # loop dims they name (the vector dims' box is the same at every loop point)
             ckey = tuple(scalars[k] for k in self._cond_loops)
@@ -319,6 +344,19 @@ class _Statement:
         return batch
 
     def run(self, key: tuple):
+        """One call: the batch of the points with the loop dims at ``key``."""
+        try:
+            self._run(key)
+        except (IndexError, ValueError, TypeError, OverflowError) as e:
+            # the kernels' failures are _OpFailed (a RunError by then): what is left is a
+            # read or a write that the plan's own sizes do not allow
+            at = ", ".join(f"{d}={v}" for d, v in zip(self.loops, key))
+            raise PlanError(
+                f"the plan is not valid: statement {self.id} ({self.rt._name(self.id)}) at "
+                f"{at or 'its only call'} reads or writes outside its buffers ({e})"
+            ) from e
+
+    def _run(self, key: tuple):
         if self.template is not None:
             batch = self._uniform(key)
         else:
@@ -329,13 +367,13 @@ class _Statement:
         if self.is_env:
             point = {d: int(batch.coords[d][0]) for d in self.dims}
             action = None
-            if self.node["inputs"]:
+            if self.node.reads:
                 action = self._value(self.node, 0, batch, {}, point)[0]
             try:
-                outs = rt.envs.call(self.node["_attrs"]["env"], self.node["op"], action)
+                outs = rt.envs.call(self.node.attrs["env"], self.node.op, action)
             except RunError as e:
                 at = ", ".join(f"{d}={v}" for d, v in point.items())
-                raise _OpFailed(self.node["where"], e).error(at) from e
+                raise _OpFailed(self.node.where, e).error(at) from e
             idx = tuple(int(i[0]) for i in self._fancy(batch))
             for buf, v in zip(rt.written(self.id), outs):
                 buf[idx] = v
@@ -364,7 +402,7 @@ class _Statement:
             if batch.n > 1:
                 one = _Batch({d: batch.coords[d][k : k + 1] for d in self.dims}, 1, None)
                 one.where = self._where(one.coords)
-                if self.node["op"] == "merge":
+                if self.node.op == "merge":
                     one.branches = [np.flatnonzero(pos == k)[:1] * 0 for pos in batch.branches]
                 try:
                     self._compute(one)
@@ -377,7 +415,7 @@ class _Statement:
 
     def _compute(self, batch: _Batch):
         # every value first, then the writes: the buffer may take the memory of an input
-        if self.node["op"] == "merge":
+        if self.node.op == "merge":
             parts = []
             for k, pos in enumerate(batch.branches):
                 if len(pos) == 0:
@@ -397,7 +435,7 @@ class _Statement:
                 else:
                     buf[tuple(i[pos] for i in self._fancy(batch))] = v
         else:
-            outs = self._eval(self.id, batch, {})
+            outs = self._node_values(self.id, batch, {})
             for buf, v in zip(self.rt.written(self.id), outs):
                 if not self.dims:
                     buf[()] = v[0]
@@ -413,24 +451,24 @@ class _Statement:
         else:
             buf[batch.basic_where] = v[0]
 
-    def _value(self, node: dict, k: int, batch: _Batch, memo: dict, point) -> np.ndarray:
+    def _value(self, node: _Node, k: int, batch: _Batch, memo: dict, point) -> np.ndarray:
         """Input ``k`` of ``node`` over the batch: ``(n or 1, ...)``."""
-        read = node["_reads"][k]
+        read = node.reads[k]
         if not read.stored:
             if read.src not in memo:
-                memo[read.src] = self._eval(read.src, batch, memo)
+                memo[read.src] = self._node_values(read.src, batch, memo)
             return memo[read.src][read.out]
         src = self.rt.read(read.src)[read.out]
         if batch.scalars is not None and read.basic is not None and self.rt.slots is None:
             return self._view(read, src, batch)
-        values = [batch.coords[d] for d in node["dims"]]
+        values = [batch.coords[d] for d in node.dims]
         if read.broadcast:
             values = [v[:1] for v in values]
         idx, batched = read.index(values)
         if read.window is not None:
             k, size = read.window
             if self.rt.slots is not None:
-                self.rt.check_slots(read.src, idx, k, size, node["where"])
+                self.rt.check_slots(read.src, idx, k, size, node.where)
             idx = idx[:k] + (idx[k] % size,) + idx[k + 1 :]
         return src[idx] if batched else src[idx][None]  # [None]: one value for the batch
 
@@ -453,29 +491,23 @@ class _Statement:
         v = src[tuple(idx)]
         return v.reshape((batch.n,) + v.shape[vec:]) if vec else v[None]
 
-    def _eval(self, nid: int, batch: _Batch, memo: dict) -> tuple:
+    def _node_values(self, nid: int, batch: _Batch, memo: dict) -> tuple:
         node = self.nodes[nid]
-        args = [self._value(node, k, batch, memo, None) for k in range(len(node["inputs"]))]
-        point = _PointOf(batch.coords, node["dims"])
+        args = [self._value(node, k, batch, memo, None) for k in range(len(node.reads))]
+        point = _PointOf(batch.coords, node.dims)
         try:
             out = kernels.run_prepared(
-                node["_kernel"],
-                node["_attrs"],
-                args,
-                batch.n,
-                point,
-                node["_dtype"],
-                node["_shape"],
+                node.kernel, node.attrs, args, batch.n, point, node.dtype, node.shape
             )
         except (ValueError, IndexError, OverflowError, ZeroDivisionError) as e:
-            raise _OpFailed(node["where"], e) from None
+            raise _OpFailed(node.where, e) from None
         return (out,)
 
 
 class CpuRuntime:
     def __init__(
         self,
-        plan: dict,
+        plan: Plan,
         on_metric: MetricSink | None = None,
         check_windows: bool = False,
         profile: bool = False,
@@ -487,7 +519,7 @@ class CpuRuntime:
         self.calls: dict[int, int] = {}
         self.on_metric = on_metric
         # per statement: its arrays once allocated (None before, and after its free)
-        self.buffers: dict[int, list[np.ndarray] | None] = {int(s): None for s in plan["buffers"]}
+        self.buffers: dict[int, list[np.ndarray] | None] = {b.id: None for b in plan.buffers}
         self._freed: set[int] = set()
         self.live_bytes = 0  # bytes the buffers hold now
         self.peak_bytes = 0  # the most they held at once
@@ -500,13 +532,14 @@ class CpuRuntime:
         self.donated: list[tuple[int, int]] = []  # (statement, donor) of each memory taken
         # checking mode: per ring buffer, the window dim's index each slot holds (-1: none)
         self.slots: dict[int, np.ndarray] | None = {} if check_windows else None
-        self.metric_of = {nid: name for name, (nid, _) in plan["metrics"].items()}
+        self.metric_of = {sid: name for name, sid, _ in plan.metrics}
         self.envs = EnvRunner.of_plan(plan)
-        self.statements = {
-            int(sid): _Statement(int(sid), spec, plan, self)
-            for sid, spec in plan["statements"].items()
-        }
-        self.tree = self._compile(plan["tree"])
+        self.statements = {s.id: _Statement(s, plan, self) for s in plan.statements}
+        # a loop tree runs no more loop steps than its statements have points (with room to
+        # spare): a corrupt plan whose loops would run on and on is stopped
+        points = sum(math.prod(b.box) for b in plan.buffers)
+        self.steps_left = 4 * points + 1_000_000
+        self.tree = self._build(plan.tree, ())
 
     # ------------------------------------------------------------------ buffers
     def read(self, sid: int) -> list[np.ndarray]:
@@ -527,10 +560,10 @@ class CpuRuntime:
                 f"{'written' if write else 'read'} while it is swapped out to host memory "
                 "(a bad plan: no swap_in before this use)"
             )
-        spec = self.plan["buffers"][str(sid)]
-        shapes = [tuple(spec["extents"]) + tuple(o["shape"]) for o in spec["outputs"]]
-        dtypes = [kernels.numpy_dtype(o["dtype"]) for o in spec["outputs"]]
-        donor = spec.get("donor")
+        spec = self.plan.buffer(sid)
+        shapes = [spec.extents + o.shape for o in spec.outputs]
+        dtypes = [kernels.numpy_dtype(o.dtype) for o in spec.outputs]
+        donor = spec.donor
         given = self.buffers.get(donor) if write and donor is not None else None
         if (
             given is not None
@@ -554,7 +587,7 @@ class CpuRuntime:
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
 
     def _name(self, sid: int) -> str:
-        return self.plan["buffers"][str(sid)].get("name") or f"%{sid}"
+        return self.plan.buffer(sid).name or f"%{sid}"
 
     def swap_out(self, sid: int):
         """Copy the buffer's arrays into the host pool and drop them from the device."""
@@ -600,7 +633,7 @@ class CpuRuntime:
 
     def slot_owner(self, sid: int) -> np.ndarray:
         if sid not in self.slots:
-            self.slots[sid] = np.full(self.plan["buffers"][str(sid)]["extents"], -1, np.int64)
+            self.slots[sid] = np.full(self.plan.buffer(sid).extents, -1, np.int64)
         return self.slots[sid]
 
     def check_slots(self, sid: int, idx: tuple, k: int, size: int, where):
@@ -640,8 +673,10 @@ class CpuRuntime:
             self.on_metric(name, dict(zip(st.dims, p)), buf[p][()])
 
     # ------------------------------------------------------------------ the loop tree
-    def _compile(self, items) -> Callable[[dict], None]:
-        steps = [self._item(it) for it in items]
+    # The loop variables in scope live in one list, ``env``: the variable of the loop at
+    # depth d at ``env[d]``; the tree's expressions are functions of that list.
+    def _build(self, items, scope: tuple[str, ...]) -> Callable[[list], None]:
+        steps = [self._item(it, scope) for it in items]
 
         def run(env):
             for s in steps:
@@ -649,40 +684,39 @@ class CpuRuntime:
 
         return run
 
-    def _item(self, it):
-        for key, fn in (
-            ("free", self.free),
-            ("swap_out", self.swap_out),
-            ("swap_in", self.swap_in),
-        ):
-            if key in it:
-                sids = [int(s) for s in it[key]]
-                unknown = [s for s in sids if s not in self.buffers]
-                if unknown:
-                    raise PlanError(f"a {key} item of the plan names unknown buffers {unknown}")
+    def _item(self, it, scope: tuple[str, ...]):
+        if isinstance(it, (Free, SwapOut, SwapIn)):
+            fn = {Free: self.free, SwapOut: self.swap_out, SwapIn: self.swap_in}[type(it)]
+            sids = it.buffers
 
-                def buffers(env, sids=sids, fn=fn):
-                    for s in sids:
-                        fn(s)
+            def buffers(env):
+                for s in sids:
+                    fn(s)
 
-                return buffers
-        if "call" not in it and "for" not in it and "if" not in it:
-            raise PlanError(f"unknown item in the plan's loop tree: {sorted(it)}")
-        if "for" in it:
-            var, init, cond, inc = it["for"], _expr(it["init"]), _expr(it["cond"]), it["inc"]
-            body = self._compile(it["body"])
-            inc = int(inc)
+            return buffers
+        if isinstance(it, Loop):
+            k = len(scope)
+            init = px.compile_packed(it.init, scope)
+            cond = px.compile_packed(it.cond, scope + (it.var,))
+            body = self._build(it.body, scope + (it.var,))
+            inc = it.inc
 
             def loop(env):
-                env[var] = init(env)
+                env[k] = init(env)
                 while cond(env):
                     body(env)
-                    env[var] += inc
+                    env[k] += inc
+                    self.steps_left -= 1
+                    if self.steps_left < 0:
+                        raise PlanError(
+                            "the plan is not valid: its loop tree runs far more steps than its "
+                            "statements have points"
+                        )
 
             return loop
-        if "if" in it:
-            cond = _expr(it["if"])
-            then, other = self._compile(it["then"]), self._compile(it["else"])
+        if isinstance(it, If):
+            cond = px.compile_packed(it.cond, scope)
+            then, other = self._build(it.then, scope), self._build(it.orelse, scope)
 
             def branch(env):
                 if cond(env):
@@ -691,8 +725,9 @@ class CpuRuntime:
                     other(env)
 
             return branch
-        st = self.statements[it["call"]]
-        args = [_expr(a) for a in it["args"]]
+        assert isinstance(it, Call)
+        st = self.statements[it.statement]
+        args = [px.compile_packed(a, scope) for a in it.args]
 
         def call(env):
             st.run(tuple(int(a(env)) for a in args))
@@ -714,72 +749,16 @@ class CpuRuntime:
     def run(self):
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # nan of an empty mean is a value
-            self.tree({})
+            self.tree([0] * (_MAX_DEPTH + 1))
 
     def value(self, name: str) -> np.ndarray:
-        nid, out = self.plan["outputs"].get(name) or self.plan["metrics"][name]
-        return self.read(nid)[out]
+        sid, out = self.plan.tensor(name)
+        return self.read(sid)[out]
 
 
-def _window(buffer: dict) -> tuple[int, int] | None:
+def _window(plan: Plan, sid: int) -> tuple[int, int] | None:
     """(axis, slots) of a ring buffer, or None for a block."""
-    storage = buffer["storage"]
-    if storage["kind"] == "block":
+    buf = plan.buffer(sid)
+    if buf.window is None:
         return None
-    if storage["kind"] != "window":
-        raise PlanError(f"unknown buffer storage {storage['kind']!r} in the plan")
-    return buffer["dims"].index(storage["dim"]), int(storage["size"])
-
-
-def _expr(e) -> Callable[[dict], int]:
-    """A loop-tree expression (JSON: int, name, or [op, args...]) as a function of the
-    loop variables."""
-    if isinstance(e, bool):
-        return lambda env: e
-    if isinstance(e, int):
-        return lambda env: e
-    if isinstance(e, str):
-        return lambda env: env[e]
-    op, *rest = e
-    args = [_expr(a) for a in rest]
-    if op == "neg":
-        (a,) = args
-        return lambda env: -a(env)
-    if op == "select":
-        c, a, b = args
-        return lambda env: a(env) if c(env) else b(env)
-    if op in ("and", "or", "add", "mul", "min", "max"):
-        fn = _FOLD[op]
-
-        def fold(env):
-            acc = args[0](env)
-            for a in args[1:]:
-                acc = fn(acc, a(env))
-            return acc
-
-        return fold
-    a, b = args
-    fn = _BINARY[op]
-    return lambda env: fn(a(env), b(env))
-
-
-_FOLD = {
-    "and": lambda x, y: bool(x) and bool(y),
-    "or": lambda x, y: bool(x) or bool(y),
-    "add": lambda x, y: x + y,
-    "mul": lambda x, y: x * y,
-    "min": min,
-    "max": max,
-}
-_BINARY = {
-    "sub": lambda x, y: x - y,
-    "fdiv_q": lambda x, y: x // y,
-    "pdiv_q": lambda x, y: x // y,
-    "pdiv_r": lambda x, y: x % y,
-    "zdiv_r": lambda x, y: int(np.fmod(x, y)),
-    "eq": lambda x, y: x == y,
-    "le": lambda x, y: x <= y,
-    "lt": lambda x, y: x < y,
-    "ge": lambda x, y: x >= y,
-    "gt": lambda x, y: x > y,
-}
+    return buf.dims.index(buf.window.dim), buf.window.size

@@ -23,9 +23,9 @@ class EnvRunner:
         self.seeded: set[str] = set()
 
     @classmethod
-    def of_plan(cls, plan: dict) -> "EnvRunner":
-        envs = {e["name"]: (e["spec"], e["num_envs"]) for e in plan.get("envs", [])}
-        return cls(plan.get("seed", 0), envs)
+    def of_plan(cls, plan) -> "EnvRunner":
+        """The environments of a plan (``timerlc.plan.items.Plan``)."""
+        return cls(plan.seed, {e.name: (e.spec, e.num_envs) for e in plan.envs})
 
     def _instance(self, name: str):
         from timerlc.envs import EnvError, make

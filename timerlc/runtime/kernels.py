@@ -13,17 +13,17 @@ equal, at every batch index, to the op's per-point meaning cast to ``out_dtype``
 bit for integer, bool and random ops, and to float rounding for float ops (the same formulas,
 in the same dtypes, so they normally agree exactly).
 
-Attribute values are those of the PDG: index expressions (``index`` items, ``index_value``)
-are ints, sympy expressions (read without importing sympy) or their RTL text (``t + 1``,
-``(t + 1) // 2``, ``t % 3``, ``min(t, 2)``).
+Attribute values are those of a plan (``timerlc.plan.items``): index expressions
+(``index`` items, ``index_value``) are ints or ``Ix`` (``timerlc.plan.expr``). ``SIGNATURES`` says what each kernel takes: its number of
+inputs and its attributes, which ``runtime.plan`` checks when it loads a plan.
 
-This module belongs to the runtime: it imports NumPy, the standard library and
-``timerlc.rng`` (the reference of every random draw), never the compiler.
+This module belongs to the runtime: it imports NumPy, the standard library,
+``timerlc.rng`` (the reference of every random draw) and the plan's data modules, never the
+compiler.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import math
 import operator
@@ -33,6 +33,8 @@ from typing import Callable
 import numpy as np
 
 from timerlc import rng
+from timerlc.plan import expr as px
+from timerlc.plan.items import Ix
 
 __all__ = ["PER_POINT", "SUPPORTED", "numpy_dtype", "run_op"]
 
@@ -467,14 +469,21 @@ def _concat(ctx, attrs, args):
 
 # ----------------------------------------------------------------------------- index expressions
 def _ix(e, point: dict):
-    """An index expression's value: an int, or an int64 array over the batch."""
+    """An index expression's value (an int, or a plan's ``Ix``): an int, or an int64 array
+    over the batch."""
     if isinstance(e, (bool, np.bool_)):
         raise ValueError(f"not an index expression: {e!r}")
     if isinstance(e, (int, np.integer)):
         return int(e)
-    if isinstance(e, str):
-        return _ix_text(_parse_ix(e), point, e)
-    return _ix_sympy(e, point)
+    if isinstance(e, Ix):
+        params = tuple(sorted(px.names(e.expr)))
+        return _plan_ix(e.expr, params)(*(_dim(point, d) for d in params))
+    raise ValueError(f"not an index expression: {e!r}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_ix(e, params: tuple[str, ...]):
+    return px.compile_expr(e, params, vector=True)
 
 
 def _dim(point: dict, name: str):
@@ -482,82 +491,6 @@ def _dim(point: dict, name: str):
         return point[name]
     except KeyError:
         raise ValueError(f"index expression over dim {name}, which the point lacks") from None
-
-
-def _ix_sympy(e, point: dict):
-    """Walks a sympy index expression (sums, integer multiples, floor, ceiling, Mod, Min,
-    Max), read through its attributes: sympy need not be imported."""
-    if getattr(e, "is_Integer", False):
-        return int(e)
-    if getattr(e, "is_Symbol", False):
-        return _dim(point, e.name)
-    head = getattr(getattr(e, "func", None), "__name__", None)
-    if getattr(e, "is_Add", False):
-        return functools.reduce(operator.add, (_ix_sympy(a, point) for a in e.args))
-    if getattr(e, "is_Mul", False):
-        for a in e.args:
-            if getattr(a, "is_Rational", False) and not a.is_Integer:
-                raise ValueError(f"not an integer index expression: {e}")
-        return functools.reduce(operator.mul, (_ix_sympy(a, point) for a in e.args))
-    if head in ("floor", "ceiling"):
-        num, den = e.args[0].as_numer_denom()
-        if not getattr(den, "is_Integer", False) or int(den) == 0:
-            raise ValueError(f"not a quasi-affine {head}: {e}")
-        num = _ix_sympy(num.expand(), point)
-        return num // int(den) if head == "floor" else -(-num // int(den))
-    if head == "Mod":
-        a, c = e.args
-        return _ix_sympy(a, point) % _ix_sympy(c, point)
-    if head in ("Min", "Max"):
-        fn = np.minimum if head == "Min" else np.maximum
-        return functools.reduce(fn, (_ix_sympy(a, point) for a in e.args))
-    raise ValueError(f"not an index expression: {e!r}")
-
-
-@functools.lru_cache(maxsize=1024)
-def _parse_ix(text: str) -> ast.expr:
-    try:
-        return ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
-        raise ValueError(f"not an index expression: {text!r}") from None
-
-
-_IX_BINOPS = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-}
-
-# RTL's min/max, and the NumPy spelling of the plan's vectorized expressions
-_IX_CALLS = {
-    "min": np.minimum,
-    "max": np.maximum,
-    "_np.minimum": np.minimum,
-    "_np.maximum": np.maximum,
-}
-
-
-def _ix_text(node: ast.expr, point: dict, text: str):
-    """Evaluates the text of an index expression: RTL's syntax (Python's precedence), or
-    the plan's Python form (``_np.minimum(t + 3, 15)``)."""
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        return node.value
-    if isinstance(node, ast.Name):
-        return _dim(point, node.id)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _ix_text(node.operand, point, text)
-        return -v if isinstance(node.op, ast.USub) else v
-    if isinstance(node, ast.BinOp) and type(node.op) in _IX_BINOPS:
-        return _IX_BINOPS[type(node.op)](
-            _ix_text(node.left, point, text), _ix_text(node.right, point, text)
-        )
-    if isinstance(node, ast.Call) and node.args and not node.keywords:
-        fn = _IX_CALLS.get(ast.unparse(node.func))
-        if fn is not None:
-            return functools.reduce(fn, (_ix_text(a, point, text) for a in node.args))
-    raise ValueError(f"not an index expression: {text!r}")
 
 
 def _batched_ix(v, nb: int, rank: int):
@@ -904,6 +837,63 @@ def _random_init(ctx, attrs, args):
         raise ValueError(f"unknown initializer {kind}")
     return _draw(ctx, r, bshape)
 
+
+# ----------------------------------------------------------------------------- signatures
+# Per op: its number of inputs (None: any) and its attributes, name -> kind, a kind ending
+# in "?" for one that may be absent. Kinds (``runtime.plan`` checks them): dtype, shape,
+# int, ints (a tuple), axes (null, an int or ints), bool, float, const (a number, a bool or
+# nested tuples of them), dim (a dim of the node), ix (an index expression), items (an
+# index's items), space (pairs of a dim of the node and its bound), init (an initializer).
+_UNARY_SIGNATURE = (1, {})
+_BINARY_SIGNATURE = (2, {})
+_REDUCTION_SIGNATURE = (1, {"axes": "axes?", "keepdims": "bool?"})
+_DRAW = {"seed": "int", "site": "int", "space": "space"}
+SIGNATURES: dict[str, tuple[int | None, dict[str, str]]] = {
+    **{name: _UNARY_SIGNATURE for name in _UNARY},
+    **{name: _BINARY_SIGNATURE for name in _BINARY},
+    "where": (3, {}),
+    "cast": (1, {"dtype": "dtype"}),
+    **{name: _REDUCTION_SIGNATURE for name in ("sum", "prod", "max", "min", "mean", "logsumexp")},
+    "argmax": (1, {"axis": "int?"}),
+    "argmin": (1, {"axis": "int?"}),
+    "discounted_sum": (2, {"reverse": "bool?"}),
+    "cumsum": (1, {"axis": "int?"}),
+    "matmul": (2, {}),
+    "reshape": (1, {"shape": "shape"}),
+    "transpose": (1, {"perm": "ints"}),
+    "broadcast_to": (1, {"shape": "shape"}),
+    "expand_dims": (1, {"axis": "int"}),
+    "squeeze": (1, {"axes": "ints"}),
+    "concat": (None, {"axis": "int"}),
+    "index": (None, {"items": "items"}),
+    "index_add": (None, {"items": "items", "shape": "shape"}),
+    "take": (2, {"axis": "int?"}),
+    "take_along": (2, {"axis": "int"}),
+    "take_along_add": (2, {"axis": "int", "shape": "shape"}),
+    "const": (0, {"value": "const", "dtype": "dtype", "shape": "shape"}),
+    "arange": (0, {"start": "int", "stop": "int", "step": "int", "dtype": "dtype"}),
+    "dimval": (0, {"dim": "dim"}),
+    "index_value": (0, {"expr": "ix"}),
+    "random_uniform": (0, {**_DRAW, "shape": "shape", "dtype": "dtype"}),
+    "random_normal": (0, {**_DRAW, "shape": "shape", "dtype": "dtype"}),
+    "random_gumbel": (0, {**_DRAW, "shape": "shape", "dtype": "dtype"}),
+    "random_categorical": (1, _DRAW),
+    "random_bernoulli": (1, _DRAW),
+    "random_permutation": (0, {**_DRAW, "n": "int"}),
+    "random_init": (
+        0,
+        {
+            **_DRAW,
+            "shape": "shape",
+            "dtype": "dtype",
+            "kind": "init",
+            "gain": "float?",
+            "std": "float?",
+            "lo": "float?",
+            "hi": "float?",
+        },
+    ),
+}
 
 # ----------------------------------------------------------------------------- fallback
 # Ops evaluated by a loop over the batch points, each with the reason it cannot be

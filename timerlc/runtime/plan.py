@@ -1,171 +1,258 @@
-"""Loading a plan: the JSON file ``timerlc compile`` writes (``docs/plan.md``).
+"""Loading a plan: the ``plan.json`` that ``timerlc compile`` writes (``docs/plan.md``).
 
-A plan of another format version, or one that is not valid, is refused with a clear
-``PlanError``. Index expressions in a plan are Python expressions over dim names; they are
-parsed and checked against a small whitelist (names, integers, arithmetic, comparisons and
-a few ``_np`` functions) before they are compiled, so a corrupt plan cannot run code.
+``timerlc.plan.items`` reads the file and checks its structure (types, ranges, sizes, ids,
+names, expressions); this module then checks that this runtime can run it: every op is one
+it has a kernel for (or a merge, or an environment call), with the number of inputs and
+outputs the op takes and the attributes its kernel reads, of the kinds it expects
+(``kernels.SIGNATURES``); every environment is found by the same plugin rules, with the
+same errors, as the program's ``env`` lines. A plan that fails is refused with a
+``PlanError`` naming the field. Nothing in a plan is evaluated: expressions are data
+(``timerlc.plan.expr``), and no name in it reaches Python but the environment plugins it
+names (a build folder is as trusted as its program for those, and for nothing else).
 """
 
 from __future__ import annotations
 
-import ast
-import json
+import math
 from pathlib import Path
 
-import numpy as np
-
-FORMAT_VERSION = 2
-REQUIRED = ("format_version", "dims", "buffers", "statements", "tree", "outputs", "metrics")
-_NP_FUNCS = {"minimum", "maximum", "logical_and", "logical_or", "logical_not", "floor_divide"}
-_NODES = (
-    ast.Expression,
-    ast.BinOp,
-    ast.UnaryOp,
-    ast.Compare,
-    ast.BoolOp,
-    ast.Call,
-    ast.Name,
-    ast.Load,
-    ast.Constant,
-    ast.Attribute,
-    ast.Add,
-    ast.Sub,
-    ast.Mult,
-    ast.FloorDiv,
-    ast.Mod,
-    ast.USub,
-    ast.UAdd,
-    ast.Not,
-    ast.And,
-    ast.Or,
-    ast.Eq,
-    ast.NotEq,
-    ast.Lt,
-    ast.LtE,
-    ast.Gt,
-    ast.GtE,
-    ast.Pow,
+from timerlc.plan import expr as px
+from timerlc.plan.items import (
+    DTYPES,
+    MAX_ELEMENTS,
+    MAX_EXTENT,
+    MAX_RANK,
+    Ix,
+    Plan,
+    PlanError,
+    Statement,
+    loads,
 )
+from timerlc.runtime import kernels
+
+__all__ = ["PlanError", "load_plan", "check_runnable"]
+
+MAX_PLAN_BYTES = 1 << 30  # a plan.json larger than this is refused unread
+ENV_OUTPUTS = {"env_reset": 1, "env_step": 3}
+INITS = ("glorot", "orthogonal", "normal", "uniform")
 
 
-class PlanError(Exception):
-    """A plan that cannot be loaded."""
-
-
-def load_plan(path) -> dict:
+def load_plan(path) -> Plan:
+    """The plan at ``path`` (a build folder or its ``plan.json``), checked."""
     path = Path(path)
     if path.is_dir():
         path = path / "plan.json"
     try:
-        plan = json.loads(path.read_text())
+        size = path.stat().st_size
+        if size > MAX_PLAN_BYTES:
+            raise PlanError(f"{path} is not a valid plan: {size} bytes (at most {MAX_PLAN_BYTES})")
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise PlanError(f"no plan at {path} (run `timerlc compile` first)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PlanError(f"{path} is not a valid plan: {e}") from None
-    if not isinstance(plan, dict) or "format_version" not in plan:
-        raise PlanError(f"{path} is not a timerlc plan (no format_version)")
-    if plan["format_version"] != FORMAT_VERSION:
-        raise PlanError(
-            f"{path} has plan format {plan['format_version']!r}; this timerlc reads format "
-            f"{FORMAT_VERSION}: compile the program again"
-        )
-    missing = [k for k in REQUIRED if k not in plan]
-    if missing:
-        raise PlanError(f"{path} is not a valid plan: missing {', '.join(missing)}")
+    except OSError as e:
+        raise PlanError(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"{path} is not a valid plan: not UTF-8 text") from None
+    plan = loads(text, str(path))
+    check_runnable(plan, str(path))
     return plan
 
 
-def compile_index(text: str, dims) -> callable:
-    """``text`` (an expression over ``dims``) as a function of the dims' values."""
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError as e:
-        raise PlanError(f"bad index expression in plan: {text!r} ({e.msg})") from None
-    for node in ast.walk(tree):
-        if not isinstance(node, _NODES):
-            raise PlanError(f"index expression not allowed in a plan: {text!r}")
-        if isinstance(node, ast.Name) and node.id not in dims and node.id != "_np":
-            raise PlanError(f"unknown name {node.id!r} in plan expression {text!r}")
-        if isinstance(node, ast.Attribute) and not (
-            isinstance(node.value, ast.Name) and node.value.id == "_np" and node.attr in _NP_FUNCS
-        ):
-            raise PlanError(f"function not allowed in plan expression {text!r}")
-        if isinstance(node, ast.Constant) and not isinstance(node.value, (int, bool)):
-            raise PlanError(f"constant not allowed in plan expression {text!r}")
-    args = ", ".join(dims)
-    code = compile(f"lambda {args}: ({text})", "<plan>", "eval")
-    return eval(code, {"_np": np, "__builtins__": {}})  # noqa: S307 - validated above
+def check_runnable(plan: Plan, where: str = "plan") -> None:
+    """``PlanError`` unless this runtime can run every node and environment of ``plan``."""
+    env_names = {e.name for e in plan.envs}
+    for k, s in enumerate(plan.statements):
+        for j, n in enumerate(s.nodes):
+            field = f"statements[{k}].nodes[{j}]"
+            try:
+                _check_node(plan, s, n, env_names)
+            except ValueError as e:
+                raise PlanError(f"{where} is not a valid plan at {field}: {e}") from None
+    _check_envs(plan, where)
 
 
-def free_names(text: str) -> set[str]:
-    return {n.id for n in ast.walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Name)} - {
-        "_np"
-    }
+def _check_node(plan: Plan, s: Statement, n, env_names: set[str]):
+    attrs = dict(n.attrs)
+    if n.op == "merge":
+        if attrs:
+            raise ValueError("a merge takes no attributes")
+        if len(n.types) != 1 or not n.inputs:
+            raise ValueError("a merge has one output and at least one input")
+        if n.id != s.id:
+            raise ValueError("a merge is the statement's own node")
+        return
+    if n.op in ENV_OUTPUTS:
+        if n.id != s.id:
+            raise ValueError("an environment call is the statement's own node")
+        if len(n.types) != ENV_OUTPUTS[n.op] or len(n.inputs) != (n.op == "env_step"):
+            raise ValueError(f"{n.op} has the wrong number of inputs or outputs")
+        _check_attrs(n.op, attrs, {"env": "env", "key": "key", "key_dims": "names"}, s, env_names)
+        if any(r.cond is not None for r in n.inputs):
+            raise ValueError("only a merge's inputs have conditions")
+        return
+    if n.op not in kernels.SIGNATURES:
+        raise ValueError(f"unknown op {n.op!r}")
+    arity, kinds = kernels.SIGNATURES[n.op]
+    if arity is not None and len(n.inputs) != arity:
+        raise ValueError(f"{n.op} takes {arity} inputs, this node has {len(n.inputs)}")
+    if len(n.types) != 1:
+        raise ValueError(f"{n.op} has one output, this node declares {len(n.types)}")
+    if any(r.cond is not None for r in n.inputs):
+        raise ValueError("only a merge's inputs have conditions")
+    _check_attrs(n.op, attrs, kinds, s, env_names)
+    _check_sizes(n, attrs)
 
 
-def decode_attr(v):
-    """Plan attribute values back to what the kernels take (tuples, sympy index values)."""
-    if isinstance(v, list):
-        return tuple(decode_attr(x) for x in v)
-    if isinstance(v, dict):
-        if "float" in v:
-            return float(v["float"])
-        if "dict" in v:
-            return {decode_attr(k): decode_attr(x) for k, x in v["dict"]}
-        if "sympy" in v:
-            return _sympy(v["sympy"])
-    return v
+# ops whose output has the shape of their ``shape`` attribute
+_SHAPED = frozenset(
+    {"const", "reshape", "broadcast_to", "index_add", "take_along_add", "random_uniform"}
+    | {"random_normal", "random_gumbel", "random_init"}
+)
 
 
-_SYMPY_NAMES = {
-    "Symbol",
-    "Integer",
-    "Rational",
-    "Add",
-    "Mul",
-    "Pow",
-    "Mod",
-    "floor",
-    "ceiling",
-    "Min",
-    "Max",
-    "And",
-    "Or",
-    "Not",
-    "Eq",
-    "Ne",
-    "Lt",
-    "Le",
-    "Gt",
-    "Ge",
-    "StrictLessThan",
-    "LessThan",
-    "StrictGreaterThan",
-    "GreaterThan",
-    "Equality",
-    "Unequality",
-    "true",
-    "false",
-    "BooleanTrue",
-    "BooleanFalse",
-    "NegativeOne",
-    "One",
-    "Zero",
-    "Half",
+def _check_sizes(n, attrs: dict):
+    """Attributes that say what a kernel makes must agree with the node's type, so that a
+    corrupt attribute cannot ask for more memory than the checked type allows."""
+    (out,) = n.types
+    if n.op in _SHAPED and tuple(attrs["shape"]) != out.shape:
+        raise ValueError(f"shape {list(attrs['shape'])} is not the node's {list(out.shape)}")
+    if "dtype" in attrs and attrs["dtype"] != out.dtype:
+        raise ValueError(f"dtype {attrs['dtype']} is not the node's {out.dtype}")
+    if n.op == "arange":
+        length = len(range(attrs["start"], attrs["stop"], attrs["step"] or 1))
+        if attrs["step"] == 0 or (length,) != out.shape:
+            raise ValueError(f"arange of {length} values for a node of shape {list(out.shape)}")
+    if n.op == "random_permutation" and (attrs["n"],) != out.shape:
+        raise ValueError(f"a permutation of {attrs['n']} for a node of shape {list(out.shape)}")
+
+
+def _check_attrs(op: str, attrs: dict, kinds: dict[str, str], s: Statement, envs: set[str]):
+    unknown = sorted(set(attrs) - set(kinds))
+    if unknown:
+        raise ValueError(f"{op} has no attribute {unknown[0]!r}")
+    for name, kind in kinds.items():
+        optional = kind.endswith("?")
+        kind = kind.rstrip("?")
+        if name not in attrs:
+            if optional:
+                continue
+            raise ValueError(f"{op} needs attribute {name!r}")
+        v = attrs[name]
+        if optional and v is None:
+            continue
+        if not _CHECKS[kind](v, s, envs):
+            raise ValueError(f"attribute {name!r} of {op} is not {_WHAT[kind]}: {_short(v)}")
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(v, lo: int = -MAX_EXTENT, hi: int = MAX_EXTENT) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _ints(v) -> bool:
+    return isinstance(v, tuple) and len(v) <= MAX_RANK and all(_is_int(x) for x in v)
+
+
+def _shape(v) -> bool:
+    return (
+        isinstance(v, tuple)
+        and len(v) <= MAX_RANK
+        and all(_is_int(x, 0) for x in v)
+        and math.prod(v) <= MAX_ELEMENTS
+    )
+
+
+def _const(v, depth: int = 0) -> bool:
+    if isinstance(v, tuple):
+        return depth < 4 and all(_const(x, depth + 1) for x in v)
+    return isinstance(v, (bool, int, float))
+
+
+def _ix(v, s: Statement) -> bool:
+    return (_is_int(v, -(1 << 40), 1 << 40)) or (
+        isinstance(v, Ix) and px.names(v.expr) <= set(s.dims)
+    )
+
+
+def _items(v, s: Statement) -> bool:
+    if not isinstance(v, tuple) or len(v) > MAX_RANK:
+        return False
+    for it in v:
+        if not isinstance(it, tuple) or not it:
+            return False
+        if it == ("full",) or it == ("gather",):
+            continue
+        if it[0] == "int" and len(it) == 2 and _ix(it[1], s):
+            continue
+        if it[0] == "slice" and len(it) == 3 and _ix(it[1], s) and _is_int(it[2], 0):
+            continue
+        return False
+    return True
+
+
+def _space(v, s: Statement) -> bool:
+    return (
+        isinstance(v, tuple)
+        and len(v) <= MAX_RANK
+        and all(
+            isinstance(p, tuple) and len(p) == 2 and p[0] in s.dims and _is_int(p[1], 0)
+            for p in v
+        )
+    )
+
+
+_CHECKS = {
+    "dtype": lambda v, s, e: isinstance(v, str) and v in DTYPES,
+    "shape": lambda v, s, e: _shape(v),
+    "int": lambda v, s, e: _is_int(v, -(1 << 63), (1 << 64) - 1),
+    "ints": lambda v, s, e: _ints(v),
+    "axes": lambda v, s, e: v is None or _is_int(v) or _ints(v),
+    "bool": lambda v, s, e: isinstance(v, bool),
+    "float": lambda v, s, e: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "const": lambda v, s, e: _const(v),
+    "dim": lambda v, s, e: isinstance(v, str) and v in s.dims,
+    "ix": lambda v, s, e: _ix(v, s),
+    "items": lambda v, s, e: _items(v, s),
+    "space": lambda v, s, e: _space(v, s),
+    "init": lambda v, s, e: v in INITS,
+    "env": lambda v, s, e: isinstance(v, str) and v in e,
+    "key": lambda v, s, e: isinstance(v, tuple) and all(_ix(x, s) for x in v),
+    "names": lambda v, s, e: isinstance(v, tuple) and all(isinstance(x, str) for x in v),
+}
+_WHAT = {
+    "dtype": f"a dtype ({', '.join(DTYPES)})",
+    "shape": "a shape",
+    "int": "an integer",
+    "ints": "a list of integers",
+    "axes": "an axis or a list of axes",
+    "bool": "true or false",
+    "float": "a number",
+    "const": "a number, a bool or lists of them",
+    "dim": "a dim of the statement",
+    "ix": "an index expression over the statement's dims",
+    "items": "a list of index items",
+    "space": "a list of [dim, bound] pairs over the statement's dims",
+    "init": f"an initializer ({', '.join(INITS)})",
+    "env": "an environment of the plan",
+    "key": "a list of index expressions",
+    "names": "a list of names",
 }
 
 
-def _sympy(text: str):
-    """An index expression attribute (``sympy.srepr`` text), checked before sympy reads it."""
-    import sympy
+def _check_envs(plan: Plan, where: str):
+    """Each environment's plugin is found as the program's ``env`` line would find it."""
+    from timerlc.envs import EnvError
+    from timerlc.envs.registry import resolve
 
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError:
-        raise PlanError(f"bad index expression in plan: {text!r}") from None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id not in _SYMPY_NAMES:
-            raise PlanError(f"name {node.id!r} not allowed in plan expression {text!r}")
-        if isinstance(node, ast.Attribute):
-            raise PlanError(f"attribute not allowed in plan expression {text!r}")
-    return sympy.sympify(text)
+    for k, e in enumerate(plan.envs):
+        try:
+            resolve(e.spec)
+        except EnvError as err:
+            raise PlanError(
+                f"{where} is not a valid plan at envs[{k}]: environment '{e.name}' "
+                f"({e.spec}): {err.message}"
+            ) from None

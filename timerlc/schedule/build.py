@@ -28,6 +28,7 @@ from timerlc.diagnostics import ProgramError
 from timerlc.ir import index as ix
 from timerlc.ir import ops
 from timerlc.ir.pdg import Graph, Range, identity_access
+from timerlc.plan.items import Call, If, Loop
 from timerlc.poly import checks
 from timerlc.poly import isl as pisl
 from timerlc.poly import levels as lv
@@ -48,7 +49,7 @@ class Schedule:
     statements: dict[int, Statement]
     order: tuple[int, ...]  # the statements in the order the loop tree first runs them
     times: dict[int, tuple[str, ...]]  # isl time vector of each statement (its loop dims)
-    tree: list  # the loop tree (see ``_convert``)
+    tree: tuple  # the loop tree: plan items (``Loop``, ``If``, ``Call``)
     reads: dict[tuple[int, int], isl.Map]  # (reader, read statement) -> points it reads
 
 
@@ -240,8 +241,8 @@ def build_schedule(graph: Graph) -> Schedule:
     padded = {nid: tuple(t + ["0"] * (width - len(t))) for nid, t in times.items()}
     looped = [nid for nid in order if nid in slots]
     groups = _groups(graph, statements, looped, slots)
-    tree_json = _loop_tree(graph, statements, padded, groups, points, width)
-    return Schedule(statements, tuple(order), padded, tree_json, pairs)
+    tree = _loop_tree(graph, statements, padded, groups, points, width)
+    return Schedule(statements, tuple(order), padded, tree, pairs)
 
 
 def _domain(graph: Graph, nid: int) -> isl.Set:
@@ -648,7 +649,7 @@ def _groups(graph: Graph, statements, order, slots) -> dict[int, list[int]]:
     return groups
 
 
-def _loop_tree(graph: Graph, statements, times, groups, points=(), width: int = 0) -> list:
+def _loop_tree(graph: Graph, statements, times, groups, points=(), width: int = 0) -> tuple:
     sched = None
     for k, (time, _) in enumerate(points):  # one isl statement stands for each such group
         t = ", ".join(time + ["0"] * (width - len(time)))
@@ -663,40 +664,40 @@ def _loop_tree(graph: Graph, statements, times, groups, points=(), width: int = 
         um = isl.UnionMap.from_map(m)
         sched = um if sched is None else sched.union(um)
     if sched is None:
-        return []
+        return ()
     build = isl.AstBuild.from_context(isl.Set("{ : }"))
     calls = [c for _, c in points]
     return _expand(_convert(build.node_from_schedule_map(sched)), groups, calls)
 
 
-def _expand(items: list, groups: dict[int, list[int]], points=()) -> list:
+@dataclass(frozen=True)
+class _Points:
+    """Where isl's AST runs group ``k`` of the statements run point by point."""
+
+    k: int
+
+
+def _expand(items, groups: dict[int, list[int]], points=()) -> tuple:
     out = []
     for it in items:
-        if "points" in it:
-            out.extend({"call": nid, "args": list(pt)} for nid, pt in points[it["points"]])
-        elif "call" in it:
-            out.extend({"call": nid, "args": it["args"]} for nid in groups[it["call"]])
-        elif "for" in it:
-            out.append({**it, "body": _expand(it["body"], groups, points)})
+        if isinstance(it, _Points):
+            out.extend(Call(nid, tuple(pt)) for nid, pt in points[it.k])
+        elif isinstance(it, Call):
+            out.extend(Call(nid, it.args) for nid in groups[it.statement])
+        elif isinstance(it, Loop):
+            out.append(Loop(it.var, it.init, it.cond, it.inc, _expand(it.body, groups, points)))
         else:
             out.append(
-                {
-                    **it,
-                    "then": _expand(it["then"], groups, points),
-                    "else": _expand(it["else"], groups, points),
-                }
+                If(it.cond, _expand(it.then, groups, points), _expand(it.orelse, groups, points))
             )
-    return out
+    return tuple(out)
 
 
 # ----------------------------------------------------------------------------- isl AST -> tree
-# The loop tree is JSON: a list of items
-#   {"for": var, "init": E, "cond": E, "inc": int, "body": [...]}
-#   {"if": E, "then": [...], "else": [...]}
-#   {"call": statement id, "args": [E, ...]}       (values of the statement's loop dims)
-# and expressions E: an int, a variable name (str), or [op, E, ...] with op one of
-#   add sub mul neg min max fdiv_q (floor) pdiv_q pdiv_r zdiv_r (C semantics, operands >= 0
-#   for the p-forms) and or eq le lt ge gt select.
+# The loop tree is plan items (``timerlc.plan.items``): ``Loop``, ``If`` and ``Call`` (the
+# values of the statement's loop dims), over expressions of ``timerlc.plan.expr``: ints,
+# loop variables and ``(op, E, ...)`` with isl's operators (``fdiv_q`` floor, ``pdiv_q``
+# and ``pdiv_r`` on operands >= 0, ``zdiv_r`` C's remainder, ``select``, ...).
 _OPS = {
     isl.ast_expr_op_type.and_: "and",
     isl.ast_expr_op_type.and_then: "and",
@@ -732,7 +733,7 @@ def _expr(e: isl.AstExpr):
     op = e.get_op_type()
     if op not in _OPS:
         raise ValueError(f"isl AST expression not handled: {e.to_C_str()}")
-    return [_OPS[op]] + [_expr(e.get_op_arg(k)) for k in range(e.get_op_n_arg())]
+    return (_OPS[op],) + tuple(_expr(e.get_op_arg(k)) for k in range(e.get_op_n_arg()))
 
 
 def _convert(node: isl.AstNode) -> list:
@@ -745,33 +746,23 @@ def _convert(node: isl.AstNode) -> list:
         return out
     if t == isl.ast_node_type.for_:
         return [
-            {
-                "for": _expr(node.for_get_iterator()),
-                "init": _expr(node.for_get_init()),
-                "cond": _expr(node.for_get_cond()),
-                "inc": _expr(node.for_get_inc()),
-                "body": _convert(node.for_get_body()),
-            }
+            Loop(
+                _expr(node.for_get_iterator()),
+                _expr(node.for_get_init()),
+                _expr(node.for_get_cond()),
+                _expr(node.for_get_inc()),
+                tuple(_convert(node.for_get_body())),
+            )
         ]
     if t == isl.ast_node_type.if_:
-        return [
-            {
-                "if": _expr(node.if_get_cond()),
-                "then": _convert(node.if_get_then_node()),
-                "else": _convert(node.if_get_else_node()) if node.if_has_else_node() else [],
-            }
-        ]
+        other = _convert(node.if_get_else_node()) if node.if_has_else_node() else []
+        return [If(_expr(node.if_get_cond()), tuple(_convert(node.if_get_then_node())), tuple(other))]
     if t == isl.ast_node_type.user:
         call = node.user_get_expr()
         name = call.get_op_arg(0).get_id().get_name()
         if name.startswith("P"):
-            return [{"points": int(name[1:])}]
-        return [
-            {
-                "call": int(name[1:]),
-                "args": [_expr(call.get_op_arg(k)) for k in range(1, call.get_op_n_arg())],
-            }
-        ]
+            return [_Points(int(name[1:]))]
+        return [Call(int(name[1:]), tuple(_expr(call.get_op_arg(k)) for k in range(1, call.get_op_n_arg())))]
     if t == isl.ast_node_type.mark:
         return _convert(node.mark_get_node())
     raise ValueError(f"isl AST node not handled: {t}")

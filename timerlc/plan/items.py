@@ -1,0 +1,835 @@
+"""The plan's items: frozen dataclasses, their JSON, and the checks that reading one runs.
+
+A plan (``docs/plan.md``) is what ``timerlc compile`` writes and the runtime runs: sizes,
+environments, one buffer per statement with its storage, each statement's nodes with their
+reads, and the loop tree. This module is data, shared by the compiler (``plan.build`` makes
+these items) and the runtime (which prepares its own structures from them and never changes
+them). It imports only NumPy-free standard modules and ``plan.expr``.
+
+``from_json`` reads a decoded ``plan.json`` and checks every field: types, ranges, sizes
+against the limits below, ids that exist, names from the plan's own dims and loops, and
+every expression (``plan.expr.check``). Anything else raises ``PlanError`` with one line
+that names the field (``statements[3].nodes[1].inputs[0].access[1]: ...``). Whether the
+runtime knows each op and its attributes is the runtime's own check (``runtime.plan``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from timerlc.plan import expr as px
+
+FORMAT_VERSION = 3
+DTYPES = {"bool": 1, "i32": 4, "i64": 8, "f32": 4, "f64": 8}  # name -> bytes per element
+
+# limits: far above what a real program needs, low enough that a corrupt plan is refused
+# before it can cost much
+MAX_EXTENT = 1 << 31  # a dim's bound, an extent, an axis of a shape
+MAX_ELEMENTS = 1 << 40  # elements of one array
+MAX_RANK = 16  # dims of a buffer, axes of a shape
+MAX_ITEMS = 1 << 20  # entries of one list (statements, nodes, tree items, ...)
+MAX_TREE_DEPTH = 32  # nesting of loops and ifs
+MAX_NAME = 200  # characters of a name
+MAX_TEXT = 4096  # characters of other text (a source path, an environment spec)
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class PlanError(Exception):
+    """A plan that cannot be loaded; the message names the field."""
+
+
+# ----------------------------------------------------------------------------- items
+@dataclass(frozen=True, slots=True)
+class Output:
+    """One output array of a node or a buffer: its dtype and spatial shape."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A ring buffer along ``dim``: it keeps the last ``size`` values of that dim."""
+
+    dim: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """The storage of a statement's values: one array per output, of shape ``extents +
+    output.shape``. A block spans ``box``, the bounding box of the statement's domain from
+    index 0; a window replaces the extent along its dim by its size (docs/plan.md)."""
+
+    id: int
+    name: str | None
+    dims: tuple[str, ...]
+    box: tuple[int, ...]
+    outputs: tuple[Output, ...]
+    window: Window | None = None
+    donor: int | None = None  # the buffer whose memory it takes at its first write
+
+    @property
+    def extents(self) -> tuple[int, ...]:
+        if self.window is None:
+            return self.box
+        k = self.dims.index(self.window.dim)
+        return self.box[:k] + (self.window.size,) + self.box[k + 1 :]
+
+    @property
+    def nbytes(self) -> int:
+        points = math.prod(self.extents)
+        return sum(points * math.prod(o.shape) * DTYPES[o.dtype] for o in self.outputs)
+
+
+@dataclass(frozen=True, slots=True)
+class Ix:
+    """An attribute that is an index expression over the node's dims (``plan.expr``)."""
+
+    expr: Any
+
+
+@dataclass(frozen=True, slots=True)
+class At:
+    """A read of one index of a source dim."""
+
+    index: Any  # an expression over the reader's dims
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """A read of ``lo:hi`` of a source dim: a leading spatial axis of ``hi - lo``."""
+
+    lo: Any
+    hi: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """An input of a node: output ``out`` of a stored statement's buffer (``stored``) or of
+    an earlier node of the same statement, at ``access`` (one entry per dim of the source),
+    where ``cond`` holds (merges only; None: everywhere)."""
+
+    src: int
+    out: int
+    stored: bool
+    access: tuple[At | Slice, ...]
+    cond: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One op of a statement, computed at the statement's points. ``where``: the tensor it
+    computes and its source line, for messages."""
+
+    id: int
+    op: str
+    attrs: tuple[tuple[str, Any], ...]
+    types: tuple[Output, ...]
+    inputs: tuple[Read, ...]
+    where: tuple[str, int | None]
+
+    def attr_dict(self) -> dict[str, Any]:
+        return dict(self.attrs)
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """A stored node and the nodes inlined into it (evaluation order; its own node last),
+    run over the points of ``domain``; ``loops`` are the dims the loop tree gives each call,
+    ``vector`` the dims a call covers at once."""
+
+    id: int
+    dims: tuple[str, ...]
+    loops: tuple[str, ...]
+    vector: tuple[str, ...]
+    domain: Any  # a condition over dims
+    nodes: tuple[Node, ...]
+
+    @property
+    def node(self) -> Node:
+        return self.nodes[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """``for var = init; cond; var += inc: body``."""
+
+    var: str
+    init: Any
+    cond: Any
+    inc: int
+    body: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class If:
+    cond: Any
+    then: tuple
+    orelse: tuple = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Run statement ``statement`` at the values ``args`` of its loop dims."""
+
+    statement: int
+    args: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    buffers: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SwapOut:
+    buffers: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SwapIn:
+    buffers: tuple[int, ...]
+
+
+Item = Loop | If | Call | Free | SwapOut | SwapIn
+
+
+@dataclass(frozen=True, slots=True)
+class Env:
+    name: str
+    spec: str  # the plugin, as in the program's ``env`` line (or ``--env``)
+    batch: str
+    num_envs: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    source: str
+    dims: tuple[tuple[str, int], ...]  # canonical order, with bounds
+    configs: tuple[tuple[str, Any], ...]
+    seed: int
+    envs: tuple[Env, ...]
+    buffers: tuple[Buffer, ...]
+    statements: tuple[Statement, ...]
+    tree: tuple
+    outputs: tuple[tuple[str, int, int], ...]  # (tensor, statement, output)
+    metrics: tuple[tuple[str, int, int], ...]
+    memory_budget: int | None = None
+    memory_budget_met: bool | None = None
+    memory_peak: int = 0
+    memory_peak_unswapped: int = 0
+
+    _buffers: dict = field(init=False, repr=False, compare=False)
+    _statements: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_buffers", {b.id: b for b in self.buffers})
+        object.__setattr__(self, "_statements", {s.id: s for s in self.statements})
+
+    @property
+    def bounds(self) -> dict[str, int]:
+        return dict(self.dims)
+
+    def buffer(self, sid: int) -> Buffer:
+        return self._buffers[sid]
+
+    def statement(self, sid: int) -> Statement:
+        return self._statements[sid]
+
+    def tensor(self, name: str) -> tuple[int, int]:
+        """The (statement, output) of an output or a metric."""
+        for n, sid, out in self.outputs + self.metrics:
+            if n == name:
+                return sid, out
+        raise KeyError(name)
+
+
+def walk(items):
+    """Every item of a loop tree, depth first."""
+    for it in items:
+        yield it
+        if isinstance(it, Loop):
+            yield from walk(it.body)
+        elif isinstance(it, If):
+            yield from walk(it.then)
+            yield from walk(it.orelse)
+
+
+# ----------------------------------------------------------------------------- JSON out
+def to_json(plan: Plan) -> dict:
+    """A JSON-ready dict of ``plan`` (``docs/plan.md``)."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "source": plan.source,
+        "dims": [[d, b] for d, b in plan.dims],
+        "configs": [[k, _value_json(v)] for k, v in plan.configs],
+        "seed": plan.seed,
+        "envs": [
+            {"name": e.name, "spec": e.spec, "batch": e.batch, "num_envs": e.num_envs}
+            for e in plan.envs
+        ],
+        "buffers": [_buffer_json(b) for b in plan.buffers],
+        "statements": [_statement_json(s) for s in plan.statements],
+        "tree": [_item_json(it) for it in plan.tree],
+        "outputs": [list(o) for o in plan.outputs],
+        "metrics": [list(m) for m in plan.metrics],
+        "memory": {
+            "budget": plan.memory_budget,
+            "budget_met": plan.memory_budget_met,
+            "peak": plan.memory_peak,
+            "peak_unswapped": plan.memory_peak_unswapped,
+        },
+    }
+
+
+def dumps(plan: Plan) -> str:
+    return json.dumps(to_json(plan), separators=(",", ":")) + "\n"
+
+
+def _buffer_json(b: Buffer) -> dict:
+    storage = {"kind": "block"}
+    if b.window is not None:
+        storage = {"kind": "window", "dim": b.window.dim, "size": b.window.size}
+    return {
+        "id": b.id,
+        "name": b.name,
+        "dims": list(b.dims),
+        "box": list(b.box),
+        "outputs": [{"dtype": o.dtype, "shape": list(o.shape)} for o in b.outputs],
+        "storage": storage,
+        "donor": b.donor,
+    }
+
+
+def _statement_json(s: Statement) -> dict:
+    return {
+        "id": s.id,
+        "dims": list(s.dims),
+        "loops": list(s.loops),
+        "vector": list(s.vector),
+        "domain": px.to_json(s.domain),
+        "nodes": [_node_json(n) for n in s.nodes],
+    }
+
+
+def _node_json(n: Node) -> dict:
+    return {
+        "id": n.id,
+        "op": n.op,
+        "attrs": {k: _value_json(v) for k, v in n.attrs},
+        "types": [{"dtype": t.dtype, "shape": list(t.shape)} for t in n.types],
+        "inputs": [
+            {
+                "src": r.src,
+                "out": r.out,
+                "stored": r.stored,
+                "access": [
+                    ["at", px.to_json(a.index)]
+                    if isinstance(a, At)
+                    else ["slice", px.to_json(a.lo), px.to_json(a.hi)]
+                    for a in r.access
+                ],
+                "cond": None if r.cond is None else px.to_json(r.cond),
+            }
+            for r in n.inputs
+        ],
+        "where": list(n.where),
+    }
+
+
+def _value_json(v):
+    if isinstance(v, Ix):
+        return {"ix": px.to_json(v.expr)}
+    if isinstance(v, float) and not math.isfinite(v):
+        return {"float": repr(v)}
+    if isinstance(v, (tuple, list)):
+        return [_value_json(x) for x in v]
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise TypeError(f"a plan attribute cannot hold {type(v).__name__} {v!r}")
+
+
+def _item_json(it) -> dict:
+    if isinstance(it, Loop):
+        return {
+            "for": it.var,
+            "init": px.to_json(it.init),
+            "cond": px.to_json(it.cond),
+            "inc": it.inc,
+            "body": [_item_json(x) for x in it.body],
+        }
+    if isinstance(it, If):
+        return {
+            "if": px.to_json(it.cond),
+            "then": [_item_json(x) for x in it.then],
+            "else": [_item_json(x) for x in it.orelse],
+        }
+    if isinstance(it, Call):
+        return {"call": it.statement, "args": [px.to_json(a) for a in it.args]}
+    key = {Free: "free", SwapOut: "swap_out", SwapIn: "swap_in"}[type(it)]
+    return {key: list(it.buffers)}
+
+
+# ----------------------------------------------------------------------------- JSON in
+def loads(text: str, where: str = "plan") -> Plan:
+    """A plan from the text of ``plan.json``; ``PlanError`` if it is not a valid one."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise PlanError(f"{where} is not a valid plan: JSON nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, or an int too long to convert
+        raise PlanError(f"{where} is not a valid plan: not JSON ({e})") from None
+    return from_json(data, where)
+
+
+def from_json(data, where: str = "plan") -> Plan:
+    """A plan from decoded JSON, every field checked (see the module docstring)."""
+    if not isinstance(data, dict) or "format_version" not in data:
+        raise PlanError(f"{where} is not a timerlc plan (no format_version)")
+    version = data["format_version"]
+    if version != FORMAT_VERSION:
+        raise PlanError(
+            f"{where} has plan format {_short(version)}; this timerlc reads format "
+            f"{FORMAT_VERSION}: compile the program again"
+        )
+    try:
+        return _Reader(where).plan(data)
+    except RecursionError:  # the checks below bound every depth; this is a last guard
+        raise PlanError(f"{where} is not a valid plan: nested too deeply") from None
+
+
+def _short(v) -> str:
+    text = json.dumps(v) if not isinstance(v, str) else repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Reader:
+    """Reads a decoded plan field by field; ``self.path`` names the field being read."""
+
+    def __init__(self, where: str):
+        self.origin = where
+        self.path: list[str] = []
+
+    def fail(self, message: str):
+        field = "".join(self.path).lstrip(".")
+        at = f" at {field}" if field else ""
+        raise PlanError(f"{self.origin} is not a valid plan{at}: {message}")
+
+    # ------------------------------------------------------------ basic fields
+    def obj(self, v, keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
+        if not isinstance(v, dict):
+            self.fail(f"expected an object, got {_short(v)}")
+        missing = [k for k in keys if k not in v]
+        if missing:
+            self.fail(f"missing {', '.join(missing)}")
+        extra = sorted(set(v) - set(keys) - set(optional))
+        if extra:
+            self.fail(f"unknown field {_short(extra[0])}")
+        return v
+
+    def field(self, d: dict, key: str, read, *args, **kwargs):
+        self.path.append(f".{key}")
+        value = read(d[key], *args, **kwargs)
+        self.path.pop()
+        return value
+
+    def each(self, v, read, *args, limit: int = MAX_ITEMS) -> tuple:
+        if not isinstance(v, list):
+            self.fail(f"expected a list, got {_short(v)}")
+        if len(v) > limit:
+            self.fail(f"a list of {len(v)} entries (at most {limit})")
+        out = []
+        for k, x in enumerate(v):
+            self.path.append(f"[{k}]")
+            out.append(read(x, *args))
+            self.path.pop()
+        return tuple(out)
+
+    def int_(self, v, lo: int = 0, hi: int = MAX_EXTENT) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            self.fail(f"expected an integer, got {_short(v)}")
+        if not lo <= v <= hi:
+            self.fail(f"{v} is out of range ({lo} to {hi})")
+        return v
+
+    def opt_int(self, v, lo: int = 0, hi: int = MAX_EXTENT) -> int | None:
+        return None if v is None else self.int_(v, lo, hi)
+
+    def bool_(self, v) -> bool:
+        if not isinstance(v, bool):
+            self.fail(f"expected true or false, got {_short(v)}")
+        return v
+
+    def text(self, v, limit: int = MAX_TEXT) -> str:
+        if not isinstance(v, str):
+            self.fail(f"expected a string, got {_short(v)}")
+        if len(v) > limit:
+            self.fail(f"a string of {len(v)} characters (at most {limit})")
+        if not v.isprintable():
+            self.fail(f"a string with control characters: {_short(v)}")
+        return v
+
+    def ident(self, v) -> str:
+        self.text(v, MAX_NAME)
+        if not _IDENT.match(v):
+            self.fail(f"{_short(v)} is not a name")
+        return v
+
+    def name_in(self, v, names, what: str) -> str:
+        if not isinstance(v, str) or v not in names:
+            self.fail(f"{_short(v)} is not {what}")
+        return v
+
+    def names_in(self, v, names, what: str, order=None) -> tuple[str, ...]:
+        out = self.each(v, self.name_in, names, what, limit=MAX_RANK)
+        if len(set(out)) != len(out):
+            self.fail(f"a name repeated in {list(out)}")
+        if order is not None and list(out) != [d for d in order if d in out]:
+            self.fail(f"{list(out)} is not in the order {list(order)}")
+        return out
+
+    def expr(self, v, names, kind: str = "int"):
+        try:
+            return px.check(v, names, kind)
+        except px.ExprError as e:
+            self.fail(str(e))
+
+    # ------------------------------------------------------------ the plan
+    def plan(self, d) -> Plan:
+        keys = ("format_version", "source", "dims", "configs", "seed", "envs", "buffers")
+        keys += ("statements", "tree", "outputs", "metrics", "memory")
+        self.obj(d, keys)
+        dims = self.field(d, "dims", self.each, self.dim, limit=MAX_RANK * 4)
+        names = [n for n, _ in dims]
+        if len(set(names)) != len(names):
+            self.fail("a dim is declared twice")
+        self.dim_order = tuple(names)
+        self.bounds = dict(dims)
+        configs = self.field(d, "configs", self.each, self.config)
+        envs = self.field(d, "envs", self.each, self.env, limit=256)
+        buffers = self.field(d, "buffers", self.each, self.buffer)
+        self.buffers = {}
+        for k, b in enumerate(buffers):
+            if b.id in self.buffers:
+                self.path.append(f".buffers[{k}]")
+                self.fail(f"buffer id {b.id} repeated")
+            self.buffers[b.id] = b
+        self.path.append(".buffers")
+        for b in buffers:
+            if b.donor is not None and (b.donor not in self.buffers or b.donor == b.id):
+                self.fail(f"buffer {b.id} takes the memory of {b.donor}, not another buffer")
+        self.path.pop()
+        statements = self.field(d, "statements", self.each, self.statement)
+        if {s.id for s in statements} != set(self.buffers) or len(statements) != len(buffers):
+            self.path.append(".statements")
+            self.fail("the statements and the buffers do not match one to one")
+        self.statements = {s.id: s for s in statements}
+        self.path.append(".statements")
+        for s in statements:  # every stored read names a statement that exists
+            for n in s.nodes:
+                for r in n.inputs:
+                    self._check_stored(s, n, r)
+        self.path.pop()
+        self.depth = 0
+        tree = self.field(d, "tree", self.items, (), True)
+        outputs = self.field(d, "outputs", self.each, self.tensor, "an output")
+        metrics = self.field(d, "metrics", self.each, self.tensor, "a metric")
+        for what, rows in (("outputs", outputs), ("metrics", metrics)):
+            if len({r[0] for r in rows}) != len(rows):
+                self.path.append(f".{what}")
+                self.fail("a tensor named twice")
+        memory = self.field(d, "memory", self.memory)
+        return Plan(
+            source=self.field(d, "source", self.text),
+            dims=dims,
+            configs=configs,
+            seed=self.field(d, "seed", self.int_, -(1 << 63), (1 << 64) - 1),
+            envs=envs,
+            buffers=buffers,
+            statements=statements,
+            tree=tree,
+            outputs=outputs,
+            metrics=metrics,
+            **memory,
+        )
+
+    def dim(self, v) -> tuple[str, int]:
+        if not isinstance(v, list) or len(v) != 2:
+            self.fail(f"expected [name, bound], got {_short(v)}")
+        return self.ident(v[0]), self.int_(v[1])
+
+    def config(self, v) -> tuple[str, Any]:
+        if not isinstance(v, list) or len(v) != 2:
+            self.fail(f"expected [name, value], got {_short(v)}")
+        value = v[1]
+        if isinstance(value, dict):
+            value = self.special_float(value)
+        elif not isinstance(value, (bool, int, float)):
+            self.fail(f"a config value must be a number or a bool, got {_short(value)}")
+        return self.ident(v[0]), value
+
+    def env(self, v) -> Env:
+        d = self.obj(v, ("name", "spec", "batch", "num_envs"))
+        batch = self.field(d, "batch", self.name_in, self.bounds, "a dim of the plan")
+        env = Env(
+            self.field(d, "name", self.ident),
+            self.field(d, "spec", self.text),
+            batch,
+            self.field(d, "num_envs", self.int_),
+        )
+        if env.num_envs != self.bounds[batch]:
+            self.fail(f"num_envs {env.num_envs} is not the bound of {batch}")
+        return env
+
+    def output(self, v) -> Output:
+        d = self.obj(v, ("dtype", "shape"))
+        dtype = self.field(d, "dtype", self.name_in, DTYPES, "a dtype")
+        shape = self.field(d, "shape", self.shape)
+        return Output(dtype, shape)
+
+    def shape(self, v) -> tuple[int, ...]:
+        shape = self.each(v, self.int_, limit=MAX_RANK)
+        if math.prod(shape) > MAX_ELEMENTS:
+            self.fail(f"a shape of {math.prod(shape)} elements (at most {MAX_ELEMENTS})")
+        return shape
+
+    def buffer(self, v) -> Buffer:
+        d = self.obj(v, ("id", "name", "dims", "box", "outputs", "storage", "donor"))
+        dims = self.field(d, "dims", self.names_in, self.bounds, "a dim", self.dim_order)
+        box = self.field(d, "box", self.each, self.int_, limit=MAX_RANK)
+        if len(box) != len(dims):
+            self.fail(f"a box of {len(box)} extents for {len(dims)} dims")
+        outputs = self.field(d, "outputs", self.each, self.output, limit=8)
+        if not outputs:
+            self.fail("a buffer with no outputs")
+        storage = self.obj(d["storage"], ("kind",), ("dim", "size"))
+        window = None
+        self.path.append(".storage")
+        if storage["kind"] == "window":
+            self.obj(storage, ("kind", "dim", "size"))
+            dim = self.field(storage, "dim", self.name_in, dims, "a dim of the buffer")
+            size = self.field(storage, "size", self.int_, 1)
+            window = Window(dim, size)
+        elif storage["kind"] != "block" or len(storage) != 1:
+            self.fail(f"unknown storage {_short(storage)}")
+        self.path.pop()
+        b = Buffer(
+            self.field(d, "id", self.int_),
+            self.field(d, "name", self.opt_name),
+            dims,
+            box,
+            outputs,
+            window,
+            self.field(d, "donor", self.opt_int),
+        )
+        for o in outputs:
+            if math.prod(b.extents) * math.prod(o.shape) > MAX_ELEMENTS:
+                self.fail(f"a buffer of more than {MAX_ELEMENTS} elements")
+        return b
+
+    def opt_name(self, v) -> str | None:
+        return None if v is None else self.text(v, MAX_NAME)
+
+    # ------------------------------------------------------------ statements
+    def statement(self, v) -> Statement:
+        d = self.obj(v, ("id", "dims", "loops", "vector", "domain", "nodes"))
+        sid = self.field(d, "id", self.int_)
+        if sid not in self.buffers:
+            self.fail(f"statement {sid} has no buffer")
+        dims = self.field(d, "dims", self.names_in, self.bounds, "a dim", self.dim_order)
+        if dims != self.buffers[sid].dims:
+            self.fail(f"dims {list(dims)} are not those of buffer {sid}")
+        loops = self.field(d, "loops", self.names_in, dims, "a dim of the statement", dims)
+        vector = self.field(d, "vector", self.names_in, dims, "a dim of the statement", dims)
+        if set(loops) & set(vector) or set(loops) | set(vector) != set(dims):
+            self.fail("loops and vector do not split the statement's dims")
+        domain = self.field(d, "domain", self.expr, dims, "bool")
+        self.nodes: dict[int, Node] = {}
+        self.dims = dims
+        nodes = self.field(d, "nodes", self.each, self.node)
+        if not nodes or nodes[-1].id != sid:
+            self.fail(f"the last node of statement {sid} is not node {sid}")
+        out = self.buffers[sid].outputs
+        if nodes[-1].types != out:
+            self.fail(f"the outputs of node {sid} are not those of its buffer")
+        return Statement(sid, dims, loops, vector, domain, nodes)
+
+    def node(self, v) -> Node:
+        d = self.obj(v, ("id", "op", "attrs", "types", "inputs", "where"))
+        nid = self.field(d, "id", self.int_)
+        if nid in self.nodes:
+            self.fail(f"node id {nid} repeated in the statement")
+        op = self.field(d, "op", self.ident)
+        attrs = self.field(d, "attrs", self.attrs)
+        types = self.field(d, "types", self.each, self.output, limit=8)
+        if not types:
+            self.fail("a node with no outputs")
+        inputs = self.field(d, "inputs", self.each, self.read, limit=4096)
+        where = self.field(d, "where", self.where)
+        node = Node(nid, op, attrs, types, inputs, where)
+        self.nodes[nid] = node
+        return node
+
+    def attrs(self, v) -> tuple[tuple[str, Any], ...]:
+        if not isinstance(v, dict):
+            self.fail(f"expected an object, got {_short(v)}")
+        if len(v) > 32:
+            self.fail(f"{len(v)} attributes")
+        out = []
+        for k in sorted(v):
+            self.path.append(f".{k}")
+            self.ident(k)
+            out.append((k, self.value(v[k], 0)))
+            self.path.pop()
+        return tuple(out)
+
+    def value(self, v, depth: int):
+        """An attribute's value: null, a bool, an int, a finite float, a string, a list
+        (a tuple), ``{"ix": E}`` (an index expression over the statement's dims) or
+        ``{"float": "inf" | "-inf" | "nan"}``."""
+        if v is None or isinstance(v, bool):
+            return v
+        if isinstance(v, int):
+            return self.int_(v, -(1 << 63), (1 << 64) - 1)
+        if isinstance(v, float):
+            return v
+        if isinstance(v, str):
+            return self.text(v, MAX_NAME)
+        if isinstance(v, list):
+            if depth >= 4:
+                self.fail("an attribute nested too deeply")
+            return self.each(v, self.value, depth + 1, limit=1 << 16)
+        if isinstance(v, dict) and set(v) == {"ix"}:
+            return Ix(self.expr(v["ix"], self.dims))
+        if isinstance(v, dict):
+            return self.special_float(v)
+        self.fail(f"not an attribute value: {_short(v)}")
+
+    def special_float(self, v: dict) -> float:
+        if set(v) != {"float"} or v["float"] not in ("inf", "-inf", "nan"):
+            self.fail(f"not a value: {_short(v)}")
+        return float(v["float"])
+
+    def where(self, v) -> tuple[str, int | None]:
+        if not isinstance(v, list) or len(v) != 2:
+            self.fail(f"expected [tensor, line], got {_short(v)}")
+        return self.text(v[0], MAX_NAME), self.opt_int(v[1], 1)
+
+    def read(self, v) -> Read:
+        d = self.obj(v, ("src", "out", "stored", "access", "cond"))
+        src = self.field(d, "src", self.int_)
+        out = self.field(d, "out", self.int_, 0, 7)
+        stored = self.field(d, "stored", self.bool_)
+        access = self.field(d, "access", self.each, self.access, limit=MAX_RANK)
+        cond = None
+        if d["cond"] is not None:
+            cond = self.field(d, "cond", self.expr, self.dims, "bool")
+        if not stored:
+            # an inlined node: an earlier node of the statement, at the same point
+            if src not in self.nodes:
+                self.fail(f"node {src} is not an earlier node of the statement")
+            if out >= len(self.nodes[src].types):
+                self.fail(f"node {src} has no output {out}")
+            if access != tuple(At(d) for d in self.dims):
+                self.fail("a read of an inlined node is at the same point")
+        return Read(src, out, stored, access, cond)
+
+    def access(self, v) -> At | Slice:
+        if isinstance(v, list) and len(v) == 2 and v[0] == "at":
+            return At(self.expr(v[1], self.dims))
+        if isinstance(v, list) and len(v) == 3 and v[0] == "slice":
+            return Slice(self.expr(v[1], self.dims), self.expr(v[2], self.dims))
+        self.fail(f'expected ["at", E] or ["slice", LO, HI], got {_short(v)}')
+
+    def _check_stored(self, s: Statement, n: Node, r: Read):
+        if not r.stored:
+            return
+        b = self.buffers.get(r.src)
+        where = f"node {n.id} of statement {s.id}"
+        if b is None:
+            self.fail(f"{where} reads buffer {r.src}, which does not exist")
+        if r.out >= len(b.outputs):
+            self.fail(f"{where} reads output {r.out} of buffer {r.src}, which has {len(b.outputs)}")
+        if len(r.access) != len(b.dims):
+            self.fail(f"{where} reads buffer {r.src} with {len(r.access)} indices for "
+                      f"{len(b.dims)} dims")
+
+    # ------------------------------------------------------------ the loop tree
+    def items(self, v, scope: tuple[str, ...], top: bool) -> tuple:
+        self.depth += 1
+        if self.depth > MAX_TREE_DEPTH:
+            self.fail(f"a loop tree nested more than {MAX_TREE_DEPTH} deep")
+        out = self.each(v, self.item, scope, top)
+        self.depth -= 1
+        return out
+
+    def item(self, v, scope: tuple[str, ...], top: bool):
+        if not isinstance(v, dict):
+            self.fail(f"expected a loop tree item, got {_short(v)}")
+        if "for" in v:
+            d = self.obj(v, ("for", "init", "cond", "inc", "body"))
+            var = self.field(d, "for", self.ident)
+            if var in scope or var in self.bounds:
+                self.fail(f"the loop variable {var} hides another name")
+            init = self.field(d, "init", self.expr, scope)
+            cond = self.field(d, "cond", self.expr, scope + (var,), "bool")
+            inc = self.field(d, "inc", self.int_, -MAX_EXTENT, MAX_EXTENT)
+            if inc == 0:
+                self.fail("a loop that does not advance (inc 0)")
+            body = self.field(d, "body", self.items, scope + (var,), False)
+            return Loop(var, init, cond, inc, body)
+        if "if" in v:
+            d = self.obj(v, ("if", "then", "else"))
+            cond = self.field(d, "if", self.expr, scope, "bool")
+            then = self.field(d, "then", self.items, scope, False)
+            orelse = self.field(d, "else", self.items, scope, False)
+            return If(cond, then, orelse)
+        if "call" in v:
+            d = self.obj(v, ("call", "args"))
+            sid = self.field(d, "call", self.int_)
+            if sid not in self.statements:
+                self.fail(f"a call of statement {sid}, which does not exist")
+            args = self.field(d, "args", self.each, self.expr, scope, limit=MAX_RANK)
+            if len(args) != len(self.statements[sid].loops):
+                self.fail(f"statement {sid} has {len(self.statements[sid].loops)} loop dims, "
+                          f"the call gives {len(args)} values")
+            return Call(sid, args)
+        for key, kind in (("free", Free), ("swap_out", SwapOut), ("swap_in", SwapIn)):
+            if key in v:
+                d = self.obj(v, (key,))
+                if not top:
+                    self.fail(f"a {key} item inside a loop or an if (only at the top level)")
+                sids = self.field(d, key, self.each, self.int_)
+                unknown = [s for s in sids if s not in self.buffers]
+                if unknown:
+                    self.fail(f"buffer {unknown[0]} does not exist")
+                return kind(sids)
+        self.fail(f"unknown loop tree item with fields {_short(sorted(v))}")
+
+    def tensor(self, v, what: str) -> tuple[str, int, int]:
+        if not isinstance(v, list) or len(v) != 3:
+            self.fail(f"expected [tensor, statement, output], got {_short(v)}")
+        name = self.text(v[0], MAX_NAME)
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name):
+            self.fail(f"{_short(name)} is not a tensor name")
+        sid, out = self.int_(v[1]), self.int_(v[2], 0, 7)
+        if sid not in self.buffers or out >= len(self.buffers[sid].outputs):
+            self.fail(f"{what} {name} names buffer {sid} output {out}, which does not exist")
+        return name, sid, out
+
+    def memory(self, v) -> dict:
+        d = self.obj(v, ("budget", "budget_met", "peak", "peak_unswapped"))
+        big = 1 << 62
+        met = None if d["budget_met"] is None else self.field(d, "budget_met", self.bool_)
+        return {
+            "memory_budget": self.field(d, "budget", self.opt_int, 0, big),
+            "memory_budget_met": met,
+            "memory_peak": self.field(d, "peak", self.int_, 0, big),
+            "memory_peak_unswapped": self.field(d, "peak_unswapped", self.int_, 0, big),
+        }
