@@ -36,20 +36,21 @@ VARIANTS = [
 def dumps(program: str, overrides: dict[str, str] | None = None, budget=None) -> dict[str, str]:
     """File name -> text of every golden dump of the program file ``program`` (relative to
     the repository's root)."""
+    from timerlc.compiler import compile_source
     from timerlc.diagnostics import Source
-    from timerlc.frontend.check import check_source
     from timerlc.ir import serialize
-    from timerlc.passes.pipeline import run_pipeline
     from timerlc.plan import text as plan_text
-    from timerlc.runner import compile_plan
 
     source = Source(program, (ROOT / program).read_text())
     stages: list[tuple[str, object]] = []
-    graph = run_pipeline(
-        check_source(source, overrides or {}), lambda name, g: stages.append((name, g))
+    _, plan = compile_source(
+        source,
+        overrides or {},
+        memory_budget=budget,
+        on_stage=lambda name, x: stages.append((name, x)),
     )
-    out = {f"{k:02d}-{name}.pdg": serialize.to_text(g) for k, (name, g) in enumerate(stages)}
-    plan = compile_plan(graph, program, memory_budget=budget)
+    graphs = [(name, g) for name, g in stages if name not in ("schedule", "plan")]
+    out = {f"{k:02d}-{name}.pdg": serialize.to_text(g) for k, (name, g) in enumerate(graphs)}
     out["plan.txt"] = plan_text.render(plan) + "\n" + nodes_text(plan)
     return out
 

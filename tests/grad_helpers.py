@@ -20,15 +20,15 @@ import textwrap
 
 import numpy as np
 import pytest
+from rtl_helpers import BACKENDS_COMPARED, compare_cpu
 
+from timerlc.compiler import run_passes
 from timerlc.diagnostics import ProgramError, Source
 from timerlc.frontend.check import check_source
 from timerlc.ir.pdg import SCALAR_DOMAIN, Edge, Node, make_attrs
 from timerlc.ir.types import TensorType
-from timerlc.passes.pipeline import run_pipeline
 from timerlc.poly.checks import check_all
 from timerlc.reference.interpreter import outputs, run_graph
-from rtl_helpers import BACKENDS_COMPARED, compare_cpu
 
 EPS = 1e-6
 RTOL = 1e-6
@@ -43,7 +43,7 @@ def compile_program(text: str, **sets):
     """The graph after the lowering passes (autodiff), checked by the domain checks."""
     overrides = {k: str(v) for k, v in sets.items()}
     graph = check_source(Source("p.rtl", src(text)), overrides=overrides)
-    graph = run_pipeline(graph, optimize=False)
+    graph = run_passes(graph, optimize=False)
     check_all(graph)  # the differentiated graph must still pass the domain checks
     return graph
 
@@ -115,8 +115,14 @@ def _with_field_value(graph, field: str, value: np.ndarray):
     const = Node(nid, "const", SCALAR_DOMAIN, (), (TensorType(ftype.dtype, ftype.shape),), attrs)
     old = merge.inputs[0]
     new_merge = Node(
-        merge.id, merge.op, merge.domain, (Edge(nid, (), cond=old.cond, span=old.span),),
-        merge.types, merge.attrs, merge.name, merge.span,
+        merge.id,
+        merge.op,
+        merge.domain,
+        (Edge(nid, (), cond=old.cond, span=old.span),),
+        merge.types,
+        merge.attrs,
+        merge.name,
+        merge.span,
     )
     nodes = list(graph.nodes) + [const]
     nodes[merge.id] = new_merge
@@ -146,8 +152,15 @@ def numeric_grad(forward_graph, params: dict, eps: float = EPS) -> dict[str, np.
     return out
 
 
-def gradcheck(body: str, params: dict, header: str = "", expected: dict | None = None,
-              rtol: float = RTOL, atol: float = ATOL, **sets) -> dict[str, np.ndarray]:
+def gradcheck(
+    body: str,
+    params: dict,
+    header: str = "",
+    expected: dict | None = None,
+    rtol: float = RTOL,
+    atol: float = ATOL,
+    **sets,
+) -> dict[str, np.ndarray]:
     """Check ``grad(loss, p)`` against finite differences (or against ``expected``)."""
     out = run(grad_program(body, params, header), **sets)
     assert np.asarray(out["loss"]).shape == ()
@@ -166,8 +179,7 @@ def gradcheck(body: str, params: dict, header: str = "", expected: dict | None =
     return out
 
 
-def gradcheck_or_refused(body: str, params: dict, header: str = "", line: int | None = None,
-                         **kw):
+def gradcheck_or_refused(body: str, params: dict, header: str = "", line: int | None = None, **kw):
     """A construct the pass may not support yet: either a ProgramError with a position (at
     ``line`` of the body, counted from 1), or the right gradient. Never a crash."""
     text = grad_program(body, params, header)

@@ -45,11 +45,10 @@ BACKENDS_COMPARED = os.environ.get("TIMERLC_TEST_CPU", "1") != "0"
 
 
 def compare_cpu(graph, want: dict):
-    from timerlc.passes.pipeline import run_pipeline
-    from timerlc.runner import compile_plan
+    from timerlc.compiler import compile_plan, run_passes
     from timerlc.runtime.cpu import CpuRuntime
 
-    runtime = CpuRuntime(compile_plan(run_pipeline(graph)))
+    runtime = CpuRuntime(compile_plan(run_passes(graph)))
     runtime.run()
     for name, expected in want.items():
         got = runtime.value(name)

@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 from rtl_helpers import cli, src
 
+from timerlc.compiler import compile_plan, run_passes
 from timerlc.diagnostics import Source
 from timerlc.frontend.check import check_source
-from timerlc.passes.pipeline import run_pipeline
-from timerlc.reference.interpreter import outputs, run_graph
-from timerlc.runner import compile_plan
-from timerlc.runtime.cpu import CpuRuntime
 from timerlc.plan.items import Call, Loop, walk
+from timerlc.reference.interpreter import outputs, run_graph
+from timerlc.runtime.cpu import CpuRuntime
 from timerlc.runtime.plan import PlanError, load_plan
 from timerlc.schedule.build import build_schedule
 
@@ -43,9 +42,7 @@ SMALL = {
 def graph_of(name: str, sets: dict, optimize: bool = True):
     path = PROGRAMS / f"{name}.rtl"
     overrides = {k: str(v) for k, v in sets.items()}
-    return run_pipeline(
-        check_source(Source(str(path), path.read_text()), overrides), None, optimize
-    )
+    return run_passes(check_source(Source(str(path), path.read_text()), overrides), None, optimize)
 
 
 def both(name: str):
@@ -91,7 +88,7 @@ def test_program_metrics_stream_in_the_order_of_their_first_dim(name):
 
 
 def schedule_of(text: str):
-    graph = run_pipeline(check_source(Source("p.rtl", src(text))))
+    graph = run_passes(check_source(Source("p.rtl", src(text))))
     s = build_schedule(graph)
     by_name = {graph.node(nid).name: st for nid, st in s.statements.items()}
     return graph, s, by_name

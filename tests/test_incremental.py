@@ -12,6 +12,7 @@ import pytest
 import sympy
 from rtl_helpers import src
 
+from timerlc.compiler import compile_plan, run_passes
 from timerlc.diagnostics import Source
 from timerlc.frontend.check import check_source
 from timerlc.ir import index as ix
@@ -19,11 +20,9 @@ from timerlc.ir.pdg import Range
 from timerlc.ir.serialize import from_text, to_text
 from timerlc.passes.forward import forward_merge_reads
 from timerlc.passes.incremental import incrementalize
-from timerlc.passes.pipeline import run_pipeline
 from timerlc.poly import isl as pisl
 from timerlc.poly.checks import check_all
 from timerlc.reference.interpreter import outputs, run_graph
-from timerlc.runner import compile_plan
 from timerlc.runtime.cpu import CpuRuntime
 from timerlc.schedule.build import build_schedule
 
@@ -51,7 +50,7 @@ def optimized(graph):
         if name == "incremental":
             check_all(g)
 
-    opt = run_pipeline(graph, on_stage)
+    opt = run_passes(graph, on_stage)
     check_all(opt)
     assert to_text(from_text(to_text(opt))) == to_text(opt)
     return opt
@@ -77,7 +76,7 @@ def cpu_outputs(graph) -> dict[str, np.ndarray]:
 def same_as_reference(graph, opt):
     """The optimized graph on the reference and on the cpu backend gives the outputs of the
     program as written."""
-    want = outputs(run_graph(run_pipeline(graph, optimize=False)))
+    want = outputs(run_graph(run_passes(graph, optimize=False)))
     assert_same(outputs(run_graph(opt)), want, "reference, optimized")
     assert_same(cpu_outputs(opt), want, "cpu")
     return want
@@ -112,7 +111,7 @@ REWRITTEN = {
 @pytest.mark.parametrize("eq", REWRITTEN.values(), ids=REWRITTEN.keys())
 def test_window_reductions_become_recurrences(eq):
     graph = checked(H + eq + "\nout y\n")
-    assert windowed(run_pipeline(graph, optimize=False))
+    assert windowed(run_passes(graph, optimize=False))
     opt = optimized(graph)
     assert windowed(opt) == []
     assert any(_reads_a_neighbour(opt, n) for n in opt.nodes)
@@ -132,7 +131,7 @@ def _reads_a_neighbour(graph, n) -> bool:
 
 def test_the_pass_keeps_ids_names_and_consumers():
     graph = forward_merge_reads(
-        run_pipeline(
+        run_passes(
             checked(
                 H
                 + "y[i, t] = sum(x[i, t:T])\n"
@@ -160,7 +159,7 @@ def test_the_pass_keeps_ids_names_and_consumers():
 
 def test_a_one_equation_tensor_becomes_the_recurrence_itself():
     graph = forward_merge_reads(
-        run_pipeline(
+        run_passes(
             checked(H + "y[i, t] = discounted_sum(x[i, t:T], gamma)\nout y\n"), optimize=False
         )
     )
@@ -233,7 +232,7 @@ def test_the_gradient_of_a_discounted_sum_is_a_forward_recurrence():
         out g, loss
         """
     )
-    lowered = run_pipeline(graph, optimize=False)
+    lowered = run_passes(graph, optimize=False)
     assert "discounted_sum" in windowed(lowered)
     assert any(n.op == "discounted_sum" and n.attr("reverse") for n in lowered.nodes)
     opt = optimized(graph)
@@ -253,7 +252,7 @@ LEFT_ALONE = {
 @pytest.mark.parametrize("eq, op", LEFT_ALONE.values(), ids=LEFT_ALONE.keys())
 def test_windows_that_are_left_alone(eq, op):
     graph = checked(H + eq + "\nout y\n")
-    before = windowed(run_pipeline(graph, optimize=False))
+    before = windowed(run_passes(graph, optimize=False))
     opt = optimized(graph)
     if op is None:  # the first window is rewritten; x[t % 3, t:T] is not (t is read twice)
         assert windowed(opt) == ["sum"] and len(before) == 2
@@ -284,7 +283,7 @@ def test_f32_over_a_long_horizon(eq):
     )
     opt = optimized(graph)
     assert windowed(opt) == []
-    want = outputs(run_graph(run_pipeline(graph, optimize=False)))["y"]
+    want = outputs(run_graph(run_passes(graph, optimize=False)))["y"]
     np.testing.assert_allclose(cpu_outputs(opt)["y"], want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(outputs(run_graph(opt))["y"], want, rtol=1e-5, atol=1e-6)
 

@@ -16,13 +16,13 @@ from rtl_helpers import src
 from test_diagnostics import invoke
 
 from timerlc.cli import parse_size
+from timerlc.compiler import compile_plan, run_passes
 from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
-from timerlc.passes.pipeline import run_pipeline
-from timerlc.reference.interpreter import run_graph
-from timerlc.runner import budget_warning, compile_plan
 from timerlc.plan import items
 from timerlc.plan.items import Call, Free, If, Loop, Plan, SwapIn, SwapOut, walk
+from timerlc.reference.interpreter import run_graph
+from timerlc.runner import budget_warning
 from timerlc.runtime.cpu import CpuRuntime
 from timerlc.runtime.plan import load_plan
 
@@ -35,7 +35,7 @@ BIG = (Path(__file__).parent / "programs" / "swaps.rtl").read_text()
 
 
 def graph_of(text: str, optimize: bool = True):
-    return run_pipeline(check_source(Source("big.rtl", src(text)), {}), None, optimize)
+    return run_passes(check_source(Source("big.rtl", src(text)), {}), None, optimize)
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def test_a_peak_inside_the_training_loop_cannot_be_swapped():
     # REINFORCE's peak is its training loop, whose buffers that loop uses at every
     # iteration: no top-level swap helps, so none is made and the budget is not met
     path = Path(__file__).resolve().parent.parent / "programs" / "reinforce.rtl"
-    graph = run_pipeline(
+    graph = run_passes(
         check_source(Source(str(path), path.read_text()), {"I": "3", "B": "2", "T": "8"}),
         None,
         True,

@@ -16,14 +16,13 @@ import numpy as np
 import pytest
 from rtl_helpers import src
 
+from timerlc.compiler import compile_plan, run_passes
 from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
-from timerlc.passes.pipeline import run_pipeline
-from timerlc.reference.interpreter import run_graph
-from timerlc.runner import compile_plan
-from timerlc.runtime.cpu import CpuRuntime
 from timerlc.plan import items
 from timerlc.plan.items import Buffer, Call, Free, Plan, Slice, SwapIn, SwapOut, Window
+from timerlc.reference.interpreter import run_graph
+from timerlc.runtime.cpu import CpuRuntime
 from timerlc.runtime.plan import PlanError, load_plan
 
 PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
@@ -38,7 +37,7 @@ def source_of(name: str) -> Source:
 
 def graph_of(source: Source, sets: dict, optimize: bool = True):
     overrides = {k: str(v) for k, v in sets.items()}
-    return run_pipeline(check_source(source, overrides), None, optimize)
+    return run_passes(check_source(source, overrides), None, optimize)
 
 
 def run_both(source: Source, sets: dict, plan: Plan | None = None):
@@ -118,7 +117,9 @@ def check_decisions(plan: Plan):
         # y is a top-level item of its own, and no later item uses x: its free (if the run
         # does not end there) comes right after y
         tree = plan.tree
-        k = next(k for k, item in enumerate(tree) if isinstance(item, Call) and item.statement == y)
+        k = next(
+            k for k, item in enumerate(tree) if isinstance(item, Call) and item.statement == y
+        )
         assert k == len(tree) - 1 or x in tree[k + 1].buffers
 
 

@@ -6,15 +6,16 @@ from __future__ import annotations
 import numpy as np
 from rtl_helpers import src
 
+from timerlc.compiler import run_passes
 from timerlc.diagnostics import Source
 from timerlc.frontend.check import check_source
-from timerlc.passes.pipeline import PASSES, run_pipeline
+from timerlc.passes.pipeline import PASSES
 from timerlc.passes.simplify import simplify
 from timerlc.reference.interpreter import outputs, run_graph
 
 
 def checked(text: str):
-    return run_pipeline(check_source(Source("p.rtl", src(text))), optimize=False)
+    return run_passes(check_source(Source("p.rtl", src(text))), optimize=False)
 
 
 def ops(graph) -> list[str]:
@@ -133,7 +134,7 @@ def test_noise_splits_categorical_into_noise_and_argmax_drawing_the_same_samples
         out a
         """
     g = checked(text)
-    s = run_pipeline(check_source(Source("p.rtl", src(text))))
+    s = run_passes(check_source(Source("p.rtl", src(text))))
     assert "random_categorical" in ops(g) and "random_categorical" not in ops(s)
     assert "random_gumbel" in ops(s) and "argmax" in ops(s)
     same_outputs(g, s)
@@ -146,7 +147,7 @@ def test_schedule_draws_the_acting_noise_once_per_iteration():
 
     path = Path(__file__).resolve().parent.parent / "programs" / "reinforce.rtl"
     sets = {"I": "3", "B": "2", "T": "5"}
-    graph = run_pipeline(check_source(Source(str(path), path.read_text()), sets))
+    graph = run_passes(check_source(Source(str(path), path.read_text()), sets))
     sched = build_schedule(graph)
     (noise,) = [s for nid, s in sched.statements.items() if graph.node(nid).op == "random_gumbel"]
     assert noise.loops == ("i",) and noise.vector == ("b", "t")

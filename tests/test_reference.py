@@ -10,7 +10,7 @@ from timerlc.ir import index as ix
 from timerlc.ir.pdg import Dim, Domain, Edge, Graph, Node, Point, Tensor
 from timerlc.ir.types import TensorType
 from timerlc.reference.interpreter import Interpreter, outputs, run_graph
-from timerlc.runner import run_program
+from timerlc.runner import run_reference
 
 
 def graph_of(text, **overrides):
@@ -56,7 +56,7 @@ def test_failure_keeps_metrics_and_partial_outputs(tmp_path):
     metrics = tmp_path / "m.csv"
     out = tmp_path / "o.npz"
     with pytest.raises(RunError, match="out of range"):
-        run_program(g, "reference", str(out), str(metrics))
+        run_reference(g, str(out), str(metrics))
     assert metrics.read_text().splitlines() == ["name,i,value", "m,0,0.0", "m,1,1.0", "m,2,2.0"]
     np.testing.assert_array_equal(np.load(out)["y"], [0, 1, 2, 0])
 

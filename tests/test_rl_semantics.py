@@ -3,18 +3,18 @@ calls, failures inside environments, bad --env, and where random draws come from
 
 from pathlib import Path
 
+import env_plugins
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import env_plugins
 from timerlc import rng
 from timerlc.cli import cli
+from timerlc.compiler import run_passes
 from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
-from timerlc.passes.pipeline import run_pipeline
 from timerlc.reference.interpreter import outputs, run_graph
-from timerlc.runner import run_program
+from timerlc.runner import run_reference
 
 TESTS = Path(__file__).resolve().parent
 
@@ -26,7 +26,7 @@ def plugins_importable(monkeypatch):
 
 
 def graph_of(text, **sets):
-    return run_pipeline(check_source(Source("p.rtl", text), {k: str(v) for k, v in sets.items()}))
+    return run_passes(check_source(Source("p.rtl", text), {k: str(v) for k, v in sets.items()}))
 
 
 RECORDED = """
@@ -58,7 +58,7 @@ def test_an_environment_that_raises_stops_the_run_and_keeps_the_metrics(tmp_path
     graph = graph_of(RECORDED.replace("make_recorder", "make_recorder?fail_at=5"))
     metrics = tmp_path / "m.csv"
     with pytest.raises(RunError, match="recorder fails at step 5"):
-        run_program(graph, "reference", None, str(metrics))
+        run_reference(graph, None, str(metrics))
     assert metrics.read_text().splitlines() == ["name,i,value", "s,0,6.0"]
 
 
@@ -197,8 +197,10 @@ o[b, t+1], r[b, t], d[b, t] = E.step(a[b, t])
 
 def test_a_cycle_through_the_order_of_environment_calls_is_an_error(tmp_path):
     # the action of step t reads what step t+1 returns, and step t+1 comes after step t
-    r = _check(tmp_path, ORDERED + "a[b, t] = i32(sum(o[b, t + 2]) > 0.0) when t < T - 1\n"
-               "a[b, T-1] = 0\nout r\n")
+    r = _check(
+        tmp_path,
+        ORDERED + "a[b, t] = i32(sum(o[b, t + 2]) > 0.0) when t < T - 1\na[b, T-1] = 0\nout r\n",
+    )
     assert r.exit_code == 1, r.output
     assert r.stderr.startswith(f"{tmp_path / 'p.rtl'}:7:31: error: cyclic definition")
     assert "E.step()" in r.stderr

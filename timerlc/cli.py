@@ -92,13 +92,43 @@ def _check(
 ):
     """Check the program and run the pass pipeline: the PDG a backend runs (the reference
     backend runs it unoptimized: it is the oracle the optimized program is tested against)."""
-    from timerlc.frontend.check import check_source
-    from timerlc.passes.pipeline import run_pipeline
+    from timerlc import compiler
 
     try:
-        return run_pipeline(check_source(source, overrides, envs), on_stage, optimize)
+        return compiler.run_passes(compiler.check_program(source, overrides, envs), on_stage, optimize)
     except ProgramError as e:
         raise _Fail(1, e.render(source)) from None
+
+
+def _compile(
+    source: Source,
+    overrides: dict[str, str],
+    envs: dict[str, str],
+    backend: str,
+    memory_budget=None,
+    on_stage=None,
+    source_path=None,
+):
+    """Every stage for ``backend`` (``compiler.compile_source``): the graph it runs and its
+    plan (None for the reference backend); a program error exits 1, a budget that cannot be
+    met warns."""
+    from timerlc import compiler
+
+    try:
+        graph, plan = compiler.compile_source(
+            source,
+            overrides,
+            envs,
+            backend=backend,
+            memory_budget=memory_budget,
+            on_stage=on_stage,
+            source_path=source_path,
+        )
+    except ProgramError as e:
+        raise _Fail(1, e.render(source)) from None
+    if plan is not None:
+        _warn_budget(plan)
+    return graph, plan
 
 
 def _backend(backend: str | None) -> str:
@@ -260,18 +290,15 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
         def on_stage(name, g):
             stages.append((name, time.perf_counter(), g))
 
-        graph = _check(
-            source, _overrides(sets), _env_overrides(envs), on_stage, chosen != "reference"
+        graph, plan = _compile(
+            source,
+            _overrides(sets),
+            _env_overrides(envs),
+            chosen,
+            memory_budget,
+            on_stage,
+            str(Path(file).resolve()),
         )
-        plan = None
-        if chosen == "cpu":
-            from timerlc.runner import compile_plan
-
-            try:
-                plan = compile_plan(graph, str(Path(file).resolve()), on_stage, memory_budget)
-            except ProgramError as e:
-                raise _Fail(1, e.render(source)) from None
-            _warn_budget(plan)
         out = Path(out_dir)
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -341,6 +368,34 @@ def _load_build(path: Path):
         ) from None
 
 
+def _run_build(path: Path, backend, outputs_path, metrics_path, progress, profile):
+    """Run a build folder: its plan on the cpu runtime, or its checked program on the
+    reference interpreter (``--backend reference``, or a build for that backend, which has
+    no plan)."""
+    from timerlc.runner import run_plan, run_reference
+    from timerlc.runtime.plan import PlanError, load_plan
+
+    plan_file = path / BUILD_PLAN
+    if backend == "reference" or not plan_file.exists():
+        graph = _load_build(path)
+        if backend not in (None, "reference"):
+            raise _Fail(
+                2,
+                f"timerlc: error: {path} was compiled for the reference backend (it has no "
+                f"{BUILD_PLAN}); compile the program again with --backend {backend}",
+            )
+        run_reference(graph, outputs_path, metrics_path, progress, profile)
+        return
+    try:
+        plan = load_plan(plan_file)
+    except PlanError as e:
+        raise _Fail(2, f"timerlc: error: {e}") from None
+    try:
+        run_plan(plan, outputs_path, metrics_path, progress, profile)
+    except PlanError as e:  # found while running: a read outside the buffers
+        raise _Fail(2, f"timerlc: error: {plan_file}: {e}") from None
+
+
 @cli.command()
 @click.argument("target", type=click.Path())
 @click.option(
@@ -386,7 +441,7 @@ def run(
     """Run TARGET, a program FILE.rtl or a build folder, and save outputs and metrics."""
 
     def body():
-        from timerlc.runner import run_program
+        from timerlc.runner import run_plan, run_reference
 
         path = Path(target)
         chosen = _backend(backend)
@@ -399,7 +454,7 @@ def run(
             raise click.BadParameter("the outputs file must end in .npz", param_hint="--outputs")
         _writable(outputs_path, "--outputs")
         _writable(metrics_path, "--metrics")
-        source = None
+        progress = not no_progress and sys.stderr.isatty()
         if path.is_dir():
             if sets or envs or seed is not None:
                 raise _Fail(
@@ -413,45 +468,16 @@ def run(
                     "timerlc: error: --memory-budget changes the plan; compile the program "
                     "with it instead (timerlc compile FILE.rtl --memory-budget SIZE)",
                 )
-            plan_file = path / BUILD_PLAN
-            if plan_file.exists() and backend in (None, "cpu"):
-                from timerlc.runner import run_plan
-                from timerlc.runtime.plan import PlanError, load_plan
-
-                try:
-                    plan = load_plan(plan_file)
-                except PlanError as e:
-                    raise _Fail(2, f"timerlc: error: {e}") from None
-                progress = not no_progress and sys.stderr.isatty()
-                try:
-                    run_plan(plan, outputs_path, metrics_path, progress, profile)
-                except PlanError as e:  # found while running: a read outside the buffers
-                    raise _Fail(2, f"timerlc: error: {plan_file}: {e}") from None
-                return
-            graph = _load_build(path)
+            _run_build(path, backend, outputs_path, metrics_path, progress, profile)
+            return
+        source = _read_source(target)
+        graph, plan = _compile(
+            source, _overrides(sets, seed), _env_overrides(envs), chosen, memory_budget
+        )
+        if plan is None:
+            run_reference(graph, outputs_path, metrics_path, progress, profile)
         else:
-            source = _read_source(target)
-            graph = _check(
-                source,
-                _overrides(sets, seed),
-                _env_overrides(envs),
-                optimize=chosen != "reference",
-            )
-        progress = not no_progress and sys.stderr.isatty()
-        try:
-            run_program(
-                graph,
-                chosen,
-                outputs_path,
-                metrics_path,
-                progress,
-                profile,
-                memory_budget=memory_budget,
-                on_plan=_warn_budget,
-            )
-        except ProgramError as e:  # found while compiling the plan (the schedule)
-            text = e.render(source) if source is not None else f"timerlc: error: {e.message}"
-            raise _Fail(1, text) from None
+            run_plan(plan, outputs_path, metrics_path, progress, profile)
 
     _guard(body)(debug=debug)
 

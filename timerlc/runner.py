@@ -1,6 +1,9 @@
-"""Running a checked program on a backend, with outputs, metrics and progress.
+"""Running a compiled program, with outputs, metrics and progress: a plan on the cpu
+runtime (this path never imports the compiler), or a checked PDG on the reference
+interpreter.
 
-In: a PDG and the ``run`` options. Out: the ``--outputs`` file and the metric stream.
+In: a plan or a PDG, and the ``run`` options. Out: the ``--outputs`` file and the metric
+stream.
 A failure still flushes the metrics written so far and saves the outputs computed so far.
 """
 
@@ -34,24 +37,6 @@ def plan_metric_dims(plan: Plan) -> list[str]:
     return [d for d, _ in plan.dims if d in used]
 
 
-def compile_plan(
-    graph: Graph, source: str = "", on_stage=None, memory_budget: int | None = None
-) -> Plan:
-    """Schedule a checked, optimized PDG and make its plan (``timerlc.plan.items``);
-    ``memory_budget``: the bytes of device memory its buffers may hold at once (None: no
-    limit)."""
-    from timerlc.plan.build import build_plan
-    from timerlc.schedule.build import build_schedule
-
-    schedule = build_schedule(graph)
-    if on_stage is not None:
-        on_stage("schedule", schedule)
-    plan = build_plan(graph, schedule, source, memory_budget)
-    if on_stage is not None:
-        on_stage("plan", plan)
-    return plan
-
-
 def budget_warning(plan: Plan) -> str | None:
     """The one-line warning for a plan whose memory budget swapping cannot meet, else None."""
     if plan.memory_budget is None or plan.memory_budget_met is not False:
@@ -78,23 +63,11 @@ def format_bytes(n: int) -> str:
     return "1 byte" if n == 1 else f"{n} bytes"
 
 
-def run_program(
-    graph: Graph,
-    backend: str,
-    outputs_path=None,
-    metrics_path=None,
-    progress=False,
-    profile=False,
-    memory_budget: int | None = None,
-    on_plan=None,
+def run_reference(
+    graph: Graph, outputs_path=None, metrics_path=None, progress=False, profile=False
 ):
-    """Run on ``backend``; for the cpu backend the plan is compiled first (with
-    ``memory_budget``) and given to ``on_plan`` before it runs."""
-    if backend == "cpu":
-        plan = compile_plan(graph, memory_budget=memory_budget)
-        if on_plan is not None:
-            on_plan(plan)
-        return run_plan(plan, outputs_path, metrics_path, progress, profile)
+    """Run a checked PDG (as written: after the lowering passes only) on the reference
+    interpreter."""
     from timerlc.reference.interpreter import Interpreter
 
     def make(on_metric):

@@ -128,9 +128,7 @@ def build_plan(
     statements = []
     for nid, st in schedule.statements.items():
         node = graph.node(nid)
-        nodes = tuple(
-            _node(graph.node(k), node, schedule, tensor_names) for k in st.body
-        )
+        nodes = tuple(_node(graph.node(k), node, schedule, tensor_names) for k in st.body)
         statements.append(
             Statement(
                 nid,

@@ -475,7 +475,11 @@ def _join_ahead(host, nid: int, readers: set[int], fuse: _Fuse):
                 continue
             phi = lv._phi(nid, dims, c, int(f), -ahead)
             bounds, span = fuse.span(level.phi, _members(host)), fuse.span({nid: phi}, [nid])
-            if bounds is None or span is None or not (bounds[0] <= span[0] <= span[1] <= bounds[1]):
+            if (
+                bounds is None
+                or span is None
+                or not (bounds[0] <= span[0] <= span[1] <= bounds[1])
+            ):
                 continue
             new = lv.Level(
                 {**level.coords, nid: c},
@@ -756,13 +760,20 @@ def _convert(node: isl.AstNode) -> list:
         ]
     if t == isl.ast_node_type.if_:
         other = _convert(node.if_get_else_node()) if node.if_has_else_node() else []
-        return [If(_expr(node.if_get_cond()), tuple(_convert(node.if_get_then_node())), tuple(other))]
+        return [
+            If(_expr(node.if_get_cond()), tuple(_convert(node.if_get_then_node())), tuple(other))
+        ]
     if t == isl.ast_node_type.user:
         call = node.user_get_expr()
         name = call.get_op_arg(0).get_id().get_name()
         if name.startswith("P"):
             return [_Points(int(name[1:]))]
-        return [Call(int(name[1:]), tuple(_expr(call.get_op_arg(k)) for k in range(1, call.get_op_n_arg())))]
+        return [
+            Call(
+                int(name[1:]),
+                tuple(_expr(call.get_op_arg(k)) for k in range(1, call.get_op_n_arg())),
+            )
+        ]
     if t == isl.ast_node_type.mark:
         return _convert(node.mark_get_node())
     raise ValueError(f"isl AST node not handled: {t}")
