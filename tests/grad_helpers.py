@@ -26,7 +26,7 @@ from timerlc.compiler import run_passes
 from timerlc.diagnostics import ProgramError, Source
 from timerlc.frontend.check import check_source
 from timerlc.ir.pdg import SCALAR_DOMAIN, Edge, Node, make_attrs
-from timerlc.ir.types import TensorType
+from timerlc.types import TensorType
 from timerlc.poly.checks import check_all
 from timerlc.reference.interpreter import outputs, run_graph
 

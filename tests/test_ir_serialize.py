@@ -34,7 +34,7 @@ from timerlc.ir.pdg import (
     Tensor,
 )
 from timerlc.ir.serialize import from_json, from_text, to_dot, to_json, to_text
-from timerlc.ir.types import TensorType
+from timerlc.types import TensorType
 
 PROGRAMS_DIR = Path(__file__).resolve().parent.parent / "programs"
 

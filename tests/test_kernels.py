@@ -1,6 +1,7 @@
-"""Tests of timerlc.runtime.kernels: every op of the registry evaluated over a batch of
-points at once must equal its per-point NumPy meaning (``REGISTRY[name].numpy``) at each
-batch point."""
+"""Tests of the op records' kernels (``timerlc.ops``): every op evaluated over a batch of
+points at once must equal, at each batch point, the same kernel run at that one point (as
+the reference interpreter runs it), for batches of one and two axes, with inputs shared
+along a batch axis; and the package the runtime imports never imports the compiler."""
 
 import ast
 from pathlib import Path
@@ -10,12 +11,12 @@ import pytest
 import sympy
 
 from timerlc.ir import index as ix
-from timerlc.ir.ops import REGISTRY
-from timerlc.ir.types import TensorType, numpy_dtype
+from timerlc.ops import REGISTRY
+from timerlc.types import TensorType, numpy_dtype
 from timerlc.plan.items import Ix
-from timerlc.runtime import kernels
-from timerlc.runtime.kernels import run_op
+from timerlc.ops import run_op
 
+ROOT = Path(__file__).resolve().parent.parent
 B, T, K = ix.sym("b"), ix.sym("t"), ix.sym("k")
 BOUNDS = {"b": 4, "t": 5, "k": 3}
 SPACE_BT = (("b", 4), ("t", 5))
@@ -76,9 +77,8 @@ def _value(gen, dtype, shape, kind):
     raise ValueError(kind)
 
 
-def _reference(name, attrs, args, batch, point, out_dtype):
+def _reference(name, attrs, args, batch, point, out_dtype, out_shape):
     """The per-point meaning at every batch point, stacked."""
-    fn = REGISTRY[name].numpy
     outs = []
     for bix in np.ndindex(*batch):
         at = [a[tuple(i if s != 1 else 0 for i, s in zip(bix, a.shape))] for a in args]
@@ -86,9 +86,8 @@ def _reference(name, attrs, args, batch, point, out_dtype):
             d: int(v) if np.ndim(v) == 0 else int(np.broadcast_to(v, batch)[bix])
             for d, v in point.items()
         }
-        with np.errstate(all="ignore"):
-            out = fn(attrs, [np.asarray(a) for a in at], p)
-        outs.append(np.asarray(out).astype(numpy_dtype(out_dtype)))
+        out = run_op(name, attrs, at, (), p, out_dtype, out_shape)
+        outs.append(out)
     return np.stack(outs).reshape(batch + outs[0].shape)
 
 
@@ -96,6 +95,9 @@ def check(name, attrs, specs, seed=0):
     """``specs``: one (dtype, spatial shape, kind) per input."""
     spatial = [TensorType(dt, tuple(shape)) for dt, shape, _ in specs]
     out_t = REGISTRY[name].infer(attrs, spatial)
+    declared = REGISTRY[name].attrs
+    assert set(attrs) <= set(declared), f"{name} reads undeclared attributes"
+    assert {k for k, v in declared.items() if not v.endswith("?")} <= set(attrs), name
     exact = not out_t.dtype.startswith("f") or name.startswith("random_")
     for batch, broadcast in BATCHES:
         gen = np.random.default_rng(seed)
@@ -106,7 +108,7 @@ def check(name, attrs, specs, seed=0):
         ]
         point = _points(batch)
         got = run_op(name, plan_attrs(attrs), args, batch, point, out_t.dtype, out_t.shape)
-        want = _reference(name, attrs, args, batch, point, out_t.dtype)
+        want = _reference(name, plan_attrs(attrs), args, batch, point, out_t.dtype, out_t.shape)
         where = f"{name} {attrs} batch {batch} broadcast {broadcast}"
         assert got.shape == batch + out_t.shape, where
         assert got.dtype == numpy_dtype(out_t.dtype), where
@@ -459,36 +461,51 @@ def test_kernel_matches_per_point_meaning(name, attrs, specs):
     check(name, attrs, specs)
 
 
-def _registry_ops():
-    return {
-        n for n, d in REGISTRY.items() if d.kind not in ("control", "env") and n not in NOT_KERNELS
-    }
+# ops whose gradient is not defined (they are themselves transposes, made by autodiff)
+NO_VJP = {"index_add", "take_along_add"}
 
 
-def test_every_op_is_supported_and_tested():
-    ops = _registry_ops()
-    assert ops <= kernels.SUPPORTED, sorted(ops - kernels.SUPPORTED)
-    assert kernels.PER_POINT <= kernels.SUPPORTED
+def test_every_op_is_declared_once_with_all_its_rules():
+    for name, op in REGISTRY.items():
+        assert op.name == name and callable(op.infer), name
+        assert op.kernel is not None or name in NOT_KERNELS, f"{name} has no kernel"
+        assert op.vjp is not None or name in NO_VJP, f"{name} has no vjp (nor NO_GRAD)"
+        assert all(k.rstrip("?") in ATTR_KINDS for k in op.attrs.values()), name
+    kernels = {n for n, op in REGISTRY.items() if op.kernel is not None}
     tested = {c.values[0] for c in CASES}
-    assert ops <= tested, sorted(ops - tested)
+    assert kernels <= tested, sorted(kernels - tested)
+    assert {n for n, op in REGISTRY.items() if op.kind == "env"} == {"env_reset", "env_step"}
 
 
-def test_runtime_does_not_import_the_compiler():
-    path = Path(kernels.__file__)
-    assert path.as_posix().endswith("timerlc/runtime/kernels.py")
-    allowed = {"timerlc.rng", "timerlc.plan.expr", "timerlc.plan.items.Ix"}  # shared data
-    for node in ast.walk(ast.parse(path.read_text())):
+ATTR_KINDS = {
+    "dtype", "shape", "int", "ints", "axes", "bool", "float", "const", "dim", "ix", "items",
+    "space", "init", "env", "key", "names",
+}  # fmt: skip
+SHARED = ("timerlc.rng", "timerlc.types", "timerlc.diagnostics", "timerlc.plan.items")
+SHARED += ("timerlc.plan.expr", "timerlc.ops", "timerlc.runtime", "timerlc.envs")
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "timerlc" / "runtime").glob("*.py"))
+    + sorted((ROOT / "timerlc" / "ops").glob("*.py")),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_the_runtime_and_the_ops_do_not_import_the_compiler(path):
+    """Module-level imports only (a vjp rule, which only the compiler runs, may import sympy
+    inside itself); ``test_cpu_backend`` checks what a run really imports."""
+    for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, "relative import"
             names = [f"{node.module}.{a.name}" for a in node.names]
-            names = [n if n.split(".")[0] == "timerlc" else node.module for n in names]
         else:
             continue
         for n in names:
-            if n == "timerlc" or n.startswith("timerlc."):
-                assert n in allowed, f"the runtime imports {n}"
+            assert n.split(".")[0] not in ("sympy", "islpy", "lark"), f"{path.name} imports {n}"
+            if n.split(".")[0] == "timerlc" and n != "timerlc":
+                assert n.startswith(SHARED), f"{path.name} imports {n}"
 
 
 def test_index_expressions_of_a_plan():

@@ -8,7 +8,7 @@ from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
 from timerlc.ir import index as ix
 from timerlc.ir.pdg import Dim, Domain, Edge, Graph, Node, Point, Tensor
-from timerlc.ir.types import TensorType
+from timerlc.types import TensorType
 from timerlc.reference.interpreter import Interpreter, outputs, run_graph
 from timerlc.runner import run_reference
 

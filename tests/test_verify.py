@@ -12,7 +12,7 @@ from rtl_helpers import src
 from timerlc import compiler
 from timerlc.diagnostics import Source
 from timerlc.ir.pdg import Point
-from timerlc.ir.types import TensorType
+from timerlc.types import TensorType
 from timerlc.ir.verify import VerifyError, verify
 
 TEXT = """

@@ -2,7 +2,7 @@
 
 Each built-in binds its arguments like Python (positional, then keyword), evaluates the
 ones that are values, reads the ones that are static (shapes, axes, dtypes) as constants,
-and emits primitive ops from ``timerlc.ir.ops``; composite functions (softmax, mse, ...)
+and emits primitive ops from ``timerlc.ops``; composite functions (softmax, mse, ...)
 are written here in terms of primitives. Functions whose meaning comes with a later part
 of timerlc (random draws, environments, gradients, optimizers) say so.
 """
@@ -17,8 +17,8 @@ from timerlc.diagnostics import ProgramError, did_you_mean
 from timerlc.frontend import ast
 from timerlc.frontend.indexing import shape_entries, to_constant
 from timerlc.frontend.values import RecordVal, TupleVal, Val
-from timerlc.ir.ops import TypeRuleError, normalize_axes
-from timerlc.ir.types import DTYPES, is_float
+from timerlc.ops import TypeRuleError, normalize_axes
+from timerlc.types import DTYPES, is_float
 
 REQUIRED = object()
 

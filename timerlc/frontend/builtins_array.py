@@ -10,7 +10,7 @@ from timerlc.diagnostics import ProgramError
 from timerlc.frontend import ast
 from timerlc.frontend.builtins import Args, _is_none, _where, builtin
 from timerlc.frontend.values import Val
-from timerlc.ir.types import format_shape
+from timerlc.types import format_shape
 
 
 # ----------------------------------------------------------------------------- shapes

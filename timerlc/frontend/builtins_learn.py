@@ -14,7 +14,7 @@ from timerlc.frontend import ast
 from timerlc.frontend.builtins import Args, _maximum, builtin
 from timerlc.frontend.optimizers import ADAM_STEP
 from timerlc.frontend.values import RecordVal, TupleVal, Val
-from timerlc.ir.types import is_float
+from timerlc.types import is_float
 
 
 def _is_point_read(el, e: ast.Expr, env) -> bool:

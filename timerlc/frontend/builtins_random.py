@@ -13,7 +13,7 @@ from timerlc import rng
 from timerlc.diagnostics import ProgramError
 from timerlc.frontend.builtins import Args, builtin
 from timerlc.frontend.builtins_array import _static_shape
-from timerlc.ir.types import is_float
+from timerlc.types import is_float
 
 
 def site_attrs(el, env, what: str) -> dict:

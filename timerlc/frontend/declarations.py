@@ -24,7 +24,7 @@ from timerlc.frontend.indexing import (
     to_index,
 )
 from timerlc.ir import index as ix
-from timerlc.ir.types import DTYPES, TensorType
+from timerlc.types import DTYPES, TensorType
 from timerlc.poly import isl as pisl
 
 

@@ -25,7 +25,7 @@ from timerlc.frontend.values import (
     Val,
     dynamic_slice_error,
 )
-from timerlc.ir import ops
+from timerlc import ops
 from timerlc.ir.builder import NodeBuilder
 from timerlc.ir.pdg import (
     SCALAR_DOMAIN,
@@ -34,7 +34,7 @@ from timerlc.ir.pdg import (
     identity_access,
     make_attrs,
 )
-from timerlc.ir.types import DTYPES, TensorType, is_float, promote
+from timerlc.types import DTYPES, TensorType, is_float, promote
 
 # reductions that may take a dynamic slice directly (LANGUAGE.md section 5)
 DYNAMIC_OK = frozenset({"sum", "mean", "max", "min", "logsumexp", "discounted_sum"})

@@ -16,7 +16,7 @@ from timerlc.frontend import ast
 from timerlc.frontend.values import TupleVal, Val
 from timerlc.ir import index as ix
 from timerlc.ir.pdg import Domain, Edge, Point, Range, identity_access, make_attrs
-from timerlc.ir.types import TensorType
+from timerlc.types import TensorType
 from timerlc.poly import isl as pisl
 
 

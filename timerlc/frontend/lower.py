@@ -19,7 +19,7 @@ from timerlc.frontend.elaborate import Builder, Elaborator, Locals
 from timerlc.frontend.values import RecordType, RecordVal, TupleVal, UnknownType, Val
 from timerlc.ir import index as ix
 from timerlc.ir.pdg import SCALAR_DOMAIN, Dim, Domain, Edge, Env, Graph, Node, Point, Tensor
-from timerlc.ir.types import TensorType, is_float, numpy_dtype, promote
+from timerlc.types import TensorType, is_float, numpy_dtype, promote
 
 
 def lower(info: ProgramInfo) -> Graph:

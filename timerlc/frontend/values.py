@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 from timerlc.diagnostics import ProgramError, Span
 from timerlc.ir.pdg import Edge
-from timerlc.ir.types import TensorType
+from timerlc.types import TensorType
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ Used by the front end (lowering) and by passes that add nodes to an existing gra
 
 from __future__ import annotations
 
-from timerlc.ir import ops
+from timerlc import ops
 from timerlc.ir.pdg import SCALAR_DOMAIN, Domain, Edge, Graph, Node, identity_access, make_attrs
-from timerlc.ir.types import TensorType
+from timerlc.types import TensorType
 
 
 class NodeBuilder:

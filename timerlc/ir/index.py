@@ -240,6 +240,23 @@ def to_plan(e):
     raise ValueError(f"not an index expression: {e}")
 
 
+def plan_value(v):
+    """An attribute value of the PDG as a plan (and the op kernels) hold it: index
+    expressions become ``Ix`` (``timerlc.plan.items``), integer and float sympy numbers
+    Python numbers, tuples stay tuples."""
+    from timerlc.plan.items import Ix
+
+    if isinstance(v, sympy.Basic) and not isinstance(v, sympy.logic.boolalg.BooleanAtom):
+        if isinstance(v, sympy.Expr) and v.is_Integer:
+            return int(v)
+        if isinstance(v, sympy.Expr) and v.is_Number:
+            return float(v)
+        return Ix(to_plan(v))
+    if isinstance(v, (tuple, list)):
+        return tuple(plan_value(x) for x in v)
+    return v
+
+
 def cond_to_plan(c):
     """A condition in the plan's structured form (``timerlc.plan.expr``): a bool or a
     tuple of ``and``/``or`` (folded from the left), ``not`` and comparisons."""

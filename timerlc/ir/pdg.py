@@ -18,7 +18,7 @@ import sympy
 
 from timerlc.diagnostics import Span
 from timerlc.ir import index as ix
-from timerlc.ir.types import TensorType
+from timerlc.types import TensorType
 
 FORMAT_VERSION = 1
 

@@ -17,7 +17,7 @@ from sympy.logic.boolalg import Boolean
 from timerlc.diagnostics import Span
 from timerlc.ir import index as ix
 from timerlc.ir.pdg import FORMAT_VERSION, Dim, Domain, Edge, Env, Graph, Node, Point, Range, Tensor
-from timerlc.ir.types import DTYPES, TensorType, normalize_extent
+from timerlc.types import DTYPES, TensorType, normalize_extent
 
 _KEYWORDS = frozenset({"pdg", "config", "dim", "env", "domain", "tensor", "out", "metric"})
 _VALUE_WORDS = frozenset({"none", "true", "false", "inf", "nan", "ix"})

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from timerlc.ir import index as ix
-from timerlc.ir import ops
+from timerlc import ops
 from timerlc.ir.pdg import Graph, Node, Range, input_type
 
 

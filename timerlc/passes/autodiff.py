@@ -9,7 +9,7 @@ sampling, environment outputs, comparisons, integer values, argmax and stop_grad
 How: the *region* is the set of nodes on a differentiable path from x to y. Every region
 node N gets an adjoint node over N's domain, the sum of one *transposed contribution* per
 edge that reads N from another region node C: the vector-Jacobian product of C's op
-(``vjp.py``) at C's points, extended by zeros to C's bounding box, then read back at the
+(``timerlc.ops``: each op's ``vjp``) at C's points, extended by zeros to C's bounding box, then read back at the
 points of C that read each point of N (the inverse of the edge's access). A read ``x[t+1]``
 so becomes ``adj_x[s] += contrib[s-1]``, a slice ``x[0:T]`` an index into the contribution,
 a dim the reader has and x lacks a sum over it, a dynamic window ``x[t:T]`` under a sum a
@@ -35,8 +35,8 @@ from timerlc.ir.pdg import (
     access_to_text,
     identity_access,
 )
-from timerlc.ir.types import TensorType
-from timerlc.passes.vjp import Window, flows, vjp
+from timerlc.types import TensorType
+from timerlc.ops.grads import Window, flows, vjp
 from timerlc.poly import isl as pisl
 
 

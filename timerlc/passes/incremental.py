@@ -42,10 +42,10 @@ from dataclasses import dataclass, replace
 import sympy
 
 from timerlc.ir import index as ix
-from timerlc.ir import ops
+from timerlc import ops
 from timerlc.ir.builder import NodeBuilder
 from timerlc.ir.pdg import Domain, Edge, Graph, Node, Point, Range, identity_access, make_attrs
-from timerlc.ir.types import TensorType
+from timerlc.types import TensorType
 from timerlc.poly import isl as pisl
 
 # op -> (how the recurrence combines, which windows it accepts: "suffix" | "prefix")

@@ -12,7 +12,7 @@ consumers are unchanged.
 from __future__ import annotations
 
 from timerlc.ir.pdg import Edge, Graph, Node, identity_access, input_type, make_attrs
-from timerlc.ir.types import TensorType
+from timerlc.types import TensorType
 
 
 def split_categorical(graph: Graph) -> Graph:

@@ -19,16 +19,15 @@ from dataclasses import replace
 
 import sympy
 
+from timerlc import ops
 from timerlc.ir import index as ix
 from timerlc.ir.pdg import Edge, Graph, Node, Point, Range, identity_access, input_type
 from timerlc.poly import isl as pisl
 
-ENV_OPS = ("env_reset", "env_step")
-
 
 def simplify(graph: Graph) -> Graph:
     roots = {graph.tensor(name).node for name in (*graph.outputs, *graph.metrics)}
-    roots |= {n.id for n in graph.nodes if n.op in ENV_OPS}
+    roots |= {n.id for n in graph.nodes if ops.is_env(n.op)}
     nodes = list(graph.nodes)
     identities = {n.id: n.inputs[0] for n in nodes if _is_identity(graph, n)}
     for _ in range(len(nodes)):
@@ -40,7 +39,7 @@ def simplify(graph: Graph) -> Graph:
 
 
 def _is_identity(graph: Graph, n: Node) -> bool:
-    if len(n.inputs) != 1 or len(n.types) != 1 or n.op in ENV_OPS:
+    if len(n.inputs) != 1 or len(n.types) != 1 or ops.is_env(n.op):
         return False
     e = n.inputs[0]
     if input_type(graph, e) != n.types[0]:
@@ -63,7 +62,9 @@ def _compose(outer: Edge, inner: Edge, mid: Node) -> Edge | None:
         access = tuple(
             Point(sympy.expand(ix.substitute(a.expr, at)))
             if isinstance(a, Point)
-            else Range(sympy.expand(ix.substitute(a.lo, at)), sympy.expand(ix.substitute(a.hi, at)))
+            else Range(
+                sympy.expand(ix.substitute(a.lo, at)), sympy.expand(ix.substitute(a.hi, at))
+            )
             for a in inner.access
         )
     elif inner.access == identity_access(mid.dims):
@@ -108,7 +109,7 @@ def _share(nodes: list[Node], roots: set[int]) -> bool:
     canonical: dict = {}
     alias: dict[int, int] = {}
     for n in nodes:
-        if n.op in ENV_OPS or n.op == "merge":
+        if ops.is_env(n.op) or n.op == "merge":
             continue
         key = _key(n)
         if key in canonical:

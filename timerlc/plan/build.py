@@ -20,7 +20,6 @@ from timerlc.plan.items import (
     Buffer,
     Env,
     Free,
-    Ix,
     Node,
     Output,
     Plan,
@@ -56,19 +55,6 @@ def _branch_cond(node, cond):
         return c
 
     return ix.cond_to_plan(simplify(cond))
-
-
-def _attr(v):
-    """A PDG attribute value as a plan value: index expressions become ``Ix``."""
-    if isinstance(v, sympy.Basic) and not isinstance(v, sympy.logic.boolalg.BooleanAtom):
-        if isinstance(v, sympy.Expr) and v.is_Integer:
-            return int(v)
-        if isinstance(v, sympy.Expr) and v.is_Number:
-            return float(v)
-        return Ix(ix.to_plan(v))
-    if isinstance(v, (tuple, list)):
-        return tuple(_attr(x) for x in v)
-    return v
 
 
 def _outputs(types) -> tuple[Output, ...]:
@@ -168,7 +154,7 @@ def _node(n, owner, schedule: Schedule, names: dict[int, str]) -> Node:
     return Node(
         n.id,
         n.op,
-        tuple((a, _attr(v)) for a, v in n.attrs),
+        tuple((a, ix.plan_value(v)) for a, v in n.attrs),
         _outputs(n.types),
         tuple(
             Read(

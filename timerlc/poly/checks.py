@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import islpy as isl
 
+from timerlc import ops
 from timerlc.diagnostics import ProgramError
 from timerlc.ir import index as ix
 from timerlc.ir.pdg import Graph, Node, Range, access_to_text, input_type
@@ -25,7 +26,7 @@ def check_all(graph: Graph):
 
 def _label(graph: Graph, nid: int) -> str:
     n = graph.node(nid)
-    if n.op in ("env_reset", "env_step"):
+    if ops.is_env(n.op):
         return f"{n.attr('env')}.{n.op[4:]}()"
     return n.name if n.name is not None else f"%{nid}"
 
@@ -136,7 +137,9 @@ def _check_nonempty(graph: Graph, n: Node):
             )
 
 
-ANCHORS = ("merge", "env_reset", "env_step")  # tensors, and environment calls
+def _anchor(op: str) -> bool:
+    """Tensors (merges) and environment calls."""
+    return op == "merge" or ops.is_env(op)
 
 
 def anchor_reads(graph: Graph, anchors: set[int]) -> dict[int, list[tuple[isl.UnionMap, object]]]:
@@ -169,7 +172,7 @@ def _merge_reads(
         for e in n.inputs:
             m = edge_map(n, e)
             src = graph.node(e.src)
-            if (src.op in ANCHORS) if anchors is None else (src.id in anchors):
+            if _anchor(src.op) if anchors is None else (src.id in anchors):
                 out.append((m, e.span))
             else:
                 out.extend((m.apply_range(sub), span) for sub, span in frontier(src.id))
@@ -183,7 +186,7 @@ def _merge_reads(
     out = {
         n.id: reads(n)
         for n in graph.nodes
-        if ((n.op in ANCHORS) if anchors is None else (n.id in anchors))
+        if (_anchor(n.op) if anchors is None else (n.id in anchors))
     }
     for calls in _env_calls(graph).values():
         for c in calls:
@@ -197,7 +200,7 @@ def _merge_reads(
 def _env_calls(graph: Graph) -> dict[str, list[Node]]:
     calls: dict[str, list[Node]] = {}
     for n in graph.nodes:
-        if n.op in ("env_reset", "env_step"):
+        if ops.is_env(n.op):
             calls.setdefault(n.attr("env"), []).append(n)
     return calls
 

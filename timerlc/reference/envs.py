@@ -10,6 +10,7 @@ continue its random streams.
 from __future__ import annotations
 
 
+from timerlc import ops
 from timerlc.diagnostics import RunError
 from timerlc.ir import index as ix
 from timerlc.ir.pdg import Graph
@@ -28,7 +29,7 @@ class EnvCalls:
         self.pred: dict[tuple[int, tuple], tuple[int, tuple] | None] = {}
         calls: dict[str, list] = {}
         for n in graph.nodes:
-            if n.op in ("env_reset", "env_step"):
+            if ops.is_env(n.op):
                 calls.setdefault(n.attr("env"), []).append(n)
         for env, nodes in calls.items():
             self._order(env, nodes, points_of)

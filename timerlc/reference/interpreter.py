@@ -19,11 +19,10 @@ from typing import Callable
 
 import numpy as np
 
+from timerlc import ops
 from timerlc.diagnostics import RunError
 from timerlc.ir import index as ix
-from timerlc.ir import ops
 from timerlc.ir.pdg import Edge, Graph, Node, Point, identity_access
-from timerlc.ir.types import numpy_dtype
 from timerlc.poly import isl as pisl
 from timerlc.reference.envs import EnvCalls
 
@@ -75,6 +74,7 @@ class Interpreter:
                 self.access[(n.id, k)] = _Access(e, n.dims)
         self.profile = profile
         self.seconds: dict[int, float] = {}
+        self.attrs: dict[int, dict] = {}  # per node, its attributes for the kernels
         self.owners = self._owners()
         self.envs = EnvCalls(graph, lambda nid: np.argwhere(self.store(nid).inside))
 
@@ -83,7 +83,7 @@ class Interpreter:
         """Tensors, scalars, and whatever some consumer reads at another point."""
         stored = set()
         for n in self.graph.nodes:
-            if n.op in ("merge", "env_reset", "env_step") or not n.dims:
+            if n.op == "merge" or ops.is_env(n.op) or not n.dims:
                 stored.add(n.id)
             for e in n.inputs:
                 src = self.graph.node(e.src)
@@ -115,7 +115,7 @@ class Interpreter:
 
     def _make_store(self, node: Node) -> _Store:
         extents = pisl.extents(node.dims, node.domain.cond) if node.dims else ()
-        bufs = [np.zeros(extents + tuple(t.shape), numpy_dtype(t.dtype)) for t in node.types]
+        bufs = [np.zeros(extents + tuple(t.shape), ops.numpy_dtype(t.dtype)) for t in node.types]
         grids = np.indices(extents, dtype=np.int64) if node.dims else ()
         inside = np.asarray(ix.compile_cond(node.domain.cond, node.dims)(*grids), bool)
         inside = np.broadcast_to(inside, extents).copy()
@@ -226,7 +226,7 @@ class Interpreter:
         """The outputs of node ``nid`` at ``point`` (a tuple, one array per output)."""
         node = self.graph.node(nid)
         values = tuple(point[d] for d in node.dims)
-        if node.op in ("env_reset", "env_step"):
+        if ops.is_env(node.op):
             first = self.envs.before(nid, values)
             if first is not None and not self.store(first[0]).done[first[1]]:
                 raise _Missing([first])
@@ -245,13 +245,26 @@ class Interpreter:
                 args.append(memo[e.src][e.out])
         if node.op == "merge":
             return (args[0],)
-        if node.op in ("env_reset", "env_step"):
+        if ops.is_env(node.op):
             try:
                 return self.envs.call(node, args[0] if args else None)
             except RunError as e:
                 raise RunError(f"while computing {self._where(nid, values)}: {e}") from e
-        out = ops.get(node.op).numpy(node.attr_dict, [np.asarray(a) for a in args], point)
-        return (np.asarray(out).astype(numpy_dtype(node.type.dtype), copy=False),)
+        # the op's kernel at this one point (the numerics the cpu runtime runs over batches)
+        out = ops.run_op(node.op, self._attrs(node), args, (), point, *self._type(node))
+        return (out,)
+
+    def _attrs(self, node: Node) -> dict:
+        """The node's attributes as the kernels take them (index expressions as ``Ix``)."""
+        attrs = self.attrs.get(node.id)
+        if attrs is None:
+            attrs = self.attrs[node.id] = {k: ix.plan_value(v) for k, v in node.attrs}
+        return attrs
+
+    @staticmethod
+    def _type(node: Node) -> tuple[str, tuple]:
+        (t,) = node.types
+        return t.dtype, t.shape
 
 
 class _Missing(Exception):

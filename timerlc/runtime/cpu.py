@@ -5,7 +5,7 @@ grouped by the values of its loop dims (each group is one *batch*: the points of
 dims, as coordinate arrays), the compiled index functions of every read, and the loop tree
 as nested Python closures. A call of a statement then gathers its reads with NumPy fancy
 indexing (a read that does not depend on the vector dims is gathered once and broadcast),
-runs its nodes as batched kernels (``kernels.run_prepared``) and scatters the result into
+runs its nodes as batched kernels (``ops.run_prepared``) and scatters the result into
 the statement's buffer. Most statements are *uniform*: their vector dims cover the same box
 at every loop point (the acting step over all of ``b``, a loss over all of ``b`` and ``t``);
 one template batch then serves every call, and reads whose indices are loop expressions or
@@ -32,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 
+from timerlc import ops
 from timerlc.diagnostics import RunError
 from timerlc.plan import expr as px
 from timerlc.plan.items import MAX_TREE_DEPTH as _MAX_DEPTH
@@ -48,7 +49,6 @@ from timerlc.plan.items import (
     SwapIn,
     SwapOut,
 )
-from timerlc.runtime import kernels
 from timerlc.runtime.envs import EnvRunner
 
 MetricSink = Callable[[str, dict, float], None]
@@ -77,7 +77,7 @@ class _LoopCoords(dict):
 
 
 class _PointOf:
-    """A node's point for a kernel (``kernels._Ctx`` asks for it only if the op needs it)."""
+    """A node's point for a kernel (``ops.kernel.Ctx`` asks for it only if the op needs it)."""
 
     __slots__ = ("coords", "dims")
 
@@ -194,13 +194,10 @@ class _Node:
             for r in node.inputs
         ]
         self.kernel = self.dtype = self.shape = None
-        if node.op != "merge" and node.op not in ENV_OPS:
-            self.kernel = kernels.kernel_of(node.op)
-            self.dtype = kernels.numpy_dtype(node.types[0].dtype)
+        if node.op != "merge" and not ops.is_env(node.op):
+            self.kernel = ops.kernel_of(node.op)
+            self.dtype = ops.numpy_dtype(node.types[0].dtype)
             self.shape = node.types[0].shape
-
-
-ENV_OPS = ("env_reset", "env_step")
 
 
 class _Statement:
@@ -221,7 +218,7 @@ class _Statement:
         self.rt = runtime
         self.window = _window(plan, spec.id)
         self.batches = self._batches(spec, plan.buffer(spec.id).box)
-        self.is_env = self.node.op in ENV_OPS
+        self.is_env = ops.is_env(self.node.op)
 
     def _batches(self, spec: Statement, extents: tuple[int, ...]) -> dict[tuple, _Batch]:
         if not self.dims:
@@ -496,7 +493,7 @@ class _Statement:
         args = [self._value(node, k, batch, memo, None) for k in range(len(node.reads))]
         point = _PointOf(batch.coords, node.dims)
         try:
-            out = kernels.run_prepared(
+            out = ops.run_prepared(
                 node.kernel, node.attrs, args, batch.n, point, node.dtype, node.shape
             )
         except (ValueError, IndexError, OverflowError, ZeroDivisionError) as e:
@@ -562,7 +559,7 @@ class CpuRuntime:
             )
         spec = self.plan.buffer(sid)
         shapes = [spec.extents + o.shape for o in spec.outputs]
-        dtypes = [kernels.numpy_dtype(o.dtype) for o in spec.outputs]
+        dtypes = [ops.numpy_dtype(o.dtype) for o in spec.outputs]
         donor = spec.donor
         given = self.buffers.get(donor) if write and donor is not None else None
         if (

@@ -3,8 +3,8 @@
 ``timerlc.plan.items`` reads the file and checks its structure (types, ranges, sizes, ids,
 names, expressions); this module then checks that this runtime can run it: every op is one
 it has a kernel for (or a merge, or an environment call), with the number of inputs and
-outputs the op takes and the attributes its kernel reads, of the kinds it expects
-(``kernels.SIGNATURES``); every environment is found by the same plugin rules, with the
+outputs the op takes and the attributes its kernel reads, of the kinds it expects (the op's
+record in ``timerlc.ops``); every environment is found by the same plugin rules, with the
 same errors, as the program's ``env`` lines. A plan that fails is refused with a
 ``PlanError`` naming the field. Nothing in a plan is evaluated: expressions are data
 (``timerlc.plan.expr``), and no name in it reaches Python but the environment plugins it
@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from timerlc import ops
 from timerlc.plan import expr as px
 from timerlc.plan.items import (
     DTYPES,
@@ -28,13 +29,11 @@ from timerlc.plan.items import (
     Statement,
     loads,
 )
-from timerlc.runtime import kernels
+from timerlc.ops.random import INITS
 
 __all__ = ["PlanError", "load_plan", "check_runnable"]
 
 MAX_PLAN_BYTES = 1 << 30  # a plan.json larger than this is refused unread
-ENV_OUTPUTS = {"env_reset": 1, "env_step": 3}
-INITS = ("glorot", "orthogonal", "normal", "uniform")
 
 
 def load_plan(path) -> Plan:
@@ -72,35 +71,24 @@ def check_runnable(plan: Plan, where: str = "plan") -> None:
 
 
 def _check_node(plan: Plan, s: Statement, n, env_names: set[str]):
-    attrs = dict(n.attrs)
-    if n.op == "merge":
-        if attrs:
-            raise ValueError("a merge takes no attributes")
-        if len(n.types) != 1 or not n.inputs:
-            raise ValueError("a merge has one output and at least one input")
-        if n.id != s.id:
-            raise ValueError("a merge is the statement's own node")
-        return
-    if n.op in ENV_OUTPUTS:
-        if n.id != s.id:
-            raise ValueError("an environment call is the statement's own node")
-        if len(n.types) != ENV_OUTPUTS[n.op] or len(n.inputs) != (n.op == "env_step"):
-            raise ValueError(f"{n.op} has the wrong number of inputs or outputs")
-        _check_attrs(n.op, attrs, {"env": "env", "key": "key", "key_dims": "names"}, s, env_names)
-        if any(r.cond is not None for r in n.inputs):
-            raise ValueError("only a merge's inputs have conditions")
-        return
-    if n.op not in kernels.SIGNATURES:
+    op = ops.REGISTRY.get(n.op)
+    if op is None or (op.kernel is None and op.name != "merge" and op.kind != "env"):
         raise ValueError(f"unknown op {n.op!r}")
-    arity, kinds = kernels.SIGNATURES[n.op]
-    if arity is not None and len(n.inputs) != arity:
-        raise ValueError(f"{n.op} takes {arity} inputs, this node has {len(n.inputs)}")
-    if len(n.types) != 1:
-        raise ValueError(f"{n.op} has one output, this node declares {len(n.types)}")
-    if any(r.cond is not None for r in n.inputs):
+    if op.arity is not None and len(n.inputs) != op.arity:
+        raise ValueError(f"{n.op} takes {op.arity} inputs, this node has {len(n.inputs)}")
+    if len(n.types) != op.outputs:
+        raise ValueError(f"{n.op} has {op.outputs} outputs, this node declares {len(n.types)}")
+    if op.kernel is None and n.id != s.id:  # the runtime runs these as whole statements
+        raise ValueError(f"a {n.op} is the statement's own node")
+    if n.op == "merge":
+        if not n.inputs:
+            raise ValueError("a merge has at least one input")
+    elif any(r.cond is not None for r in n.inputs):
         raise ValueError("only a merge's inputs have conditions")
-    _check_attrs(n.op, attrs, kinds, s, env_names)
-    _check_sizes(n, attrs)
+    attrs = dict(n.attrs)
+    _check_attrs(n.op, attrs, op.attrs, s, env_names)
+    if op.kernel is not None:
+        _check_sizes(n, attrs)
 
 
 # ops whose output has the shape of their ``shape`` attribute

@@ -24,17 +24,14 @@ from dataclasses import dataclass
 import islpy as isl
 import sympy
 
+from timerlc import ops
 from timerlc.diagnostics import ProgramError
 from timerlc.ir import index as ix
-from timerlc.ir import ops
 from timerlc.ir.pdg import Graph, Range, identity_access
 from timerlc.plan.items import Call, If, Loop
 from timerlc.poly import checks
 from timerlc.poly import isl as pisl
 from timerlc.poly import levels as lv
-
-ENV_OPS = ("env_reset", "env_step")
-
 
 @dataclass(frozen=True)
 class Statement:
@@ -62,7 +59,7 @@ def stored_nodes(graph: Graph) -> set[int]:
     for n in graph.nodes:
         if n.op == "grad":
             raise ValueError("the schedule needs a graph after the autodiff pass")
-        if n.op == "merge" or n.op in ENV_OPS or not n.dims or _noise(n):
+        if n.op == "merge" or ops.is_env(n.op) or not n.dims or _noise(n):
             stored.add(n.id)
         for e in n.inputs:
             src = graph.node(e.src)
@@ -77,7 +74,7 @@ def stored_nodes(graph: Graph) -> set[int]:
             k
             for k, c in uses.items()
             if c > 1
-            and (not _cheap(graph.node(k).op) or len(_body(graph, k, stored)) > CHEAP_CHAIN)
+            and (not ops.get(graph.node(k).op).cheap or len(_body(graph, k, stored)) > CHEAP_CHAIN)
         }
         if not shared:
             return stored
@@ -90,13 +87,6 @@ def _noise(n) -> bool:
     return not n.inputs and n.op.startswith("random_") and bool(n.dims)
 
 
-def _cheap(op: str) -> bool:
-    """Ops as cheap to compute again as to store and read back."""
-    kind = ops.get(op).kind
-    return kind == "elementwise" or (kind == "shape" and op != "concat") or op in CHEAP_SOURCES
-
-
-CHEAP_SOURCES = ("const", "arange", "dimval", "index_value")
 CHEAP_CHAIN = 2  # a shared chain of cheap ops longer than this is stored, not recomputed
 
 
@@ -220,7 +210,7 @@ def build_schedule(graph: Graph) -> Schedule:
             node = graph.node(nid)
             banded = {node.dims[k] for k in used.get(nid, ())}
             loops = set(banded)
-            if node.op in ENV_OPS:
+            if ops.is_env(node.op):
                 loops = set(node.dims)
             loops |= _ragged_dims(graph, bodies[nid]) & set(node.dims)
             inner = [ix.isl_name(d) for d in node.dims if d in loops and d not in banded]
@@ -419,7 +409,7 @@ def _join_producers(items, fuse: _Fuse) -> list:
     k = len(items) - 1  # consumers first: a producer of a joined statement may precede it
     while k >= 0:
         x = items[k]
-        if x[0] != "leaf" or not fuse.dims_of[x[1]] or fuse.graph.node(x[1]).op in ENV_OPS:
+        if x[0] != "leaf" or not fuse.dims_of[x[1]] or ops.is_env(fuse.graph.node(x[1]).op):
             k -= 1
             continue
         nid = x[1]

@@ -1,7 +1,9 @@
-"""Value types of the PDG: a dtype and a spatial shape.
+"""Value types: a dtype and a spatial shape, shared by the compiler, the op records
+(``timerlc.ops``) and the runtime.
 
-A shape entry is an int, or a sympy index expression for the length of a dynamic slice
-(only reductions may consume such a value, LANGUAGE.md section 5).
+A shape entry is an int, or (in the compiler) a sympy index expression for the length of a
+dynamic slice (only reductions may consume such a value, LANGUAGE.md section 5). Importing
+this module does not import sympy.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import sympy
 
 DTYPES = ("bool", "i32", "i64", "f32", "f64")
 _RANK = {d: k for k, d in enumerate(DTYPES)}
@@ -79,6 +80,8 @@ def normalize_extent(s):
     """Shape entries are ints when constant, sympy expressions otherwise."""
     if isinstance(s, (int, np.integer)):
         return int(s)
+    import sympy
+
     s = sympy.sympify(s)
     if s.is_Integer:
         return int(s)
