@@ -7,7 +7,9 @@ Exit status: 0 success; 1 an error in the program (``FILE:LINE:COL: error: ...``
 from __future__ import annotations
 
 import json
+import keyword
 import os
+import re
 import shutil
 import sys
 import time
@@ -95,7 +97,9 @@ def _check(
     from timerlc import compiler
 
     try:
-        return compiler.run_passes(compiler.check_program(source, overrides, envs), on_stage, optimize)
+        return compiler.run_passes(
+            compiler.check_program(source, overrides, envs), on_stage, optimize
+        )
     except ProgramError as e:
         raise _Fail(1, e.render(source)) from None
 
@@ -348,24 +352,72 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
 
 
 def _load_build(path: Path):
+    """The checked program of a build folder (its manifest names the file): a file that is
+    not one a compile writes is a usage error (exit 2), never code run or a traceback."""
     from timerlc.ir import serialize
+    from timerlc.ir.verify import VerifyError
 
     try:
         manifest = json.loads((path / BUILD_MANIFEST).read_text())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise _Fail(2, f"timerlc: error: {path} is not a timerlc build folder ({e})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("program"), str):
+        raise _Fail(
+            2, f"timerlc: error: {path} is not a timerlc build folder (see its {BUILD_MANIFEST})"
+        )
     if manifest.get("format_version") != BUILD_FORMAT:
         raise _Fail(
             2,
             f"timerlc: error: {path} was built with build format {manifest.get('format_version')}; "
             f"this timerlc reads format {BUILD_FORMAT}. Recompile the program.",
         )
+    program = path / manifest["program"]
     try:
-        return serialize.from_json((path / manifest["program"]).read_text())
-    except (OSError, ValueError, KeyError) as e:
-        raise _Fail(
-            2, f"timerlc: error: cannot load {path / manifest.get('program', BUILD_PROGRAM)}: {e}"
-        ) from None
+        graph = serialize.from_json(program.read_text())
+        _check_graph(graph)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        raise _Fail(2, f"timerlc: error: cannot load {program}: {_clip(str(e))}") from None
+    except (RecursionError, VerifyError) as e:
+        what = "nested too deeply" if isinstance(e, RecursionError) else str(e).split("\n")[0]
+        raise _Fail(2, f"timerlc: error: cannot load {program}: {_clip(what)}") from None
+    return graph
+
+
+_DIM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _check_graph(graph):
+    """What the reference interpreter needs of a PDG read from a file: it compiles index
+    expressions into Python over the names of their dims (``ir.index.compile_expr``), so
+    every dim is a plain name and every expression uses its node's dims only; then the
+    invariants of every PDG (``ir.verify``)."""
+    from timerlc.ir import index as ix
+    from timerlc.ir.verify import verify
+
+    for dims in [[d.name for d in graph.dims]] + [n.dims for n in graph.nodes]:
+        for d in dims:
+            if not isinstance(d, str) or not _DIM_NAME.match(d) or keyword.iskeyword(d):
+                raise ValueError(f"{_clip(repr(d))} is not a dim name")
+    for n in graph.nodes:
+        used = ix.dims_of(n.domain.cond).union(*(_names(v) for _, v in n.attrs))
+        if not used <= set(n.dims):
+            raise ValueError(f"nodes[{n.id}] uses {sorted(used - set(n.dims))}, not its dims")
+    verify(graph, lowered=True)
+
+
+def _names(value) -> frozenset[str]:
+    """The dims an attribute's index expressions use (``ix(...)`` values, in tuples too)."""
+    import sympy
+
+    from timerlc.ir import index as ix
+
+    if isinstance(value, tuple):
+        return frozenset().union(*(_names(v) for v in value))
+    return ix.dims_of(value) if isinstance(value, sympy.Basic) else frozenset()
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _run_build(path: Path, backend, outputs_path, metrics_path, progress, profile):
@@ -407,7 +459,10 @@ def _run_build(path: Path, backend, outputs_path, metrics_path, progress, profil
 @_set_option
 @_env_option
 @click.option(
-    "--seed", type=int, default=None, help="The seed of all random streams (overrides config seed)."
+    "--seed",
+    type=int,
+    default=None,
+    help="The seed of all random streams (overrides config seed).",
 )
 @click.option(
     "--outputs",
@@ -485,14 +540,21 @@ def run(
 @cli.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option(
-    "--format", "fmt", type=click.Choice(["text", "json", "dot"]), default="text", show_default=True
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "dot"]),
+    default="text",
+    show_default=True,
 )
 def inspect(file, fmt):
     """Show a dumped IR file (.pdg text or .json) or a plan (plan.json) in readable form."""
 
     def body():
         from timerlc.ir import serialize
+        from timerlc.runtime.plan import MAX_PLAN_BYTES
 
+        if Path(file).stat().st_size > MAX_PLAN_BYTES:  # refused unread, as `run` does
+            raise _Fail(2, f"timerlc: error: {file} is too large for a timerlc IR dump or plan")
         try:
             text = Path(file).read_text(encoding="utf-8")
         except UnicodeDecodeError:
@@ -530,6 +592,10 @@ def inspect(file, fmt):
             )
         except ValueError as e:
             raise _Fail(2, f"timerlc: error: {file} is not a timerlc IR dump: {e}") from None
+        except RecursionError:
+            raise _Fail(
+                2, f"timerlc: error: {file} is not a timerlc IR dump: nested too deeply"
+            ) from None
         render = {"text": serialize.to_text, "json": serialize.to_json, "dot": serialize.to_dot}[
             fmt
         ]
@@ -547,8 +613,12 @@ def _as_plan(text: str, file: str):
         return None
     try:
         data = json.loads(text)
-    except (ValueError, RecursionError):
+    except ValueError:
         return None
+    except RecursionError:
+        raise _Fail(
+            2, f"timerlc: error: {file} is not a timerlc IR dump or plan: JSON nested too deeply"
+        ) from None
     if isinstance(data, dict) and {"format_version", "statements", "tree"} <= data.keys():
         try:
             return items.from_json(data, file)

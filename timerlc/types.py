@@ -69,7 +69,7 @@ class TensorType:
 
 
 def format_extent(s) -> str:
-    if isinstance(s, int):
+    if isinstance(s, (int, str)):  # a str: a dynamic length as text (a plan's)
         return str(s)
     from timerlc.ir.index import to_text
 

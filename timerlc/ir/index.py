@@ -3,8 +3,10 @@
 An index expression is quasi-affine in the dims (integer symbols): sums, products by
 constants, ``//`` and ``%`` by positive constants (``floor``/``Mod``) and ``min``/``max``.
 A condition is a sympy boolean of comparisons between index expressions. Both print as
-RTL text (for IR dumps), as isl text (for the polyhedral checks) and as Python code that
-NumPy can evaluate on scalars or whole index grids (for the reference interpreter).
+RTL text (for IR dumps) and as isl text (for the polyhedral checks), and turn into the
+plan's structured form (``to_plan``, ``cond_to_plan``), which ``compile_expr`` and
+``compile_cond`` evaluate on scalars or whole index grids (for the reference interpreter)
+without building source text.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
 import sympy
 from sympy.logic.boolalg import Boolean, BooleanFalse, BooleanTrue
 
@@ -91,10 +92,10 @@ def _floor_parts(arg):
 
 
 class _Printer:
-    """Prints an index expression in one of three syntaxes."""
+    """Prints an index expression in one of two syntaxes."""
 
     def __init__(self, flavor: str):
-        self.flavor = flavor  # "rtl" | "isl" | "py"
+        self.flavor = flavor  # "rtl" | "isl"
 
     def name(self, s: sympy.Symbol) -> str:
         if self.flavor == "isl":
@@ -143,8 +144,6 @@ class _Printer:
         if isinstance(e, (sympy.Min, sympy.Max)):
             fn = "min" if isinstance(e, sympy.Min) else "max"
             args = sorted(e.args, key=sympy.default_sort_key)
-            if self.flavor == "py":
-                fn = "_np.minimum" if fn == "min" else "_np.maximum"
             out = self.expr(args[-1])
             for a in reversed(args[:-1]):
                 out = f"{fn}({self.expr(a)}, {out})"
@@ -154,28 +153,22 @@ class _Printer:
     _REL = {
         "rtl": {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="},
         "isl": {"==": "=", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="},
-        "py": {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="},
     }
 
     def cond(self, c, prec: int = 0) -> str:
         # prec: 0 top, 1 inside and/or, 2 operand of not
         if c is True or isinstance(c, BooleanTrue):
-            return {"rtl": "true", "isl": "0 = 0", "py": "True"}[self.flavor]
+            return {"rtl": "true", "isl": "0 = 0"}[self.flavor]
         if c is False or isinstance(c, BooleanFalse):
-            return {"rtl": "false", "isl": "1 = 0", "py": "False"}[self.flavor]
+            return {"rtl": "false", "isl": "1 = 0"}[self.flavor]
         if isinstance(c, sympy.And) or isinstance(c, sympy.Or):
             word = "and" if isinstance(c, sympy.And) else "or"
             args = sorted(c.args, key=sympy.default_sort_key)
             parts = [self.cond(a, 1) for a in args]
-            if self.flavor == "py":
-                fn = "_np.logical_and" if word == "and" else "_np.logical_or"
-                return functools.reduce(lambda x, y: f"{fn}({x}, {y})", parts)
             s = f" {word} ".join(parts)
             return f"({s})" if prec > 0 else s
         if isinstance(c, sympy.Not):
             inner = self.cond(c.args[0], 2)
-            if self.flavor == "py":
-                return f"_np.logical_not({inner})"
             return f"not {inner}" if prec < 2 else f"(not {inner})"
         if isinstance(c, sympy.core.relational.Relational):
             c = _integral(c)
@@ -183,7 +176,7 @@ class _Printer:
             if self.flavor == "isl" and op == "!=":
                 return f"not ({self.expr(c.lhs)} = {self.expr(c.rhs)})"
             s = f"{self.expr(c.lhs)} {self._REL[self.flavor][op]} {self.expr(c.rhs)}"
-            # comparisons bind tighter than and/or/not in RTL and Python; isl gets parentheses
+            # comparisons bind tighter than and/or/not in RTL; isl gets parentheses
             return f"({s})" if prec > 0 and self.flavor == "isl" else s
         raise ValueError(f"not a condition: {c}")
 
@@ -199,7 +192,7 @@ def _integral(rel):
     return type(rel)(sympy.expand(d * m), 0, evaluate=False)
 
 
-_RTL, _ISL, _PY = _Printer("rtl"), _Printer("isl"), _Printer("py")
+_RTL, _ISL = _Printer("rtl"), _Printer("isl")
 
 _PLAN_RELATIONS = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
 
@@ -300,19 +293,20 @@ def isl_name(dim: str) -> str:
 
 # ----------------------------------------------------------------------------- evaluation
 @functools.lru_cache(maxsize=4096)
-def _compile(code: str, dims: tuple[str, ...]):
-    src = f"lambda {', '.join(dims)}: {code}" if dims else f"lambda: {code}"
-    return eval(src, {"_np": np})  # noqa: S307 - code generated from sympy trees above
-
-
 def compile_expr(e, dims: tuple[str, ...]):
-    """A function of the dims' values (ints or NumPy index grids) giving ``e``."""
-    return _compile(_PY.expr(e), tuple(dims))
+    """A function of the dims' values (ints or NumPy index grids) giving ``e``: the plan's
+    structured form of ``e`` turned into nested closures (``plan.expr``), no source text."""
+    from timerlc.plan import expr as px
+
+    return px.compile_expr(to_plan(e), tuple(dims), vector=True)
 
 
+@functools.lru_cache(maxsize=4096)
 def compile_cond(c, dims: tuple[str, ...]):
     """A function of the dims' values giving the truth of ``c`` (bool or bool array)."""
-    return _compile(_PY.cond(c), tuple(dims))
+    from timerlc.plan import expr as px
+
+    return px.compile_expr(cond_to_plan(c), tuple(dims), vector=True)
 
 
 def evaluate(e, point: dict[str, int]) -> int:

@@ -21,7 +21,6 @@ NumPy and the standard library.
 
 from __future__ import annotations
 
-import math
 import operator
 from typing import Any, Callable
 
@@ -104,8 +103,10 @@ def check(e: Expr, names, kind: str = "int") -> Expr:
         if result != want:
             raise ExprError(f"{op} gives {'a condition' if result == 'bool' else 'an integer'}")
         if len(args) < least or (most is not None and len(args) > most):
-            raise ExprError(f"{op} takes {least if most == least else f'{least} or more'} "
-                            f"arguments, got {len(args)}")
+            raise ExprError(
+                f"{op} takes {least if most == least else f'{least} or more'} "
+                f"arguments, got {len(args)}"
+            )
         if op == "select":
             out = (walk(args[0], "bool", depth + 1),) + tuple(
                 walk(a, "int", depth + 1) for a in args[1:]
@@ -139,6 +140,34 @@ def names(e: Expr) -> set[str]:
         elif isinstance(x, tuple):
             todo.extend(x[1:])
     return out
+
+
+def difference(a: Expr, b: Expr) -> int | None:
+    """``a - b`` when it is the same int at every point (terms that are not sums or integer
+    multiples must cancel exactly, as in ``(16*j + 16) - 16*j``), else None."""
+    terms: dict = {}
+
+    def add(e, c: int):
+        if isinstance(e, bool):
+            terms["?"] = 1  # not an integer: never constant
+        elif isinstance(e, int):
+            terms[1] = terms.get(1, 0) + c * e
+        elif isinstance(e, tuple) and e[0] in ("add", "sub"):
+            add(e[1], c)
+            for x in e[2:]:
+                add(x, c if e[0] == "add" else -c)
+        elif isinstance(e, tuple) and e[0] == "neg":
+            add(e[1], -c)
+        elif isinstance(e, tuple) and e[0] == "mul" and isinstance(e[1], int) and len(e) == 3:
+            add(e[2], c * e[1])
+        else:  # a name or another term, as a whole
+            terms[e] = terms.get(e, 0) + c
+
+    add(a, 1)
+    add(b, -1)
+    if any(v for k, v in terms.items() if k != 1):
+        return None
+    return terms.get(1, 0)
 
 
 def to_json(e: Expr):
@@ -197,8 +226,11 @@ def _closure(e: Expr, pos: dict[str, int], vector: bool) -> Callable[[tuple], An
     return fold
 
 
-def _zdiv_r(x, y):
-    return int(math.fmod(x, y))
+def _zdiv_r(x: int, y: int) -> int:
+    """C's remainder of ints (``y > 0``), exact at any size (``math.fmod`` goes through a
+    float, which a corrupt plan's huge ints overflow)."""
+    r = abs(x) % y
+    return -r if x < 0 else r
 
 
 _BINARY = {

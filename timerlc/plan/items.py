@@ -393,7 +393,7 @@ def from_json(data, where: str = "plan") -> Plan:
     if not isinstance(data, dict) or "format_version" not in data:
         raise PlanError(f"{where} is not a timerlc plan (no format_version)")
     version = data["format_version"]
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:  # 3.0 == 3 in Python
         raise PlanError(
             f"{where} has plan format {_short(version)}; this timerlc reads format "
             f"{FORMAT_VERSION}: compile the program again"
@@ -455,7 +455,7 @@ class _Reader:
         if isinstance(v, bool) or not isinstance(v, int):
             self.fail(f"expected an integer, got {_short(v)}")
         if not lo <= v <= hi:
-            self.fail(f"{v} is out of range ({lo} to {hi})")
+            self.fail(f"{_short(v)} is out of range ({lo} to {hi})")
         return v
 
     def opt_int(self, v, lo: int = 0, hi: int = MAX_EXTENT) -> int | None:
@@ -545,6 +545,10 @@ class _Reader:
                 self.path.append(f".{what}")
                 self.fail("a tensor named twice")
         memory = self.field(d, "memory", self.memory)
+        for b in buffers:  # every buffer is on the device during some item of the tree
+            if b.nbytes > memory["memory_peak_unswapped"]:
+                self.path.append(".memory.peak_unswapped")
+                self.fail(f"buffer {b.id} alone takes {b.nbytes} bytes, more than the peak")
         return Plan(
             source=self.field(d, "source", self.text),
             dims=dims,
@@ -683,8 +687,8 @@ class _Reader:
             self.fail(f"{len(v)} attributes")
         out = []
         for k in sorted(v):
+            self.ident(k)  # before it names the field: a corrupt key can be any text
             self.path.append(f".{k}")
-            self.ident(k)
             out.append((k, self.value(v[k], 0)))
             self.path.pop()
         return tuple(out)
@@ -755,10 +759,13 @@ class _Reader:
         if b is None:
             self.fail(f"{where} reads buffer {r.src}, which does not exist")
         if r.out >= len(b.outputs):
-            self.fail(f"{where} reads output {r.out} of buffer {r.src}, which has {len(b.outputs)}")
+            self.fail(
+                f"{where} reads output {r.out} of buffer {r.src}, which has {len(b.outputs)}"
+            )
         if len(r.access) != len(b.dims):
-            self.fail(f"{where} reads buffer {r.src} with {len(r.access)} indices for "
-                      f"{len(b.dims)} dims")
+            self.fail(
+                f"{where} reads buffer {r.src} with {len(r.access)} indices for {len(b.dims)} dims"
+            )
 
     # ------------------------------------------------------------ the loop tree
     def items(self, v, scope: tuple[str, ...], top: bool) -> tuple:
@@ -797,8 +804,10 @@ class _Reader:
                 self.fail(f"a call of statement {sid}, which does not exist")
             args = self.field(d, "args", self.each, self.expr, scope, limit=MAX_RANK)
             if len(args) != len(self.statements[sid].loops):
-                self.fail(f"statement {sid} has {len(self.statements[sid].loops)} loop dims, "
-                          f"the call gives {len(args)} values")
+                self.fail(
+                    f"statement {sid} has {len(self.statements[sid].loops)} loop dims, "
+                    f"the call gives {len(args)} values"
+                )
             return Call(sid, args)
         for key, kind in (("free", Free), ("swap_out", SwapOut), ("swap_in", SwapIn)):
             if key in v:

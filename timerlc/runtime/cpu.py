@@ -138,9 +138,7 @@ class _Read:
                 out.append(("vec", a.index))
             elif not isinstance(a, At) and not names & vector and not windowed:
                 ranged = True
-                out.append(
-                    ("rg", px.compile_expr(a.lo, dims), px.compile_expr(a.hi, dims))
-                )
+                out.append(("rg", px.compile_expr(a.lo, dims), px.compile_expr(a.hi, dims)))
             else:
                 return None
         if seen and seen != [d for d in dims if d in vector]:
@@ -158,11 +156,11 @@ class _Read:
         r = 0
         for kind, fns in self.parts:
             if kind == "pt":
-                v = np.asarray(fns[0](*values), np.int64)
+                v = _nonnegative(np.asarray(fns[0](*values), np.int64))
                 batched = batched or v.ndim > 0
                 pieces.append(v.reshape(v.shape + (1,) * n_ranges) if v.ndim else v)
             else:
-                lo = np.asarray(fns[0](*values), np.int64)
+                lo = _nonnegative(np.asarray(fns[0](*values), np.int64))
                 hi = np.asarray(fns[1](*values), np.int64)
                 if lo.ndim or hi.ndim:
                     lo, hi = np.broadcast_arrays(lo, hi)
@@ -183,7 +181,18 @@ class _Node:
     """A node of a statement, prepared for its kernel (the runtime's own structure: the
     plan's items are never changed)."""
 
-    __slots__ = ("id", "op", "dims", "attrs", "reads", "conds", "kernel", "dtype", "shape", "where")
+    __slots__ = (
+        "id",
+        "op",
+        "dims",
+        "attrs",
+        "reads",
+        "conds",
+        "kernel",
+        "dtype",
+        "shape",
+        "where",
+    )
 
     def __init__(self, node, dims: tuple[str, ...], vector: set[str], plan: Plan):
         self.id, self.op, self.dims, self.where = node.id, node.op, dims, node.where
@@ -217,7 +226,16 @@ class _Statement:
         self._branch_cache: dict[tuple, list] = {}
         self.rt = runtime
         self.window = _window(plan, spec.id)
-        self.batches = self._batches(spec, plan.buffer(spec.id).box)
+        box = plan.buffer(spec.id).box
+        self.loop_box = tuple(box[self.dims.index(d)] for d in self.loops)
+        try:
+            self.batches = self._batches(spec, box)
+        except (OverflowError, ValueError, TypeError, IndexError) as e:
+            # a domain or a merge's condition whose ints NumPy cannot hold (a corrupt plan)
+            raise PlanError(
+                f"the plan is not valid: the points of statement {self.id} "
+                f"({runtime._name(self.id)}) cannot be found ({_clip(e)})"
+            ) from e
         self.is_env = ops.is_env(self.node.op)
 
     def _batches(self, spec: Statement, extents: tuple[int, ...]) -> dict[tuple, _Batch]:
@@ -227,7 +245,9 @@ class _Statement:
             return {}
         # open grids: the domain's condition broadcasts to the box
         grids = [
-            np.arange(e, dtype=np.int64).reshape([-1 if j == k else 1 for j in range(len(extents))])
+            np.arange(e, dtype=np.int64).reshape(
+                [-1 if j == k else 1 for j in range(len(extents))]
+            )
             for k, e in enumerate(extents)
         ]
         domain = px.compile_expr(spec.domain, self.dims, vector=True)
@@ -332,7 +352,8 @@ class _Statement:
             branches = self._branch_cache.get(ckey)
             if branches is None:
                 values = [
-                    coords[d] if d in self.template else scalars[k] for k, d in enumerate(self.dims)
+                    coords[d] if d in self.template else scalars[k]
+                    for k, d in enumerate(self.dims)
                 ]
                 branches = self._branch_cache[ckey] = self._branches(values, n)
         batch = _Batch(coords, n, branches, scalars=scalars)
@@ -343,14 +364,17 @@ class _Statement:
     def run(self, key: tuple):
         """One call: the batch of the points with the loop dims at ``key``."""
         try:
+            # a loop value outside the box would write elsewhere (NumPy wraps -1 to the end)
+            if not all(0 <= v < e for v, e in zip(key, self.loop_box)):
+                raise IndexError(f"a call outside its box {list(self.loop_box)}")
             self._run(key)
         except (IndexError, ValueError, TypeError, OverflowError) as e:
             # the kernels' failures are _OpFailed (a RunError by then): what is left is a
             # read or a write that the plan's own sizes do not allow
-            at = ", ".join(f"{d}={v}" for d, v in zip(self.loops, key))
+            at = ", ".join(f"{d}={_number(v)}" for d, v in zip(self.loops, key))
             raise PlanError(
                 f"the plan is not valid: statement {self.id} ({self.rt._name(self.id)}) at "
-                f"{at or 'its only call'} reads or writes outside its buffers ({e})"
+                f"{at or 'its only call'} reads or writes outside its buffers ({_clip(e)})"
             ) from e
 
     def _run(self, key: tuple):
@@ -477,6 +501,8 @@ class _Statement:
         for k, e in enumerate(read.basic):
             if e[0] == "int":
                 v = int(e[1](*sc))
+                if v < 0:  # before the wrap of a ring buffer, which would hide it
+                    raise IndexError(f"index {_number(v)} is below 0")
                 if read.window is not None and read.window[0] == k:
                     v %= read.window[1]
                 idx.append(v)
@@ -484,7 +510,10 @@ class _Statement:
                 idx.append(self.vec_slice[e[1]])
                 vec += 1
             else:
-                idx.append(slice(int(e[1](*sc)), int(e[2](*sc))))
+                lo, hi = int(e[1](*sc)), int(e[2](*sc))
+                if not 0 <= lo <= hi <= src.shape[k]:  # NumPy would clip the slice
+                    raise IndexError(f"slice {_number(lo)}:{_number(hi)} outside its axis")
+                idx.append(slice(lo, hi))
         v = src[tuple(idx)]
         return v.reshape((batch.n,) + v.shape[vec:]) if vec else v[None]
 
@@ -532,10 +561,14 @@ class CpuRuntime:
         self.metric_of = {sid: name for name, sid, _ in plan.metrics}
         self.envs = EnvRunner.of_plan(plan)
         self.statements = {s.id: _Statement(s, plan, self) for s in plan.statements}
-        # a loop tree runs no more loop steps than its statements have points (with room to
-        # spare): a corrupt plan whose loops would run on and on is stopped
-        points = sum(math.prod(b.box) for b in plan.buffers)
-        self.steps_left = 4 * points + 1_000_000
+        # a loop tree runs no more loop steps than its statements have calls (the points of
+        # their loop dims), with room to spare: a corrupt plan whose loops would run on and
+        # on is stopped
+        calls = sum(
+            math.prod(plan.buffer(s.id).box[s.dims.index(d)] for d in s.loops)
+            for s in plan.statements
+        )
+        self.steps_left = 4 * calls + 1_000_000
         self.tree = self._build(plan.tree, ())
 
     # ------------------------------------------------------------------ buffers
@@ -707,7 +740,7 @@ class CpuRuntime:
                     if self.steps_left < 0:
                         raise PlanError(
                             "the plan is not valid: its loop tree runs far more steps than its "
-                            "statements have points"
+                            "statements have calls"
                         )
 
             return loop
@@ -751,6 +784,27 @@ class CpuRuntime:
     def value(self, name: str) -> np.ndarray:
         sid, out = self.plan.tensor(name)
         return self.read(sid)[out]
+
+
+def _number(v: int) -> str:
+    """An int for a message: a corrupt plan's loop values can have thousands of digits
+    (more than ``str`` converts)."""
+    if abs(v) < 1 << 63:
+        return str(v)
+    return f"{'-' if v < 0 else ''}2^{v.bit_length() - 1} or more"
+
+
+def _clip(e: Exception) -> str:
+    text = str(e)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _nonnegative(index: np.ndarray) -> np.ndarray:
+    """``index`` (an index of a read), unless it is negative somewhere: NumPy would wrap it
+    to the end of the axis instead of failing, as an index past the end does."""
+    if index.size and index.min() < 0:
+        raise IndexError(f"index {int(index.min())} is below 0")
+    return index
 
 
 def _window(plan: Plan, sid: int) -> tuple[int, int] | None:

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 from timerlc import ops
+from timerlc.ops.random import INITS
 from timerlc.plan import expr as px
 from timerlc.plan.items import (
     DTYPES,
@@ -26,10 +27,11 @@ from timerlc.plan.items import (
     Ix,
     Plan,
     PlanError,
+    Slice,
     Statement,
     loads,
 )
-from timerlc.ops.random import INITS
+from timerlc.types import TensorType
 
 __all__ = ["PlanError", "load_plan", "check_runnable"]
 
@@ -61,12 +63,15 @@ def check_runnable(plan: Plan, where: str = "plan") -> None:
     """``PlanError`` unless this runtime can run every node and environment of ``plan``."""
     env_names = {e.name for e in plan.envs}
     for k, s in enumerate(plan.statements):
+        earlier: dict = {}
         for j, n in enumerate(s.nodes):
             field = f"statements[{k}].nodes[{j}]"
             try:
                 _check_node(plan, s, n, env_names)
+                _check_type(plan, s, n, earlier)
             except ValueError as e:
                 raise PlanError(f"{where} is not a valid plan at {field}: {e}") from None
+            earlier[n.id] = n
     _check_envs(plan, where)
 
 
@@ -85,33 +90,38 @@ def _check_node(plan: Plan, s: Statement, n, env_names: set[str]):
             raise ValueError("a merge has at least one input")
     elif any(r.cond is not None for r in n.inputs):
         raise ValueError("only a merge's inputs have conditions")
-    attrs = dict(n.attrs)
-    _check_attrs(n.op, attrs, op.attrs, s, env_names)
-    if op.kernel is not None:
-        _check_sizes(n, attrs)
+    _check_attrs(n.op, dict(n.attrs), op.attrs, s, env_names)
 
 
-# ops whose output has the shape of their ``shape`` attribute
-_SHAPED = frozenset(
-    {"const", "reshape", "broadcast_to", "index_add", "take_along_add", "random_uniform"}
-    | {"random_normal", "random_gumbel", "random_init"}
-)
+def _check_type(plan: Plan, s: Statement, n, earlier: dict):
+    """The node's types are what its op's type rule gives for the types of its reads (so a
+    kernel makes exactly what the plan's sizes allow); ``earlier``: the statement's nodes so
+    far. Environment calls are typed by the front end: their records have no rule."""
+    if ops.get(n.op).kind == "env":
+        return
+    ins = [_read_type(plan, r, earlier) for r in n.inputs]
+    try:
+        t = ops.infer(n.op, dict(n.attrs, _name=n.op), ins)
+    except (ops.TypeRuleError, ValueError, TypeError, IndexError, KeyError, MemoryError) as e:
+        raise ValueError(f"its inputs do not fit {n.op}: {e}") from None
+    declared = tuple(TensorType(o.dtype, o.shape) for o in n.types)
+    if (t,) != declared:
+        raise ValueError(f"{n.op} gives {t}, the node declares {', '.join(map(str, declared))}")
 
 
-def _check_sizes(n, attrs: dict):
-    """Attributes that say what a kernel makes must agree with the node's type, so that a
-    corrupt attribute cannot ask for more memory than the checked type allows."""
-    (out,) = n.types
-    if n.op in _SHAPED and tuple(attrs["shape"]) != out.shape:
-        raise ValueError(f"shape {list(attrs['shape'])} is not the node's {list(out.shape)}")
-    if "dtype" in attrs and attrs["dtype"] != out.dtype:
-        raise ValueError(f"dtype {attrs['dtype']} is not the node's {out.dtype}")
-    if n.op == "arange":
-        length = len(range(attrs["start"], attrs["stop"], attrs["step"] or 1))
-        if attrs["step"] == 0 or (length,) != out.shape:
-            raise ValueError(f"arange of {length} values for a node of shape {list(out.shape)}")
-    if n.op == "random_permutation" and (attrs["n"],) != out.shape:
-        raise ValueError(f"a permutation of {attrs['n']} for a node of shape {list(out.shape)}")
+def _read_type(plan: Plan, r, earlier: dict) -> TensorType:
+    """The type a read delivers: one leading axis per slice (its length, or its text where
+    it depends on the point), then the source's."""
+    if not r.stored:
+        o = earlier[r.src].types[r.out]
+        return TensorType(o.dtype, o.shape)
+    o = plan.buffer(r.src).outputs[r.out]
+    lengths = []
+    for a in r.access:
+        if isinstance(a, Slice):
+            n = px.difference(a.hi, a.lo)
+            lengths.append(px.text(("sub", a.hi, a.lo)) if n is None else n)
+    return TensorType(o.dtype, tuple(lengths) + o.shape)
 
 
 def _check_attrs(op: str, attrs: dict, kinds: dict[str, str], s: Statement, envs: set[str]):
@@ -187,8 +197,7 @@ def _space(v, s: Statement) -> bool:
         isinstance(v, tuple)
         and len(v) <= MAX_RANK
         and all(
-            isinstance(p, tuple) and len(p) == 2 and p[0] in s.dims and _is_int(p[1], 0)
-            for p in v
+            isinstance(p, tuple) and len(p) == 2 and p[0] in s.dims and _is_int(p[1], 0) for p in v
         )
     )
 
@@ -232,15 +241,22 @@ _WHAT = {
 
 
 def _check_envs(plan: Plan, where: str):
-    """Each environment's plugin is found as the program's ``env`` line would find it."""
-    from timerlc.envs import EnvError
-    from timerlc.envs.registry import resolve
+    """Each environment's plugin is found, and describes itself, as the program's ``env``
+    line would (the same rules and errors), and still gives observations of the shape the
+    plan was compiled for."""
+    from timerlc.envs import EnvError, describe
 
     for k, e in enumerate(plan.envs):
+        at = f"{where} is not a valid plan at envs[{k}]: environment '{e.name}' ({e.spec})"
         try:
-            resolve(e.spec)
+            spec = describe(e.spec)
         except EnvError as err:
-            raise PlanError(
-                f"{where} is not a valid plan at envs[{k}]: environment '{e.name}' "
-                f"({e.spec}): {err.message}"
-            ) from None
+            raise PlanError(f"{at}: {err.message}") from None
+        obs = (e.num_envs,) + tuple(spec.obs_shape)
+        for s in plan.statements:
+            n = s.node
+            if ops.is_env(n.op) and dict(n.attrs).get("env") == e.name and n.types[0].shape != obs:
+                raise PlanError(
+                    f"{at} gives observations of shape {list(obs)}, the plan was compiled for "
+                    f"{list(n.types[0].shape)}: compile the program again"
+                )
