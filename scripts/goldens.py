@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import math
 import sys
 from pathlib import Path
 
@@ -99,8 +98,6 @@ def _attr(v) -> str:
         return "(" + ", ".join(_attr(x) for x in v) + ")"
     if isinstance(v, Ix):
         return "ix " + px.text(v.expr)
-    if isinstance(v, float) and not math.isfinite(v):
-        return repr(v)
     return repr(v)
 
 

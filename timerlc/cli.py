@@ -7,7 +7,6 @@ Exit status: 0 success; 1 an error in the program (``FILE:LINE:COL: error: ...``
 from __future__ import annotations
 
 import json
-import keyword
 import os
 import re
 import shutil
@@ -178,7 +177,6 @@ _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 def parse_size(text: str) -> int:
     """``SIZE``: bytes, or a number with a K, M or G suffix (powers of 1024): ``64M``,
     ``1.5G``, ``4096``; an optional ``B``/``iB`` may follow the suffix (``64MiB``)."""
-    import re
 
     m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMG]?)(?:I?B)?\s*", str(text).upper())
     if m is None or (not m.group(2) and "." in m.group(1)):
@@ -355,7 +353,8 @@ def _load_build(path: Path):
     """The checked program of a build folder (its manifest names the file): a file that is
     not one a compile writes is a usage error (exit 2), never code run or a traceback."""
     from timerlc.ir import serialize
-    from timerlc.ir.verify import VerifyError
+    from timerlc.ir.verify import VerifyError, verify
+    from timerlc.plan.expr import clip
 
     try:
         manifest = json.loads((path / BUILD_MANIFEST).read_text())
@@ -374,50 +373,13 @@ def _load_build(path: Path):
     program = path / manifest["program"]
     try:
         graph = serialize.from_json(program.read_text())
-        _check_graph(graph)
+        verify(graph, lowered=True)
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
-        raise _Fail(2, f"timerlc: error: cannot load {program}: {_clip(str(e))}") from None
+        raise _Fail(2, f"timerlc: error: cannot load {program}: {clip(str(e))}") from None
     except (RecursionError, VerifyError) as e:
         what = "nested too deeply" if isinstance(e, RecursionError) else str(e).split("\n")[0]
-        raise _Fail(2, f"timerlc: error: cannot load {program}: {_clip(what)}") from None
+        raise _Fail(2, f"timerlc: error: cannot load {program}: {clip(what)}") from None
     return graph
-
-
-_DIM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-def _check_graph(graph):
-    """What the reference interpreter needs of a PDG read from a file: it compiles index
-    expressions into Python over the names of their dims (``ir.index.compile_expr``), so
-    every dim is a plain name and every expression uses its node's dims only; then the
-    invariants of every PDG (``ir.verify``)."""
-    from timerlc.ir import index as ix
-    from timerlc.ir.verify import verify
-
-    for dims in [[d.name for d in graph.dims]] + [n.dims for n in graph.nodes]:
-        for d in dims:
-            if not isinstance(d, str) or not _DIM_NAME.match(d) or keyword.iskeyword(d):
-                raise ValueError(f"{_clip(repr(d))} is not a dim name")
-    for n in graph.nodes:
-        used = ix.dims_of(n.domain.cond).union(*(_names(v) for _, v in n.attrs))
-        if not used <= set(n.dims):
-            raise ValueError(f"nodes[{n.id}] uses {sorted(used - set(n.dims))}, not its dims")
-    verify(graph, lowered=True)
-
-
-def _names(value) -> frozenset[str]:
-    """The dims an attribute's index expressions use (``ix(...)`` values, in tuples too)."""
-    import sympy
-
-    from timerlc.ir import index as ix
-
-    if isinstance(value, tuple):
-        return frozenset().union(*(_names(v) for v in value))
-    return ix.dims_of(value) if isinstance(value, sympy.Basic) else frozenset()
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _run_build(path: Path, backend, outputs_path, metrics_path, progress, profile):

@@ -3,6 +3,8 @@
 In: a PDG. Out: nothing, or ``VerifyError`` (an internal error: a pass broke the graph)
 whose message names the broken invariant and shows the IR around the bad node.
 
+- every dim is a name; every node's dims are dims of the graph, and its domain and the
+  index expressions of its attributes use them only;
 - every edge reads a node that exists, an output it has, with one access entry per dim of
   the source, over the reader's dims only (conditions too);
 - every op is in the registry; ``grad`` only before the autodiff pass (``lowered``);
@@ -19,8 +21,8 @@ from __future__ import annotations
 
 import re
 
-from timerlc.ir import index as ix
 from timerlc import ops
+from timerlc.ir import index as ix
 from timerlc.ir.pdg import Graph, Node, Range, input_type
 
 
@@ -30,6 +32,11 @@ class VerifyError(AssertionError):
 
 def verify(graph: Graph, lowered: bool = False) -> None:
     """Check ``graph``'s invariants; ``lowered``: after autodiff (no ``grad`` left)."""
+    dims = set()
+    for d in graph.dims:
+        if not isinstance(d.name, str) or not _NAME.match(d.name):
+            raise VerifyError(f"{d.name!r:.60} is not a dim name")
+        dims.add(d.name)
     names = {t.name for t in graph.tensors}
     for t in graph.tensors:
         if not 0 <= t.node < len(graph.nodes) or t.out >= len(graph.node(t.node).types):
@@ -38,11 +45,28 @@ def verify(graph: Graph, lowered: bool = False) -> None:
         if name not in names:
             raise VerifyError(f"output or metric {name} is not a tensor")
     for n in graph.nodes:
+        if not set(n.dims) <= dims:
+            _fail(graph, n, f"dims {list(n.dims)} are not all dims of the graph")
+        used = ix.dims_of(n.domain.cond).union(*(_index_dims(v) for _, v in n.attrs))
+        if not used <= set(n.dims):
+            _fail(graph, n, f"its domain or attributes use {sorted(used - set(n.dims))}")
         _edges(graph, n, lowered)
     # each op's own type first, then merges (which only compare their inputs' types), so a
     # wrongly typed node is reported itself rather than at the merge that reads it
     for n in sorted(graph.nodes, key=lambda n: n.op == "merge"):
         _types(graph, n)
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _index_dims(value) -> frozenset[str]:
+    """The dims the index expressions in an attribute's value use (in tuples too)."""
+    if isinstance(value, tuple):
+        return frozenset().union(*(_index_dims(v) for v in value))
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return frozenset()
+    return ix.dims_of(value)
 
 
 def _fail(graph: Graph, n: Node, message: str):

@@ -124,9 +124,14 @@ def _quote(s: str) -> str:
     return repr(s[:40] + ("..." if len(s) > 40 else ""))
 
 
+def clip(text: str, limit: int = 200) -> str:
+    """``text`` cut to ``limit`` characters for a one-line message (a corrupt file's values
+    can be any size)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _short(x) -> str:
-    text = repr(x)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return clip(repr(x), 60)
 
 
 def names(e: Expr) -> set[str]:

@@ -405,8 +405,7 @@ def from_json(data, where: str = "plan") -> Plan:
 
 
 def _short(v) -> str:
-    text = json.dumps(v) if not isinstance(v, str) else repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return px.clip(json.dumps(v) if not isinstance(v, str) else repr(v), 60)
 
 
 class _Reader:

@@ -234,7 +234,7 @@ class _Statement:
             # a domain or a merge's condition whose ints NumPy cannot hold (a corrupt plan)
             raise PlanError(
                 f"the plan is not valid: the points of statement {self.id} "
-                f"({runtime._name(self.id)}) cannot be found ({_clip(e)})"
+                f"({runtime._name(self.id)}) cannot be found ({px.clip(str(e))})"
             ) from e
         self.is_env = ops.is_env(self.node.op)
 
@@ -374,7 +374,7 @@ class _Statement:
             at = ", ".join(f"{d}={_number(v)}" for d, v in zip(self.loops, key))
             raise PlanError(
                 f"the plan is not valid: statement {self.id} ({self.rt._name(self.id)}) at "
-                f"{at or 'its only call'} reads or writes outside its buffers ({_clip(e)})"
+                f"{at or 'its only call'} reads or writes outside its buffers ({px.clip(str(e))})"
             ) from e
 
     def _run(self, key: tuple):
@@ -792,11 +792,6 @@ def _number(v: int) -> str:
     if abs(v) < 1 << 63:
         return str(v)
     return f"{'-' if v < 0 else ''}2^{v.bit_length() - 1} or more"
-
-
-def _clip(e: Exception) -> str:
-    text = str(e)
-    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _nonnegative(index: np.ndarray) -> np.ndarray:

@@ -143,8 +143,7 @@ def _check_attrs(op: str, attrs: dict, kinds: dict[str, str], s: Statement, envs
 
 
 def _short(v) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return px.clip(repr(v), 60)
 
 
 def _is_int(v, lo: int = -MAX_EXTENT, hi: int = MAX_EXTENT) -> bool:
