@@ -51,8 +51,12 @@ def make_gym_vector(num_envs):
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode
 
-    return gym.make_vec("CartPole-v1", num_envs=num_envs, vectorization_mode="sync",
-                        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+    return gym.make_vec(
+        "CartPole-v1",
+        num_envs=num_envs,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+    )
 
 
 def make_next_step(num_envs):
@@ -118,3 +122,63 @@ class _WrongObs(Counter):
 
 def make_wrong_obs_shape(num_envs):
     return _WrongObs(num_envs, 1.0, 3)
+
+
+class _BadValues(Counter):
+    """A Counter whose ``field`` (obs, reward or done) turns bad at step ``at``: ``value``
+    is ``nan``, ``inf`` or ``float`` (a done of floats)."""
+
+    def __init__(self, num_envs: int, field: str, value: str, at: int):
+        super().__init__(num_envs, 1.0, 1000)
+        self.field, self.value, self.at, self.steps = field, value, at, 0
+
+    def step(self, actions):
+        obs, reward, done = super().step(actions)
+        self.steps += 1
+        if self.steps >= self.at:
+            if self.field == "done":
+                done = done.astype(np.float32) + 0.5
+            else:
+                bad = np.float32(self.value)
+                if self.field == "obs":
+                    obs = obs.copy()
+                    obs[-1, 0] = bad
+                else:
+                    reward = reward.copy()
+                    reward[-1] = bad
+        return obs, reward, done
+
+
+def make_bad_values(num_envs, field="reward", value="nan", at=2):
+    return _BadValues(num_envs, field, value, at)
+
+
+class _CloseRaises(Counter):
+    def close(self):
+        raise OSError("the simulator's socket is already gone")
+
+
+def make_close_raises(num_envs):
+    return _CloseRaises(num_envs, 1.0, 1000)
+
+
+class _Interrupts(Counter):
+    """Raises KeyboardInterrupt at step ``at`` (as a Ctrl-C arriving during that step);
+    sleeps ``delay`` seconds per step."""
+
+    def __init__(self, num_envs: int, at: int, delay: float):
+        super().__init__(num_envs, 1.0, 1000)
+        self.at, self.delay, self.steps = at, delay, 0
+
+    def step(self, actions):
+        import time
+
+        self.steps += 1
+        if self.at and self.steps >= self.at:
+            raise KeyboardInterrupt
+        time.sleep(self.delay)
+        return super().step(actions)
+
+
+def make_interrupts(num_envs, at=0, delay=0.0):
+    return _Interrupts(num_envs, at, delay)

@@ -508,8 +508,14 @@ def test_a_file_in_a_missing_folder_is_a_usage_error_before_the_run(tmp_path, op
     _usage(out.status, out.stderr, "nodir")
 
 
-def test_running_out_of_memory_is_a_run_failure(tmp_path):
+def test_running_out_of_memory_is_a_run_failure(tmp_path, monkeypatch):
     program = "config N = 1000000\ndim t < 2\nx[t] = sum(ones([N, N]))\nout x\n"
+    out = diagnose(tmp_path, program, cmd="run")  # known before the run
+    assert_no_traceback(out)
+    assert out.status == 3 and "needs 7450.6 GiB" in out.stderr, out.stderr
+    from timerlc import files
+
+    monkeypatch.setattr(files, "memory_available", lambda: None)  # found while running
     out = diagnose(tmp_path, program, cmd="run")
     assert_no_traceback(out)
     assert out.status == 3 and "out of memory" in out.stderr, out.stderr

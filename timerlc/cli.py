@@ -7,7 +7,6 @@ Exit status: 0 success; 1 an error in the program (``FILE:LINE:COL: error: ...``
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import sys
@@ -26,6 +25,7 @@ BUILD_PLAN = "plan.json"
 BUILD_MANIFEST = "build.json"
 BUILD_PROGRAM = "program.pdg.json"
 BUILD_FORMAT = 1
+BUILD_MARKER = ".timerlc-build"
 
 
 class _Fail(Exception):
@@ -38,15 +38,27 @@ class _Fail(Exception):
 def _overrides(sets: tuple[str, ...], seed: int | None = None) -> dict[str, str]:
     from timerlc.frontend.configs import parse_override
 
-    out = {}
+    out: dict[str, str] = {}
+    given: dict[str, str] = {}  # name -> the option that set it, for messages
+
+    def put(name: str, value: str, option: str):
+        if name in out and out[name] != value:
+            raise _Fail(
+                2,
+                f"timerlc: error: {option} conflicts with {given[name]}: {name} is given two "
+                "values",
+            )
+        out[name] = value
+        given[name] = option
+
     for s in sets:
         try:
             name, value = parse_override(s)
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--set") from None
-        out[name] = value
+        put(name, value, f"--set {s}")
     if seed is not None:
-        out["seed"] = str(seed)
+        put("seed", str(seed), f"--seed {seed}")
     return out
 
 
@@ -74,20 +86,6 @@ def _read_source(path: str) -> Source:
         ) from None
 
 
-def _writable(path: str | None, option: str):
-    """A file the run will write at the end must be writable before the run starts."""
-    if not path:
-        return
-    p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise click.BadParameter(f"no folder {parent} to write {path} in", param_hint=option)
-    if p.is_dir():
-        raise click.BadParameter(f"{path} is a folder", param_hint=option)
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise click.BadParameter(f"cannot write {path}", param_hint=option)
-
-
 def _check(
     source: Source, overrides: dict[str, str], envs: dict[str, str], on_stage=None, optimize=True
 ):
@@ -95,10 +93,19 @@ def _check(
     backend runs it unoptimized: it is the oracle the optimized program is tested against)."""
     from timerlc import compiler
 
-    try:
+    def work():
         return compiler.run_passes(
             compiler.check_program(source, overrides, envs), on_stage, optimize
         )
+
+    return _on_deep_stack(source, work)
+
+
+def _on_deep_stack(source: Source, work):
+    """``work()``, a compile of ``source`` (the command runs on a deep stack: ``_guard``);
+    a program error exits 1."""
+    try:
+        return work()
     except ProgramError as e:
         raise _Fail(1, e.render(source)) from None
 
@@ -117,8 +124,9 @@ def _compile(
     met warns."""
     from timerlc import compiler
 
-    try:
-        graph, plan = compiler.compile_source(
+    graph, plan = _on_deep_stack(
+        source,
+        lambda: compiler.compile_source(
             source,
             overrides,
             envs,
@@ -126,9 +134,8 @@ def _compile(
             memory_budget=memory_budget,
             on_stage=on_stage,
             source_path=source_path,
-        )
-    except ProgramError as e:
-        raise _Fail(1, e.render(source)) from None
+        ),
+    )
     if plan is not None:
         _warn_budget(plan)
     return graph, plan
@@ -149,8 +156,19 @@ def _guard(fn):
     """Run a command body, turning timerlc errors into messages and exit statuses."""
 
     def wrapper(*args, debug=False, **kwargs):
+        from timerlc import deepstack
+
         try:
-            return fn(*args, **kwargs)
+            return deepstack.call(fn, *args, **kwargs)
+        except deepstack.TooDeep:
+            if debug:
+                traceback.print_exc()
+            click.echo(
+                "timerlc: error: the program is nested too deeply (split long expressions "
+                "into several equations or defs)",
+                err=True,
+            )
+            sys.exit(1)
         except _Fail as f:
             click.echo(f.text, err=True)
             sys.exit(f.status)
@@ -162,6 +180,9 @@ def _guard(fn):
                 traceback.print_exc()
             click.echo(f"timerlc: run failed: {e}", err=True)
             sys.exit(3)
+        except deepstack.Terminated:
+            click.echo("timerlc: terminated (SIGTERM)", err=True)
+            sys.exit(143)
         except KeyboardInterrupt:
             click.echo("timerlc: interrupted", err=True)
             sys.exit(130)
@@ -185,6 +206,21 @@ def parse_size(text: str) -> int:
             "suffix (powers of 1024), e.g. 64M"
         )
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+
+
+class _Seed(click.ParamType):
+    """An int written as RTL writes one: ASCII decimal digits (click's INT also takes
+    ``1_6`` and full-width digits, as Python's ``int`` does)."""
+
+    name = "integer"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if not (text.isascii() and re.fullmatch(r"[+-]?[0-9]+", text)):
+            self.fail(f"'{value}' is not an integer written with ASCII digits", param, ctx)
+        return int(text)
 
 
 class _Size(click.ParamType):
@@ -281,6 +317,7 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
     """Compile FILE into a build folder (the checked program and, with --dump-ir, its IR)."""
 
     def body():
+        from timerlc.files import write_text
         from timerlc.ir import serialize
 
         source = _read_source(file)
@@ -301,20 +338,12 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
             on_stage,
             str(Path(file).resolve()),
         )
-        out = Path(out_dir)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise _Fail(2, f"timerlc: error: cannot make the build folder {out}: {e}") from None
-        # nothing of an earlier build stays behind to be run or inspected by mistake
-        (out / BUILD_PLAN).unlink(missing_ok=True)
-        if (out / "ir").is_dir():
-            shutil.rmtree(out / "ir")
-        (out / BUILD_PROGRAM).write_text(serialize.to_json(graph))
+        out = _build_folder(Path(out_dir))
+        write_text(out / BUILD_PROGRAM, serialize.to_json(graph))
         if plan is not None:
             from timerlc.plan import items
 
-            (out / BUILD_PLAN).write_text(items.dumps(plan))
+            write_text(out / BUILD_PLAN, items.dumps(plan))
         manifest = {
             "format_version": BUILD_FORMAT,
             "timerlc": __version__,
@@ -323,17 +352,18 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
             "program": BUILD_PROGRAM,
             "overrides": _overrides(sets),
         }
-        (out / BUILD_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         if dump_ir:
             ir = out / "ir"
             ir.mkdir(exist_ok=True)
             passes = [(name, g) for name, _, g in stages if hasattr(g, "nodes")]
             for k, (name, g) in enumerate(passes):
-                (ir / f"{k:02d}-{name}.pdg").write_text(serialize.to_text(g))
+                write_text(ir / f"{k:02d}-{name}.pdg", serialize.to_text(g))
             if plan is not None:  # the schedule and memory decisions, readable
                 from timerlc.plan import text as plan_text
 
-                (ir / f"{len(passes):02d}-plan.txt").write_text(plan_text.render(plan))
+                write_text(ir / f"{len(passes):02d}-plan.txt", plan_text.render(plan))
+        # last: a build folder without its manifest (a compile stopped half way) is no build
+        write_text(out / BUILD_MANIFEST, json.dumps(manifest, indent=2) + "\n")
         if timings:
             last = started
             for name, at, g in stages:
@@ -347,6 +377,47 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
             click.echo(f"{'total':12s} {1000 * (time.perf_counter() - started):8.1f} ms", err=True)
 
     _guard(body)()
+
+
+def _is_build(path: Path) -> bool:
+    """Whether the folder holds a timerlc build: its marker file, or (a build of an earlier
+    timerlc) a manifest that a compile wrote."""
+    if (path / BUILD_MARKER).is_file():
+        return True
+    try:
+        manifest = json.loads((path / BUILD_MANIFEST).read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(manifest, dict) and {"format_version", "timerlc", "program"} <= set(manifest)
+
+
+def _build_folder(out: Path) -> Path:
+    """``out`` made ready for a build: made if missing; refused (exit 2) if it holds files
+    and is not a timerlc build (a compile never writes into, or deletes from, a folder of
+    someone else's files); an earlier build's files are removed, so that nothing of it is
+    run or inspected by mistake, the manifest first (a build without one is no build)."""
+    try:
+        if out.exists() and not out.is_dir():
+            raise _Fail(2, f"timerlc: error: -o {out}: it is a file, not a folder")
+        if out.is_dir() and any(out.iterdir()) and not _is_build(out):
+            raise _Fail(
+                2,
+                f"timerlc: error: -o {out}: the folder is not empty and holds no timerlc build "
+                f"(no {BUILD_MARKER} file); give an empty or new folder",
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        for name in (BUILD_MANIFEST, BUILD_PLAN, BUILD_PROGRAM):
+            (out / name).unlink(missing_ok=True)
+        if (out / "ir").is_dir():
+            shutil.rmtree(out / "ir")
+        marker = out / BUILD_MARKER
+        if not marker.is_file():
+            marker.write_text("This folder is a timerlc build; timerlc compile may replace it.\n")
+    except OSError as e:
+        raise _Fail(
+            2, f"timerlc: error: cannot write the build folder {out}: {e.strerror or e}"
+        ) from None
+    return out
 
 
 def _load_build(path: Path):
@@ -382,7 +453,9 @@ def _load_build(path: Path):
     return graph
 
 
-def _run_build(path: Path, backend, outputs_path, metrics_path, progress, profile):
+def _run_build(
+    path: Path, backend, outputs_path, metrics_path, progress, profile, allow_nonfinite
+):
     """Run a build folder: its plan on the cpu runtime, or its checked program on the
     reference interpreter (``--backend reference``, or a build for that backend, which has
     no plan)."""
@@ -390,6 +463,12 @@ def _run_build(path: Path, backend, outputs_path, metrics_path, progress, profil
     from timerlc.runtime.plan import PlanError, load_plan
 
     plan_file = path / BUILD_PLAN
+    if not (path / BUILD_MANIFEST).is_file():
+        raise _Fail(
+            2,
+            f"timerlc: error: {path} is not a timerlc build folder (it has no {BUILD_MANIFEST}; "
+            "a compile that was stopped writes it last)",
+        )
     if backend == "reference" or not plan_file.exists():
         graph = _load_build(path)
         if backend not in (None, "reference"):
@@ -398,14 +477,14 @@ def _run_build(path: Path, backend, outputs_path, metrics_path, progress, profil
                 f"timerlc: error: {path} was compiled for the reference backend (it has no "
                 f"{BUILD_PLAN}); compile the program again with --backend {backend}",
             )
-        run_reference(graph, outputs_path, metrics_path, progress, profile)
+        run_reference(graph, outputs_path, metrics_path, progress, profile, allow_nonfinite)
         return
     try:
         plan = load_plan(plan_file)
     except PlanError as e:
         raise _Fail(2, f"timerlc: error: {e}") from None
     try:
-        run_plan(plan, outputs_path, metrics_path, progress, profile)
+        run_plan(plan, outputs_path, metrics_path, progress, profile, allow_nonfinite)
     except PlanError as e:  # found while running: a read outside the buffers
         raise _Fail(2, f"timerlc: error: {plan_file}: {e}") from None
 
@@ -422,7 +501,7 @@ def _run_build(path: Path, backend, outputs_path, metrics_path, progress, profil
 @_env_option
 @click.option(
     "--seed",
-    type=int,
+    type=_Seed(),
     default=None,
     help="The seed of all random streams (overrides config seed).",
 )
@@ -439,6 +518,12 @@ def _run_build(path: Path, backend, outputs_path, metrics_path, progress, profil
     help="Stream metrics to F.csv or F.jsonl.",
 )
 @_budget_option
+@click.option(
+    "--allow-nonfinite",
+    is_flag=True,
+    help="Accept NaN and infinite observations and rewards from environments (by default "
+    "they stop the run with exit 3).",
+)
 @click.option("--no-progress", is_flag=True, help="Do not show the progress line.")
 @click.option("--profile", is_flag=True, help="Print where the run spent its time.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of failures.")
@@ -451,6 +536,7 @@ def run(
     outputs_path,
     metrics_path,
     memory_budget,
+    allow_nonfinite,
     no_progress,
     profile,
     debug,
@@ -469,8 +555,11 @@ def run(
             )
         if outputs_path and not outputs_path.endswith(".npz"):
             raise click.BadParameter("the outputs file must end in .npz", param_hint="--outputs")
-        _writable(outputs_path, "--outputs")
-        _writable(metrics_path, "--metrics")
+        from timerlc import files
+
+        for option, file in (("--outputs", outputs_path), ("--metrics", metrics_path)):
+            if file:
+                files.probe_writable(file, option)
         progress = not no_progress and sys.stderr.isatty()
         if path.is_dir():
             if sets or envs or seed is not None:
@@ -485,16 +574,18 @@ def run(
                     "timerlc: error: --memory-budget changes the plan; compile the program "
                     "with it instead (timerlc compile FILE.rtl --memory-budget SIZE)",
                 )
-            _run_build(path, backend, outputs_path, metrics_path, progress, profile)
+            _run_build(
+                path, backend, outputs_path, metrics_path, progress, profile, allow_nonfinite
+            )
             return
         source = _read_source(target)
         graph, plan = _compile(
             source, _overrides(sets, seed), _env_overrides(envs), chosen, memory_budget
         )
         if plan is None:
-            run_reference(graph, outputs_path, metrics_path, progress, profile)
+            run_reference(graph, outputs_path, metrics_path, progress, profile, allow_nonfinite)
         else:
-            run_plan(plan, outputs_path, metrics_path, progress, profile)
+            run_plan(plan, outputs_path, metrics_path, progress, profile, allow_nonfinite)
 
     _guard(body)(debug=debug)
 

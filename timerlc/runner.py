@@ -13,7 +13,6 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-import numpy as np
 
 from timerlc.diagnostics import RunError
 from timerlc.metrics import MetricsFile, Progress
@@ -38,22 +37,73 @@ def plan_metric_dims(plan: Plan) -> list[str]:
 
 
 def budget_warning(plan: Plan) -> str | None:
-    """The one-line warning for a plan whose memory budget swapping cannot meet, else None."""
+    """The warning for a plan whose memory budget swapping cannot meet, else None: the
+    smallest budget it can meet, and the buffers on the device then that no swap moves."""
     if plan.memory_budget is None or plan.memory_budget_met is not False:
         return None
     budget, peak = plan.memory_budget, plan.memory_peak
-    unswapped = plan.memory_peak_unswapped
-    head = f"timerlc: warning: the memory budget of {format_bytes(budget)} cannot be met: "
-    if peak < unswapped:
-        return (
-            head + f"swapping blocks to host memory lowers the buffers' peak from "
-            f"{format_bytes(unswapped)} to {format_bytes(peak)} at best"
-        )
-    return (
-        head + f"the buffers' peak is {format_bytes(peak)} and no swap at the top level of the "
-        "loop tree lowers it (an item keeps every buffer it uses on the device: a loop, those of "
-        "all its iterations)"
+    head = (
+        f"timerlc: warning: the memory budget of {format_bytes(budget)} cannot be met; the "
+        f"smallest this plan can meet is {format_bytes(peak)}"
     )
+    if peak < plan.memory_peak_unswapped:
+        head += (
+            f" (swapping blocks to host memory brings the peak down to it from "
+            f"{format_bytes(plan.memory_peak_unswapped)})"
+        )
+    if plan.memory_floor_item is None:
+        return head
+    from timerlc.plan.items import Loop
+
+    item = plan.tree[plan.memory_floor_item]
+    if isinstance(item, Loop):
+        dim = _loop_dim(plan, item)
+        where = f"the loop over {dim}" if dim else "a loop"
+        note = " (a loop keeps the buffers of all its iterations)"
+    else:
+        where, note = f"the call of {_buffer_name(plan, item.statement)}", ""
+    kept = {sid for _, sid, _ in plan.outputs + plan.metrics}
+    rows = []
+    for sid in plan.memory_floor[:8]:
+        buf = plan.buffer(sid)
+        if sid in kept:
+            why = "an output or metric, kept to the end"
+        elif buf.window is not None:
+            why = f"a ring buffer along {buf.window.dim}"
+        else:
+            why = "used there"
+        rows.append(f"  {_buffer_name(plan, sid)}: {format_bytes(buf.nbytes)}, {why}")
+    more = len(plan.memory_floor) - len(rows)
+    if more > 0:
+        rows.append(f"  and {more} smaller buffer{'s' if more > 1 else ''}")
+    return f"{head}; during {where} these must be on the device{note}:\n" + "\n".join(rows)
+
+
+def _loop_dim(plan: Plan, loop) -> str | None:
+    """The dim a top-level loop of the plan runs over: the first loop dim of the statements
+    it calls."""
+    from timerlc.plan.items import Call, If, Loop
+
+    todo = list(loop.body)
+    while todo:
+        it = todo.pop(0)
+        if isinstance(it, Call):
+            loops = plan.statement(it.statement).loops
+            return loops[0] if loops else None
+        if isinstance(it, Loop):
+            todo[:0] = list(it.body)
+        elif isinstance(it, If):
+            todo[:0] = list(it.then) + list(it.orelse)
+    return None
+
+
+def _buffer_name(plan: Plan, sid: int) -> str:
+    """A buffer's tensor, or for an unnamed one the tensor it is part of and its line."""
+    name = plan.buffer(sid).name
+    if name:
+        return name
+    part, line = plan.statement(sid).node.where
+    return f"%{sid} (part of {part}{f', line {line}' if line else ''})"
 
 
 def format_bytes(n: int) -> str:
@@ -64,14 +114,19 @@ def format_bytes(n: int) -> str:
 
 
 def run_reference(
-    graph: Graph, outputs_path=None, metrics_path=None, progress=False, profile=False
+    graph: Graph,
+    outputs_path=None,
+    metrics_path=None,
+    progress=False,
+    profile=False,
+    allow_nonfinite=False,
 ):
     """Run a checked PDG (as written: after the lowering passes only) on the reference
-    interpreter."""
-    from timerlc.reference.interpreter import Interpreter
+    interpreter; ``allow_nonfinite``: accept NaN or infinite values from environments."""
+    from timerlc.reference.interpreter import Interpreter, needed_bytes
 
     def make(on_metric):
-        return Interpreter(graph, on_metric, profile)
+        return Interpreter(graph, on_metric, profile, allow_nonfinite=allow_nonfinite)
 
     interp = _execute(
         make,
@@ -82,20 +137,31 @@ def run_reference(
         outputs_path,
         metrics_path,
         progress,
+        needed_bytes(graph),
     )
     if profile:
         _print_profile(graph, interp)
     return interp
 
 
-def run_plan(plan: Plan, outputs_path=None, metrics_path=None, progress=False, profile=False):
+def run_plan(
+    plan: Plan,
+    outputs_path=None,
+    metrics_path=None,
+    progress=False,
+    profile=False,
+    allow_nonfinite=False,
+):
     """Run a plan on the cpu runtime (this path never imports the compiler); with
-    ``profile``, print where the time went."""
-    from timerlc.runtime.cpu import CpuRuntime
+    ``profile``, print where the time went; ``allow_nonfinite``: accept NaN or infinite
+    values from environments."""
+    from timerlc.runtime.cpu import CpuRuntime, needed_bytes
 
     started = time.perf_counter()
     engine = _execute(
-        lambda on_metric: CpuRuntime(plan, on_metric, profile=profile),
+        lambda on_metric: CpuRuntime(
+            plan, on_metric, profile=profile, allow_nonfinite=allow_nonfinite
+        ),
         plan_metric_dims(plan),
         plan.bounds,
         bool(plan.metrics),
@@ -103,6 +169,7 @@ def run_plan(plan: Plan, outputs_path=None, metrics_path=None, progress=False, p
         outputs_path,
         metrics_path,
         progress,
+        needed_bytes(plan),
     )
     if profile:
         _print_plan_profile(plan, engine, time.perf_counter() - started)
@@ -130,7 +197,34 @@ def _print_plan_profile(plan: Plan, rt, wall: float):
         )
 
 
-def _execute(make, mdims, bounds, has_metrics, outputs, outputs_path, metrics_path, progress):
+def _execute(
+    make,
+    mdims,
+    bounds,
+    has_metrics,
+    outputs,
+    outputs_path,
+    metrics_path,
+    progress,
+    needed_bytes: int | None = None,
+):
+    """Run the engine ``make(on_metric)`` gives, streaming metrics, then save the outputs.
+
+    Before anything is opened: ``needed_bytes`` must fit in the memory available (else a
+    ``RunError``, exit 3). Whatever stops the
+    run (a failure, Ctrl-C, SIGTERM), the metrics written so far are flushed and the outputs
+    computed so far are saved, with a ``NAME.__valid__`` mask per array (docs/interruptions.md);
+    a second interruption during the save abandons it and leaves an earlier file as it was.
+    """
+    from timerlc import files
+
+    if needed_bytes is not None:
+        avail = files.memory_available()
+        if avail is not None and needed_bytes > avail:
+            raise RunError(
+                f"the run needs {format_bytes(needed_bytes)} of memory (its buffers and their temporaries) and the "
+                f"machine has {format_bytes(avail)} available; lower the program's sizes"
+            )
     sinks = []
     metrics_file = MetricsFile(metrics_path, mdims) if metrics_path else None
     if metrics_file:
@@ -148,35 +242,70 @@ def _execute(make, mdims, bounds, has_metrics, outputs, outputs_path, metrics_pa
     engine = None
     failure = None
     interrupted = None
+    complete = False
     try:
         engine = make(on_metric)
         engine.run()
+        complete = True
     except RunError as e:
         failure = e
     except MemoryError as e:  # NumPy's allocation failures are MemoryErrors too
         failure = RunError(f"out of memory: {e}")
         failure.__cause__ = e
-    except KeyboardInterrupt as e:  # Ctrl-C: save what was computed, then stop
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: save what was computed, then stop
         interrupted = e
     finally:
-        if engine is not None:
-            engine.envs.close()
         if bar:
             bar.close()
         if metrics_file:
             metrics_file.close()
+        if engine is not None:
+            for warning in engine.envs.close():
+                print(f"timerlc: warning: {warning}", file=sys.stderr)
+    note = ""
     if outputs_path and engine is not None:
-        arrays = {name: engine.value(name) for name in outputs}
-        try:
-            np.savez(outputs_path, **arrays)
-        except OSError as e:
-            raise RunError(f"cannot write the outputs to {outputs_path}: {e.strerror}") from e
+        note = _save_outputs(engine, outputs, outputs_path, complete)
+    elif outputs_path:
+        note = f"nothing was computed; {outputs_path} was not written"
     if interrupted is not None:
+        if note:
+            print(f"timerlc: {note}", file=sys.stderr)
         raise interrupted
     if failure is not None:
-        saved = f" (outputs computed so far saved to {outputs_path})" if outputs_path else ""
-        raise RunError(f"{failure}{saved}") from failure
+        raise RunError(f"{failure}{f' ({note})' if note else ''}") from failure
     return engine
+
+
+def _save_outputs(engine, outputs, outputs_path: str, complete: bool) -> str:
+    """Save the outputs (with their ``__valid__`` masks unless ``complete``); the note for a
+    stopped run's message ("" after a complete run saved); a failed save of a complete run
+    is a ``RunError``."""
+    from timerlc import files
+
+    arrays = {name: engine.value(name) for name in outputs}
+    if not complete:
+        for name in outputs:
+            arrays[name + files.VALID_SUFFIX] = engine.computed(name)
+    try:
+        files.save_npz(outputs_path, arrays)
+    except OSError as e:
+        if complete:
+            raise RunError(f"cannot write the outputs to {outputs_path}: {e.strerror}") from e
+        return f"the outputs could not be saved to {outputs_path}: {e.strerror}"
+    except KeyboardInterrupt as e:
+        print(
+            f"timerlc: interrupted again while saving the outputs: {outputs_path} was not "
+            "written (an earlier file there is unchanged)",
+            file=sys.stderr,
+        )
+        raise e from None
+    if complete:
+        return ""
+    example = f" (e.g. {outputs[0]}{files.VALID_SUFFIX})" if outputs else ""
+    return (
+        f"the outputs computed so far are saved to {outputs_path}, with a mask "
+        f"NAME{files.VALID_SUFFIX} of the points computed for each array NAME{example}"
+    )
 
 
 def _print_profile(graph: Graph, interp):

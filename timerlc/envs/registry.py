@@ -19,6 +19,8 @@ whose message says what was wrong and, where it can, what was meant.
 
 from __future__ import annotations
 
+import contextlib
+
 import difflib
 import functools
 import importlib
@@ -88,7 +90,8 @@ class Plugin:
             ) from e
         env = _as_vector_env(env, self.name)
         if env.num_envs != num_envs:
-            env.close()
+            with contextlib.suppress(Exception):  # the error below is the one to report
+                env.close()
             raise EnvError(
                 f"environment '{self.name}' made {env.num_envs} instances, "
                 f"not the {num_envs} asked for"
@@ -98,10 +101,14 @@ class Plugin:
     def describe(self) -> EnvSpec:
         """The spaces of the environment (one instance is made, then closed)."""
         env = self(1)
+        spec = EnvSpec(self.name, env.single_observation_space, env.single_action_space)
         try:
-            return EnvSpec(self.name, env.single_observation_space, env.single_action_space)
-        finally:
             env.close()
+        except Exception as e:  # noqa: BLE001 - a plugin is user code
+            raise EnvError(
+                f"environment '{self.spec}' raised in close(): {type(e).__name__}: {e}"
+            ) from e
+        return spec
 
 
 def _as_vector_env(env, name: str) -> VectorEnv:

@@ -7,6 +7,8 @@ Python. ``seed`` always exists (default 0).
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 from timerlc.diagnostics import ProgramError, Span, did_you_mean
@@ -33,19 +35,21 @@ def parse_override(text: str) -> tuple[str, str]:
     return name, value
 
 
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+(?=[eE]))(?:[eE][+-]?[0-9]+)?")
+
+
 def _literal(text: str) -> ConfigValue | None:
+    """A ``--set`` value: ``true``/``false``, an int or a float, written as RTL writes them
+    (ASCII decimal digits only: no ``1_6``, no full-width digits, no ``nan``/``inf``)."""
     t = text.strip()
     if t in ("true", "false"):
         return t == "true"
-    try:
+    if t.isascii() and _INT.fullmatch(t):
         return int(t)
-    except ValueError:
-        pass
-    try:
-        v = float(t)
-    except ValueError:
-        return None
-    return v
+    if t.isascii() and _FLOAT.fullmatch(t):
+        return float(t)
+    return None
 
 
 def _kind(v) -> str:
@@ -54,8 +58,16 @@ def _kind(v) -> str:
 
 def _coerce(name: str, declared: ConfigValue, text: str, span) -> ConfigValue:
     v = _literal(text)
+    if text.strip().lstrip("+-").lower() in ("nan", "inf", "infinity"):
+        raise ProgramError(f"--set {name}={text}: '{text}' is not a finite number", span)
     if v is None:
-        raise ProgramError(f"--set {name}={text}: '{text}' is not a number or true/false", span)
+        raise ProgramError(
+            f"--set {name}={text}: '{text}' is not a number or true/false (numbers are "
+            "written with ASCII digits, as in a program: 16, -2, 0.5, 1e-3)",
+            span,
+        )
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ProgramError(f"--set {name}={text}: '{text}' is not a finite number", span)
     want, got = _kind(declared), _kind(v)
     if want == got:
         return v
@@ -121,7 +133,7 @@ def evaluate(expr: ast.Expr, configs: dict[str, Config]) -> ConfigValue:
         _number(b, expr.right)
         if expr.op in ("/", "//", "%") and b == 0:
             raise ProgramError("division by zero in a config expression", expr.op_span)
-        return {
+        value = {
             "+": lambda: a + b,
             "-": lambda: a - b,
             "*": lambda: a * b,
@@ -129,6 +141,11 @@ def evaluate(expr: ast.Expr, configs: dict[str, Config]) -> ConfigValue:
             "//": lambda: a // b,
             "%": lambda: a % b,
         }[expr.op]()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProgramError(
+                f"this config expression is not a finite number ({value})", expr.op_span
+            )
+        return value
     if (
         isinstance(expr, ast.Call)
         and isinstance(expr.func, ast.Name)

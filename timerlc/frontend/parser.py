@@ -6,6 +6,7 @@ Syntax errors become ``ProgramError``s pointing at the offending token.
 from __future__ import annotations
 
 import functools
+import math
 from importlib import resources
 from pathlib import Path
 
@@ -29,6 +30,9 @@ _OPEN = {"LPAR": "RPAR", "LSQB": "RSQB", "LBRACE": "RBRACE"}
 _CLOSE = {"RPAR", "RSQB", "RBRACE"}
 
 
+MAX_NAME = 100  # characters of a name (docs/language.md); a record field is NAME.FIELD
+
+
 class BracketNewlines:
     """Post-lexer: drops the newlines that do not end a statement (inside () and [], but
     not inside the { } of params and def), pairs the brackets, and refuses keywords used
@@ -49,6 +53,11 @@ class BracketNewlines:
             if tok.type == "NAME" and str(tok) in KEYWORDS:
                 raise ProgramError(
                     f"'{tok}' is a keyword and cannot be used as a name", _token_span(tok)
+                )
+            if tok.type == "NAME" and len(tok) > MAX_NAME:
+                raise ProgramError(
+                    f"a name of {len(tok)} characters; names have at most {MAX_NAME}",
+                    _token_span(tok),
                 )
             if tok.type in _OPEN:
                 self.open.append(tok)
@@ -381,7 +390,14 @@ class _ToAst(Transformer):
 
     def float_lit(self, meta, children):
         (tok,) = children
-        return ast.Float(float(tok), _token_span(tok))
+        value = float(tok)
+        if not math.isfinite(value):  # 1e99999 overflows to inf
+            raise ProgramError(
+                f"'{_clip_literal(str(tok))}' is not a finite number (the largest f64 is about "
+                "1.8e308)",
+                _token_span(tok),
+            )
+        return ast.Float(value, _token_span(tok))
 
     def string_lit(self, meta, children):
         (tok,) = children
@@ -398,3 +414,9 @@ class _ToAst(Transformer):
 
     def list_lit(self, meta, items):
         return ast.ListLit(tuple(i for i in items if i is not None), _meta_span(meta))
+
+
+def _clip_literal(text: str) -> str:
+    """A literal for a message: at most 40 characters."""
+    return text if len(text) <= 40 else text[:37] + "..."
+

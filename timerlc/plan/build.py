@@ -11,6 +11,8 @@ expressions and conditions are structured expressions (``plan.expr``) over dim n
 
 from __future__ import annotations
 
+import collections
+
 import sympy
 
 from timerlc.ir import index as ix
@@ -67,17 +69,22 @@ def build_plan(
     """``memory_budget``: the bytes of device memory the buffers may hold at once (None: no
     limit); the memory plan swaps blocks to host memory to stay within it."""
     bounds = graph.dim_bounds
-    # the tensor each node computes part of, for messages: its own, else the first tensor
-    # that reads it through unnamed nodes (``v = merge(%4)``, an env call under ``o``)
+    # the tensor each node computes part of, for messages: its own, else the nearest tensor
+    # that reads it through unnamed nodes (``v = merge(%4)``, an env call under ``o``; a
+    # tensor further down the graph, which reads it through other tensors' unnamed nodes,
+    # does not), the earliest declared on a tie; the program's own tensors before hidden
+    # ones (an optimizer's state, ``net@adam.m``)
     tensor_names: dict[int, str] = {}
-    for t in graph.tensors:
-        todo = [t.node]
+    for hidden in (False, True):
+        todo = collections.deque(
+            (t.node, t.name) for t in graph.tensors if ("@" in t.name) == hidden
+        )
         while todo:
-            k = todo.pop()
+            k, name = todo.popleft()
             if k in tensor_names:
                 continue
-            tensor_names[k] = t.name
-            todo.extend(e.src for e in graph.node(k).inputs if not graph.node(e.src).name)
+            tensor_names[k] = name
+            todo.extend((e.src, name) for e in graph.node(k).inputs if not graph.node(e.src).name)
     blocks = {}
     for nid in schedule.statements:
         node = graph.node(nid)
@@ -103,9 +110,12 @@ def build_plan(
             )
         )
     tree = []
+    floor_item = None  # the plan's index of memory.floor_item
     for k, item in enumerate(schedule.tree):
         if k in memory.swap_ins:
             tree.append(SwapIn(tuple(memory.swap_ins[k])))
+        if k == memory.floor_item:
+            floor_item = len(tree)
         tree.append(item)
         if k in memory.frees:
             tree.append(Free(tuple(memory.frees[k])))
@@ -141,6 +151,8 @@ def build_plan(
         memory_budget_met=memory.budget_met,
         memory_peak=memory.peak,
         memory_peak_unswapped=memory.unswapped_peak,
+        memory_floor_item=floor_item,
+        memory_floor=memory.floor_buffers,
     )
 
 

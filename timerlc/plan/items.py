@@ -33,7 +33,7 @@ MAX_ELEMENTS = 1 << 40  # elements of one array
 MAX_RANK = 16  # dims of a buffer, axes of a shape
 MAX_ITEMS = 1 << 20  # entries of one list (statements, nodes, tree items, ...)
 MAX_TREE_DEPTH = 32  # nesting of loops and ifs
-MAX_NAME = 200  # characters of a name
+MAX_NAME = 1000  # characters of a name (RTL's names have at most 100: frontend.parser)
 MAX_TEXT = 4096  # characters of other text (a source path, an environment spec)
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -224,6 +224,11 @@ class Plan:
     memory_budget_met: bool | None = None
     memory_peak: int = 0
     memory_peak_unswapped: int = 0
+    # a budget not met: the top-level item of ``tree`` where the buffers hold the most bytes
+    # that no swap can move, and those buffers (largest first): their sum is the smallest
+    # budget the plan can meet (``plan.memory``)
+    memory_floor_item: int | None = None
+    memory_floor: tuple[int, ...] = ()
 
     _buffers: dict = field(init=False, repr=False, compare=False)
     _statements: dict = field(init=False, repr=False, compare=False)
@@ -284,6 +289,8 @@ def to_json(plan: Plan) -> dict:
             "budget_met": plan.memory_budget_met,
             "peak": plan.memory_peak,
             "peak_unswapped": plan.memory_peak_unswapped,
+            "floor_item": plan.memory_floor_item,
+            "floor": list(plan.memory_floor),
         },
     }
 
@@ -544,6 +551,10 @@ class _Reader:
                 self.path.append(f".{what}")
                 self.fail("a tensor named twice")
         memory = self.field(d, "memory", self.memory)
+        item = memory["memory_floor_item"]
+        if item is not None and not (item < len(tree) and isinstance(tree[item], (Loop, Call))):
+            self.path.append(".memory.floor_item")
+            self.fail(f"item {item} of the tree is not a loop or a call")
         for b in buffers:  # every buffer is on the device during some item of the tree
             if b.nbytes > memory["memory_peak_unswapped"]:
                 self.path.append(".memory.peak_unswapped")
@@ -832,12 +843,24 @@ class _Reader:
         return name, sid, out
 
     def memory(self, v) -> dict:
-        d = self.obj(v, ("budget", "budget_met", "peak", "peak_unswapped"))
+        d = self.obj(
+            v, ("budget", "budget_met", "peak", "peak_unswapped"), ("floor_item", "floor")
+        )
         big = 1 << 62
         met = None if d["budget_met"] is None else self.field(d, "budget_met", self.bool_)
+        floor = self.field(d, "floor", self.each, self.int_) if "floor" in d else ()
+        for sid in floor:
+            if sid not in self.buffers:
+                self.fail(f"memory.floor names buffer {sid}, which does not exist")
         return {
             "memory_budget": self.field(d, "budget", self.opt_int, 0, big),
             "memory_budget_met": met,
             "memory_peak": self.field(d, "peak", self.int_, 0, big),
             "memory_peak_unswapped": self.field(d, "peak_unswapped", self.int_, 0, big),
+            "memory_floor_item": (
+                self.field(d, "floor_item", self.opt_int, 0, MAX_ITEMS)
+                if "floor_item" in d
+                else None
+            ),
+            "memory_floor": floor,
         }

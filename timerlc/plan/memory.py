@@ -61,6 +61,11 @@ class MemoryPlan:
     budget_met: bool | None = None  # None without a budget
     peak: int = 0  # the most bytes the buffers hold at once (by this plan's own count)
     unswapped_peak: int = 0  # the same without any swap
+    # a budget not met: the top-level item where even swapping every gap leaves the most
+    # bytes on the device, and the buffers on the device then (largest first): what keeps
+    # the budget from being met; the smallest budget that can be met is their sum
+    floor_item: int | None = None
+    floor_buffers: tuple[int, ...] = ()
 
 
 def plan_memory(
@@ -115,20 +120,22 @@ def buffer_bytes(buf: Buffer, window: tuple[str, int] | None = None) -> int:
 
 
 def _swaps(n: int, uses, sizes, kept, windows, donors, budget):
-    """``(swap_outs, swap_ins, budget, budget_met, peak, unswapped_peak)`` over the ``n``
-    top-level items (see the module's docstring)."""
+    """``(swap_outs, swap_ins, budget, budget_met, peak, unswapped_peak, floor_item,
+    floor_buffers)`` over the ``n`` top-level items (see the module's docstring)."""
     live = [0] * n  # the bytes the buffers hold during each item (before the frees after it)
+    on_device: dict[int, range] = {}  # per buffer, the items it is on the device for
     for x, ks in uses.items():
         start = ks[0]
         donor = donors.get(x)
         if donor is not None and uses.get(donor, [None])[-1] == start:
             start += 1  # x holds its donor's memory during that item, then in its place
         end = n - 1 if x in kept else ks[-1]
-        for k in range(start, end + 1):
+        on_device[x] = range(start, end + 1)
+        for k in on_device[x]:
             live[k] += sizes[x]
     unswapped = max(live, default=0)
     if budget is None:
-        return {}, {}, None, None, unswapped, unswapped
+        return {}, {}, None, None, unswapped, unswapped, None, ()
     # the gaps a swap may use: (item of the use before, item of the use after, buffer)
     gaps = [
         (a, b, x)
@@ -176,7 +183,15 @@ def _swaps(n: int, uses, sizes, kept, windows, donors, budget):
         for k in d:
             d[k].sort()
     peak = max(live, default=0)
-    return outs, ins, budget, reachable <= budget, peak, unswapped
+    if reachable <= budget:
+        return outs, ins, budget, True, peak, unswapped, None, ()
+    worst = floor.index(reachable)
+    gapped = {x for a, b, x in gaps if a < worst < b}
+    stuck = sorted(
+        (x for x, r in on_device.items() if worst in r and x not in gapped and sizes[x] > 0),
+        key=lambda x: (-sizes[x], x),
+    )
+    return outs, ins, budget, False, peak, unswapped, worst, tuple(stuck)
 
 
 def _direct_reads(graph: Graph, schedule: Schedule, y: int) -> set[int]:

@@ -18,13 +18,14 @@ from timerlc.runtime.envs import EnvRunner
 
 
 class EnvCalls:
-    def __init__(self, graph: Graph, points_of):
+    def __init__(self, graph: Graph, points_of, allow_nonfinite: bool = False):
         """``points_of(nid)`` gives the points (int array [n, ndims]) of a call node."""
         self.graph = graph
         self.bound = graph.dim_bounds
         self.runner = EnvRunner(
             dict(graph.configs).get("seed", 0),
             {e.name: (e.spec, self.bound[e.batch]) for e in graph.envs},
+            allow_nonfinite,
         )
         self.pred: dict[tuple[int, tuple], tuple[int, tuple] | None] = {}
         calls: dict[str, list] = {}
@@ -66,5 +67,5 @@ class EnvCalls:
     def call(self, node, action) -> tuple:
         return self.runner.call(node.attr("env"), node.op, action)
 
-    def close(self):
-        self.runner.close()
+    def close(self) -> list[str]:
+        return self.runner.close()

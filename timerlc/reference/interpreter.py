@@ -12,6 +12,8 @@ expects. Points outside a tensor's domain stay 0 in its buffer.
 
 from __future__ import annotations
 
+import math
+
 import time
 import warnings
 from dataclasses import dataclass
@@ -61,12 +63,47 @@ class _Access:
         return tuple(out)
 
 
+def stored_nodes(graph: Graph) -> set[int]:
+    """The nodes the interpreter keeps a buffer of: tensors, scalars, and whatever some
+    consumer reads at another point."""
+    stored = set()
+    for n in graph.nodes:
+        if n.op == "merge" or ops.is_env(n.op) or not n.dims:
+            stored.add(n.id)
+        for e in n.inputs:
+            src = graph.node(e.src)
+            if src.dims != n.dims or e.access != identity_access(n.dims):
+                stored.add(e.src)
+    return stored
+
+
+def needed_bytes(graph: Graph) -> int:
+    """The bytes of the buffers ``run`` makes: per stored node, its values and its masks
+    over the bounding box of its domain."""
+    total = 0
+    for nid in stored_nodes(graph):
+        node = graph.node(nid)
+        points = math.prod(pisl.extents(node.dims, node.domain.cond)) if node.dims else 1
+        per_point = sum(
+            math.prod(t.shape) * np.dtype(ops.numpy_dtype(t.dtype)).itemsize for t in node.types
+        )
+        masks = 3 + (8 if node.op == "merge" else 0) + 8 * len(node.dims)  # and the grids
+        total += points * (per_point + masks)
+    return total
+
+
 class Interpreter:
-    def __init__(self, graph: Graph, on_metric: MetricSink | None = None, profile: bool = False):
+    def __init__(
+        self,
+        graph: Graph,
+        on_metric: MetricSink | None = None,
+        profile: bool = False,
+        allow_nonfinite: bool = False,
+    ):
         self.graph = graph
         self.on_metric = on_metric
         self.metric_nodes = {graph.tensor(m).node: m for m in graph.metrics}
-        self.stored = self._choose_stored()
+        self.stored = stored_nodes(graph)
         self.stores: dict[int, _Store] = {}
         self.access: dict[tuple[int, int], _Access] = {}
         for n in graph.nodes:
@@ -76,21 +113,11 @@ class Interpreter:
         self.seconds: dict[int, float] = {}
         self.attrs: dict[int, dict] = {}  # per node, its attributes for the kernels
         self.owners = self._owners()
-        self.envs = EnvCalls(graph, lambda nid: np.argwhere(self.store(nid).inside))
+        self.envs = EnvCalls(
+            graph, lambda nid: np.argwhere(self.store(nid).inside), allow_nonfinite
+        )
 
     # ------------------------------------------------------------------ setup
-    def _choose_stored(self) -> set[int]:
-        """Tensors, scalars, and whatever some consumer reads at another point."""
-        stored = set()
-        for n in self.graph.nodes:
-            if n.op == "merge" or ops.is_env(n.op) or not n.dims:
-                stored.add(n.id)
-            for e in n.inputs:
-                src = self.graph.node(e.src)
-                if src.dims != n.dims or e.access != identity_access(n.dims):
-                    stored.add(e.src)
-        return stored
-
     def _owners(self) -> dict[int, str]:
         """For error messages: the tensor each unnamed node computes a part of."""
         owner: dict[int, str] = {}
@@ -163,6 +190,10 @@ class Interpreter:
         """A tensor's buffer (computed by ``run``): its bounding box, 0 outside its domain."""
         t = self.graph.tensor(name)
         return self.store(t.node).bufs[t.out]
+
+    def computed(self, name: str) -> np.ndarray:
+        """Which points of a tensor's bounding box ``run`` computed (bool)."""
+        return self.store(self.graph.tensor(name).node).done.copy()
 
     def ensure(self, nid: int, point: tuple[int, ...]) -> None:
         """Compute a stored point, after the stored points it reads."""

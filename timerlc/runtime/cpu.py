@@ -37,6 +37,7 @@ from timerlc.diagnostics import RunError
 from timerlc.plan import expr as px
 from timerlc.plan.items import MAX_TREE_DEPTH as _MAX_DEPTH
 from timerlc.plan.items import (
+    DTYPES,
     At,
     Call,
     Free,
@@ -45,6 +46,7 @@ from timerlc.plan.items import (
     Plan,
     PlanError,
     Read,
+    Slice,
     Statement,
     SwapIn,
     SwapOut,
@@ -409,7 +411,16 @@ class _Statement:
             rt.emit(self.id, batch)
 
     def _record(self, batch: _Batch):
-        """Checking mode: which point of the window dim each written slot now holds."""
+        """The points an output's statement computed; in checking mode, which point of the
+        window dim each written slot now holds."""
+        if self.id in self.rt.valid:
+            mask = self.rt._valid(self.id)
+            if not self.dims:
+                mask[()] = True
+            elif batch.scalars is not None:
+                mask[batch.basic_where] = True
+            else:
+                mask[self._fancy(batch)] = True
         if self.window is not None and self.rt.slots is not None:
             k, _ = self.window
             self.rt.slot_owner(self.id)[self._fancy(batch)] = batch.coords[self.dims[k]]
@@ -537,6 +548,7 @@ class CpuRuntime:
         on_metric: MetricSink | None = None,
         check_windows: bool = False,
         profile: bool = False,
+        allow_nonfinite: bool = False,
     ):
         self.plan = plan
         # profiling: per statement, seconds spent in its calls and how many calls
@@ -559,7 +571,9 @@ class CpuRuntime:
         # checking mode: per ring buffer, the window dim's index each slot holds (-1: none)
         self.slots: dict[int, np.ndarray] | None = {} if check_windows else None
         self.metric_of = {sid: name for name, sid, _ in plan.metrics}
-        self.envs = EnvRunner.of_plan(plan)
+        self.envs = EnvRunner.of_plan(plan, allow_nonfinite)
+        # per output statement, which points of its box are computed (docs/interruptions.md)
+        self.valid: dict[int, np.ndarray | None] = {sid: None for _, sid, _ in plan.outputs}
         self.statements = {s.id: _Statement(s, plan, self) for s in plan.statements}
         # a loop tree runs no more loop steps than its statements have calls (the points of
         # their loop dims), with room to spare: a corrupt plan whose loops would run on and
@@ -784,6 +798,44 @@ class CpuRuntime:
     def value(self, name: str) -> np.ndarray:
         sid, out = self.plan.tensor(name)
         return self.read(sid)[out]
+
+    def computed(self, name: str) -> np.ndarray:
+        """Which points of an output's box the run computed (bool)."""
+        sid, _ = self.plan.tensor(name)
+        return self._valid(sid).copy()
+
+    def _valid(self, sid: int) -> np.ndarray:
+        mask = self.valid[sid]
+        if mask is None:
+            mask = self.valid[sid] = np.zeros(self.plan.buffer(sid).extents, bool)
+        return mask
+
+
+def needed_bytes(plan: Plan) -> int:
+    """An upper bound of the memory a run of ``plan`` takes: the buffers' peak (swapped
+    blocks stay in the same memory on the cpu) and the temporaries of the largest call.
+    A call of a statement covers the points of its ``vector`` dims; for each it holds the
+    coordinates, every node's values and every read (a slice read at most the whole extent
+    of its source dim)."""
+    widest = 0
+    for st in plan.statements:
+        box = dict(zip(st.dims, plan.buffer(st.id).box))
+        points = math.prod(box[d] for d in st.vector)
+        per_point = 8 * len(st.dims)
+        for node in st.nodes:
+            per_point += sum(math.prod(o.shape) * DTYPES[o.dtype] for o in node.types)
+            for r in node.inputs:
+                if not any(isinstance(a, Slice) for a in r.access):
+                    continue
+                if r.stored:
+                    src_box, out = plan.buffer(r.src).box, plan.buffer(r.src).outputs[r.out]
+                else:  # an earlier node of the statement, over the statement's dims
+                    src_box = plan.buffer(st.id).box
+                    out = next(n for n in st.nodes if n.id == r.src).types[r.out]
+                span = math.prod(b for b, a in zip(src_box, r.access) if isinstance(a, Slice))
+                per_point += span * math.prod(out.shape) * DTYPES[out.dtype]
+        widest = max(widest, points * per_point)
+    return plan.memory_peak_unswapped + widest
 
 
 def _number(v: int) -> str:

@@ -15,17 +15,20 @@ from timerlc.diagnostics import RunError
 
 
 class EnvRunner:
-    def __init__(self, seed: int, envs: dict[str, tuple[str, int]]):
-        """``envs``: each environment's name -> (plugin spec, number of instances)."""
+    def __init__(self, seed: int, envs: dict[str, tuple[str, int]], allow_nonfinite=False):
+        """``envs``: each environment's name -> (plugin spec, number of instances);
+        ``allow_nonfinite``: accept NaN or infinite observations and rewards (by default
+        they stop the run: a NaN reward would only show up later as a NaN loss)."""
         self.seed = seed
         self.specs = envs
+        self.allow_nonfinite = allow_nonfinite
         self.instances: dict[str, object] = {}
         self.seeded: set[str] = set()
 
     @classmethod
-    def of_plan(cls, plan) -> "EnvRunner":
+    def of_plan(cls, plan, allow_nonfinite: bool = False) -> "EnvRunner":
         """The environments of a plan (``timerlc.plan.items.Plan``)."""
-        return cls(plan.seed, {e.name: (e.spec, e.num_envs) for e in plan.envs})
+        return cls(plan.seed, {e.name: (e.spec, e.num_envs) for e in plan.envs}, allow_nonfinite)
 
     def _instance(self, name: str):
         from timerlc.envs import EnvError, make
@@ -65,11 +68,29 @@ class EnvRunner:
         )
 
     def _checked(self, name: str, op: str, what: str, value, dtype, inst) -> np.ndarray:
-        """A returned array of the shape the program was compiled for (section 10)."""
+        """A returned array of the shape the program was compiled for (section 10), with
+        finite values (unless allowed) and a ``done`` of bools (or of 0/1 integers)."""
+        spec = self.specs[name][0]
+        if dtype is bool:
+            raw = np.asarray(value)
+            if raw.dtype != np.bool_ and not (
+                raw.dtype.kind in "iu" and np.isin(raw, (0, 1)).all()
+            ):
+                raise RunError(
+                    f"environment '{name}' ({spec}) {op} returned a done of {raw.dtype} "
+                    f"values{_example(raw)}; done must be bool (True where an episode ended)"
+                )
         try:
             v = np.asarray(value, dtype)
         except (TypeError, ValueError) as e:
             raise RunError(f"environment '{name}' {op} returned a bad {what}: {e}") from None
+        if dtype is not bool and not self.allow_nonfinite and not np.isfinite(v).all():
+            bad = np.argwhere(~np.isfinite(v))[0]
+            raise RunError(
+                f"environment '{name}' ({spec}) {op} returned a non-finite {what} "
+                f"({v[tuple(bad)]}) for instance {bad[0] if bad.size else 0}; pass "
+                "--allow-nonfinite to accept NaN and infinite values from environments"
+            )
         n = self.specs[name][1]
         space = getattr(inst, "single_observation_space", None)
         want = (n,) + tuple(space.shape) if what == "obs" and space is not None else (n,)
@@ -80,9 +101,20 @@ class EnvRunner:
             )
         return v
 
-    def close(self):
-        for inst in self.instances.values():
+    def close(self) -> list[str]:
+        """Close every instance; a warning for each that raised (the run's results stand)."""
+        warnings = []
+        for name, inst in self.instances.items():
             try:
                 inst.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass
+            except Exception as e:  # noqa: BLE001 - a plugin is user code
+                warnings.append(
+                    f"environment '{name}' ({self.specs[name][0]}) raised in close(): "
+                    f"{type(e).__name__}: {e}"
+                )
+        return warnings
+
+
+def _example(a: np.ndarray) -> str:
+    """`` (e.g. 0.5)``: one value of ``a``, for a message."""
+    return f" (e.g. {a.flat[0]})" if a.size else ""
