@@ -14,12 +14,20 @@ points of C that read each point of N (the inverse of the edge's access). A read
 so becomes ``adj_x[s] += contrib[s-1]``, a slice ``x[0:T]`` an index into the contribution,
 a dim the reader has and x lacks a sum over it, a dynamic window ``x[t:T]`` under a sum a
 sum of the weights over the inverse window ``[0, s]``. Adjoints of one ``grad`` are those of
-the sum of y over the grad's points, which is exact because the region never mixes points
-of different grad points (checked: every region edge keeps the grad's dims in place).
+the sum of y over the grad's points, which is exact because every region point belongs to
+one grad point and every contribution stays within one (checked: a region edge keeps the
+grad's dims in place, or holds only where its two ends belong to the same grad point).
+
+The second case comes from reads of x's tensor at another point than the grad's: in
+``grad(loss[i, k], net[i, k])``, the rollout of iteration i reads ``net[i, 0]``, which is x
+at k == 0 and a point x depends on, so a constant, at k > 0. The rollout then belongs to
+grad point (i, 0), and a minibatch node ``mb[i, k]`` that reads it passes its adjoint back
+where k == 0 only (see ``_Backward.region`` and ``check_constants``).
 """
 
 from __future__ import annotations
 
+import islpy as isl
 import sympy
 
 from timerlc.diagnostics import ProgramError
@@ -100,7 +108,9 @@ class Emitter:
         return edge_type(self.b.nodes, self.node.inputs[k])
 
     def window_length(self) -> int:
-        (rng,) = [a for a in self.node.inputs[0].access if isinstance(a, Range) and not a.is_static]
+        (rng,) = [
+            a for a in self.node.inputs[0].access if isinstance(a, Range) and not a.is_static
+        ]
         return self.b.op(
             "index_value", self.domain, [], [], span=self.span, expr=sympy.expand(rng.hi - rng.lo)
         )
@@ -112,13 +122,18 @@ class _Backward:
         self.y = group[0].inputs[0]
         self.span = group[0].span
         self.bounds = graph.dim_bounds
+        self.gdims = group[0].dims
+        self.own = identity_access(self.gdims)
+        self.pinnable = {s for s in self.stops() if graph.nodes[s].dims == self.gdims}
+        self.back: dict = {}
+        self.pins: dict = {}
 
     # ------------------------------------------------------------------ the region
     def stops(self) -> set[int]:
         """The x tensors read at the grad's own point (``net[i]`` in ``grad(loss[i], net[i])``):
-        with separable regions, every region read of them is of that point, so the traversal
-        stops at them whole. Other reads of x (``h[0]`` of a recurrence ``h``) are masked
-        point-wise instead: see ``masks``."""
+        the traversal stops at them whole. A read of one at another point is x only where
+        the two points coincide (see ``pinned``). Other reads of x (``h[0]`` of a recurrence
+        ``h``) are masked point-wise instead: see ``masks``."""
         out = set()
         for g in self.group:
             x = g.inputs[1]
@@ -126,6 +141,15 @@ class _Backward:
             if set(src.dims) <= set(g.dims) and x.access == identity_access(src.dims):
                 out.add(x.src)
         return out
+
+    def pinned(self, c: Node, k: int) -> bool:
+        """Whether input ``k`` of ``c`` reads x's tensor (one whose dims are the grad's) at
+        another point than the consumer's own: ``net[i, 0]`` read by the rollout, where the
+        grad is over ``[i, k]``. By section 8 that read is x for the grad point it reads
+        (x is an input) and, for every other grad point, a point of the tensor that x
+        depends on or that does not depend on x (checked: ``check_constants``): a constant."""
+        e = c.inputs[k]
+        return e.src in self.pinnable and e.access != self.own
 
     def masks(self) -> dict[int, object]:
         """For each x read at other points: the condition, over its tensor's dims, of the
@@ -155,48 +179,57 @@ class _Backward:
             out[x.src] = sympy.And(out.get(x.src, sympy.true), cond)
         return out
 
-    def region(self) -> set[int]:
-        """The nodes on a differentiable path from x to y at the grad's own point.
+    def region(self) -> dict[int, tuple]:
+        """The nodes on a differentiable path from x to y at the grad's own point, as
+        ``{node: (cond, G, own)}``: the node is on it where ``cond`` holds, and its point p
+        belongs to the grad point ``G(p)`` (index expressions over the node's dims, one per
+        grad dim); ``own`` when G is the node's own point, everywhere.
 
         Paths are followed along the grad's dims with their offsets from the grad's point: a
         read ``v[i-1]`` leads to ``v`` one grad point earlier, and x is an input at offset 0
         only. So a loss that reads ``v[i]``, where ``v[i]`` was updated from ``w[i-1]``,
         does not put ``v`` on a path to x = ``w[i]`` (it depends on an earlier point of w,
-        not on x). The offsets a node is reached at are kept as a box per grad dim (widened
-        to the dim's whole range when a recurrence keeps moving them, so the walk does not
-        grow with the number of iterations); a read that is not a translation along the
-        grad's dims reaches any offset. A node reached both ways at an offset other than
-        0 (or at any offset) would mix grad points: ``_mixing`` refuses it."""
+        not on x). The offsets a node is reached at are kept as a range per grad dim
+        (widened to the dim's whole range when a recurrence keeps moving them, so the walk
+        does not grow with the number of iterations; None where a read is not a translation
+        along that dim). A node reached both ways at an offset other than 0 (or at any
+        offset) would mix grad points: ``_mixing`` refuses it.
+
+        The ``pinned`` reads start a second walk (``pin_walk``), which carries the point of
+        x's tensor that they read (``net[i, 0]`` read by the rollout of iteration i: grad
+        point (i, 0)) to what depends on it. A node it reaches belongs to that grad point,
+        on the part of its domain that the first walk has that point's y need: the
+        rollout's ``flat[i]`` wholly, a minibatch ``mb[i, k]`` that reads it where k == 0.
+        """
         nodes = self.graph.nodes
-        gdims = self.group[0].dims
+        gdims = self.gdims
         top = [self.bounds[d] - 1 for d in gdims]
         stops = self.stops()
         zero = tuple((0, 0) for _ in gdims)
-        trans: dict[tuple[int, int], tuple | None] = {}
+        trans: dict[tuple[int, int], tuple] = {}
 
-        def translation(c: Node, k: int):
-            """The offset of input ``k`` of ``c`` from ``c``'s point (None: not one)."""
+        def translation(c: Node, k: int) -> tuple:
+            """Per grad dim, the offset of input ``k`` of ``c`` from ``c``'s point (None:
+            not a translation along that dim)."""
             key = (c.id, k)
             if key not in trans:
                 e, src = c.inputs[k], nodes[c.inputs[k].src]
                 out = []
                 for d in gdims:
                     a = e.access[src.dims.index(d)] if d in src.dims else None
-                    off = ix.affine_offset(a.expr, d) if isinstance(a, Point) else None
-                    if d not in c.dims or off is None:
-                        out = None
-                        break
-                    out.append(off)
-                trans[key] = None if out is None else tuple(out)
+                    moves = isinstance(a, Point) and d in c.dims
+                    out.append(ix.affine_offset(a.expr, d) if moves else None)
+                trans[key] = tuple(out)
             return trans[key]
 
         def shift(box, t, sign):
             """``box`` moved by ``sign * t``, within the dims' ranges; False if empty."""
-            if box is None or t is None:
-                return None
             out = []
-            for (lo, hi), c, m in zip(box, t, top):
-                lo, hi = max(lo + sign * c, -m), min(hi + sign * c, m)
+            for b, c, m in zip(box, t, top):
+                if b is None or c is None:
+                    out.append(None)
+                    continue
+                lo, hi = max(b[0] + sign * c, -m), min(b[1] + sign * c, m)
                 if lo > hi:
                     return False
                 out.append((lo, hi))
@@ -204,8 +237,8 @@ class _Backward:
 
         def without_zero(box):
             """Boxes covering ``box`` minus the grad's own point (x is an input there)."""
-            if box is None:
-                return [None]
+            if None in box:
+                return [box]
             out, prefix = [], []
             for j, (lo, hi) in enumerate(box):
                 rest = list(box[j + 1 :])
@@ -237,42 +270,129 @@ class _Backward:
             n = nodes[nid]
             sources = without_zero(box) if nid in stops else [box]
             for k, e in enumerate(n.inputs):
-                if flows(n, k, edge_type(nodes, e)):
-                    for b in sources:
-                        yield e.src, shift(b, translation(n, k), 1)
+                if not flows(n, k, edge_type(nodes, e)):
+                    continue
+                if self.pinned(n, k):  # x where it is x, a constant elsewhere
+                    yield e.src, zero
+                    continue
+                for b in sources:
+                    yield e.src, shift(b, translation(n, k), 1)
 
         back = walk({self.y.src: zero}, back_step)
 
         def fwd_step(nid, box):
             for cid, k in self.consumers[nid]:
                 c = nodes[cid]
-                if cid in back and flows(c, k, edge_type(nodes, c.inputs[k])):
+                if cid not in back or self.pinned(c, k):
+                    continue
+                if flows(c, k, edge_type(nodes, c.inputs[k])):
                     yield cid, shift(box, translation(c, k), -1)
 
         fwd = walk({g.inputs[1].src: zero for g in self.group}, fwd_step)
-        region = set()
-        for nid, box in fwd.items():
-            if nid not in back:
-                continue
-            b = back[nid]
-            if box is None or b is None:
-                raise self._mixing(nodes[nid])
-            meet = [(max(l1, l2), min(h1, h2)) for (l1, h1), (l2, h2) in zip(box, b)]
-            if any(lo > hi for lo, hi in meet):
-                continue
-            if tuple(meet) != zero:
-                raise self._mixing(nodes[nid])
-            region.add(nid)
-        return region
+        self.back, self.pins = back, self.pin_walk(back)
+        pieces = {}
+        for nid in (set(fwd) | set(self.pins)) & set(back):
+            piece = self._piece(nodes[nid], fwd.get(nid), back[nid], self.pins.get(nid))
+            if piece is not None:
+                pieces[nid] = piece
+        return pieces
 
-    def check_separable(self, region: set[int]):
-        """Every region edge keeps the grad's dims in place, so each region point belongs
-        to one grad point and the adjoint of the sum over grad points is exact."""
-        gdims = self.group[0].dims
+    def pin_walk(self, back: dict) -> dict[int, tuple]:
+        """From each ``pinned`` read, the point of x's tensor it reads, carried to the nodes
+        (needed by y: in ``back``) that depend on it: ``{node: W}``, W one index expression
+        per grad dim over the node's dims (None in a dim where two reads disagree or a
+        slice spreads it). The walk stops at x's tensors: they are inputs."""
+        nodes = self.graph.nodes
+        stops = self.stops()
+        out: dict[int, tuple] = {}
+        todo: list[int] = []
+
+        def put(nid: int, w: tuple):
+            old = out.get(nid)
+            new = w if old is None else tuple(a if _same(a, b) else None for a, b in zip(old, w))
+            if new != old:
+                out[nid] = new
+                todo.append(nid)
+
+        for s in sorted(self.pinnable):
+            for cid, k in self.consumers[s]:
+                c = nodes[cid]
+                if cid not in back or not self.pinned(c, k):
+                    continue
+                if flows(c, k, edge_type(nodes, c.inputs[k])):
+                    put(cid, _read_point(c.inputs[k]))
+        while todo:
+            nid = todo.pop()
+            if nid in stops:
+                continue
+            for cid, k in self.consumers[nid]:
+                c = nodes[cid]
+                if cid in back and flows(c, k, edge_type(nodes, c.inputs[k])):
+                    put(cid, _carry(out[nid], nodes[nid], c.inputs[k]))
+        return out
+
+    def _piece(self, node: Node, f, b, w):
+        """``(cond, G, own)`` of ``node`` in the region, or None: from the offsets the first
+        walk reaches it at (``f``, from x; ``b``, from y) and the point of x's tensor the
+        second carries to it (``w``). Refuses a node whose points would belong to several
+        grad points."""
+        ident = tuple(ix.sym(d) for d in self.gdims)
+        dom = node.domain.cond
+        own = False
+        if f is not None:
+            meet = [
+                None if p is None or q is None else (max(p[0], q[0]), min(p[1], q[1]))
+                for p, q in zip(f, b)
+            ]
+            if not any(m is not None and m[0] > m[1] for m in meet):
+                if any(m != (0, 0) for m in meet):
+                    raise self._mixing(node)
+                own = True
+        if w is None:
+            return (sympy.true, ident, True) if own else None
+        conds, point, unknown = [], [], False
+        for d, wd, bd in zip(self.gdims, w, b):
+            if d not in node.dims:
+                bd = None
+            if bd is not None and wd is not None:  # y of grad point p - off needs it
+                off = ix.sym(d) - wd
+                if bd[0] == bd[1]:
+                    conds.append(sympy.Eq(off, bd[0]))
+                else:
+                    conds += [off >= bd[0], off <= bd[1]]
+                point.append(wd)
+            elif bd is not None and bd[0] == bd[1]:
+                point.append(ix.sym(d) - bd[0])
+            elif wd is not None:
+                point.append(wd)
+            else:
+                unknown = True
+                point.append(None)
+        cond = sympy.And(*conds)
+        if pisl.is_empty(node.dims, sympy.And(dom, cond)):
+            return (sympy.true, ident, True) if own else None
+        if unknown:
+            raise self._mixing(node)
+        if own:
+            same = sympy.And(*[sympy.Eq(p, q) for p, q in zip(point, ident)])
+            if not pisl.is_empty(node.dims, sympy.And(dom, cond, sympy.Not(same))):
+                raise self._mixing(node)
+            return (sympy.true, ident, True)
+        return (pisl.simplify(node.dims, cond, dom), tuple(point), False)
+
+    def edge_conditions(self, pieces: dict) -> dict[tuple[int, int], object]:
+        """For each region edge (consumer, input) that carries a gradient: the condition over
+        the consumer's points under which its contribution is transposed (False: nowhere).
+        Between nodes that belong to their own point, every edge but a ``pinned`` read keeps
+        the grad's dims in place, so each region point belongs to one grad point and the
+        adjoint of the sum over grad points is exact (checked; else the gradient would mix
+        grad points). A pinned read, and an edge from or to a node of the second walk, holds
+        where its two ends belong to the same grad point: elsewhere it reads a constant for
+        the consumer's grad point."""
         nodes = self.graph.nodes
 
         def keeps(consumer_dims, src: Node, e: Edge) -> bool:
-            for d in gdims:
+            for d in self.gdims:
                 if d not in src.dims or d not in consumer_dims:
                     return False
                 a = e.access[src.dims.index(d)]
@@ -282,18 +402,108 @@ class _Backward:
 
         for g in self.group:
             for e in g.inputs:
-                if e.src in region and not keeps(g.dims, nodes[e.src], e):
+                if e.src in pieces and pieces[e.src][2] and not keeps(g.dims, nodes[e.src], e):
                     raise self._mixing(nodes[e.src])
-        for nid in region:
+        out: dict[tuple[int, int], object] = {}
+        for nid, (cond, point, own) in pieces.items():
             n = nodes[nid]
-            for e in n.inputs:
-                if e.src in region and not keeps(n.dims, nodes[e.src], e):
-                    raise self._mixing(nodes[e.src])
+            for k, e in enumerate(n.inputs):
+                if e.src not in pieces:
+                    continue
+                src = nodes[e.src]
+                if own and pieces[e.src][2] and not self.pinned(n, k):
+                    if not keeps(n.dims, src, e):
+                        raise self._mixing(src)
+                    out[(nid, k)] = sympy.true
+                    continue
+                if not flows(n, k, edge_type(nodes, e)):
+                    continue
+                read = _carry(pieces[e.src][1], src, e)
+                if None in read:
+                    raise self._mixing(src)
+                c = sympy.And(cond, *[sympy.Eq(p, q) for p, q in zip(point, read)])
+                out[(nid, k)] = False if pisl.is_empty(n.dims, sympy.And(n.domain.cond, c)) else c
+        return out
+
+    def check_constants(self):
+        """The ``pinned`` reads are constants where they are not x: for each pair (g, q) of
+        a grad point g whose y needs a node that depends on the point q != g of x's tensor
+        (through pinned reads), x at g must not be something q depends on. Proved from the
+        tensor's own recurrence: when every x at g depends on its point q, q cannot depend
+        on x at g (the program has no cycles). The grad points that need a node are exact
+        where the first walk reached it at one offset per grad dim: the pairs are collected
+        at the first such node on every path from a pinned read to y (or at y)."""
+        if not self.pins:
+            return
+        nodes = self.graph.nodes
+        stops = self.stops()
+        edges = []  # (consumer, input, point read, source in the walk or None, exact here)
+        for m, w in self.pins.items():
+            n = nodes[m]
+            exact = all(
+                bd is not None and bd[0] == bd[1] and d in n.dims
+                for d, bd in zip(self.gdims, self.back[m])
+            )
+            for k, e in enumerate(n.inputs):
+                if not flows(n, k, edge_type(nodes, e)):
+                    continue
+                if self.pinned(n, k):
+                    q, src = _read_point(e), None
+                elif e.src in self.pins and e.src not in stops:
+                    q, src = _carry(self.pins[e.src], nodes[e.src], e), e.src
+                else:
+                    continue
+                edges.append((m, k, q, src, exact or not all(map(_same, q, w))))
+        covered = {m: True for m in self.pins}  # every path to it passed a collecting edge
+        changed = True
+        while changed:
+            changed = False
+            for m, _, _, src, collects in edges:
+                if covered[m] and not (collects or (src is not None and covered[src])):
+                    covered[m], changed = False, True
+        pairs = []
+        for m, k, q, src, collects in edges:
+            if collects and not (src is not None and covered[src]):
+                pairs.append(self._pairs(nodes[m], nodes[m].inputs[k].cond, self.back[m], q))
+        if self.y.src in self.pins and not covered[self.y.src]:
+            q = _carry(self.pins[self.y.src], nodes[self.y.src], self.y)
+            pairs.append(self._pairs(self.group[0], None, tuple((0, 0) for _ in q), q))
+        pairs = [p for p in pairs if not p.is_empty()]
+        if not pairs:
+            return
+        for g in self.group:
+            x = g.inputs[1].src
+            chain = _chain(self.graph, x) if x in self.pinnable else None
+            for p in pairs:
+                tag = f"n{x}"
+                p = p.set_tuple_name(isl.dim_type.in_, tag).set_tuple_name(isl.dim_type.out, tag)
+                if chain is None or not isl.UnionMap.from_map(p).is_subset(chain):
+                    raise self._mixing(nodes[x])
+
+    def _pairs(self, m: Node, econd, box, q) -> isl.Map:
+        """``{ g -> q }``, g != q: the grad points g whose y needs a point of ``m`` (where
+        ``econd`` holds; ``box``: the offsets of those points from g) that reads the point
+        ``q`` of x's tensor."""
+        if None in q:
+            raise self._mixing(m)
+        cond = m.domain.cond if econd is None else sympy.And(m.domain.cond, econd)
+        dom = Domain(m.dims, cond)
+        to_q = pisl.access_map(dom, tuple(Point(v) for v in q), len(q))
+        spread = []
+        for d, bd in zip(self.gdims, box):
+            if bd is None or d not in m.dims:
+                spread.append(Range(sympy.Integer(0), sympy.Integer(self.bounds[d])))
+            else:
+                spread.append(Range(ix.sym(d) - bd[1], ix.sym(d) - bd[0] + 1))
+        to_g = pisl.access_map(dom, tuple(spread), len(q))
+        to_g = to_g.intersect_range(pisl.domain_set(self.group[0].domain))
+        pairs = to_g.reverse().apply_range(to_q)
+        return pairs.subtract(isl.Map.identity(pairs.get_space()))
 
     def _mixing(self, node: Node) -> ProgramError:
         what = f" through '{node.name}'" if node.name else ""
         return ProgramError(
-            f"this gradient would mix different points of {', '.join(self.group[0].dims)}{what}; "
+            f"this gradient would mix different points of {', '.join(self.gdims)}{what}; "
             "a gradient must depend on the points of its own iteration only",
             self.span,
         )
@@ -301,15 +511,17 @@ class _Backward:
     # ------------------------------------------------------------------ building
     def run(self):
         region = self.region()
+        self.check_constants()
         nodes = self.graph.nodes
         if self.y.src not in region:
             for g in self.group:
                 zero = self.b.const(0.0, g.type.dtype, g.type.shape)
                 self.b.put(
-                    g.id, Node(g.id, "copy", g.domain, (Edge(zero, ()),), g.types, (), None, g.span)
+                    g.id,
+                    Node(g.id, "copy", g.domain, (Edge(zero, ()),), g.types, (), None, g.span),
                 )
             return
-        self.check_separable(region)
+        conds = self.edge_conditions(region)
         # placeholders, so that contributions can read adjoints before they are summed
         adj = {
             nid: self.b.add("copy", nodes[nid].domain, (), nodes[nid].type, span=nodes[nid].span)
@@ -318,18 +530,29 @@ class _Backward:
         incoming: dict[int, list[int]] = {nid: [] for nid in region}
         g0 = self.group[0]
         seed = self.b.const(1.0, nodes[self.y.src].type.dtype, ())
-        self._transpose(g0, self.y, self._extend(g0, seed, g0.domain.cond), incoming)
+        seeded = g0.domain.cond
+        _, point, own = region[self.y.src]
+        if not own:  # y belongs to the grad point it reads x's tensor at
+            read = _carry(point, nodes[self.y.src], self.y)
+            if None in read:
+                raise self._mixing(nodes[self.y.src])
+            same = [sympy.Eq(ix.sym(d), r) for d, r in zip(self.gdims, read)]
+            seeded = sympy.And(seeded, *same)
+        self._transpose(g0, self.y, self._extend(g0, seed, seeded), incoming)
         masks = self.masks()
-        for cid in sorted(region - self.stops()):
+        for cid in sorted(set(region) - self.stops()):
             c = nodes[cid]
             em = Emitter(self.b, c, c.span or self.span)
             for k, e in enumerate(c.inputs):
                 if e.src not in region or not flows(c, k, edge_type(nodes, e)):
                     continue
+                held = conds[(cid, k)]
+                if held is False:
+                    continue
                 if c.op == "merge":
-                    contrib, cond = adj[cid], sympy.And(c.domain.cond, e.cond)
+                    contrib, cond = adj[cid], sympy.And(c.domain.cond, e.cond, held)
                 else:
-                    contrib, cond = vjp(em, c, k, adj[cid]), c.domain.cond
+                    contrib, cond = vjp(em, c, k, adj[cid]), sympy.And(c.domain.cond, held)
                 if cid in masks:
                     cond = sympy.And(cond, masks[cid])
                     if pisl.is_empty(c.dims, cond):
@@ -338,7 +561,8 @@ class _Backward:
                     ext = self._extend(c, contrib.weight, cond)
                     self._transpose_window(c, e, ext, contrib.kind, incoming)
                 else:
-                    self._transpose(c, e, self._extend(c, contrib, cond), incoming)
+                    ext = self._extend(c, contrib, cond)
+                    self._transpose(c, e, ext, incoming, _fixed(c.dims, held))
         for nid in region:
             self._fill_adjoint(nodes[nid], adj[nid], incoming[nid])
         for g in self.group:
@@ -396,9 +620,11 @@ class _Backward:
         return self.b.add("merge", Domain(c.dims, box), [branch, rest], t, span=c.span)
 
     # ------------------------------------------------------------------ transposition
-    def _transpose(self, c: Node, e: Edge, ext: int, incoming):
+    def _transpose(self, c: Node, e: Edge, ext: int, incoming, fixed=None):
         """Add to ``incoming[e.src]`` the contributions ``ext`` (over c's bounding box) read
-        back at the points of c that read each point of e's source."""
+        back at the points of c that read each point of e's source. ``fixed``: consumer dims
+        that ``ext`` is zero off an expression of the others (``{k: 0}`` for a contribution
+        that holds where k == 0), read there only instead of summed over."""
         src = self.graph.nodes[e.src]
         ext_node = self.b.nodes[ext]
         extents = dict(zip(c.dims, self._box(c)))
@@ -419,6 +645,9 @@ class _Backward:
                     )
             variants = nxt
         for solved, conds, items in variants:
+            for d, v in (fixed or {}).items():
+                if d not in solved and ix.dims_of(v) <= set(solved):
+                    solved = {**solved, d: ix.substitute(v, solved)}
             part = self._read_back(src, c, ext, ext_node, extents, solved, conds, items, e)
             if part is not None:
                 incoming[e.src].append(part)
@@ -540,7 +769,9 @@ class _Backward:
         if free or dim in solved:
             raise ProgramError("the gradient through this dynamic slice is not supported", e.span)
         cond = sympy.And(
-            src.domain.cond, *[sympy.And(v >= 0, v < extents[d]) for d, v in solved.items()], *conds
+            src.domain.cond,
+            *[sympy.And(v >= 0, v < extents[d]) for d, v in solved.items()],
+            *conds,
         )
         if pisl.is_empty(src.dims, cond):
             return
@@ -568,7 +799,9 @@ class _Backward:
             ef = self.b.op(
                 "cast", where, [self.b.identity(expo)], [self.b.type_of(expo)], dtype=gt.dtype
             )
-            factor = self.b.op("pow", where, [gamma, self.b.identity(ef)], [gt, self.b.type_of(ef)])
+            factor = self.b.op(
+                "pow", where, [gamma, self.b.identity(ef)], [gt, self.b.type_of(ef)]
+            )
             val = self.b.op(
                 "mul",
                 where,
@@ -579,17 +812,105 @@ class _Backward:
 
 
 def _widen(old, box, top):
-    """The offsets reached so far (``old``; False: none yet) joined with ``box``; a bound
-    that moves again goes straight to the end of its dim's range (a recurrence would move
-    it one step per visit)."""
+    """The offsets reached so far (``old``; False: none yet) joined with ``box``, per grad
+    dim (None: any offset); a bound that moves again goes straight to the end of its dim's
+    range (a recurrence would move it one step per visit)."""
     if old is False:
         return box
-    if old is None or box is None:
-        return None
     out = []
-    for (lo, hi), (l2, h2), m in zip(old, box, top):
-        out.append((lo if l2 >= lo else -m, hi if h2 <= hi else m))
+    for o, b, m in zip(old, box, top):
+        if o is None or b is None:
+            out.append(None)
+        else:
+            (lo, hi), (l2, h2) = o, b
+            out.append((lo if l2 >= lo else -m, hi if h2 <= hi else m))
     return tuple(out)
+
+
+def _same(a, b) -> bool:
+    """Two index expressions (None: unknown) that are known to be equal."""
+    return a is not None and b is not None and (a == b or sympy.simplify(a - b) == 0)
+
+
+def _read_point(e: Edge) -> tuple:
+    """The point an edge reads, per producer dim (None where it reads a slice)."""
+    return tuple(a.expr if isinstance(a, Point) else None for a in e.access)
+
+
+def _carry(point: tuple, src: Node, e: Edge) -> tuple:
+    """``point`` (index expressions over ``src``'s dims) at the consumer's points that read
+    ``src`` through ``e``: None where it depends on a dim that ``e`` slices."""
+    sub, sliced = {}, set()
+    for d, a in zip(src.dims, e.access):
+        if isinstance(a, Point):
+            sub[d] = a.expr
+        else:
+            sliced.add(d)
+    out = []
+    for p in point:
+        if p is None or ix.dims_of(p) & sliced:
+            out.append(None)
+        else:
+            out.append(sympy.expand(ix.substitute(p, sub)))
+    return tuple(out)
+
+
+def _fixed(dims: tuple[str, ...], cond) -> dict:
+    """The dims that ``cond`` sets equal to an expression of the others, by one of its
+    conjuncts: ``{d: expr}``."""
+    out = {}
+    for eq in cond.args if isinstance(cond, sympy.And) else (cond,):
+        if not isinstance(eq, sympy.Eq):
+            continue
+        diff = sympy.expand(eq.lhs - eq.rhs)
+        for d in dims:
+            s = ix.sym(d)
+            coeff = diff.coeff(s)
+            rest = sympy.expand(diff - coeff * s)
+            if d not in out and coeff in (1, -1) and s not in rest.free_symbols:
+                out[d] = sympy.expand(-rest / coeff)
+                break
+    return out
+
+
+def _chain(graph: Graph, pid: int):
+    """``{ p -> q }``: the point p of tensor ``pid`` depends on its point q, through its
+    own equations (the paths to its reads of itself that pass no other tensor), closed
+    transitively; None where isl's closure is not exact. An under-approximation of what
+    depends on what, which is all ``check_constants`` needs."""
+    nodes = graph.nodes
+    memo: dict[int, isl.UnionMap | None] = {}
+
+    def reads(nid: int):
+        if nid in memo:
+            return memo[nid]
+        memo[nid] = None
+        n, out = nodes[nid], None
+        for e in n.inputs:
+            src = nodes[e.src]
+            dom = n.domain if e.cond is None else Domain(n.dims, sympy.And(n.domain.cond, e.cond))
+            m = pisl.access_map(
+                dom, e.access, len(src.dims), src_tag=f"n{src.id}", dst_tag=f"n{nid}"
+            )
+            m = isl.UnionMap.from_map(m)
+            if src.id == pid:
+                part = m
+            elif src.op == "merge":
+                continue
+            else:
+                sub = reads(src.id)
+                if sub is None:
+                    continue
+                part = m.apply_range(sub)
+            out = part if out is None else out.union(part)
+        memo[nid] = out
+        return out
+
+    rel = reads(pid)
+    if rel is None:
+        return None
+    closure, exact = rel.transitive_closure()
+    return closure if exact else None
 
 
 def _translation(expr):
