@@ -165,6 +165,36 @@ def to_constant(expr: ast.Expr, scope: IndexScope, what: str) -> int:
     return int(v)
 
 
+def _chain(expr: ast.Binary) -> list[ast.Expr]:
+    """The operands of the chain ``a op b op c ...`` (parsed ``((a op b) op c)``), in order."""
+    op, operands = expr.op, []
+    while isinstance(expr, ast.Binary) and expr.op == op:
+        operands.append(expr.right)
+        expr = expr.left
+    operands.append(expr)
+    return operands[::-1]
+
+
+def _join(op, parts: list):
+    """``op(...op(op(parts[0], parts[1]), parts[2])...)``, as written, in one call when
+    that gives the same expression: sympy re-sorts the whole argument list at each step,
+    so the fold is quadratic in a long chain (``t == 0 or t == 1 or ...``). One call differs
+    only where relations repeat or contradict each other (the fold sees those only
+    between two plain relations), and such chains are folded."""
+    canon = [p.canonical if p.is_Relational else None for p in parts]
+    seen = set(canon)
+    if (
+        None not in seen
+        and len(seen) == len(parts)
+        and not any(c.negated.canonical in seen for c in canon)
+    ):
+        return op(*parts)
+    result = parts[0]
+    for p in parts[1:]:
+        result = op(result, p)
+    return result
+
+
 def to_condition(expr: ast.Expr, scope: IndexScope):
     """A ``when`` condition as a sympy boolean."""
     if isinstance(expr, ast.Bool):
@@ -174,8 +204,8 @@ def to_condition(expr: ast.Expr, scope: IndexScope):
         if isinstance(v, bool):
             return sympy.true if v else sympy.false
     if isinstance(expr, ast.Binary) and expr.op in ("and", "or"):
-        a, b = to_condition(expr.left, scope), to_condition(expr.right, scope)
-        return sympy.And(a, b) if expr.op == "and" else sympy.Or(a, b)
+        parts = [to_condition(e, scope) for e in _chain(expr)]
+        return _join(sympy.And if expr.op == "and" else sympy.Or, parts)
     if isinstance(expr, ast.Unary) and expr.op == "not":
         return sympy.Not(to_condition(expr.operand, scope))
     if isinstance(expr, ast.Compare):

@@ -1,6 +1,9 @@
 """Parsing: RTL source text -> ``ast.Program`` (grammar in ``grammar/rtl.lark``).
 
-Syntax errors become ``ProgramError``s pointing at the offending token.
+Syntax errors become ``ProgramError``s pointing at the offending token. So does an
+expression nested deeper than ``MAX_NESTING`` levels (``check_nesting``): the walks after
+the parser recurse once per level, and this bound keeps them within the deep stack the
+CLI gives them (``timerlc.deepstack``).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import math
 from importlib import resources
 from pathlib import Path
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer_NonRecursive, Tree, v_args
 from lark.exceptions import (
     UnexpectedCharacters,
     UnexpectedEOF,
@@ -25,6 +28,12 @@ from timerlc.frontend import ast
 KEYWORDS = frozenset(
     "config dim env batch params def when and or not out metric true false".split()
 )
+
+# The deepest expression accepted, in levels of its syntax tree: each operator, call,
+# subscript, slice, field access and tuple or list literal is a level, and a chain
+# ``a + b + c`` of n operands is n - 1 levels (it is ((a + b) + c)). Parentheses are free.
+# docs/language.md documents it.
+MAX_NESTING = 2000
 
 _OPEN = {"LPAR": "RPAR", "LSQB": "RSQB", "LBRACE": "RBRACE"}
 _CLOSE = {"RPAR", "RSQB", "RBRACE"}
@@ -108,6 +117,7 @@ def parse(text: str) -> ast.Program:
                 err.message, err.span, (f"the '{tok}' at {tok.line}:{tok.column} is not closed",)
             )
         raise err from None
+    check_nesting(tree)
     try:
         return _ToAst().transform(tree)
     except VisitError as e:
@@ -122,6 +132,66 @@ def parse_expression(text: str) -> ast.Expr:
     (stmt,) = program.statements
     assert isinstance(stmt, ast.Equation) and len(stmt.rhs) == 1
     return stmt.rhs[0]
+
+
+# ----------------------------------------------------------------------------- nesting
+# parse-tree rules folded to the left into a chain of binary nodes (``_fold_left``; a
+# comparison chain becomes ``and``s of its comparisons)
+_CHAINS = frozenset({"or_expr", "and_expr", "comparison", "arith", "term"})
+# the other rules that are a level of an expression; the rest (statements, argument and
+# subscript lists, keywords) add none
+_LEVELS = frozenset(
+    {"not_op", "unary_op", "power", "subscript", "call", "attribute", "slice"}
+    | {"tuple_lit", "list_lit"}
+)
+
+
+def check_nesting(tree: Tree) -> None:
+    """Raise a ``ProgramError`` when an expression of ``tree`` nests deeper than
+    ``MAX_NESTING`` levels, at the operator (or first token) of the smallest sub-expression
+    that does. Iterative: the tree may be as deep as the source is long."""
+    height: dict[int, int] = {}  # id(node) -> levels of the expression it is
+    todo: list[tuple[Tree, bool]] = [(tree, False)]
+    while todo:
+        node, children_done = todo.pop()
+        if not children_done:
+            todo.append((node, True))
+            todo.extend((c, False) for c in reversed(node.children) if isinstance(c, Tree))
+            continue
+        heights = [height.pop(id(c), 0) if isinstance(c, Tree) else 0 for c in node.children]
+        if node.data in _CHAINS:
+            level = heights[0]
+            for k in range(1, len(node.children), 2):
+                level = 1 + max(level, heights[k + 1])
+                if level > MAX_NESTING:
+                    _too_deep(_token_span(node.children[k]))
+        else:
+            level = max(heights, default=0) + (node.data in _LEVELS)
+            if level > MAX_NESTING:
+                _too_deep(_operator_span(node))
+        height[id(node)] = level
+
+
+def _operator_span(node: Tree) -> Span | None:
+    """Where to point for a too-deep ``node``: its operator, else its first token."""
+    if node.data in ("not_op", "unary_op"):
+        return _token_span(node.children[0])
+    if node.data == "power":
+        return _token_span(node.children[1])
+    if node.data == "slice":
+        return _token_span(node.children[1])
+    first = node
+    while isinstance(first, Tree):
+        first = next((c for c in first.children if c is not None), None)
+    return _token_span(first) if isinstance(first, Token) else _meta_span(node.meta)
+
+
+def _too_deep(span: Span | None):
+    raise ProgramError(
+        f"expression too deeply nested (more than {MAX_NESTING} levels); split it into "
+        "several equations or def bindings",
+        span,
+    )
 
 
 # ----------------------------------------------------------------------------- errors
@@ -244,7 +314,7 @@ def _binary(op, left, right, op_span):
 
 
 @v_args(meta=True)
-class _ToAst(Transformer):
+class _ToAst(Transformer_NonRecursive):
     # -- statements
     def start(self, meta, children):
         return ast.Program(tuple(c for c in children if c is not None))
@@ -419,4 +489,3 @@ class _ToAst(Transformer):
 def _clip_literal(text: str) -> str:
     """A literal for a message: at most 40 characters."""
     return text if len(text) <= 40 else text[:37] + "..."
-

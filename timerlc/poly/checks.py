@@ -176,7 +176,7 @@ def _merge_reads(
                 out.append((m, e.span))
             else:
                 out.extend((m.apply_range(sub), span) for sub, span in frontier(src.id))
-        return [(m, span) for m, span in out if not m.is_empty()]
+        return _distinct([(m, span) for m, span in out if not m.is_empty()])
 
     def frontier(nid: int) -> list:
         if nid not in reach:
@@ -195,6 +195,25 @@ def _merge_reads(
                 if not m.is_empty():
                     out[c.id].append((isl.UnionMap.from_map(m), c.span))
     return {nid: rs for nid, rs in out.items() if rs}
+
+
+def _distinct(reads: list) -> list:
+    """``reads`` less the repeats of a relation (the same isl text), each kept once with its
+    earliest span, in the order of first occurrence. A chain ``x + c + c + ...`` reads ``c``
+    once per link: without this the frontier of each link holds one copy per link before
+    it, and the walk is quadratic in the chain's length. The repeats change nothing: the
+    union of a relation with itself is the relation, and an error names the earliest read."""
+    kept: dict[str, tuple] = {}
+    for m, span in reads:
+        key = str(m)
+        if key not in kept or _span_order(span) < _span_order(kept[key][1]):
+            kept[key] = (m, span)
+    return list(kept.values())
+
+
+def _span_order(span) -> tuple[int, int]:
+    """The order in which reads are tried for an error's span (a read without one first)."""
+    return (span.line, span.col) if span else (0, 0)
 
 
 def _env_calls(graph: Graph) -> dict[str, list[Node]]:
@@ -313,7 +332,7 @@ def _schedulable(graph: Graph, comp, maps: list[isl.Map]) -> bool:
 def _closing_read(reads, start: isl.Set, closure: isl.UnionMap):
     """The span of the read, among those of ``start``'s equation, that leads back to it."""
     point = isl.UnionSet.from_set(start)
-    for m, span in sorted(reads, key=lambda r: (r[1].line, r[1].col) if r[1] else (0, 0)):
+    for m, span in sorted(reads, key=lambda r: _span_order(r[1])):
         image = point.apply(m)
         if image.is_empty():
             continue
