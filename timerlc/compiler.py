@@ -67,13 +67,14 @@ def compile_plan(
 ) -> Plan:
     """Schedule an optimized PDG and make its plan; ``memory_budget``: the bytes of device
     memory its buffers may hold at once (None: no limit)."""
-    from timerlc.plan.build import build_plan
+    from timerlc.plan.build import build_plan, check_limits
     from timerlc.schedule.build import build_schedule
 
     schedule = build_schedule(graph)
     if on_stage is not None:
         on_stage("schedule", schedule)
     plan = build_plan(graph, schedule, source, memory_budget)
+    check_limits(graph, plan)
     if verifying() if verify is None else verify:
         _verify_plan(plan)
     if on_stage is not None:

@@ -252,7 +252,8 @@ def plan_value(v):
 
 def cond_to_plan(c):
     """A condition in the plan's structured form (``timerlc.plan.expr``): a bool or a
-    tuple of ``and``/``or`` (folded from the left), ``not`` and comparisons."""
+    tuple of ``and``/``or`` (n-ary, as sympy's: a chain of 150 ``or``s is one level, not
+    150), ``not`` and comparisons."""
     if c is True or isinstance(c, BooleanTrue):
         return True
     if c is False or isinstance(c, BooleanFalse):
@@ -260,7 +261,7 @@ def cond_to_plan(c):
     if isinstance(c, (sympy.And, sympy.Or)):
         word = "and" if isinstance(c, sympy.And) else "or"
         parts = [cond_to_plan(a) for a in sorted(c.args, key=sympy.default_sort_key)]
-        return functools.reduce(lambda x, y: (word, x, y), parts)
+        return (word, *parts)
     if isinstance(c, sympy.Not):
         return ("not", cond_to_plan(c.args[0]))
     if isinstance(c, sympy.core.relational.Relational):

@@ -49,12 +49,22 @@ define(
     cheap=True,
     doc="attrs: value (number or nested tuples), dtype, shape",
 )
+
+
+def _range_length(start: int, stop: int, step: int) -> int:
+    """``len(range(start, stop, step))`` for ints of any size (``len`` overflows past
+    2**63)."""
+    if step > 0:
+        return max(0, (stop - start + step - 1) // step)
+    return max(0, (start - stop - step - 1) // -step)
+
+
 define(
     "arange",
     "source",
     0,
     lambda attrs, ts: TensorType(
-        attrs["dtype"], (len(range(attrs["start"], attrs["stop"], attrs["step"])),)
+        attrs["dtype"], (_range_length(attrs["start"], attrs["stop"], attrs["step"]),)
     ),
     _arange,
     vjp=NO_GRAD,

@@ -12,12 +12,17 @@ expressions and conditions are structured expressions (``plan.expr``) over dim n
 from __future__ import annotations
 
 import collections
+import math
 
 import sympy
 
+from timerlc.diagnostics import ProgramError
 from timerlc.ir import index as ix
 from timerlc.ir.pdg import Graph, Point
 from timerlc.plan.items import (
+    MAX_ELEMENTS,
+    MAX_EXTENT,
+    MAX_RANK,
     At,
     Buffer,
     Env,
@@ -154,6 +159,35 @@ def build_plan(
         memory_floor_item=floor_item,
         memory_floor=memory.floor_buffers,
     )
+
+
+def check_limits(graph: Graph, plan: Plan) -> None:
+    """The sizes of ``plan`` within what a plan may hold (``plan.items``: an axis, a bound,
+    an array's elements), else a ``ProgramError`` at the tensor: the runtime would refuse
+    the plan (and no machine could hold it)."""
+    for name, bound in plan.dims:
+        if bound > MAX_EXTENT:
+            raise ProgramError(
+                f"dim {name} has {bound} points; timerlc's limit is {MAX_EXTENT} (2^31)", None
+            )
+    for b in plan.buffers:
+        for o in b.outputs:
+            points = math.prod(b.box) * math.prod(o.shape)
+            big = [n for n in b.box + o.shape if n > MAX_EXTENT]
+            if big or points > MAX_ELEMENTS or len(b.dims) + len(o.shape) > MAX_RANK:
+                what = (
+                    f"an axis of {big[0]}"
+                    if big
+                    else f"{points} elements"
+                    if points > MAX_ELEMENTS
+                    else f"{len(b.dims) + len(o.shape)} axes"
+                )
+                raise ProgramError(
+                    f"{f'{b.name!r}' if b.name else 'this value'} has {what} over its "
+                    f"dims and shape; timerlc's limits are {MAX_EXTENT} (2^31) per axis, "
+                    f"{MAX_ELEMENTS} (2^40) elements and {MAX_RANK} axes per array",
+                    graph.node(b.id).span,
+                )
 
 
 def _config(v):

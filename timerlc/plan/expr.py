@@ -293,8 +293,8 @@ def text(e: Expr) -> str:
     if isinstance(e, (bool, int, str)):
         return str(e)
     op, *args = e
-    if op in _INFIX and len(args) == 2:
-        return f"({text(args[0])} {_INFIX[op]} {text(args[1])})"
+    if op in _INFIX and len(args) == 2 or op in ("and", "or"):
+        return "(" + f" {_INFIX[op]} ".join(text(a) for a in args) + ")"
     if op == "neg":
         return f"-{text(args[0])}"
     if op == "select":

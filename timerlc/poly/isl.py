@@ -85,10 +85,16 @@ def format_point(point: dict[str, int]) -> str:
     return ", ".join(f"{d}={v}" for d, v in point.items()) if point else "(no dims)"
 
 
+SIMPLIFY_PARTS = 64
+
+
 def simplify(dims: tuple[str, ...], cond, context=sympy.true):
     """``cond`` without the conjuncts (or disjuncts) that the rest and ``context`` imply.
 
     The result is equivalent to ``cond`` on the points of ``context``; IR dumps stay short.
+    A condition of more than ``SIMPLIFY_PARTS`` conjuncts or disjuncts is kept as it is
+    (each is one isl check on the whole condition: a ``when`` chain of 1,500 ``or``s would
+    take minutes).
     """
 
     def empty(c) -> bool:
@@ -96,6 +102,8 @@ def simplify(dims: tuple[str, ...], cond, context=sympy.true):
 
     if empty(sympy.Not(cond)):
         return sympy.true
+    if len(cond.args) > SIMPLIFY_PARTS:
+        return cond
     if isinstance(cond, sympy.And):
         parts = list(cond.args)
         for c in list(parts):
