@@ -38,19 +38,21 @@ def dumps(program: str, overrides: dict[str, str] | None = None, budget=None) ->
     from timerlc.compiler import compile_source
     from timerlc.diagnostics import Source
     from timerlc.ir import serialize
+    from timerlc.codegen.generate import listing
     from timerlc.plan import text as plan_text
 
     source = Source(program, (ROOT / program).read_text())
     stages: list[tuple[str, object]] = []
-    _, plan = compile_source(
+    _, plan, _ = compile_source(
         source,
         overrides or {},
         memory_budget=budget,
         on_stage=lambda name, x: stages.append((name, x)),
     )
-    graphs = [(name, g) for name, g in stages if name not in ("schedule", "plan")]
+    graphs = [(name, g) for name, g in stages if name not in ("schedule", "plan", "kernels")]
     out = {f"{k:02d}-{name}.pdg": serialize.to_text(g) for k, (name, g) in enumerate(graphs)}
     out["plan.txt"] = plan_text.render(plan) + "\n" + nodes_text(plan)
+    out["kernels.txt"] = listing(dict(stages)["kernels"])
     return out
 
 

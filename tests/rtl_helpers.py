@@ -45,10 +45,11 @@ BACKENDS_COMPARED = os.environ.get("TIMERLC_TEST_CPU", "1") != "0"
 
 
 def compare_cpu(graph, want: dict):
-    from timerlc.compiler import compile_plan, run_passes
+    from timerlc.compiler import compile_plan, generate_code, run_passes
     from timerlc.runtime.cpu import CpuRuntime
 
-    runtime = CpuRuntime(compile_plan(run_passes(graph)))
+    gen = generate_code(compile_plan(run_passes(graph)))
+    runtime = CpuRuntime(gen.plan, native=gen.text)
     runtime.run()
     for name, expected in want.items():
         got = runtime.value(name)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from rtl_helpers import cli, src
 
-from timerlc.compiler import compile_plan, run_passes
+from timerlc.compiler import compile_plan, generate_code, run_passes
 from timerlc.diagnostics import Source
 from timerlc.frontend.check import check_source
 from timerlc.plan.items import Call, Loop, walk
@@ -51,8 +51,11 @@ def both(name: str):
     written = graph_of(name, SMALL[name], optimize=False)
     ref_m, cpu_m = [], []
     ref = run_graph(written, lambda n, p, v: ref_m.append((n, tuple(sorted(p.items())), float(v))))
+    gen = generate_code(compile_plan(graph))
     rt = CpuRuntime(
-        compile_plan(graph), lambda n, p, v: cpu_m.append((n, tuple(sorted(p.items())), float(v)))
+        gen.plan,
+        lambda n, p, v: cpu_m.append((n, tuple(sorted(p.items())), float(v))),
+        native=gen.text,
     )
     rt.run()
     rt.envs.close()

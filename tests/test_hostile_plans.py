@@ -612,10 +612,17 @@ CASES = [
 CASE_BY_ID = {case.id: case for case in CASES}
 
 
-def broken_build(case: Case, builds: dict, tmp_path: Path) -> tuple[Path, Path]:
-    """The build folder of ``case`` and the marker its code would create."""
+def broken_build(
+    case: Case, builds: dict, tmp_path: Path, kernels: bool = False
+) -> tuple[Path, Path]:
+    """The build folder of ``case`` and the marker its code would create. Its plan has no
+    kernels (unless ``kernels``), so that the runtime's own checks of what the plan does
+    are what refuses it: with its kernels, any change of the plan is refused before that
+    (its kernel file was generated for another plan)."""
     marker = tmp_path / "MARKER"
     plan = copy.deepcopy(plan_of(builds[case.program]))
+    if not kernels:
+        del plan["kernels"]
     changed = case.mutate(plan, code(marker))
     plan = plan if changed is None else changed
     return copy_build(builds[case.program], tmp_path / "build", plan), marker
@@ -632,6 +639,16 @@ def test_a_broken_plan_is_refused(case, builds, tmp_path):
         r = cli("run", build, "--no-progress")
     assert not marker.exists(), "the plan ran code"
     assert_refused(r.exit_code, r.stderr, case.says)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_a_broken_plan_with_its_kernels_is_refused(case, builds, tmp_path):
+    build, marker = broken_build(case, builds, tmp_path, kernels=True)
+    with deadline(DEADLINE):
+        r = cli("run", build, "--no-progress")
+    assert not marker.exists(), "the plan ran code"
+    assert_refused(r.exit_code, r.stderr)
+    assert case.says in r.stderr or "was generated for another plan" in r.stderr, r.stderr
 
 
 # a representative set, run as a user runs it: a process of its own, with a timeout
@@ -690,6 +707,7 @@ def test_code_in_free_text_is_only_data(where, builds, tmp_path):
     """Text a plan keeps for messages may hold anything printable: it runs, and runs nothing."""
     marker = tmp_path / "MARKER"
     p = plan_of(builds["returns"])
+    del p["kernels"]  # else refused: the kernel file was generated for the plan as it was
     if where == "source":
         p["source"] = code(marker)
     elif where == "buffer-name":
@@ -719,6 +737,7 @@ def test_huge_ints_in_loop_expressions_are_exact(arg, builds, tmp_path):
     """A plan's loop expressions are Python ints: a huge term that cancels runs as the plan
     without it (the remainder of a huge int once went through a float and overflowed)."""
     p = plan_of(builds["returns"])
+    del p["kernels"]
     (was,) = call(p)["args"]
     call(p)["args"] = [renamed(arg, "X", was)]  # the same value as ``was``
     build = copy_build(builds["returns"], tmp_path / "build", p)
@@ -731,6 +750,7 @@ def test_a_kernel_that_fails_on_a_corrupt_attribute_fails_the_run(builds, tmp_pa
     """An attribute of the right kind with a value that makes its kernel fail is a failure
     while running (exit 3), with a message and no traceback."""
     p = plan_of(builds["reinforce"])
+    del p["kernels"]
     node(p, "index")["attrs"]["items"] = [["int", 1000]]
     build = copy_build(builds["reinforce"], tmp_path / "build", p)
     with deadline(DEADLINE):
@@ -909,3 +929,61 @@ def test_random_changes_are_refused_or_run(program, builds, tmp_path):
     assert not wrong, "\n".join(wrong[:20])
     # the changes reach both the checks and the runtime
     assert seen.get("refused", 0) > FUZZ_MUTATIONS // 4 and seen.get("ran", 0) > 0, seen
+
+
+# ----------------------------------------------------------------------------- kernel files
+def test_a_corrupt_kernel_file_is_refused(builds, tmp_path):
+    build = copy_build(builds["returns"], tmp_path / "build", plan_of(builds["returns"]))
+    ll = build / "kernels" / "cpu.ll"
+    ll.write_text(ll.read_text().replace("fadd", "fsub", 1))
+    r = cli("run", build, "--no-progress")
+    assert_refused(r.exit_code, r.stderr, "does not match the plan's hash of it")
+
+
+def test_a_missing_kernel_file_is_refused(builds, tmp_path):
+    build = copy_build(builds["returns"], tmp_path / "build", plan_of(builds["returns"]))
+    (build / "kernels" / "cpu.ll").unlink()
+    r = cli("run", build, "--no-progress")
+    assert_refused(r.exit_code, r.stderr, "cpu.ll is missing")
+
+
+def test_a_kernel_file_of_another_plan_is_refused(builds, tmp_path):
+    """A kernel file with the hash the plan records, made for another plan (an edited plan
+    given the hash of its old kernel file, a file copied from another build)."""
+    p = plan_of(builds["returns"])
+    other = (builds["reinforce"] / "kernels" / "cpu.ll").read_text()
+    p["kernels"]["sha256"] = plan_of(builds["reinforce"])["kernels"]["sha256"]
+    build = copy_build(builds["returns"], tmp_path / "build", p)
+    (build / "kernels" / "cpu.ll").write_text(other)
+    r = cli("run", build, "--no-progress")
+    assert_refused(r.exit_code, r.stderr, "was generated for another plan")
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (lambda k: k.update(file="../../etc/passwd"), "is not a file kernels/NAME.ll"),
+        (lambda k: k.update(sha256="00"), "is not a SHA-256 in hex"),
+        (lambda k: k["statements"].append(k["statements"][0]), "named twice"),
+        (lambda k: k["statements"][0].__setitem__(0, 10**6), "does not exist"),
+        (lambda k: k["statements"][0].__setitem__(1, "os.system"), "is not a name"),
+        (lambda k: k["trees"][0].__setitem__(0, 10**6), "out of range"),
+        (lambda k: k.update(extra=1), "unknown field"),
+    ],
+    ids=["path", "sha", "twice", "statement", "function", "tree-item", "field"],
+)
+def test_a_broken_kernels_field_is_refused(change, says, builds, tmp_path):
+    p = plan_of(builds["returns"])
+    change(p["kernels"])
+    build = copy_build(builds["returns"], tmp_path / "build", p)
+    r = cli("run", build, "--no-progress")
+    assert_refused(r.exit_code, r.stderr, says)
+
+
+def test_a_kernel_for_an_environment_call_is_refused(builds, tmp_path):
+    p = plan_of(builds["reinforce"])
+    env = next(s["id"] for s in p["statements"] if s["nodes"][-1]["op"] == "env_step")
+    p["kernels"]["statements"].append([env, "s_env", 0])
+    build = copy_build(builds["reinforce"], tmp_path / "build", p)
+    r = cli("run", build, "--no-progress")
+    assert_refused(r.exit_code, r.stderr, "calls an environment, which no kernel does")

@@ -69,11 +69,19 @@ def test_dump_ir_writes_each_pass_and_the_plan(tmp_path):
         "04-noise.pdg",
         "05-simplify.pdg",
     ]
-    plan = (build / "ir" / names[-1]).read_text()
-    assert names[-1] == "06-plan.txt" and plan.startswith("plan format ")
-    shown = cli("inspect", build / "ir" / names[-1])  # a dump inspect shows as it is
+    plan = (build / "ir" / names[-2]).read_text()
+    assert names[-2] == "06-plan.txt" and plan.startswith("plan format ")
+    shown = cli("inspect", build / "ir" / names[-2])  # a dump inspect shows as it is
     assert shown.exit_code == 0 and shown.stdout == plan
-    assert cli("inspect", build / "ir" / names[-1], "--format", "json").exit_code == 2
+    assert cli("inspect", build / "ir" / names[-2], "--format", "json").exit_code == 2
+    # the kernel IR, and the LLVM IR rendered from it in the build's kernels/
+    kernels = (build / "ir" / names[-1]).read_text()
+    assert names[-1] == "07-kernels.txt" and kernels.startswith("kernel IR: ")
+    assert "\ntree tree" in kernels and "launch s" in kernels
+    assert cli("inspect", build / "ir" / names[-1]).stdout == kernels
+    ll = (build / "kernels" / "cpu.ll").read_text()
+    assert ll.startswith("; timerlc kernels for the plan of sha256 ")
+    assert "define i32 @s" in ll and "define i32 @tree" in ll
     # discounted_sum(r[i, b, t:T]) runs as a recurrence: a loop over t, i and b vectorized
     assert any(
         line.split()[1] == "g_ds" and "loops [t] vector [i, b]" in line

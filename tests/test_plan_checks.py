@@ -28,7 +28,7 @@ TEXT = """
 
 @pytest.fixture(scope="module")
 def data():
-    _, plan = compiler.compile_source(Source("p.rtl", src(TEXT)))
+    _, plan, _ = compiler.compile_source(Source("p.rtl", src(TEXT)))
     return items.to_json(plan)
 
 
@@ -119,7 +119,7 @@ def test_an_environment_that_changed_since_the_compile_is_refused():
         o[b, t+1], r[b, t], d[b, t] = E.step(0)
         out r
     """
-    _, plan = compiler.compile_source(Source("p.rtl", src(text)))
+    _, plan, _ = compiler.compile_source(Source("p.rtl", src(text)))
     data = items.to_json(plan)
     data["envs"][0]["spec"] = "trivial?obs=3"
     with pytest.raises(PlanError, match=r"gives observations of shape \[2, 3\], the plan was"):

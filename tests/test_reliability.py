@@ -87,6 +87,7 @@ def test_compile_replaces_its_own_build_and_writes_into_an_empty_folder(tmp_path
     assert sorted(p.name for p in out.iterdir()) == [
         ".timerlc-build",
         "build.json",
+        "kernels",
         "plan.json",
         "program.pdg.json",
     ]

@@ -44,7 +44,7 @@ def test_every_stage_of_every_program_verifies():
     compiler.compile_source(
         Source("p.rtl", src(TEXT)), on_stage=lambda name, x: stages.append(name)
     )
-    assert stages[:2] == ["frontend", "autodiff"] and stages[-2:] == ["schedule", "plan"]
+    assert stages[:2] == ["frontend", "autodiff"] and stages[-3:] == ["schedule", "plan", "kernels"]
 
 
 def test_a_node_typed_against_its_op_is_caught():

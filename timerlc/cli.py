@@ -119,12 +119,12 @@ def _compile(
     on_stage=None,
     source_path=None,
 ):
-    """Every stage for ``backend`` (``compiler.compile_source``): the graph it runs and its
-    plan (None for the reference backend); a program error exits 1, a budget that cannot be
-    met warns."""
+    """Every stage for ``backend`` (``compiler.compile_source``): the graph it runs, its
+    plan and the text of its kernel file (None, None for the reference backend); a program
+    error exits 1, a budget that cannot be met warns."""
     from timerlc import compiler
 
-    graph, plan = _on_deep_stack(
+    graph, plan, code = _on_deep_stack(
         source,
         lambda: compiler.compile_source(
             source,
@@ -138,7 +138,7 @@ def _compile(
     )
     if plan is not None:
         _warn_budget(plan)
-    return graph, plan
+    return graph, plan, code
 
 
 def _backend(backend: str | None) -> str:
@@ -329,7 +329,7 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
         def on_stage(name, g):
             stages.append((name, time.perf_counter(), g))
 
-        graph, plan = _compile(
+        graph, plan, code = _compile(
             source,
             _overrides(sets),
             _env_overrides(envs),
@@ -343,6 +343,8 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
         if plan is not None:
             from timerlc.plan import items
 
+            (out / "kernels").mkdir(exist_ok=True)
+            write_text(out / plan.kernels.file, code)
             write_text(out / BUILD_PLAN, items.dumps(plan))
         manifest = {
             "format_version": BUILD_FORMAT,
@@ -362,16 +364,21 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
                 from timerlc.plan import text as plan_text
 
                 write_text(ir / f"{len(passes):02d}-plan.txt", plan_text.render(plan))
+                from timerlc.codegen.generate import listing
+
+                gen = next(g for name, _, g in stages if name == "kernels")
+                write_text(ir / f"{len(passes) + 1:02d}-kernels.txt", listing(gen))
         # last: a build folder without its manifest (a compile stopped half way) is no build
         write_text(out / BUILD_MANIFEST, json.dumps(manifest, indent=2) + "\n")
         if timings:
             last = started
             for name, at, g in stages:
-                size = (
-                    f"{len(g.nodes)} nodes"
-                    if hasattr(g, "nodes")
-                    else f"{len(g.statements)} statements"
-                )
+                if hasattr(g, "nodes"):
+                    size = f"{len(g.nodes)} nodes"
+                elif hasattr(g, "kernels"):
+                    size = f"{len(g.kernels)} kernels"
+                else:
+                    size = f"{len(g.statements)} statements"
                 click.echo(f"{name:12s} {1000 * (at - last):8.1f} ms  ({size})", err=True)
                 last = at
             click.echo(f"{'total':12s} {1000 * (time.perf_counter() - started):8.1f} ms", err=True)
@@ -408,8 +415,9 @@ def _build_folder(out: Path) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         for name in (BUILD_MANIFEST, BUILD_PLAN, BUILD_PROGRAM):
             (out / name).unlink(missing_ok=True)
-        if (out / "ir").is_dir():
-            shutil.rmtree(out / "ir")
+        for folder in ("ir", "kernels"):
+            if (out / folder).is_dir():
+                shutil.rmtree(out / folder)
         marker = out / BUILD_MARKER
         if not marker.is_file():
             marker.write_text("This folder is a timerlc build; timerlc compile may replace it.\n")
@@ -460,7 +468,7 @@ def _run_build(
     reference interpreter (``--backend reference``, or a build for that backend, which has
     no plan)."""
     from timerlc.runner import run_plan, run_reference
-    from timerlc.runtime.plan import PlanError, load_plan
+    from timerlc.runtime.plan import PlanError, load_kernels, load_plan
 
     plan_file = path / BUILD_PLAN
     if not (path / BUILD_MANIFEST).is_file():
@@ -481,10 +489,11 @@ def _run_build(
         return
     try:
         plan = load_plan(plan_file)
+        code = load_kernels(path, plan)
     except PlanError as e:
         raise _Fail(2, f"timerlc: error: {e}") from None
     try:
-        run_plan(plan, outputs_path, metrics_path, progress, profile, allow_nonfinite)
+        run_plan(plan, outputs_path, metrics_path, progress, profile, allow_nonfinite, code)
     except PlanError as e:  # found while running: a read outside the buffers
         raise _Fail(2, f"timerlc: error: {plan_file}: {e}") from None
 
@@ -579,13 +588,13 @@ def run(
             )
             return
         source = _read_source(target)
-        graph, plan = _compile(
+        graph, plan, code = _compile(
             source, _overrides(sets, seed), _env_overrides(envs), chosen, memory_budget
         )
         if plan is None:
             run_reference(graph, outputs_path, metrics_path, progress, profile, allow_nonfinite)
         else:
-            run_plan(plan, outputs_path, metrics_path, progress, profile, allow_nonfinite)
+            run_plan(plan, outputs_path, metrics_path, progress, profile, allow_nonfinite, code)
 
     _guard(body)(debug=debug)
 
@@ -614,8 +623,16 @@ def inspect(file, fmt):
             raise _Fail(
                 2, f"timerlc: error: {file} is not a timerlc IR dump or plan (not text)"
             ) from None
+        from timerlc.codegen.generate import LISTING_HEAD
         from timerlc.plan import text as plan_text
 
+        if text.startswith(LISTING_HEAD):  # kernels dumped as text (build/ir/NN-kernels.txt)
+            if fmt != "text":
+                raise _Fail(
+                    2, f"timerlc: error: {file} is a kernel listing: it has only a text form"
+                )
+            click.echo(text, nl=False)
+            return
         if text.startswith(plan_text.HEAD):  # a plan dumped as text (build/ir/NN-plan.txt)
             if fmt != "text":
                 raise _Fail(

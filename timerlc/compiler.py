@@ -1,9 +1,9 @@
-"""The compiler driver: source text -> checked PDG -> passes -> schedule -> plan.
+"""The compiler driver: source text -> checked PDG -> passes -> schedule -> plan -> kernels.
 
 The one place the stages are called in order; the CLI, the runner, the scripts and the
 tests go through it. Each stage's result can be seen with ``on_stage(name, value)``:
 ``frontend`` and each pass of ``passes.pipeline`` (a ``Graph``), then ``schedule`` (a
-``Schedule``) and ``plan`` (a ``Plan``).
+``Schedule``), ``plan`` (a ``Plan``) and ``kernels`` (``codegen.generate.Generated``).
 
 Ordering restriction: the plan is made from the optimized graph (the reference backend runs
 the graph as written, after the lowering passes only, and has no plan).
@@ -93,6 +93,17 @@ def _verify_plan(plan: Plan):
         raise AssertionError("the plan does not read back to itself")
 
 
+def generate_code(plan: Plan, on_stage: OnStage | None = None):
+    """The plan's kernels (``codegen.generate.Generated``: the plan with its ``kernels``
+    field, and the LLVM IR text of its kernel file); ``on_stage`` sees it as ``kernels``."""
+    from timerlc.codegen.generate import generate
+
+    gen = generate(plan)
+    if on_stage is not None:
+        on_stage("kernels", gen)
+    return gen
+
+
 def compile_source(
     source: Source,
     overrides: dict[str, str] | None = None,
@@ -102,12 +113,15 @@ def compile_source(
     memory_budget: int | None = None,
     on_stage: OnStage | None = None,
     source_path: str | None = None,
-) -> tuple[Graph, Plan | None]:
+) -> tuple[Graph, Plan | None, str | None]:
     """Every stage for ``backend``: the graph it runs (optimized for compiled backends)
-    and, for them, its plan (None for the reference backend); ``source_path``: the
-    program's file as the plan records it (default: the source's name)."""
+    and, for them, its plan (with its ``kernels``) and the text of its kernel file (None,
+    None for the reference backend); ``source_path``: the program's file as the plan
+    records it (default: the source's name)."""
     compiled = backend != "reference"
     graph = run_passes(check_program(source, overrides, envs), on_stage, optimize=compiled)
     if not compiled:
-        return graph, None
-    return graph, compile_plan(graph, source_path or source.name, on_stage, memory_budget)
+        return graph, None, None
+    plan = compile_plan(graph, source_path or source.name, on_stage, memory_budget)
+    gen = generate_code(plan, on_stage)
+    return graph, gen.plan, gen.text

@@ -151,16 +151,18 @@ def run_plan(
     progress=False,
     profile=False,
     allow_nonfinite=False,
+    native: str | None = None,
 ):
     """Run a plan on the cpu runtime (this path never imports the compiler); with
     ``profile``, print where the time went; ``allow_nonfinite``: accept NaN or infinite
-    values from environments."""
+    values from environments; ``native``: the text of the plan's kernel file (its
+    statements without a kernel, or all without it, are interpreted)."""
     from timerlc.runtime.cpu import CpuRuntime, needed_bytes
 
     started = time.perf_counter()
     engine = _execute(
         lambda on_metric: CpuRuntime(
-            plan, on_metric, profile=profile, allow_nonfinite=allow_nonfinite
+            plan, on_metric, profile=profile, allow_nonfinite=allow_nonfinite, native=native
         ),
         plan_metric_dims(plan),
         plan.bounds,

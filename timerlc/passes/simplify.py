@@ -100,9 +100,19 @@ def _key(n: Node):
         n.op,
         n.domain,
         n.types,
-        n.attrs,
+        _exact(n.attrs),
         tuple((e.src, e.out, e.access, e.cond) for e in n.inputs),
     )
+
+
+def _exact(v):
+    """``v`` with every float as its exact text: -0.0 is not 0.0 here (``x / -0.0`` is
+    -inf), and a nan is equal to itself."""
+    if isinstance(v, float):
+        return ("float", v.hex())
+    if isinstance(v, tuple):
+        return tuple(_exact(x) for x in v)
+    return v
 
 
 def _share(nodes: list[Node], roots: set[int]) -> bool:

@@ -37,6 +37,17 @@ MAX_NAME = 1000  # characters of a name (RTL's names have at most 100: frontend.
 MAX_TEXT = 4096  # characters of other text (a source path, an environment spec)
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_KERNEL_FILE = re.compile(r"kernels/[A-Za-z0-9_]+\.ll\Z")
+_SHA256 = re.compile(r"[0-9a-f]{64}\Z")
+MAX_SCRATCH = 1 << 34  # bytes of scratch memory one kernel call needs
+
+# What a native tree function returns (docs/plan.md, Kernels): 0, or one of these; ``err``
+# then holds the failing statement and its loop values (1, 3), or the runtime's callback
+# holds the exception it raised (2).
+KERNEL_FAILED = 1
+HOST_FAILED = 2
+OUTSIDE_BOX = 3
+NO_STEPS_LEFT = 4
 
 
 class PlanError(Exception):
@@ -209,6 +220,19 @@ class Env:
 
 
 @dataclass(frozen=True, slots=True)
+class Kernels:
+    """The plan's native code (``docs/plan.md``, Kernels): the LLVM IR file of the build
+    folder, its SHA-256, per statement with a kernel its function and the bytes of scratch
+    memory a call needs, and per top-level item of the tree (but frees and swaps) the
+    function that runs it (a loop: one step of its body)."""
+
+    file: str
+    sha256: str
+    statements: tuple[tuple[int, str, int], ...]  # (statement, function, scratch bytes)
+    trees: tuple[tuple[int, str, int], ...] = ()  # (item of the tree, function, scratch)
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     source: str
     dims: tuple[tuple[str, int], ...]  # canonical order, with bounds
@@ -229,6 +253,7 @@ class Plan:
     # budget the plan can meet (``plan.memory``)
     memory_floor_item: int | None = None
     memory_floor: tuple[int, ...] = ()
+    kernels: Kernels | None = None
 
     _buffers: dict = field(init=False, repr=False, compare=False)
     _statements: dict = field(init=False, repr=False, compare=False)
@@ -253,6 +278,15 @@ class Plan:
             if n == name:
                 return sid, out
         raise KeyError(name)
+
+    def slots(self) -> dict[tuple[int, int], int]:
+        """The entry of each buffer's output in the table of addresses a kernel receives:
+        the buffers' outputs in the plan's order."""
+        out: dict[tuple[int, int], int] = {}
+        for b in self.buffers:
+            for k in range(len(b.outputs)):
+                out[(b.id, k)] = len(out)
+        return out
 
 
 def walk(items):
@@ -292,11 +326,32 @@ def to_json(plan: Plan) -> dict:
             "floor_item": plan.memory_floor_item,
             "floor": list(plan.memory_floor),
         },
+        **(
+            {}
+            if plan.kernels is None
+            else {
+                "kernels": {
+                    "file": plan.kernels.file,
+                    "sha256": plan.kernels.sha256,
+                    "statements": [list(k) for k in plan.kernels.statements],
+                    "trees": [list(k) for k in plan.kernels.trees],
+                }
+            }
+        ),
     }
 
 
 def dumps(plan: Plan) -> str:
     return json.dumps(to_json(plan), separators=(",", ":")) + "\n"
+
+
+def digest(plan: Plan) -> str:
+    """The SHA-256 of the plan without its ``kernels`` field: a kernel file records the
+    digest of the plan it was generated for."""
+    import dataclasses
+    import hashlib
+
+    return hashlib.sha256(dumps(dataclasses.replace(plan, kernels=None)).encode()).hexdigest()
 
 
 def _buffer_json(b: Buffer) -> dict:
@@ -510,7 +565,7 @@ class _Reader:
     def plan(self, d) -> Plan:
         keys = ("format_version", "source", "dims", "configs", "seed", "envs", "buffers")
         keys += ("statements", "tree", "outputs", "metrics", "memory")
-        self.obj(d, keys)
+        self.obj(d, keys, ("kernels",))
         dims = self.field(d, "dims", self.each, self.dim, limit=MAX_RANK * 4)
         names = [n for n, _ in dims]
         if len(set(names)) != len(names):
@@ -571,7 +626,45 @@ class _Reader:
             outputs=outputs,
             metrics=metrics,
             **memory,
+            kernels=self.field(d, "kernels", self.kernels, tree) if "kernels" in d else None,
         )
+
+    def kernels(self, v, tree: tuple) -> Kernels:
+        d = self.obj(v, ("file", "sha256", "statements", "trees"))
+        file = self.field(d, "file", self.text, 200)
+        if not _KERNEL_FILE.match(file):
+            self.path.append(".file")
+            self.fail(f"{_short(file)} is not a file kernels/NAME.ll")
+        sha = self.field(d, "sha256", self.text, 64)
+        if not _SHA256.match(sha):
+            self.path.append(".sha256")
+            self.fail(f"{_short(sha)} is not a SHA-256 in hex")
+        rows = self.field(d, "statements", self.each, self.kernel_row)
+        trees = self.field(d, "trees", self.each, self.tree_row, tree)
+        for what, got in (("statements", rows), ("trees", trees)):
+            if len({r[0] for r in got}) != len(got):
+                self.path.append(f".{what}")
+                self.fail("an entry named twice")
+        if len({r[1] for r in rows + trees}) != len(rows) + len(trees):
+            self.fail("a function named twice")
+        return Kernels(file, sha, rows, trees)
+
+    def tree_row(self, v, tree: tuple) -> tuple[int, str, int]:
+        if not isinstance(v, list) or len(v) != 3:
+            self.fail(f"expected [item, function, scratch bytes], got {_short(v)}")
+        item = self.int_(v[0], 0, len(tree) - 1)
+        if isinstance(tree[item], (Free, SwapIn, SwapOut)):
+            self.fail(f"item {item} of the tree is a free or a swap")
+        return item, self.ident(v[1]), self.int_(v[2], 0, MAX_SCRATCH)
+
+    def kernel_row(self, v) -> tuple[int, str, int]:
+        if not isinstance(v, list) or len(v) != 3:
+            self.fail(f"expected [statement, function, scratch bytes], got {_short(v)}")
+        sid = self.int_(v[0])
+        if sid not in self.statements:
+            self.fail(f"statement {sid} does not exist")
+        name = self.ident(v[1])
+        return sid, name, self.int_(v[2], 0, MAX_SCRATCH)
 
     def dim(self, v) -> tuple[str, int]:
         if not isinstance(v, list) or len(v) != 2:

@@ -24,6 +24,7 @@ it is swapped out is an internal error.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import time
 import warnings
@@ -50,6 +51,7 @@ from timerlc.plan.items import (
     Statement,
     SwapIn,
     SwapOut,
+    walk,
 )
 from timerlc.runtime.envs import EnvRunner
 
@@ -227,6 +229,7 @@ class _Statement:
         self._cond_loops = [k for k, d in enumerate(self.dims) if d in named and d in self.loops]
         self._branch_cache: dict[tuple, list] = {}
         self.rt = runtime
+        self.native = None  # the kernel's ctypes function, if the plan has one
         self.window = _window(plan, spec.id)
         box = plan.buffer(spec.id).box
         self.loop_box = tuple(box[self.dims.index(d)] for d in self.loops)
@@ -329,6 +332,62 @@ class _Statement:
             out.append(np.flatnonzero(mine))
         return out
 
+    def bind_native(self, fn, scratch: int, spec: Statement):
+        """Run this statement's calls with its kernel ``fn`` (``scratch``: its bytes of
+        scratch memory)."""
+        self.native = fn
+        self.scratch = np.zeros(max(scratch, 8), np.uint8)
+        self.args = np.zeros(max(len(self.loops), 1), np.int64)
+        self.sources = sorted({r.src for n in spec.nodes for r in n.inputs if r.stored})
+        self.pointers = (self.rt.table_address, self.args.ctypes.data, self.scratch.ctypes.data)
+        self.bookkeeping = (
+            self.id in self.rt.valid
+            or self.id in self.rt.metric_of
+            or (self.window is not None and self.rt.slots is not None)
+        )
+
+    def rerun(self, key: tuple):
+        """After this statement's kernel failed at ``key``: the interpreter computes the call
+        again, and raises the error that names the failing op and point."""
+        rt = self.rt
+        for sid, donor in rt.donated:
+            # the kernel failed before it wrote: its memory still holds the donor's values
+            if sid == self.id and rt.buffers[donor] is None and rt.buffers[sid] is not None:
+                spec = rt.plan.buffer(donor)
+                rt.buffers[donor] = [
+                    rt.buffers[sid][0].reshape(spec.extents + spec.outputs[0].shape)
+                ]
+                rt._freed.discard(donor)
+        self.native = None
+        self._run(key)
+        raise RunError(f"internal error: the kernel of statement {self.id} failed at {key}")
+
+    def after_native(self, key: tuple):
+        """What the runtime records after this statement's kernel ran at ``key``: the
+        points of an output, the values of a metric."""
+        rt = self.rt
+        batch = self._uniform(key) if self.template is not None else self.batches.get(key)
+        if batch is not None:
+            self._record(batch)
+            if self.id in rt.metric_of:
+                rt.emit(self.id, batch)
+
+    def _run_native(self, key: tuple):
+        rt = self.rt
+        bufs = rt.buffers
+        for s in self.sources:
+            if bufs[s] is None:
+                rt.read(s)
+        if bufs[self.id] is None:
+            rt.written(self.id)
+        args = self.args
+        for k, v in enumerate(key):
+            args[k] = v
+        if self.native(*self.pointers):
+            self.rerun(key)
+        if self.bookkeeping:
+            self.after_native(key)
+
     # ------------------------------------------------------------------ running
     def _uniform(self, key: tuple) -> _Batch:
         n = self.n
@@ -369,7 +428,10 @@ class _Statement:
             # a loop value outside the box would write elsewhere (NumPy wraps -1 to the end)
             if not all(0 <= v < e for v, e in zip(key, self.loop_box)):
                 raise IndexError(f"a call outside its box {list(self.loop_box)}")
-            self._run(key)
+            if self.native is not None:
+                self._run_native(key)
+            else:
+                self._run(key)
         except (IndexError, ValueError, TypeError, OverflowError) as e:
             # the kernels' failures are _OpFailed (a RunError by then): what is left is a
             # read or a write that the plan's own sizes do not allow
@@ -549,7 +611,11 @@ class CpuRuntime:
         check_windows: bool = False,
         profile: bool = False,
         allow_nonfinite: bool = False,
+        native: str | None = None,
     ):
+        """``native``: the text of the plan's kernel file (``plan.kernels``), checked
+        against the plan and compiled for this machine; its statements run natively, the
+        others (and all of them without it) with NumPy kernels."""
         self.plan = plan
         # profiling: per statement, seconds spent in its calls and how many calls
         self.profile = profile
@@ -575,6 +641,19 @@ class CpuRuntime:
         # per output statement, which points of its box are computed (docs/interruptions.md)
         self.valid: dict[int, np.ndarray | None] = {sid: None for _, sid, _ in plan.outputs}
         self.statements = {s.id: _Statement(s, plan, self) for s in plan.statements}
+        self.module = None
+        self.slot = plan.slots()
+        self.table = np.zeros(max(len(self.slot), 1), np.uint64)  # each output's address
+        self.table_address = self.table.ctypes.data
+        if native is not None:
+            from timerlc.runtime.native import NativeModule, check_kernels
+
+            check_kernels(plan, native)
+            self.module = NativeModule(native)
+            for sid, name, scratch in plan.kernels.statements:
+                self.statements[sid].bind_native(
+                    self.module.function(name), scratch, plan.statement(sid)
+                )
         # a loop tree runs no more loop steps than its statements have calls (the points of
         # their loop dims), with room to spare: a corrupt plan whose loops would run on and
         # on is stopped
@@ -583,6 +662,11 @@ class CpuRuntime:
             for s in plan.statements
         )
         self.steps_left = 4 * calls + 1_000_000
+        # whole top-level items of the tree as native functions (not while profiling, which
+        # times each statement's calls, nor while checking windows, which checks each read)
+        self.trees: dict[int, tuple] = {}
+        if self.module is not None and not profile and not check_windows:
+            self._bind_trees(plan)
         self.tree = self._build(plan.tree, ())
 
     # ------------------------------------------------------------------ buffers
@@ -617,14 +701,22 @@ class CpuRuntime:
             and given[0].flags.c_contiguous
         ):
             bufs = [given[0].reshape(shapes[0])]
-            self.buffers[donor] = None  # its memory is sid's now
+            # its memory is sid's now; the table keeps its address, the same memory, for
+            # sid's kernel, which reads the donor's values before it writes its own
+            self.buffers[donor] = None
             self._freed.add(donor)
             self.donated.append((sid, donor))
         else:
             bufs = [np.zeros(s, d) for s, d in zip(shapes, dtypes)]
             self._grow(sum(b.nbytes for b in bufs))
-        self.buffers[sid] = bufs
+        self._set(sid, bufs)
         return bufs
+
+    def _set(self, sid: int, bufs):
+        """Buffer ``sid``'s arrays (None: none), and their addresses for the kernels."""
+        self.buffers[sid] = bufs
+        for k in range(len(self.plan.buffer(sid).outputs)):
+            self.table[self.slot[(sid, k)]] = 0 if bufs is None else bufs[k].ctypes.data
 
     def _grow(self, nbytes: int):
         self.live_bytes += nbytes
@@ -648,7 +740,7 @@ class CpuRuntime:
         copies = [np.array(b, copy=True) for b in bufs]
         nbytes = sum(b.nbytes for b in bufs)
         self.host[sid] = copies
-        self.buffers[sid] = None
+        self._set(sid, None)
         self.live_bytes -= nbytes
         self.host_bytes += nbytes
         self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
@@ -673,7 +765,7 @@ class CpuRuntime:
         nbytes = sum(b.nbytes for b in bufs)
         self.host_bytes -= nbytes
         self._grow(nbytes)
-        self.buffers[sid] = bufs
+        self._set(sid, bufs)
 
     def slot_owner(self, sid: int) -> np.ndarray:
         if sid not in self.slots:
@@ -699,7 +791,7 @@ class CpuRuntime:
         held = self.host.pop(sid, None)  # a plan frees a buffer on the device, but be safe
         if held is not None:
             self.host_bytes -= sum(h.nbytes for h in held)
-        self.buffers[sid] = None
+        self._set(sid, None)
         self._freed.add(sid)
 
     def emit(self, nid: int, batch: _Batch):
@@ -719,14 +811,113 @@ class CpuRuntime:
     # ------------------------------------------------------------------ the loop tree
     # The loop variables in scope live in one list, ``env``: the variable of the loop at
     # depth d at ``env[d]``; the tree's expressions are functions of that list.
+    def _bind_trees(self, plan: Plan):
+        from timerlc.runtime.native import HOST, TREE
+
+        self.pending: BaseException | None = None
+        self.callback = HOST(self._host)  # kept alive as long as the runtime
+        self.callback_address = ctypes.cast(self.callback, ctypes.c_void_p).value
+        self.err = np.zeros(2 + 16, np.int64)
+        self.tree_args = np.zeros(1, np.int64)
+        for item, name, scratch in plan.kernels.trees:
+            fn = TREE(self.module.address(name))
+            buf = np.zeros(max(scratch, 8), np.uint8)
+            touched = _touched(plan, plan.tree[item])
+            self.trees[item] = (fn, buf, touched)
+
+    def _host(self, sid: int, mode: int, args: int) -> int:
+        """The callback of the native tree functions: run statement ``sid`` at the loop
+        values at ``args`` (mode 0), or record what its kernel computed (mode 1)."""
+        try:
+            st = self.statements[sid]
+            n = len(st.loops)
+            key = tuple((ctypes.c_int64 * n).from_address(args)) if n else ()
+            if mode == 0:
+                st.run(key)
+            else:
+                st.after_native(key)
+            return 0
+        except BaseException as e:  # noqa: BLE001 - re-raised by the caller of the tree
+            self.pending = e
+            return 1
+
+    def _run_tree(self, item: int, env_value: int | None):
+        fn, scratch, touched = self.trees[item]
+        for sid, write in touched:
+            if self.buffers[sid] is None:
+                self.written(sid) if write else self.read(sid)
+        if env_value is not None:
+            self.tree_args[0] = env_value
+        err = self.err
+        err[0] = self.steps_left
+        code = fn(
+            self.table_address,
+            self.tree_args.ctypes.data,
+            scratch.ctypes.data,
+            self.callback_address,
+            err.ctypes.data,
+        )
+        self.steps_left = int(err[0])
+        if code:
+            self._tree_failed(code)
+
+    def _tree_failed(self, code: int):
+        from timerlc.plan.items import HOST_FAILED, NO_STEPS_LEFT, OUTSIDE_BOX
+
+        if code == HOST_FAILED and self.pending is not None:
+            e, self.pending = self.pending, None
+            raise e
+        if code == NO_STEPS_LEFT:
+            raise PlanError(
+                "the plan is not valid: its loop tree runs far more steps than its statements "
+                "have calls"
+            )
+        sid = int(self.err[1])
+        st = self.statements.get(sid)
+        if st is None:
+            raise RunError(f"internal error: a native tree function failed ({code})")
+        key = tuple(int(v) for v in self.err[2 : 2 + len(st.loops)])
+        if code == OUTSIDE_BOX:
+            st.run(key)  # raises the PlanError of a call outside the statement's box
+        st.rerun(key)
+
     def _build(self, items, scope: tuple[str, ...]) -> Callable[[list], None]:
-        steps = [self._item(it, scope) for it in items]
+        if not scope and self.trees:
+            steps = [
+                self._native_item(k, it) if k in self.trees else self._item(it, scope)
+                for k, it in enumerate(items)
+            ]
+        else:
+            steps = [self._item(it, scope) for it in items]
 
         def run(env):
             for s in steps:
                 s(env)
 
         return run
+
+    def _native_item(self, k: int, it):
+        """Top-level item ``k`` run by its native function: a loop steps here and runs its
+        body natively, so that metrics stream and Ctrl-C stops the run between steps."""
+        if not isinstance(it, Loop):
+            return lambda env: self._run_tree(k, None)
+        init = px.compile_packed(it.init, ())
+        cond = px.compile_packed(it.cond, (it.var,))
+        inc = it.inc
+
+        def loop(env):
+            env[0] = init(env)
+            while cond(env):
+                self._run_tree(k, env[0])
+                env[0] += inc
+                self.steps_left -= 1
+                if self.steps_left < 0:
+                    raise PlanError(
+                        "the plan is not valid: its loop tree runs far more steps than its "
+                        "statements have calls"
+                    )
+
+        return loop
 
     def _item(self, it, scope: tuple[str, ...]):
         if isinstance(it, (Free, SwapOut, SwapIn)):
@@ -836,6 +1027,25 @@ def needed_bytes(plan: Plan) -> int:
                 per_point += span * math.prod(out.shape) * DTYPES[out.dtype]
         widest = max(widest, points * per_point)
     return plan.memory_peak_unswapped + widest
+
+
+def _touched(plan: Plan, item) -> list[tuple[int, bool]]:
+    """The buffers the statements called in ``item`` write or read, with whether they are
+    written (allocated before a native function runs the item; not an interpreted statement
+    that takes a donor's memory, which allocates itself)."""
+    calls = {it.statement for it in walk((item,)) if isinstance(it, Call)}
+    kernels = {sid for sid, _, _ in plan.kernels.statements}
+    out: dict[int, bool] = {}
+    for sid in calls:
+        if sid not in kernels and plan.buffer(sid).donor is not None:
+            continue  # interpreted: it allocates, and takes its donor's memory, itself
+        out[sid] = True
+        for n in plan.statement(sid).nodes:
+            for r in n.inputs:
+                if r.stored and r.src not in out:
+                    out[r.src] = False
+    # the reads first: a donor is allocated before the statement takes its memory
+    return sorted(out.items(), key=lambda kv: (kv[1], kv[0]))
 
 
 def _number(v: int) -> str:

@@ -33,7 +33,7 @@ from timerlc.plan.items import (
 )
 from timerlc.types import TensorType
 
-__all__ = ["PlanError", "load_plan", "check_runnable"]
+__all__ = ["PlanError", "load_plan", "load_kernels", "check_runnable"]
 
 MAX_PLAN_BYTES = 1 << 30  # a plan.json larger than this is refused unread
 
@@ -59,6 +59,33 @@ def load_plan(path) -> Plan:
     return plan
 
 
+MAX_KERNEL_BYTES = 1 << 28  # a kernel file larger than this is refused unread
+
+
+def load_kernels(folder, plan: Plan) -> str | None:
+    """The text of the plan's kernel file in the build ``folder`` (None if the plan has no
+    kernels), checked to be the file the plan was compiled with (``PlanError`` if not)."""
+    from timerlc.runtime.native import check_kernels
+
+    if plan.kernels is None:
+        return None
+    path = Path(folder) / plan.kernels.file
+    try:
+        if path.stat().st_size > MAX_KERNEL_BYTES:
+            raise PlanError(
+                f"{path} is not a valid kernel file: more than {MAX_KERNEL_BYTES} bytes"
+            )
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise PlanError(f"{path} is missing: compile the program again") from None
+    except OSError as e:
+        raise PlanError(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"{path} is not a valid kernel file: not UTF-8 text") from None
+    check_kernels(plan, text, str(Path(folder)))
+    return text
+
+
 def check_runnable(plan: Plan, where: str = "plan") -> None:
     """``PlanError`` unless this runtime can run every node and environment of ``plan``."""
     env_names = {e.name for e in plan.envs}
@@ -72,6 +99,12 @@ def check_runnable(plan: Plan, where: str = "plan") -> None:
             except ValueError as e:
                 raise PlanError(f"{where} is not a valid plan at {field}: {e}") from None
             earlier[n.id] = n
+    for k, (sid, _, _) in enumerate(plan.kernels.statements if plan.kernels else ()):
+        if ops.is_env(plan.statement(sid).node.op):
+            raise PlanError(
+                f"{where} is not a valid plan at kernels.statements[{k}]: statement {sid} "
+                "calls an environment, which no kernel does"
+            )
     _check_envs(plan, where)
 
 

@@ -1,0 +1,67 @@
+"""The code generator's entry point: a plan's kernels, as one LLVM module.
+
+Every statement the lowering supports (``codegen.lower``) becomes a kernel; the module's
+text starts with the digest of the plan it was made for, and the plan gets a ``kernels``
+field (``plan.items.Kernels``) with the text's SHA-256, so that a runtime refuses a kernel
+file that does not belong to its plan (``runtime.native.check_kernels``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+
+from timerlc.codegen import kir
+from timerlc.codegen.lower import Unsupported, lower_statement
+from timerlc.codegen.tree import lower_tree
+from timerlc.llvm.render import render_module
+from timerlc.plan.items import Kernels, Plan, digest
+
+KERNEL_FILE = "kernels/cpu.ll"
+LISTING_HEAD = "kernel IR: "  # how a listing (NN-kernels.txt) starts
+HEADER = "; timerlc kernels for the plan of sha256 "
+
+
+@dataclass(frozen=True)
+class Generated:
+    plan: Plan  # with its ``kernels`` field
+    text: str  # the LLVM IR of every kernel
+    kernels: tuple[kir.Kernel, ...]
+    trees: tuple[kir.Tree, ...]
+    interpreted: dict[int, str]  # statement -> why it has no kernel
+
+
+def generate(plan: Plan) -> Generated:
+    slot_of = plan.slots()
+    kernels, interpreted = [], {}
+    for st in plan.statements:
+        try:
+            kernels.append(lower_statement(plan, st, slot_of))
+        except Unsupported as e:
+            interpreted[st.id] = str(e)
+    trees = lower_tree(plan, {k.sid: k for k in kernels})
+    text = HEADER + digest(plan) + "\n" + render_module(kernels, trees)
+    info = Kernels(
+        KERNEL_FILE,
+        hashlib.sha256(text.encode()).hexdigest(),
+        tuple((k.sid, k.name, k.scratch_bytes) for k in kernels),
+        tuple((t.item, t.name, t.scratch_bytes) for t in trees),
+    )
+    return Generated(
+        dataclasses.replace(plan, kernels=info), text, tuple(kernels), tuple(trees), interpreted
+    )
+
+
+def listing(gen: Generated) -> str:
+    """The kernel IR of every kernel, and why the other statements have none
+    (``--dump-ir``: ``NN-kernels.txt``)."""
+    head = (
+        f"{LISTING_HEAD}{len(gen.kernels)} kernels, {len(gen.trees)} tree functions, "
+        f"{len(gen.interpreted)} statements interpreted"
+    )
+    parts = [head] + [kir.text(k) for k in gen.kernels] + [kir.tree_text(t) for t in gen.trees]
+    if gen.interpreted:
+        rows = [f"  statement {sid}: {why}" for sid, why in sorted(gen.interpreted.items())]
+        parts.append("interpreted (no kernel yet):\n" + "\n".join(rows))
+    return "\n\n".join(parts) + "\n"

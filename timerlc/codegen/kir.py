@@ -1,0 +1,417 @@
+"""The kernel IR: loop nests over buffers with explicit index arithmetic.
+
+A ``Kernel`` is one function. Its buffers are named slots of a table the runtime passes in
+(``Slot``: a plan buffer's output, by statement id and output number) and regions of a
+scratch area (``Temp``: a per-point temporary of a materialized node). Its body is a list of
+statements over scalar *expressions*, each of one dtype (``bool i32 i64 f32 f64``; indices
+and loop variables are ``i64``):
+
+- expressions: ``Const``, ``Ref`` (a local scalar: a loop variable, an argument, an
+  accumulator), ``Load`` (an element of a buffer at a linear index), ``Un`` and ``Bin``
+  (the scalar ops of ``UNARY``/``BINARY``, NumPy's semantics for the dtype: see
+  ``docs/codegen.md``), ``Sel`` (a select), ``Cast`` (NumPy's ``astype``, floats to ints
+  through ``trunc``) and ``Fn`` (a function of the runtime library: the random draws);
+- statements: ``Let`` (set a local), ``Store``, ``For`` (``var`` from ``lo`` up to
+  ``hi``, step 1), ``If`` and ``Fail`` (return an error code: the runtime turns it into
+  the exit-3 message of the failed point).
+
+Every object is a frozen dataclass: a kernel can be hashed, compared and printed
+(``text``), and its renderers (``timerlc.llvm.render``) see nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("bool", "i32", "i64", "f32", "f64")
+SIZES = {"bool": 1, "i32": 4, "i64": 8, "f32": 4, "f64": 8}
+
+UNARY = frozenset(
+    [
+        "neg",
+        "abs",
+        "sign",
+        "exp",
+        "log",
+        "log1p",
+        "sqrt",
+        "tanh",
+        "sigmoid",
+        "sin",
+        "cos",
+        "floor",
+        "ceil",
+        "round",
+        "not",
+    ]
+)
+# comparisons give bool; the others give their operands' dtype
+COMPARE = frozenset(["lt", "le", "gt", "ge", "eq", "ne"])
+BINARY = (
+    frozenset(
+        [
+            "add",
+            "sub",
+            "mul",
+            "div",
+            "floordiv",
+            "mod",
+            "rem",
+            "pow",
+            "minimum",
+            "maximum",
+            "and",
+            "or",
+        ]
+    )
+    | COMPARE
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Const:
+    dtype: str
+    value: int | float | bool
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    name: str
+    dtype: str = "i64"
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    buf: str
+    index: Expr
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Un:
+    op: str
+    x: Expr
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Bin:
+    op: str
+    a: Expr
+    b: Expr
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Sel:
+    cond: Expr
+    a: Expr
+    b: Expr
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cast:
+    x: Expr
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fn:
+    name: str
+    args: tuple
+    dtype: str
+
+
+Expr = Const | Ref | Load | Un | Bin | Sel | Cast | Fn
+
+
+@dataclass(frozen=True, slots=True)
+class Let:
+    name: str
+    dtype: str
+    value: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    buf: str
+    index: Expr
+    value: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class For:
+    var: str
+    lo: Expr
+    hi: Expr
+    body: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class If:
+    cond: Expr
+    then: tuple
+    orelse: tuple = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    code: int
+
+
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """A loop of the plan's tree: ``var = init; while cond: body; var += inc`` (each step
+    counts against the run's budget of loop steps)."""
+
+    var: str
+    init: Expr
+    cond: Expr
+    inc: int
+    body: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """A call of statement ``sid``'s kernel with its loop dims at ``args`` (each checked to
+    lie in ``box``)."""
+
+    kernel: str
+    sid: int
+    args: tuple
+    box: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """A call back into the runtime for statement ``sid`` at ``args``: ``mode`` 0 runs the
+    statement there (an environment call, or a statement without a kernel), 1 records what
+    its kernel computed (an output's points, a metric's values)."""
+
+    sid: int
+    mode: int
+    args: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """``c[coff:] = op(a) @ op(b)`` by the BLAS (``sgemm``/``dgemm``, row-major): ``op``
+    transposes where ``ta``/``tb``; ``m x k`` times ``k x n``; ``lda``, ``ldb``, ``ldc``
+    the leading dimensions, offsets in elements."""
+
+    dtype: str
+    ta: bool
+    tb: bool
+    m: int
+    n: int
+    k: int
+    a: str
+    aoff: Expr
+    lda: int
+    b: str
+    boff: Expr
+    ldb: int
+    c: str
+    coff: Expr
+    ldc: int
+
+
+Stmt = Let | Store | For | If | Fail | Loop | Launch | Host | Gemm
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """A buffer of the runtime's table: output ``out`` of statement ``sid``'s buffer, at
+    entry ``index`` of the table."""
+
+    name: str
+    dtype: str
+    index: int
+    sid: int
+    out: int
+    write: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Temp:
+    """A region of the scratch area: ``size`` elements at byte ``offset``."""
+
+    name: str
+    dtype: str
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """One function ``i32 name(table, args, scratch)``: ``args`` holds ``nargs`` i64 values
+    (named ``params``, locals of the body); it returns 0, or the code of a ``Fail``."""
+
+    name: str
+    sid: int
+    params: tuple[str, ...]
+    slots: tuple[Slot, ...]
+    temps: tuple[Temp, ...]
+    body: tuple
+
+    @property
+    def scratch_bytes(self) -> int:
+        return max((t.offset + t.size * SIZES[t.dtype] for t in self.temps), default=0)
+
+
+MAX_ARGS = 16  # loop dims of a statement (plan.items.MAX_RANK)
+
+
+@dataclass(frozen=True, slots=True)
+class Tree:
+    """One top-level item of the plan's loop tree as a function ``i32 name(table, args,
+    scratch, host, err)``: for a loop, its body (``params``: the loop's variable), else the
+    item itself. ``host`` is the runtime's callback ``i32(sid, mode, args)``; ``err`` holds
+    i64 values: the loop steps left, then, when the function returns non-zero, the failing
+    statement and its loop values (``runtime.cpu`` reads them)."""
+
+    name: str
+    item: int
+    params: tuple[str, ...]
+    body: tuple
+    scratch_bytes: int
+
+
+# ----------------------------------------------------------------------------- helpers
+def i64(v: int) -> Const:
+    return Const("i64", int(v))
+
+
+def add(a: Expr, b: Expr) -> Expr:
+    """``a + b`` on i64, folded where both are constants or one is 0."""
+    if isinstance(a, Const) and isinstance(b, Const):
+        return i64(a.value + b.value)
+    if isinstance(a, Const) and a.value == 0:
+        return b
+    if isinstance(b, Const) and b.value == 0:
+        return a
+    return Bin("add", a, b, "i64")
+
+
+def mul(a: Expr, k: int) -> Expr:
+    """``a * k`` on i64 for an int ``k``, folded."""
+    if k == 0:
+        return i64(0)
+    if k == 1:
+        return a
+    if isinstance(a, Const):
+        return i64(a.value * k)
+    return Bin("mul", a, i64(k), "i64")
+
+
+def linear(idx: list, shape: tuple) -> Expr:
+    """The row-major position of element ``idx`` of an array of ``shape``."""
+    out: Expr = i64(0)
+    stride = 1
+    for e, n in reversed(list(zip(idx, shape))):
+        if n != 1:
+            out = add(out, mul(e, stride))
+        stride *= n
+    return out
+
+
+# ----------------------------------------------------------------------------- printing
+def text(k: Kernel) -> str:
+    """A readable listing of a kernel."""
+    lines = [f"kernel {k.name}  (statement {k.sid})  args({', '.join(k.params)})"]
+    for s in k.slots:
+        mode = "rw" if s.write else "r"
+        lines.append(
+            f"  slot {s.name}: {s.dtype}* = table[{s.index}]  (buffer {s.sid}.{s.out}, {mode})"
+        )
+    for t in k.temps:
+        lines.append(f"  temp {t.name}: {t.dtype}[{t.size}] at scratch+{t.offset}")
+    _stmts(k.body, 1, lines)
+    return "\n".join(lines)
+
+
+def tree_text(t: Tree) -> str:
+    """A readable listing of a tree function."""
+    lines = [f"tree {t.name}  (item {t.item} of the loop tree)  args({', '.join(t.params)})"]
+    _stmts(t.body, 1, lines)
+    return "\n".join(lines)
+
+
+def _stmts(body, depth: int, lines: list):
+    pad = "  " * depth
+    for s in body:
+        if isinstance(s, For):
+            lines.append(f"{pad}for {s.var} in {expr_text(s.lo)} ..< {expr_text(s.hi)}:")
+            _stmts(s.body, depth + 1, lines)
+        elif isinstance(s, If):
+            lines.append(f"{pad}if {expr_text(s.cond)}:")
+            _stmts(s.then, depth + 1, lines)
+            if s.orelse:
+                lines.append(f"{pad}else:")
+                _stmts(s.orelse, depth + 1, lines)
+        elif isinstance(s, Let):
+            lines.append(f"{pad}{s.name}: {s.dtype} = {expr_text(s.value)}")
+        elif isinstance(s, Store):
+            lines.append(f"{pad}{s.buf}[{expr_text(s.index)}] = {expr_text(s.value)}")
+        elif isinstance(s, Fail):
+            lines.append(f"{pad}fail {s.code}")
+        elif isinstance(s, Gemm):
+            ta, tb = "T" if s.ta else "", "T" if s.tb else ""
+            lines.append(
+                f"{pad}{s.c}[{expr_text(s.coff)}:] = gemm.{s.dtype} {s.m}x{s.k}x{s.n} "
+                f"{s.a}[{expr_text(s.aoff)}:]{ta} (ld {s.lda}) @ "
+                f"{s.b}[{expr_text(s.boff)}:]{tb} (ld {s.ldb}), ldc {s.ldc}"
+            )
+        elif isinstance(s, Loop):
+            lines.append(
+                f"{pad}loop {s.var} = {expr_text(s.init)} while {expr_text(s.cond)} step {s.inc}:"
+            )
+            _stmts(s.body, depth + 1, lines)
+        elif isinstance(s, Launch):
+            args = ", ".join(expr_text(a) for a in s.args)
+            lines.append(f"{pad}launch {s.kernel}({args})")
+        elif isinstance(s, Host):
+            args = ", ".join(expr_text(a) for a in s.args)
+            what = "run" if s.mode == 0 else "record"
+            lines.append(f"{pad}host {what} statement {s.sid}({args})")
+        else:  # pragma: no cover - a new statement kind without a printer
+            raise TypeError(f"not a kernel statement: {s!r}")
+
+
+_INFIX = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "lt": "<",
+    "le": "<=",
+    "gt": ">",
+    "ge": ">=",
+    "eq": "==",
+    "ne": "!=",
+    "and": "&&",
+    "or": "||",
+}
+
+
+def expr_text(e) -> str:
+    if isinstance(e, Const):
+        return str(e.value) if e.dtype in ("i64", "bool") else f"{e.value!r}:{e.dtype}"
+    if isinstance(e, Ref):
+        return e.name
+    if isinstance(e, Load):
+        return f"{e.buf}[{expr_text(e.index)}]"
+    if isinstance(e, Un):
+        return f"{e.op}({expr_text(e.x)})"
+    if isinstance(e, Bin):
+        if e.op in _INFIX:
+            return f"({expr_text(e.a)} {_INFIX[e.op]} {expr_text(e.b)})"
+        return f"{e.op}({expr_text(e.a)}, {expr_text(e.b)})"
+    if isinstance(e, Sel):
+        return f"({expr_text(e.cond)} ? {expr_text(e.a)} : {expr_text(e.b)})"
+    if isinstance(e, Cast):
+        return f"{e.dtype}({expr_text(e.x)})"
+    if isinstance(e, Fn):
+        return f"{e.name}({', '.join(expr_text(a) for a in e.args)})"
+    raise TypeError(f"not a kernel expression: {e!r}")

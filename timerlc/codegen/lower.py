@@ -1,0 +1,1170 @@
+"""Lowering a plan's statement to a kernel (``kir.Kernel``).
+
+A call of a statement computes its points with the loop dims fixed to the call's arguments:
+the kernel takes the loop dims as its arguments and loops over the vector dims' box, each
+point guarded by the statement's domain (``docs/plan.md``). At a point, every node of the
+statement is a *value*: a function from an element's indices to a scalar expression.
+
+- A stored read is a ``Load`` from the source buffer at the linear index its access gives
+  (a slice adds a leading axis; the dim of a ring buffer wraps modulo its size).
+- Elementwise ops (and ``cast``, ``where``, constants, ``dimval``, ``arange``) are
+  *inlined*: computed per element inside the loops of whatever reads them; shape ops
+  (``reshape``, ``transpose``, ``expand_dims``, ``squeeze``, ``broadcast_to``) only
+  remap the indices.
+- Everything else (reductions, ``matmul``) is *materialized*: computed by a loop nest of
+  its own into a temporary of the scratch area, read back by ``Load``. So is an inlined node
+  that several others read, when recomputing it would cost more than a load, and an
+  operand of a matmul that is not a plain load (it is read once per row or column).
+  A materialized value that does not depend on the vector dims is computed once per call,
+  before the vector loops.
+
+A statement the code generator cannot lower yet raises ``Unsupported`` with the reason;
+the runtime runs it with its NumPy kernels instead (``docs/codegen.md``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from timerlc import ops
+from timerlc.codegen import kir
+from timerlc.codegen.kir import (
+    Bin,
+    Cast,
+    Const,
+    Expr,
+    For,
+    If,
+    Let,
+    Load,
+    Ref,
+    Sel,
+    Store,
+    Un,
+)
+from timerlc.plan import expr as px
+from timerlc.plan.items import At, Ix, Plan, Statement
+
+MAX_CONST_ELEMENTS = 4096  # an array constant is written into a temporary element by element
+
+
+class Unsupported(Exception):
+    """A statement the code generator does not lower (yet): the runtime interprets it."""
+
+
+@dataclass
+class Val:
+    """A node's value at one point: ``at(idx)`` is element ``idx`` (i64 expressions, one
+    per axis of ``shape``); ``vdep``: whether it depends on the vector dims; ``cost``: the
+    rough number of ops one element costs to recompute."""
+
+    dtype: str
+    shape: tuple
+    at: Callable[[list], Expr]
+    vdep: bool
+    cost: int
+    # where the value lies in memory, if it is a strided view of a buffer: (buffer, offset,
+    # strides), element ``idx`` at ``offset + sum(idx[k] * strides[k])`` (BLAS reads it)
+    layout: tuple | None = None
+
+
+_FLOAT_UNARY = {
+    "exp",
+    "log",
+    "log1p",
+    "sqrt",
+    "tanh",
+    "sigmoid",
+    "sin",
+    "cos",
+    "floor",
+    "ceil",
+    "round",
+}
+_UNARY = {"neg": "neg", "abs": "abs", "sign": "sign", "logical_not": "not"}
+_UNARY.update({k: k for k in _FLOAT_UNARY})
+_BINARY = {
+    "add": "add",
+    "sub": "sub",
+    "mul": "mul",
+    "div": "div",
+    "floordiv": "floordiv",
+    "mod": "mod",
+    "pow": "pow",
+    "minimum": "minimum",
+    "maximum": "maximum",
+    "lt": "lt",
+    "le": "le",
+    "gt": "gt",
+    "ge": "ge",
+    "eq": "eq",
+    "ne": "ne",
+    "logical_and": "and",
+    "logical_or": "or",
+}
+_VIEWS = {"reshape", "transpose", "expand_dims", "squeeze", "broadcast_to"}
+_REDUCE = {"sum", "mean", "prod", "max", "min", "logsumexp"}
+
+
+def supported_ops() -> frozenset[str]:
+    """The ops a kernel can compute (the others are interpreted)."""
+    return frozenset(
+        set(_UNARY)
+        | set(_BINARY)
+        | _VIEWS
+        | _REDUCE
+        | {
+            "where",
+            "cast",
+            "copy",
+            "stop_grad",
+            "const",
+            "dimval",
+            "index_value",
+            "arange",
+            "matmul",
+            "argmax",
+            "argmin",
+            "merge",
+            "index",
+            "take",
+            "take_along",
+            "cumsum",
+            "discounted_sum",
+            "index_add",
+            "concat",
+        }
+    )
+
+
+# ----------------------------------------------------------------------------- entry point
+def lower_statement(plan: Plan, st: Statement, slot_of: dict) -> kir.Kernel:
+    """The kernel of one statement; ``slot_of[(sid, out)]``: the table entry of a buffer's
+    output. Raises ``Unsupported``."""
+    return _Lowering(plan, st, slot_of).kernel()
+
+
+class _Lowering:
+    def __init__(self, plan: Plan, st: Statement, slot_of: dict):
+        self.plan, self.st, self.slot_of = plan, st, slot_of
+        self.vector = set(st.vector)
+        self.slots: dict[tuple, kir.Slot] = {}
+        self.temps: list[kir.Temp] = []
+        self.scratch = 0
+        self.names = 0
+        self.pre: list = []  # once per call, before the vector loops
+        self.point: list = []  # per point, before the stores
+        self.nodes = {n.id: n for n in st.nodes}
+        self.uses: dict[int, int] = {}
+        for n in st.nodes:
+            for r in n.inputs:
+                if not r.stored:
+                    self.uses[r.src] = self.uses.get(r.src, 0) + 1
+        self.vals: dict[int, Val] = {}
+        self.target: str | None = None  # a temporary the values go to before the buffer
+
+    # ------------------------------------------------------------------ naming and memory
+    def fresh(self, stem: str) -> str:
+        self.names += 1
+        return f"{stem}{self.names}"
+
+    def slot(self, sid: int, out: int, write: bool = False) -> str:
+        key = (sid, out)
+        s = self.slots.get(key)
+        if s is None or (write and not s.write):
+            dtype = self.plan.buffer(sid).outputs[out].dtype
+            name = s.name if s is not None else f"b{sid}_{out}"
+            s = kir.Slot(
+                name, dtype, self.slot_of[key], sid, out, write or (s is not None and s.write)
+            )
+            self.slots[key] = s
+        return s.name
+
+    def temp(self, dtype: str, size: int) -> str:
+        name = self.fresh("t")
+        align = 8
+        self.scratch = (self.scratch + align - 1) // align * align
+        self.temps.append(kir.Temp(name, dtype, self.scratch, size))
+        self.scratch += size * kir.SIZES[dtype]
+        return name
+
+    # ------------------------------------------------------------------ the kernel
+    def kernel(self) -> kir.Kernel:
+        st = self.st
+        if ops.is_env(st.node.op):
+            raise Unsupported("an environment call runs in Python")
+        if len(st.node.types) != 1:
+            raise Unsupported("a statement of several outputs")
+        buf = self.plan.buffer(st.id)
+        if buf.donor is not None:
+            # the buffer takes its donor's memory, which the statement may still read: the
+            # values go to a temporary first, and into the buffer once all are computed
+            size = math.prod(buf.extents) * math.prod(buf.outputs[0].shape)
+            self.target = self.temp(buf.outputs[0].dtype, size)
+        for n in st.nodes:
+            if n.op not in supported_ops():
+                raise Unsupported(f"op {n.op}")
+        own = st.node
+        if own.op == "merge":
+            body = self._merge(own)
+        else:
+            v = self.value(own.id)
+            body = self._store(v)
+        point = tuple(self.point) + tuple(body)
+        domain = self.index(self._inside_box(st.domain))
+        if not (isinstance(domain, Const) and domain.value is True):
+            point = (If(domain, point),)
+        for d in reversed(st.dims):
+            if d in self.vector:
+                extent = self.plan.buffer(st.id).box[st.dims.index(d)]
+                point = (For(d, kir.i64(0), kir.i64(extent), point),)
+        if self.target is not None:
+            own = self.slot(st.id, 0, write=True)
+            dt = buf.outputs[0].dtype
+            copy = self.loops(
+                (size,), lambda idx: [Store(own, idx[0], Load(self.target, idx[0], dt))]
+            )
+            point += tuple(copy)
+        return kir.Kernel(
+            f"s{st.id}",
+            st.id,
+            tuple(st.loops),
+            tuple(sorted(self.slots.values(), key=lambda s: s.index)),
+            tuple(self.temps),
+            tuple(self.pre) + point,
+        )
+
+    def _store(self, v: Val) -> list:
+        """The statement's value at the point, into its buffer (or the temporary that
+        stands for it, see ``kernel``)."""
+        name = self.target or self.slot(self.st.id, 0, write=True)
+        base = self.point_index(self.st.id, [Ref(d) for d in self.st.dims])
+        shape = self.plan.buffer(self.st.id).outputs[0].shape
+        return self.loops(
+            shape, lambda idx: [Store(name, kir.add(base, kir.linear(idx, shape)), v.at(idx))]
+        )
+
+    def _merge(self, node) -> list:
+        """First match wins: the first input whose condition holds at the point."""
+        out: tuple = ()
+        for k in reversed(range(len(node.inputs))):
+            r = node.inputs[k]
+            saved = self.point
+            self.point = []
+            v = self.read(r)
+            branch = tuple(self.point) + tuple(self._store(v))
+            self.point = saved
+            if r.cond is None:
+                out = branch
+            else:
+                out = (If(self.index(r.cond), branch, out),)
+        return list(out)
+
+    def _inside_box(self, e):
+        """The domain without the conjuncts every point of the box meets (``d >= 0``,
+        ``d < extent``: the vector loops run over the box, and the runtime checks that a
+        call's loop values lie in it)."""
+        box = dict(zip(self.st.dims, self.plan.buffer(self.st.id).box))
+        parts = list(e[1:]) if isinstance(e, tuple) and e[0] == "and" else [e]
+
+        def trivial(c) -> bool:
+            if not (isinstance(c, tuple) and len(c) == 3):
+                return False
+            op, a, b = c
+            if op == "ge" and a in box and b == 0 or op == "le" and a == 0 and b in box:
+                return True
+            if op == "lt" and a in box and isinstance(b, int) and not isinstance(b, bool):
+                return b >= box[a]
+            if op == "le" and a in box and isinstance(b, int) and not isinstance(b, bool):
+                return b >= box[a] - 1
+            return False
+
+        kept = [c for c in parts if not trivial(c)]
+        if not kept:
+            return True
+        return kept[0] if len(kept) == 1 else ("and", *kept)
+
+    # ------------------------------------------------------------------ loops
+    def loops(self, shape: tuple, body: Callable[[list], list]) -> list:
+        """``body(idx)`` inside a loop nest over ``shape`` (no loop for an axis of 1)."""
+        idx = []
+        vars_ = []
+        for n in shape:
+            if n == 1:
+                idx.append(kir.i64(0))
+            else:
+                v = self.fresh("e")
+                vars_.append((v, n))
+                idx.append(Ref(v))
+        if any(n == 0 for n in shape):
+            return []
+        stmts = list(body(idx))
+        for v, n in reversed(vars_):
+            stmts = [For(v, kir.i64(0), kir.i64(n), tuple(stmts))]
+        return stmts
+
+    def emit(self, stmts: list, vdep: bool):
+        (self.point if vdep else self.pre).extend(stmts)
+
+    def materialize(self, v: Val) -> Val:
+        """``v`` computed into a temporary (a local for a scalar)."""
+        if not v.shape:
+            name = self.fresh("x")
+            self.emit([Let(name, v.dtype, v.at([]))], v.vdep)
+            return Val(v.dtype, (), lambda idx, n=name, d=v.dtype: Ref(n, d), v.vdep, 0)
+        size = math.prod(v.shape)
+        name = self.temp(v.dtype, size)
+        shape = v.shape
+        self.emit(
+            self.loops(shape, lambda idx: [Store(name, kir.linear(idx, shape), v.at(idx))]), v.vdep
+        )
+        return self.temp_val(name, v.dtype, shape, v.vdep)
+
+    def temp_val(self, name: str, dtype: str, shape: tuple, vdep: bool) -> Val:
+        layout = (name, kir.i64(0), _contiguous(shape))
+        return Val(
+            dtype, shape, lambda idx: Load(name, kir.linear(idx, shape), dtype), vdep, 0, layout
+        )
+
+    # ------------------------------------------------------------------ index expressions
+    def index(self, e) -> Expr:
+        """A plan expression (``plan.expr``) over the statement's dims."""
+        return plan_expr(e)
+
+    def names_vector(self, e) -> bool:
+        return bool(px.names(e) & self.vector)
+
+    def point_index(self, sid: int, index: list, out: int = 0) -> Expr:
+        """The linear index of the point ``index`` (one i64 expression per dim of ``sid``'s
+        buffer) times its outputs' element count, the dim of a ring buffer wrapped."""
+        buf = self.plan.buffer(sid)
+        extents = buf.extents
+        win = buf.dims.index(buf.window.dim) if buf.window is not None else None
+        pos: Expr = kir.i64(0)
+        stride = math.prod(buf.outputs[out].shape)
+        for k in reversed(range(len(extents))):
+            e = index[k]
+            if k == win and buf.window.size != 1:
+                e = Bin("mod", e, kir.i64(buf.window.size), "i64")
+            elif k == win:
+                e = kir.i64(0)
+            pos = kir.add(pos, kir.mul(e, stride))
+            stride *= extents[k]
+        return pos
+
+    # ------------------------------------------------------------------ values
+    def read(self, r) -> Val:
+        if not r.stored:
+            return self.value(r.src)
+        buf = self.plan.buffer(r.src)
+        o = buf.outputs[r.out]
+        name = self.slot(r.src, r.out)
+        fixed: list = []
+        lengths: list[int] = []
+        vdep = False
+        for a in r.access:
+            if isinstance(a, At):
+                fixed.append(("at", self.index(a.index)))
+                vdep = vdep or self.names_vector(a.index)
+            else:
+                n = px.difference(a.hi, a.lo)
+                if n is None:
+                    raise Unsupported("a slice whose length depends on the point")
+                fixed.append(("slice", self.index(a.lo)))
+                lengths.append(max(n, 0))
+                vdep = vdep or self.names_vector(a.lo)
+        shape = tuple(lengths) + tuple(o.shape)
+        nsl = len(lengths)
+        spatial = tuple(o.shape)
+        sid = r.src
+
+        def at(idx, fixed=fixed):
+            index, j = [], 0
+            for kind, e in fixed:
+                if kind == "at":
+                    index.append(e)
+                else:
+                    index.append(kir.add(e, idx[j]))
+                    j += 1
+            # the output number selects the array; every output shares the point layout
+            base = self.point_index(sid, index, r.out)
+            return Load(name, kir.add(base, kir.linear(idx[nsl:], spatial)), o.dtype)
+
+        layout = None
+        win = buf.dims.index(buf.window.dim) if buf.window is not None else None
+        sliced = [k for k, a in enumerate(r.access) if not isinstance(a, At)]
+        if win not in sliced or buf.window.size == 1:
+            offset = self.point_index(sid, [e for _, e in fixed], r.out)
+            dstride = _contiguous(tuple(buf.extents) + spatial)
+            strides = tuple(dstride[k] for k in sliced) + _contiguous(spatial)
+            layout = (name, offset, strides)
+        return Val(o.dtype, shape, at, vdep, 0, layout)
+
+    def value(self, nid: int) -> Val:
+        v = self.vals.get(nid)
+        if v is None:
+            v = self._value(self.nodes[nid])
+            if self.uses.get(nid, 0) >= 2 and v.cost >= 3:
+                v = self.materialize(v)
+            self.vals[nid] = v
+        return v
+
+    def _value(self, node) -> Val:
+        op = node.op
+        attrs = node.attr_dict()
+        dtype = node.types[0].dtype
+        shape = tuple(node.types[0].shape)
+        ins = [self.read(r) for r in node.inputs] if op != "merge" else []
+        if op in _UNARY:
+            (x,) = ins
+            k = _UNARY[op]
+            return Val(dtype, shape, lambda idx: Un(k, x.at(idx), dtype), x.vdep, x.cost + 1)
+        if op in _BINARY:
+            a, b = ins
+            k = _BINARY[op]
+            return Val(
+                dtype,
+                shape,
+                lambda idx: Bin(k, _bcast(a, idx, shape), _bcast(b, idx, shape), dtype),
+                a.vdep or b.vdep,
+                a.cost + b.cost + 1,
+            )
+        if op == "where":
+            c, a, b = ins
+            return Val(
+                dtype,
+                shape,
+                lambda idx: Sel(
+                    _bcast(c, idx, shape), _bcast(a, idx, shape), _bcast(b, idx, shape), dtype
+                ),
+                c.vdep or a.vdep or b.vdep,
+                c.cost + a.cost + b.cost + 1,
+            )
+        if op == "cast":
+            (x,) = ins
+            return Val(dtype, shape, lambda idx: Cast(x.at(idx), dtype), x.vdep, x.cost + 1)
+        if op in ("copy", "stop_grad"):
+            return ins[0]  # the same value (and layout)
+        if op == "const":
+            return self._const(attrs, dtype, shape)
+        if op == "dimval":
+            d = attrs["dim"]
+            return Val("i32", (), lambda idx: Cast(Ref(d), "i32"), d in self.vector, 1)
+        if op == "index_value":
+            e = attrs["expr"]
+            e = e.expr if isinstance(e, Ix) else e
+            ix = self.index(e)
+            return Val("i32", (), lambda idx: Cast(ix, "i32"), self.names_vector(e), 1)
+        if op == "arange":
+            start, step = attrs["start"], attrs["step"]
+            return Val(
+                dtype,
+                shape,
+                lambda idx: Cast(kir.add(kir.i64(start), kir.mul(idx[0], step)), dtype),
+                False,
+                1,
+            )
+        if op in _VIEWS:
+            return self._view(op, attrs, ins[0], shape)
+        if op in _REDUCE:
+            return self._reduce(op, attrs, ins[0], dtype, shape)
+        if op in ("argmax", "argmin"):
+            return self._argreduce(op, attrs, ins[0], shape)
+        if op == "matmul":
+            return self._matmul(ins[0], ins[1], dtype, shape)
+        if op == "index":
+            return self._index(attrs["items"], ins, shape)
+        if op == "index_add":
+            return self._index_add(attrs["items"], ins, shape)
+        if op == "take":
+            return self._take(attrs.get("axis"), ins[0], ins[1], shape)
+        if op == "take_along":
+            return self._take_along(attrs["axis"], ins[0], ins[1], shape)
+        if op == "concat":
+            return self._concat(attrs["axis"], ins, dtype, shape)
+        if op == "cumsum":
+            return self._cumsum(attrs.get("axis"), ins[0], shape)
+        if op == "discounted_sum":
+            return self._discounted(bool(attrs.get("reverse")), ins[0], ins[1], shape)
+        raise Unsupported(f"op {op}")
+
+    def _concat(self, axis: int, parts: list, dtype: str, shape: tuple) -> Val:
+        """The parts, one after another along ``axis``, into a temporary."""
+        name = self.temp(dtype, max(math.prod(shape), 1))
+        stmts: list = []
+        offset = 0
+        for v in parts:
+
+            def put(idx, v=v, offset=offset):
+                out = idx[:axis] + [kir.add(idx[axis], kir.i64(offset))] + idx[axis + 1 :]
+                return [Store(name, kir.linear(out, shape), v.at(idx))]
+
+            stmts += self.loops(v.shape, put)
+            offset += v.shape[axis]
+        vdep = any(v.vdep for v in parts)
+        self.emit(stmts, vdep)
+        return self.temp_val(name, dtype, shape, vdep)
+
+    def _cumsum(self, axis, x: Val, shape: tuple) -> Val:
+        """A running sum along ``axis`` in the dtype, in order (NumPy's ``add.accumulate``)."""
+        if axis is None:
+            src = x
+            x = Val(
+                x.dtype, shape, lambda idx: src.at(_unravel(idx[0], src.shape)), x.vdep, x.cost
+            )
+            axis = 0
+        dt = x.dtype
+        name = self.temp(dt, max(math.prod(shape), 1))
+        others = tuple(n for k, n in enumerate(shape) if k != axis)
+
+        def body(oidx):
+            acc = self.fresh("acc")
+
+            def step(kidx):
+                idx = oidx[:axis] + [kidx[0]] + oidx[axis:]
+                total = Bin("add", Ref(acc, dt), x.at(idx), dt)
+                return [Let(acc, dt, total), Store(name, kir.linear(idx, shape), Ref(acc, dt))]
+
+            zero = Const(dt, 0.0 if dt[0] == "f" else 0)
+            return [Let(acc, dt, zero)] + self.loops((shape[axis],), step)
+
+        self.emit(self.loops(others, body), x.vdep)
+        return self.temp_val(name, dt, shape, x.vdep)
+
+    def _discounted(self, reverse: bool, x: Val, g: Val, shape: tuple) -> Val:
+        """Horner's rule from the last element (NumPy's kernel, operation by operation)."""
+        dt = x.dtype
+        n = x.shape[0]
+        name = self.temp(dt, max(math.prod(shape), 1))
+
+        def body(oidx):
+            acc, k = self.fresh("acc"), self.fresh("k")
+            j = Ref(k) if reverse else Bin("sub", kir.i64(n - 1), Ref(k), "i64")
+            term = Bin("add", x.at([j] + oidx), Bin("mul", g.at([]), Ref(acc, dt), dt), dt)
+            return [
+                Let(acc, dt, Const(dt, 0.0)),
+                For(k, kir.i64(0), kir.i64(n), (Let(acc, dt, term),)),
+                Store(name, kir.linear(oidx, shape), Ref(acc, dt)),
+            ]
+
+        vdep = x.vdep or g.vdep
+        self.emit(self.loops(shape, body), vdep)
+        return self.temp_val(name, dt, shape, vdep)
+
+    # ------------------------------------------------------------------ indexing
+    def check(self, ok: Expr, vdep: bool):
+        """Fail the call where ``ok`` does not hold (the runtime then names the point)."""
+        if isinstance(ok, Const) and ok.value is True:
+            return
+        self.emit([If(Un("not", ok, "bool"), (kir.Fail(1),))], vdep)
+
+    def check_indices(self, g: Val, n: int):
+        """Every element of the index tensor ``g`` lies in ``[-n, n)`` (NumPy's rule)."""
+
+        def body(idx):
+            v = Cast(g.at(idx), "i64")
+            ok = Bin(
+                "and", Bin("ge", v, kir.i64(-n), "bool"), Bin("lt", v, kir.i64(n), "bool"), "bool"
+            )
+            return [If(Un("not", ok, "bool"), (kir.Fail(1),))]
+
+        self.emit(self.loops(g.shape, body), g.vdep)
+
+    def _index(self, items, ins: list, shape: tuple) -> Val:
+        x = ins[0]
+        g = ins[1] if len(ins) > 1 else None
+        src_of, vdep = self._index_map(items, x.shape, g, check_ints=True)
+        return Val(
+            x.dtype,
+            shape,
+            lambda oidx: x.at(src_of(oidx)),
+            vdep or x.vdep,
+            x.cost + (g.cost if g is not None else 0) + 1,
+        )
+
+    def _index_add(self, items, ins: list, shape: tuple) -> Val:
+        """``zeros(shape)`` with the input added at the items (repeated gather indices
+        accumulate, in the order of the input's elements, as ``np.add.at`` does)."""
+        v = ins[0]
+        g = ins[1] if len(ins) > 1 else None
+        src_of, vdep = self._index_map(items, shape, g, check_ints=False)
+        vdep = vdep or v.vdep
+        dt = v.dtype
+        name = self.temp(dt, max(math.prod(shape), 1))
+        zero = Const(dt, 0.0 if dt[0] == "f" else 0)
+        clear = self.loops(shape, lambda idx: [Store(name, kir.linear(idx, shape), zero)])
+
+        def add(oidx):
+            at = kir.linear(src_of(oidx), shape)
+            total = Bin("add", Load(name, at, dt), _bcast(v, oidx, sub), dt)
+            return [Store(name, at, total)]
+
+        sub = self._index_shape
+        self.emit(clear + self.loops(sub, add), vdep)
+        return self.temp_val(name, dt, shape, vdep)
+
+    def _index_map(self, items, sx: tuple, g: Val | None, check_ints: bool):
+        """How an index reads an array of shape ``sx``: a function from an element of the
+        result to the element of the array, and whether it depends on the vector dims; the
+        result's shape is left in ``self._index_shape``. Slices and gather indices are
+        checked (and ints, with ``check_ints``; else taken modulo the axis, as
+        ``index_add`` does)."""
+        items = list(items) + [("full",)] * (len(sx) - len(items))
+        basic = [k for k, it in enumerate(items) if it[0] in ("slice", "full")]
+        sg: tuple = ()
+        group = len(basic)
+        if g is not None:
+            sg = g.shape
+            adv = [k for k, it in enumerate(items) if it[0] in ("int", "gather")]
+            adjacent = adv[-1] - adv[0] == len(adv) - 1
+            group = sum(1 for k in basic if k < adv[0]) if adjacent else 0
+            self.check_indices(g, sx[items.index(("gather",))])
+        pos = {k: j if j < group else j + len(sg) for j, k in enumerate(basic)}
+        out = [0] * (len(basic) + len(sg))
+        out[group : group + len(sg)] = sg
+        fixed: dict[int, Expr] = {}
+        vdep = g is not None and g.vdep
+        for k, it in enumerate(items):
+            n = sx[k]
+            if it[0] == "int":
+                e = self.ix(it[1])
+                dep = self.ix_vdep(it[1])
+                vdep = vdep or dep
+                if check_ints:
+                    ok = Bin(
+                        "and",
+                        Bin("ge", e, kir.i64(-n), "bool"),
+                        Bin("lt", e, kir.i64(n), "bool"),
+                        "bool",
+                    )
+                    self.check(ok, dep)
+                    fixed[k] = _wrap(e, n)
+                else:
+                    fixed[k] = Bin("mod", e, kir.i64(n), "i64") if n else e
+            elif it[0] == "slice":
+                e = self.ix(it[1])
+                dep = self.ix_vdep(it[1])
+                vdep = vdep or dep
+                length = it[2]
+                ok = Bin(
+                    "and",
+                    Bin("ge", e, kir.i64(0), "bool"),
+                    Bin("le", e, kir.i64(n - length), "bool"),
+                    "bool",
+                )
+                self.check(ok, dep)
+                fixed[k] = e
+                out[pos[k]] = length
+            elif it[0] == "full":
+                out[pos[k]] = n
+        self._index_shape = tuple(out)
+
+        def src_of(oidx):
+            src = []
+            for k, it in enumerate(items):
+                if it[0] in ("int",):
+                    src.append(fixed[k])
+                elif it[0] == "slice":
+                    src.append(kir.add(fixed[k], oidx[pos[k]]))
+                elif it[0] == "full":
+                    src.append(oidx[pos[k]])
+                else:
+                    gv = Cast(g.at(oidx[group : group + len(sg)]), "i64")
+                    src.append(_wrap(gv, sx[k]))
+            return src
+
+        return src_of, vdep
+
+    def ix(self, v) -> Expr:
+        return plan_expr(v.expr if isinstance(v, Ix) else v)
+
+    def ix_vdep(self, v) -> bool:
+        return isinstance(v, Ix) and self.names_vector(v.expr)
+
+    def _take(self, axis, x: Val, g: Val, shape: tuple) -> Val:
+        if axis is None:
+            flat = (math.prod(x.shape),)
+            x = Val(
+                x.dtype, flat, lambda idx, x=x: x.at(_unravel(idx[0], x.shape)), x.vdep, x.cost
+            )
+            axis = 0
+        n = x.shape[axis]
+        self.check_indices(g, n)
+        r = len(g.shape)
+
+        def at(oidx):
+            gv = _wrap(Cast(g.at(oidx[axis : axis + r]), "i64"), n)
+            return x.at(oidx[:axis] + [gv] + oidx[axis + r :])
+
+        return Val(x.dtype, shape, at, x.vdep or g.vdep, x.cost + g.cost + 1)
+
+    def _take_along(self, axis: int, x: Val, g: Val, shape: tuple) -> Val:
+        n = x.shape[axis]
+        self.check_indices(g, n)
+
+        def at(oidx):
+            gidx = [kir.i64(0) if g.shape[k] == 1 else oidx[k] for k in range(len(shape))]
+            gv = _wrap(Cast(g.at(gidx), "i64"), n)
+            xidx = [
+                gv if k == axis else (kir.i64(0) if x.shape[k] == 1 else oidx[k])
+                for k in range(len(shape))
+            ]
+            return x.at(xidx)
+
+        return Val(x.dtype, shape, at, x.vdep or g.vdep, x.cost + g.cost + 1)
+
+    def _const(self, attrs, dtype: str, shape: tuple) -> Val:
+        value = attrs["value"]
+        if not isinstance(value, tuple):
+            c = Const(dtype, _scalar(value, dtype))
+            return Val(dtype, shape, lambda idx: c, False, 0)
+        import numpy as np
+
+        arr = np.broadcast_to(np.asarray(value, dtype=ops.numpy_dtype(dtype)), shape)
+        if arr.size > MAX_CONST_ELEMENTS:
+            raise Unsupported("an array constant of more than 4096 elements")
+        name = self.temp(dtype, arr.size)
+        flat = arr.reshape(-1)
+        self.pre.extend(
+            Store(name, kir.i64(k), Const(dtype, _scalar(flat[k].item(), dtype)))
+            for k in range(arr.size)
+        )
+        return self.temp_val(name, dtype, shape, False)
+
+    def _view(self, op: str, attrs, x: Val, shape: tuple) -> Val:
+        if op == "reshape":
+            src = x.shape
+
+            def at(idx):
+                flat = kir.linear(idx, shape)
+                return x.at(_unravel(flat, src))
+
+        elif op == "transpose":
+            perm = attrs["perm"]
+
+            def at(idx):
+                back = [None] * len(perm)
+                for j, p in enumerate(perm):
+                    back[p] = idx[j]
+                return x.at(back)
+
+        elif op == "expand_dims":
+            axis = attrs["axis"]
+
+            def at(idx):
+                return x.at(idx[:axis] + idx[axis + 1 :])
+
+        elif op == "squeeze":
+            axes = set(attrs["axes"])
+
+            def at(idx):
+                out, j = [], 0
+                for k in range(len(x.shape)):
+                    if k in axes:
+                        out.append(kir.i64(0))
+                    else:
+                        out.append(idx[j])
+                        j += 1
+                return x.at(out)
+
+        else:  # broadcast_to
+
+            def at(idx):
+                return _bcast(x, idx, shape)
+
+        return Val(x.dtype, shape, at, x.vdep, x.cost, _view_layout(op, attrs, x, shape))
+
+    def _reduce(self, op: str, attrs, x: Val, dtype: str, shape: tuple) -> Val:
+        rank = len(x.shape)
+        axes = ops.normalize_axes(attrs.get("axes"), rank, op)
+        keep = bool(attrs.get("keepdims"))
+        kept = [k for k in range(rank) if k not in axes]
+        count = math.prod(x.shape[k] for k in axes)
+        if op in ("max", "min") and count == 0:
+            raise Unsupported(f"{op} of an empty slice (an error at run time)")
+        if op == "logsumexp" and math.prod(x.shape) == 0:
+            raise Unsupported("logsumexp of an empty array")
+        # sums of floats accumulate in f64 (as accurate as NumPy's pairwise sums or more)
+        acc_t = "f64" if dtype in ("f32", "f64") and op in ("sum", "mean", "logsumexp") else dtype
+        if dtype in ("i32", "i64") and op in ("sum", "prod"):
+            acc_t = "i64"
+        name = self.temp(dtype, max(math.prod(shape), 1))
+        rshape = tuple(x.shape[k] for k in axes)
+
+        def full(outer, inner):
+            idx = [None] * rank
+            for j, k in enumerate(kept):
+                idx[k] = outer[j]
+            for j, k in enumerate(axes):
+                idx[k] = inner[j]
+            return idx
+
+        def body(oidx):
+            outer = [oidx[k] for k in kept] if keep else list(oidx)
+            acc = self.fresh("acc")
+            stmts: list = []
+            if op == "logsumexp":
+                m = self.fresh("m")
+                stmts.append(Let(m, dtype, Const(dtype, -math.inf)))
+                stmts += self.loops(
+                    rshape,
+                    lambda iidx: [
+                        Let(
+                            m, dtype, Bin("maximum", Ref(m, dtype), x.at(full(outer, iidx)), dtype)
+                        )
+                    ],
+                )
+                # an infinite or nan max is replaced by 0, as NumPy's kernel does
+                fin = Bin(
+                    "and",
+                    Bin("lt", Un("abs", Ref(m, dtype), dtype), Const(dtype, math.inf), "bool"),
+                    Bin("eq", Ref(m, dtype), Ref(m, dtype), "bool"),
+                    "bool",
+                )
+                stmts.append(Let(m, dtype, Sel(fin, Ref(m, dtype), Const(dtype, 0.0), dtype)))
+                stmts.append(Let(acc, acc_t, Const(acc_t, 0.0)))
+                term = lambda iidx: Cast(
+                    Un("exp", Bin("sub", x.at(full(outer, iidx)), Ref(m, dtype), dtype), dtype),
+                    acc_t,
+                )
+                stmts += self.loops(
+                    rshape,
+                    lambda iidx: [Let(acc, acc_t, Bin("add", Ref(acc, acc_t), term(iidx), acc_t))],
+                )
+                result = Bin(
+                    "add", Un("log", Cast(Ref(acc, acc_t), dtype), dtype), Ref(m, dtype), dtype
+                )
+            else:
+                init, comb = {
+                    "sum": (0, "add"),
+                    "mean": (0, "add"),
+                    "prod": (1, "mul"),
+                    "max": (None, "maximum"),
+                    "min": (None, "minimum"),
+                }[op]
+                if init is None:
+                    first = [kir.i64(0)] * len(axes)
+                    stmts.append(Let(acc, acc_t, x.at(full(outer, first))))
+                else:
+                    stmts.append(
+                        Let(acc, acc_t, Const(acc_t, float(init) if acc_t[0] == "f" else init))
+                    )
+
+                def step(iidx):
+                    v = x.at(full(outer, iidx))
+                    if v.dtype != acc_t:
+                        v = Cast(v, acc_t)
+                    return [Let(acc, acc_t, Bin(comb, Ref(acc, acc_t), v, acc_t))]
+
+                stmts += self.loops(rshape, step)
+                result = Ref(acc, acc_t)
+                if op == "mean":
+                    result = Bin("div", result, Const(acc_t, float(count)), acc_t)
+                if result.dtype != dtype:
+                    result = Cast(result, dtype)
+            stmts.append(Store(name, kir.linear(oidx, shape), result))
+            return stmts
+
+        self.emit(self.loops(shape, body), x.vdep)
+        return self.temp_val(name, dtype, shape, x.vdep)
+
+    def _argreduce(self, op: str, attrs, x: Val, shape: tuple) -> Val:
+        if math.prod(x.shape) == 0:
+            raise Unsupported(f"{op} of an empty array")
+        axis = attrs.get("axis")
+        xs = x
+        if axis is None:
+            flat = (math.prod(x.shape),)
+            xs = Val(x.dtype, flat, lambda idx: x.at(_unravel(idx[0], x.shape)), x.vdep, x.cost)
+            axis = 0
+        axis %= len(xs.shape)
+        n = xs.shape[axis]
+        name = self.temp("i32", max(math.prod(shape), 1))
+        better = "gt" if op == "argmax" else "lt"
+        dt = xs.dtype
+
+        def body(oidx):
+            best, pos = self.fresh("best"), self.fresh("pos")
+            at = lambda j: xs.at(oidx[:axis] + [j] + oidx[axis:])
+            k = self.fresh("k")
+            cur = at(Ref(k))
+            # NumPy: the first nan wins, else the first extreme
+            if dt in ("f32", "f64"):
+                isnan = lambda e: Bin("ne", e, e, "bool")
+                take = Bin(
+                    "and",
+                    Un("not", isnan(Ref(best, dt)), "bool"),
+                    Bin("or", isnan(cur), Bin(better, cur, Ref(best, dt), "bool"), "bool"),
+                    "bool",
+                )
+            else:
+                take = Bin(better, cur, Ref(best, dt), "bool")
+            loop = For(
+                k,
+                kir.i64(1),
+                kir.i64(n),
+                (If(take, (Let(best, dt, cur), Let(pos, "i64", Ref(k)))),),
+            )
+            return [
+                Let(best, dt, at(kir.i64(0))),
+                Let(pos, "i64", kir.i64(0)),
+                loop,
+                Store(name, kir.linear(oidx, shape), Cast(Ref(pos), "i32")),
+            ]
+
+        self.emit(self.loops(shape, body), x.vdep)
+        return self.temp_val(name, "i32", shape, x.vdep)
+
+    def _matmul(self, a: Val, b: Val, dtype: str, shape: tuple) -> Val:
+        sa = (1,) + a.shape if len(a.shape) == 1 else a.shape
+        sb = b.shape + (1,) if len(b.shape) == 1 else b.shape
+        batch = tuple(_bshape(sa[:-2], sb[:-2]))
+        m, kk, n = sa[-2], sa[-1], sb[-1]
+        blas = dtype in ("f32", "f64") and m * n * kk >= BLAS_MIN_MACS
+        if a.cost > 0 or (blas and _matrix(a, sa) is None):
+            a = self.materialize(a)
+        if b.cost > 0 or (blas and _matrix(b, sb) is None):
+            b = self.materialize(b)
+        full = batch + (m, n)
+        name = self.temp(dtype, max(math.prod(full), 1))
+
+        def a_at(bidx, i, k):
+            idx = _bidx(bidx, batch, sa[:-2]) + [i, k]
+            return a.at(idx[1:] if len(a.shape) == 1 else idx)
+
+        def b_at(bidx, k, j):
+            idx = _bidx(bidx, batch, sb[:-2]) + [k, j]
+            return b.at(idx[:-1] if len(b.shape) == 1 else idx)
+
+        def body(bidx):
+            # row by row: out[i, :] = sum over k of a[i, k] * b[k, :] (the inner loop runs
+            # along a row of b and of out: it vectorizes)
+            zero = Const(dtype, 0.0 if dtype[0] == "f" else 0)
+
+            def row(i):
+                def clear(jdx):
+                    return [Store(name, kir.linear(list(bidx) + [i, jdx[0]], full), zero)]
+
+                def term(kdx):
+                    aik = self.fresh("a")
+
+                    def acc(jdx):
+                        at = kir.linear(list(bidx) + [i, jdx[0]], full)
+                        prod = Bin("mul", Ref(aik, dtype), b_at(bidx, kdx[0], jdx[0]), dtype)
+                        return [Store(name, at, Bin("add", Load(name, at, dtype), prod, dtype))]
+
+                    return [Let(aik, dtype, a_at(bidx, i, kdx[0]))] + self.loops((n,), acc)
+
+                return self.loops((n,), clear) + self.loops((kk,), term)
+
+            return self.loops((m,), lambda idx: row(idx[0]))
+
+        if blas:
+            loops = body
+
+            def body(bidx):  # the BLAS where the runtime found one, else the loops
+                return [
+                    If(
+                        kir.Fn(f"tl_have_{dtype}gemm", (), "bool"),
+                        (self._gemm(a, b, sa, sb, batch, bidx, name, full),),
+                        tuple(loops(bidx)),
+                    )
+                ]
+
+        vdep = a.vdep or b.vdep
+        self.emit(self.loops(batch, body) if batch else body([]), vdep)
+        res = self.temp_val(name, dtype, full, vdep)
+        if len(a.shape) == 1 or len(b.shape) == 1:
+
+            def at(idx):
+                idx = list(idx)
+                if len(a.shape) == 1:
+                    idx = idx[: len(batch)] + [kir.i64(0)] + idx[len(batch) :]
+                if len(b.shape) == 1:
+                    idx = idx + [kir.i64(0)]
+                return res.at(idx)
+
+            return Val(dtype, shape, at, vdep, 0)
+        return res
+
+    def _gemm(self, a: Val, b: Val, sa, sb, batch, bidx, name: str, full: tuple) -> kir.Gemm:
+        """``out[bidx] = a[bidx] @ b[bidx]`` by the BLAS (both operands strided matrices)."""
+        m, kk, n = sa[-2], sa[-1], sb[-1]
+        ta, abuf, aoff, lda = _matrix(a, sa)
+        tb, bbuf, boff, ldb = _matrix(b, sb)
+        ab = _bidx(bidx, batch, sa[:-2])
+        bb = _bidx(bidx, batch, sb[:-2])
+        astr = a.layout[2][: len(a.shape) - 2] if len(a.shape) > 2 else ()
+        bstr = b.layout[2][: len(b.shape) - 2] if len(b.shape) > 2 else ()
+        for e, st in zip(ab, astr):
+            aoff = kir.add(aoff, kir.mul(e, st))
+        for e, st in zip(bb, bstr):
+            boff = kir.add(boff, kir.mul(e, st))
+        coff = kir.linear(list(bidx) + [kir.i64(0), kir.i64(0)], full)
+        return kir.Gemm(a.dtype, ta, tb, m, n, kk, abuf, aoff, lda, bbuf, boff, ldb, name, coff, n)
+
+
+BLAS_MIN_MACS = 16384  # a smaller matmul is faster as generated loops than as a BLAS call
+
+
+def _contiguous(shape: tuple) -> tuple:
+    out, stride = [], 1
+    for n in reversed(shape):
+        out.append(stride)
+        stride *= n
+    return tuple(reversed(out))
+
+
+def _view_layout(op: str, attrs, x: Val, shape: tuple):
+    """The layout of a shape op's result, where it is a strided view of its input's."""
+    if x.layout is None:
+        return None
+    buf, off, st = x.layout
+    if op == "transpose":
+        return buf, off, tuple(st[p] for p in attrs["perm"])
+    if op == "expand_dims":
+        a = attrs["axis"]
+        return buf, off, st[:a] + (0,) + st[a:]
+    if op == "squeeze":
+        return buf, off, tuple(s for k, s in enumerate(st) if k not in set(attrs["axes"]))
+    if op == "reshape":
+        live = [(n, s) for n, s in zip(x.shape, st) if n != 1]
+        want = _contiguous(tuple(n for n, _ in live))
+        if all(s == w for (_, s), w in zip(live, want)):
+            return buf, off, _contiguous(shape)
+        return None
+    if op == "broadcast_to":
+        lead = len(shape) - len(x.shape)
+        return (
+            buf,
+            off,
+            (0,) * lead
+            + tuple(
+                0 if x.shape[k] == 1 and shape[lead + k] != 1 else st[k] for k in range(len(st))
+            ),
+        )
+    return None
+
+
+def _matrix(v: Val, shape2: tuple):
+    """How the BLAS reads ``v`` as the matrix of shape ``shape2`` (its last two axes; a
+    vector as one row or one column): (transposed, buffer, offset, leading dimension), or
+    None where it is not a strided matrix the BLAS can read."""
+    if v.layout is None:
+        return None
+    buf, off, st = v.layout
+    if len(v.shape) == 1:  # a row [1, K] (the left operand) or a column [K, 1] (the right)
+        (s,) = st
+        if shape2[0] == 1:
+            return (False, buf, off, max(shape2[1], 1)) if s == 1 else None
+        return (False, buf, off, s) if s >= 1 else None
+    r, c = shape2[-2], shape2[-1]
+    sr, sc = st[-2], st[-1]
+    if r == 1:
+        sr = max(c, 1)
+    if c == 1:
+        sc = 1 if sc == 0 else sc
+    if sc == 1 and sr >= max(c, 1):
+        return False, buf, off, sr
+    if sr == 1 and sc >= max(r, 1):
+        return True, buf, off, sc
+    return None
+
+
+def plan_expr(e) -> Expr:
+    """A plan expression (``plan.expr``: ints, bools, names, ``[op, ...]``) as a kernel
+    expression over locals of the same names."""
+    if isinstance(e, bool):
+        return Const("bool", e)
+    if isinstance(e, int):
+        return kir.i64(e)
+    if isinstance(e, str):
+        return Ref(e)
+    op, *args = e
+    xs = [plan_expr(a) for a in args]
+    if op == "neg":
+        return Bin("sub", kir.i64(0), xs[0], "i64")
+    if op == "not":
+        return Un("not", xs[0], "bool")
+    if op == "select":
+        return Sel(xs[0], xs[1], xs[2], "i64")
+    name = _PLAN_OPS[op]
+    dtype = "bool" if op in _CONDITIONS else "i64"
+    acc = xs[0]
+    for x in xs[1:]:
+        acc = Bin(name, acc, x, dtype)
+    return acc
+
+
+_PLAN_OPS = {
+    "add": "add",
+    "sub": "sub",
+    "mul": "mul",
+    "min": "minimum",
+    "max": "maximum",
+    "fdiv_q": "floordiv",
+    "pdiv_q": "floordiv",
+    "mod": "mod",
+    "pdiv_r": "mod",
+    "zdiv_r": "rem",
+    "eq": "eq",
+    "ne": "ne",
+    "lt": "lt",
+    "le": "le",
+    "gt": "gt",
+    "ge": "ge",
+    "and": "and",
+    "or": "or",
+}
+_CONDITIONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or"})
+
+
+def _scalar(v, dtype: str):
+    if dtype == "bool":
+        return bool(v)
+    if dtype in ("i32", "i64"):
+        return int(v)
+    return float(v)
+
+
+def _bcast(v: Val, idx: list, shape: tuple) -> Expr:
+    """Element ``idx`` of an array of ``shape`` read from ``v`` by NumPy's broadcasting."""
+    r = len(v.shape)
+    lead = len(shape) - r
+    return v.at([kir.i64(0) if v.shape[k] == 1 else idx[lead + k] for k in range(r)])
+
+
+def _unravel(flat: Expr, shape: tuple) -> list:
+    """The indices of the element at row-major position ``flat`` of an array of ``shape``."""
+    out = []
+    total = math.prod(shape)
+    stride = total
+    for n in shape:
+        stride //= n
+        if n == 1:
+            out.append(kir.i64(0))
+            continue
+        q = flat if stride == 1 else Bin("floordiv", flat, kir.i64(stride), "i64")
+        out.append(q if stride * n == total else Bin("mod", q, kir.i64(n), "i64"))
+    return out
+
+
+def _wrap(e: Expr, n: int) -> Expr:
+    """A checked index in ``[-n, n)`` as a position in ``[0, n)``."""
+    if isinstance(e, Const):
+        return kir.i64(e.value % n if n else e.value)
+    return Sel(Bin("lt", e, kir.i64(0), "bool"), kir.add(e, kir.i64(n)), e, "i64")
+
+
+def _bshape(a: tuple, b: tuple) -> tuple:
+    rank = max(len(a), len(b))
+    a = (1,) * (rank - len(a)) + tuple(a)
+    b = (1,) * (rank - len(b)) + tuple(b)
+    return tuple(max(x, y) for x, y in zip(a, b))
+
+
+def _bidx(bidx: list, batch: tuple, own: tuple) -> list:
+    lead = len(batch) - len(own)
+    return [kir.i64(0) if own[k] == 1 else bidx[lead + k] for k in range(len(own))]

@@ -1,0 +1,81 @@
+"""Lowering the plan's loop tree: each top-level item as one native function (``kir.Tree``).
+
+A top-level loop (the training loop over iterations) stays in the runtime, which calls the
+function of its body once per step: between two steps it streams the metrics and handles
+Ctrl-C. Any other top-level item (a call, an ``if``) is one function. Frees and swaps are
+top-level items the runtime runs itself.
+
+Inside a function, every call of a statement with a kernel is a ``Launch`` (a direct call);
+a statement without one (an environment call, an op the code generator does not lower yet)
+is a ``Host`` call back into the runtime, which runs it with NumPy. After the kernel of an
+output or a metric, a ``Host`` call in mode 1 lets the runtime record the points computed
+and stream the metric's values.
+"""
+
+from __future__ import annotations
+
+from timerlc.codegen import kir
+from timerlc.codegen.kir import If, Launch, Loop
+from timerlc.codegen.lower import plan_expr as _expr
+from timerlc.plan.items import Call, Free, Plan, SwapIn, SwapOut
+from timerlc.plan.items import If as PlanIf
+from timerlc.plan.items import Loop as PlanLoop
+
+
+def lower_tree(plan: Plan, kernels: dict[int, kir.Kernel]) -> list[kir.Tree]:
+    """The tree functions of ``plan`` (``kernels``: by statement, the kernels there are)."""
+    recorded = {sid for _, sid, _ in plan.outputs + plan.metrics}
+    out = []
+    for k, item in enumerate(plan.tree):
+        if isinstance(item, (Free, SwapIn, SwapOut)):
+            continue
+        low = _Tree(plan, kernels, recorded)
+        if isinstance(item, PlanLoop):
+            params = (item.var,)
+            body = low.items(item.body)
+        else:
+            params = ()
+            body = low.items((item,))
+        scratch = max((kernels[s].scratch_bytes for s in low.launched), default=0)
+        out.append(kir.Tree(f"tree{k}", k, params, tuple(body), scratch))
+    return out
+
+
+class _Tree:
+    def __init__(self, plan: Plan, kernels: dict, recorded: set):
+        self.plan, self.kernels, self.recorded = plan, kernels, recorded
+        self.launched: set[int] = set()
+
+    def items(self, items) -> list:
+        out = []
+        for it in items:
+            if isinstance(it, PlanLoop):
+                out.append(
+                    Loop(
+                        it.var, _expr(it.init), _expr(it.cond), it.inc, tuple(self.items(it.body))
+                    )
+                )
+            elif isinstance(it, PlanIf):
+                out.append(
+                    If(_expr(it.cond), tuple(self.items(it.then)), tuple(self.items(it.orelse)))
+                )
+            elif isinstance(it, Call):
+                out += self.call(it)
+            else:  # frees and swaps are top-level items only (plan.items checks it)
+                raise TypeError(f"a {type(it).__name__} inside a loop")
+        return out
+
+    def call(self, it: Call) -> list:
+        sid = it.statement
+        args = tuple(_expr(a) for a in it.args)
+        k = self.kernels.get(sid)
+        if k is None:
+            return [kir.Host(sid, 0, args)]
+        self.launched.add(sid)
+        st = self.plan.statement(sid)
+        box = self.plan.buffer(sid).box
+        loop_box = tuple(box[st.dims.index(d)] for d in st.loops)
+        out = [Launch(k.name, sid, args, loop_box)]
+        if sid in self.recorded:
+            out.append(kir.Host(sid, 1, args))
+        return out

@@ -1,0 +1,1 @@
+"""LLVM IR text for native CPU code: kernels (``render``) and the random draws (``philox``)."""
