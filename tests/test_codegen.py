@@ -96,9 +96,7 @@ def test_every_example_program_runs_almost_all_natively():
         known = {  # what the code generator does not lower yet (docs/codegen.md)
             "an environment call runs in Python",
             "a slice whose length depends on the point",
-            "op random_init",
-            "op random_gumbel",
-            "op random_permutation",
+            "the orthogonal initializer (a QR on the host)",
         }
         assert reasons <= known, (path.stem, reasons - known)
         assert len(gen.kernels) >= 0.9 * len(gen.plan.statements), (path.stem, reasons)
@@ -203,17 +201,45 @@ def test_reductions_and_argmax_with_nan_equal_numpy():
     text += "mx[r < 4] = max(take(m, r, 0))\nmn[r < 4] = min(take(m, r, 0))\n"
     text += "am[r < 4] = argmax(take(m, r, 0))\nan[r < 4] = argmin(take(m, r, 0))\n"
     text += "s[r < 4] = sum(take(m, r, 0))\nme[r < 4] = mean(take(m, r, 0))\n"
-    text += "ls[r < 4] = logsumexp(take(m, r, 0))\nout mx, mn, am, an, s, me, ls\n"
+    text += "ls[r < 4] = logsumexp(take(m, r, 0))\n"
+    # over the first axis (a column at a time: the kernel's other loop order)
+    text += "cs = sum(m, 0)\ncm = max(m, 0)\ncn = min(m, 0)\nce = mean(m, 0)\ncp = prod(m, 0)\n"
+    text += "out mx, mn, am, an, s, me, ls, cs, cm, cn, ce, cp\n"
     text = (
         text.replace("[r < 4]", "[r]")
         .replace("config K", "config R = 4, K")
         .replace("dim k < K", "dim k < K\ndim r < R")
     )
     rt, want, _ = native(text)
-    for name in ("mx", "mn", "am", "an", "s"):
+    for name in ("mx", "mn", "am", "an", "s", "cm", "cn", "cp"):
         assert_same(rt.value(name), want[name], name)
+    np.testing.assert_allclose(rt.value("cs"), want["cs"], rtol=1e-6)
+    np.testing.assert_allclose(rt.value("ce"), want["ce"], rtol=1e-6)
     np.testing.assert_allclose(rt.value("me"), want["me"], rtol=1e-6)
     np.testing.assert_allclose(rt.value("ls"), want["ls"], rtol=1e-6)
+
+
+def test_random_draws_in_kernels_are_bit_identical_to_rng():
+    """The draws of generated code (llvm/philox.py) are rng.py's, bit for bit, at every
+    point: uniform, normal, gumbel, the initializers, a permutation."""
+    text = """
+    config I = 3, B = 5, seed = 11
+    dim i < I
+    dim b < B
+    u[i, b] = uniform([3])
+    n[i, b] = normal([2])
+    g[i, b] = categorical(f32(b) * stack([0.5, -1.0, 2.0, 0.0]))
+    w[i] = glorot([3, 4])
+    z[i] = uniform([2], lo=-2.0, hi=3.0)
+    p[i] = permutation(7)
+    out u, n, g, w, z, p
+    """
+    rt, want, gen = native(text)
+    assert not gen.interpreted, gen.interpreted
+    for name in ("u", "n", "g", "w", "z", "p"):
+        got = rt.value(name)
+        assert got.dtype == want[name].dtype and got.shape == want[name].shape, name
+        assert got.tobytes() == want[name].tobytes(), name
 
 
 def test_a_failing_index_in_a_kernel_names_the_point():
@@ -339,3 +365,29 @@ def test_the_listing_shows_kernels_and_trees():
     )
     text = "\n".join(kir.text(k) for k in gen.kernels)
     assert "for k in 0 ..< 4:" in text and "s_" not in text
+
+
+def test_a_build_keeps_its_machine_code(tmp_path):
+    """`timerlc compile` leaves the machine code for this CPU in kernels/ (with the hash of
+    its bytes), a run of the build loads it instead of compiling again, and a corrupt one
+    is compiled again, not run."""
+    from pathlib import Path
+
+    from rtl_helpers import cli
+
+    from timerlc.runtime.native import NativeModule
+    from timerlc.runtime.plan import load_kernels, load_plan
+
+    build = tmp_path / "build"
+    program = Path(__file__).resolve().parent.parent / "programs" / "returns.rtl"
+    assert cli("compile", program, "-o", build).exit_code == 0
+    (obj,) = (build / "kernels").glob("cpu-*.o")
+    assert (build / "kernels" / (obj.name + ".sha256")).is_file()
+    plan = load_plan(build)
+    text = load_kernels(build, plan)
+    assert NativeModule(text, build / "kernels").cached
+    good = obj.read_bytes()
+    obj.write_bytes(good[: len(good) // 2])  # a truncated object: its hash no longer holds
+    again = NativeModule(text, build / "kernels")
+    assert not again.cached and obj.read_bytes() == good
+    assert cli("run", build, "--no-progress").exit_code == 0

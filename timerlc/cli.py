@@ -346,6 +346,11 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
             (out / "kernels").mkdir(exist_ok=True)
             write_text(out / plan.kernels.file, code)
             write_text(out / BUILD_PLAN, items.dumps(plan))
+            # the machine code for this CPU, so that a run of the build starts at once
+            from timerlc.runtime.native import NativeModule
+
+            NativeModule(code, out / "kernels")
+            on_stage("llvm", None)
         manifest = {
             "format_version": BUILD_FORMAT,
             "timerlc": __version__,
@@ -373,10 +378,12 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
         if timings:
             last = started
             for name, at, g in stages:
-                if hasattr(g, "nodes"):
+                if g is None:
+                    size = "machine code"
+                elif hasattr(g, "nodes"):
                     size = f"{len(g.nodes)} nodes"
-                elif hasattr(g, "kernels"):
-                    size = f"{len(g.kernels)} kernels"
+                elif hasattr(g, "trees"):  # the generated code
+                    size = f"{len(g.kernels)} kernels, {len(g.trees)} tree functions"
                 else:
                     size = f"{len(g.statements)} statements"
                 click.echo(f"{name:12s} {1000 * (at - last):8.1f} ms  ({size})", err=True)
@@ -493,7 +500,8 @@ def _run_build(
     except PlanError as e:
         raise _Fail(2, f"timerlc: error: {e}") from None
     try:
-        run_plan(plan, outputs_path, metrics_path, progress, profile, allow_nonfinite, code)
+        cache = path / "kernels" if code is not None else None
+        run_plan(plan, outputs_path, metrics_path, progress, profile, allow_nonfinite, code, cache)
     except PlanError as e:  # found while running: a read outside the buffers
         raise _Fail(2, f"timerlc: error: {plan_file}: {e}") from None
 

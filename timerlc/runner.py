@@ -152,17 +152,24 @@ def run_plan(
     profile=False,
     allow_nonfinite=False,
     native: str | None = None,
+    cache=None,
 ):
     """Run a plan on the cpu runtime (this path never imports the compiler); with
     ``profile``, print where the time went; ``allow_nonfinite``: accept NaN or infinite
     values from environments; ``native``: the text of the plan's kernel file (its
-    statements without a kernel, or all without it, are interpreted)."""
+    statements without a kernel, or all without it, are interpreted); ``cache``: the
+    folder of its compiled machine code (a build's ``kernels/``)."""
     from timerlc.runtime.cpu import CpuRuntime, needed_bytes
 
     started = time.perf_counter()
     engine = _execute(
         lambda on_metric: CpuRuntime(
-            plan, on_metric, profile=profile, allow_nonfinite=allow_nonfinite, native=native
+            plan,
+            on_metric,
+            profile=profile,
+            allow_nonfinite=allow_nonfinite,
+            native=native,
+            cache=cache,
         ),
         plan_metric_dims(plan),
         plan.bounds,

@@ -217,7 +217,20 @@ class Gemm:
     ldc: int
 
 
-Stmt = Let | Store | For | If | Fail | Loop | Launch | Host | Gemm
+@dataclass(frozen=True, slots=True)
+class Permute:
+    """``out[0:n]`` = the random permutation of ``range(n)`` at point index ``p`` (the
+    runtime library's ``tl_rng_permutation``; ``scratch``: a temporary of 2n i64)."""
+
+    seed: int
+    site: int
+    p: Expr
+    n: int
+    out: str
+    scratch: str
+
+
+Stmt = Let | Store | For | If | Fail | Loop | Launch | Host | Gemm | Permute
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +369,11 @@ def _stmts(body, depth: int, lines: list):
             lines.append(f"{pad}{s.buf}[{expr_text(s.index)}] = {expr_text(s.value)}")
         elif isinstance(s, Fail):
             lines.append(f"{pad}fail {s.code}")
+        elif isinstance(s, Permute):
+            lines.append(
+                f"{pad}{s.out}[0:{s.n}] = permutation(seed {s.seed}, site {s.site}, "
+                f"point {expr_text(s.p)})"
+            )
         elif isinstance(s, Gemm):
             ta, tb = "T" if s.ta else "", "T" if s.tb else ""
             lines.append(

@@ -135,6 +135,11 @@ def supported_ops() -> frozenset[str]:
             "discounted_sum",
             "index_add",
             "concat",
+            "random_uniform",
+            "random_normal",
+            "random_gumbel",
+            "random_permutation",
+            "random_init",
         }
     )
 
@@ -484,11 +489,63 @@ class _Lowering:
             return self._take_along(attrs["axis"], ins[0], ins[1], shape)
         if op == "concat":
             return self._concat(attrs["axis"], ins, dtype, shape)
+        if op.startswith("random_"):
+            return self._random(op, attrs, dtype, shape)
         if op == "cumsum":
             return self._cumsum(attrs.get("axis"), ins[0], shape)
         if op == "discounted_sum":
             return self._discounted(bool(attrs.get("reverse")), ins[0], ins[1], shape)
         raise Unsupported(f"op {op}")
+
+    # ------------------------------------------------------------------ random draws
+    def _random(self, op: str, attrs, dtype: str, shape: tuple) -> Val:
+        """A draw of the runtime library (``llvm.philox``: bit for bit ``timerlc.rng``) per
+        element: key (seed, site), counter (element index, point index)."""
+        from timerlc import rng
+
+        space = attrs["space"]
+        seed = _i32(rng.seed32(attrs["seed"]))
+        site = _i32(attrs["site"])
+        p: Expr = kir.i64(0)
+        for k, (d, b) in enumerate(space):
+            p = Ref(d) if k == 0 else kir.add(kir.mul(p, b), Ref(d))
+        vdep = any(d in self.vector for d, _ in space)
+        key = (Const("i32", seed), Const("i32", site), p)
+        if op == "random_permutation":
+            n = attrs["n"]
+            out = self.temp("i32", max(n, 1))
+            scratch = self.temp("i64", max(2 * n, 1))
+            self.emit([kir.Permute(seed, site, p, n, out, scratch)], vdep)
+            return self.temp_val(out, "i32", (n,), vdep)
+        suffix = "f32" if dtype == "f32" else "f64"
+        extra: tuple = ()
+        if op == "random_uniform":
+            name = f"tl_rng_uniform_{suffix}"
+        elif op == "random_normal":
+            name = f"tl_rng_normal_{suffix}"
+        elif op == "random_gumbel":
+            if dtype != "f64":
+                raise Unsupported("gumbel noise of another dtype than f64")
+            name = "tl_rng_gumbel_f64"
+        else:
+            kind = attrs["kind"]
+            if kind == "glorot":
+                fan_in, fan_out = rng.glorot_fans(shape)
+                limit = math.sqrt(6.0 / max(1, fan_in + fan_out))
+                name, extra = f"tl_rng_uniform_range_{suffix}", (-limit, limit)
+            elif kind == "uniform":
+                name, extra = f"tl_rng_uniform_range_{suffix}", (attrs["lo"], attrs["hi"])
+            elif kind == "normal":
+                name, extra = f"tl_rng_normal_affine_{suffix}", (0.0, attrs["std"])
+            else:
+                raise Unsupported(f"the {kind} initializer (a QR on the host)")
+        args = key
+        consts = tuple(Const(dtype, _round(v, dtype)) for v in extra)
+
+        def at(idx):
+            return kir.Fn(name, args + (kir.linear(idx, shape),) + consts, dtype)
+
+        return Val(dtype, shape, at, vdep, 40)
 
     def _concat(self, axis: int, parts: list, dtype: str, shape: tuple) -> Val:
         """The parts, one after another along ``axis``, into a temporary."""
@@ -790,8 +847,10 @@ class _Lowering:
         acc_t = "f64" if dtype in ("f32", "f64") and op in ("sum", "mean", "logsumexp") else dtype
         if dtype in ("i32", "i64") and op in ("sum", "prod"):
             acc_t = "i64"
-        name = self.temp(dtype, max(math.prod(shape), 1))
         rshape = tuple(x.shape[k] for k in axes)
+        if op != "logsumexp" and axes and kept and kept[-1] == rank - 1 and count > 0:
+            return self._reduce_rows(op, x, axes, kept, keep, count, acc_t, dtype, shape)
+        name = self.temp(dtype, max(math.prod(shape), 1))
 
         def full(outer, inner):
             idx = [None] * rank
@@ -868,6 +927,54 @@ class _Lowering:
             return stmts
 
         self.emit(self.loops(shape, body), x.vdep)
+        return self.temp_val(name, dtype, shape, x.vdep)
+
+    def _reduce_rows(self, op, x: Val, axes, kept, keep, count, acc_t, dtype, shape) -> Val:
+        """A reduction that keeps the last axis (a column sum): accumulated in the input's
+        order, a row at a time into a row of accumulators, so that the inner loop runs
+        along contiguous memory and vectorizes; each result still adds its terms in order."""
+        kshape = tuple(x.shape[k] for k in kept)
+        acc = self.temp(acc_t, math.prod(kshape))
+        comb = {"sum": "add", "mean": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
+        comb = comb[op]
+
+        def kept_of(idx):
+            return kir.linear([idx[k] for k in kept], kshape)
+
+        def first(kidx):
+            if op in ("max", "min"):
+                idx = [None] * len(x.shape)
+                for j, k in enumerate(kept):
+                    idx[k] = kidx[j]
+                for k in axes:
+                    idx[k] = kir.i64(0)
+                v = x.at(idx)
+            else:
+                v = Const(
+                    acc_t, (1.0 if op == "prod" else 0.0) if acc_t[0] == "f" else int(op == "prod")
+                )
+            v = v if v.dtype == acc_t else Cast(v, acc_t)
+            return [Store(acc, kir.linear(kidx, kshape), v)]
+
+        def step(idx):
+            at = kept_of(idx)
+            v = x.at(idx)
+            v = v if v.dtype == acc_t else Cast(v, acc_t)
+            return [Store(acc, at, Bin(comb, Load(acc, at, acc_t), v, acc_t))]
+
+        name = self.temp(dtype, max(math.prod(shape), 1))
+
+        def out(oidx):
+            kidx = [oidx[k] for k in kept] if keep else list(oidx)
+            r: Expr = Load(acc, kir.linear(kidx, kshape), acc_t)
+            if op == "mean":
+                r = Bin("div", r, Const(acc_t, float(count)), acc_t)
+            if r.dtype != dtype:
+                r = Cast(r, dtype)
+            return [Store(name, kir.linear(oidx, shape), r)]
+
+        stmts = self.loops(kshape, first) + self.loops(x.shape, step) + self.loops(shape, out)
+        self.emit(stmts, x.vdep)
         return self.temp_val(name, dtype, shape, x.vdep)
 
     def _argreduce(self, op: str, attrs, x: Val, shape: tuple) -> Val:
@@ -1149,6 +1256,19 @@ def _unravel(flat: Expr, shape: tuple) -> list:
         q = flat if stride == 1 else Bin("floordiv", flat, kir.i64(stride), "i64")
         out.append(q if stride * n == total else Bin("mod", q, kir.i64(n), "i64"))
     return out
+
+
+def _i32(v: int) -> int:
+    """A uint32 as the i32 of the same bits."""
+    v %= 1 << 32
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def _round(v: float, dtype: str) -> float:
+    """``v`` rounded to the dtype, as NumPy's ``asarray(v, dtype)``."""
+    import numpy as np
+
+    return float(np.float32(v)) if dtype == "f32" else float(v)
 
 
 def _wrap(e: Expr, n: int) -> Expr:

@@ -29,6 +29,7 @@ from timerlc.codegen.kir import (
     Let,
     Load,
     Loop,
+    Permute,
     Ref,
     Sel,
     Store,
@@ -95,6 +96,106 @@ exit:
 """
 
 
+# f32 exp, tanh and sigmoid without calls (so that loops over them vectorize), computed in
+# f64 and rounded once: within an ulp of the exact value (the C library's and NumPy's are
+# within one or two). exp: x = n ln2 + r (Cody and Waite's two-part ln2), e^r by its Taylor
+# series to r^11 (|r| <= ln2 / 2: a relative error below 2e-14), 2^n from its bits; the
+# argument clamped to [-110, 100], beyond which the f32 result is 0 or inf anyway.
+_F32_MATH = """
+define internal double @tl_exp_f32range(double %x0) alwaysinline {{
+  %low = fcmp olt double %x0, {m110}
+  %x1 = select i1 %low, double {m110}, double %x0
+  %high = fcmp ogt double %x1, {p100}
+  %x = select i1 %high, double {p100}, double %x1
+  %t = fmul double %x, {inv_ln2}
+  %n = call double @llvm.rint.f64(double %t)
+  %a = fmul double %n, {ln2_hi}
+  %r0 = fsub double %x, %a
+  %b = fmul double %n, {ln2_lo}
+  %r = fsub double %r0, %b
+{horner}
+  %k = fptosi double %n to i64
+  %k2 = add i64 %k, 1023
+  %bits = shl i64 %k2, 52
+  %scale = bitcast i64 %bits to double
+  %res = fmul double %p0, %scale
+  %nan = fcmp uno double %x0, %x0
+  %out = select i1 %nan, double %x0, double %res
+  ret double %out
+}}
+
+define internal float @tl_expf(float %x) alwaysinline {{
+  %d = fpext float %x to double
+  %e = call double @tl_exp_f32range(double %d)
+  %r = fptrunc double %e to float
+  ret float %r
+}}
+
+define internal float @tl_tanhf(float %x) alwaysinline {{
+  %d = fpext float %x to double
+  %a = call double @llvm.fabs.f64(double %d)
+  %in = fcmp olt double %a, 20.0
+  %ac = select i1 %in, double %a, double 20.0
+  %two = fmul double %ac, 2.0
+  %e = call double @tl_exp_f32range(double %two)
+  %num = fsub double %e, 1.0
+  %den = fadd double %e, 1.0
+  %big = fdiv double %num, %den
+  %a2 = fmul double %a, %a
+  %c = fmul double %a2, {third}
+  %c1 = fsub double 1.0, %c
+  %small = fmul double %a, %c1
+  %tiny = fcmp olt double %a, {tiny}
+  %t = select i1 %tiny, double %small, double %big
+  %s = call double @llvm.copysign.f64(double %t, double %d)
+  %nan = fcmp uno double %d, %d
+  %o = select i1 %nan, double %d, double %s
+  %r = fptrunc double %o to float
+  ret float %r
+}}
+
+define internal float @tl_sigmoidf(float %x) alwaysinline {{
+  %d = fpext float %x to double
+  %n = fneg double %d
+  %e = call double @tl_exp_f32range(double %n)
+  %den = fadd double %e, 1.0
+  %s = fdiv double 1.0, %den
+  %r = fptrunc double %s to float
+  ret float %r
+}}
+"""
+
+
+def _f32_math() -> str:
+    import math as m
+
+    def h(x: float) -> str:
+        return const(x, "f64")
+
+    ln2_hi = float.fromhex("0x1.62e42fee00000p-1")  # n * ln2_hi is exact for |n| < 2^11
+    lines = [f"  %p11 = fadd double 0.0, {h(1 / m.factorial(11))}"]
+    for k in range(10, -1, -1):
+        lines.append(f"  %q{k} = fmul double %p{k + 1}, %r")
+        lines.append(f"  %p{k} = fadd double %q{k}, {h(1 / m.factorial(k))}")
+    return _F32_MATH.format(
+        m110=h(-110.0),
+        p100=h(100.0),
+        inv_ln2=h(1 / m.log(2)),
+        ln2_hi=h(ln2_hi),
+        ln2_lo=h(m.log(2) - ln2_hi),
+        third=h(1 / 3),
+        tiny=h(2.0**-12),
+        horner="\n".join(lines),
+    )
+
+
+_F32_INTRINSICS = (
+    "declare double @llvm.rint.f64(double)",
+    "declare double @llvm.fabs.f64(double)",
+    "declare double @llvm.copysign.f64(double, double)",
+)
+
+
 def render_module(kernels: list[kir.Kernel], trees=(), library: str = "") -> str:
     """One LLVM module of ``kernels`` and ``trees`` (``library``: LLVM IR text the kernels'
     ``Fn`` calls need, such as the random draws)."""
@@ -105,6 +206,13 @@ def render_module(kernels: list[kir.Kernel], trees=(), library: str = "") -> str
     # the BLAS's gemm, when the runtime finds one (CBLAS, 64-bit ints): it sets these
     head += [f"@tl_{t}gemm = global ptr null" for t in sorted(r.gemm)]
     head += [_IPOW.format(t=t) for t in sorted(r.ipow)]
+    if r.f32_math:
+        head += [d for d in _F32_INTRINSICS if d not in r.declares]
+        head.append(_f32_math())
+    if r.rng:
+        from timerlc.llvm.philox import LIBRARY
+
+        head.append(LIBRARY)
     return "\n".join(head + [library] + bodies) + "\n"
 
 
@@ -113,6 +221,8 @@ class _Module:
         self.declares: set[str] = set()
         self.ipow: set[str] = set()
         self.gemm: set[str] = set()  # "s", "d": the gemm functions the kernels call
+        self.f32_math = False  # whether the kernels call tl_expf, tl_tanhf or tl_sigmoidf
+        self.rng = False  # whether they draw random numbers (the library of llvm.philox)
 
     def kernel(self, k: kir.Kernel) -> str:
         return _Function(self, k).render()
@@ -237,6 +347,16 @@ class _Function:
             self.loop(s)
         elif isinstance(s, Gemm):
             self.gemm(s)
+        elif isinstance(s, Permute):
+            self.m.rng = True
+            p = self.expr(s.p)
+            out, _ = self.ptr[s.out]
+            scratch, _ = self.ptr[s.scratch]
+            self.emit(
+                f"call void @tl_rng_permutation(i32 {s.seed}, i32 {s.site}, i64 {p}, "
+                f"i64 {s.n}, ptr {out}, ptr {scratch})"
+            )
+            self.memo.clear()
         elif isinstance(s, Launch):
             self.launch(s)
         elif isinstance(s, Host):
@@ -384,6 +504,8 @@ class _Function:
             fn = self.op(f"load ptr, ptr @tl_{which}gemm")
             return self.op(f"icmp ne ptr {fn}, null")
         if isinstance(e, Fn):
+            if e.name.startswith("tl_rng_"):
+                self.m.rng = True
             args = [(REG[a.dtype], self.expr(a)) for a in e.args]
             return self.call(REG[e.dtype], e.name, args)
         raise TypeError(f"not a kernel expression: {e!r}")
@@ -443,6 +565,9 @@ class _Function:
             p = self.op(f"zext i1 {pos} to {t}")
             n = self.op(f"zext i1 {neg} to {t}")
             return self.op(f"sub {t} {p}, {n}")
+        if dt == "f32" and op in ("exp", "tanh", "sigmoid"):
+            self.m.f32_math = True
+            return self.call(t, f"tl_{op}f", [(t, v)])
         if op == "sigmoid":
             a = self.call(t, f"llvm.fabs.{_FSUFFIX[dt]}", [(t, v)])
             na = self.op(f"fneg {t} {a}")

@@ -612,10 +612,12 @@ class CpuRuntime:
         profile: bool = False,
         allow_nonfinite: bool = False,
         native: str | None = None,
+        cache=None,
     ):
         """``native``: the text of the plan's kernel file (``plan.kernels``), checked
         against the plan and compiled for this machine; its statements run natively, the
-        others (and all of them without it) with NumPy kernels."""
+        others (and all of them without it) with NumPy kernels; ``cache``: a folder where the
+        compiled machine code is kept for the next run (a build's ``kernels/``)."""
         self.plan = plan
         # profiling: per statement, seconds spent in its calls and how many calls
         self.profile = profile
@@ -649,7 +651,7 @@ class CpuRuntime:
             from timerlc.runtime.native import NativeModule, check_kernels
 
             check_kernels(plan, native)
-            self.module = NativeModule(native)
+            self.module = NativeModule(native, cache)
             for sid, name, scratch in plan.kernels.statements:
                 self.statements[sid].bind_native(
                     self.module.function(name), scratch, plan.statement(sid)

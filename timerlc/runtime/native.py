@@ -39,28 +39,68 @@ def target_machine():
     )
 
 
+OPTIONS = "O3 vectorize no-slp no-unroll no-interleave 2"  # a change invalidates the cache
+
+
 class NativeModule:
     """A module of kernels compiled for this machine; ``function(name)`` is a ctypes
-    function ``int32(table, args, scratch)``."""
+    function ``int32(table, args, scratch)``, ``address(name)`` any function's address.
 
-    def __init__(self, text: str):
+    With a ``cache`` folder (a build's ``kernels/``), the machine code is kept there as
+    ``cpu-KEY.o`` (KEY: a hash of the LLVM IR text, this CPU and its features, llvmlite's
+    version and the optimization options) with the SHA-256 of its bytes beside it, and a
+    later run of the build loads it instead of compiling again (``cached`` says whether it
+    did). A cached object whose bytes do not match their hash is ignored and compiled
+    again.
+
+    (Compiling parts of a module in threads gains nothing: llvmlite serializes its calls
+    into LLVM with one lock.)"""
+
+    def __init__(self, text: str, cache=None):
+        import hashlib
+        import os
+
+        import llvmlite
+
         llvm = _llvm()
         self.tm = target_machine()
+        key = hashlib.sha256(
+            "\0".join(
+                [
+                    text,
+                    llvm.get_host_cpu_name(),
+                    llvm.get_host_cpu_features().flatten(),
+                    llvmlite.__version__,
+                    OPTIONS,
+                ]
+            ).encode()
+        ).hexdigest()[:24]
+        path = None if cache is None else os.path.join(os.fspath(cache), f"cpu-{key}.o")
+        obj = _read_object(path) if path else None
+        self.cached = obj is not None
         mod = llvm.parse_assembly(text)
         mod.verify()
-        pto = llvm.create_pipeline_tuning_options(speed_level=3)
-        pto.loop_vectorization = True
-        pto.slp_vectorization = True
-        # unrolling multiplies the code (and LLVM's time) by five for little gain on loops
-        # of a few hundred iterations
-        pto.loop_unrolling = False
-        pto.loop_interleaving = False
-        pb = llvm.create_pass_builder(self.tm, pto)
-        pm = pb.getModulePassManager()
-        pm.run(mod, pb)
+        if obj is None:
+            pto = llvm.create_pipeline_tuning_options(speed_level=3)
+            pto.loop_vectorization = True
+            # unrolling multiplies the code (and LLVM's time) by five for little gain on
+            # loops of a few hundred iterations; SLP vectorizing finds little in kernels
+            # whose loops vectorize, for a tenth of the time
+            pto.slp_vectorization = False
+            pto.loop_unrolling = False
+            pto.loop_interleaving = False
+            pb = llvm.create_pass_builder(self.tm, pto)
+            pm = pb.getModulePassManager()
+            pm.run(mod, pb)
         self.module = mod
         self.engine = llvm.create_mcjit_compiler(mod, self.tm)
+        made: list[bytes] = []
+        self.engine.set_object_cache(
+            lambda _module, buf: made.append(bytes(buf)), lambda _module: obj
+        )
         self.engine.finalize_object()
+        if path and obj is None and made:
+            _write_object(path, made[0])
         self._functions: dict[str, object] = {}
         self.blas = None
         for which in ("s", "d"):
@@ -81,6 +121,37 @@ class NativeModule:
         if fn is None:
             fn = self._functions[name] = KERNEL(self.address(name))
         return fn
+
+
+def _read_object(path: str) -> bytes | None:
+    """A cached object file, if it is there and its bytes match their recorded hash."""
+    import hashlib
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path + ".sha256") as f:
+            want = f.read().strip()
+    except OSError:
+        return None
+    return data if hashlib.sha256(data).hexdigest() == want else None
+
+
+def _write_object(path: str, data: bytes) -> None:
+    """Keep a compiled object (a cache: a folder that cannot be written is no error)."""
+    import hashlib
+    import os
+
+    try:
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        with open(tmp, "w") as f:
+            f.write(hashlib.sha256(data).hexdigest() + "\n")
+        os.replace(tmp, path + ".sha256")
+    except OSError:
+        pass
 
 
 _CBLAS: list = []
