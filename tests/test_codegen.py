@@ -391,3 +391,20 @@ def test_a_build_keeps_its_machine_code(tmp_path):
     again = NativeModule(text, build / "kernels")
     assert not again.cached and obj.read_bytes() == good
     assert cli("run", build, "--no-progress").exit_code == 0
+
+
+def test_a_merge_checks_and_reads_only_where_its_input_applies():
+    """`y[i]`'s second equation indexes out of range at i = 0, where the first applies: its
+    check (and its reads) run inside its branch, not once for every call of the loop over
+    i (a recurrence)."""
+    text = """
+    config I = 4
+    dim i < I
+    x[i] = f32(i) * stack([1.0, 2.0])
+    y[0] = 0.0
+    y[i] = y[i-1] + take(stack([1.0, 2.0, 3.0]), 3 - i) + sum(x[i-1])
+    out y
+    """
+    rt, want, gen = native(text)
+    assert gen.plan.tensor("y")[0] not in gen.interpreted
+    np.testing.assert_array_equal(rt.value("y"), want["y"])

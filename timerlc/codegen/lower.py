@@ -68,6 +68,9 @@ class Val:
     # where the value lies in memory, if it is a strided view of a buffer: (buffer, offset,
     # strides), element ``idx`` at ``offset + sum(idx[k] * strides[k])`` (BLAS reads it)
     layout: tuple | None = None
+    # whether it reads what the statements of the point compute (a per-point temporary, a
+    # local): then it can only be computed inside the vector loops, at its point
+    local: bool = False
 
 
 _FLOAT_UNARY = {
@@ -169,6 +172,8 @@ class _Lowering:
                     self.uses[r.src] = self.uses.get(r.src, 0) + 1
         self.vals: dict[int, Val] = {}
         self.target: str | None = None  # a temporary the values go to before the buffer
+        self.branch = False  # lowering an input of a merge (see _merge)
+        self.batchable = False  # see kernel()
 
     # ------------------------------------------------------------------ naming and memory
     def fresh(self, stem: str) -> str:
@@ -211,6 +216,9 @@ class _Lowering:
         for n in st.nodes:
             if n.op not in supported_ops():
                 raise Unsupported(f"op {n.op}")
+        # values may be computed at every point of the vector dims' box at once (before the
+        # vector loops) where every point of the box is one of the statement's
+        self.batchable = bool(st.vector) and self._inside_box(st.domain) is True
         own = st.node
         if own.op == "merge":
             body = self._merge(own)
@@ -252,15 +260,20 @@ class _Lowering:
         )
 
     def _merge(self, node) -> list:
-        """First match wins: the first input whose condition holds at the point."""
+        """First match wins: the first input whose condition holds at the point. All that
+        an input's value needs is computed inside its branch (not once per call, before the
+        vector loops): where another input applies, its reads and index checks may be out
+        of range (``x[i-1]`` at ``i = 0``)."""
         out: tuple = ()
         for k in reversed(range(len(node.inputs))):
             r = node.inputs[k]
-            saved = self.point
-            self.point = []
+            saved = self.point, self.vals
+            self.point, self.vals, self.branch = [], {}, True
+            batchable, self.batchable = self.batchable, False
             v = self.read(r)
             branch = tuple(self.point) + tuple(self._store(v))
-            self.point = saved
+            (self.point, self.vals), self.branch = saved, False
+            self.batchable = batchable
             if r.cond is None:
                 out = branch
             else:
@@ -311,14 +324,18 @@ class _Lowering:
         return stmts
 
     def emit(self, stmts: list, vdep: bool):
-        (self.point if vdep else self.pre).extend(stmts)
+        """Statements that compute a value: at each point if it depends on the vector dims
+        (or belongs to a merge's branch), else once per call before the vector loops."""
+        (self.point if vdep or self.branch else self.pre).extend(stmts)
 
     def materialize(self, v: Val) -> Val:
         """``v`` computed into a temporary (a local for a scalar)."""
         if not v.shape:
             name = self.fresh("x")
             self.emit([Let(name, v.dtype, v.at([]))], v.vdep)
-            return Val(v.dtype, (), lambda idx, n=name, d=v.dtype: Ref(n, d), v.vdep, 0)
+            return Val(
+                v.dtype, (), lambda idx, n=name, d=v.dtype: Ref(n, d), v.vdep, 0, None, True
+            )
         size = math.prod(v.shape)
         name = self.temp(v.dtype, size)
         shape = v.shape
@@ -328,9 +345,17 @@ class _Lowering:
         return self.temp_val(name, v.dtype, shape, v.vdep)
 
     def temp_val(self, name: str, dtype: str, shape: tuple, vdep: bool) -> Val:
+        """A temporary's value; one that depends on the vector dims was computed at the
+        point (``emit``), so it is local."""
         layout = (name, kir.i64(0), _contiguous(shape))
         return Val(
-            dtype, shape, lambda idx: Load(name, kir.linear(idx, shape), dtype), vdep, 0, layout
+            dtype,
+            shape,
+            lambda idx: Load(name, kir.linear(idx, shape), dtype),
+            vdep,
+            0,
+            layout,
+            vdep or self.branch,
         )
 
     # ------------------------------------------------------------------ index expressions
@@ -411,6 +436,11 @@ class _Lowering:
         v = self.vals.get(nid)
         if v is None:
             v = self._value(self.nodes[nid])
+            node = self.nodes[nid]
+            if node.op != "merge" and any(
+                self.read(r).local for r in node.inputs
+            ):  # an op over a local value is local
+                v.local = True
             if self.uses.get(nid, 0) >= 2 and v.cost >= 3:
                 v = self.materialize(v)
             self.vals[nid] = v
@@ -1025,6 +1055,60 @@ class _Lowering:
         return self.temp_val(name, "i32", shape, x.vdep)
 
     def _matmul(self, a: Val, b: Val, dtype: str, shape: tuple) -> Val:
+        if (
+            self.batchable
+            and a.vdep
+            and not a.local
+            and not b.vdep
+            and len(a.shape) in (1, 2)
+            and len(b.shape) == 2
+            and dtype in ("f32", "f64")
+        ):
+            return self._matmul_over_points(a, b, dtype)
+        return self._matmul_at_point(a, b, dtype, shape)
+
+    def _matmul_over_points(self, a: Val, b: Val, dtype: str) -> Val:
+        """``a @ b`` at every point of the vector dims at once, where ``a`` depends on the
+        point and ``b`` does not (a layer applied to every environment): the rows of ``a``
+        at all points into one matrix, one matmul (the BLAS's), each point reading its
+        rows. Computed once per call, before the vector loops."""
+        st = self.st
+        box = self.plan.buffer(st.id).box
+        vdims = [(d, box[k]) for k, d in enumerate(st.dims) if d in self.vector]
+        points = math.prod(n for _, n in vdims)
+        m = 1 if len(a.shape) == 1 else a.shape[0]
+        kk, n = a.shape[-1], b.shape[1]
+        p: Expr = kir.i64(0)
+        for d, ext in vdims:
+            p = kir.add(kir.mul(p, ext), Ref(d))
+        rows = self.temp(dtype, max(points * m * kk, 1))
+        shape_a = tuple(a.shape)
+
+        def put(idx):
+            row = kir.add(kir.mul(p, m), idx[0] if len(shape_a) == 2 else kir.i64(0))
+            return [Store(rows, kir.add(kir.mul(row, kk), idx[-1]), a.at(idx))]
+
+        loop = self.loops(shape_a, put)
+        for d, ext in reversed(vdims):
+            loop = [For(d, kir.i64(0), kir.i64(ext), tuple(loop))]
+        self.pre.extend(loop)
+        every = Val(
+            dtype,
+            (points * m, kk),
+            lambda idx: Load(rows, kir.add(kir.mul(idx[0], kk), idx[1]), dtype),
+            False,
+            0,
+            (rows, kir.i64(0), (kk, 1)),
+        )
+        out = self._matmul_at_point(every, b, dtype, (points * m, n))
+
+        def at(idx):
+            row = kir.add(kir.mul(p, m), idx[0] if len(shape_a) == 2 else kir.i64(0))
+            return out.at([row, idx[-1]])
+
+        return Val(dtype, (n,) if len(shape_a) == 1 else (m, n), at, True, 0)
+
+    def _matmul_at_point(self, a: Val, b: Val, dtype: str, shape: tuple) -> Val:
         sa = (1,) + a.shape if len(a.shape) == 1 else a.shape
         sb = b.shape + (1,) if len(b.shape) == 1 else b.shape
         batch = tuple(_bshape(sa[:-2], sb[:-2]))
