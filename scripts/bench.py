@@ -1,47 +1,65 @@
-"""Benchmark: timerlc against plain eager PyTorch on CartPole (REINFORCE and PPO).
+"""Benchmark: timerlc against eager PyTorch and jitted JAX on CartPole (REINFORCE and PPO).
 
 This is a benchmark, not a test: it never fails on slow or missing results.
 
-What runs. For each algorithm (reinforce, ppo) and each point (B envs, T rollout steps) of
-a grid, two implementations of the same algorithm, each in its own subprocess (so that
-peak memory is per run), one after the other:
+What runs. For each algorithm (reinforce, ppo) and each point B envs x T rollout steps of a
+grid (by default 16x128, 64x128, 256x128, 16x512), three implementations of the same
+algorithm on the same CartPole dynamics, each in its own subprocess (so that peak memory is
+its own), alternating:
 
-  * torch:   scripts/baselines/torch_<algo>.py --iters I --envs B --steps T --seed S, an
-             eager PyTorch (CPU, float32) transcription of programs/<algo>.rtl on the same
-             NumPy CartPole (timerlc.envs);
-  * timerlc: python -m timerlc.cli run programs/<algo>.rtl --backend BACKEND --set ...
-             --no-progress --metrics TMP.csv, with I iterations (reinforce: --set I=I;
-             ppo: --set total_steps=I*B*T, from which ppo.rtl derives I).
+  * timerlc: python -m timerlc.cli run programs/<algo>.rtl --backend BACKEND --set B=.. T=..
+             --no-progress --metrics TMP.jsonl, with I iterations (reinforce: --set I=I;
+             ppo: --set total_steps=I*B*T, from which ppo.rtl derives I);
+  * torch:   scripts/baselines/torch_<algo>.py: eager PyTorch in CleanRL's structure, on
+             timerlc's NumPy CartPole (timerlc.envs);
+  * jax:     scripts/baselines/jax_<algo>.py: PureJaxRL's structure, the whole run under one
+             jax.jit, CartPole in jax.numpy with timerlc's dynamics (pip install -e .[bench]).
 
-What is measured.
-  * torch s/iter: the baseline's own timer, the mean wall time of iterations 2..I (the
-    first iteration is warm-up and excluded; interpreter start-up and imports excluded).
-  * timerlc s/iter: the mean time of iterations 2..I, measured from outside: the run
-    streams its metrics to a .jsonl file row by row, and each iteration's rows appear when
-    it ends; a thread tails the file. Start-up, imports, compile and the first iteration
-    are excluded, as they are from the torch figure.
-  * wall s/iter (both): the whole subprocess's wall time divided by I, start-up, imports
-    and (timerlc) compile included.
-  * peak MB: the peak resident set size (ru_maxrss) of each subprocess, read from
-    os.wait4's resource usage of that child (the baseline also reports its own, the same).
-  * speed-up = torch s/iter / timerlc s/iter; memory ratio = timerlc peak / torch peak
-    (< 1 means timerlc used less).
-  * ep_ret: the last iteration's ep_ret metric of each run (a sanity check only: the two
-    use different random streams).
+What is measured. Every system runs N and 2N iterations; a time per iteration is
+(time(2N) - time(N)) / N, so that what every run does once (interpreter start-up, imports,
+timerlc's compile, JAX's tracing and XLA compile, first-iteration warm-up) cancels out.
 
-A timerlc run that fails (e.g. a backend this version does not have) shows "n/a" and the
-last line of its stderr; the benchmark goes on.
+  * s/iter (the headline): time(n) is the run's own window over its iterations, which leaves
+    start-up and compile out and its warm-up in: torch, its training loop (total_seconds);
+    jax, the ahead-of-time compiled run (run_seconds); timerlc, from the first to the last
+    iteration's metrics rows appearing in the streamed metrics file (a thread here tails
+    it). The median of --repeats R measurements (3): one run slowed by another job on the
+    machine skews a difference of two runs.
+  * wall s/iter (second table): time(n) is the whole subprocess's wall time, measured here
+    the same way for every system. Compile times vary by a second or more on a busy machine
+    (JAX's: 3-6 s at 16x128 with another job on the second core), and all of that lands in
+    the difference: use it as a cross-check, with a large N.
+  * N is --iters, raised for a system whose N iterations take less than --min-diff-seconds
+    by its N run (the N run is then redone at the new N); the second table gives each N.
+  * peak MB: the peak resident set size (ru_maxrss) of each subprocess, read from os.wait4's
+    resource usage of that child; the largest over a system's runs.
+  * ratios: timerlc / torch and timerlc / jax, of s/iter and of peak MB (< 1: timerlc
+    faster / smaller).
+  * JAX's compile seconds and each system's last ep_ret (a sanity check only: the three use
+    different random streams) are in the second table.
 
-  python scripts/bench.py                   # default grid, 5 iterations
-  python scripts/bench.py --quick           # tiny grid, 3 iterations
+Threads: each framework's default unless --threads. On a 2-core machine where another job
+keeps a core busy, give --threads 1: torch's default of a thread per core then waits on the
+busy core at every op (torch_reinforce.py at 16x128 took 1.7 s/iter with 2 threads, 0.035 s
+with 1).
+
+A run that fails (e.g. a backend this version does not have) or a baseline whose framework
+is not installed shows "n/a" or "not installed"; the benchmark goes on.
+
+  python scripts/bench.py                             # the default grid, N = 10, 3 repeats
+  python scripts/bench.py --quick                     # a tiny grid, N = 3
+  python scripts/bench.py --algos ppo --configs 16x128 --iters 10 --baselines torch,jax
   python scripts/bench.py --backend reference --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,11 +69,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINES = ROOT / "scripts" / "baselines"
+KNOWN_BASELINES = {"torch": "torch", "jax": "jax"}  # baseline -> the module it needs
 
-DEFAULT_GRID = {
-    "reinforce": [(b, t) for b in (4, 16, 64) for t in (128, 512)],
-    "ppo": [(b, t) for b in (4, 16) for t in (128,)],
-}
+DEFAULT_CONFIGS = [(16, 128), (64, 128), (256, 128), (16, 512)]
+DEFAULT_GRID = {"reinforce": DEFAULT_CONFIGS, "ppo": DEFAULT_CONFIGS}
 QUICK_GRID = {
     "reinforce": [(4, 32), (8, 64)],
     "ppo": [(4, 64)],
@@ -64,28 +81,62 @@ QUICK_GRID = {
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
-        description="Compare timerlc with eager PyTorch baselines on CartPole."
+        description="Compare timerlc with eager PyTorch and jitted JAX baselines on CartPole."
     )
-    p.add_argument("--iters", type=int, default=None, help="iterations per run (default 5)")
-    p.add_argument("--quick", action="store_true", help="a tiny grid (and 3 iterations)")
+    p.add_argument(
+        "--iters", type=int, default=None, help="N: runs of N and 2N iterations (default 10)"
+    )
+    p.add_argument("--quick", action="store_true", help="a tiny grid (and N = 3)")
     p.add_argument("--backend", default="cpu", help="timerlc backend (default cpu)")
     p.add_argument(
         "--algos", default="reinforce,ppo", help="comma-separated subset of reinforce,ppo"
     )
+    p.add_argument(
+        "--baselines", default="torch,jax", help="comma-separated subset of torch,jax (or none)"
+    )
+    p.add_argument(
+        "--configs", default=None, help="comma-separated BxT points, e.g. 16x128,64x128"
+    )
     p.add_argument("--envs", default=None, help="comma-separated B values (overrides the grid)")
     p.add_argument("--steps", default=None, help="comma-separated T values (overrides the grid)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch threads for the baselines")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads for every system: torch.set_num_threads, XLA's intra-op threads, "
+        "OMP/OPENBLAS/MKL_NUM_THREADS (default: each framework's own)",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=None, help="median of this many measurements (3; quick 1)"
+    )
+    p.add_argument(
+        "--min-diff-seconds",
+        type=float,
+        default=None,
+        help="raise N for a system until N iterations take this long (default 1; quick 0.3)",
+    )
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per subprocess")
     p.add_argument("--json", dest="json_path", default=None, help="save raw results to this file")
     return p.parse_args(argv)
 
 
-def run_child(cmd: list[str], timeout: float) -> dict:
+def child_env(threads: int | None) -> dict:
+    env = dict(os.environ)
+    if threads:
+        for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[name] = str(threads)
+        xla = "--xla_cpu_multi_thread_eigen=false" if threads == 1 else ""
+        xla += f" intra_op_parallelism_threads={threads}"
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla).strip()
+    return env
+
+
+def run_child(cmd: list[str], timeout: float, env: dict) -> dict:
     """Run cmd in the repository root; its wall time, peak RSS, exit status and output."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, env=env)
         timer = threading.Timer(timeout, proc.kill)
         timer.start()
         try:
@@ -97,7 +148,6 @@ def run_child(cmd: list[str], timeout: float) -> dict:
         out.seek(0)
         err.seek(0)
         return {
-            "cmd": cmd,
             "rc": proc.returncode,
             "wall_s": wall,
             "peak_rss_mb": usage.ru_maxrss / 1024,  # Linux: kilobytes
@@ -111,47 +161,44 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def run_torch(algo: str, B: int, T: int, iters: int, args) -> dict:
-    cmd = [sys.executable, str(BASELINES / f"torch_{algo}.py")]
-    cmd += ["--iters", str(iters), "--envs", str(B), "--steps", str(T), "--seed", str(args.seed)]
-    if args.threads:
-        cmd += ["--threads", str(args.threads)]
-    child = run_child(cmd, args.timeout)
-    res = {"ok": False, "wall_s": child["wall_s"], "peak_rss_mb": child["peak_rss_mb"]}
-    if child["rc"] != 0:
+def finish(child: dict, iters: int) -> dict:
+    """The common part of one run's record; ok False with the error when the child failed."""
+    res = {"iters": iters, "ok": child["rc"] == 0, "wall_s": child["wall_s"]}
+    res["peak_rss_mb"] = child["peak_rss_mb"]
+    if not res["ok"]:
         res["error"] = last_line(child["stderr"]) or f"exit status {child['rc']}"
+    return res
+
+
+def run_baseline(impl: str, algo: str, B: int, T: int, iters: int, args) -> dict:
+    cmd = [sys.executable, str(BASELINES / f"{impl}_{algo}.py")]
+    cmd += ["--iters", str(iters), "--envs", str(B), "--steps", str(T), "--seed", str(args.seed)]
+    if args.threads and impl == "torch":
+        cmd += ["--threads", str(args.threads)]
+    child = run_child(cmd, args.timeout, child_env(args.threads))
+    res = finish(child, iters)
+    if not res["ok"]:
         return res
     try:
         report = json.loads(last_line(child["stdout"]))
     except ValueError:
-        res["error"] = "no JSON line on stdout"
-        return res
+        return {**res, "ok": False, "error": "no JSON line on stdout"}
     res.update(
-        ok=True,
-        seconds_per_iter=report["seconds_per_iter"],
-        wall_seconds_per_iter=child["wall_s"] / iters,
-        self_reported_peak_rss_mb=report["peak_rss_mb"],
+        in_run_seconds_per_iter=report["seconds_per_iter"],
+        # the window over the iterations: jax's compiled run, torch's training loop
+        timed_s=report["run_seconds"] if impl == "jax" else report["total_seconds"],
         final_ep_ret=report.get("final_ep_ret"),
-        threads=report.get("threads"),
+        compile_seconds=report.get("compile_seconds"),
     )
     return res
-
-
-def final_metric(path: Path, name: str):
-    """The value of metric NAME at the last point written to a timerlc metrics .jsonl."""
-    try:
-        with open(path) as fh:
-            rows = [r for r in map(json.loads, filter(str.strip, fh)) if r.get("name") == name]
-    except (OSError, ValueError):
-        return None
-    return float(rows[-1]["value"]) if rows else None
 
 
 class IterationClock(threading.Thread):
     """Tails a metrics .jsonl file while a run writes it (rows are flushed one by one) and
     notes when the first row of each iteration ``i`` appears: an iteration's metrics are
     written when it ends, so the gaps between those times are iteration times, free of
-    start-up and compile."""
+    start-up and compile. It reads only when the file grew (a stat every 5 ms): the machine
+    may have two cores, and the run being timed needs them."""
 
     def __init__(self, path: Path):
         super().__init__(daemon=True)
@@ -161,13 +208,15 @@ class IterationClock(threading.Thread):
         pos, pending = 0, ""
         while True:
             finished = self.done.is_set()
+            chunk = ""
             try:
-                with open(self.path) as fh:
-                    fh.seek(pos)
-                    chunk = fh.read()
-                    pos = fh.tell()
+                if os.stat(self.path).st_size > pos:
+                    with open(self.path) as fh:
+                        fh.seek(pos)
+                        chunk = fh.read()
+                        pos = fh.tell()
             except OSError:
-                chunk = ""
+                pass
             now = time.perf_counter()
             pending += chunk
             *lines, pending = pending.split("\n")
@@ -180,14 +229,29 @@ class IterationClock(threading.Thread):
                     self.seen[i] = now
             if finished:
                 return
-            time.sleep(0.002)
+            time.sleep(0.005)
 
-    def seconds_per_iter(self):
-        """Mean time of iterations 2..I (the first one includes warm-up), or None."""
+    def window(self):
+        """Seconds from the first iteration's end to the last's (iterations 2..I), or None."""
         if len(self.seen) < 2:
             return None
         order = sorted(self.seen)
-        return (self.seen[order[-1]] - self.seen[order[0]]) / (len(order) - 1)
+        return self.seen[order[-1]] - self.seen[order[0]]
+
+    def seconds_per_iter(self):
+        """Mean time of iterations 2..I (the first one includes warm-up), or None."""
+        window = self.window()
+        return None if window is None else window / (len(self.seen) - 1)
+
+
+def final_metric(path: Path, name: str):
+    """The value of metric NAME at the last point written to a timerlc metrics .jsonl."""
+    try:
+        with open(path) as fh:
+            rows = [r for r in map(json.loads, filter(str.strip, fh)) if r.get("name") == name]
+    except (OSError, ValueError):
+        return None
+    return float(rows[-1]["value"]) if rows else None
 
 
 def run_timerlc(algo: str, B: int, T: int, iters: int, args) -> dict:
@@ -202,20 +266,89 @@ def run_timerlc(algo: str, B: int, T: int, iters: int, args) -> dict:
         cmd += ["--no-progress", "--metrics", str(metrics)]
         clock = IterationClock(metrics)
         clock.start()
-        child = run_child(cmd, args.timeout)
+        child = run_child(cmd, args.timeout, child_env(args.threads))
         clock.done.set()
         clock.join()
-        res = {"ok": False, "wall_s": child["wall_s"], "peak_rss_mb": child["peak_rss_mb"]}
-        if child["rc"] != 0:
-            res["error"] = last_line(child["stderr"]) or f"exit status {child['rc']}"
-            return res
-        res.update(
-            ok=True,
-            seconds_per_iter=clock.seconds_per_iter(),  # iterations 2..I, as torch's timer
-            wall_seconds_per_iter=child["wall_s"] / iters,  # with start-up and compile
-            final_ep_ret=final_metric(metrics, "ep_ret"),
-        )
+        res = finish(child, iters)
+        if res["ok"]:
+            res.update(
+                in_run_seconds_per_iter=clock.seconds_per_iter(),
+                # iterations 2..n: the 2N and N windows still differ by N iterations
+                timed_s=clock.window(),
+                final_ep_ret=final_metric(metrics, "ep_ret"),
+            )
         return res
+
+
+def run_system(system: str, algo: str, B: int, T: int, iters: int, args) -> dict:
+    if system == "timerlc":
+        return run_timerlc(algo, B, T, iters, args)
+    return run_baseline(system, algo, B, T, iters, args)
+
+
+def raised_n(run: dict, n: int, min_seconds: float) -> int:
+    """N, or more when the N run's in-run estimate says N iterations take < min_seconds."""
+    est = run.get("in_run_seconds_per_iter") if run["ok"] else None
+    if not est or est * n >= min_seconds:
+        return n
+    return math.ceil(min_seconds / est)
+
+
+def measure(algo: str, B: int, T: int, systems: list[str], missing: dict, args) -> dict:
+    """Every system at one point: runs of N and 2N iterations, alternating systems."""
+    n = {s: args.n for s in systems}
+    runs = {s: [] for s in systems}  # (short, long) pairs
+    live = [s for s in systems if s not in missing]
+    for rep in range(args.repeats):
+        short = {}
+        for s in live:
+            note(f"#   {s} N={n[s]}")
+            short[s] = run_system(s, algo, B, T, n[s], args)
+        if rep == 0:  # raise N where the N run was too short to difference reliably
+            for s in live:
+                new = raised_n(short[s], n[s], args.min_diff_seconds)
+                if new != n[s]:
+                    n[s] = new
+                    note(f"#   {s} N={n[s]} (raised)")
+                    short[s] = run_system(s, algo, B, T, n[s], args)
+        for s in live:
+            if not short[s]["ok"]:  # it failed: the 2N run would too
+                runs[s].append((short[s], short[s]))
+                continue
+            note(f"#   {s} 2N={2 * n[s]}")
+            runs[s].append((short[s], run_system(s, algo, B, T, 2 * n[s], args)))
+    return {s: summarize(runs[s], n[s], missing.get(s)) for s in systems}
+
+
+def summarize(pairs: list[tuple[dict, dict]], n: int, missing: str | None) -> dict:
+    if missing:
+        return {"ok": False, "missing": True, "error": missing}
+    errors = [r["error"] for pair in pairs for r in pair if not r["ok"]]
+    res = {"n": n, "runs": [list(pair) for pair in pairs]}
+    res["peak_rss_mb"] = max(r["peak_rss_mb"] for pair in pairs for r in pair)
+    if errors:
+        return {**res, "ok": False, "error": errors[0]}
+    wall_diffs = [(long["wall_s"] - short["wall_s"]) / n for short, long in pairs]
+    diffs = [
+        (long["timed_s"] - short["timed_s"]) / n
+        for short, long in pairs
+        if long.get("timed_s") is not None and short.get("timed_s") is not None
+    ]
+    longest = pairs[-1][1]
+    return {
+        **res,
+        "ok": True,
+        "seconds_per_iter": statistics.median(diffs) if diffs else None,
+        "diffs": diffs,
+        "wall_seconds_per_iter": statistics.median(wall_diffs),
+        "wall_diffs": wall_diffs,
+        "compile_seconds": longest.get("compile_seconds"),
+        "final_ep_ret": longest.get("final_ep_ret"),
+    }
+
+
+def note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def fmt(v, spec: str) -> str:
@@ -223,52 +356,70 @@ def fmt(v, spec: str) -> str:
 
 
 def ratio(a, b):
-    return None if a is None or b is None or b == 0 else a / b
+    return None if a is None or b is None or b <= 0 or a <= 0 else a / b
 
 
-def table(results: list[dict]) -> str:
-    head = [
-        "algo",
-        "B",
-        "T",
-        "torch s/iter",
-        "timerlc s/iter",
-        "speed-up",
-        "torch peak MB",
-        "timerlc peak MB",
-        "mem ratio",
-        "torch wall s/iter",
-        "timerlc wall s/iter",
-        "torch ep_ret",
-        "timerlc ep_ret",
-    ]
+def cell(res: dict, key: str, spec: str) -> str:
+    if res.get("missing"):
+        return "not installed"
+    return fmt(res.get(key) if res["ok"] else None, spec)
+
+
+def value(res: dict, key: str):
+    return res.get(key) if res["ok"] else None
+
+
+def markdown(head: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def tables(results: list[dict], baselines: list[str]) -> tuple[str, str]:
+    systems = ["timerlc"] + baselines
+    head = ["algo", "B x T"] + [f"{s} s/iter" for s in systems]
+    head += [f"timerlc/{b}" for b in baselines]
+    head += [f"{s} peak MB" for s in systems] + [f"MB timerlc/{b}" for b in baselines]
+    check_head = ["algo", "B x T"] + [f"{s} N" for s in systems]
+    check_head += [f"{s} wall s/iter" for s in systems]
+    check_head += ["jax compile s"] if "jax" in baselines else []
+    check_head += [f"{s} ep_ret" for s in systems]
+    rows, check_rows = [], []
     for r in results:
-        tq, tl = r["torch"], r["timerlc"]
-        t_s = tq.get("seconds_per_iter") if tq["ok"] else None
-        l_s = tl.get("seconds_per_iter") if tl["ok"] else None
-        t_m = tq["peak_rss_mb"] if tq["ok"] else None
-        l_m = tl["peak_rss_mb"] if tl["ok"] else None
-        cells = [
-            r["algo"],
-            str(r["B"]),
-            str(r["T"]),
-            fmt(t_s, ".4f"),
-            fmt(l_s, ".4f"),
-            fmt(ratio(t_s, l_s), ".2f") + ("x" if t_s and l_s else ""),
-            fmt(t_m, ".0f"),
-            fmt(l_m, ".0f"),
-            fmt(ratio(l_m, t_m), ".2f"),
-            fmt(tq.get("wall_seconds_per_iter"), ".4f"),
-            fmt(tl.get("wall_seconds_per_iter"), ".4f"),
-            fmt(tq.get("final_ep_ret"), ".1f"),
-            fmt(tl.get("final_ep_ret"), ".1f"),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        sy = r["systems"]
+        tl = sy["timerlc"]
+        row = [r["algo"], f"{r['B']}x{r['T']}"]
+        row += [cell(sy[s], "seconds_per_iter", ".4f") for s in systems]
+        for b in baselines:
+            q = ratio(value(tl, "seconds_per_iter"), value(sy[b], "seconds_per_iter"))
+            row.append(fmt(q, ".2f"))
+        row += [cell(sy[s], "peak_rss_mb", ".0f") for s in systems]
+        for b in baselines:
+            row.append(fmt(ratio(value(tl, "peak_rss_mb"), value(sy[b], "peak_rss_mb")), ".2f"))
+        rows.append(row)
+
+        check = [r["algo"], f"{r['B']}x{r['T']}"]
+        check += [cell(sy[s], "n", "d") for s in systems]
+        check += [cell(sy[s], "wall_seconds_per_iter", ".4f") for s in systems]
+        check += [cell(sy["jax"], "compile_seconds", ".1f")] if "jax" in baselines else []
+        check += [cell(sy[s], "final_ep_ret", ".1f") for s in systems]
+        check_rows.append(check)
+    return markdown(head, rows), markdown(check_head, check_rows)
+
+
+def parse_configs(text: str) -> list[tuple[int, int]]:
+    points = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        try:
+            b, t = item.lower().split("x")
+            points.append((int(b), int(t)))
+        except ValueError:
+            raise SystemExit(f"--configs: '{item}' is not BxT (e.g. 16x128)") from None
+    return points
 
 
 def grid_for(algo: str, args) -> list[tuple[int, int]]:
+    if args.configs:
+        return parse_configs(args.configs)
     base = (QUICK_GRID if args.quick else DEFAULT_GRID)[algo]
     if args.envs is None and args.steps is None:
         return base
@@ -279,44 +430,69 @@ def grid_for(algo: str, args) -> list[tuple[int, int]]:
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
-    iters = args.iters if args.iters is not None else (3 if args.quick else 5)
+    args.n = args.iters if args.iters is not None else (3 if args.quick else 10)
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
+    if args.min_diff_seconds is None:
+        args.min_diff_seconds = 0.3 if args.quick else 1.0
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     for a in algos:
         if a not in DEFAULT_GRID:
             raise SystemExit(f"unknown algo '{a}' (known: {', '.join(DEFAULT_GRID)})")
+    baselines = [b.strip() for b in args.baselines.split(",") if b.strip() not in ("", "none")]
+    for b in baselines:
+        if b not in KNOWN_BASELINES:
+            raise SystemExit(f"unknown baseline '{b}' (known: {', '.join(KNOWN_BASELINES)})")
+    missing = {
+        b: f"{KNOWN_BASELINES[b]} is not installed (pip install -e .[bench] for jax)"
+        for b in baselines
+        if importlib.util.find_spec(KNOWN_BASELINES[b]) is None
+    }
+    systems = ["timerlc"] + baselines
 
     results = []
     for algo in algos:
         for B, T in grid_for(algo, args):
-            print(f"# {algo} B={B} T={T} I={iters} ...", file=sys.stderr, flush=True)
-            tq = run_torch(algo, B, T, iters, args)
-            if not tq["ok"]:
-                print(f"#   torch failed: {tq['error']}", file=sys.stderr, flush=True)
-            tl = run_timerlc(algo, B, T, iters, args)
-            if not tl["ok"]:
-                print(f"#   timerlc failed: {tl['error']}", file=sys.stderr, flush=True)
-            results.append(
-                {"algo": algo, "B": B, "T": T, "iters": iters, "torch": tq, "timerlc": tl}
-            )
+            note(f"# {algo} B={B} T={T} N={args.n} ...")
+            sy = measure(algo, B, T, systems, missing, args)
+            for s in systems:
+                if not sy[s]["ok"] and not sy[s].get("missing"):
+                    note(f"#   {s} failed: {sy[s]['error']}")
+            results.append({"algo": algo, "B": B, "T": T, "systems": sy})
 
-    print(f"\ntimerlc backend: {args.backend}; iterations per run: {iters}; seed: {args.seed}\n")
-    print(table(results))
     print(
-        "\ntimerlc s/iter = mean time of iterations 2..I, from when each iteration's metrics "
-        "appear in the streamed metrics file\n"
-        "  (no start-up, no compile, no warm-up); torch s/iter = the same iterations from the "
-        "baseline's own timer.\n"
-        "  wall s/iter = the whole subprocess / iterations (start-up, imports and, for timerlc, "
-        "compile included).\n"
-        "  speed-up = torch s/iter / timerlc s/iter; mem ratio = timerlc peak / torch peak "
-        "(peak RSS of each subprocess)."
+        f"\ntimerlc backend: {args.backend}; N = {args.n} (raised per system below "
+        f"{args.min_diff_seconds:g} s); repeats: {args.repeats}; seed: {args.seed}; "
+        f"threads: {args.threads or 'default'}\n"
     )
-    failures = {r["timerlc"]["error"] for r in results if not r["timerlc"]["ok"]}
-    for err in sorted(failures):
-        print(f"  timerlc n/a: {err}")
+    main_table, check_table = tables(results, baselines)
+    print(main_table)
+    print(
+        "\ns/iter = (time(2N) - time(N)) / N, time(n) = each run's own window over its "
+        "iterations (torch: its training loop; jax: the compiled\n"
+        "  run; timerlc: first to last iteration's metrics row), median over repeats; "
+        "start-up, compile and warm-up cancel out.\n"
+        "  peak MB = the largest ru_maxrss of the system's subprocesses; timerlc/X = "
+        "timerlc's figure / X's (< 1: timerlc faster or smaller).\n"
+    )
+    print(check_table)
+    print(
+        "\nN: each system's N (raised until N iterations take --min-diff-seconds). wall s/iter = "
+        "(wall(2N) - wall(N)) / N of whole subprocesses:\n"
+        "  compile-time noise lands in it, a cross-check only. ep_ret: the last iteration's "
+        "(different random streams: a sanity check only)."
+    )
+    for s in systems:
+        for err in sorted(
+            {r["systems"][s]["error"] for r in results if not r["systems"][s]["ok"]}
+        ):
+            print(f"  {s} n/a: {err}")
     if args.json_path:
         Path(args.json_path).write_text(
-            json.dumps({"backend": args.backend, "iters": iters, "results": results}, indent=2)
+            json.dumps(
+                {"backend": args.backend, "iters": args.n, "args": vars(args), "results": results},
+                indent=2,
+            )
             + "\n"
         )
         print(f"\nraw results saved to {args.json_path}")
