@@ -870,10 +870,7 @@ class CpuRuntime:
             e, self.pending = self.pending, None
             raise e
         if code == NO_STEPS_LEFT:
-            raise PlanError(
-                "the plan is not valid: its loop tree runs far more steps than its statements "
-                "have calls"
-            )
+            self._step()
         sid = int(self.err[1])
         st = self.statements.get(sid)
         if st is None:
@@ -898,6 +895,16 @@ class CpuRuntime:
 
         return run
 
+    def _step(self):
+        """One step of a loop of the tree: a plan's loops run no more steps than its
+        statements have calls (with room to spare)."""
+        self.steps_left -= 1
+        if self.steps_left < 0:
+            raise PlanError(
+                "the plan is not valid: its loop tree runs far more steps than its statements "
+                "have calls"
+            )
+
     def _native_item(self, k: int, it):
         """Top-level item ``k`` run by its native function: a loop steps here and runs its
         body natively, so that metrics stream and Ctrl-C stops the run between steps."""
@@ -912,12 +919,7 @@ class CpuRuntime:
             while cond(env):
                 self._run_tree(k, env[0])
                 env[0] += inc
-                self.steps_left -= 1
-                if self.steps_left < 0:
-                    raise PlanError(
-                        "the plan is not valid: its loop tree runs far more steps than its "
-                        "statements have calls"
-                    )
+                self._step()
 
         return loop
 
@@ -943,12 +945,7 @@ class CpuRuntime:
                 while cond(env):
                     body(env)
                     env[k] += inc
-                    self.steps_left -= 1
-                    if self.steps_left < 0:
-                        raise PlanError(
-                            "the plan is not valid: its loop tree runs far more steps than its "
-                            "statements have calls"
-                        )
+                    self._step()
 
             return loop
         if isinstance(it, If):

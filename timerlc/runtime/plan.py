@@ -43,17 +43,8 @@ def load_plan(path) -> Plan:
     path = Path(path)
     if path.is_dir():
         path = path / "plan.json"
-    try:
-        size = path.stat().st_size
-        if size > MAX_PLAN_BYTES:
-            raise PlanError(f"{path} is not a valid plan: {size} bytes (at most {MAX_PLAN_BYTES})")
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise PlanError(f"no plan at {path} (run `timerlc compile` first)") from None
-    except OSError as e:
-        raise PlanError(f"cannot read {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise PlanError(f"{path} is not a valid plan: not UTF-8 text") from None
+    missing = f"no plan at {path} (run `timerlc compile` first)"
+    text = _read_text(path, MAX_PLAN_BYTES, "plan", missing)
     plan = loads(text, str(path))
     check_runnable(plan, str(path))
     return plan
@@ -70,20 +61,26 @@ def load_kernels(folder, plan: Plan) -> str | None:
     if plan.kernels is None:
         return None
     path = Path(folder) / plan.kernels.file
+    missing = f"{path} is missing: compile the program again"
+    text = _read_text(path, MAX_KERNEL_BYTES, "kernel file", missing)
+    check_kernels(plan, text, str(Path(folder)))
+    return text
+
+
+def _read_text(path: Path, limit: int, what: str, missing: str) -> str:
+    """A file of the build as text (``PlanError``: missing, unreadable, larger than
+    ``limit`` bytes, which is refused unread, or not UTF-8)."""
     try:
-        if path.stat().st_size > MAX_KERNEL_BYTES:
-            raise PlanError(
-                f"{path} is not a valid kernel file: more than {MAX_KERNEL_BYTES} bytes"
-            )
-        text = path.read_bytes().decode("utf-8")
+        size = path.stat().st_size
+        if size > limit:
+            raise PlanError(f"{path} is not a valid {what}: {size} bytes (at most {limit})")
+        return path.read_bytes().decode("utf-8")
     except FileNotFoundError:
-        raise PlanError(f"{path} is missing: compile the program again") from None
+        raise PlanError(missing) from None
     except OSError as e:
         raise PlanError(f"cannot read {path}: {e.strerror}") from None
     except UnicodeDecodeError:
-        raise PlanError(f"{path} is not a valid kernel file: not UTF-8 text") from None
-    check_kernels(plan, text, str(Path(folder)))
-    return text
+        raise PlanError(f"{path} is not a valid {what}: not UTF-8 text") from None
 
 
 def check_runnable(plan: Plan, where: str = "plan") -> None:
