@@ -1197,7 +1197,7 @@ class _Lowering:
         return kir.Gemm(a.dtype, ta, tb, m, n, kk, abuf, aoff, lda, bbuf, boff, ldb, name, coff, n)
 
 
-BLAS_MIN_MACS = 16384  # a smaller matmul is faster as generated loops than as a BLAS call
+BLAS_MIN_MACS = 2048  # below, generated loops are as fast as a BLAS call (docs/codegen.md)
 
 
 def _contiguous(shape: tuple) -> tuple:
