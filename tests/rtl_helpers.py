@@ -42,6 +42,9 @@ def run(text: str, **sets) -> dict[str, np.ndarray]:
 # Every conformance program also runs on the cpu backend, whose outputs must equal the
 # reference's (set TIMERLC_TEST_CPU=0 to skip, e.g. while debugging the front end).
 BACKENDS_COMPARED = os.environ.get("TIMERLC_TEST_CPU", "1") != "0"
+# ... with its generated code; TIMERLC_TEST_NATIVE=0 runs the NumPy plan interpreter
+# instead (docs/codegen.md: it must keep passing the whole differential suite)
+NATIVE = os.environ.get("TIMERLC_TEST_NATIVE", "1") != "0"
 
 
 def compare_cpu(graph, want: dict):
@@ -49,7 +52,7 @@ def compare_cpu(graph, want: dict):
     from timerlc.runtime.cpu import CpuRuntime
 
     gen = generate_code(compile_plan(run_passes(graph)))
-    runtime = CpuRuntime(gen.plan, native=gen.text)
+    runtime = CpuRuntime(gen.plan, native=gen.text if NATIVE else None)
     runtime.run()
     for name, expected in want.items():
         got = runtime.value(name)
