@@ -188,9 +188,13 @@ def run_plan(
 def _print_plan_profile(plan: Plan, rt, wall: float):
     """The statements that took the most time, with their loops and vectorized dims."""
     total = sum(rt.seconds.values())
+    native = ""
+    if rt.module is not None:
+        how = "loaded from the build" if rt.module.cached else "compiled for this CPU"
+        native = f" (the kernels {how} in {rt.native_seconds:.3f} s)"
     print(
-        f"cpu runtime: {wall:.3f} s run, {total:.3f} s in {sum(rt.calls.values())} statement "
-        f"calls; peak buffers {format_bytes(rt.peak_bytes)}",
+        f"cpu runtime: {wall:.3f} s run{native}, {total:.3f} s in {sum(rt.calls.values())} "
+        f"statement calls; peak buffers {format_bytes(rt.peak_bytes)}",
         file=sys.stderr,
     )
     print("  seconds    calls   us/call  statement", file=sys.stderr)

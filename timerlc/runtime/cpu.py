@@ -644,6 +644,7 @@ class CpuRuntime:
         self.valid: dict[int, np.ndarray | None] = {sid: None for _, sid, _ in plan.outputs}
         self.statements = {s.id: _Statement(s, plan, self) for s in plan.statements}
         self.module = None
+        self.native_seconds = 0.0  # compiling the kernels for this CPU (or loading them)
         self.slot = plan.slots()
         self.table = np.zeros(max(len(self.slot), 1), np.uint64)  # each output's address
         self.table_address = self.table.ctypes.data
@@ -651,7 +652,9 @@ class CpuRuntime:
             from timerlc.runtime.native import NativeModule, check_kernels
 
             check_kernels(plan, native)
+            started = time.perf_counter()
             self.module = NativeModule(native, cache)
+            self.native_seconds = time.perf_counter() - started
             for sid, name, scratch in plan.kernels.statements:
                 self.statements[sid].bind_native(
                     self.module.function(name), scratch, plan.statement(sid)
