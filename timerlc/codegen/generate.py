@@ -16,11 +16,10 @@ from timerlc.codegen import kir
 from timerlc.codegen.lower import Unsupported, lower_statement
 from timerlc.codegen.tree import lower_tree
 from timerlc.llvm.render import render_module
-from timerlc.plan.items import Kernels, Plan, digest
+from timerlc.plan.items import KERNELS_HEADER, Kernels, Plan, digest
 
 KERNEL_FILE = "kernels/cpu.ll"
 LISTING_HEAD = "kernel IR: "  # how a listing (NN-kernels.txt) starts
-HEADER = "; timerlc kernels for the plan of sha256 "
 
 
 @dataclass(frozen=True)
@@ -41,7 +40,7 @@ def generate(plan: Plan) -> Generated:
         except Unsupported as e:
             interpreted[st.id] = str(e)
     trees = lower_tree(plan, {k.sid: k for k in kernels})
-    text = HEADER + digest(plan) + "\n" + render_module(kernels, trees)
+    text = KERNELS_HEADER + digest(plan) + "\n" + render_module(kernels, trees)
     info = Kernels(
         KERNEL_FILE,
         hashlib.sha256(text.encode()).hexdigest(),

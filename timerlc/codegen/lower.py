@@ -73,78 +73,57 @@ class Val:
     local: bool = False
 
 
-_FLOAT_UNARY = {
-    "exp",
-    "log",
-    "log1p",
-    "sqrt",
-    "tanh",
-    "sigmoid",
-    "sin",
-    "cos",
-    "floor",
-    "ceil",
-    "round",
-}
-_UNARY = {"neg": "neg", "abs": "abs", "sign": "sign", "logical_not": "not"}
-_UNARY.update({k: k for k in _FLOAT_UNARY})
-_BINARY = {
-    "add": "add",
-    "sub": "sub",
-    "mul": "mul",
-    "div": "div",
-    "floordiv": "floordiv",
-    "mod": "mod",
-    "pow": "pow",
-    "minimum": "minimum",
-    "maximum": "maximum",
-    "lt": "lt",
-    "le": "le",
-    "gt": "gt",
-    "ge": "ge",
-    "eq": "eq",
-    "ne": "ne",
+# RTL's elementwise ops and the kernel IR's scalar ops of the same meaning
+_UNARY = {op: op for op in kir.UNARY if op != "not"} | {"logical_not": "not"}
+_BINARY = {op: op for op in kir.BINARY if op not in ("and", "or", "rem")} | {
     "logical_and": "and",
     "logical_or": "or",
 }
 _VIEWS = {"reshape", "transpose", "expand_dims", "squeeze", "broadcast_to"}
 _REDUCE = {"sum", "mean", "prod", "max", "min", "logsumexp"}
+# a reduction's scalar op and its first value (None: the first element)
+_COMBINE = {
+    "sum": ("add", 0),
+    "mean": ("add", 0),
+    "prod": ("mul", 1),
+    "max": ("maximum", None),
+    "min": ("minimum", None),
+}
 
 
-def supported_ops() -> frozenset[str]:
-    """The ops a kernel can compute (the others are interpreted)."""
-    return frozenset(
-        set(_UNARY)
-        | set(_BINARY)
-        | _VIEWS
-        | _REDUCE
-        | {
-            "where",
-            "cast",
-            "copy",
-            "stop_grad",
-            "const",
-            "dimval",
-            "index_value",
-            "arange",
-            "matmul",
-            "argmax",
-            "argmin",
-            "merge",
-            "index",
-            "take",
-            "take_along",
-            "cumsum",
-            "discounted_sum",
-            "index_add",
-            "concat",
-            "random_uniform",
-            "random_normal",
-            "random_gumbel",
-            "random_permutation",
-            "random_init",
-        }
-    )
+# the ops a kernel computes (the others are interpreted)
+SUPPORTED = frozenset(
+    set(_UNARY)
+    | set(_BINARY)
+    | _VIEWS
+    | _REDUCE
+    | {
+        "where",
+        "cast",
+        "copy",
+        "stop_grad",
+        "const",
+        "dimval",
+        "index_value",
+        "arange",
+        "matmul",
+        "argmax",
+        "argmin",
+        "merge",
+        "index",
+        "take",
+        "take_along",
+        "cumsum",
+        "discounted_sum",
+        "index_add",
+        "concat",
+        "random_uniform",
+        "random_normal",
+        "random_gumbel",
+        "random_permutation",
+        "random_init",
+    }
+)
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -214,7 +193,7 @@ class _Lowering:
             size = math.prod(buf.extents) * math.prod(buf.outputs[0].shape)
             self.target = self.temp(buf.outputs[0].dtype, size)
         for n in st.nodes:
-            if n.op not in supported_ops():
+            if n.op not in SUPPORTED:
                 raise Unsupported(f"op {n.op}")
         # values may be computed at every point of the vector dims' box at once (before the
         # vector loops) where every point of the box is one of the statement's
@@ -436,11 +415,6 @@ class _Lowering:
         v = self.vals.get(nid)
         if v is None:
             v = self._value(self.nodes[nid])
-            node = self.nodes[nid]
-            if node.op != "merge" and any(
-                self.read(r).local for r in node.inputs
-            ):  # an op over a local value is local
-                v.local = True
             if self.uses.get(nid, 0) >= 2 and v.cost >= 3:
                 v = self.materialize(v)
             self.vals[nid] = v
@@ -452,6 +426,12 @@ class _Lowering:
         dtype = node.types[0].dtype
         shape = tuple(node.types[0].shape)
         ins = [self.read(r) for r in node.inputs] if op != "merge" else []
+        v = self._op(node, op, attrs, dtype, shape, ins)
+        if any(x.local for x in ins):  # an op over a local value is local
+            v.local = True
+        return v
+
+    def _op(self, node, op: str, attrs: dict, dtype: str, shape: tuple, ins: list) -> Val:
         if op in _UNARY:
             (x,) = ins
             k = _UNARY[op]
@@ -926,13 +906,7 @@ class _Lowering:
                     "add", Un("log", Cast(Ref(acc, acc_t), dtype), dtype), Ref(m, dtype), dtype
                 )
             else:
-                init, comb = {
-                    "sum": (0, "add"),
-                    "mean": (0, "add"),
-                    "prod": (1, "mul"),
-                    "max": (None, "maximum"),
-                    "min": (None, "minimum"),
-                }[op]
+                comb, init = _COMBINE[op]
                 if init is None:
                     first = [kir.i64(0)] * len(axes)
                     stmts.append(Let(acc, acc_t, x.at(full(outer, first))))
@@ -965,8 +939,7 @@ class _Lowering:
         along contiguous memory and vectorizes; each result still adds its terms in order."""
         kshape = tuple(x.shape[k] for k in kept)
         acc = self.temp(acc_t, math.prod(kshape))
-        comb = {"sum": "add", "mean": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
-        comb = comb[op]
+        comb, _ = _COMBINE[op]
 
         def kept_of(idx):
             return kir.linear([idx[k] for k in kept], kshape)

@@ -640,48 +640,48 @@ class _Function:
             return self.float_mod(a, b, t) if isf else self.int_mod(a, b, t)
         raise ValueError(f"no {op} for {dt}")
 
-    def _safe_divisor(self, b: str, t: str) -> tuple[str, str, str]:
+    def _divisor(self, b: str, t: str) -> tuple[str, str | None, str | None]:
+        """A divisor ``sdiv``/``srem`` can take (1 where ``b`` is 0 or -1: LLVM's
+        division by 0 and of the smallest int by -1 are undefined), and whether ``b`` is 0,
+        whether it is -1 (None, None: a positive constant, an index's divisor)."""
+        if b.lstrip("-").isdigit() and int(b) > 0:
+            return b, None, None
         zero = self.op(f"icmp eq {t} {b}, 0")
         mone = self.op(f"icmp eq {t} {b}, -1")
         bad = self.op(f"or i1 {zero}, {mone}")
         return self.op(f"select i1 {bad}, {t} 1, {t} {b}"), zero, mone
 
-    def int_floordiv(self, a: str, b: str, t: str) -> str:
-        if b.lstrip("-").isdigit() and int(b) > 0:  # an index: a positive constant divisor
-            q = self.op(f"sdiv {t} {a}, {b}")
-            r = self.op(f"srem {t} {a}, {b}")
-            neg = self.op(f"icmp slt {t} {r}, 0")
-            q1 = self.op(f"sub {t} {q}, 1")
-            return self.op(f"select i1 {neg}, {t} {q1}, {t} {q}")
-        bs, zero, mone = self._safe_divisor(b, t)
-        q = self.op(f"sdiv {t} {a}, {bs}")
-        r = self.op(f"srem {t} {a}, {bs}")
+    def _remainder(self, a: str, b: str, t: str) -> tuple[str, str]:
+        """C's remainder of ``a / b`` (``b`` a safe divisor), and whether the floor differs
+        from C's truncation there (a non-zero remainder of the other sign than ``b``)."""
+        r = self.op(f"srem {t} {a}, {b}")
         nz = self.op(f"icmp ne {t} {r}, 0")
-        x = self.op(f"xor {t} {r}, {bs}")
+        x = self.op(f"xor {t} {r}, {b}")
         opp = self.op(f"icmp slt {t} {x}, 0")
-        adj = self.op(f"and i1 {nz}, {opp}")
+        return r, self.op(f"and i1 {nz}, {opp}")
+
+    def int_floordiv(self, a: str, b: str, t: str) -> str:
+        bs, zero, mone = self._divisor(b, t)
+        q = self.op(f"sdiv {t} {a}, {bs}")
+        _, below = self._remainder(a, bs, t)
         q1 = self.op(f"sub {t} {q}, 1")
-        q2 = self.op(f"select i1 {adj}, {t} {q1}, {t} {q}")
+        q = self.op(f"select i1 {below}, {t} {q1}, {t} {q}")
+        if zero is None:
+            return q
+        # NumPy: by -1, the negation (wrapping at the smallest int); by 0, 0
         na = self.op(f"sub {t} 0, {a}")
-        q3 = self.op(f"select i1 {mone}, {t} {na}, {t} {q2}")
-        return self.op(f"select i1 {zero}, {t} 0, {t} {q3}")
+        q = self.op(f"select i1 {mone}, {t} {na}, {t} {q}")
+        return self.op(f"select i1 {zero}, {t} 0, {t} {q}")
 
     def int_mod(self, a: str, b: str, t: str) -> str:
-        if b.lstrip("-").isdigit() and int(b) > 0:
-            r = self.op(f"srem {t} {a}, {b}")
-            neg = self.op(f"icmp slt {t} {r}, 0")
-            r1 = self.op(f"add {t} {r}, {b}")
-            return self.op(f"select i1 {neg}, {t} {r1}, {t} {r}")
-        bs, zero, mone = self._safe_divisor(b, t)
-        r = self.op(f"srem {t} {a}, {bs}")
-        nz = self.op(f"icmp ne {t} {r}, 0")
-        x = self.op(f"xor {t} {r}, {bs}")
-        opp = self.op(f"icmp slt {t} {x}, 0")
-        adj = self.op(f"and i1 {nz}, {opp}")
+        bs, zero, mone = self._divisor(b, t)
+        r, below = self._remainder(a, bs, t)
         r1 = self.op(f"add {t} {r}, {bs}")
-        r2 = self.op(f"select i1 {adj}, {t} {r1}, {t} {r}")
-        bad = self.op(f"or i1 {zero}, {mone}")
-        return self.op(f"select i1 {bad}, {t} 0, {t} {r2}")
+        r = self.op(f"select i1 {below}, {t} {r1}, {t} {r}")
+        if zero is None:
+            return r
+        bad = self.op(f"or i1 {zero}, {mone}")  # NumPy: 0 by 0 and by -1
+        return self.op(f"select i1 {bad}, {t} 0, {t} {r}")
 
     def float_mod(self, a: str, b: str, t: str) -> str:
         # NumPy: the remainder has the divisor's sign (a zero too); mod by 0 is nan

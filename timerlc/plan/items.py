@@ -345,6 +345,9 @@ def dumps(plan: Plan) -> str:
     return json.dumps(to_json(plan), separators=(",", ":")) + "\n"
 
 
+KERNELS_HEADER = "; timerlc kernels for the plan of sha256 "  # + digest(plan): line 1 of the file
+
+
 def digest(plan: Plan) -> str:
     """The SHA-256 of the plan without its ``kernels`` field: a kernel file records the
     digest of the plan it was generated for."""

@@ -338,7 +338,7 @@ class _Statement:
         self.native = fn
         self.scratch = np.zeros(max(scratch, 8), np.uint8)
         self.args = np.zeros(max(len(self.loops), 1), np.int64)
-        self.sources = sorted({r.src for n in spec.nodes for r in n.inputs if r.stored})
+        self.touched = _touched(self.rt.plan, {self.id})
         self.pointers = (self.rt.table_address, self.args.ctypes.data, self.scratch.ctypes.data)
         self.bookkeeping = (
             self.id in self.rt.valid
@@ -374,12 +374,7 @@ class _Statement:
 
     def _run_native(self, key: tuple):
         rt = self.rt
-        bufs = rt.buffers
-        for s in self.sources:
-            if bufs[s] is None:
-                rt.read(s)
-        if bufs[self.id] is None:
-            rt.written(self.id)
+        rt.allocate(self.touched)
         args = self.args
         for k, v in enumerate(key):
             args[k] = v
@@ -717,6 +712,13 @@ class CpuRuntime:
         self._set(sid, bufs)
         return bufs
 
+    def allocate(self, touched: list[tuple[int, bool]]):
+        """The buffers of ``_touched`` that have no arrays yet, before native code uses
+        them (it reads their addresses from the table)."""
+        for sid, write in touched:
+            if self.buffers[sid] is None:
+                self.written(sid) if write else self.read(sid)
+
     def _set(self, sid: int, bufs):
         """Buffer ``sid``'s arrays (None: none), and their addresses for the kernels."""
         self.buffers[sid] = bufs
@@ -827,7 +829,8 @@ class CpuRuntime:
         for item, name, scratch in plan.kernels.trees:
             fn = TREE(self.module.address(name))
             buf = np.zeros(max(scratch, 8), np.uint8)
-            touched = _touched(plan, plan.tree[item])
+            calls = {it.statement for it in walk((plan.tree[item],)) if isinstance(it, Call)}
+            touched = _touched(plan, calls)
             self.trees[item] = (fn, buf, touched)
 
     def _host(self, sid: int, mode: int, args: int) -> int:
@@ -848,9 +851,7 @@ class CpuRuntime:
 
     def _run_tree(self, item: int, env_value: int | None):
         fn, scratch, touched = self.trees[item]
-        for sid, write in touched:
-            if self.buffers[sid] is None:
-                self.written(sid) if write else self.read(sid)
+        self.allocate(touched)
         if env_value is not None:
             self.tree_args[0] = env_value
         err = self.err
@@ -1031,11 +1032,10 @@ def needed_bytes(plan: Plan) -> int:
     return plan.memory_peak_unswapped + widest
 
 
-def _touched(plan: Plan, item) -> list[tuple[int, bool]]:
-    """The buffers the statements called in ``item`` write or read, with whether they are
-    written (allocated before a native function runs the item; not an interpreted statement
-    that takes a donor's memory, which allocates itself)."""
-    calls = {it.statement for it in walk((item,)) if isinstance(it, Call)}
+def _touched(plan: Plan, calls: set[int]) -> list[tuple[int, bool]]:
+    """The buffers the statements ``calls`` write or read, with whether they are written
+    (allocated before native code runs them; not an interpreted statement that takes a
+    donor's memory, which allocates itself)."""
     kernels = {sid for sid, _, _ in plan.kernels.statements}
     out: dict[int, bool] = {}
     for sid in calls:

@@ -199,7 +199,7 @@ def check_kernels(plan, text: str, where: str = "the build folder") -> None:
     plan's digest)."""
     import hashlib
 
-    from timerlc.plan.items import PlanError, digest
+    from timerlc.plan.items import KERNELS_HEADER, PlanError, digest
 
     k = plan.kernels
     if k is None:
@@ -210,7 +210,7 @@ def check_kernels(plan, text: str, where: str = "the build folder") -> None:
             "build): compile the program again"
         )
     first = text.split("\n", 1)[0]
-    if first != f"; timerlc kernels for the plan of sha256 {digest(plan)}":
+    if first != KERNELS_HEADER + digest(plan):
         raise PlanError(
             f"{where}: {k.file} was generated for another plan: compile the program again"
         )
