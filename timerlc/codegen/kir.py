@@ -236,7 +236,8 @@ Stmt = Let | Store | For | If | Fail | Loop | Launch | Host | Gemm | Permute
 @dataclass(frozen=True, slots=True)
 class Slot:
     """A buffer of the runtime's table: output ``out`` of statement ``sid``'s buffer, at
-    entry ``index`` of the table."""
+    entry ``index`` of the table; or, with ``state`` (``E.name``), an array of an
+    environment's state that the runtime owns (``codegen.envs``; ``sid`` and ``out`` -1)."""
 
     name: str
     dtype: str
@@ -244,6 +245,7 @@ class Slot:
     sid: int
     out: int
     write: bool
+    state: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,9 +337,8 @@ def text(k: Kernel) -> str:
     lines = [f"kernel {k.name}  (statement {k.sid})  args({', '.join(k.params)})"]
     for s in k.slots:
         mode = "rw" if s.write else "r"
-        lines.append(
-            f"  slot {s.name}: {s.dtype}* = table[{s.index}]  (buffer {s.sid}.{s.out}, {mode})"
-        )
+        what = f"state {s.state}" if s.state else f"buffer {s.sid}.{s.out}"
+        lines.append(f"  slot {s.name}: {s.dtype}* = table[{s.index}]  ({what}, {mode})")
     for t in k.temps:
         lines.append(f"  temp {t.name}: {t.dtype}[{t.size}] at scratch+{t.offset}")
     _stmts(k.body, 1, lines)

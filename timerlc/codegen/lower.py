@@ -183,7 +183,7 @@ class _Lowering:
     def kernel(self) -> kir.Kernel:
         st = self.st
         if ops.is_env(st.node.op):
-            raise Unsupported("an environment call runs in Python")
+            return self._env_kernel()
         if len(st.node.types) != 1:
             raise Unsupported("a statement of several outputs")
         buf = self.plan.buffer(st.id)
@@ -226,6 +226,56 @@ class _Lowering:
             tuple(sorted(self.slots.values(), key=lambda s: s.index)),
             tuple(self.temps),
             tuple(self.pre) + point,
+        )
+
+    def _env_kernel(self) -> kir.Kernel:
+        """An environment call of a built-in: its generated form (``codegen.envs``) over the
+        instances, its state in the arrays the runtime keeps for it."""
+        from timerlc.codegen import envs
+
+        st, node = self.st, self.st.node
+        name = node.attr_dict()["env"]
+        env = next(e for e in self.plan.envs if e.name == name)
+        form = envs.form_of(env, self.plan.seed)
+        if form is None:
+            raise Unsupported(f"environment {name} ({env.spec}) is a plugin: it runs in Python")
+        if st.vector:
+            raise Unsupported("an environment call with vector dims")
+        action = None
+        if node.op == "env_step":
+            act = self.read(node.inputs[0])
+            if act.vdep:
+                raise Unsupported("an action that depends on vector dims")
+
+            def action(k, j, act=act):
+                return act.at([k] if len(act.shape) == 1 else [k, kir.i64(j)])
+
+        def out(k: int) -> tuple[str, Expr]:
+            point = self.point_index(st.id, [Ref(d) for d in st.dims], k)
+            return self.slot(st.id, k, write=True), point
+
+        state = {}
+        for a in envs.state_arrays(self.plan):
+            if a.env == name:
+                state[a.name] = a.slot
+                self.slots[("state", a.slot)] = kir.Slot(
+                    a.slot, a.dtype, a.index, -1, -1, True, f"{name}.{a.name}"
+                )
+        io = envs.IO(form.n, action, out(0), None, None, state)
+        if node.op == "env_step":
+            io.reward, io.done = out(1), out(2)
+            body = form.step(io)
+        else:
+            body = form.reset(io)
+        if self.point:
+            raise Unsupported("an action computed at the point")
+        return kir.Kernel(
+            f"s{st.id}",
+            st.id,
+            tuple(st.loops),
+            tuple(sorted(self.slots.values(), key=lambda s: s.index)),
+            tuple(self.temps),
+            tuple(self.pre) + tuple(body),
         )
 
     def _store(self, v: Val) -> list:

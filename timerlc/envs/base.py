@@ -11,12 +11,14 @@ the per-instance random streams the built-ins draw their initial states from, an
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
+from timerlc import rng
 from timerlc.diagnostics import TimerlcError
 
 
@@ -261,26 +263,47 @@ def positive_int(value, what: str) -> int:
     return int(value)
 
 
-def instance_generators(seed: int | None, num_envs: int) -> list[np.random.Generator]:
-    """One independent ``numpy.random.Generator`` per instance, derived from ``seed``.
+RESET_SITE_BITS = 32  # a reset's point index: instance * 2**32 + the instance's reset count
 
-    Instance ``i`` draws from ``SeedSequence(seed).spawn(num_envs)[i]``, i.e. the sequence
-    with ``entropy=seed, spawn_key=(i,)``: its stream does not depend on ``num_envs``, and
-    streams of different seeds or instances do not overlap. ``seed=None`` takes fresh
-    entropy from the operating system.
+
+class ResetStreams:
+    """The random streams the built-ins draw their initial states from: counter-based
+    Philox draws (``timerlc.rng``), so that the code generator's forms of the built-ins
+    (``timerlc.codegen.envs``) draw the same numbers.
+
+    A seed ``s`` (a non-negative int; ``None`` takes 64 fresh bits from the operating
+    system) gives the Philox key ``(s mod 2**32, (s >> 32) mod 2**32)``. The ``c``-th reset
+    of instance ``k`` since the seed draws element ``e`` of its initial state at point index
+    ``k * 2**32 + c``, element index ``e``: an instance's episodes do not depend on how many
+    instances run beside it, and a seeded reset starts every count again at 0.
     """
-    if seed is not None and (not isinstance(seed, (int, np.integer)) or seed < 0):
-        raise EnvError(f"an environment seed must be a non-negative integer, got {seed!r}")
-    root = np.random.SeedSequence(None if seed is None else int(seed))
-    return [np.random.Generator(np.random.PCG64(s)) for s in root.spawn(num_envs)]
 
+    def __init__(self, seed: int | None, num_envs: int):
+        if seed is None:
+            seed = secrets.randbits(64)
+        elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise EnvError(f"an environment seed must be a non-negative integer, got {seed!r}")
+        seed = int(seed)
+        self.key = (seed % 2**32, (seed >> 32) % 2**32)
+        self.counts = np.zeros(num_envs, dtype=np.int64)
 
-def draw_uniform(gens: list[np.random.Generator], rows, low, high, size: int) -> np.ndarray:
-    """float64 ``[len(rows), size]``: row ``k`` drawn from ``gens[rows[k]]``."""
-    out = np.empty((len(rows), size), dtype=np.float64)
-    for k, i in enumerate(rows):
-        out[k] = gens[i].uniform(low=low, high=high, size=size)
-    return out
+    def uniform(self, rows, low, high, size: int) -> np.ndarray:
+        """float64 ``[len(rows), size]``: ``low + (high - low) * u`` per element (``low``,
+        ``high`` scalars or ``[size]`` arrays), the next reset of each instance of ``rows``."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        points = np.stack((rows, self.counts[rows]), axis=1)
+        out = rng.uniform(
+            self.key[0],
+            self.key[1],
+            points,
+            (None, 2**RESET_SITE_BITS),
+            (size,),
+            np.float64,
+            np.asarray(low, np.float64),
+            np.asarray(high, np.float64),
+        )
+        self.counts[rows] += 1
+        return out
 
 
 class EpisodeStats:

@@ -7,8 +7,9 @@ In: ``make(num_envs, max_episode_steps=500, sutton_barto_reward=False)``. Out: a
 observations ``[x, x_dot, theta, theta_dot]``, reward 1.0 on every step including the one
 that terminates, termination when ``|x| > 2.4`` or ``|theta| > 12 degrees``, truncation at
 step 500. Initial states are uniform in ``[-0.05, 0.05)`` and drawn from each instance's
-own random stream (``base.instance_generators``). Finished instances reset in the same
-step (LANGUAGE.md section 10).
+own random stream (``base.ResetStreams``). Finished instances reset in the same step
+(LANGUAGE.md section 10). ``timerlc.codegen.envs`` has the same environment as generated
+code, bit for bit.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import math
 import numpy as np
 from gymnasium import spaces
 
-from timerlc.envs.base import EnvError, VectorEnv, draw_uniform, instance_generators, positive_int
+from timerlc.envs.base import EnvError, ResetStreams, VectorEnv, positive_int
 
 GRAVITY = 9.8
 MASSCART = 1.0
@@ -49,19 +50,19 @@ class CartPole(VectorEnv):
         self.single_action_space = spaces.Discrete(2)
         self.state = np.zeros((num_envs, 4), dtype=np.float64)
         self.steps = np.zeros(num_envs, dtype=np.int64)
-        self._gens: list[np.random.Generator] | None = None
+        self._streams: ResetStreams | None = None
         self.info = {}
 
     def reset(self, *, seed: int | None = None) -> np.ndarray:
-        if seed is not None or self._gens is None:
-            self._gens = instance_generators(seed, self.num_envs)
-        self.state = draw_uniform(self._gens, range(self.num_envs), RESET_LOW, RESET_HIGH, 4)
+        if seed is not None or self._streams is None:
+            self._streams = ResetStreams(seed, self.num_envs)
+        self.state = self._streams.uniform(range(self.num_envs), RESET_LOW, RESET_HIGH, 4)
         self.steps[:] = 0
         self.info = {}
         return self.state.astype(np.float32)
 
     def step(self, actions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if self._gens is None:
+        if self._streams is None:
             raise EnvError("environment 'cartpole': step before reset")
         a = self.check_actions(actions)
         x, x_dot, theta, theta_dot = self.state.T
@@ -98,7 +99,7 @@ class CartPole(VectorEnv):
         obs = final_obs
         rows = np.flatnonzero(done)
         if rows.size:
-            self.state[rows] = draw_uniform(self._gens, rows, RESET_LOW, RESET_HIGH, 4)
+            self.state[rows] = self._streams.uniform(rows, RESET_LOW, RESET_HIGH, 4)
             self.steps[rows] = 0
             obs = final_obs.copy()
             obs[rows] = self.state[rows].astype(np.float32)

@@ -6,7 +6,7 @@ Pendulum-v1's 200-step ``TimeLimit``: continuous torque actions ``Box(-2, 2, (1,
 (clipped to that range), float32 observations ``[cos(theta), sin(theta), theta_dot]``,
 reward ``-(angle_normalize(theta)^2 + 0.1 theta_dot^2 + 0.001 u^2)``, never terminated,
 truncated at step 200. Initial states are uniform in ``[-pi, pi) x [-1, 1)``, drawn from each
-instance's own random stream. Finished instances reset in the same step.
+instance's own random stream (``base.ResetStreams``). Finished instances reset in the same step.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from gymnasium import spaces
 
-from timerlc.envs.base import EnvError, VectorEnv, draw_uniform, instance_generators, positive_int
+from timerlc.envs.base import EnvError, ResetStreams, VectorEnv, positive_int
 
 MAX_SPEED = 8
 MAX_TORQUE = 2.0
@@ -42,11 +42,11 @@ class Pendulum(VectorEnv):
         self.single_action_space = spaces.Box(-MAX_TORQUE, MAX_TORQUE, shape=(1,), dtype=np.float32)
         self.state = np.zeros((num_envs, 2), dtype=np.float64)
         self.steps = np.zeros(num_envs, dtype=np.int64)
-        self._gens: list[np.random.Generator] | None = None
+        self._streams: ResetStreams | None = None
         self.info = {}
 
     def _draw(self, rows) -> np.ndarray:
-        return draw_uniform(self._gens, rows, -RESET_HIGH, RESET_HIGH, 2)
+        return self._streams.uniform(rows, -RESET_HIGH, RESET_HIGH, 2)
 
     @staticmethod
     def _obs(state: np.ndarray) -> np.ndarray:
@@ -54,15 +54,15 @@ class Pendulum(VectorEnv):
         return np.stack((np.cos(theta), np.sin(theta), thetadot), axis=1).astype(np.float32)
 
     def reset(self, *, seed: int | None = None) -> np.ndarray:
-        if seed is not None or self._gens is None:
-            self._gens = instance_generators(seed, self.num_envs)
+        if seed is not None or self._streams is None:
+            self._streams = ResetStreams(seed, self.num_envs)
         self.state = self._draw(range(self.num_envs))
         self.steps[:] = 0
         self.info = {}
         return self._obs(self.state)
 
     def step(self, actions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if self._gens is None:
+        if self._streams is None:
             raise EnvError("environment 'pendulum': step before reset")
         a = self.check_actions(actions)  # float32 [num_envs, 1], as gymnasium's Box gives
         th, thdot = self.state[:, 0], self.state[:, 1]

@@ -359,7 +359,7 @@ class _Statement:
                 ]
                 rt._freed.discard(donor)
         self.native = None
-        self._run(key)
+        self._run(key, explain=self.is_env)
         raise RunError(f"internal error: the kernel of statement {self.id} failed at {key}")
 
     def after_native(self, key: tuple):
@@ -436,7 +436,9 @@ class _Statement:
                 f"{at or 'its only call'} reads or writes outside its buffers ({px.clip(str(e))})"
             ) from e
 
-    def _run(self, key: tuple):
+    def _run(self, key: tuple, explain: bool = False):
+        """Compute the call at ``key``; ``explain``: an environment call whose generated
+        code failed, which only says why (what the NumPy form would have raised)."""
         if self.template is not None:
             batch = self._uniform(key)
         else:
@@ -449,8 +451,12 @@ class _Statement:
             action = None
             if self.node.reads:
                 action = self._value(self.node, 0, batch, {}, point)[0]
+            name = self.node.attrs["env"]
             try:
-                outs = rt.envs.call(self.node.attrs["env"], self.node.op, action)
+                if explain:
+                    started = rt.env_state[(name, "started")][0] != 0
+                    rt.envs.explain(name, self.node.op, action, started)
+                outs = rt.envs.call(name, self.node.op, action)
             except RunError as e:
                 at = ", ".join(f"{d}={v}" for d, v in point.items())
                 raise _OpFailed(self.node.where, e).error(at) from e
@@ -641,8 +647,16 @@ class CpuRuntime:
         self.module = None
         self.native_seconds = 0.0  # compiling the kernels for this CPU (or loading them)
         self.slot = plan.slots()
-        self.table = np.zeros(max(len(self.slot), 1), np.uint64)  # each output's address
+        # the state of each environment that runs as generated code (codegen.envs), at the
+        # table entries after the buffers', zero before the first call
+        self.env_state: dict[tuple[str, str], np.ndarray] = {}
+        states = _env_states(plan) if native is not None else []
+        self.table = np.zeros(max(len(self.slot) + len(states), 1), np.uint64)  # addresses
         self.table_address = self.table.ctypes.data
+        for a in states:
+            arr = np.zeros(a.size, ops.numpy_dtype(a.dtype))
+            self.env_state[(a.env, a.name)] = arr
+            self.table[a.index] = arr.ctypes.data
         if native is not None:
             from timerlc.runtime.native import NativeModule, check_kernels
 
@@ -1030,6 +1044,17 @@ def needed_bytes(plan: Plan) -> int:
                 per_point += span * math.prod(out.shape) * DTYPES[out.dtype]
         widest = max(widest, points * per_point)
     return plan.memory_peak_unswapped + widest
+
+
+def _env_states(plan: Plan) -> list:
+    """The state arrays of the environments with a generated form (``codegen.envs``)."""
+    from timerlc.codegen.envs import state_arrays
+    from timerlc.envs import EnvError
+
+    try:
+        return state_arrays(plan)
+    except EnvError as e:
+        raise RunError(f"an environment of the plan could not be made: {e.message}") from None
 
 
 def _touched(plan: Plan, calls: set[int]) -> list[tuple[int, bool]]:

@@ -67,6 +67,21 @@ class EnvRunner:
             self._checked(name, "step", "done", done, bool, inst),
         )
 
+    def explain(self, name: str, op: str, action, started: bool):
+        """The error of a built-in's generated code that failed a call: what its NumPy form
+        raises for the same call (a step before any reset, an action outside the space)."""
+        from timerlc.envs import EnvError
+
+        inst = self._instance(name)
+        try:
+            if op == "env_step" and not started:
+                raise EnvError(f"environment '{inst.name}': step before reset")
+            if op == "env_step":
+                inst.check_actions(action)
+        except EnvError as e:
+            raise RunError(f"environment '{name}' raised EnvError: {e}") from e
+        raise RunError(f"internal error: environment '{name}' failed in generated code")
+
     def _checked(self, name: str, op: str, what: str, value, dtype, inst) -> np.ndarray:
         """A returned array of the shape the program was compiled for (section 10), with
         finite values (unless allowed) and a ``done`` of bools (or of 0/1 integers)."""

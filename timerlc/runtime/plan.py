@@ -96,13 +96,18 @@ def check_runnable(plan: Plan, where: str = "plan") -> None:
             except ValueError as e:
                 raise PlanError(f"{where} is not a valid plan at {field}: {e}") from None
             earlier[n.id] = n
+    _check_envs(plan, where)
+    from timerlc.codegen.envs import FORMS
+    from timerlc.envs.registry import parse_spec
+
+    generated = {e.name for e in plan.envs if parse_spec(e.spec)[0] in FORMS}
     for k, (sid, _, _) in enumerate(plan.kernels.statements if plan.kernels else ()):
-        if ops.is_env(plan.statement(sid).node.op):
+        node = plan.statement(sid).node
+        if ops.is_env(node.op) and node.attr_dict().get("env") not in generated:
             raise PlanError(
                 f"{where} is not a valid plan at kernels.statements[{k}]: statement {sid} "
-                "calls an environment, which no kernel does"
+                "calls an environment that is a plugin, which no kernel does"
             )
-    _check_envs(plan, where)
 
 
 def _check_node(plan: Plan, s: Statement, n, env_names: set[str]):
