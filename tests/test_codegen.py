@@ -174,6 +174,22 @@ def test_float_unary_ops_equal_numpy(fn, exact):
             )
 
 
+def test_f32_tanh_is_within_8_ulp_everywhere():
+    # the generated f32 tanh is a rational approximation in f32 (llvm/render.py), not
+    # NumPy's: within 8 units in the last place of the exact value, odd, nan for nan
+    text = "config K = 40001\ndim k < K\ny[k] = tanh((f32(k) - 20000.0) * 0.0005)\nout y\n"
+    rt, want, _ = native(text)
+    x = (np.arange(40001, dtype=np.float32) - np.float32(20000.0)) * np.float32(0.0005)
+    exact = np.tanh(x.astype(np.float64))
+    ulp = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
+    err = np.abs(rt.value("y").astype(np.float64) - exact) / ulp
+    assert err.max() <= 8, f"{err.max()} ulp at x = {x[err.argmax()]}"
+    special = [0.0, -0.0, 1e-30, -1e-8, 20.0, 100.0, -100.0, math.inf, -math.inf, math.nan]
+    text = f"config K = {len(special)}\ndim k < K\n" + table("a", special, "f32")
+    rt, want, _ = native(text + "y[k] = tanh(a)\nout y\n")
+    assert_same(rt.value("y"), want["y"], "tanh at special values")
+
+
 @pytest.mark.parametrize("to", ["i32", "i64", "bool", "f32", "f64"])
 def test_casts_equal_numpy(to):
     values = FLOATS + [2.0**31, -(2.0**31), 2.0**31 - 1, 3e9, -3e9, 2.0**63, -(2.0**63), 0.9, -0.9]

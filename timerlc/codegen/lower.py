@@ -153,6 +153,7 @@ class _Lowering:
         self.target: str | None = None  # a temporary the values go to before the buffer
         self.branch = False  # lowering an input of a merge (see _merge)
         self.batchable = False  # see kernel()
+        self.dest = None  # where the statement's matmul writes, if straight into its buffer
 
     # ------------------------------------------------------------------ naming and memory
     def fresh(self, stem: str) -> str:
@@ -199,7 +200,15 @@ class _Lowering:
         # vector loops) where every point of the box is one of the statement's
         self.batchable = bool(st.vector) and self._inside_box(st.domain) is True
         own = st.node
-        if own.op == "merge":
+        if own.op == "matmul" and self._direct():
+            # the product goes straight into the buffer (no temporary, no copy)
+            self.dest = (
+                self.slot(st.id, 0, write=True),
+                self.point_index(st.id, [Ref(d) for d in st.dims]),
+            )
+            self.value(own.id)
+            body = []
+        elif own.op == "merge":
             body = self._merge(own)
         else:
             v = self.value(own.id)
@@ -276,6 +285,19 @@ class _Lowering:
             tuple(sorted(self.slots.values(), key=lambda s: s.index)),
             tuple(self.temps),
             tuple(self.pre) + tuple(body),
+        )
+
+    def _direct(self) -> bool:
+        """Whether a matmul statement can compute into its buffer: one product per call
+        (no vector dims), at every call (no condition), and no read of its own buffer (a
+        ring buffer's slot may be the one it writes) nor a donor's memory."""
+        st = self.st
+        reads_own = any(r.stored and r.src == st.id for n in st.nodes for r in n.inputs)
+        return (
+            not st.vector
+            and self.target is None
+            and not reads_own
+            and self._inside_box(st.domain) is True
         )
 
     def _store(self, v: Val) -> list:
@@ -538,7 +560,8 @@ class _Lowering:
         if op in ("argmax", "argmin"):
             return self._argreduce(op, attrs, ins[0], shape)
         if op == "matmul":
-            return self._matmul(ins[0], ins[1], dtype, shape)
+            dest = self.dest if node.id == self.st.id else None
+            return self._matmul(ins[0], ins[1], dtype, shape, dest)
         if op == "index":
             return self._index(attrs["items"], ins, shape)
         if op == "index_add":
@@ -1077,9 +1100,10 @@ class _Lowering:
         self.emit(self.loops(shape, body), x.vdep)
         return self.temp_val(name, "i32", shape, x.vdep)
 
-    def _matmul(self, a: Val, b: Val, dtype: str, shape: tuple) -> Val:
+    def _matmul(self, a: Val, b: Val, dtype: str, shape: tuple, dest=None) -> Val:
         if (
-            self.batchable
+            dest is None
+            and self.batchable
             and a.vdep
             and not a.local
             and not b.vdep
@@ -1088,7 +1112,7 @@ class _Lowering:
             and dtype in ("f32", "f64")
         ):
             return self._matmul_over_points(a, b, dtype)
-        return self._matmul_at_point(a, b, dtype, shape)
+        return self._matmul_at_point(a, b, dtype, shape, dest)
 
     def _matmul_over_points(self, a: Val, b: Val, dtype: str) -> Val:
         """``a @ b`` at every point of the vector dims at once, where ``a`` depends on the
@@ -1131,7 +1155,9 @@ class _Lowering:
 
         return Val(dtype, (n,) if len(shape_a) == 1 else (m, n), at, True, 0)
 
-    def _matmul_at_point(self, a: Val, b: Val, dtype: str, shape: tuple) -> Val:
+    def _matmul_at_point(self, a: Val, b: Val, dtype: str, shape: tuple, dest=None) -> Val:
+        """``a @ b`` into a temporary, or with ``dest`` (a buffer and the offset of the
+        point's element) straight into the statement's buffer."""
         sa = (1,) + a.shape if len(a.shape) == 1 else a.shape
         sb = b.shape + (1,) if len(b.shape) == 1 else b.shape
         batch = tuple(_bshape(sa[:-2], sb[:-2]))
@@ -1142,7 +1168,13 @@ class _Lowering:
         if b.cost > 0 or (blas and _matrix(b, sb) is None):
             b = self.materialize(b)
         full = batch + (m, n)
-        name = self.temp(dtype, max(math.prod(full), 1))
+        if dest is None:
+            name, base = self.temp(dtype, max(math.prod(full), 1)), kir.i64(0)
+        else:
+            name, base = dest
+
+        def pos(idx) -> Expr:
+            return kir.add(base, kir.linear(idx, full))
 
         def a_at(bidx, i, k):
             idx = _bidx(bidx, batch, sa[:-2]) + [i, k]
@@ -1159,13 +1191,13 @@ class _Lowering:
 
             def row(i):
                 def clear(jdx):
-                    return [Store(name, kir.linear(list(bidx) + [i, jdx[0]], full), zero)]
+                    return [Store(name, pos(list(bidx) + [i, jdx[0]]), zero)]
 
                 def term(kdx):
                     aik = self.fresh("a")
 
                     def acc(jdx):
-                        at = kir.linear(list(bidx) + [i, jdx[0]], full)
+                        at = pos(list(bidx) + [i, jdx[0]])
                         prod = Bin("mul", Ref(aik, dtype), b_at(bidx, kdx[0], jdx[0]), dtype)
                         return [Store(name, at, Bin("add", Load(name, at, dtype), prod, dtype))]
 
@@ -1182,14 +1214,17 @@ class _Lowering:
                 return [
                     If(
                         kir.Fn(f"tl_have_{dtype}gemm", (), "bool"),
-                        (self._gemm(a, b, sa, sb, batch, bidx, name, full),),
+                        (self._gemm(a, b, sa, sb, batch, bidx, name, base, full),),
                         tuple(loops(bidx)),
                     )
                 ]
 
         vdep = a.vdep or b.vdep
         self.emit(self.loops(batch, body) if batch else body([]), vdep)
-        res = self.temp_val(name, dtype, full, vdep)
+        if dest is None:
+            res = self.temp_val(name, dtype, full, vdep)
+        else:
+            res = Val(dtype, full, lambda idx: Load(name, pos(idx), dtype), vdep, 0)
         if len(a.shape) == 1 or len(b.shape) == 1:
 
             def at(idx):
@@ -1203,7 +1238,9 @@ class _Lowering:
             return Val(dtype, shape, at, vdep, 0)
         return res
 
-    def _gemm(self, a: Val, b: Val, sa, sb, batch, bidx, name: str, full: tuple) -> kir.Gemm:
+    def _gemm(
+        self, a: Val, b: Val, sa, sb, batch, bidx, name: str, base: Expr, full: tuple
+    ) -> kir.Gemm:
         """``out[bidx] = a[bidx] @ b[bidx]`` by the BLAS (both operands strided matrices)."""
         m, kk, n = sa[-2], sa[-1], sb[-1]
         ta, abuf, aoff, lda = _matrix(a, sa)
@@ -1216,7 +1253,7 @@ class _Lowering:
             aoff = kir.add(aoff, kir.mul(e, st))
         for e, st in zip(bb, bstr):
             boff = kir.add(boff, kir.mul(e, st))
-        coff = kir.linear(list(bidx) + [kir.i64(0), kir.i64(0)], full)
+        coff = kir.add(base, kir.linear(list(bidx) + [kir.i64(0), kir.i64(0)], full))
         return kir.Gemm(a.dtype, ta, tb, m, n, kk, abuf, aoff, lda, bbuf, boff, ldb, name, coff, n)
 
 
