@@ -126,9 +126,9 @@ def child_env(threads: int | None) -> dict:
     if threads:
         for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env[name] = str(threads)
-        xla = "--xla_cpu_multi_thread_eigen=false" if threads == 1 else ""
-        xla += f" intra_op_parallelism_threads={threads}"
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla).strip()
+        if threads == 1:  # XLA has no flag for a number of threads other than one
+            xla = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla).strip()
     return env
 
 

@@ -206,6 +206,67 @@ def _horner32(stem: str, coefs: tuple) -> str:
     return "\n".join(lines)
 
 
+# A kernel call of a tree function: the call's loop values (in args) must lie in the box,
+# else code {outside}; a kernel's non-zero code becomes {failed}; either way err[1] gets the
+# statement and err[2..] its loop values.
+_LAUNCH = """
+define internal void @tl_record(ptr %err, i64 %sid, i64 %n, ptr %args) noinline {{
+entry:
+  %p = getelementptr i64, ptr %err, i64 1
+  store i64 %sid, ptr %p
+  br label %head
+head:
+  %j = phi i64 [ 0, %entry ], [ %j1, %body ]
+  %more = icmp slt i64 %j, %n
+  br i1 %more, label %body, label %done
+body:
+  %pa = getelementptr i64, ptr %args, i64 %j
+  %v = load i64, ptr %pa
+  %k = add i64 %j, 2
+  %pe = getelementptr i64, ptr %err, i64 %k
+  store i64 %v, ptr %pe
+  %j1 = add i64 %j, 1
+  br label %head
+done:
+  ret void
+}}
+
+define internal i32 @tl_launch(ptr %fn, ptr %table, ptr %args, ptr %scratch, ptr %err,
+                               i64 %sid, i64 %n, ptr %box) noinline {{
+entry:
+  br label %head
+head:
+  %j = phi i64 [ 0, %entry ], [ %j1, %next ]
+  %more = icmp slt i64 %j, %n
+  br i1 %more, label %body, label %call
+body:
+  %pa = getelementptr i64, ptr %args, i64 %j
+  %v = load i64, ptr %pa
+  %pb = getelementptr i64, ptr %box, i64 %j
+  %b = load i64, ptr %pb
+  %low = icmp slt i64 %v, 0
+  %high = icmp sge i64 %v, %b
+  %out = or i1 %low, %high
+  %j1 = add i64 %j, 1
+  br i1 %out, label %outside, label %next
+next:
+  br label %head
+outside:
+  call void @tl_record(ptr %err, i64 %sid, i64 %n, ptr %args)
+  ret i32 {outside}
+call:
+  %r = call i32 %fn(ptr %table, ptr %args, ptr %scratch)
+  %bad = icmp ne i32 %r, 0
+  br i1 %bad, label %failed, label %fine
+failed:
+  call void @tl_record(ptr %err, i64 %sid, i64 %n, ptr %args)
+  ret i32 {failed}
+fine:
+  ret i32 0
+}}
+"""
+
+
 _F32_INTRINSICS = (
     "declare double @llvm.rint.f64(double)",
     "declare float @llvm.fabs.f32(float)",
@@ -223,6 +284,13 @@ def render_module(kernels: list[kir.Kernel], trees=(), library: str = "") -> str
     # the BLAS's gemm, when the runtime finds one (CBLAS, 64-bit ints): it sets these
     head += [f"@tl_{t}gemm = global ptr null" for t in sorted(r.gemm)]
     head += [_IPOW.format(t=t) for t in sorted(r.ipow)]
+    if r.launches:
+        head += [
+            f"@{name} = private unnamed_addr constant [{len(b)} x i64] "
+            f"[{', '.join(f'i64 {n}' for n in b)}]"
+            for b, name in r.boxes.items()
+        ]
+        head.append(_LAUNCH.format(outside=OUTSIDE_BOX, failed=KERNEL_FAILED))
     if r.f32_math:
         head += [d for d in _F32_INTRINSICS if d not in r.declares]
         head.append(_f32_math())
@@ -237,12 +305,24 @@ class _Module:
     def __init__(self):
         self.declares: set[str] = set()
         self.ipow: set[str] = set()
+        self.boxes: dict[tuple, str] = {}  # the loop boxes of the launches, as constants
+        self.launches = False  # whether a tree function calls a kernel (tl_launch)
         self.gemm: set[str] = set()  # "s", "d": the gemm functions the kernels call
         self.f32_math = False  # whether the kernels call tl_expf, tl_tanhf or tl_sigmoidf
         self.rng = False  # whether they draw random numbers (the library of llvm.philox)
 
     def kernel(self, k: kir.Kernel) -> str:
         return _Function(self, k).render()
+
+    def box(self, box: tuple) -> str:
+        """A constant array of a launch's loop box (``ptr null`` for no loop dims)."""
+        self.launches = True
+        if not box:
+            return "null"
+        name = self.boxes.get(tuple(box))
+        if name is None:
+            name = self.boxes[tuple(box)] = f"tl_box{len(self.boxes)}"
+        return f"@{name}"
 
 
 class _Function:
@@ -429,18 +509,22 @@ class _Function:
         return self.op(f"getelementptr i64, ptr %err, i64 {j}")
 
     def launch(self, s: Launch):
-        vals = self.args(s.args)
-        inside = "true"
-        for v, n in zip(vals, s.box):
-            lo = self.op(f"icmp sge i64 {v}, 0")
-            hi = self.op(f"icmp slt i64 {v}, {n}")
-            both = self.op(f"and i1 {lo}, {hi}")
-            inside = self.op(f"and i1 {inside}, {both}")
-        outside = self.op(f"zext i1 {inside} to i32")
-        flag = self.op(f"xor i32 {outside}, 1")
-        self.fail_unless_zero(flag, OUTSIDE_BOX, s.sid, vals)
-        r = self.op(f"call i32 @{s.kernel}(ptr %table, ptr %callargs, ptr %scratch)")
-        self.fail_unless_zero(r, KERNEL_FAILED, s.sid, vals)
+        """A kernel call through ``tl_launch`` (its box check, the call, the record of a
+        failure): a few lines per call, so that a tree of hundreds of calls stays a small
+        function for LLVM."""
+        self.args(s.args)
+        box = self.m.box(s.box)
+        r = self.op(
+            f"call i32 @tl_launch(ptr @{s.kernel}, ptr %table, ptr %callargs, ptr %scratch, "
+            f"ptr %err, i64 {s.sid}, i64 {len(s.args)}, ptr {box})"
+        )
+        bad = self.op(f"icmp ne i32 {r}, 0")
+        fail, ok = self.label("fail"), self.label("ok")
+        self.emit(f"br i1 {bad}, label %{fail}, label %{ok}")
+        self.lines.append(f"{fail}:")
+        self.emit(f"ret i32 {r}")
+        self.lines.append(f"{ok}:")
+        self.memo.clear()
 
     def loop(self, s: Loop):
         init = self.expr(s.init)

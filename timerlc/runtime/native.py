@@ -8,6 +8,7 @@ against the plan's hash of it first): it never generates code itself.
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 
 _INIT = threading.Lock()
@@ -46,15 +47,17 @@ class NativeModule:
     """A module of kernels compiled for this machine; ``function(name)`` is a ctypes
     function ``int32(table, args, scratch)``, ``address(name)`` any function's address.
 
-    With a ``cache`` folder (a build's ``kernels/``), the machine code is kept there as
-    ``cpu-KEY.o`` (KEY: a hash of the LLVM IR text, this CPU and its features, llvmlite's
-    version and the optimization options) with the SHA-256 of its bytes beside it, and a
-    later run of the build loads it instead of compiling again (``cached`` says whether it
-    did). A cached object whose bytes do not match their hash is ignored and compiled
-    again.
+    A large module is compiled in parts, one per CPU, at the same time (``split_module``:
+    LLVM's calls hold one lock per process, so the parts go to forked processes), and the
+    objects are linked as they are loaded.
 
-    (Compiling parts of a module in threads gains nothing: llvmlite serializes its calls
-    into LLVM with one lock.)"""
+    With a ``cache`` folder (a build's ``kernels/``), the machine code is kept there as
+    ``cpu-KEY-N.o`` (part N; KEY: a hash of the LLVM IR text, this CPU and its features,
+    llvmlite's version and the optimization options) with the SHA-256 of its bytes beside
+    it, and a later run of the build loads them instead of compiling again (``cached`` says
+    whether it did). A cached object whose bytes do not match their hash is ignored and
+    compiled again.
+    """
 
     def __init__(self, text: str, cache=None):
         import hashlib
@@ -75,32 +78,27 @@ class NativeModule:
                 ]
             ).encode()
         ).hexdigest()[:24]
-        path = None if cache is None else os.path.join(os.fspath(cache), f"cpu-{key}.o")
-        obj = _read_object(path) if path else None
-        self.cached = obj is not None
-        mod = llvm.parse_assembly(text)
-        mod.verify()
-        if obj is None:
-            pto = llvm.create_pipeline_tuning_options(speed_level=3)
-            pto.loop_vectorization = True
-            # unrolling multiplies the code (and LLVM's time) by five for little gain on
-            # loops of a few hundred iterations; SLP vectorizing finds little in kernels
-            # whose loops vectorize, for a tenth of the time
-            pto.slp_vectorization = False
-            pto.loop_unrolling = False
-            pto.loop_interleaving = False
-            pb = llvm.create_pass_builder(self.tm, pto)
-            pm = pb.getModulePassManager()
-            pm.run(mod, pb)
-        self.module = mod
-        self.engine = llvm.create_mcjit_compiler(mod, self.tm)
-        made: list[bytes] = []
-        self.engine.set_object_cache(
-            lambda _module, buf: made.append(bytes(buf)), lambda _module: obj
-        )
+        parts = split_module(text, _workers())
+        paths = [
+            None if cache is None else os.path.join(os.fspath(cache), f"cpu-{key}-{k}.o")
+            for k in range(len(parts))
+        ]
+        objs = [_read_object(p) if p else None for p in paths]
+        self.cached = all(o is not None for o in objs)
+        self.module = None  # the optimized module, when it was compiled here in one part
+        if not self.cached:
+            if len(parts) == 1:
+                self.module = _optimized(parts[0], self.tm)
+                objs = [self.tm.emit_object(self.module)]
+            else:
+                objs = _compile_parts(parts, self.tm)
+            for p, o in zip(paths, objs):
+                if p:
+                    _write_object(p, o)
+        self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.tm)
+        for o in objs:
+            self.engine.add_object_file(llvm.ObjectFileRef.from_data(o))
         self.engine.finalize_object()
-        if path and obj is None and made:
-            _write_object(path, made[0])
         self._functions: dict[str, object] = {}
         self.blas = None
         for which in ("s", "d"):
@@ -121,6 +119,140 @@ class NativeModule:
         if fn is None:
             fn = self._functions[name] = KERNEL(self.address(name))
         return fn
+
+
+def _optimized(text: str, tm):
+    """The module of LLVM IR ``text``, verified and optimized (O3, loops vectorized)."""
+    llvm = _llvm()
+    mod = llvm.parse_assembly(text)
+    mod.verify()
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    # unrolling multiplies the code (and LLVM's time) by five for little gain on loops of a
+    # few hundred iterations; SLP vectorizing finds little in kernels whose loops
+    # vectorize, for a tenth of the time
+    pto.slp_vectorization = False
+    pto.loop_unrolling = False
+    pto.loop_interleaving = False
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return mod
+
+
+def _workers() -> int:
+    """How many processes compile a large module at once: the CPUs this process may use
+    (at most 4)."""
+    import os
+
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(n, 4))
+
+
+SPLIT_MIN_FUNCTIONS = 48  # a module with fewer functions is compiled in one piece
+
+_DEFINE = re.compile(r"^define ([^@]*?)@([\w.$]+)\((.*)\)")
+
+
+def split_module(text: str, n: int) -> list[str]:
+    """The kernel file's functions in ``n`` modules of about equal size, each with the
+    file's declarations and internal functions (the runtime library), a declaration of
+    every function the others define, and the gemm pointers as external globals but in the
+    first. LLVM compiles them one per process (its calls hold one lock per process); the
+    objects are linked when they are loaded."""
+    lines = text.split("\n")
+    head: list[str] = []
+    funcs: list[list[str]] = []
+    k = 0
+    while k < len(lines):
+        line = lines[k]
+        if line.startswith("define ") and " internal " not in line.split("@", 1)[0] + " ":
+            end = lines.index("}", k)
+            funcs.append(lines[k : end + 1])
+            k = end + 1
+            continue
+        head.append(line)
+        k += 1
+    if n < 2 or len(funcs) < SPLIT_MIN_FUNCTIONS:
+        return [text]
+    bins: list[list[list[str]]] = [[] for _ in range(n)]
+    sizes = [0] * n
+    for f in sorted(funcs, key=len, reverse=True):
+        j = sizes.index(min(sizes))
+        bins[j].append(f)
+        sizes[j] += len(f)
+    out = []
+    for j, mine in enumerate(bins):
+        declares = [_declaration(f[0]) for b in bins if b is not mine for f in b]
+        part = head if j == 0 else [_external(line) for line in head]
+        out.append("\n".join(part + declares + [line for f in mine for line in f]) + "\n")
+    return out
+
+
+def _declaration(define: str) -> str:
+    m = _DEFINE.match(define)
+    if m is None:  # pragma: no cover - the renderer writes every definition this way
+        raise ValueError(f"not a function definition: {define[:80]}")
+    types = [p.split()[0] for p in m.group(3).split(",") if p.strip()]
+    return f"declare {m.group(1).strip()} @{m.group(2)}({', '.join(types)})"
+
+
+def _external(line: str) -> str:
+    """A global defined in the first part, declared in the others."""
+    if line.startswith("@") and " = global " in line:
+        name, rest = line.split(" = global ", 1)
+        return f"{name} = external global {rest.split()[0]}"
+    return line
+
+
+def _compile_parts(parts: list[str], tm) -> list[bytes]:
+    """The object code of each part: the first compiled here, the others at the same time
+    in forked processes (one compiled here again if its process fails)."""
+    import os
+    import warnings
+
+    if not hasattr(os, "fork"):
+        return [_llvm_object(p, tm) for p in parts]
+    children = []
+    try:
+        for part in parts[1:]:
+            r, w = os.pipe()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads
+                pid = os.fork()
+            if pid == 0:  # the child: compile, hand the object over, exit
+                code = 1
+                try:
+                    os.close(r)
+                    data = _llvm_object(part, tm)
+                    with os.fdopen(w, "wb") as f:
+                        f.write(data)
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.close(w)
+            children.append((pid, r))
+        objs = [_llvm_object(parts[0], tm)]
+        for (pid, r), part in zip(children, parts[1:]):
+            with os.fdopen(r, "rb") as f:
+                data = f.read()
+            _, status = os.waitpid(pid, 0)
+            children = [c for c in children if c[0] != pid]
+            objs.append(data if status == 0 and data else _llvm_object(part, tm))
+        return objs
+    finally:
+        for pid, _ in children:  # interrupted: leave no process behind
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+
+
+def _llvm_object(text: str, tm) -> bytes:
+    return tm.emit_object(_optimized(text, tm))
 
 
 def _read_object(path: str) -> bytes | None:
