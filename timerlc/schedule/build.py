@@ -33,6 +33,7 @@ from timerlc.poly import checks
 from timerlc.poly import isl as pisl
 from timerlc.poly import levels as lv
 
+
 @dataclass(frozen=True)
 class Statement:
     nid: int
@@ -70,15 +71,17 @@ def stored_nodes(graph: Graph) -> set[int]:
         for nid in stored:
             for k in _body(graph, nid, stored)[:-1]:
                 uses[k] = uses.get(k, 0) + 1
-        shared = {
-            k
-            for k, c in uses.items()
-            if c > 1
-            and (not ops.get(graph.node(k).op).cheap or len(_body(graph, k, stored)) > CHEAP_CHAIN)
-        }
-        if not shared:
+        shared = {k for k, c in uses.items() if c > 1}
+        # the costly nodes first: once they are stored, a chain of cheap ops above them is
+        # short (``tanh(x @ w + b)`` is two ops over a stored matmul, not four)
+        costly = {k for k in shared if _costly(graph.node(k).op)}
+        if costly:
+            stored |= costly
+            continue
+        long = {k for k in shared if len(_body(graph, k, stored)) > CHEAP_CHAIN}
+        if not long:
             return stored
-        stored |= shared
+        stored |= long
 
 
 def _noise(n) -> bool:
@@ -88,6 +91,12 @@ def _noise(n) -> bool:
 
 
 CHEAP_CHAIN = 2  # a shared chain of cheap ops longer than this is stored, not recomputed
+# elementwise ops that cost tens of operations an element: computed once where shared
+TRANSCENDENTAL = frozenset(["exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos", "pow"])
+
+
+def _costly(op: str) -> bool:
+    return op in TRANSCENDENTAL or not ops.get(op).cheap
 
 
 def _body(graph: Graph, nid: int, stored: set[int]) -> tuple[int, ...]:
