@@ -440,9 +440,10 @@ def test_a_merge_checks_and_reads_only_where_its_input_applies():
     np.testing.assert_array_equal(rt.value("y"), want["y"])
 
 
-def test_matmuls_without_a_blas_run_the_generated_loops(monkeypatch):
-    """Where the runtime finds no CBLAS, a kernel's matmuls run its own loops: the same
-    results (tested here by hiding the BLAS; everywhere else it is found)."""
+def test_matmuls_without_a_blas_run_the_library_loops(monkeypatch):
+    """Where the runtime finds no CBLAS, a kernel's gemm calls go to the runtime library's
+    loops (``tl_gemm_loops_*``, either operand transposed or not): the same results (tested
+    here by hiding the BLAS; everywhere else it is found)."""
     from timerlc.runtime import native as nat
 
     monkeypatch.setattr(nat, "cblas", lambda: None)

@@ -1208,16 +1208,9 @@ class _Lowering:
             return self.loops((m,), lambda idx: row(idx[0]))
 
         if blas:
-            loops = body
 
-            def body(bidx):  # the BLAS where the runtime found one, else the loops
-                return [
-                    If(
-                        kir.Fn(f"tl_have_{dtype}gemm", (), "bool"),
-                        (self._gemm(a, b, sa, sb, batch, bidx, name, base, full),),
-                        tuple(loops(bidx)),
-                    )
-                ]
+            def body(bidx):  # the BLAS (or the runtime library's loops where it has none)
+                return [self._gemm(a, b, sa, sb, batch, bidx, name, base, full)]
 
         vdep = a.vdep or b.vdep
         self.emit(self.loops(batch, body) if batch else body([]), vdep)

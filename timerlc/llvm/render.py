@@ -267,6 +267,78 @@ fine:
 """
 
 
+# The gemm of a machine without a BLAS (the runtime leaves @tl_sgemm/@tl_dgemm null): the
+# CBLAS row-major signature, c = op(a) @ op(b) (alpha 1 and beta 0: all the kernels pass),
+# row by row, the inner loop along a row of b and of c. One copy per dtype, not one per call.
+_GEMM_LOOPS = """
+define internal void @tl_gemm_loops_{t}(i32 %order, i32 %ta, i32 %tb, i64 %m, i64 %n, i64 %k,
+    {t} %alpha, ptr %a, i64 %lda, ptr %b, i64 %ldb, {t} %beta, ptr %c, i64 %ldc) noinline {{
+entry:
+  %tra = icmp eq i32 %ta, 112
+  %trb = icmp eq i32 %tb, 112
+  br label %ihead
+ihead:
+  %i = phi i64 [ 0, %entry ], [ %i1, %iend ]
+  %imore = icmp slt i64 %i, %m
+  br i1 %imore, label %clear, label %done
+clear:
+  %crow = mul i64 %i, %ldc
+  br label %zhead
+zhead:
+  %z = phi i64 [ 0, %clear ], [ %z1, %zbody ]
+  %zmore = icmp slt i64 %z, %n
+  br i1 %zmore, label %zbody, label %khead
+zbody:
+  %zi = add i64 %crow, %z
+  %zp = getelementptr {t}, ptr %c, i64 %zi
+  store {t} 0.0, ptr %zp
+  %z1 = add i64 %z, 1
+  br label %zhead
+khead:
+  %kk = phi i64 [ 0, %zhead ], [ %kk1, %jend ]
+  %kmore = icmp slt i64 %kk, %k
+  br i1 %kmore, label %kbody, label %iend
+kbody:
+  %ia = mul i64 %i, %lda
+  %ian = add i64 %ia, %kk
+  %ka = mul i64 %kk, %lda
+  %iat = add i64 %ka, %i
+  %aidx = select i1 %tra, i64 %iat, i64 %ian
+  %ap = getelementptr {t}, ptr %a, i64 %aidx
+  %aik = load {t}, ptr %ap
+  br label %jhead
+jhead:
+  %j = phi i64 [ 0, %kbody ], [ %j1, %jbody ]
+  %jmore = icmp slt i64 %j, %n
+  br i1 %jmore, label %jbody, label %jend
+jbody:
+  %kb = mul i64 %kk, %ldb
+  %bn = add i64 %kb, %j
+  %jb = mul i64 %j, %ldb
+  %bt = add i64 %jb, %kk
+  %bidx = select i1 %trb, i64 %bt, i64 %bn
+  %bp = getelementptr {t}, ptr %b, i64 %bidx
+  %bkj = load {t}, ptr %bp
+  %prod = fmul {t} %aik, %bkj
+  %ci = add i64 %crow, %j
+  %cp = getelementptr {t}, ptr %c, i64 %ci
+  %cv = load {t}, ptr %cp
+  %sum = fadd {t} %cv, %prod
+  store {t} %sum, ptr %cp
+  %j1 = add i64 %j, 1
+  br label %jhead
+jend:
+  %kk1 = add i64 %kk, 1
+  br label %khead
+iend:
+  %i1 = add i64 %i, 1
+  br label %ihead
+done:
+  ret void
+}}
+"""
+
+
 _F32_INTRINSICS = (
     "declare double @llvm.rint.f64(double)",
     "declare float @llvm.fabs.f32(float)",
@@ -283,6 +355,7 @@ def render_module(kernels: list[kir.Kernel], trees=(), library: str = "") -> str
     head += sorted(r.declares)
     # the BLAS's gemm, when the runtime finds one (CBLAS, 64-bit ints): it sets these
     head += [f"@tl_{t}gemm = global ptr null" for t in sorted(r.gemm)]
+    head += [_GEMM_LOOPS.format(t={"s": "float", "d": "double"}[w]) for w in sorted(r.gemm)]
     head += [_IPOW.format(t=t) for t in sorted(r.ipow)]
     if r.launches:
         head += [
@@ -467,7 +540,9 @@ class _Function:
         t = REG[s.dtype]
         which = "s" if s.dtype == "f32" else "d"
         self.m.gemm.add(which)
-        fn = self.op(f"load ptr, ptr @tl_{which}gemm")
+        blas = self.op(f"load ptr, ptr @tl_{which}gemm")
+        none = self.op(f"icmp eq ptr {blas}, null")
+        fn = self.op(f"select i1 {none}, ptr @tl_gemm_loops_{t}, ptr {blas}")
         ptrs = []
         for buf, off in ((s.a, s.aoff), (s.b, s.boff), (s.c, s.coff)):
             reg, _ = self.ptr[buf]
@@ -599,11 +674,6 @@ class _Function:
             return self.unary(e.op, self.expr(e.x), e.x.dtype)
         if isinstance(e, Bin):
             return self.binary(e.op, self.expr(e.a), self.expr(e.b), e.a.dtype)
-        if isinstance(e, Fn) and e.name.startswith("tl_have_"):
-            which = "s" if e.name == "tl_have_f32gemm" else "d"
-            self.m.gemm.add(which)
-            fn = self.op(f"load ptr, ptr @tl_{which}gemm")
-            return self.op(f"icmp ne ptr {fn}, null")
         if isinstance(e, Fn):
             if e.name.startswith("tl_rng_"):
                 self.m.rng = True
