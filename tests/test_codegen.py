@@ -190,6 +190,43 @@ def test_f32_tanh_is_within_8_ulp_everywhere():
     assert_same(rt.value("y"), want["y"], "tanh at special values")
 
 
+@pytest.mark.parametrize("fn", ["log", "log1p"])
+def test_f32_log_and_log1p_are_within_1_ulp_everywhere(fn):
+    # the generated f32 log and log1p are computed in f64 from the bits (llvm/render.py),
+    # not by the C library: within an ulp of the exact value from the smallest subnormal
+    # to the largest f32, and NumPy's values at zero, -1, negatives, infinities and nan
+    text = (
+        "config K = 60001\ndim k < K\n"
+        "x[k] = 2.0 ** ((f32(k) - 32500.0) * 0.0045) * (1.0 + f32(k % 7) * 0.1234567)\n"
+        f"y[k] = {fn}(x)\nout x, y\n"
+    )
+    rt, want, _ = native(text)
+    x = rt.value("x").astype(np.float64)
+    exact = np.log(x) if fn == "log" else np.log1p(x)
+    ulp = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
+    err = np.abs(rt.value("y").astype(np.float64) - exact) / ulp
+    assert err.max() <= 1, f"{err.max()} ulp at x = {x[err.argmax()]}"
+    special = [0.0, -0.0, -1.0, -0.5, -2.0, 1e-45, 1e-30, -1e-30, 1.0, 3e38, math.inf]
+    special += [-math.inf, math.nan, 1e-8, -1e-8, 0.9999999, 1.0000001]
+    text = f"config K = {len(special)}\ndim k < K\n" + table("a", special, "f32")
+    rt, want, _ = native(text + f"y[k] = {fn}(a)\nout y\n")
+    got, ref = rt.value("y"), want["y"]
+    np.testing.assert_allclose(got, ref, rtol=2e-7, atol=0, err_msg=f"{fn} at special values")
+    nan = np.isnan(ref)
+    assert (np.isnan(got) == nan).all() and (np.signbit(got) == np.signbit(ref))[~nan].all()
+
+
+def test_powers_of_constants_equal_numpy():
+    # x ** 2 is x * x and x ** 1 is x (NumPy's fast path): exact, nan, infinities and -0
+    values = FLOATS + [3e-23, 1e20, 1e-40]
+    text = f"config K = {len(values)}\ndim k < K\n" + table("a", values, "f32")
+    text += "y[k] = a ** 2.0\nz[k] = a ** (2.0 - 1.0)\nw[k] = (a + 1.0) ** 2\nout y, z, w\n"
+    rt, want, gen = native(text)
+    for name in ("y", "z", "w"):
+        assert_same(rt.value(name), want[name], name)
+    assert "pow(" not in "\n".join(kir.text(k) for k in gen.kernels)
+
+
 @pytest.mark.parametrize("to", ["i32", "i64", "bool", "f32", "f64"])
 def test_casts_equal_numpy(to):
     values = FLOATS + [2.0**31, -(2.0**31), 2.0**31 - 1, 3e9, -3e9, 2.0**63, -(2.0**63), 0.9, -0.9]

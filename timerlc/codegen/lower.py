@@ -153,7 +153,8 @@ class _Lowering:
         self.target: str | None = None  # a temporary the values go to before the buffer
         self.branch = False  # lowering an input of a merge (see _merge)
         self.batchable = False  # see kernel()
-        self.dest = None  # where the statement's matmul writes, if straight into its buffer
+        self.dest = None  # where the statement's matmul may write, straight into its buffer
+        self.wrote_dest = False  # whether it did (else its value is stored as any other)
 
     # ------------------------------------------------------------------ naming and memory
     def fresh(self, stem: str) -> str:
@@ -201,23 +202,27 @@ class _Lowering:
         self.batchable = bool(st.vector) and self._inside_box(st.domain) is True
         own = st.node
         if own.op == "matmul" and self._direct():
-            # the product goes straight into the buffer (no temporary, no copy)
+            # the product goes straight into the buffer where it can (no temporary, no copy)
             self.dest = (
                 self.slot(st.id, 0, write=True),
                 self.point_index(st.id, [Ref(d) for d in st.dims]),
             )
-            self.value(own.id)
-            body = []
+            v = self.value(own.id)
+            body = [] if self.wrote_dest else self._store(v)
         elif own.op == "merge":
             body = self._merge(own)
         else:
             v = self.value(own.id)
             body = self._store(v)
         point = tuple(self.point) + tuple(body)
+        if not point:  # all computed before the vector loops
+            point, vector = (), ()
+        else:
+            vector = st.dims
         domain = self.index(self._inside_box(st.domain))
-        if not (isinstance(domain, Const) and domain.value is True):
+        if point and not (isinstance(domain, Const) and domain.value is True):
             point = (If(domain, point),)
-        for d in reversed(st.dims):
+        for d in reversed(vector):
             if d in self.vector:
                 extent = self.plan.buffer(st.id).box[st.dims.index(d)]
                 point = (For(d, kir.i64(0), kir.i64(extent), point),)
@@ -288,13 +293,15 @@ class _Lowering:
         )
 
     def _direct(self) -> bool:
-        """Whether a matmul statement can compute into its buffer: one product per call
-        (no vector dims), at every call (no condition), and no read of its own buffer (a
-        ring buffer's slot may be the one it writes) nor a donor's memory."""
+        """Whether a matmul statement may compute into its buffer: at every call and every
+        point of its vector dims (no condition), and no read of its own buffer (a ring
+        buffer's slot may be the one it writes) nor a donor's memory. With vector dims, it
+        does where the product is computed for all points at once and the points' results
+        lie one after another in the buffer (``_matmul_over_points``)."""
         st = self.st
         reads_own = any(r.stored and r.src == st.id for n in st.nodes for r in n.inputs)
         return (
-            not st.vector
+            (not st.vector or self.batchable)
             and self.target is None
             and not reads_own
             and self._inside_box(st.domain) is True
@@ -439,6 +446,9 @@ class _Lowering:
     def read(self, r) -> Val:
         if not r.stored:
             return self.value(r.src)
+        c = self._stored_const(r)
+        if c is not None:
+            return c
         buf = self.plan.buffer(r.src)
         o = buf.outputs[r.out]
         name = self.slot(r.src, r.out)
@@ -483,6 +493,19 @@ class _Lowering:
             layout = (name, offset, strides)
         return Val(o.dtype, shape, at, vdep, 0, layout)
 
+    def _stored_const(self, r) -> Val | None:
+        """A read of a constant that the schedule stored (a statement of one ``const`` of
+        one value, over no dims: it is read by statements of other loops): the constant
+        itself, folded into the code, not loaded from its buffer."""
+        src = self.plan.statement(r.src)
+        if src.dims or r.access or len(src.nodes) != 1 or src.node.op != "const":
+            return None
+        attrs = src.node.attr_dict()
+        if isinstance(attrs["value"], tuple):
+            return None
+        t = src.node.types[r.out]
+        return self._const(attrs, t.dtype, tuple(t.shape))
+
     def value(self, nid: int) -> Val:
         v = self.vals.get(nid)
         if v is None:
@@ -511,6 +534,9 @@ class _Lowering:
         if op in _BINARY:
             a, b = ins
             k = _BINARY[op]
+            folded = _fold_binary(k, a, b, dtype, shape)
+            if folded is not None:
+                return folded
             return Val(
                 dtype,
                 shape,
@@ -1102,8 +1128,7 @@ class _Lowering:
 
     def _matmul(self, a: Val, b: Val, dtype: str, shape: tuple, dest=None) -> Val:
         if (
-            dest is None
-            and self.batchable
+            self.batchable
             and a.vdep
             and not a.local
             and not b.vdep
@@ -1111,14 +1136,22 @@ class _Lowering:
             and len(b.shape) == 2
             and dtype in ("f32", "f64")
         ):
-            return self._matmul_over_points(a, b, dtype)
+            return self._matmul_over_points(a, b, dtype, dest)
+        if dest is not None and self.st.vector:
+            dest = None  # a product per point: into a temporary, then stored
+        if dest is not None:
+            self.wrote_dest = True
         return self._matmul_at_point(a, b, dtype, shape, dest)
 
-    def _matmul_over_points(self, a: Val, b: Val, dtype: str) -> Val:
+    def _matmul_over_points(self, a: Val, b: Val, dtype: str, dest=None) -> Val:
         """``a @ b`` at every point of the vector dims at once, where ``a`` depends on the
-        point and ``b`` does not (a layer applied to every environment): the rows of ``a``
-        at all points into one matrix, one matmul (the BLAS's), each point reading its
-        rows. Computed once per call, before the vector loops."""
+        point and ``b`` does not (a layer applied to every environment): one matmul (the
+        BLAS's) of the rows of ``a`` at all points, each point reading its rows. Computed
+        once per call, before the vector loops. Where the points' rows of ``a`` lie in its
+        buffer at a constant stride (one after another, as the rows of ``o[i, b, t]`` at
+        all ``b, t``), the BLAS reads them there; else they are copied into one matrix
+        first. Likewise the product goes straight to ``dest`` (the statement's buffer)
+        where the points' results lie there one after another."""
         st = self.st
         box = self.plan.buffer(st.id).box
         vdims = [(d, box[k]) for k, d in enumerate(st.dims) if d in self.vector]
@@ -1128,26 +1161,49 @@ class _Lowering:
         p: Expr = kir.i64(0)
         for d, ext in vdims:
             p = kir.add(kir.mul(p, ext), Ref(d))
-        rows = self.temp(dtype, max(points * m * kk, 1))
         shape_a = tuple(a.shape)
+        strided = None if a.layout is None else _point_rows(a.layout, vdims, m, kk)
+        if (
+            strided is not None
+            and _matrix(Val(dtype, (points * m, kk), a.at, False, 0, strided), (points * m, kk))
+            is None
+        ):
+            strided = None
+        if strided is None:
+            rows = self.temp(dtype, max(points * m * kk, 1))
 
-        def put(idx):
-            row = kir.add(kir.mul(p, m), idx[0] if len(shape_a) == 2 else kir.i64(0))
-            return [Store(rows, kir.add(kir.mul(row, kk), idx[-1]), a.at(idx))]
+            def put(idx):
+                row = kir.add(kir.mul(p, m), idx[0] if len(shape_a) == 2 else kir.i64(0))
+                return [Store(rows, kir.add(kir.mul(row, kk), idx[-1]), a.at(idx))]
 
-        loop = self.loops(shape_a, put)
-        for d, ext in reversed(vdims):
-            loop = [For(d, kir.i64(0), kir.i64(ext), tuple(loop))]
-        self.pre.extend(loop)
+            loop = self.loops(shape_a, put)
+            for d, ext in reversed(vdims):
+                loop = [For(d, kir.i64(0), kir.i64(ext), tuple(loop))]
+            self.pre.extend(loop)
+            strided = (rows, kir.i64(0), (kk, 1))
+        buf, off, (sr, sc) = strided
         every = Val(
             dtype,
             (points * m, kk),
-            lambda idx: Load(rows, kir.add(kir.mul(idx[0], kk), idx[1]), dtype),
+            lambda idx: Load(
+                buf, kir.add(off, kir.add(kir.mul(idx[0], sr), kir.mul(idx[1], sc))), dtype
+            ),
             False,
             0,
-            (rows, kir.i64(0), (kk, 1)),
+            strided,
         )
-        out = self._matmul_at_point(every, b, dtype, (points * m, n))
+        into = None
+        if dest is not None:
+            into = _point_rows((dest[0], dest[1], (n, 1)), vdims, m, n)
+            if into is not None and (into[2][1] != 1 or into[2][0] < n):
+                into = None
+        if into is not None:
+            self.wrote_dest = True
+            out = self._matmul_at_point(
+                every, b, dtype, (points * m, n), (into[0], into[1]), into[2][0]
+            )
+        else:
+            out = self._matmul_at_point(every, b, dtype, (points * m, n))
 
         def at(idx):
             row = kir.add(kir.mul(p, m), idx[0] if len(shape_a) == 2 else kir.i64(0))
@@ -1155,9 +1211,12 @@ class _Lowering:
 
         return Val(dtype, (n,) if len(shape_a) == 1 else (m, n), at, True, 0)
 
-    def _matmul_at_point(self, a: Val, b: Val, dtype: str, shape: tuple, dest=None) -> Val:
+    def _matmul_at_point(
+        self, a: Val, b: Val, dtype: str, shape: tuple, dest=None, ldc: int | None = None
+    ) -> Val:
         """``a @ b`` into a temporary, or with ``dest`` (a buffer and the offset of the
-        point's element) straight into the statement's buffer."""
+        point's element) straight into the statement's buffer, its rows ``ldc`` elements
+        apart (default: one after another)."""
         sa = (1,) + a.shape if len(a.shape) == 1 else a.shape
         sb = b.shape + (1,) if len(b.shape) == 1 else b.shape
         batch = tuple(_bshape(sa[:-2], sb[:-2]))
@@ -1172,8 +1231,14 @@ class _Lowering:
             name, base = self.temp(dtype, max(math.prod(full), 1)), kir.i64(0)
         else:
             name, base = dest
+        if ldc is None:
+            ldc = n
+        elif batch:
+            raise ValueError("a row stride of its own for a batch of products")
 
         def pos(idx) -> Expr:
+            if ldc != n:
+                return kir.add(base, kir.add(kir.mul(idx[-2], ldc), idx[-1]))
             return kir.add(base, kir.linear(idx, full))
 
         def a_at(bidx, i, k):
@@ -1210,14 +1275,15 @@ class _Lowering:
         if blas:
 
             def body(bidx):  # the BLAS (or the runtime library's loops where it has none)
-                return [self._gemm(a, b, sa, sb, batch, bidx, name, base, full)]
+                return [self._gemm(a, b, sa, sb, batch, bidx, name, base, full, ldc)]
 
         vdep = a.vdep or b.vdep
         self.emit(self.loops(batch, body) if batch else body([]), vdep)
         if dest is None:
             res = self.temp_val(name, dtype, full, vdep)
         else:
-            res = Val(dtype, full, lambda idx: Load(name, pos(idx), dtype), vdep, 0)
+            layout = (name, base, (ldc, 1)) if ldc != n else None
+            res = Val(dtype, full, lambda idx: Load(name, pos(idx), dtype), vdep, 0, layout)
         if len(a.shape) == 1 or len(b.shape) == 1:
 
             def at(idx):
@@ -1232,7 +1298,7 @@ class _Lowering:
         return res
 
     def _gemm(
-        self, a: Val, b: Val, sa, sb, batch, bidx, name: str, base: Expr, full: tuple
+        self, a: Val, b: Val, sa, sb, batch, bidx, name: str, base: Expr, full: tuple, ldc: int
     ) -> kir.Gemm:
         """``out[bidx] = a[bidx] @ b[bidx]`` by the BLAS (both operands strided matrices)."""
         m, kk, n = sa[-2], sa[-1], sb[-1]
@@ -1247,7 +1313,116 @@ class _Lowering:
         for e, st in zip(bb, bstr):
             boff = kir.add(boff, kir.mul(e, st))
         coff = kir.add(base, kir.linear(list(bidx) + [kir.i64(0), kir.i64(0)], full))
-        return kir.Gemm(a.dtype, ta, tb, m, n, kk, abuf, aoff, lda, bbuf, boff, ldb, name, coff, n)
+        return kir.Gemm(
+            a.dtype, ta, tb, m, n, kk, abuf, aoff, lda, bbuf, boff, ldb, name, coff, ldc
+        )
+
+
+def _const_of(v: Val) -> Const | None:
+    """The constant every element of ``v`` is, if it is one."""
+    if v.vdep or v.cost or v.layout is not None or v.local:
+        return None
+    e = v.at([kir.i64(0)] * len(v.shape))
+    return e if isinstance(e, Const) else None
+
+
+def _fold_binary(op: str, a: Val, b: Val, dtype: str, shape: tuple) -> Val | None:
+    """``a op b`` where it simplifies: two constants folded (as NumPy computes them in
+    ``dtype``); ``x ** 1`` is ``x``, and ``x ** 2`` is ``x * x`` (NumPy's own fast path for
+    these exponents)."""
+    ca, cb = _const_of(a), _const_of(b)
+    if ca is not None and cb is not None and op in ("add", "sub", "mul") and dtype[0] == "f":
+        import numpy as np
+
+        t = ops.numpy_dtype(dtype)
+        x, y = np.asarray(ca.value, t), np.asarray(cb.value, t)
+        r = {"add": np.add, "sub": np.subtract, "mul": np.multiply}[op](x, y)
+        c = Const(dtype, float(r))
+        return Val(dtype, shape, lambda idx: c, False, 0)
+    if op == "pow" and cb is not None and dtype[0] == "f" and a.shape == shape:
+        if cb.value == 1.0:
+            return a
+        if cb.value == 2.0:
+            return Val(
+                dtype,
+                shape,
+                lambda idx: Bin("mul", a.at(idx), a.at(idx), dtype),
+                a.vdep,
+                a.cost + 1,
+            )
+    return None
+
+
+def _point_rows(layout: tuple, vdims: list, m: int, k: int) -> tuple | None:
+    """The layout ``(buffer, offset, (row stride, column stride))`` of the matrix of the
+    rows of every point of the vector dims ``vdims`` (``(dim, extent)``, outermost first;
+    point ``p`` in row-major order gives rows ``p*m ..< p*m + m``), from ``layout``: one
+    point's ``[m, k]`` (or ``[k]`` where ``m`` is 1) view, its offset an expression of the
+    vector dims. None where the points' rows do not lie one after another at one stride."""
+    buf, off, st = layout
+    aff = _affine(off, {d for d, _ in vdims})
+    if aff is None:
+        return None
+    rest, coef = aff
+    sc = st[-1]
+    row = st[-2] if len(st) == 2 else None
+    want = None  # the stride the next dim outward must have
+    for d, ext in reversed(vdims):
+        c = coef.get(d, 0)
+        if ext == 1:
+            continue
+        if want is None:
+            if m > 1 and c != m * row:
+                return None
+            row = row if m > 1 else c
+        elif c != want:
+            return None
+        want = c * ext
+    if row is None:  # a single point of one row
+        row = k * sc
+    return buf, rest, (row, sc)
+
+
+def _affine(e: Expr, names: set) -> tuple[Expr, dict] | None:
+    """``e`` (i64) as ``rest + sum(coef[v] * v)`` over the locals ``names``, ``rest`` free
+    of them: ``(rest, coef)``, or None where ``e`` is not of that form."""
+    if isinstance(e, Ref) and e.name in names:
+        return kir.i64(0), {e.name: 1}
+    if not _mentions(e, names):
+        return e, {}
+    if isinstance(e, Bin) and e.dtype == "i64" and e.op == "add":
+        a, b = _affine(e.a, names), _affine(e.b, names)
+        if a is None or b is None:
+            return None
+        coef = dict(a[1])
+        for v, c in b[1].items():
+            coef[v] = coef.get(v, 0) + c
+        return kir.add(a[0], b[0]), coef
+    if isinstance(e, Bin) and e.dtype == "i64" and e.op == "mul":
+        x, k = (e.a, e.b) if isinstance(e.b, Const) else (e.b, e.a)
+        if not isinstance(k, Const):
+            return None
+        x = _affine(x, names)
+        if x is None:
+            return None
+        return kir.mul(x[0], k.value), {v: c * k.value for v, c in x[1].items()}
+    return None
+
+
+def _mentions(e: Expr, names: set) -> bool:
+    if isinstance(e, Ref):
+        return e.name in names
+    if isinstance(e, Const):
+        return False
+    if isinstance(e, Load):
+        return _mentions(e.index, names)
+    if isinstance(e, (Un, Cast)):
+        return _mentions(e.x, names)
+    if isinstance(e, Bin):
+        return _mentions(e.a, names) or _mentions(e.b, names)
+    if isinstance(e, Sel):
+        return any(_mentions(x, names) for x in (e.cond, e.a, e.b))
+    return any(_mentions(x, names) for x in e.args)  # Fn
 
 
 BLAS_MIN_MACS = 2048  # below, generated loops are as fast as a BLAS call (docs/codegen.md)

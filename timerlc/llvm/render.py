@@ -96,13 +96,17 @@ exit:
 """
 
 
-# f32 exp and sigmoid without calls (so that loops over them vectorize), computed in f64
-# and rounded once: within an ulp of the exact value (the C library's and NumPy's are within
-# one or two). f32 tanh in f32 arithmetic, 16 lanes to a vector: the odd rational
-# approximation of degree 13/6 that Eigen and XLA use, on |x| clamped to 7.905 (where it
-# reaches 1), x itself below 4e-4; within 7 ulp (NumPy's: 1.4), relative error < 4e-7. exp: x = n ln2 + r (Cody and Waite's two-part ln2), e^r by its Taylor
-# series to r^9 (|r| <= ln2 / 2: a relative error below 1e-11), 2^n from its bits; the
-# argument clamped to [-110, 100], beyond which the f32 result is 0 or inf anyway.
+# f32 exp, sigmoid, log and log1p without calls (so that loops over them vectorize),
+# computed in f64 and rounded once: within an ulp of the exact value (the C library's and
+# NumPy's are within one or two). f32 tanh in f32 arithmetic, 16 lanes to a vector: the odd
+# rational approximation of degree 13/6 that Eigen and XLA use, on |x| clamped to 7.905
+# (where it reaches 1), x itself below 4e-4; within 7 ulp (NumPy's: 1.4), relative error
+# < 4e-7. exp: x = n ln2 + r (Cody and Waite's two-part ln2), e^r by its Taylor series to
+# r^9 (|r| <= ln2 / 2: a relative error below 1e-11), 2^n from its bits; the argument
+# clamped to [-110, 100], beyond which the f32 result is 0 or inf anyway. log: x = 2^k z
+# with z in [sqrt(1/2), sqrt(2)) from the bits (every f32 is a normal f64), log z = 2
+# atanh((z-1)/(z+1)) by its series; log1p(x) = log(u) x / (u - 1) for u = 1 + x (exact
+# in f64 but for tiny x, where it is x), which keeps the relative precision of small x.
 _F32_MATH = """
 define internal double @tl_exp_f32range(double %x0) alwaysinline {{
   %low = fcmp olt double %x0, {m110}
@@ -130,6 +134,68 @@ define internal float @tl_expf(float %x) alwaysinline {{
   %d = fpext float %x to double
   %e = call double @tl_exp_f32range(double %d)
   %r = fptrunc double %e to float
+  ret float %r
+}}
+
+define internal double @tl_log_pos(double %x) alwaysinline {{
+  %ix = bitcast double %x to i64
+  %tmp = sub i64 %ix, 4604544271217802189
+  %k = ashr i64 %tmp, 52
+  %hi = and i64 %tmp, -4503599627370496
+  %iz = sub i64 %ix, %hi
+  %z = bitcast i64 %iz to double
+  %f = fsub double %z, 1.0
+  %den = fadd double %f, 2.0
+  %s = fdiv double %f, %den
+  %w = fmul double %s, %s
+{log_horner}
+  %s2 = fmul double %s, 2.0
+  %lz = fmul double %s2, %lp0
+  %kd = sitofp i64 %k to double
+  %kl = fmul double %kd, {ln2}
+  %r = fadd double %kl, %lz
+  ret double %r
+}}
+
+define internal float @tl_logf(float %x) alwaysinline {{
+  %d = fpext float %x to double
+  %pos = fcmp ogt double %d, 0.0
+  %safe = select i1 %pos, double %d, double 1.0
+  %l = call double @tl_log_pos(double %safe)
+  %r0 = fptrunc double %l to float
+  %zero = fcmp oeq float %x, 0.0
+  %r1 = select i1 %zero, float 0xFFF0000000000000, float %r0
+  %neg = fcmp olt float %x, 0.0
+  %r2 = select i1 %neg, float 0x7FF8000000000000, float %r1
+  %inf = fcmp oeq float %x, 0x7FF0000000000000
+  %r3 = select i1 %inf, float %x, float %r2
+  %nan = fcmp uno float %x, %x
+  %r = select i1 %nan, float %x, float %r3
+  ret float %r
+}}
+
+define internal float @tl_log1pf(float %x) alwaysinline {{
+  %d = fpext float %x to double
+  %u = fadd double %d, 1.0
+  %pos = fcmp ogt double %u, 0.0
+  %one = fcmp oeq double %u, 1.0
+  %bad = xor i1 %one, true
+  %okpos = and i1 %pos, %bad
+  %safe = select i1 %okpos, double %u, double 2.0
+  %l = call double @tl_log_pos(double %safe)
+  %um1 = fsub double %safe, 1.0
+  %q = fdiv double %d, %um1
+  %lq = fmul double %l, %q
+  %r0 = select i1 %one, double %d, double %lq
+  %f0 = fptrunc double %r0 to float
+  %m1 = fcmp oeq float %x, -1.0
+  %f1 = select i1 %m1, float 0xFFF0000000000000, float %f0
+  %below = fcmp olt float %x, -1.0
+  %f2 = select i1 %below, float 0x7FF8000000000000, float %f1
+  %inf = fcmp oeq float %x, 0x7FF0000000000000
+  %f3 = select i1 %inf, float %x, float %f2
+  %nan = fcmp uno float %x, %x
+  %r = select i1 %nan, float %x, float %f3
   ret float %r
 }}
 
@@ -177,10 +243,22 @@ def _f32_math() -> str:
         ln2_hi=h(ln2_hi),
         ln2_lo=h(m.log(2) - ln2_hi),
         horner="\n".join(lines),
+        log_horner=_log_horner(),
+        ln2=h(m.log(2)),
         clamp=const(7.90531110763549805, "f32"),
         tanh_tiny=const(0.0004, "f32"),
         tanh_horner=_horner32("pa", _TANH_P) + "\n" + _horner32("qb", _TANH_Q),
     )
+
+
+def _log_horner() -> str:
+    """``%lp0`` = 1 + w/3 + w^2/5 + ... + w^6/13: log(z) = 2 s P(s^2) for s = (z-1)/(z+1),
+    |s| <= 0.1716 where z lies in [sqrt(1/2), sqrt(2)) (error below 1e-12)."""
+    lines = [f"  %lp6 = fadd double 0.0, {const(1 / 13, 'f64')}"]
+    for k in range(5, -1, -1):
+        lines.append(f"  %lm{k} = fmul double %lp{k + 1}, %w")
+        lines.append(f"  %lp{k} = fadd double %lm{k}, {const(1 / (2 * k + 1), 'f64')}")
+    return "\n".join(lines)
 
 
 # tanh(x) ~ x * P(x^2) / Q(x^2) on |x| <= 7.905 (Eigen's generic_fast_tanh_float)
@@ -736,7 +814,7 @@ class _Function:
             p = self.op(f"zext i1 {pos} to {t}")
             n = self.op(f"zext i1 {neg} to {t}")
             return self.op(f"sub {t} {p}, {n}")
-        if dt == "f32" and op in ("exp", "tanh", "sigmoid"):
+        if dt == "f32" and op in ("exp", "tanh", "sigmoid", "log", "log1p"):
             self.m.f32_math = True
             return self.call(t, f"tl_{op}f", [(t, v)])
         if op == "sigmoid":
