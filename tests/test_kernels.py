@@ -482,7 +482,7 @@ ATTR_KINDS = {
     "space", "init", "env", "key", "names",
 }  # fmt: skip
 SHARED = ("timerlc.rng", "timerlc.types", "timerlc.diagnostics", "timerlc.plan.items")
-SHARED += ("timerlc.plan.expr", "timerlc.ops", "timerlc.runtime", "timerlc.envs")
+SHARED += ("timerlc.plan.expr", "timerlc.ops", "timerlc.runtime", "timerlc.envs", "timerlc.deepstack")
 
 
 @pytest.mark.parametrize(

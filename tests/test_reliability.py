@@ -367,3 +367,65 @@ def test_a_budget_not_met_names_the_buffers_in_the_way_and_the_smallest_budget(
         "compile", path, "-o", str(tmp_path / "c"), "--memory-budget", str(smallest)
     )
     assert code == 0 and err == "", err
+
+
+# --- signals during native code (timerlc.deepstack.held) ---
+def _kill_later(*delays: float):
+    import threading
+
+    for d in delays:
+        threading.Timer(d, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+
+def test_a_signal_during_held_code_is_kept_until_the_next_check():
+    # the native tree functions run held: a Ctrl-C that comes during a callback is raised
+    # by the callback's first check, inside its try, never at an arbitrary instruction
+    from timerlc import deepstack
+
+    seen = []
+
+    def work():
+        with deepstack.held():
+            _kill_later(0.05)
+            started = time.monotonic()
+            while time.monotonic() - started < 0.5:
+                pass  # Python code while held: not interrupted
+            seen.append("ran to the end")
+            deepstack.check()
+            seen.append("not raised")
+
+    with pytest.raises(KeyboardInterrupt):
+        deepstack.call(work)
+    assert seen == ["ran to the end"]
+
+
+def test_a_signal_kept_in_held_code_is_raised_when_it_ends():
+    from timerlc import deepstack
+
+    def work():
+        with deepstack.held():
+            _kill_later(0.05)
+            started = time.monotonic()
+            while time.monotonic() - started < 0.3:
+                pass
+        return "not raised"
+
+    with pytest.raises(KeyboardInterrupt):
+        deepstack.call(work)
+
+
+def test_a_second_signal_interrupts_held_code_at_once():
+    # a callback that hangs (a plugin's step) can still be stopped: press Ctrl-C twice
+    from timerlc import deepstack
+
+    def work():
+        with deepstack.held():
+            _kill_later(0.05, 0.2)
+            started = time.monotonic()
+            while time.monotonic() - started < 20:
+                pass
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        deepstack.call(work)
+    assert time.monotonic() - started < 10

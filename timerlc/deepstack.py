@@ -12,10 +12,18 @@ waits, and a SIGINT or SIGTERM it receives is raised in the worker as ``Keyboard
 or ``Terminated`` (a ``KeyboardInterrupt``), at the worker's next Python instruction; so a
 run stopped by Ctrl-C, ``timeout``, Slurm or ``docker stop`` saves what it computed the
 same way (``runner``). Each later signal is raised there too.
+
+Where the worker runs native code that calls back into Python (``runtime.cpu``'s tree
+functions), an exception raised at an arbitrary instruction of a callback could escape it
+before its ``try`` (ctypes would print and drop it, and the native code would go on). Such
+code runs inside ``held()``: a signal that arrives then is kept, and raised by ``check()``
+(which the callbacks call first, inside their ``try``) or when the block ends; a second
+signal before that is raised at once (a callback that hangs can still be stopped).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import signal
 import sys
@@ -35,6 +43,47 @@ class Terminated(KeyboardInterrupt):
 
 
 _EXCEPTION_OF = {signal.SIGINT: KeyboardInterrupt, signal.SIGTERM: Terminated}
+
+# per thread inside ``held()``: [depth, the exception class of a signal kept, or None]
+_HELD: dict[int, list] = {}
+_HELD_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def held():
+    """Signals forwarded to this thread during the block are kept, not raised at once:
+    ``check()`` raises one, and so does the end of the block (unless it ends by another
+    exception)."""
+    ident = threading.get_ident()
+    state = None
+    failed = True
+    try:
+        with _HELD_LOCK:
+            state = _HELD.setdefault(ident, [0, None])
+            state[0] += 1
+        yield
+        failed = False
+    finally:
+        kept = None
+        if state is not None:
+            with _HELD_LOCK:
+                state[0] -= 1
+                if state[0] == 0:
+                    del _HELD[ident]
+                    kept, state[1] = state[1], None
+        if kept is not None and not failed:
+            raise kept()
+
+
+def check():
+    """Raise the signal kept for this thread in ``held()``, if one came."""
+    with _HELD_LOCK:
+        state = _HELD.get(threading.get_ident())
+        kept = None
+        if state is not None:
+            kept, state[1] = state[1], None
+    if kept is not None:
+        raise kept()
 
 
 def call(fn: Callable[..., Any], *args, **kwargs) -> Any:
@@ -67,7 +116,12 @@ def call(fn: Callable[..., Any], *args, **kwargs) -> Any:
 
     def forward(signum, frame):
         if worker.is_alive():
-            _raise_in(worker, _EXCEPTION_OF[signum])
+            with _HELD_LOCK:  # the worker does not enter nor leave held() meanwhile
+                state = _HELD.get(worker.ident)
+                if state is not None and state[1] is None:
+                    state[1] = _EXCEPTION_OF[signum]
+                else:  # not held, or a second signal: at once (a callback that hangs)
+                    _raise_in(worker, _EXCEPTION_OF[signum])
         else:
             raise _EXCEPTION_OF[signum]()
 

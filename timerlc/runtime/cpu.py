@@ -33,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from timerlc import ops
+from timerlc import deepstack, ops
 from timerlc.diagnostics import RunError
 from timerlc.plan import expr as px
 from timerlc.plan.items import MAX_TREE_DEPTH as _MAX_DEPTH
@@ -851,6 +851,7 @@ class CpuRuntime:
         """The callback of the native tree functions: run statement ``sid`` at the loop
         values at ``args`` (mode 0), or record what its kernel computed (mode 1)."""
         try:
+            deepstack.check()  # a signal that came during the native code
             st = self.statements[sid]
             n = len(st.loops)
             key = tuple((ctypes.c_int64 * n).from_address(args)) if n else ()
@@ -870,13 +871,14 @@ class CpuRuntime:
             self.tree_args[0] = env_value
         err = self.err
         err[0] = self.steps_left
-        code = fn(
-            self.table_address,
-            self.tree_args.ctypes.data,
-            scratch.ctypes.data,
-            self.callback_address,
-            err.ctypes.data,
-        )
+        with deepstack.held():  # Ctrl-C: at the next callback, or when the call returns
+            code = fn(
+                self.table_address,
+                self.tree_args.ctypes.data,
+                scratch.ctypes.data,
+                self.callback_address,
+                err.ctypes.data,
+            )
         self.steps_left = int(err[0])
         if code:
             self._tree_failed(code)
