@@ -269,6 +269,9 @@ class Kernel:
     slots: tuple[Slot, ...]
     temps: tuple[Temp, ...]
     body: tuple
+    # slots that may share memory (a donor's buffer and the statement's own, which takes
+    # the donor's memory): every other pair of buffers is disjoint memory
+    shared: tuple[str, ...] = ()
 
     @property
     def scratch_bytes(self) -> int:
@@ -335,6 +338,8 @@ def linear(idx: list, shape: tuple) -> Expr:
 def text(k: Kernel) -> str:
     """A readable listing of a kernel."""
     lines = [f"kernel {k.name}  (statement {k.sid})  args({', '.join(k.params)})"]
+    if k.shared:
+        lines.append(f"  shared memory: {', '.join(k.shared)}")
     for s in k.slots:
         mode = "rw" if s.write else "r"
         what = f"state {s.state}" if s.state else f"buffer {s.sid}.{s.out}"

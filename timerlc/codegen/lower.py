@@ -240,7 +240,19 @@ class _Lowering:
             tuple(sorted(self.slots.values(), key=lambda s: s.index)),
             tuple(self.temps),
             tuple(self.pre) + point,
+            self._shared(),
         )
+
+    def _shared(self) -> tuple:
+        """The kernel's slots of its own buffer and of the buffer whose memory it takes
+        (``kir.Kernel.shared``), where it takes one."""
+        buf = self.plan.buffer(self.st.id)
+        if buf.donor is None:
+            return ()
+        donor = self.plan.buffer(buf.donor)
+        names = {(self.st.id, k) for k in range(len(buf.outputs))}
+        names |= {(buf.donor, k) for k in range(len(donor.outputs))}
+        return tuple(sorted(s.name for key, s in self.slots.items() if key in names))
 
     def _env_kernel(self) -> kir.Kernel:
         """An environment call of a built-in: its generated form (``codegen.envs``) over the
@@ -290,6 +302,7 @@ class _Lowering:
             tuple(sorted(self.slots.values(), key=lambda s: s.index)),
             tuple(self.temps),
             tuple(self.pre) + tuple(body),
+            self._shared(),
         )
 
     def _direct(self) -> bool:

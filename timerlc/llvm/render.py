@@ -449,7 +449,7 @@ def render_module(kernels: list[kir.Kernel], trees=(), library: str = "") -> str
         from timerlc.llvm.philox import LIBRARY
 
         head.append(LIBRARY)
-    return "\n".join(head + [library] + bodies) + "\n"
+    return "\n".join(head + [library] + bodies + r.metadata) + "\n"
 
 
 class _Module:
@@ -461,6 +461,18 @@ class _Module:
         self.gemm: set[str] = set()  # "s", "d": the gemm functions the kernels call
         self.f32_math = False  # whether the kernels call tl_expf, tl_tanhf or tl_sigmoidf
         self.rng = False  # whether they draw random numbers (the library of llvm.philox)
+        self.metadata: list[str] = []  # !N = ... lines (alias scopes)
+
+    def meta(self, body: str) -> int:
+        """A new metadata node (``!SELF`` in ``body`` stands for its own number)."""
+        n = len(self.metadata)
+        self.metadata.append(f"!{n} = " + body.replace("!SELF", f"!{n}"))
+        return n
+
+    def domain(self) -> int:
+        if not self.metadata:
+            self.meta('distinct !{!SELF, !"timerlc buffers"}')
+        return 0
 
     def kernel(self, k: kir.Kernel) -> str:
         return _Function(self, k).render()
@@ -484,6 +496,7 @@ class _Function:
         self.locals: dict[str, str] = {}  # name -> dtype
         self.ptr: dict[str, tuple[str, str]] = {}  # buffer -> (register, dtype)
         self.memo: dict = {}
+        self.alias: dict[str, str] = {}  # buffer -> the alias metadata of its accesses
 
     def tmp(self) -> str:
         self.n += 1
@@ -524,6 +537,8 @@ class _Function:
         for t in () if tree else k.temps:
             out.append(f"  %p.{t.name} = getelementptr i8, ptr %scratch, i64 {t.offset}")
             self.ptr[t.name] = (f"%p.{t.name}", t.dtype)
+        if not tree:
+            self.scopes(k)
         for j, p in enumerate(k.params):
             out.append(f"  %arg{j}.p = getelementptr i64, ptr %args, i64 {j}")
             out.append(f"  %arg{j} = load i64, ptr %arg{j}.p")
@@ -531,6 +546,26 @@ class _Function:
         self.stmts(k.body)
         self.emit("ret i32 0")
         return "\n".join(out + self.lines) + "\n}\n"
+
+    def scopes(self, k):
+        """Alias scopes: each buffer of the kernel is memory of its own (the memory plan
+        gives live buffers disjoint memory, temporaries are disjoint regions of the
+        scratch area), but for the slots in ``k.shared`` (a donor's memory, taken by the
+        statement's own buffer), which share one: LLVM vectorizes the loops without
+        run-time overlap checks."""
+        names = [s.name for s in k.slots] + [t.name for t in k.temps]
+        group = {n: n for n in names}
+        for n in k.shared:
+            group[n] = "shared"
+        scope = {}
+        for g in dict.fromkeys(group.values()):
+            scope[g] = self.m.meta(f"distinct !{{!SELF, !{self.m.domain()}}}")
+        for n in names:
+            mine = scope[group[n]]
+            others = [v for g, v in scope.items() if g != group[n]]
+            a = self.m.meta(f"!{{!{mine}}}")
+            b = self.m.meta("!{" + ", ".join(f"!{o}" for o in others) + "}")
+            self.alias[n] = f", !alias.scope !{a}, !noalias !{b}"
 
     # ------------------------------------------------------------------ statements
     def stmts(self, body):
@@ -552,7 +587,7 @@ class _Function:
                 b = self.tmp()
                 self.emit(f"{b} = zext i1 {val} to i8")
                 val = b
-            self.emit(f"store {MEM[dt]} {val}, ptr {p}")
+            self.emit(f"store {MEM[dt]} {val}, ptr {p}{self.alias.get(s.buf, '')}")
             self.memo.clear()
         elif isinstance(s, For):
             lo, hi = self.expr(s.lo), self.expr(s.hi)
@@ -739,7 +774,7 @@ class _Function:
             idx = self.expr(e.index)
             reg, dt = self.ptr[e.buf]
             p = self.op(f"getelementptr {MEM[dt]}, ptr {reg}, i64 {idx}")
-            v = self.op(f"load {MEM[dt]}, ptr {p}")
+            v = self.op(f"load {MEM[dt]}, ptr {p}{self.alias.get(e.buf, '')}")
             if dt == "bool":
                 return self.op(f"icmp ne i8 {v}, 0")
             return v

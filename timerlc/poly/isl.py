@@ -97,25 +97,37 @@ def simplify(dims: tuple[str, ...], cond, context=sympy.true):
     take minutes).
     """
 
-    def empty(c) -> bool:
-        return is_empty(dims, sympy.And(context, c))
-
-    if empty(sympy.Not(cond)):
+    # the checks in isl's set algebra: "context and rest imply c" is "the points of
+    # context and rest lie in c's" (no sympy formula is built per check)
+    ctx = cond_set(dims, context)
+    if ctx.is_subset(cond_set(dims, cond)):
         return sympy.true
     if len(cond.args) > SIMPLIFY_PARTS:
         return cond
     if isinstance(cond, sympy.And):
         parts = list(cond.args)
-        for c in list(parts):
-            rest = [p for p in parts if p is not c]
-            if empty(sympy.And(*rest, sympy.Not(c))):
-                parts = rest
-        return sympy.And(*parts)
+        sets = [cond_set(dims, c) for c in parts]
+        keep = list(range(len(parts)))
+        for k in range(len(parts)):
+            rest = ctx
+            for j in keep:
+                if j != k:
+                    rest = rest.intersect(sets[j])
+            if rest.is_subset(sets[k]):
+                keep.remove(k)
+        return sympy.And(*(parts[j] for j in keep))
     if isinstance(cond, sympy.Or):
         parts = list(cond.args)
-        for d in list(parts):
-            rest = [p for p in parts if p is not d]
-            if rest and empty(sympy.And(d, sympy.Not(sympy.Or(*rest)))):
-                parts = rest
-        return sympy.Or(*parts)
+        sets = [cond_set(dims, c) for c in parts]
+        keep = list(range(len(parts)))
+        for k in range(len(parts)):
+            others = [j for j in keep if j != k]
+            if not others:
+                continue
+            rest = sets[others[0]]
+            for j in others[1:]:
+                rest = rest.union(sets[j])
+            if ctx.intersect(sets[k]).is_subset(rest):
+                keep.remove(k)
+        return sympy.Or(*(parts[j] for j in keep))
     return cond

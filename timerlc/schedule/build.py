@@ -329,6 +329,7 @@ class _Fuse:
     def __init__(self, graph: Graph, pairs, build):
         self.graph, self.pairs, self.build = graph, pairs, build
         self.dims_of = {n.id: n.dims for n in graph.nodes}
+        self._spans: dict[tuple, tuple | None] = {}  # (node, its map) -> (lo, hi), () empty
         self.reads_of: dict[int, set[int]] = {}
         for a, b in pairs:
             if a != b:
@@ -341,13 +342,22 @@ class _Fuse:
         """The least and greatest coordinate ``phi`` gives the points of ``nodes``."""
         lo = hi = None
         for n in nodes:
-            image = self.domain(n).apply(phi[n])
-            if image.is_empty():
+            key = (n, phi[n].to_str())  # a band's members are measured again and again
+            got = self._spans.get(key)
+            if got is None:
+                image = self.domain(n).apply(phi[n])
+                if image.is_empty():
+                    got = self._spans[key] = ()
+                else:
+                    a, b = image.dim_min_val(0), image.dim_max_val(0)
+                    ok = a.is_int() and b.is_int()
+                    got = (a.to_python(), b.to_python()) if ok else None
+                    self._spans[key] = got
+            if got == ():
                 continue
-            a, b = image.dim_min_val(0), image.dim_max_val(0)
-            if not (a.is_int() and b.is_int()):
+            if got is None:
                 return None
-            a, b = a.to_python(), b.to_python()
+            a, b = got
             lo = a if lo is None else min(lo, a)
             hi = b if hi is None else max(hi, b)
         return (lo, hi) if lo is not None else None
@@ -630,6 +640,7 @@ def _groups(graph: Graph, statements, order, slots) -> dict[int, list[int]]:
     over the same points: isl's AST builder gets one statement per run (it is much faster
     with fewer statements), which the loop tree expands back into the run's calls."""
     groups: dict[int, list[int]] = {}
+    sets: dict[int, isl.Set] = {}  # per statement, its points (one isl set per statement)
     leader = prev = None
     for nid in order:
         if prev is not None:
@@ -640,9 +651,7 @@ def _groups(graph: Graph, statements, order, slots) -> dict[int, list[int]]:
                 and pos_b == pos_a + 1
                 and in_a == in_b
                 and a.loops == b.loops
-                and instance_set(graph, a)
-                .set_tuple_name("G")
-                .is_equal(instance_set(graph, b).set_tuple_name("G"))
+                and _points(graph, a, sets).is_equal(_points(graph, b, sets))
             ):
                 groups[leader].append(nid)
                 prev = nid
@@ -650,6 +659,15 @@ def _groups(graph: Graph, statements, order, slots) -> dict[int, list[int]]:
         leader = prev = nid
         groups[leader] = [nid]
     return groups
+
+
+def _points(graph: Graph, st: Statement, sets: dict) -> isl.Set:
+    """``instance_set`` of ``st`` in a space without the statement's name, kept in
+    ``sets``."""
+    got = sets.get(st.nid)
+    if got is None:
+        got = sets[st.nid] = instance_set(graph, st).set_tuple_name("G")
+    return got
 
 
 def _loop_tree(graph: Graph, statements, times, groups, points=(), width: int = 0) -> tuple:
