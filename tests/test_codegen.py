@@ -499,3 +499,22 @@ def test_matmuls_without_a_blas_run_the_library_loops(monkeypatch):
     assert "gemm." in "\n".join(kir.text(k) for k in gen.kernels)  # the calls are there
     for name in ("y", "z", "zt"):
         np.testing.assert_allclose(rt.value(name), want[name], rtol=1e-5, atol=1e-5)
+
+
+def test_kernels_of_the_same_shape_share_one_body():
+    # the same ops on other buffers (each parameter's update) compile once: a body that
+    # finds its buffers through a list of table entries, called by each kernel with its own
+    text = (
+        "config I = 5\ndim i < I\n"
+        "x[0] = 1.0\nx[i+1] = x[i] * 0.5 + 1.0\n"
+        "y[0] = 3.0\ny[i+1] = y[i] * 0.5 + 1.0\n"
+        "out x, y\n"
+    )
+    rt, want, gen = native(text)
+    for name in ("x", "y"):
+        assert_same(rt.value(name), want[name], name)
+    bodies = [line for line in gen.text.splitlines() if line.startswith("define i32 @k")]
+    assert bodies, "no shared body"
+    body = bodies[0].split("@", 1)[1].split("(", 1)[0]
+    callers = [line for line in gen.text.splitlines() if f"call i32 @{body}(" in line]
+    assert len(callers) >= 2
