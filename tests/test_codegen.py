@@ -518,3 +518,20 @@ def test_kernels_of_the_same_shape_share_one_body():
     body = bodies[0].split("@", 1)[1].split("(", 1)[0]
     callers = [line for line in gen.text.splitlines() if f"call i32 @{body}(" in line]
     assert len(callers) >= 2
+
+
+def test_a_profile_counts_the_native_calls_of_each_statement():
+    # run --profile keeps the native tree functions: tl_launch counts each kernel call's
+    # cycles, turned into seconds at the rate the counter ran during the run
+    text = "config I = 50\ndim i < I\nx[0] = 1.0\nx[i+1] = tanh(x[i] * 0.5 + 1.0)\nout x\n"
+    graph = check_source(Source("p.rtl", src(text)))
+    gen = generate_code(compile_plan(run_passes(graph)))
+    rt = CpuRuntime(gen.plan, native=gen.text, profile=True)
+    assert rt.trees and rt.cycles is not None
+    rt.run()
+    np.testing.assert_allclose(rt.value("x"), outputs(run_graph(graph))["x"], rtol=1e-6)
+    looped = [s.id for s in gen.plan.statements if s.loops and s.id in rt.calls]
+    assert looped, rt.calls
+    assert any(rt.calls[s] == 50 for s in looped), rt.calls
+    assert all(rt.seconds[s] >= 0.0 for s in rt.calls)
+    assert sum(rt.seconds.values()) > 0.0

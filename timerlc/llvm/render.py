@@ -288,6 +288,14 @@ def _horner32(stem: str, coefs: tuple) -> str:
 # else code {outside}; a kernel's non-zero code becomes {failed}; either way err[1] gets the
 # statement and err[2..] its loop values.
 _LAUNCH = """
+@tl_prof = global ptr null
+declare i64 @llvm.readcyclecounter()
+
+define i64 @tl_cycles() {{
+  %c = call i64 @llvm.readcyclecounter()
+  ret i64 %c
+}}
+
 define internal void @tl_record(ptr %err, i64 %sid, i64 %n, ptr %args) noinline {{
 entry:
   %p = getelementptr i64, ptr %err, i64 1
@@ -333,7 +341,30 @@ outside:
   call void @tl_record(ptr %err, i64 %sid, i64 %n, ptr %args)
   ret i32 {outside}
 call:
-  %r = call i32 %fn(ptr %table, ptr %args, ptr %scratch)
+  %prof = load ptr, ptr @tl_prof
+  %on = icmp ne ptr %prof, null
+  br i1 %on, label %timed, label %plain
+plain:
+  %r0 = call i32 %fn(ptr %table, ptr %args, ptr %scratch)
+  br label %check
+timed:
+  %c0 = call i64 @llvm.readcyclecounter()
+  %r1 = call i32 %fn(ptr %table, ptr %args, ptr %scratch)
+  %c1 = call i64 @llvm.readcyclecounter()
+  %dc = sub i64 %c1, %c0
+  %i2 = shl i64 %sid, 1
+  %pc = getelementptr i64, ptr %prof, i64 %i2
+  %oc = load i64, ptr %pc
+  %nc = add i64 %oc, %dc
+  store i64 %nc, ptr %pc
+  %i3 = add i64 %i2, 1
+  %pn = getelementptr i64, ptr %prof, i64 %i3
+  %on2 = load i64, ptr %pn
+  %nn = add i64 %on2, 1
+  store i64 %nn, ptr %pn
+  br label %check
+check:
+  %r = phi i32 [ %r0, %plain ], [ %r1, %timed ]
   %bad = icmp ne i32 %r, 0
   br i1 %bad, label %failed, label %fine
 failed:

@@ -676,10 +676,12 @@ class CpuRuntime:
             for s in plan.statements
         )
         self.steps_left = 4 * calls + 1_000_000
-        # whole top-level items of the tree as native functions (not while profiling, which
-        # times each statement's calls, nor while checking windows, which checks each read)
+        # whole top-level items of the tree as native functions (not while checking
+        # windows, which checks each read); while profiling, their kernel calls count the
+        # CPU's cycles per statement (``tl_launch``) into ``self.cycles``
         self.trees: dict[int, tuple] = {}
-        if self.module is not None and not profile and not check_windows:
+        self.cycles: np.ndarray | None = None
+        if self.module is not None and not check_windows:
             self._bind_trees(plan)
         self.tree = self._build(plan.tree, ())
 
@@ -840,6 +842,13 @@ class CpuRuntime:
         self.callback_address = ctypes.cast(self.callback, ctypes.c_void_p).value
         self.err = np.zeros(2 + 16, np.int64)
         self.tree_args = np.zeros(1, np.int64)
+        if self.profile and plan.kernels.trees:
+            at = self.module.engine.get_global_value_address("tl_prof")
+            if at:
+                top = max(s.id for s in plan.statements) + 1
+                self.cycles = np.zeros(2 * top, np.int64)  # per statement: cycles, calls
+                ctypes.c_void_p.from_address(at).value = self.cycles.ctypes.data
+                self.clock = ctypes.CFUNCTYPE(ctypes.c_uint64)(self.module.address("tl_cycles"))
         for item, name, scratch in plan.kernels.trees:
             fn = TREE(self.module.address(name))
             buf = np.zeros(max(scratch, 8), np.uint8)
@@ -852,6 +861,7 @@ class CpuRuntime:
         values at ``args`` (mode 0), or record what its kernel computed (mode 1)."""
         try:
             deepstack.check()  # a signal that came during the native code
+            started = time.perf_counter() if self.profile else 0.0
             st = self.statements[sid]
             n = len(st.loops)
             key = tuple((ctypes.c_int64 * n).from_address(args)) if n else ()
@@ -859,6 +869,9 @@ class CpuRuntime:
                 st.run(key)
             else:
                 st.after_native(key)
+            if self.profile:
+                self.seconds[sid] = self.seconds.get(sid, 0.0) + time.perf_counter() - started
+                self.calls[sid] = self.calls.get(sid, 0) + (mode == 0)
             return 0
         except BaseException as e:  # noqa: BLE001 - re-raised by the caller of the tree
             self.pending = e
@@ -1001,9 +1014,28 @@ class CpuRuntime:
         return timed
 
     def run(self):
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # nan of an empty mean is a value
-            self.tree([0] * (_MAX_DEPTH + 1))
+        clock = (self.clock(), time.perf_counter()) if self.cycles is not None else None
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # nan of an empty mean is a value
+                self.tree([0] * (_MAX_DEPTH + 1))
+        finally:
+            if clock is not None:
+                self._count_cycles(*clock)
+
+    def _count_cycles(self, c0: int, t0: float):
+        """Add the native calls' cycles (``tl_launch``'s count while profiling) to the
+        statements' seconds, at the rate the cycle counter ran during the run."""
+        c1, t1 = self.clock(), time.perf_counter()
+        if c1 <= c0 or t1 <= t0:
+            return
+        rate = (c1 - c0) / (t1 - t0)  # counts per second
+        counts = self.cycles.reshape(-1, 2)
+        for sid in np.flatnonzero(counts[:, 1]):
+            sid = int(sid)
+            self.seconds[sid] = self.seconds.get(sid, 0.0) + float(counts[sid, 0]) / rate
+            self.calls[sid] = self.calls.get(sid, 0) + int(counts[sid, 1])
+        counts[:] = 0
 
     def value(self, name: str) -> np.ndarray:
         sid, out = self.plan.tensor(name)
