@@ -48,6 +48,7 @@ from timerlc.plan import expr as px
 from timerlc.plan.items import At, Ix, Plan, Statement
 
 MAX_CONST_ELEMENTS = 4096  # an array constant is written into a temporary element by element
+SHORT_LOOP = 4  # a reduction over at most this many elements is written out (short_loops)
 
 
 class Unsupported(Exception):
@@ -393,6 +394,22 @@ class _Lowering:
         for v, n in reversed(vars_):
             stmts = [For(v, kir.i64(0), kir.i64(n), tuple(stmts))]
         return stmts
+
+    def short_loops(self, shape: tuple, body: Callable[[list], list]) -> list:
+        """``loops``, but a nest of at most ``SHORT_LOOP`` iterations is written out, its
+        indices constants: a reduction over two actions inside a loop over rows is then
+        straight code, and LLVM vectorizes the loop over the rows."""
+        n = math.prod(shape)
+        if n == 0 or n > SHORT_LOOP:
+            return self.loops(shape, body)
+        out: list = []
+        for flat in range(n):
+            idx, rest = [], flat
+            for ext in reversed(shape):
+                idx.append(kir.i64(rest % ext))
+                rest //= ext
+            out += body(list(reversed(idx)))
+        return out
 
     def emit(self, stmts: list, vdep: bool):
         """Statements that compute a value: at each point if it depends on the vector dims
@@ -989,7 +1006,7 @@ class _Lowering:
             if op == "logsumexp":
                 m = self.fresh("m")
                 stmts.append(Let(m, dtype, Const(dtype, -math.inf)))
-                stmts += self.loops(
+                stmts += self.short_loops(
                     rshape,
                     lambda iidx: [
                         Let(
@@ -1010,7 +1027,7 @@ class _Lowering:
                     Un("exp", Bin("sub", x.at(full(outer, iidx)), Ref(m, dtype), dtype), dtype),
                     acc_t,
                 )
-                stmts += self.loops(
+                stmts += self.short_loops(
                     rshape,
                     lambda iidx: [Let(acc, acc_t, Bin("add", Ref(acc, acc_t), term(iidx), acc_t))],
                 )
@@ -1033,7 +1050,7 @@ class _Lowering:
                         v = Cast(v, acc_t)
                     return [Let(acc, acc_t, Bin(comb, Ref(acc, acc_t), v, acc_t))]
 
-                stmts += self.loops(rshape, step)
+                stmts += self.short_loops(rshape, step)
                 result = Ref(acc, acc_t)
                 if op == "mean":
                     result = Bin("div", result, Const(acc_t, float(count)), acc_t)
