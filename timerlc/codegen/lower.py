@@ -216,17 +216,14 @@ class _Lowering:
             v = self.value(own.id)
             body = self._store(v)
         point = tuple(self.point) + tuple(body)
-        if not point:  # all computed before the vector loops
-            point, vector = (), ()
-        else:
-            vector = st.dims
-        domain = self.index(self._inside_box(st.domain))
-        if point and not (isinstance(domain, Const) and domain.value is True):
-            point = (If(domain, point),)
-        for d in reversed(vector):
-            if d in self.vector:
-                extent = self.plan.buffer(st.id).box[st.dims.index(d)]
-                point = (For(d, kir.i64(0), kir.i64(extent), point),)
+        if point:  # (else all is computed before the vector loops)
+            domain = self.index(self._inside_box(st.domain))
+            if not (isinstance(domain, Const) and domain.value is True):
+                point = (If(domain, point),)
+            for d in reversed(st.dims):
+                if d in self.vector:
+                    extent = self.plan.buffer(st.id).box[st.dims.index(d)]
+                    point = (For(d, kir.i64(0), kir.i64(extent), point),)
         if self.target is not None:
             own = self.slot(st.id, 0, write=True)
             dt = buf.outputs[0].dtype

@@ -157,20 +157,27 @@ define internal double @tl_log_pos(double %x) alwaysinline {{
   ret double %r
 }}
 
+; a logarithm's value %v at %x, but at the special values: -inf at the pole (x = %pole),
+; nan below it, x itself for +inf and nan
+define internal float @tl_log_edges(float %x, float %pole, float %v) alwaysinline {{
+  %at = fcmp oeq float %x, %pole
+  %r1 = select i1 %at, float 0xFFF0000000000000, float %v
+  %below = fcmp olt float %x, %pole
+  %r2 = select i1 %below, float 0x7FF8000000000000, float %r1
+  %inf = fcmp oeq float %x, 0x7FF0000000000000
+  %r3 = select i1 %inf, float %x, float %r2
+  %nan = fcmp uno float %x, %x
+  %r = select i1 %nan, float %x, float %r3
+  ret float %r
+}}
+
 define internal float @tl_logf(float %x) alwaysinline {{
   %d = fpext float %x to double
   %pos = fcmp ogt double %d, 0.0
   %safe = select i1 %pos, double %d, double 1.0
   %l = call double @tl_log_pos(double %safe)
   %r0 = fptrunc double %l to float
-  %zero = fcmp oeq float %x, 0.0
-  %r1 = select i1 %zero, float 0xFFF0000000000000, float %r0
-  %neg = fcmp olt float %x, 0.0
-  %r2 = select i1 %neg, float 0x7FF8000000000000, float %r1
-  %inf = fcmp oeq float %x, 0x7FF0000000000000
-  %r3 = select i1 %inf, float %x, float %r2
-  %nan = fcmp uno float %x, %x
-  %r = select i1 %nan, float %x, float %r3
+  %r = call float @tl_log_edges(float %x, float 0.0, float %r0)
   ret float %r
 }}
 
@@ -188,14 +195,7 @@ define internal float @tl_log1pf(float %x) alwaysinline {{
   %lq = fmul double %l, %q
   %r0 = select i1 %one, double %d, double %lq
   %f0 = fptrunc double %r0 to float
-  %m1 = fcmp oeq float %x, -1.0
-  %f1 = select i1 %m1, float 0xFFF0000000000000, float %f0
-  %below = fcmp olt float %x, -1.0
-  %f2 = select i1 %below, float 0x7FF8000000000000, float %f1
-  %inf = fcmp oeq float %x, 0x7FF0000000000000
-  %f3 = select i1 %inf, float %x, float %f2
-  %nan = fcmp uno float %x, %x
-  %r = select i1 %nan, float %x, float %f3
+  %r = call float @tl_log_edges(float %x, float -1.0, float %f0)
   ret float %r
 }}
 
@@ -232,33 +232,24 @@ def _f32_math() -> str:
         return const(x, "f64")
 
     ln2_hi = float.fromhex("0x1.62e42fee00000p-1")  # n * ln2_hi is exact for |n| < 2^11
-    lines = [f"  %p9 = fadd double 0.0, {h(1 / m.factorial(9))}"]
-    for k in range(8, -1, -1):
-        lines.append(f"  %q{k} = fmul double %p{k + 1}, %r")
-        lines.append(f"  %p{k} = fadd double %q{k}, {h(1 / m.factorial(k))}")
+    # log(z) = 2 s P(s^2), P(w) = 1 + w/3 + ... + w^6/13, for s = (z-1)/(z+1): |s| <= 0.1716
+    # where z lies in [sqrt(1/2), sqrt(2)) (an error below 1e-12)
+    log_p = tuple(1 / (2 * k + 1) for k in range(7))
     return _F32_MATH.format(
         m110=h(-110.0),
         p100=h(100.0),
         inv_ln2=h(1 / m.log(2)),
         ln2_hi=h(ln2_hi),
         ln2_lo=h(m.log(2) - ln2_hi),
-        horner="\n".join(lines),
-        log_horner=_log_horner(),
+        horner=_horner("p", tuple(1 / m.factorial(k) for k in range(10)), "%r", "f64"),
+        log_horner=_horner("lp", log_p, "%w", "f64"),
         ln2=h(m.log(2)),
         clamp=const(7.90531110763549805, "f32"),
         tanh_tiny=const(0.0004, "f32"),
-        tanh_horner=_horner32("pa", _TANH_P) + "\n" + _horner32("qb", _TANH_Q),
+        tanh_horner=_horner("pa", _TANH_P, "%x2", "f32")
+        + "\n"
+        + _horner("qb", _TANH_Q, "%x2", "f32"),
     )
-
-
-def _log_horner() -> str:
-    """``%lp0`` = 1 + w/3 + w^2/5 + ... + w^6/13: log(z) = 2 s P(s^2) for s = (z-1)/(z+1),
-    |s| <= 0.1716 where z lies in [sqrt(1/2), sqrt(2)) (error below 1e-12)."""
-    lines = [f"  %lp6 = fadd double 0.0, {const(1 / 13, 'f64')}"]
-    for k in range(5, -1, -1):
-        lines.append(f"  %lm{k} = fmul double %lp{k + 1}, %w")
-        lines.append(f"  %lp{k} = fadd double %lm{k}, {const(1 / (2 * k + 1), 'f64')}")
-    return "\n".join(lines)
 
 
 # tanh(x) ~ x * P(x^2) / Q(x^2) on |x| <= 7.905 (Eigen's generic_fast_tanh_float)
@@ -274,13 +265,15 @@ _TANH_P = (
 _TANH_Q = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
 
 
-def _horner32(stem: str, coefs: tuple) -> str:
-    """``%{stem}0`` = the polynomial in ``%x2`` with ``coefs`` (lowest first), f32 Horner."""
+def _horner(stem: str, coefs: tuple, var: str, dtype: str) -> str:
+    """``%{stem}0`` = the polynomial in ``var`` with ``coefs`` (lowest first), by Horner's
+    rule in ``dtype`` (``f32`` or ``f64``)."""
+    t = REG[dtype]
     top = len(coefs) - 1
-    lines = [f"  %{stem}{top} = fadd float 0.0, {const(coefs[top], 'f32')}"]
+    lines = [f"  %{stem}{top} = fadd {t} 0.0, {const(coefs[top], dtype)}"]
     for k in range(top - 1, -1, -1):
-        lines.append(f"  %{stem}m{k} = fmul float %{stem}{k + 1}, %x2")
-        lines.append(f"  %{stem}{k} = fadd float %{stem}m{k}, {const(coefs[k], 'f32')}")
+        lines.append(f"  %{stem}m{k} = fmul {t} %{stem}{k + 1}, {var}")
+        lines.append(f"  %{stem}{k} = fadd {t} %{stem}m{k}, {const(coefs[k], dtype)}")
     return "\n".join(lines)
 
 
@@ -581,22 +574,31 @@ class _Function:
         own, _, rest = self.kernel_parts()
         return own + rest
 
-    def _tree(self) -> str:
+    def _entry(self) -> tuple[list[str], list[str]]:
+        """The entry block's allocas of the function's locals, and its loads of the
+        arguments (``params``) into theirs."""
         k = self.k
         for p in k.params:
             self.locals[p] = "i64"
         _collect_locals(k.body, self.locals)
+        allocas = [f"  %l.{name} = alloca {REG[dt]}" for name, dt in self.locals.items()]
+        args = []
+        for j, p in enumerate(k.params):
+            args.append(f"  %arg{j}.p = getelementptr i64, ptr %args, i64 {j}")
+            args.append(f"  %arg{j} = load i64, ptr %arg{j}.p")
+            args.append(f"  store i64 %arg{j}, ptr %l.{p}")
+        return allocas, args
+
+    def _tree(self) -> str:
+        k = self.k
+        allocas, args = self._entry()
         out = [
             f"define i32 @{k.name}(ptr %table, ptr %args, ptr %scratch, ptr %host, ptr %err) {{",
             "entry:",
+            *allocas,
+            f"  %callargs = alloca [{kir.MAX_ARGS} x i64]",
+            *args,
         ]
-        for name, dt in self.locals.items():
-            out.append(f"  %l.{name} = alloca {REG[dt]}")
-        out.append(f"  %callargs = alloca [{kir.MAX_ARGS} x i64]")
-        for j, p in enumerate(k.params):
-            out.append(f"  %arg{j}.p = getelementptr i64, ptr %args, i64 {j}")
-            out.append(f"  %arg{j} = load i64, ptr %arg{j}.p")
-            out.append(f"  store i64 %arg{j}, ptr %l.{p}")
         self.stmts(k.body)
         self.emit("ret i32 0")
         return "\n".join(out + self.lines) + "\n}\n"
@@ -609,9 +611,7 @@ class _Function:
         The rest names the buffers by position (``%p.s0``...), so that it is the same text
         for every kernel of the shape."""
         k = self.k
-        for p in k.params:
-            self.locals[p] = "i64"
-        _collect_locals(k.body, self.locals)
+        allocas, args = self._entry()
         own = [
             (
                 f"define i32 @{k.name}(ptr noalias %table, ptr noalias %args, "
@@ -636,17 +636,12 @@ class _Function:
             shared.append(f"  %a.s{j} = getelementptr ptr, ptr %table, i64 %x.s{j}")
             shared.append(f"  %p.s{j} = load ptr, ptr %a.s{j}")
             self.ptr[s.name] = (f"%p.s{j}", s.dtype)
-        out = []
-        for name, dt in self.locals.items():
-            out.append(f"  %l.{name} = alloca {REG[dt]}")
+        out = list(allocas)
         for t in k.temps:
             out.append(f"  %p.{t.name} = getelementptr i8, ptr %scratch, i64 {t.offset}")
             self.ptr[t.name] = (f"%p.{t.name}", t.dtype)
         self.scopes(k)
-        for j, p in enumerate(k.params):
-            out.append(f"  %arg{j}.p = getelementptr i64, ptr %args, i64 {j}")
-            out.append(f"  %arg{j} = load i64, ptr %arg{j}.p")
-            out.append(f"  store i64 %arg{j}, ptr %l.{p}")
+        out += args
         self.stmts(k.body)
         self.emit("ret i32 0")
         rest = "\n".join(out + self.lines) + "\n}\n"
@@ -659,11 +654,11 @@ class _Function:
         statement's own buffer), which share one: LLVM vectorizes the loops without
         run-time overlap checks."""
         names = [s.name for s in k.slots] + [t.name for t in k.temps]
+        if len(names) < 2:
+            return
         group = {n: n for n in names}
         for n in k.shared:
             group[n] = "shared"
-        if len(names) < 2:
-            return
         domain = self.meta('distinct !{!SELF, !"timerlc buffers"}')
         scope = {}
         for g in dict.fromkeys(group.values()):

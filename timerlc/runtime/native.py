@@ -153,7 +153,7 @@ def _workers() -> int:
 
 SPLIT_MIN_FUNCTIONS = 48  # a module with fewer functions is compiled in one piece
 
-_DEFINE = re.compile(r"^define ([^@]*?)@([\w.$]+)\((.*)\)")
+_DEFINE = r"^define ([^@]*?)@([\w.$]+)\((.*)\)"  # a function definition's line (a regex)
 
 
 def split_module(text: str, n: int) -> list[str]:
@@ -202,7 +202,7 @@ def _cost(f: list[str]) -> float:
 
 
 def _declaration(define: str) -> str:
-    m = _DEFINE.match(define)
+    m = re.match(_DEFINE, define)
     if m is None:  # pragma: no cover - the renderer writes every definition this way
         raise ValueError(f"not a function definition: {define[:80]}")
     types = [p.split()[0] for p in m.group(3).split(",") if p.strip()]
