@@ -460,6 +460,28 @@ def test_a_large_module_compiles_in_parts_that_link():
     assert_same(rt.value("z"), want["z"], "z")
 
 
+def test_a_large_module_without_a_blas_compiles_its_gemm_loops_in_the_first_part(monkeypatch):
+    """The gemm loops for a machine without a BLAS are compiled only there: in the first
+    part of a split module, which the kernels of the other parts reach through the pointer
+    the runtime sets; with a BLAS they are not compiled at all."""
+    from timerlc.runtime import native as nat
+
+    text = "config K = 8\ndim k < K\nw = reshape(f32(arange(4096)) * 0.001 - 2.0, [64, 64])\n"
+    text += "".join(
+        f"y{j}[k] = (f32(arange(64)) * 0.01 * {j}.0 + f32(k)) @ w\n"
+        for j in range(nat.SPLIT_MIN_FUNCTIONS)
+    )
+    text += "z[k] = " + " + ".join(f"y{j}" for j in range(nat.SPLIT_MIN_FUNCTIONS)) + "\nout z\n"
+    monkeypatch.setattr(nat, "cblas", lambda: None)
+    rt, want, gen = native(text)
+    assert rt.module.blas is None
+    parts = nat.split_module(gen.text, 2)
+    assert len(parts) == 2 and "@tl_gemm_loops_float(" in parts[0]
+    assert "tl_gemm_loops" not in parts[1]
+    np.testing.assert_allclose(rt.value("z"), want["z"], rtol=1e-5)
+    assert "tl_gemm_loops" not in nat._without(gen.text, "tl_gemm_loops_")
+
+
 def test_a_merge_checks_and_reads_only_where_its_input_applies():
     """`y[i]`'s second equation indexes out of range at i = 0, where the first applies: its
     check (and its reads) run inside its branch, not once for every call of the loop over

@@ -197,6 +197,9 @@ _RTL, _ISL = _Printer("rtl"), _Printer("isl")
 _PLAN_RELATIONS = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
 
 
+# a plan repeats the same few index expressions and conditions over and over (each read of
+# ``x[i, b, t]``): converting each once saves a tenth of PPO's plan stage
+@functools.lru_cache(maxsize=4096, typed=True)
 def to_plan(e):
     """An index expression in the plan's structured form (``timerlc.plan.expr``): an int,
     a dim name or a tuple ``(op, E, ...)``, shaped as the terms print (``t - 1`` is
@@ -250,6 +253,7 @@ def plan_value(v):
     return v
 
 
+@functools.lru_cache(maxsize=4096, typed=True)
 def cond_to_plan(c):
     """A condition in the plan's structured form (``timerlc.plan.expr``): a bool or a
     tuple of ``and``/``or`` (n-ary, as sympy's: a chain of 150 ``or``s is one level, not

@@ -346,6 +346,9 @@ def dumps(plan: Plan) -> str:
 
 
 KERNELS_HEADER = "; timerlc kernels for the plan of sha256 "  # + digest(plan): line 1 of the file
+# the kernel file's gemm loops for a machine without a BLAS: functions whose names start so
+# are compiled only where the runtime finds no BLAS (``runtime.native``)
+GEMM_FALLBACK = "tl_gemm_loops_"
 
 
 def digest(plan: Plan) -> str:

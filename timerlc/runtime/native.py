@@ -11,6 +11,8 @@ import ctypes
 import re
 import threading
 
+from timerlc.plan.items import GEMM_FALLBACK
+
 _INIT = threading.Lock()
 _READY = False
 KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
@@ -67,6 +69,12 @@ class NativeModule:
 
         llvm = _llvm()
         self.tm = target_machine()
+        # the kernels' gemm calls go to the BLAS's gemm, or where there is none to the
+        # file's own loops, compiled only then
+        gemms = [w for w in ("s", "d") if f"@tl_{w}gemm = global" in text]
+        self.blas = cblas() if gemms else None
+        if self.blas is not None:
+            text = _without(text, GEMM_FALLBACK)
         key = hashlib.sha256(
             "\0".join(
                 [
@@ -100,13 +108,11 @@ class NativeModule:
             self.engine.add_object_file(llvm.ObjectFileRef.from_data(o))
         self.engine.finalize_object()
         self._functions: dict[str, object] = {}
-        self.blas = None
-        for which in ("s", "d"):
+        for which in gemms:
             at = self.engine.get_global_value_address(f"tl_{which}gemm")
-            if at:  # the kernels call a gemm: give them the BLAS's, if there is one
-                self.blas = self.blas or cblas()
-                if self.blas is not None:
-                    ctypes.c_void_p.from_address(at).value = self.blas[which]
+            fallback = GEMM_FALLBACK + {"s": "float", "d": "double"}[which]
+            gemm = self.address(fallback) if self.blas is None else self.blas[which]
+            ctypes.c_void_p.from_address(at).value = gemm
 
     def address(self, name: str) -> int:
         addr = self.engine.get_function_address(name)
@@ -119,6 +125,20 @@ class NativeModule:
         if fn is None:
             fn = self._functions[name] = KERNEL(self.address(name))
         return fn
+
+
+def _without(text: str, prefix: str) -> str:
+    """``text`` without the definitions of the functions whose names start with ``prefix``
+    (functions that nothing calls but through a pointer the runtime sets)."""
+    lines = text.split("\n")
+    out, k = [], 0
+    while k < len(lines):
+        if lines[k].startswith(f"define void @{prefix}"):
+            k = lines.index("}", k) + 1
+            continue
+        out.append(lines[k])
+        k += 1
+    return "\n".join(out)
 
 
 def _optimized(text: str, tm):
@@ -177,6 +197,10 @@ def split_module(text: str, n: int) -> list[str]:
         k += 1
     if n < 2 or len(funcs) < SPLIT_MIN_FUNCTIONS:
         return [text]
+    # the gemm loops (kept where there is no BLAS) are called through a pointer only: the
+    # first part defines them, the others need no declaration of them
+    first = [f for f in funcs if f[0].startswith(f"define void @{GEMM_FALLBACK}")]
+    funcs = [f for f in funcs if not f[0].startswith(f"define void @{GEMM_FALLBACK}")]
     bins: list[list[list[str]]] = [[] for _ in range(n)]
     sizes = [0.0] * n
     for f in sorted(funcs, key=_cost, reverse=True):
@@ -186,12 +210,12 @@ def split_module(text: str, n: int) -> list[str]:
     out = []
     for j, mine in enumerate(bins):
         declares = [_declaration(f[0]) for b in bins if b is not mine for f in b]
-        part = head if j == 0 else [_external(line) for line in head]
-        out.append("\n".join(part + declares + [line for f in mine for line in f]) + "\n")
+        part = head + [line for f in first for line in f] if j == 0 else map(_external, head)
+        out.append("\n".join([*part, *declares, *(line for f in mine for line in f)]) + "\n")
     return out
 
 
-TREE_LINE_COST = 0.6  # LLVM's time for a line of a tree function, against a kernel's
+TREE_LINE_COST = 0.25  # LLVM's time for a line of a tree function (optnone), against a kernel's
 
 
 def _cost(f: list[str]) -> float:
