@@ -208,7 +208,10 @@ def test_schedule_puts_the_rollout_and_the_update_in_one_iteration_loop():
     st = {graph.node(nid).name: x for nid, x in s.statements.items() if graph.node(nid).name}
     assert st["o"].loops == ("i", "t") and st["o"].vector == ("b",)  # acting: one step at a time
     # after the rollout, inside the iteration: one batched op over every env and step
-    batched = [graph.node(nid).op for nid, x in s.statements.items() if x.vector == ("b", "t")]
+    # (the log-softmax's logsumexp, computed in the kernel of the statement that reads it)
+    batched = [
+        graph.node(k).op for x in s.statements.values() if x.vector == ("b", "t") for k in x.body
+    ]
     assert "logsumexp" in batched and all(
         x.loops == ("i",) for x in s.statements.values() if x.vector == ("b", "t")
     )

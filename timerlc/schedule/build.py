@@ -66,6 +66,10 @@ def stored_nodes(graph: Graph) -> set[int]:
             src = graph.node(e.src)
             if src.dims != n.dims or e.access != identity_access(n.dims):
                 stored.add(e.src)
+    readers: dict[int, set[int]] = {}
+    for n in graph.nodes:
+        for e in n.inputs:
+            readers.setdefault(e.src, set()).add(n.id)
     while True:
         uses: dict[int, int] = {}
         for nid in stored:
@@ -75,13 +79,35 @@ def stored_nodes(graph: Graph) -> set[int]:
         # the costly nodes first: once they are stored, a chain of cheap ops above them is
         # short (``tanh(x @ w + b)`` is two ops over a stored matmul, not four)
         costly = {k for k in shared if _costly(graph.node(k).op)}
-        if costly:
-            stored |= costly
+        # ... but of a chain of costly nodes, the last: once it is stored, the ones below
+        # may have one reader left, the statement that computes it (``tanh(x @ w + b)``
+        # stores the tanh; its matmul is computed in the tanh's kernel, no buffer of its own)
+        below = {j for k in costly for j in _body(graph, k, stored)[:-1]}
+        if costly - below:
+            stored |= {_sole_reader_top(graph, k, readers, stored) for k in costly - below}
             continue
         long = {k for k in shared if len(_body(graph, k, stored)) > CHEAP_CHAIN}
         if not long:
             return stored
         stored |= long
+
+
+def _sole_reader_top(graph: Graph, k: int, readers: dict, stored: set[int]) -> int:
+    """What to store for a costly node ``k`` that several statements would compute: ``k``,
+    or, when ``k`` has one reader, at the same point, which has one reader... the last of
+    that chain. Its other statements read ``k`` only through it: stored, it computes ``k``
+    once, in its own kernel (the backward of ``tanh(x @ w)``: ``dh * (1 - h * h)`` with
+    ``dh = dz @ w.T``, read by the weight's and the bias's gradients and the next layer's,
+    stores the product and computes the matmul in its kernel)."""
+    while len(readers.get(k, ())) == 1:
+        (r,) = readers[k]
+        node = graph.node(r)
+        if r in stored or node.dims != graph.node(k).dims:
+            break
+        if any(e.src == k and e.access != identity_access(node.dims) for e in node.inputs):
+            break
+        k = r
+    return k
 
 
 def _noise(n) -> bool:
