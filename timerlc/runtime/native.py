@@ -73,12 +73,12 @@ class NativeModule:
         # file's own loops, compiled only then
         gemms = [w for w in ("s", "d") if f"@tl_{w}gemm = global" in text]
         self.blas = cblas() if gemms else None
-        if self.blas is not None:
-            text = _without(text, GEMM_FALLBACK)
+        gemm_loops = self.blas is None
         key = hashlib.sha256(
             "\0".join(
                 [
                     text,
+                    "gemm loops" if gemm_loops else "BLAS",
                     llvm.get_host_cpu_name(),
                     llvm.get_host_cpu_features().flatten(),
                     llvmlite.__version__,
@@ -86,7 +86,7 @@ class NativeModule:
                 ]
             ).encode()
         ).hexdigest()[:24]
-        parts = split_module(text, _workers())
+        parts = split_module(text, _workers(), gemm_loops)
         paths = [
             None if cache is None else os.path.join(os.fspath(cache), f"cpu-{key}-{k}.o")
             for k in range(len(parts))
@@ -127,20 +127,6 @@ class NativeModule:
         return fn
 
 
-def _without(text: str, prefix: str) -> str:
-    """``text`` without the definitions of the functions whose names start with ``prefix``
-    (functions that nothing calls but through a pointer the runtime sets)."""
-    lines = text.split("\n")
-    out, k = [], 0
-    while k < len(lines):
-        if lines[k].startswith(f"define void @{prefix}"):
-            k = lines.index("}", k) + 1
-            continue
-        out.append(lines[k])
-        k += 1
-    return "\n".join(out)
-
-
 def _optimized(text: str, tm):
     """The module of LLVM IR ``text``, verified and optimized (O3, loops vectorized)."""
     llvm = _llvm()
@@ -176,31 +162,36 @@ SPLIT_MIN_FUNCTIONS = 48  # a module with fewer functions is compiled in one pie
 _DEFINE = r"^define ([^@]*?)@([\w.$]+)\((.*)\)"  # a function definition's line (a regex)
 
 
-def split_module(text: str, n: int) -> list[str]:
+def split_module(text: str, n: int, gemm_loops: bool = True) -> list[str]:
     """The kernel file's functions in ``n`` modules of about equal cost (``_cost``), each
     with the file's declarations and internal functions (the runtime library), a
     declaration of every function the others define, and the gemm pointers as external
-    globals but in the first. LLVM compiles them one per process (its calls hold one lock per process); the
-    objects are linked when they are loaded."""
+    globals but in the first. LLVM compiles them one per process (its calls hold one lock
+    per process); the objects are linked when they are loaded.
+
+    The gemm loops (``GEMM_FALLBACK``), which the kernels reach only through the pointer
+    the runtime sets, are left out unless ``gemm_loops`` (no BLAS), else defined in the
+    first module only."""
     lines = text.split("\n")
     head: list[str] = []
     funcs: list[list[str]] = []
+    loops: list[list[str]] = []
     k = 0
     while k < len(lines):
         line = lines[k]
         if line.startswith("define ") and " internal " not in line.split("@", 1)[0] + " ":
             end = lines.index("}", k)
-            funcs.append(lines[k : end + 1])
+            fallback = line.startswith(f"define void @{GEMM_FALLBACK}")
+            (loops if fallback else funcs).append(lines[k : end + 1])
             k = end + 1
             continue
         head.append(line)
         k += 1
+    first = head + [line for f in loops for line in f] if gemm_loops else head
     if n < 2 or len(funcs) < SPLIT_MIN_FUNCTIONS:
-        return [text]
-    # the gemm loops (kept where there is no BLAS) are called through a pointer only: the
-    # first part defines them, the others need no declaration of them
-    first = [f for f in funcs if f[0].startswith(f"define void @{GEMM_FALLBACK}")]
-    funcs = [f for f in funcs if not f[0].startswith(f"define void @{GEMM_FALLBACK}")]
+        if gemm_loops or not loops:
+            return [text]
+        return ["\n".join(first + [line for f in funcs for line in f]) + "\n"]
     bins: list[list[list[str]]] = [[] for _ in range(n)]
     sizes = [0.0] * n
     for f in sorted(funcs, key=_cost, reverse=True):
@@ -210,18 +201,18 @@ def split_module(text: str, n: int) -> list[str]:
     out = []
     for j, mine in enumerate(bins):
         declares = [_declaration(f[0]) for b in bins if b is not mine for f in b]
-        part = head + [line for f in first for line in f] if j == 0 else map(_external, head)
+        part = first if j == 0 else map(_external, head)
         out.append("\n".join([*part, *declares, *(line for f in mine for line in f)]) + "\n")
     return out
 
 
-TREE_LINE_COST = 0.25  # LLVM's time for a line of a tree function (optnone), against a kernel's
+TREE_LINE_COST = 0.25  # LLVM's time for a line of an (optnone) tree function, of a kernel's
 
 
 def _cost(f: list[str]) -> float:
     """LLVM's time for a function, roughly: its lines, a tree function's (mostly calls of
-    kernels) counted at ``TREE_LINE_COST`` (measured on PPO: parts balanced this way took
-    0.65-0.72 s at once, against 0.77-0.84 s balanced by lines)."""
+    kernels, not optimized) counted at ``TREE_LINE_COST`` (measured on PPO: the two parts
+    took 0.57 and 0.55 s alone balanced this way, 0.52 and 0.62 s at 0.6)."""
     return len(f) * (TREE_LINE_COST if f[0].startswith("define i32 @tree") else 1.0)
 
 
