@@ -414,6 +414,8 @@ RANDOM = [
     C("random_normal", _draw(space=SPACE_BT, shape=(2, 3), dtype="f32"), id="normal-f32"),
     C("random_normal", _draw(space=(("b", 4),), shape=(5,), dtype="f64"), id="normal-f64"),
     C("random_gumbel", _draw(space=SPACE_BT, shape=(2, 3), dtype="f64"), id="gumbel"),
+    C("random_uniform_at", _draw(shape=(2, 3), dtype="f32"), ("i64", (), "i"), id="uniform-at"),
+    C("random_normal_at", _draw(shape=(3,), dtype="f64"), ("i64", (), "i"), id="normal-at"),
     C("random_categorical", _draw(space=SPACE_BT), (F, (3, 5), "n"), id="categorical"),
     C("random_categorical", _draw(space=()), ("f64", (4,), "n"), id="categorical-nospace"),
     C("random_bernoulli", _draw(space=SPACE_BT), ("f64", (2, 3), "u"), id="bernoulli"),
@@ -482,7 +484,13 @@ ATTR_KINDS = {
     "space", "init", "env", "key", "names",
 }  # fmt: skip
 SHARED = ("timerlc.rng", "timerlc.types", "timerlc.diagnostics", "timerlc.plan.items")
-SHARED += ("timerlc.plan.expr", "timerlc.ops", "timerlc.runtime", "timerlc.envs", "timerlc.deepstack")
+SHARED += (
+    "timerlc.plan.expr",
+    "timerlc.ops",
+    "timerlc.runtime",
+    "timerlc.envs",
+    "timerlc.deepstack",
+)
 
 
 @pytest.mark.parametrize(

@@ -120,6 +120,8 @@ SUPPORTED = frozenset(
         "concat",
         "random_uniform",
         "random_normal",
+        "random_uniform_at",
+        "random_normal_at",
         "random_gumbel",
         "random_permutation",
         "random_init",
@@ -626,7 +628,7 @@ class _Lowering:
         if op == "concat":
             return self._concat(attrs["axis"], ins, dtype, shape)
         if op.startswith("random_"):
-            return self._random(op, attrs, dtype, shape)
+            return self._random(op, attrs, dtype, shape, ins)
         if op == "cumsum":
             return self._cumsum(attrs.get("axis"), ins[0], shape)
         if op == "discounted_sum":
@@ -634,18 +636,29 @@ class _Lowering:
         raise Unsupported(f"op {op}")
 
     # ------------------------------------------------------------------ random draws
-    def _random(self, op: str, attrs, dtype: str, shape: tuple) -> Val:
+    def _random(self, op: str, attrs, dtype: str, shape: tuple, ins: list) -> Val:
         """A draw of the runtime library (``llvm.philox``: bit for bit ``timerlc.rng``) per
-        element: key (seed, site), counter (element index, point index)."""
+        element: key (seed, site), counter (element index, point index). The point index is
+        the point's dims linearized, or, for ``random_uniform_at``/``random_normal_at``, the
+        input's value (an i64 scalar)."""
         from timerlc import rng
 
-        space = attrs["space"]
         seed = _i32(rng.seed32(attrs["seed"]))
         site = _i32(attrs["site"])
         p: Expr = kir.i64(0)
-        for k, (d, b) in enumerate(space):
-            p = Ref(d) if k == 0 else kir.add(kir.mul(p, b), Ref(d))
-        vdep = any(d in self.vector for d, _ in space)
+        cost = 40
+        if op in ("random_uniform_at", "random_normal_at"):
+            (x,) = ins
+            if math.prod(shape) > 1 and x.cost >= 2:
+                x = self.materialize(x)  # computed once, not once per element
+            p = x.at([]) if x.dtype == "i64" else Cast(x.at([]), "i64")
+            vdep, cost = x.vdep, 40 + x.cost
+            op = op.removesuffix("_at")
+        else:
+            space = attrs["space"]
+            for k, (d, b) in enumerate(space):
+                p = Ref(d) if k == 0 else kir.add(kir.mul(p, b), Ref(d))
+            vdep = any(d in self.vector for d, _ in space)
         key = (Const("i32", seed), Const("i32", site), p)
         if op == "random_permutation":
             n = attrs["n"]
@@ -681,7 +694,7 @@ class _Lowering:
         def at(idx):
             return kir.Fn(name, args + (kir.linear(idx, shape),) + consts, dtype)
 
-        return Val(dtype, shape, at, vdep, 40)
+        return Val(dtype, shape, at, vdep, cost)
 
     def _concat(self, axis: int, parts: list, dtype: str, shape: tuple) -> Val:
         """The parts, one after another along ``axis``, into a temporary."""

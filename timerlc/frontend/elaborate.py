@@ -86,6 +86,7 @@ class Elaborator(Subscripts):
         self.iterated: frozenset = frozenset()
         self._dimvals: dict[str, int] = {}
         self._window_casts: dict[tuple[int, str], int] = {}  # (tensor node, dtype) -> cast
+        self.draw_key = None  # (seed, site) of every draw while set: an env's function
 
     # ------------------------------------------------------------------ context
     def enter(self, domain: Domain, first_lhs=None, site: str = ""):

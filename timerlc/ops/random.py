@@ -1,7 +1,9 @@
 """Random draws: counter-based, so a draw's value depends only on its attributes
 (``seed``, ``site``: the stable id of the call site, ``space``: the node's dims with their
 bounds) and the point it is evaluated at (LANGUAGE.md section 7); ``timerlc.rng`` is the
-reference of every draw. Sampling passes no gradient (section 8)."""
+reference of every draw. The ``*_at`` draws take the point index as data instead (their one
+input, docs/language.md "Draws at an explicit point"). Sampling passes no gradient
+(section 8)."""
 
 from __future__ import annotations
 
@@ -107,6 +109,26 @@ def _random_init(ctx, attrs, args):
     return _draw(ctx, r, bshape)
 
 
+def _at(fn):
+    """A draw at an explicit point: the one input is the point index ``P`` (an ``i64``
+    scalar per point, its bits read as an unsigned 64-bit word), the value at a point is
+    ``fn(seed, site, (P,), (None,), shape, dtype)``; a batch of ``P`` values adds its batch
+    axes in front (axes of extent 1 stay 1)."""
+
+    def kernel(ctx, attrs, args):
+        (p,) = args
+        seed, site = attrs["seed"], attrs["site"]
+        shape, dt = tuple(attrs["shape"]), numpy_dtype(attrs["dtype"])
+        words = np.asarray(p, np.int64).view(np.uint64)  # two's complement, as native code
+        batch = bshape(words, ctx.nb)
+        if all(s == 1 for s in batch):
+            point = (int(words.reshape(-1)[0]),)
+            return lift(fn(seed, site, point, (None,), shape, dt), ctx.nb)
+        return fn(seed, site, words.reshape(batch + (1,)), (None,), shape, dt)
+
+    return kernel
+
+
 # ----------------------------------------------------------------------------- the ops
 def _drawn(attrs, ts):
     return TensorType(attrs["dtype"], tuple(attrs["shape"]))
@@ -126,6 +148,32 @@ for _name, _fn, _doc in [
         vjp=NO_GRAD,
         attrs={**_DRAW, "shape": "shape", "dtype": "dtype"},
         doc=_doc,
+    )
+
+
+def _drawn_at(attrs, ts):
+    (t,) = ts
+    if t.dtype != "i64" or t.shape != ():
+        raise TypeRuleError(f"a draw at a point takes its point index as an i64 scalar, got {t}")
+    if not is_float(attrs["dtype"]):
+        raise TypeRuleError(f"random floats are f32 or f64, not {attrs['dtype']}")
+    return TensorType(attrs["dtype"], tuple(attrs["shape"]))
+
+
+for _name, _fn, _doc in [
+    ("random_uniform_at", rng.uniform, "uniform in [0, 1) at the point index of its input"),
+    ("random_normal_at", rng.normal, "standard normal at the point index of its input"),
+]:
+    define(
+        _name,
+        "other",
+        1,
+        _drawn_at,
+        _at(_fn),
+        vjp=NO_GRAD,
+        attrs={"seed": "int", "site": "int", "shape": "shape", "dtype": "dtype"},
+        doc=_doc + " (an i64 scalar P: rng at point (P,), bounds (None,)); attrs seed, site, "
+        "shape, dtype",
     )
 
 
