@@ -401,7 +401,8 @@ def test_resolve_entry_point(monkeypatch):
         envs.resolve("countr")
     names = [name for name, _ in envs.available()]
     assert names == ["cartpole", "pendulum", "trivial", "broken", "counter",
-                     "gym:ENV_ID", "package.module:factory"]
+                     "rtl:cartpole", "rtl:pendulum", "rtl:trivial",
+                     "FILE.rtl", "gym:ENV_ID", "package.module:factory"]
 
 
 def test_available_without_plugins(monkeypatch):

@@ -8,26 +8,31 @@ program are ``RunError``s. Anything else is an internal bug and may show a trace
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """A region of the source, 1-based lines and columns, end exclusive."""
+    """A region of the source, 1-based lines and columns, end exclusive; ``source``: the
+    ``Source`` it lies in when that is not the program's own (an environment written in
+    RTL, docs/envs.md), else None."""
 
     line: int
     col: int
     end_line: int
     end_col: int
+    source: Source | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.line}:{self.col}"
 
     @staticmethod
-    def join(a: "Span | None", b: "Span | None") -> "Span | None":
+    def join(a: Span | None, b: Span | None) -> Span | None:
         if a is None or b is None:
             return a or b
-        return Span(a.line, a.col, b.end_line, b.end_col)
+        if a.source is not b.source:
+            return a
+        return Span(a.line, a.col, b.end_line, b.end_col, a.source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +62,8 @@ class ProgramError(TimerlcError):
 
     def render(self, source: Source) -> str:
         span = self.span or Span(1, 1, 1, 2)
+        if span.source is not None:  # in another file than the program's (an RTL environment)
+            source = span.source
         out = [f"{source.name}:{span.line}:{span.col}: error: {self.message}"]
         text = source.line(span.line)
         if text:

@@ -57,6 +57,11 @@ BUILTINS: dict[str, tuple[str, str]] = {
 
 FORMS: tuple[tuple[str, str], ...] = (
     (
+        "FILE.rtl",
+        "an environment written in RTL (docs/envs.md), a path relative to the program's folder "
+        "or the current one (options set its configs)",
+    ),
+    (
         "gym:ENV_ID",
         "any registered gymnasium environment, e.g. gym:CartPole-v1 "
         "(options go to its constructor)",
@@ -330,5 +335,9 @@ def available() -> list[tuple[str, str]]:
         dist = getattr(ep, "dist", None)
         source = f" from {dist.name}" if dist is not None and dist.name else ""
         rows.append((name, f"entry point {ep.value}{source}"))
+    from timerlc.frontend import envrtl
+
+    for name in envrtl.builtin_names():
+        rows.append((f"rtl:{name}", f"the built-in {name} written in RTL (timerlc/envs/rtl)"))
     rows.extend(FORMS)
     return rows

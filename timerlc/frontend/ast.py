@@ -169,6 +169,31 @@ class EnvDecl(Stmt):
 
 
 @dataclass(frozen=True, slots=True)
+class StateField:
+    name: Ident
+    type: "TypeExpr"
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class EnvStateDecl(Stmt):
+    """``env state { field : TYPE ... }`` in an environment written in RTL."""
+
+    name: Ident
+    fields: tuple[StateField, ...]
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class EnvAttrDecl(Stmt):
+    """``env observation f32[4]``, ``env actions 2`` in an environment written in RTL."""
+
+    name: Ident
+    value: Expr
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True, slots=True)
 class TypeExpr:
     dtype: Ident
     shape: tuple[Expr, ...]

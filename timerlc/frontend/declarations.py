@@ -147,8 +147,12 @@ def declared_names(program: ast.Program) -> frozenset:
 
 
 def collect(
-    program: ast.Program, configs: dict[str, Config], env_overrides: dict[str, str] | None = None
+    program: ast.Program,
+    configs: dict[str, Config],
+    env_overrides: dict[str, str] | None = None,
+    base=None,
 ) -> ProgramInfo:
+    """``base``: the program's folder (environment files are looked for there too)."""
     info = ProgramInfo(configs, {}, {}, {}, {}, {}, [], [], [])
     info.names = declared_names(program) | frozenset(configs)
     taken: dict[str, str] = {c: "config" for c in configs}
@@ -174,7 +178,15 @@ def collect(
             )
         elif isinstance(stmt, ast.EnvDecl):
             claim(stmt.name, "env")
-            info.envs[stmt.name.name] = _env(info, stmt, (env_overrides or {}).get(stmt.name.name))
+            info.envs[stmt.name.name] = _env(
+                info, stmt, (env_overrides or {}).get(stmt.name.name), base
+            )
+        elif isinstance(stmt, (ast.EnvStateDecl, ast.EnvAttrDecl)):
+            raise ProgramError(
+                f"'env {stmt.name.name}' declares part of an environment written in RTL; it "
+                "belongs in an environment file (docs/envs.md)",
+                stmt.name.span,
+            )
         elif isinstance(stmt, ast.ParamsDecl):
             claim(stmt.name, "params record")
             info.params[stmt.name.name] = stmt
@@ -245,8 +257,9 @@ def collect(
     return info
 
 
-def _env(info: ProgramInfo, decl: ast.EnvDecl, override: str | None) -> EnvInfo:
+def _env(info: ProgramInfo, decl: ast.EnvDecl, override: str | None, base=None) -> EnvInfo:
     from timerlc.envs import EnvError, describe
+    from timerlc.frontend import envrtl
 
     if decl.batch.name not in info.dims:
         raise ProgramError(
@@ -255,7 +268,7 @@ def _env(info: ProgramInfo, decl: ast.EnvDecl, override: str | None) -> EnvInfo:
         )
     spec = override if override is not None else decl.plugin
     try:
-        attrs = describe(spec)
+        attrs = envrtl.load(spec, base) if envrtl.is_rtl(spec) else describe(spec)
     except EnvError as e:
         where = f"--env {decl.name.name}={spec}" if override is not None else f'"{spec}"'
         raise ProgramError(

@@ -77,7 +77,9 @@ def weak_dtype(value) -> str:
 
 
 class Elaborator(Subscripts):
-    def __init__(self, info: ProgramInfo, types: dict, merge_ids: dict[str, int], builder: Builder):
+    def __init__(
+        self, info: ProgramInfo, types: dict, merge_ids: dict[str, int], builder: Builder
+    ):
         self.info = info
         self.types = types  # tensor name -> TensorType | RecordType | None
         self.merge_ids = merge_ids  # tensor name or "rec.field" -> merge node id
@@ -348,7 +350,10 @@ class Elaborator(Subscripts):
                 v = (a.const and b.const) if op == "and" else (a.const or b.const)
                 return self.const(bool(v), "bool", weak=a.weak and b.weak, span=span)
             return self.apply(
-                "logical_and" if op == "and" else "logical_or", [a, b], span, weak=a.weak and b.weak
+                "logical_and" if op == "and" else "logical_or",
+                [a, b],
+                span,
+                weak=a.weak and b.weak,
             )
         if op == "@":
             (a, b), weak = self.unify([a, b], "number")
@@ -433,6 +438,10 @@ class Elaborator(Subscripts):
         if not isinstance(func, ast.Name):
             raise ProgramError("only functions and defs can be called", func.span)
         name = func.id
+        if name.startswith("@"):  # an environment written in RTL (frontend.envrtl.desugar)
+            from timerlc.frontend import envrtl
+
+            return envrtl.expand(self, expr, env)
         if name in env.values:
             raise ProgramError(f"'{name}' is a local value, not a function", func.span)
         if name in self.info.defs:
@@ -458,7 +467,13 @@ class Elaborator(Subscripts):
         params = [p.name for p in d.params]
         exprs = bind_arguments(f"'{name}'", params, params, call)
         bound = {p: self.value(exprs[p], env) for p in params}
-        inner = Locals(dict(bound), env.calls + (name,))
+        return self.inline_values(d, bound, env.calls)
+
+    def inline_values(self, d: ast.DefDecl, bound: dict, calls: tuple):
+        """The value of ``d``'s body with its parameters bound to the values ``bound``;
+        ``calls``: the defs it is inlined through."""
+        name = d.name.name
+        inner = Locals(dict(bound), calls + (name,))
         if not d.body or d.body[-1].targets is not None:
             raise ProgramError(
                 f"the body of '{name}' must end with an expression (its value)", d.name.span

@@ -299,7 +299,11 @@ def _build(info: ProgramInfo, types: dict) -> Graph:
         outputs=tuple(dict.fromkeys(outputs)),
         metrics=tuple(dict.fromkeys(metrics)),
         configs=tuple((c.name, c.value) for c in info.configs.values()),
-        envs=tuple(Env(e.name, e.spec, e.batch) for e in info.envs.values()),
+        envs=tuple(  # an environment written in RTL is equations (frontend.envrtl)
+            Env(e.name, e.spec, e.batch)
+            for e in info.envs.values()
+            if getattr(e.attrs, "rtl", None) is None
+        ),
     )
 
 
@@ -398,7 +402,11 @@ def _params_init(el: Elaborator, t: TensorInfo, ty: RecordType, branches):
             and init.id not in el.info.tensors
         ):
             v = el.const(
-                0 if init.id == "zeros" else 1, ftype.dtype, ftype.shape, weak=False, span=init.span
+                0 if init.id == "zeros" else 1,
+                ftype.dtype,
+                ftype.shape,
+                weak=False,
+                span=init.span,
             )
         else:
             v = el.tensor_value(init, Locals(), "an initializer")

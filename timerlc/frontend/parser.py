@@ -334,6 +334,20 @@ class _ToAst(Transformer_NonRecursive):
         name, plugin, batch = children
         return ast.EnvDecl(_ident(name), str(plugin)[1:-1], _ident(batch), _meta_span(meta))
 
+    def env_state_decl(self, meta, children):
+        name, *fields = children
+        return ast.EnvStateDecl(
+            _ident(name), tuple(f for f in fields if f is not None), _meta_span(meta)
+        )
+
+    def state_field(self, meta, children):
+        name, type_ = children
+        return ast.StateField(_ident(name), type_, _meta_span(meta))
+
+    def env_attr_decl(self, meta, children):
+        name, value = children
+        return ast.EnvAttrDecl(_ident(name), value, _meta_span(meta))
+
     def out_decl(self, meta, names):
         return ast.OutDecl(tuple(_ident(n) for n in names), _meta_span(meta))
 

@@ -1,0 +1,325 @@
+"""Environments written in RTL (LANGUAGE.md section 10, docs/envs.md): the built-ins' RTL
+forms (``rtl:cartpole``, ``rtl:pendulum``, ``rtl:trivial``) against their Python forms, bit
+for bit, on the reference interpreter and as generated code; an environment a user writes;
+and one test per diagnostic."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rtl_helpers import src, timerlc_cmd
+
+from timerlc.compiler import compile_plan, generate_code, run_passes
+from timerlc.diagnostics import ProgramError, Source
+from timerlc.frontend.check import check_source
+from timerlc.reference.interpreter import outputs, run_graph
+from timerlc.runtime.cpu import CpuRuntime
+
+# PPO-style: one reset, the rollouts continue across iterations
+CONTINUING = """
+config I = 2, B = 6, T = 90
+dim i < I
+dim b < B
+dim t < T
+env E = "SPEC" batch b
+o[0, b, 0] = E.reset()
+o[i+1, b, 0] = o[i, b, T]
+a[i, b, t] = ACTION
+o[i, b, t+1], r[i, b, t], d[i, b, t] = E.step(a[i, b, t])
+out o, r, d
+"""
+
+# REINFORCE-style: every iteration resets every instance
+RESETTING = """
+config I = 3, B = 5, T = 40
+dim i < I
+dim b < B
+dim t < T
+env E = "SPEC" batch b
+o[i, b, 0] = E.reset()
+a[i, b, t] = ACTION
+o[i, b, t+1], r[i, b, t], d[i, b, t] = E.step(a[i, b, t])
+out o, r, d
+"""
+
+BALANCE = (
+    "where(b < 3, i32(o[i, b, t][2] + 0.3 * o[i, b, t][3] > 0.0), "
+    "categorical(o[i, b, t][0:2] * 0.0))"
+)
+TORQUE = "f32((t * 7 + b * 3 + i) % 13) * 0.5 - 3.0"
+
+
+def graph_of(text: str):
+    return check_source(Source("p.rtl", src(text)), overrides={})
+
+
+def run_both(text: str):
+    """(reference outputs, cpu outputs from generated code, the generated code)."""
+    graph = graph_of(text)
+    want = outputs(run_graph(run_passes(graph, optimize=False)))
+    gen = generate_code(compile_plan(run_passes(graph)))
+    runtime = CpuRuntime(gen.plan, native=gen.text)
+    runtime.run()
+    return want, {k: runtime.value(k) for k in want}, gen
+
+
+def equal_forms(program: str, spec: str, action: str):
+    """The RTL form of ``spec`` equals its Python form on both backends, bit for bit."""
+    text = program.replace("ACTION", action)
+    python = outputs(run_graph(graph_of(text.replace("SPEC", spec))))
+    ref, cpu, gen = run_both(text.replace("SPEC", "rtl:" + spec))
+    assert not gen.plan.envs, "the RTL form is equations, not a plugin"
+    assert not gen.interpreted, "every statement is generated code"
+    for name in ("o", "r", "d"):
+        np.testing.assert_array_equal(ref[name], python[name], err_msg=f"reference {name}")
+        np.testing.assert_array_equal(cpu[name], python[name], err_msg=f"cpu {name}")
+    return python
+
+
+@pytest.mark.parametrize("program", [CONTINUING, RESETTING], ids=["continuing", "resetting"])
+@pytest.mark.parametrize(
+    "spec", ["cartpole", "cartpole?max_episode_steps=25&sutton_barto_reward=true"]
+)
+def test_cartpole_in_rtl_is_its_python_form(program, spec):
+    want = equal_forms(program, spec, BALANCE)
+    assert want["d"].sum() > 5  # episodes ended and the instances reset themselves
+
+
+@pytest.mark.parametrize("program", [CONTINUING, RESETTING], ids=["continuing", "resetting"])
+@pytest.mark.parametrize("spec", ["pendulum", "pendulum?g=9.81&max_episode_steps=17"])
+def test_pendulum_in_rtl_is_its_python_form(program, spec):
+    # torques beyond [-2, 2] are clipped; the angle wraps around
+    want = equal_forms(program, spec, TORQUE)
+    assert "max" not in spec or want["d"].sum() > 5
+
+
+@pytest.mark.parametrize("program", [CONTINUING, RESETTING], ids=["continuing", "resetting"])
+def test_trivial_in_rtl_is_its_python_form(program):
+    want = equal_forms(program, "trivial?obs=5&actions=3&length=7", "(t * b + i) % 3")
+    assert want["o"].shape[-1] == 5 and want["r"].sum() > 0 and want["d"].sum() > 0
+
+
+def test_the_seed_changes_the_rtl_episodes_as_the_python_ones():
+    text = "config seed = 7\n" + CONTINUING
+    a = equal_forms(text, "cartpole", BALANCE)
+    b = outputs(
+        run_graph(graph_of(CONTINUING.replace("ACTION", BALANCE).replace("SPEC", "cartpole")))
+    )
+    assert not np.array_equal(a["o"], b["o"])
+
+
+def test_the_programs_train_alike_on_either_form(tmp_path):
+    """REINFORCE on the command line: the RTL cartpole gives the Python one's metrics."""
+    rows = {}
+    for spec in ("cartpole", "rtl:cartpole"):
+        path = tmp_path / f"{spec.replace(':', '_')}.jsonl"
+        cmd = timerlc_cmd() + ["run", "programs/reinforce.rtl", "--env", f"E={spec}"]
+        cmd += ["--set", "I=3", "--set", "B=4", "--set", "T=60", "--no-progress"]
+        subprocess.run(cmd + ["--metrics", str(path)], check=True, capture_output=True)
+        rows[spec] = sorted(path.read_text().splitlines())
+    assert rows["cartpole"] == rows["rtl:cartpole"] and len(rows["cartpole"]) >= 3
+
+
+def test_environment_outputs_pass_no_gradient():
+    text = """
+    config B = 2, T = 6
+    dim b < B
+    dim t < T
+    env E = "rtl:pendulum" batch b
+    params p { w : f32[1] = ones }
+    o[b, 0] = E.reset()
+    a[b, t] = p.w * 0.5 + o[b, t][0:1]
+    o[b, t+1], r[b, t], d[b, t] = E.step(a[b, t])
+    loss = -sum(r[0:B, 0:T])
+    gw = grad(loss, p).w
+    out gw
+    """
+    ref, cpu, _ = run_both(text)
+    assert np.array_equal(ref["gw"], np.zeros(1, np.float32)) and np.array_equal(
+        cpu["gw"], ref["gw"]
+    )
+
+
+# ----------------------------------------------------------------------------- user files
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "envs.md"
+# the example of docs/envs.md: a random walk that ends at |x| >= limit or after `length` steps
+_section = DOCS.read_text().split("### The file", 1)[1]
+COUNTER = re.search(r"```rtl\n(.*?)```", _section, re.DOTALL).group(1)
+
+USER = """
+config B = 4, T = 30
+dim b < B
+dim t < T
+env E = "walk.rtl" batch b
+o[b, 0] = E.reset()
+a[b, t] = (t + b) % 3
+o[b, t+1], r[b, t], d[b, t] = E.step(a[b, t])
+out o, r, d
+"""
+
+
+def write(tmp_path, text: str, name: str = "walk.rtl"):
+    path = tmp_path / name
+    path.write_text(src(text))
+    return path
+
+
+def user_graph(tmp_path, env_text: str, program: str = USER):
+    write(tmp_path, env_text)
+    prog = tmp_path / "p.rtl"
+    prog.write_text(src(program))
+    return check_source(Source(str(prog), prog.read_text()), overrides={})
+
+
+def test_a_user_environment_runs_alike_on_both_backends(tmp_path):
+    graph = user_graph(tmp_path, COUNTER)
+    want = outputs(run_graph(graph))
+    gen = generate_code(compile_plan(run_passes(graph)))
+    runtime = CpuRuntime(gen.plan, native=gen.text)
+    runtime.run()
+    for name in ("o", "r", "d"):
+        np.testing.assert_array_equal(runtime.value(name), want[name], err_msg=name)
+    # by hand: instance b's walk, its noise drawn at (b, number of steps so far)
+    from timerlc import rng
+
+    key = (rng.site_id("env:E"), 0)
+    x, n, draws, b = 0.0, 0, 0, 1
+    for t in range(30):
+        a = (t + b) % 3
+        z = rng.normal(key[0], key[1], np.array([[b * 2**32 + draws]]), (None,), (), np.float32)
+        x = np.float32(np.float32(x) + np.float32(a - 1) + np.float32(0.1) * z[0])
+        n, draws = n + 1, draws + 1
+        assert want["r"][b, t] == np.float32(-abs(x)), t
+        if abs(x) >= 3.0 or n >= 12:
+            assert want["d"][b, t]
+            x, n = 0.0, 0
+        else:
+            assert not want["d"][b, t]
+    assert want["d"].sum() > 2
+
+
+def test_the_command_line_runs_a_user_environment(tmp_path):
+    write(tmp_path, COUNTER)
+    prog = tmp_path / "p.rtl"
+    prog.write_text(src(USER).replace("out o, r, d", "ret = mean(r[0:B, 0:T])\nmetric ret"))
+    metrics = tmp_path / "m.jsonl"
+    # run from elsewhere: "walk.rtl" is found beside the program
+    cmd = timerlc_cmd() + ["run", str(prog), "--no-progress", "--metrics", str(metrics)]
+    subprocess.run(cmd, check=True, capture_output=True, cwd="/")
+    (row,) = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert row["name"] == "ret" and row["value"] < 0
+    listed = subprocess.run(timerlc_cmd() + ["envs"], check=True, capture_output=True, text=True)
+    assert "rtl:cartpole" in listed.stdout and "FILE.rtl" in listed.stdout
+
+
+# ----------------------------------------------------------------------------- diagnostics
+def env_error(tmp_path, env_text: str, program: str = USER) -> ProgramError:
+    with pytest.raises(ProgramError) as info:
+        user_graph(tmp_path, env_text, program)
+    return info.value
+
+
+def rendered(tmp_path, env_text: str, program: str = USER) -> str:
+    """What the command line prints (stderr), after checking it exits 1."""
+    write(tmp_path, env_text)
+    prog = tmp_path / "p.rtl"
+    prog.write_text(src(program))
+    done = subprocess.run(
+        timerlc_cmd() + ["check", str(prog)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 1, done.stderr
+    return done.stderr
+
+
+def test_an_error_in_an_environment_file_points_into_that_file(tmp_path):
+    err = rendered(tmp_path, COUNTER.replace("(0.0, 0, s.draws)", "(0.0, s.draws)"))
+    first = err.splitlines()[0]
+    line = src(COUNTER).splitlines().index("  (0.0, 0, s.draws)") + 1
+    assert first.startswith(f"{tmp_path / 'walk.rtl'}:{line}:")
+    assert "'reset' must give the state: a tuple (x, n, draws)" in first
+    assert err.splitlines()[1].strip() == "(0.0, s.draws)"
+
+
+def test_a_state_field_of_the_wrong_type(tmp_path):
+    e = env_error(tmp_path, COUNTER.replace("(0.0, 0, s.draws)", "(0.0, 0.5 * f32(s.n), s.draws)"))
+    assert "state field 'n' is i32[], 'reset' gives f32[]" in e.message
+
+
+def test_a_missing_declaration(tmp_path):
+    e = env_error(tmp_path, re.sub(r"env observation .*\n", "", COUNTER))
+    assert "declares no 'env observation'" in e.message
+
+
+def test_a_missing_function_and_a_wrong_arity(tmp_path):
+    e = env_error(tmp_path, COUNTER.replace("def observe(s)", "def look(s)"))
+    assert "has no 'def observe(s)'" in e.message
+    e = env_error(tmp_path, COUNTER.replace("def step(s, a, k)", "def step(s, a)"))
+    assert "'step' takes 3 parameters (s, a, k), got 2" in e.message
+
+
+def test_observations_are_f32(tmp_path):
+    e = env_error(tmp_path, COUNTER.replace("env observation f32[2]", "env observation f64[2]"))
+    assert "observations are f32" in e.message
+
+
+def test_observe_must_give_the_declared_observation(tmp_path):
+    e = env_error(tmp_path, COUNTER.replace("stack([s.x, f32(s.n)])", "stack([s.x, s.x, s.x])"))
+    assert "'observe' must give the declared observation f32[2], got f32[3]" in e.message
+
+
+def test_program_statements_do_not_belong_in_an_environment_file(tmp_path):
+    e = env_error(tmp_path, COUNTER + "\ndim q < 3\n")
+    assert "an environment file has configs, defs and env declarations only" in e.message
+
+
+def test_environment_declarations_do_not_belong_in_a_program(tmp_path):
+    e = env_error(tmp_path, COUNTER, USER + "env actions 2\n")
+    assert "belongs in an environment file" in e.message
+
+
+def test_a_draw_in_an_environment_needs_its_point(tmp_path):
+    e = env_error(tmp_path, COUNTER.replace("normal([], at=[k, s.draws])", "normal([])"))
+    assert "needs at=[...]" in e.message
+
+
+def test_an_unknown_builtin_form_file_or_option(tmp_path):
+    e = env_error(tmp_path, COUNTER, USER.replace("walk.rtl", "rtl:cartpol"))
+    assert "no built-in environment in RTL named 'cartpol'" in e.message
+    assert "did you mean 'cartpole'" in e.message
+    e = env_error(tmp_path, COUNTER, USER.replace("walk.rtl", "nowhere.rtl"))
+    assert "environment file 'nowhere.rtl' not found" in e.message
+    e = env_error(tmp_path, COUNTER, USER.replace("walk.rtl", "walk.rtl?lenght=3"))
+    assert "the program has no config 'lenght'" in e.message and "length" in e.message
+    e = env_error(tmp_path, COUNTER, USER.replace("walk.rtl", "rtl:trivial?obs=2x3"))
+    assert "'2x3' is not a number" in e.message
+
+
+def test_a_step_before_the_first_reset(tmp_path):
+    program = USER.replace("o[b, 0] = E.reset()\n", "o[b, 0] = zeros([2])\n")
+    e = env_error(tmp_path, COUNTER, program)
+    assert "is stepped before its first reset (at b=0, t=0)" in e.message
+
+
+def test_a_call_must_be_a_whole_right_side(tmp_path):
+    program = USER.replace("o[b, 0] = E.reset()", "o[b, 0] = 2.0 * E.reset()")
+    e = env_error(tmp_path, COUNTER, program)
+    assert "must be the whole right side of its equation" in e.message
+    program = USER.replace("o[b, 0] = E.reset()", "def f() { E.reset() }\no[b, 0] = f()")
+    e = env_error(tmp_path, COUNTER, program)
+    assert "not inside a def" in e.message
+
+
+def test_two_calls_at_one_point(tmp_path):
+    program = USER.replace("o[b, 0] = E.reset()", "o[b, 0] = E.reset()\no2[b] = E.reset()")
+    e = env_error(tmp_path, COUNTER, program)
+    assert "the calls of environment 'E' written in RTL must define tensors over the same" in (
+        e.message
+    )
+    program = USER.replace("o[b, 0] = E.reset()", "o[b, 0] = E.reset()\no[b, 1] = E.reset()")
+    e = env_error(tmp_path, COUNTER, program)
+    assert "would define the same point of their first output (at t=1)" in e.message
