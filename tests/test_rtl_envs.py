@@ -176,6 +176,62 @@ def user_graph(tmp_path, env_text: str, program: str = USER):
     return check_source(Source(str(prog), prog.read_text()), overrides={})
 
 
+def test_an_environment_never_called(tmp_path):
+    program = """
+    config B = 2
+    dim b < B
+    env E = "walk.rtl" batch b
+    y[b] = f32(b) * f32(E.obs_dim)
+    out y
+    """
+    want = outputs(run_graph(user_graph(tmp_path, COUNTER, program)))
+    np.testing.assert_array_equal(want["y"], np.array([0.0, 2.0], np.float32))
+
+
+SPRING = """
+env state {
+  x : f64[2]
+}
+env observation f32[2, 2]
+env actions f32[2]
+def reset(s, k) {
+  (uniform([2], lo=-1.0, hi=1.0, dtype=f64, at=[k, 0]),)
+}
+def observe(s) {
+  f32(stack([s.x, -s.x]))
+}
+def step(s, a, k) {
+  x = 0.5 * s.x + f64(a)
+  ((x,), f32(-sum(x * x)), false, false)
+}
+"""
+
+
+def test_tensor_observations_and_actions(tmp_path):
+    program = """
+    config B = 3, T = 5
+    dim b < B
+    dim t < T
+    env E = "walk.rtl" batch b
+    o[b, 0] = E.reset()
+    o[b, t+1], r[b, t], d[b, t] = E.step(o[b, t][0] * 0.25)
+    out o, r
+    """
+    graph = user_graph(tmp_path, SPRING, program)
+    want = outputs(run_graph(graph))
+    assert want["o"].shape == (3, 6, 2, 2)
+    x = want["o"][:, 0, 0].astype(np.float64)
+    for t in range(5):  # x' = 0.5 x + f64(f32(0.25 * f32(x)))
+        x = 0.5 * x + (np.float32(0.25) * want["o"][:, t, 0]).astype(np.float64)
+        np.testing.assert_array_equal(want["o"][:, t + 1, 0], x.astype(np.float32))
+        np.testing.assert_array_equal(want["o"][:, t + 1, 1], (-x).astype(np.float32))
+    gen = generate_code(compile_plan(run_passes(graph)))
+    runtime = CpuRuntime(gen.plan, native=gen.text)
+    runtime.run()
+    for name in ("o", "r"):
+        np.testing.assert_array_equal(runtime.value(name), want[name], err_msg=name)
+
+
 def test_a_user_environment_runs_alike_on_both_backends(tmp_path):
     graph = user_graph(tmp_path, COUNTER)
     want = outputs(run_graph(graph))

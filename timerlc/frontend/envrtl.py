@@ -400,7 +400,9 @@ def _env_equations(info, env, calls) -> dict[int, list]:
                 continue
             key.append(ix.sym(e.dim) + e.offset if e.dim is not None else sympy.Integer(e.offset))
         keyed.append((stmt, eq, call, method, tdims, tuple(key)))
-    dims0 = keyed[0][4] if keyed else ()
+    if not keyed:  # declared, never called
+        return {}
+    dims0 = keyed[0][4]
     for stmt, eq, call, *_rest in keyed:
         if _rest[1] != dims0:
             raise ProgramError(
@@ -500,7 +502,8 @@ def _env_equations(info, env, calls) -> dict[int, list]:
             when = stmt.when
             if cond is not None:
                 when = cond if when is None else ast.Binary("and", when, cond, span, span)
-            new.append(ast.Equation(before, (ast.TupleLit(rhs, span),), when, stmt.span))
+            value = rhs[0] if len(rhs) == 1 else ast.TupleLit(rhs, span)
+            new.append(ast.Equation(before, (value,), when, stmt.span))
         args = before + tuple(call.args) + (ast.Name(b, span),)
         rhs = ast.Call(func, args, (), span)
         new.append(ast.Equation(hidden + tuple(stmt.lhs), (rhs,), stmt.when, stmt.span))
@@ -699,6 +702,8 @@ def _state(el, r: RtlEnv, v, fn: str):
         items = [v.field(f) for f in names]
     elif isinstance(v, TupleVal) and len(v.items) == len(names):
         items = list(v.items)
+    elif isinstance(v, Val) and len(names) == 1:  # a state of one field, bare
+        items = [v]
     else:
         raise ProgramError(
             f"'{fn}' must give the state: a tuple ({', '.join(names)}) in that order", where
