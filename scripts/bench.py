@@ -369,6 +369,27 @@ def value(res: dict, key: str):
     return res.get(key) if res["ok"] else None
 
 
+def spread(res: dict) -> str:
+    """The smallest and largest of a system's per-repeat s/iter."""
+    diffs = res.get("diffs") if res.get("ok") else None
+    if not diffs:
+        return "n/a"
+    return f"{min(diffs):.4f}-{max(diffs):.4f}"
+
+
+def paired(tl: dict, other: dict) -> str:
+    """timerlc's s/iter over the other's, repeat by repeat (repeat k of both ran minutes
+    apart at most, so a slow phase of the machine hits both): median (smallest-largest)."""
+    a = tl.get("diffs") if tl.get("ok") else None
+    b = other.get("diffs") if other.get("ok") else None
+    if not a or not b:
+        return "n/a"
+    qs = [x / y for x, y in zip(a, b) if x > 0 and y > 0]
+    if not qs:
+        return "n/a"
+    return f"{statistics.median(qs):.2f} ({min(qs):.2f}-{max(qs):.2f})"
+
+
 def markdown(head: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
@@ -381,6 +402,8 @@ def tables(results: list[dict], baselines: list[str]) -> tuple[str, str]:
     head += [f"{s} peak MB" for s in systems] + [f"MB timerlc/{b}" for b in baselines]
     check_head = ["algo", "B x T"] + [f"{s} N" for s in systems]
     check_head += [f"{s} wall s/iter" for s in systems]
+    check_head += [f"{s} s/iter range" for s in systems]
+    check_head += [f"timerlc/{b} per repeat" for b in baselines]
     check_head += ["jax compile s"] if "jax" in baselines else []
     check_head += [f"{s} ep_ret" for s in systems]
     rows, check_rows = [], []
@@ -400,6 +423,8 @@ def tables(results: list[dict], baselines: list[str]) -> tuple[str, str]:
         check = [r["algo"], f"{r['B']}x{r['T']}"]
         check += [cell(sy[s], "n", "d") for s in systems]
         check += [cell(sy[s], "wall_seconds_per_iter", ".4f") for s in systems]
+        check += [spread(sy[s]) for s in systems]
+        check += [paired(tl, sy[b]) for b in baselines]
         check += [cell(sy["jax"], "compile_seconds", ".1f")] if "jax" in baselines else []
         check += [cell(sy[s], "final_ep_ret", ".1f") for s in systems]
         check_rows.append(check)
@@ -479,7 +504,11 @@ def main(argv=None) -> list[dict]:
     print(
         "\nN: each system's N (raised until N iterations take --min-diff-seconds). wall s/iter = "
         "(wall(2N) - wall(N)) / N of whole subprocesses:\n"
-        "  compile-time noise lands in it, a cross-check only. ep_ret: the last iteration's "
+        "  compile-time noise lands in it, a cross-check only. s/iter range: the repeats' "
+        "smallest and largest. timerlc/X per repeat:\n"
+        "  repeat k of each system against repeat k of the other (they run minutes apart at "
+        "most, so a slow phase of a shared\n"
+        "  machine hits both), median (smallest-largest). ep_ret: the last iteration's "
         "(different random streams: a sanity check only)."
     )
     for s in systems:
