@@ -274,7 +274,8 @@ def test_reductions_and_argmax_with_nan_equal_numpy():
 
 def test_random_draws_in_kernels_are_bit_identical_to_rng():
     """The draws of generated code (llvm/philox.py) are rng.py's, bit for bit, at every
-    point: uniform, normal, gumbel, the initializers, a permutation."""
+    point: uniform, normal, gumbel, the initializers, a permutation, bernoulli (a uniform
+    draw and a comparison after the noise pass)."""
     text = """
     config I = 3, B = 5, seed = 11
     dim i < I
@@ -285,11 +286,13 @@ def test_random_draws_in_kernels_are_bit_identical_to_rng():
     w[i] = glorot([3, 4])
     z[i] = uniform([2], lo=-2.0, hi=3.0)
     p[i] = permutation(7)
-    out u, n, g, w, z, p
+    c[i, b] = bernoulli(f32(b) * stack([0.1, 0.2, 0.25]))
+    out u, n, g, w, z, p, c
     """
     rt, want, gen = native(text)
     assert not gen.interpreted, gen.interpreted
-    for name in ("u", "n", "g", "w", "z", "p"):
+    assert want["c"].any() and not want["c"].all()
+    for name in ("u", "n", "g", "w", "z", "p", "c"):
         got = rt.value(name)
         assert got.dtype == want[name].dtype and got.shape == want[name].shape, name
         assert got.tobytes() == want[name].tobytes(), name

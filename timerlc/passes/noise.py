@@ -7,6 +7,10 @@ the logits, so it has no dependence on the acting loop; the schedule computes it
 batched op per iteration for every env and step, instead of 10 Philox rounds and two logs
 per step inside the loop. The categorical node keeps its id (it is now the argmax), so its
 consumers are unchanged.
+
+Likewise ``random_bernoulli(p)`` becomes ``random_uniform(f64, p's shape) < p`` (what
+``timerlc.rng.bernoulli`` is, draw for draw): a comparison the code generator lowers, with
+the draw ahead where it has no dependence.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from timerlc.types import TensorType
 def split_categorical(graph: Graph) -> Graph:
     nodes = list(graph.nodes)
     for n in graph.nodes:
+        if n.op == "random_bernoulli":
+            _split_bernoulli(graph, n, nodes)
+            continue
         if n.op != "random_categorical":
             continue
         (e,) = n.inputs
@@ -46,7 +53,13 @@ def split_categorical(graph: Graph) -> Graph:
         logits = e
         if t.dtype != "f64":
             cast = Node(
-                len(nodes), "cast", n.domain, (e,), (noise_t,), make_attrs(dtype="f64"), span=n.span
+                len(nodes),
+                "cast",
+                n.domain,
+                (e,),
+                (noise_t,),
+                make_attrs(dtype="f64"),
+                span=n.span,
             )
             nodes.append(cast)
             logits = Edge(cast.id, here)
@@ -70,3 +83,31 @@ def split_categorical(graph: Graph) -> Graph:
             n.span,
         )
     return graph.replace(nodes=tuple(nodes)) if len(nodes) > len(graph.nodes) else graph
+
+
+def _split_bernoulli(graph: Graph, n: Node, nodes: list):
+    (e,) = n.inputs
+    t = input_type(graph, e)  # f64 (the builtin casts p)
+    if t.dtype != "f64" or not all(isinstance(s, int) for s in t.shape):
+        return
+    attrs = dict(n.attrs)
+    noise = Node(
+        len(nodes),
+        "random_uniform",
+        n.domain,
+        (),
+        (TensorType("f64", t.shape),),
+        make_attrs(
+            seed=attrs["seed"],
+            site=attrs["site"],
+            space=attrs["space"],
+            shape=t.shape,
+            dtype="f64",
+        ),
+        span=n.span,
+    )
+    nodes.append(noise)
+    here = identity_access(n.dims)
+    nodes[n.id] = Node(
+        n.id, "lt", n.domain, (Edge(noise.id, here), e), n.types, make_attrs(), n.name, n.span
+    )
