@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import islpy as isl
@@ -515,12 +516,12 @@ def _int_ast(v: int, span) -> ast.Expr:
     return ast.Int(v, span) if v >= 0 else ast.Unary("-", ast.Int(-v, span), span, span)
 
 
-def _linear_ast(coefs: list[tuple[str, int]], const: int, span) -> ast.Expr:
+def _sum_ast(terms: list[tuple[ast.Expr, int]], const: int, span) -> ast.Expr:
+    """``sum(c * e for e, c in terms) + const`` as an RTL expression."""
     e = None
-    for d, c in coefs:
+    for term, c in terms:
         if c == 0:
             continue
-        term = ast.Name(d, span)
         if abs(c) != 1:
             term = ast.Binary("*", ast.Int(abs(c), span), term, span, span)
         if e is None:
@@ -534,19 +535,42 @@ def _linear_ast(coefs: list[tuple[str, int]], const: int, span) -> ast.Expr:
     return e
 
 
+def _frac(v: isl.Val) -> Fraction:
+    return Fraction(str(v))
+
+
+def _aff_ast(aff: isl.Aff, dims, span) -> ast.Expr:
+    """An isl quasi-affine expression over ``dims`` as an RTL index expression: its
+    integer divisions (``floor(e / d)``, from ``%`` and ``//`` in the program's conditions)
+    become ``(e) // d``."""
+    den = _frac(aff.get_denominator_val())
+    terms = [
+        (ast.Name(d, span), _frac(aff.get_coefficient_val(isl.dim_type.in_, q)) * den)
+        for q, d in enumerate(dims)
+    ]
+    for j in range(aff.dim(isl.dim_type.div)):
+        c = _frac(aff.get_coefficient_val(isl.dim_type.div, j)) * den
+        if c:  # (a div's own aff lists the divs of its local space, with zero coefficients)
+            terms.append((_floor_ast(aff.get_div(j), dims, span), c))
+    const = _frac(aff.get_constant_val()) * den
+    if any(c.denominator != 1 for _, c in terms) or const.denominator != 1:
+        raise ValueError("a non-integral affine expression")  # pragma: no cover
+    e = _sum_ast([(t, int(c)) for t, c in terms], int(const), span)
+    return e if den == 1 else ast.Binary("//", e, ast.Int(int(den), span), span, span)
+
+
+def _floor_ast(inner: isl.Aff, dims, span) -> ast.Expr:
+    """``floor(inner)`` for a rational affine ``inner`` (an isl div): ``_aff_ast`` writes
+    ``(numerator) // denominator``, which is the floor."""
+    return _aff_ast(inner, dims, span)
+
+
 def _too_complex(span) -> ProgramError:
     return ProgramError(
         "the call order of this environment is too complex for an environment written in RTL "
-        "(the call before a call is not an affine function of the point without // or %)",
+        "(the call before a call is not a quasi-affine function of the point)",
         span,
     )
-
-
-def _int(v: isl.Val) -> int:
-    f = v.to_python()
-    if not isinstance(f, int):
-        raise ValueError(f"not an integer: {f}")
-    return f
 
 
 def _cond_ast(s: isl.Set, dims, domain: isl.Set, span):
@@ -556,14 +580,27 @@ def _cond_ast(s: isl.Set, dims, domain: isl.Set, span):
         return None
     disj = []
     for bs in s.get_basic_sets():
-        if bs.dim(isl.dim_type.div):
-            raise _too_complex(span)
+        n_div = bs.dim(isl.dim_type.div)
         conj = []
         for c in bs.get_constraints():
-            coefs = [
-                (d, _int(c.get_coefficient_val(isl.dim_type.set, q))) for q, d in enumerate(dims)
+            divs = [
+                _floor_ast(bs.get_div(j), dims, span)
+                if not c.get_coefficient_val(isl.dim_type.div, j).is_zero()
+                else ast.Int(0, span)
+                for j in range(n_div)
             ]
-            lhs = _linear_ast(coefs, _int(c.get_constant_val()), span)
+            terms = [
+                (ast.Name(d, span), _frac(c.get_coefficient_val(isl.dim_type.set, q)))
+                for q, d in enumerate(dims)
+            ]
+            terms += [
+                (dv, _frac(c.get_coefficient_val(isl.dim_type.div, j)))
+                for j, dv in enumerate(divs)
+            ]
+            if any(k.denominator != 1 for _, k in terms):
+                raise _too_complex(span)  # pragma: no cover - constraints are integral
+            terms = [(t, int(k)) for t, k in terms]
+            lhs = _sum_ast(terms, int(_frac(c.get_constant_val())), span)
             op = "==" if c.is_equality() else ">="
             conj.append(ast.Compare((op,), (lhs, ast.Int(0, span)), span, (span,)))
         if not conj:
@@ -579,18 +616,7 @@ def _cond_ast(s: isl.Set, dims, domain: isl.Set, span):
 
 
 def _aff_asts(ma: isl.MultiAff, dims, span, call) -> list:
-    out = []
-    for j in range(ma.dim(isl.dim_type.out)):
-        aff = ma.get_aff(j)
-        if aff.dim(isl.dim_type.div):
-            raise _too_complex(call.func.span)
-        coefs = [
-            (d, _int(aff.get_coefficient_val(isl.dim_type.in_, q))) for q, d in enumerate(dims)
-        ]
-        if aff.get_denominator_val().to_python() != 1:
-            raise _too_complex(call.func.span)
-        out.append(_linear_ast(coefs, _int(aff.get_constant_val()), span))
-    return out
+    return [_aff_ast(ma.get_aff(j), dims, span) for j in range(ma.dim(isl.dim_type.out))]
 
 
 # ----------------------------------------------------------------------------- elaboration
