@@ -324,6 +324,33 @@ def test_a_state_field_of_the_wrong_type(tmp_path):
     assert "state field 'n' is i32[], 'reset' gives f32[]" in e.message
 
 
+def test_a_float_constant_is_no_int_field(tmp_path):
+    e = env_error(tmp_path, COUNTER.replace("(0.0, 0, s.draws)", "(0.0, 0.5, s.draws)"))
+    assert "state field 'n' is i32[], 'reset' gives f32[]" in e.message
+
+
+def test_check_an_environment_file_on_its_own(tmp_path):
+    path = write(tmp_path, COUNTER)
+    ok = subprocess.run(
+        timerlc_cmd() + ["check", str(path), "--set", "length=5"], capture_output=True, check=False
+    )
+    assert ok.returncode == 0 and not ok.stdout and not ok.stderr
+    # an error inside a function is found by inlining it into a probe program
+    write(tmp_path, COUNTER.replace("x = s.x + f32(a - 1)", "x = s.x[0] + f32(a - 1)"))
+    bad = subprocess.run(
+        timerlc_cmd() + ["check", str(path)], capture_output=True, text=True, check=False
+    )
+    assert bad.returncode == 1
+    assert bad.stderr.startswith(f"{path}:") and "too many indices" in bad.stderr
+    usage = subprocess.run(
+        timerlc_cmd() + ["check", str(path), "--env", "E=cartpole"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert usage.returncode == 2 and "--env applies to programs" in usage.stderr
+
+
 def test_a_missing_declaration(tmp_path):
     e = env_error(tmp_path, re.sub(r"env observation .*\n", "", COUNTER))
     assert "declares no 'env observation'" in e.message

@@ -291,10 +291,21 @@ def cli():
 @_set_option
 @_env_option
 def check(file, sets, envs):
-    """Parse and check FILE; print nothing and exit 0 when it is valid."""
-    _guard(
-        lambda: _check(_read_source(file), _overrides(sets), _env_overrides(envs), optimize=False)
-    )()
+    """Parse and check FILE; print nothing and exit 0 when it is valid. FILE may also be an
+    environment written in RTL (docs/envs.md): --set then sets its configs."""
+
+    def body():
+        from timerlc.frontend import envrtl
+
+        source = _read_source(file)
+        if _on_deep_stack(source, lambda: envrtl.is_env_file(source.text)):
+            if envs:
+                raise _Fail(2, "timerlc: error: --env applies to programs, not environment files")
+            _on_deep_stack(source, lambda: envrtl.check_file(source, _overrides(sets)))
+            return
+        _check(source, _overrides(sets), _env_overrides(envs), optimize=False)
+
+    _guard(body)()
 
 
 @cli.command()

@@ -282,6 +282,49 @@ def with_source(node, source: Source):
     return node
 
 
+# ----------------------------------------------------------------------------- checking
+PROBE = """config B = 2, T = 2
+dim b < B
+dim t < T
+env E = "{plugin}" batch b
+o[b, 0] = E.reset()
+o[b, t+1], r[b, t], d[b, t] = E.step({action})
+out o, r, d
+"""
+
+
+def is_env_file(text: str) -> bool:
+    """Whether a source is an environment file (it has an ``env state`` or an ``env``
+    attribute declaration); raises ``ProgramError`` on a syntax error."""
+    from timerlc.frontend.parser import parse
+
+    return any(isinstance(s, (ast.EnvStateDecl, ast.EnvAttrDecl)) for s in parse(text).statements)
+
+
+def check_file(source: Source, overrides: dict[str, str]):
+    """Check an environment file on its own (``timerlc check walk.rtl``; ``--set`` sets its
+    configs): its declarations, then its functions inlined into a probe program of 2
+    instances and 2 steps (a reset, then a step with the zero action), so that an error
+    inside a function is found too. Returns the probe's checked graph."""
+    from timerlc.envs.registry import parse_value
+    from timerlc.frontend.check import check_source
+
+    options = {k: parse_value(v) for k, v in overrides.items()}
+    try:
+        spec = _load(source.name, source, options)
+    except EnvError as e:
+        raise ProgramError(e.message, None) from None
+    if isinstance(spec.action_space, spaces.Discrete):
+        action = "0"
+    else:
+        action = f"zeros([{', '.join(str(n) for n in spec.act_shape)}])"
+    query = "&".join(f"{k}={_option_text(v)}" for k, v in options.items())
+    plugin = str(Path(source.name).resolve()) + (f"?{query}" if query else "")
+    return check_source(
+        Source(f"<check of {source.name}>", PROBE.format(plugin=plugin, action=action))
+    )
+
+
 # ----------------------------------------------------------------------------- desugaring
 def _calls_in(e, out: list):
     """Every ``E.method(...)`` call in an expression."""
@@ -739,7 +782,9 @@ def _state(el, r: RtlEnv, v, fn: str):
         if not isinstance(x, Val):
             raise ProgramError(f"state field '{f}' must be a tensor", where)
         if x.type != t:
-            if x.weak or (x.is_const and x.shape == ()):
+            kinds = {"bool": 0, "i32": 1, "i64": 1, "f32": 2, "f64": 2}
+            widens = kinds[x.dtype] <= kinds[t.dtype]  # a constant 0.5 is no i32
+            if (x.weak or (x.is_const and x.shape == ())) and widens:
                 x = el.cast(x, t.dtype)
                 if t.shape:
                     x = el.apply("broadcast_to", [el.materialize(x)], where, shape=t.shape)
