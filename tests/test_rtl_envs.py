@@ -122,6 +122,36 @@ def test_trivial_in_rtl_is_its_python_form(program):
     assert want["o"].shape[-1] == 5 and want["r"].sum() > 0 and want["d"].sum() > 0
 
 
+# a reset shadowed at i == 1 by an earlier equation: the episodes go on there
+SHADOWED = """
+config I = 3, B = 3, T = 20
+dim i < I
+dim b < B
+dim t < T
+env E = "SPEC" batch b
+o[1, b, 0] = o[0, b, T]
+o[i, b, 0] = E.reset()
+a[i, b, t] = ACTION
+o[i, b, t+1], r[i, b, t], d[i, b, t] = E.step(a[i, b, t])
+out o, r, d
+"""
+
+
+def test_a_call_shadowed_by_an_earlier_equation():
+    # the same calls written out without shadowing, for the Python form
+    explicit = SHADOWED.replace(
+        "o[i, b, 0] = E.reset()", "o[0, b, 0] = E.reset()\no[2, b, 0] = E.reset()"
+    )
+    python = outputs(
+        run_graph(graph_of(explicit.replace("ACTION", BALANCE).replace("SPEC", "cartpole")))
+    )
+    ref, cpu, _ = run_both(SHADOWED.replace("ACTION", BALANCE).replace("SPEC", "rtl:cartpole"))
+    for name in ("o", "r", "d"):
+        np.testing.assert_array_equal(ref[name], python[name], err_msg=f"reference {name}")
+        np.testing.assert_array_equal(cpu[name], python[name], err_msg=f"cpu {name}")
+    assert not np.array_equal(python["o"][1, :, 0], python["o"][2, :, 0])
+
+
 def test_the_seed_changes_the_rtl_episodes_as_the_python_ones():
     text = "config seed = 7\n" + CONTINUING
     a = equal_forms(text, "cartpole", BALANCE)

@@ -550,7 +550,15 @@ def _env_equations(info, env, calls) -> dict[int, list]:
             new.append(ast.Equation(before, (value,), when, stmt.span))
         args = before + tuple(call.args) + (ast.Name(b, span),)
         rhs = ast.Call(func, args, (), span)
-        new.append(ast.Equation(hidden + tuple(stmt.lhs), (rhs,), stmt.when, stmt.span))
+        # the call happens only where its outputs are not defined by earlier equations
+        # (first match wins): its state outputs, which nothing else defines, must not either
+        names = ", ".join(ix.isl_name(d) for d in dims)
+        box = isl.Set(f"{{ [{names}] : {ix.cond_to_isl(eq.iter_cond)} }}")
+        shadow = _cond_ast(domain, dims, box, span)
+        when = stmt.when
+        if shadow is not None:
+            when = shadow if when is None else ast.Binary("and", when, shadow, span, span)
+        new.append(ast.Equation(hidden + tuple(stmt.lhs), (rhs,), when, stmt.span))
         out[id(stmt)] = new
     return out
 
