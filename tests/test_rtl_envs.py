@@ -466,3 +466,32 @@ def test_a_plugin_call_must_hold_for_every_instance():
     """
     with pytest.raises(ProgramError, match="steps every instance at once: its equation must hold"):
         graph_of(text)
+
+
+def test_dumps_with_an_rtl_environment_read_back(tmp_path):
+    """The hidden tensors' names (E.x, E.before.x) survive every dump and `timerlc inspect`."""
+    prog = tmp_path / "p.rtl"
+    prog.write_text(src(RESETTING.replace("ACTION", "i32(t % 2)").replace("SPEC", "rtl:cartpole")))
+    build = tmp_path / "build"
+    cmd = timerlc_cmd() + ["compile", str(prog), "-o", str(build), "--dump-ir"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    dumps = sorted((build / "ir").iterdir())
+    assert any("E.before.x" in d.read_text() for d in dumps)
+    for d in [*dumps, build / "plan.json"]:
+        for fmt in ("text", "json") if d.suffix != ".txt" else ("text",):
+            done = subprocess.run(
+                timerlc_cmd() + ["inspect", str(d), "--format", fmt],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert done.returncode == 0, (d.name, fmt, done.stderr)
+    run = timerlc_cmd() + [
+        "run",
+        str(build),
+        "--no-progress",
+        "--outputs",
+        str(tmp_path / "o.npz"),
+    ]
+    subprocess.run(run, check=True, capture_output=True)
+    assert np.load(tmp_path / "o.npz")["d"].shape == (3, 5, 40)
