@@ -20,7 +20,10 @@ from timerlc.types import TensorType
 from timerlc.poly import isl as pisl
 
 
-def env_call(el, env, method: str, call: ast.Call, locals_):
+def check_call(env, method: str, call: ast.Call, iterated):
+    """A call ``E.method(...)`` in an equation that iterates ``iterated``: a method of the
+    environment, its number of arguments, and the batch dim iterated (plugins and
+    environments written in RTL alike)."""
     name, b = env.name, env.batch
     if method not in ("reset", "step"):
         raise ProgramError(
@@ -33,12 +36,17 @@ def env_call(el, env, method: str, call: ast.Call, locals_):
             f"{len(call.args) + len(call.kwargs)}",
             call.func.span,
         )
-    if b not in el.iterated:
+    if b not in iterated:
         raise ProgramError(
             f"{name}.{method}() must be called in an equation that iterates {name}'s batch dim "
             f"'{b}'",
             call.func.span,
         )
+
+
+def env_call(el, env, method: str, call: ast.Call, locals_):
+    name, b = env.name, env.batch
+    check_call(env, method, call, el.iterated)
     if name in el.env_calls:
         raise ProgramError(
             f"'{name}' is called twice in one equation; the order would be unclear", call.func.span
@@ -103,6 +111,12 @@ def _without_batch(domain: Domain, b: str, n: int, span) -> Domain:
 
 def _key(el, b: str, span):
     lhs, tensor_dims = el.first_lhs
+    return call_key(lhs, tensor_dims, b, span)
+
+
+def call_key(lhs, tensor_dims, b: str, span):
+    """(the dims of the key, the key): the point of a call's first output ``lhs`` (over
+    ``tensor_dims``) without the batch dim ``b``, the order of the environment's calls."""
     key_dims, key = [], []
     for d, e in zip(tensor_dims, lhs.entries):
         if d == b:

@@ -44,14 +44,15 @@ from fractions import Fraction
 from pathlib import Path
 
 import islpy as isl
-import sympy
 from gymnasium import spaces
 
 from timerlc import rng
 from timerlc.diagnostics import ProgramError, Source, Span, did_you_mean
 from timerlc.envs.base import EnvError, EnvSpec
 from timerlc.frontend import ast
+from timerlc.frontend.envcalls import call_key, check_call
 from timerlc.ir import index as ix
+from timerlc.poly import isl as pisl
 from timerlc.types import TensorType
 
 RTL_PREFIX = "rtl:"
@@ -63,9 +64,8 @@ FUNCTIONS = {"reset": ("s", "k"), "step": ("s", "a", "k"), "observe": ("s",)}
 class RtlEnv:
     """A loaded environment file."""
 
-    source: Source
     info: object  # a ProgramInfo: the file's configs and defs, nothing else
-    state: tuple[tuple[str, TensorType, Span | None], ...]
+    state: tuple[tuple[str, TensorType], ...]  # (field, type), in declaration order
 
     @property
     def defs(self) -> dict:
@@ -170,7 +170,7 @@ def _load(name: str, source: Source, options: dict) -> RtlEnvSpec:
                 if f.name.name in seen:
                     raise ProgramError(f"state field '{f.name.name}' repeated", f.name.span)
                 seen.add(f.name.name)
-                fields.append((f.name.name, field_type(info, f.type), f.name.span))
+                fields.append((f.name.name, field_type(info, f.type)))
             state = tuple(fields)
         elif isinstance(stmt, ast.EnvAttrDecl):
             what = stmt.name.name
@@ -227,7 +227,7 @@ def _load(name: str, source: Source, options: dict) -> RtlEnvSpec:
                 d.name.span,
             )
     check_defs(info)
-    env = RtlEnv(source, info, state)
+    env = RtlEnv(info, state)
     return RtlEnvSpec(name, obs, act, env)
 
 
@@ -401,18 +401,7 @@ def _env_equations(info, env, calls) -> dict[int, list]:
     keyed = []
     for stmt, eq, call in calls:
         method = call.func.name
-        if method not in ("reset", "step"):
-            raise ProgramError(
-                f"environment '{name}' has no method '{method}' (it has reset, step)",
-                call.func.span,
-            )
-        want = 0 if method == "reset" else 1
-        if call.kwargs or len(call.args) != want:
-            raise ProgramError(
-                f"{name}.{method} takes {want} argument{'s' if want != 1 else ''}, got "
-                f"{len(call.args) + len(call.kwargs)}",
-                call.func.span,
-            )
+        check_call(env, method, call, eq.iter_dims)
         outs = 1 if method == "reset" else 3
         if len(stmt.lhs) != outs:
             raise ProgramError(
@@ -420,30 +409,10 @@ def _env_equations(info, env, calls) -> dict[int, list]:
                 f"has {len(stmt.lhs)} left side{'s' if len(stmt.lhs) != 1 else ''}",
                 stmt.lhs[0].span,
             )
-        if b not in eq.iter_dims:
-            raise ProgramError(
-                f"{name}.{method}() must be called in an equation that iterates {name}'s batch "
-                f"dim '{b}'",
-                call.func.span,
-            )
         lhs = eq.lhs[0]
         tdims = info.tensors[lhs.tensor].dims
-        if b not in tdims:
-            raise ProgramError(
-                f"the first output of an environment call must have the batch dim '{b}'",
-                call.func.span,
-            )
-        key = []
-        for d, e in zip(tdims, lhs.entries):
-            if d == b:
-                if e.dim != b or e.offset != 0:
-                    raise ProgramError(
-                        f"the first output of an environment call must be indexed by '{b}' itself",
-                        call.func.span,
-                    )
-                continue
-            key.append(ix.sym(e.dim) + e.offset if e.dim is not None else sympy.Integer(e.offset))
-        keyed.append((stmt, eq, call, method, tdims, tuple(key)))
+        _, key = call_key(lhs, tdims, b, call.func.span)
+        keyed.append((stmt, eq, call, method, tdims, key))
     if not keyed:  # declared, never called
         return {}
     dims0 = keyed[0][4]
@@ -475,10 +444,7 @@ def _env_equations(info, env, calls) -> dict[int, list]:
             both = points[j].intersect(points[k])
             if not both.is_empty():
                 p = both.lexmin().sample_point()
-                where = ", ".join(
-                    f"{d}={p.get_coordinate_val(isl.dim_type.set, q).to_python()}"
-                    for q, d in enumerate(x for x in dims0 if x != b)
-                )
+                where = pisl.format_point(pisl.point_of(p, tuple(x for x in dims0 if x != b)))
                 raise ProgramError(
                     f"two calls of environment '{name}' would define the same point of their "
                     f"first output (at {where}); each call must come at its own point",
@@ -496,11 +462,7 @@ def _env_equations(info, env, calls) -> dict[int, list]:
         composed = mp.apply_range(pred)
         first = domain.subtract(composed.domain())
         if method == "step" and not first.is_empty():
-            p = first.lexmin().sample_point()
-            where = ", ".join(
-                f"{d}={p.get_coordinate_val(isl.dim_type.set, q).to_python()}"
-                for q, d in enumerate(dims)
-            )
+            where = pisl.format_point(pisl.point_of(first.lexmin().sample_point(), dims))
             raise ProgramError(
                 f"environment '{name}' is stepped before its first reset (at {where}); call "
                 f"{name}.reset() first",
@@ -509,7 +471,7 @@ def _env_equations(info, env, calls) -> dict[int, list]:
         span = call.span
         lhs_items = stmt.lhs[0].items if isinstance(stmt.lhs[0], ast.Subscript) else ()
         hidden = tuple(
-            ast.Subscript(ast.Name(f"{name}.{f}", span), lhs_items, span) for f, _, _ in fields
+            ast.Subscript(ast.Name(f"{name}.{f}", span), lhs_items, span) for f, _ in fields
         )
         func = ast.Name(f"@{name}.{method}", call.func.span)
         pieces: list = []
@@ -519,18 +481,17 @@ def _env_equations(info, env, calls) -> dict[int, list]:
             raw: list = []
             composed.as_pw_multi_aff().foreach_piece(lambda s, ma, raw=raw: raw.append((s, ma)))
             for s, ma in raw:
-                pieces.append((_cond_ast(s, dims, domain, span), _aff_asts(ma, dims, span, call)))
+                pieces.append((_cond_ast(s, dims, domain, span), _aff_asts(ma, dims, span)))
         # the state before the call: a copy of the state after the call before it, one
         # equation per piece of the call order (the step's body is elaborated once)
         before = tuple(
-            ast.Subscript(ast.Name(f"{name}.before.{f}", span), lhs_items, span)
-            for f, _, _ in fields
+            ast.Subscript(ast.Name(f"{name}.before.{f}", span), lhs_items, span) for f, _ in fields
         )
         new = []
         for cond, pred_keys in pieces:
             if pred_keys is None:
                 zero = ast.Name(f"@{name}.zero", span)
-                rhs = tuple(ast.Call(zero, (ast.Str(f, span),), (), span) for f, _, _ in fields)
+                rhs = tuple(ast.Call(zero, (ast.Str(f, span),), (), span) for f, _ in fields)
             else:
                 index, q = [], 0
                 for d in tdims:
@@ -541,7 +502,7 @@ def _env_equations(info, env, calls) -> dict[int, list]:
                         q += 1
                 rhs = tuple(
                     ast.Subscript(ast.Name(f"{name}.{f}", span), tuple(index), span)
-                    for f, _, _ in fields
+                    for f, _ in fields
                 )
             when = stmt.when
             if cond is not None:
@@ -552,9 +513,7 @@ def _env_equations(info, env, calls) -> dict[int, list]:
         rhs = ast.Call(func, args, (), span)
         # the call happens only where its outputs are not defined by earlier equations
         # (first match wins): its state outputs, which nothing else defines, must not either
-        names = ", ".join(ix.isl_name(d) for d in dims)
-        box = isl.Set(f"{{ [{names}] : {ix.cond_to_isl(eq.iter_cond)} }}")
-        shadow = _cond_ast(domain, dims, box, span)
+        shadow = _cond_ast(domain, dims, pisl.cond_set(dims, eq.iter_cond), span)
         when = stmt.when
         if shadow is not None:
             when = shadow if when is None else ast.Binary("and", when, shadow, span, span)
@@ -602,26 +561,13 @@ def _aff_ast(aff: isl.Aff, dims, span) -> ast.Expr:
     for j in range(aff.dim(isl.dim_type.div)):
         c = _frac(aff.get_coefficient_val(isl.dim_type.div, j)) * den
         if c:  # (a div's own aff lists the divs of its local space, with zero coefficients)
-            terms.append((_floor_ast(aff.get_div(j), dims, span), c))
+            # the div is floor(e / d) for its aff e / d, which this writes as (e) // d
+            terms.append((_aff_ast(aff.get_div(j), dims, span), c))
     const = _frac(aff.get_constant_val()) * den
     if any(c.denominator != 1 for _, c in terms) or const.denominator != 1:
         raise ValueError("a non-integral affine expression")  # pragma: no cover
     e = _sum_ast([(t, int(c)) for t, c in terms], int(const), span)
     return e if den == 1 else ast.Binary("//", e, ast.Int(int(den), span), span, span)
-
-
-def _floor_ast(inner: isl.Aff, dims, span) -> ast.Expr:
-    """``floor(inner)`` for a rational affine ``inner`` (an isl div): ``_aff_ast`` writes
-    ``(numerator) // denominator``, which is the floor."""
-    return _aff_ast(inner, dims, span)
-
-
-def _too_complex(span) -> ProgramError:
-    return ProgramError(
-        "the call order of this environment is too complex for an environment written in RTL "
-        "(the call before a call is not a quasi-affine function of the point)",
-        span,
-    )
 
 
 def _cond_ast(s: isl.Set, dims, domain: isl.Set, span):
@@ -631,15 +577,10 @@ def _cond_ast(s: isl.Set, dims, domain: isl.Set, span):
         return None
     disj = []
     for bs in s.get_basic_sets():
-        n_div = bs.dim(isl.dim_type.div)
+        # each div is floor(e / d) for its aff e / d, which _aff_ast writes as (e) // d
+        divs = [_aff_ast(bs.get_div(j), dims, span) for j in range(bs.dim(isl.dim_type.div))]
         conj = []
         for c in bs.get_constraints():
-            divs = [
-                _floor_ast(bs.get_div(j), dims, span)
-                if not c.get_coefficient_val(isl.dim_type.div, j).is_zero()
-                else ast.Int(0, span)
-                for j in range(n_div)
-            ]
             terms = [
                 (ast.Name(d, span), _frac(c.get_coefficient_val(isl.dim_type.set, q)))
                 for q, d in enumerate(dims)
@@ -649,7 +590,7 @@ def _cond_ast(s: isl.Set, dims, domain: isl.Set, span):
                 for j, dv in enumerate(divs)
             ]
             if any(k.denominator != 1 for _, k in terms):
-                raise _too_complex(span)  # pragma: no cover - constraints are integral
+                raise ValueError("a constraint with rational coefficients")  # pragma: no cover
             terms = [(t, int(k)) for t, k in terms]
             lhs = _sum_ast(terms, int(_frac(c.get_constant_val())), span)
             op = "==" if c.is_equality() else ">="
@@ -666,7 +607,7 @@ def _cond_ast(s: isl.Set, dims, domain: isl.Set, span):
     return e
 
 
-def _aff_asts(ma: isl.MultiAff, dims, span, call) -> list:
+def _aff_asts(ma: isl.MultiAff, dims, span) -> list:
     return [_aff_ast(ma.get_aff(j), dims, span) for j in range(ma.dim(isl.dim_type.out))]
 
 
@@ -681,15 +622,16 @@ def _inside(el, env):
     el.info = inner
     el.draw_key = (rng.site_id(f"env:{env.name}"), rng.seed32(seed))
     try:
-        yield r
+        yield
     finally:
         el.info, el.draw_key = info, key
 
 
 def expand(el, expr: ast.Call, locals_):
     """The value of an internal call ``@E.reset(state..., k)`` / ``@E.step(state..., a,
-    k)`` (``initial=true``: no state arguments, the zero state): the state after the call
-    (field by field), then the observation, and for a step the reward and done."""
+    k)``: the state after the call (field by field), then the observation, and for a step
+    the reward and done; or ``@E.zero("field")``: that field of the state before the first
+    call."""
     from timerlc.frontend.builtins import _where
     from timerlc.frontend.envcalls import _action
     from timerlc.frontend.values import RecordVal, TupleVal, Val
@@ -699,10 +641,10 @@ def expand(el, expr: ast.Call, locals_):
     r: RtlEnv = env.attrs.rtl
     span = expr.span
     if method == "zero":  # a field of the state before the first call
-        (t,) = [t for f, t, _ in r.state if f == expr.args[0].value]
+        (t,) = [t for f, t in r.state if f == expr.args[0].value]
         return el.materialize(el.const(0, t.dtype, t.shape, weak=False, span=span))
     args = list(expr.args)
-    state = [(f, el.value(args[j], locals_)) for j, (f, _, _) in enumerate(r.state)]
+    state = [(f, el.value(args[j], locals_)) for j, (f, _) in enumerate(r.state)]
     args = args[len(r.state) :]
     s = RecordVal(tuple(state), span)
     action = None
@@ -728,7 +670,7 @@ def expand(el, expr: ast.Call, locals_):
             again = _state(el, r, _inline(el, r, "reset", [s1, k]), "reset")
             s2 = RecordVal(
                 tuple(
-                    (f, _where(el, done, again.field(f), s1.field(f), span)) for f, _, _ in r.state
+                    (f, _where(el, done, again.field(f), s1.field(f), span)) for f, _ in r.state
                 ),
                 span,
             )
@@ -772,7 +714,7 @@ def _state(el, r: RtlEnv, v, fn: str):
     each field checked against its declared type (weak constants take it)."""
     from timerlc.frontend.values import RecordVal, TupleVal, Val
 
-    names = [f for f, _, _ in r.state]
+    names = [f for f, _ in r.state]
     d = r.defs[fn]
     where = d.body[-1].span
     if isinstance(v, RecordVal) and v.names == tuple(names):
@@ -786,7 +728,7 @@ def _state(el, r: RtlEnv, v, fn: str):
             f"'{fn}' must give the state: a tuple ({', '.join(names)}) in that order", where
         )
     out = []
-    for (f, t, _), x in zip(r.state, items):
+    for (f, t), x in zip(r.state, items):
         if not isinstance(x, Val):
             raise ProgramError(f"state field '{f}' must be a tensor", where)
         if x.type != t:
