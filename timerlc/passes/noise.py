@@ -32,24 +32,8 @@ def split_categorical(graph: Graph) -> Graph:
         if not all(isinstance(s, int) for s in t.shape):
             continue
         here = identity_access(n.dims)
-        attrs = dict(n.attrs)
         noise_t = TensorType("f64", t.shape)
-        noise = Node(
-            len(nodes),
-            "random_gumbel",
-            n.domain,
-            (),
-            (noise_t,),
-            make_attrs(
-                seed=attrs["seed"],
-                site=attrs["site"],
-                space=attrs["space"],
-                shape=t.shape,
-                dtype="f64",
-            ),
-            span=n.span,
-        )
-        nodes.append(noise)
+        noise = _draw_ahead(n, "random_gumbel", t.shape, nodes)
         logits = e
         if t.dtype != "f64":
             cast = Node(
@@ -85,28 +69,31 @@ def split_categorical(graph: Graph) -> Graph:
     return graph.replace(nodes=tuple(nodes)) if len(nodes) > len(graph.nodes) else graph
 
 
+def _draw_ahead(n: Node, op: str, shape: tuple, nodes: list) -> Node:
+    """A new node of ``nodes``: the f64 draw ``op`` of ``shape`` with the key of the draw
+    ``n`` (its seed, site and space), so draw for draw the numbers ``n`` draws."""
+    attrs = dict(n.attrs)
+    draw = Node(
+        len(nodes),
+        op,
+        n.domain,
+        (),
+        (TensorType("f64", shape),),
+        make_attrs(
+            seed=attrs["seed"], site=attrs["site"], space=attrs["space"], shape=shape, dtype="f64"
+        ),
+        span=n.span,
+    )
+    nodes.append(draw)
+    return draw
+
+
 def _split_bernoulli(graph: Graph, n: Node, nodes: list):
     (e,) = n.inputs
     t = input_type(graph, e)  # f64 (the builtin casts p)
     if t.dtype != "f64" or not all(isinstance(s, int) for s in t.shape):
         return
-    attrs = dict(n.attrs)
-    noise = Node(
-        len(nodes),
-        "random_uniform",
-        n.domain,
-        (),
-        (TensorType("f64", t.shape),),
-        make_attrs(
-            seed=attrs["seed"],
-            site=attrs["site"],
-            space=attrs["space"],
-            shape=t.shape,
-            dtype="f64",
-        ),
-        span=n.span,
-    )
-    nodes.append(noise)
+    noise = _draw_ahead(n, "random_uniform", t.shape, nodes)
     here = identity_access(n.dims)
     nodes[n.id] = Node(
         n.id, "lt", n.domain, (Edge(noise.id, here), e), n.types, make_attrs(), n.name, n.span
