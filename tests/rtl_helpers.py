@@ -66,6 +66,20 @@ def compare_cpu(graph, want: dict):
             )
 
 
+def reference_and_native(graph):
+    """(reference outputs, cpu outputs from generated code, the generated code) of a checked
+    program: the reference runs it with the lowering passes only (as ``--backend
+    reference`` does), the cpu backend optimized."""
+    from timerlc.compiler import compile_plan, generate_code, run_passes
+    from timerlc.runtime.cpu import CpuRuntime
+
+    want = outputs(run_graph(run_passes(graph, optimize=False)))
+    gen = generate_code(compile_plan(run_passes(graph)))
+    runtime = CpuRuntime(gen.plan, native=gen.text)
+    runtime.run()
+    return want, {k: runtime.value(k) for k in want}, gen
+
+
 def run1(text: str, name: str = "y", **sets) -> np.ndarray:
     return run(text, **sets)[name]
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rtl_helpers import src
+from rtl_helpers import reference_and_native, src
 
 from timerlc.compiler import compile_plan, generate_code, run_passes
 from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
-from timerlc.reference.interpreter import outputs, run_graph
 from timerlc.runtime.cpu import CpuRuntime
 
 ROLLOUT = """
@@ -33,12 +32,7 @@ BALANCE = "where(b < 3, i32(o[i, b, t][2] + 0.3 * o[i, b, t][3] > 0.0), categori
 
 def both(text: str):
     """(reference outputs, cpu outputs with generated code, the generated code)."""
-    graph = check_source(Source("p.rtl", src(text)), overrides={})
-    want = outputs(run_graph(graph))
-    gen = generate_code(compile_plan(run_passes(graph)))
-    runtime = CpuRuntime(gen.plan, native=gen.text)
-    runtime.run()
-    return want, {k: runtime.value(k) for k in want}, gen
+    return reference_and_native(check_source(Source("p.rtl", src(text)), overrides={}))
 
 
 def same(text: str):

@@ -12,13 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rtl_helpers import src, timerlc_cmd
+from rtl_helpers import reference_and_native, src, timerlc_cmd
 
-from timerlc.compiler import compile_plan, generate_code, run_passes
 from timerlc.diagnostics import ProgramError, Source
 from timerlc.frontend.check import check_source
 from timerlc.reference.interpreter import outputs, run_graph
-from timerlc.runtime.cpu import CpuRuntime
 
 # PPO-style: one reset, the rollouts continue across iterations
 CONTINUING = """
@@ -74,12 +72,7 @@ def graph_of(text: str):
 
 def run_both(text: str):
     """(reference outputs, cpu outputs from generated code, the generated code)."""
-    graph = graph_of(text)
-    want = outputs(run_graph(run_passes(graph, optimize=False)))
-    gen = generate_code(compile_plan(run_passes(graph)))
-    runtime = CpuRuntime(gen.plan, native=gen.text)
-    runtime.run()
-    return want, {k: runtime.value(k) for k in want}, gen
+    return reference_and_native(graph_of(text))
 
 
 def equal_forms(program: str, spec: str, action: str):
@@ -263,29 +256,21 @@ def test_tensor_observations_and_actions(tmp_path):
     o[b, t+1], r[b, t], d[b, t] = E.step(o[b, t][0] * 0.25)
     out o, r
     """
-    graph = user_graph(tmp_path, SPRING, program)
-    want = outputs(run_graph(graph))
+    want, got, _ = reference_and_native(user_graph(tmp_path, SPRING, program))
     assert want["o"].shape == (3, 6, 2, 2)
     x = want["o"][:, 0, 0].astype(np.float64)
     for t in range(5):  # x' = 0.5 x + f64(f32(0.25 * f32(x)))
         x = 0.5 * x + (np.float32(0.25) * want["o"][:, t, 0]).astype(np.float64)
         np.testing.assert_array_equal(want["o"][:, t + 1, 0], x.astype(np.float32))
         np.testing.assert_array_equal(want["o"][:, t + 1, 1], (-x).astype(np.float32))
-    gen = generate_code(compile_plan(run_passes(graph)))
-    runtime = CpuRuntime(gen.plan, native=gen.text)
-    runtime.run()
     for name in ("o", "r"):
-        np.testing.assert_array_equal(runtime.value(name), want[name], err_msg=name)
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
 def test_a_user_environment_runs_alike_on_both_backends(tmp_path):
-    graph = user_graph(tmp_path, COUNTER)
-    want = outputs(run_graph(graph))
-    gen = generate_code(compile_plan(run_passes(graph)))
-    runtime = CpuRuntime(gen.plan, native=gen.text)
-    runtime.run()
+    want, got, _ = reference_and_native(user_graph(tmp_path, COUNTER))
     for name in ("o", "r", "d"):
-        np.testing.assert_array_equal(runtime.value(name), want[name], err_msg=name)
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
     # by hand: instance b's walk, its noise drawn at (b, number of steps so far)
     from timerlc import rng
 
