@@ -560,3 +560,53 @@ def test_a_profile_counts_the_native_calls_of_each_statement():
     assert any(rt.calls[s] == 50 for s in looped), rt.calls
     assert all(rt.seconds[s] >= 0.0 for s in rt.calls)
     assert sum(rt.seconds.values()) > 0.0
+
+
+@pytest.mark.parametrize("nb, nt", [(48, 70), (37, 64), (3, 1500)])
+def test_layers_over_many_points_run_block_by_block(nb, nt):
+    """A statement whose layers run over every point of its vector dims at once runs them
+    block by block of its outermost vector dim (``lower._block``: each block's rows stay in
+    the cache): the same values as the reference, with blocks that divide the extent
+    (48 = 4 x 12 rows of 70 points), one value per block where the extent is prime (37),
+    and blocks of one value larger than ``BLOCK_ROWS`` (3 x 1500)."""
+    text = f"""
+    config NB = {nb}, NT = {nt}
+    dim b < NB
+    dim t < NT
+    w1 = reshape(f32(arange(512)) * 0.0015 - 0.4, [8, 64])
+    w2 = reshape(f32(arange(4096)) * 0.0002 - 0.4, [64, 64])
+    w3 = reshape(f32(arange(64)) * 0.01 - 0.3, [64, 1])
+    x[b, t] = f32(b) * 0.01 - f32(t) * 0.001 + f32(arange(8)) * 0.1
+    v[b, t] = squeeze(tanh(tanh(x[b, t] @ w1) @ w2) @ w3, 0)
+    p[b, t] = x[b, t] @ w1
+    out v, p
+    """
+    rt, want, gen = native(text)
+    listing = "\n".join(kir.text(k) for k in gen.kernels)
+    assert "for blk$ in" in listing
+    for name in ("v", "p"):
+        np.testing.assert_allclose(rt.value(name), want[name], rtol=2e-5, atol=2e-6)
+
+
+def test_products_of_a_few_terms_are_expressions_per_element():
+    """A product over at most ``SMALL_K`` terms (a layer over four observations, the
+    gradient through two actions) is computed per element inside what reads it, with no
+    gemm and no temporary: the same values as the reference, at a point and over a
+    matrix, a vector times a matrix, a product whose operand is an expression."""
+    text = """
+    config B = 6
+    dim b < B
+    w = reshape(f32(arange(256)) * 0.003 - 0.4, [4, 64])
+    m = reshape(f32(arange(200)) * 0.01 - 1.0, [100, 2])
+    u = reshape(f32(arange(128)) * 0.02 - 1.3, [2, 64])
+    x[b] = f32(b) * 0.1 - 0.2 + f32(arange(4)) * 0.3
+    h[b] = tanh(x[b] @ w + 0.5)
+    g = (m * 2.0 + 1.0) @ u * (1.0 - tanh(m @ u) * tanh(m @ u))
+    one[b] = (f32(arange(1)) + f32(b)) @ reshape(f32(arange(64)), [1, 64])
+    out h, g, one
+    """
+    rt, want, gen = native(text)
+    listing = "\n".join(kir.text(k) for k in gen.kernels)
+    assert "gemm" not in listing
+    for name in ("h", "g", "one"):
+        np.testing.assert_allclose(rt.value(name), want[name], rtol=2e-5, atol=2e-6)

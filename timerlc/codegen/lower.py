@@ -132,13 +132,51 @@ SUPPORTED = frozenset(
 # ----------------------------------------------------------------------------- entry point
 def lower_statement(plan: Plan, st: Statement, slot_of: dict) -> kir.Kernel:
     """The kernel of one statement; ``slot_of[(sid, out)]``: the table entry of a buffer's
-    output. Raises ``Unsupported``."""
-    return _Lowering(plan, st, slot_of).kernel()
+    output. Raises ``Unsupported``.
+
+    A statement whose layers run over many points at once (``_matmul_over_points``: the
+    value of every observation of a rollout) is lowered again block by block of its
+    outermost vector dim (``_block``): each block's layers run one after another on its
+    rows, whose temporaries stay in the cache, instead of each layer over every point."""
+    low = _Lowering(plan, st, slot_of)
+    k = low.kernel()
+    if low.over_points:
+        block = _block(plan, st)
+        if block is not None:
+            k = _Lowering(plan, st, slot_of, block).kernel()
+    return k
+
+
+BLOCK_VAR = "blk$"  # the loop over the blocks (no dim is named so)
+BLOCK_ROWS = 1024  # the points of a block of a statement's layers over points (at most)
+
+
+def _block(plan: Plan, st: Statement) -> tuple[str, int] | None:
+    """``(dim, size)``: the blocks of a statement over many points, along its outermost
+    vector dim of more than one point, ``size`` of its values a block (a divisor of its
+    extent, each block at most ``BLOCK_ROWS`` points where it can be); None for a
+    statement of at most ``2 * BLOCK_ROWS`` points."""
+    box = plan.buffer(st.id).box
+    vdims = [(d, box[k]) for k, d in enumerate(st.dims) if d in st.vector and box[k] > 1]
+    points = math.prod(n for _, n in vdims)
+    if not vdims or points <= 2 * BLOCK_ROWS:
+        return None
+    d0, e0 = vdims[0]
+    inner = points // e0
+    size = max([n for n in range(1, e0 + 1) if e0 % n == 0 and n * inner <= BLOCK_ROWS] or [1])
+    return None if size == e0 else (d0, size)
 
 
 class _Lowering:
-    def __init__(self, plan: Plan, st: Statement, slot_of: dict):
+    def __init__(self, plan: Plan, st: Statement, slot_of: dict, block=None):
         self.plan, self.st, self.slot_of = plan, st, slot_of
+        # the block of the vector loops (``_block``: dim, size), where the statement runs
+        # block by block; ``lo``: the first value of the dim in the block
+        self.block = block
+        self.lo: Expr = (
+            Bin("mul", Ref(BLOCK_VAR), kir.i64(block[1]), "i64") if block else kir.i64(0)
+        )
+        self.over_points = False  # whether a matmul ran over the points at once
         self.vector = set(st.vector)
         self.slots: dict[tuple, kir.Slot] = {}
         self.temps: list[kir.Temp] = []
@@ -224,8 +262,13 @@ class _Lowering:
                 point = (If(domain, point),)
             for d in reversed(st.dims):
                 if d in self.vector:
-                    extent = self.plan.buffer(st.id).box[st.dims.index(d)]
-                    point = (For(d, kir.i64(0), kir.i64(extent), point),)
+                    lo, hi = self.vector_range(d)
+                    point = (For(d, lo, hi, point),)
+        point = tuple(self.pre) + point
+        if self.block is not None:
+            d0, per = self.block
+            blocks = self.plan.buffer(st.id).box[st.dims.index(d0)] // per
+            point = (For(BLOCK_VAR, kir.i64(0), kir.i64(blocks), point),)
         if self.target is not None:
             own = self.slot(st.id, 0, write=True)
             dt = buf.outputs[0].dtype
@@ -239,9 +282,15 @@ class _Lowering:
             tuple(st.loops),
             tuple(sorted(self.slots.values(), key=lambda s: s.index)),
             tuple(self.temps),
-            tuple(self.pre) + point,
+            point,
             self._shared(),
         )
+
+    def vector_range(self, d: str) -> tuple[Expr, Expr]:
+        """The values of vector dim ``d`` a call computes (a block's, see ``_block``)."""
+        if self.block is not None and d == self.block[0]:
+            return self.lo, kir.add(self.lo, kir.i64(self.block[1]))
+        return kir.i64(0), kir.i64(self.plan.buffer(self.st.id).box[self.st.dims.index(d)])
 
     def _shared(self) -> tuple:
         """The kernel's slots of its own buffer and of the buffer whose memory it takes
@@ -1168,6 +1217,13 @@ class _Lowering:
 
     def _matmul(self, a: Val, b: Val, dtype: str, shape: tuple, dest=None) -> Val:
         if (
+            dtype in ("f32", "f64")
+            and a.shape[-1] <= SMALL_K
+            and len(a.shape) in (1, 2)
+            and len(b.shape) == 2
+        ):
+            return self._small_k(a, b, dtype, shape)
+        if (
             self.batchable
             and a.vdep
             and not a.local
@@ -1183,6 +1239,29 @@ class _Lowering:
             self.wrote_dest = True
         return self._matmul_at_point(a, b, dtype, shape, dest)
 
+    def _small_k(self, a: Val, b: Val, dtype: str, shape: tuple) -> Val:
+        """``a @ b`` over at most ``SMALL_K`` terms (a layer's inputs: four observations;
+        the gradient through a head of two actions) as an expression per element, its terms
+        written out in order: it is computed inside whatever reads it (a layer's bias and
+        ``tanh``), with no temporary between the product and them."""
+        if a.cost > 0:
+            a = self.materialize(a)  # (each element of a is read once per column)
+        if b.cost > 0:
+            b = self.materialize(b)
+        kk = a.shape[-1]
+
+        def at(idx):
+            total = None
+            for k in range(kk):
+                term = Bin(
+                    "mul", a.at(idx[:-1] + [kir.i64(k)]), b.at([kir.i64(k), idx[-1]]), dtype
+                )
+                total = term if total is None else Bin("add", total, term, dtype)
+            return total if total is not None else Const(dtype, 0.0)
+
+        local = a.local or b.local
+        return Val(dtype, shape, at, a.vdep or b.vdep, 2 * kk, None, local)
+
     def _matmul_over_points(self, a: Val, b: Val, dtype: str, dest=None) -> Val:
         """``a @ b`` at every point of the vector dims at once, where ``a`` depends on the
         point and ``b`` does not (a layer applied to every environment): one matmul (the
@@ -1193,16 +1272,23 @@ class _Lowering:
         first. Likewise the product goes straight to ``dest`` (the statement's buffer)
         where the points' results lie there one after another."""
         st = self.st
+        self.over_points = True
         box = self.plan.buffer(st.id).box
         vdims = [(d, box[k]) for k, d in enumerate(st.dims) if d in self.vector]
+        origin = {}
+        if self.block is not None:  # the points of one block
+            d0, size = self.block
+            vdims = [(d, size if d == d0 else ext) for d, ext in vdims]
+            origin = {d0: self.lo}
         points = math.prod(n for _, n in vdims)
         m = 1 if len(a.shape) == 1 else a.shape[0]
         kk, n = a.shape[-1], b.shape[1]
         p: Expr = kir.i64(0)
         for d, ext in vdims:
-            p = kir.add(kir.mul(p, ext), Ref(d))
+            local = Bin("sub", Ref(d), origin[d], "i64") if d in origin else Ref(d)
+            p = kir.add(kir.mul(p, ext), local)
         shape_a = tuple(a.shape)
-        strided = None if a.layout is None else _point_rows(a.layout, vdims, m, kk)
+        strided = None if a.layout is None else _point_rows(a.layout, vdims, m, kk, origin)
         if (
             strided is not None
             and _matrix(Val(dtype, (points * m, kk), a.at, False, 0, strided), (points * m, kk))
@@ -1217,8 +1303,8 @@ class _Lowering:
                 return [Store(rows, kir.add(kir.mul(row, kk), idx[-1]), a.at(idx))]
 
             loop = self.loops(shape_a, put)
-            for d, ext in reversed(vdims):
-                loop = [For(d, kir.i64(0), kir.i64(ext), tuple(loop))]
+            for d, _ in reversed(vdims):
+                loop = [For(d, *self.vector_range(d), tuple(loop))]
             self.pre.extend(loop)
             strided = (rows, kir.i64(0), (kk, 1))
         buf, off, (sr, sc) = strided
@@ -1234,7 +1320,7 @@ class _Lowering:
         )
         into = None
         if dest is not None:
-            into = _point_rows((dest[0], dest[1], (n, 1)), vdims, m, n)
+            into = _point_rows((dest[0], dest[1], (n, 1)), vdims, m, n, origin)
             if into is not None and (into[2][1] != 1 or into[2][0] < n):
                 into = None
         if into is not None:
@@ -1393,17 +1479,21 @@ def _fold_binary(op: str, a: Val, b: Val, dtype: str, shape: tuple) -> Val | Non
     return None
 
 
-def _point_rows(layout: tuple, vdims: list, m: int, k: int) -> tuple | None:
+def _point_rows(layout: tuple, vdims: list, m: int, k: int, origin=None) -> tuple | None:
     """The layout ``(buffer, offset, (row stride, column stride))`` of the matrix of the
     rows of every point of the vector dims ``vdims`` (``(dim, extent)``, outermost first;
     point ``p`` in row-major order gives rows ``p*m ..< p*m + m``), from ``layout``: one
     point's ``[m, k]`` (or ``[k]`` where ``m`` is 1) view, its offset an expression of the
-    vector dims. None where the points' rows do not lie one after another at one stride."""
+    vector dims. The points start at ``origin`` (dim -> its first value; default 0). None
+    where the points' rows do not lie one after another at one stride."""
     buf, off, st = layout
     aff = _affine(off, {d for d, _ in vdims})
     if aff is None:
         return None
     rest, coef = aff
+    for d, lo in (origin or {}).items():
+        if coef.get(d, 0):
+            rest = kir.add(rest, Bin("mul", lo, kir.i64(coef[d]), "i64"))
     sc = st[-1]
     row = st[-2] if len(st) == 2 else None
     want = None  # the stride the next dim outward must have
@@ -1465,6 +1555,7 @@ def _mentions(e: Expr, names: set) -> bool:
     return any(_mentions(x, names) for x in e.args)  # Fn
 
 
+SMALL_K = 4  # a product over at most this many terms is an expression per element (_small_k)
 BLAS_MIN_MACS = 2048  # below, generated loops are as fast as a BLAS call (docs/codegen.md)
 
 
