@@ -610,3 +610,31 @@ def test_products_of_a_few_terms_are_expressions_per_element():
     assert "gemm" not in listing
     for name in ("h", "g", "one"):
         np.testing.assert_allclose(rt.value(name), want[name], rtol=2e-5, atol=2e-6)
+
+
+def test_reductions_of_slices_whose_length_depends_on_the_point():
+    """``sum``/``mean``/``max``/``min``/``discounted_sum`` of a slice whose length
+    depends on the point (a window that grows, the rest of a rollout, a slice empty at some
+    points) run in the kernel, a loop from the slice's start to its end: the reference's
+    values (floats and ints; the mean of an empty slice is nan, as NumPy's)."""
+    text = """
+    config B = 3, T = 9
+    dim b < B
+    dim t < T
+    x[b, t] = cos(0.7 * f32(t) + f32(b)) + 0.1 * f32(t)
+    n[b, t] = (t * 3 + b) % 5 - 2
+    grow[b, t] = mean(x[b, max(0, t - 3):t + 1])
+    rest[b, t] = sum(x[b, t:T])
+    late[b, t] = mean(x[b, t + 1:T])
+    hi[b, t] = max(x[b, 0:t + 1])
+    lo[b, t] = min(x[b, t:T])
+    ds[b, t] = discounted_sum(x[b, t:min(t + 4, T)], 0.9)
+    ni[b, t] = sum(n[b, 0:t])
+    out grow, rest, late, hi, lo, ds, ni
+    """
+    rt, want, gen = native(text)
+    assert "length depends" not in " ".join(gen.interpreted.values())
+    for name in ("grow", "rest", "late", "hi", "lo", "ds", "ni"):
+        got, ref = rt.value(name), want[name]
+        assert got.dtype == ref.dtype, name
+        np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6, err_msg=name)

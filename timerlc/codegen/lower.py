@@ -598,6 +598,8 @@ class _Lowering:
         attrs = node.attr_dict()
         dtype = node.types[0].dtype
         shape = tuple(node.types[0].shape)
+        if op in _DYNAMIC and node.inputs and _dynamic_slice(node.inputs[0]):
+            return self._dynamic_reduce(node, op, attrs, dtype, shape)
         ins = [self.read(r) for r in node.inputs] if op != "merge" else []
         v = self._op(node, op, attrs, dtype, shape, ins)
         if any(x.local for x in ins):  # an op over a local value is local
@@ -1121,6 +1123,92 @@ class _Lowering:
         self.emit(self.loops(shape, body), x.vdep)
         return self.temp_val(name, dtype, shape, x.vdep)
 
+    def _dynamic_reduce(self, node, op: str, attrs, dtype: str, shape: tuple) -> Val:
+        """A reduction of a slice whose length depends on the point (``x[b, 0:t+1]``, a
+        window that grows): a loop from the slice's start to its end at the point, the terms
+        in the order ``_reduce`` and ``_discounted`` add them. The slice must lie inside
+        its source's dims (else the kernel fails, and the interpreter names the read)."""
+        r = node.inputs[0]
+        buf = self.plan.buffer(r.src)
+        o = buf.outputs[r.out]
+        if o.shape or shape or attrs.get("keepdims") or attrs.get("reverse"):
+            raise Unsupported("a slice whose length depends on the point")
+        if op in _REDUCE and attrs.get("axes") not in (None, 0, (0,), [0]):
+            raise Unsupported("a slice whose length depends on the point")
+        name = self.slot(r.src, r.out)
+        (k,) = [j for j, a in enumerate(r.access) if not isinstance(a, At)]
+        lo, hi = self.index(r.access[k].lo), self.index(r.access[k].hi)
+        fixed = [None if j == k else self.index(a.index) for j, a in enumerate(r.access)]
+        vdep = any(self.names_vector(e) for e in (r.access[k].lo, r.access[k].hi)) or any(
+            self.names_vector(a.index) for a in r.access if isinstance(a, At)
+        )
+        g = self.read(node.inputs[1]) if op == "discounted_sum" else None
+        vdep = vdep or (g is not None and g.vdep)
+
+        def at(pos: Expr) -> Expr:
+            return Load(
+                name,
+                self.point_index(r.src, [pos if e is None else e for e in fixed], r.out),
+                o.dtype,
+            )
+
+        n = Bin("sub", hi, lo, "i64")
+        # a read outside the source's dims (a non-empty slice past its box) is the
+        # interpreter's error to report
+        inside = Bin(
+            "or",
+            Bin("le", n, kir.i64(0), "bool"),
+            Bin(
+                "and",
+                Bin("ge", lo, kir.i64(0), "bool"),
+                Bin("le", hi, kir.i64(buf.box[k]), "bool"),
+                "bool",
+            ),
+            "bool",
+        )
+        stmts: list = [If(Un("not", inside, "bool"), (kir.Fail(1),))]
+        acc, j = self.fresh("acc"), self.fresh("k")
+        if op == "discounted_sum":
+            # Horner's rule from the last element (as _discounted)
+            pos = Bin("sub", Bin("sub", hi, kir.i64(1), "i64"), Ref(j), "i64")
+            term = Bin("add", at(pos), Bin("mul", g.at([]), Ref(acc, dtype), dtype), dtype)
+            stmts += [
+                Let(acc, dtype, Const(dtype, 0.0)),
+                For(j, kir.i64(0), n, (Let(acc, dtype, term),)),
+            ]
+            result: Expr = Ref(acc, dtype)
+        else:
+            acc_t = "f64" if dtype in ("f32", "f64") and op in ("sum", "mean") else dtype
+            if dtype in ("i32", "i64") and op in ("sum", "prod"):
+                acc_t = "i64"
+            comb, init = _COMBINE[op]
+
+            def cast(v: Expr) -> Expr:
+                return v if v.dtype == acc_t else Cast(v, acc_t)
+
+            if init is None:  # max, min: the first element (the slice is not empty)
+                stmts.append(If(Bin("le", n, kir.i64(0), "bool"), (kir.Fail(1),)))
+                stmts.append(Let(acc, acc_t, cast(at(lo))))
+                start = Bin("add", lo, kir.i64(1), "i64")
+            else:
+                stmts.append(
+                    Let(acc, acc_t, Const(acc_t, float(init) if acc_t[0] == "f" else init))
+                )
+                start = lo
+            step = Let(acc, acc_t, Bin(comb, Ref(acc, acc_t), cast(at(Ref(j))), acc_t))
+            stmts.append(For(j, start, hi, (step,)))
+            result = Ref(acc, acc_t)
+            if op == "mean":
+                result = Bin(
+                    "div", result, Cast(Bin("maximum", n, kir.i64(0), "i64"), acc_t), acc_t
+                )
+            if result.dtype != dtype:
+                result = Cast(result, dtype)
+        out = self.fresh("x")
+        stmts.append(Let(out, dtype, result))
+        self.emit(stmts, vdep)
+        return Val(dtype, (), lambda idx: Ref(out, dtype), vdep, 0, None, True)
+
     def _reduce_rows(self, op, x: Val, axes, kept, keep, count, acc_t, dtype, shape) -> Val:
         """A reduction that keeps the last axis (a column sum): accumulated in the input's
         order, a row at a time into a row of accumulators, so that the inner loop runs
@@ -1553,6 +1641,19 @@ def _mentions(e: Expr, names: set) -> bool:
     if isinstance(e, Sel):
         return any(_mentions(x, names) for x in (e.cond, e.a, e.b))
     return any(_mentions(x, names) for x in e.args)  # Fn
+
+
+# reductions of a slice whose length depends on the point (``_dynamic_reduce``)
+_DYNAMIC = {"sum", "mean", "max", "min", "discounted_sum"}
+
+
+def _dynamic_slice(r) -> bool:
+    """Whether read ``r`` is a stored read through one slice whose length depends on the
+    point."""
+    if not r.stored:
+        return False
+    slices = [a for a in r.access if not isinstance(a, At)]
+    return len(slices) == 1 and px.difference(slices[0].hi, slices[0].lo) is None
 
 
 SMALL_K = 4  # a product over at most this many terms is an expression per element (_small_k)
