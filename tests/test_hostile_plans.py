@@ -969,8 +969,24 @@ def test_a_kernel_file_of_another_plan_is_refused(builds, tmp_path):
         (lambda k: k["statements"][0].__setitem__(1, "os.system"), "is not a name"),
         (lambda k: k["trees"][0].__setitem__(0, 10**6), "out of range"),
         (lambda k: k.update(extra=1), "unknown field"),
+        (lambda k: k.update(fused=[[0]]), "at least 2 statements"),
+        (lambda k: k.update(fused=[[0, 10**6]]), "does not exist"),
+        (lambda k: k.update(fused=[[0, 0]]), "named twice"),
+        (lambda k: k.update(fused=[[0, "os.system"]]), "expected an integer"),
     ],
-    ids=["path", "sha", "twice", "statement", "function", "tree-item", "field"],
+    ids=[
+        "path",
+        "sha",
+        "twice",
+        "statement",
+        "function",
+        "tree-item",
+        "field",
+        "fused-one",
+        "fused-statement",
+        "fused-twice",
+        "fused-code",
+    ],
 )
 def test_a_broken_kernels_field_is_refused(change, says, builds, tmp_path):
     p = plan_of(builds["returns"])

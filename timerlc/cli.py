@@ -394,7 +394,10 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
                 elif hasattr(g, "nodes"):
                     size = f"{len(g.nodes)} nodes"
                 elif hasattr(g, "trees"):  # the generated code
-                    size = f"{len(g.kernels)} kernels, {len(g.trees)} tree functions"
+                    size = (
+                        f"{len(g.kernels)} kernels, {len(g.fused)} fused, "
+                        f"{len(g.trees)} tree functions"
+                    )
                 else:
                     size = f"{len(g.statements)} statements"
                 click.echo(f"{name:12s} {1000 * (at - last):8.1f} ms  ({size})", err=True)

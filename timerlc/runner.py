@@ -198,9 +198,15 @@ def _print_plan_profile(plan: Plan, rt, wall: float):
         file=sys.stderr,
     )
     print("  seconds    calls   us/call  statement", file=sys.stderr)
+    # a fused kernel's time is counted at its first statement (codegen.fuse)
+    fused = {f[0]: f[1:] for f in plan.kernels.fused} if plan.kernels else {}
     for sid, sec in sorted(rt.seconds.items(), key=lambda kv: -kv[1])[:15]:
         st = plan.statement(sid)
         name = plan.buffer(sid).name or f"%{sid}"
+        if sid in fused:
+            rest = " ".join(f"%{s}" for s in fused[sid][:6])
+            more = " ..." if len(fused[sid]) > 6 else ""
+            name += f" (fused with {len(fused[sid])}: {rest}{more})"
         ops = " ".join(n.op for n in st.nodes[-4:])
         calls = rt.calls[sid]
         print(

@@ -26,9 +26,10 @@ LISTING_HEAD = "kernel IR: "  # how a listing (NN-kernels.txt) starts
 class Generated:
     plan: Plan  # with its ``kernels`` field
     text: str  # the LLVM IR of every kernel
-    kernels: tuple[kir.Kernel, ...]
+    kernels: tuple[kir.Kernel, ...]  # one per statement that has one
     trees: tuple[kir.Tree, ...]
     interpreted: dict[int, str]  # statement -> why it has no kernel
+    fused: tuple[kir.Kernel, ...] = ()  # the fused kernels the trees launch (codegen.fuse)
 
 
 def generate(plan: Plan) -> Generated:
@@ -39,16 +40,26 @@ def generate(plan: Plan) -> Generated:
             kernels.append(lower_statement(plan, st, slot_of))
         except Unsupported as e:
             interpreted[st.id] = str(e)
-    trees = lower_tree(plan, {k.sid: k for k in kernels})
-    text = KERNELS_HEADER + digest(plan) + "\n" + render_module(kernels, trees)
+    fused: dict[tuple, kir.Kernel] = {}
+    trees = lower_tree(plan, {k.sid: k for k in kernels}, fused)
+    # the fused kernels the trees launch (a run's prefixes were fused on the way)
+    used = {s.kernel for t in trees for s in kir.walk_tree(t.body) if isinstance(s, kir.Launch)}
+    fused_used = [k for k in fused.values() if k.name in used]
+    text = KERNELS_HEADER + digest(plan) + "\n" + render_module(kernels + fused_used, trees)
     info = Kernels(
         KERNEL_FILE,
         hashlib.sha256(text.encode()).hexdigest(),
         tuple((k.sid, k.name, k.scratch_bytes) for k in kernels),
         tuple((t.item, t.name, t.scratch_bytes) for t in trees),
+        tuple(k.parts for k in fused_used),
     )
     return Generated(
-        dataclasses.replace(plan, kernels=info), text, tuple(kernels), tuple(trees), interpreted
+        dataclasses.replace(plan, kernels=info),
+        text,
+        tuple(kernels),
+        tuple(trees),
+        interpreted,
+        tuple(fused_used),
     )
 
 
@@ -56,10 +67,11 @@ def listing(gen: Generated) -> str:
     """The kernel IR of every kernel, and why the other statements have none
     (``--dump-ir``: ``NN-kernels.txt``)."""
     head = (
-        f"{LISTING_HEAD}{len(gen.kernels)} kernels, {len(gen.trees)} tree functions, "
-        f"{len(gen.interpreted)} statements interpreted"
+        f"{LISTING_HEAD}{len(gen.kernels)} kernels, {len(gen.fused)} fused kernels, "
+        f"{len(gen.trees)} tree functions, {len(gen.interpreted)} statements interpreted"
     )
-    parts = [head] + [kir.text(k) for k in gen.kernels] + [kir.tree_text(t) for t in gen.trees]
+    parts = [head] + [kir.text(k) for k in gen.kernels + gen.fused]
+    parts += [kir.tree_text(t) for t in gen.trees]
     if gen.interpreted:
         rows = [f"  statement {sid}: {why}" for sid, why in sorted(gen.interpreted.items())]
         parts.append("interpreted (no kernel yet):\n" + "\n".join(rows))

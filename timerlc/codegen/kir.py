@@ -175,12 +175,13 @@ class Loop:
 @dataclass(frozen=True, slots=True)
 class Launch:
     """A call of statement ``sid``'s kernel with its loop dims at ``args`` (each checked to
-    lie in ``box``)."""
+    lie in ``box``); of a fused kernel (``Kernel.parts``), ``sids`` are its statements."""
 
     kernel: str
     sid: int
     args: tuple
     box: tuple
+    sids: tuple = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +273,9 @@ class Kernel:
     # slots that may share memory (a donor's buffer and the statement's own, which takes
     # the donor's memory): every other pair of buffers is disjoint memory
     shared: tuple[str, ...] = ()
+    # a fused kernel (``codegen.fuse``): the statements it computes, in order; a ``Fail``
+    # of the n-th returns n (1 for the first)
+    parts: tuple[int, ...] = ()
 
     @property
     def scratch_bytes(self) -> int:
@@ -334,10 +338,22 @@ def linear(idx: list, shape: tuple) -> Expr:
     return out
 
 
+def walk_tree(body):
+    """Every statement of a tree function's body, loops' and ifs' bodies included."""
+    for s in body:
+        yield s
+        if isinstance(s, Loop):
+            yield from walk_tree(s.body)
+        elif isinstance(s, If):
+            yield from walk_tree(s.then)
+            yield from walk_tree(s.orelse)
+
+
 # ----------------------------------------------------------------------------- printing
 def text(k: Kernel) -> str:
     """A readable listing of a kernel."""
-    lines = [f"kernel {k.name}  (statement {k.sid})  args({', '.join(k.params)})"]
+    what = f"statements {', '.join(map(str, k.parts))}" if k.parts else f"statement {k.sid}"
+    lines = [f"kernel {k.name}  ({what})  args({', '.join(k.params)})"]
     if k.shared:
         lines.append(f"  shared memory: {', '.join(k.shared)}")
     for s in k.slots:

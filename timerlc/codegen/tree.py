@@ -15,6 +15,7 @@ and stream the metric's values.
 from __future__ import annotations
 
 from timerlc.codegen import kir
+from timerlc.codegen.fuse import fuse
 from timerlc.codegen.kir import If, Launch, Loop
 from timerlc.codegen.lower import plan_expr as _expr
 from timerlc.plan.items import Call, Free, Plan, SwapIn, SwapOut
@@ -22,31 +23,66 @@ from timerlc.plan.items import If as PlanIf
 from timerlc.plan.items import Loop as PlanLoop
 
 
-def lower_tree(plan: Plan, kernels: dict[int, kir.Kernel]) -> list[kir.Tree]:
-    """The tree functions of ``plan`` (``kernels``: by statement, the kernels there are)."""
+def lower_tree(
+    plan: Plan, kernels: dict[int, kir.Kernel], fused: dict | None = None
+) -> list[kir.Tree]:
+    """The tree functions of ``plan`` (``kernels``: by statement, the kernels there are).
+    Calls one after another at the same loop values launch one fused kernel where
+    ``codegen.fuse`` can make one; ``fused`` collects them (by their statements)."""
     recorded = {sid for _, sid, _ in plan.outputs + plan.metrics}
+    fused = {} if fused is None else fused
     out = []
     for k, item in enumerate(plan.tree):
         if isinstance(item, (Free, SwapIn, SwapOut)):
             continue
-        low = _Tree(plan, kernels, recorded)
+        low = _Tree(plan, kernels, recorded, fused)
         if isinstance(item, PlanLoop):
             params = (item.var,)
             body = low.items(item.body)
         else:
             params = ()
             body = low.items((item,))
-        scratch = max((kernels[s].scratch_bytes for s in low.launched), default=0)
+        scratch = max((k.scratch_bytes for k in low.launched.values()), default=0)
         out.append(kir.Tree(f"tree{k}", k, params, tuple(body), scratch))
     return out
 
 
 class _Tree:
-    def __init__(self, plan: Plan, kernels: dict, recorded: set):
-        self.plan, self.kernels, self.recorded = plan, kernels, recorded
-        self.launched: set[int] = set()
+    def __init__(self, plan: Plan, kernels: dict, recorded: set, fused: dict):
+        self.plan, self.kernels, self.recorded, self.fused = plan, kernels, recorded, fused
+        self.launched: dict[str, kir.Kernel] = {}  # by name
 
     def items(self, items) -> list:
+        return self.fuse(self.lower(items))
+
+    def fuse(self, items: list) -> list:
+        """Consecutive launches at the same loop values as one fused kernel where
+        ``codegen.fuse`` makes one."""
+        out: list = []
+        for it in items:
+            prev = out[-1] if out else None
+            if (
+                isinstance(it, Launch)
+                and isinstance(prev, Launch)
+                and prev.args == it.args
+                and len(prev.box) == len(it.box)
+            ):
+                sids = (prev.sids or (prev.sid,)) + (it.sid,)
+                k = self.fused.get(sids)
+                if k is None:
+                    a = self.launched[prev.kernel]
+                    k = fuse(a, self.kernels[it.sid], f"f{sids[0]}_{len(self.fused)}")
+                    if k is not None:
+                        self.fused[sids] = k
+                if k is not None:
+                    self.launched[k.name] = k
+                    box = tuple(min(x, y) for x, y in zip(prev.box, it.box))
+                    out[-1] = Launch(k.name, sids[0], it.args, box, sids)
+                    continue
+            out.append(it)
+        return out
+
+    def lower(self, items) -> list:
         out = []
         for it in items:
             if isinstance(it, PlanLoop):
@@ -71,7 +107,7 @@ class _Tree:
         k = self.kernels.get(sid)
         if k is None:
             return [kir.Host(sid, 0, args)]
-        self.launched.add(sid)
+        self.launched[k.name] = k
         st = self.plan.statement(sid)
         box = self.plan.buffer(sid).box
         loop_box = tuple(box[st.dims.index(d)] for d in st.loops)

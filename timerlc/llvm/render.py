@@ -320,8 +320,9 @@ done:
 }}
 
 define internal i32 @tl_launch(ptr %fn, ptr %table, ptr %args, ptr %scratch, ptr %err,
-                               i64 %sid, i64 %n, ptr %box) noinline {{
+                               ptr %sids, i64 %nsids, i64 %n, ptr %box) noinline {{
 entry:
+  %sid = load i64, ptr %sids
   br label %head
 head:
   %j = phi i64 [ 0, %entry ], [ %j1, %next ]
@@ -370,7 +371,14 @@ check:
   %bad = icmp ne i32 %r, 0
   br i1 %bad, label %failed, label %fine
 failed:
-  call void @tl_record(ptr %err, i64 %sid, i64 %n, ptr %args)
+  ; the n-th statement of a fused kernel returns n
+  %r64 = sext i32 %r to i64
+  %k = sub i64 %r64, 1
+  %kin = icmp ult i64 %k, %nsids
+  %kk = select i1 %kin, i64 %k, i64 0
+  %pk = getelementptr i64, ptr %sids, i64 %kk
+  %fsid = load i64, ptr %pk
+  call void @tl_record(ptr %err, i64 %fsid, i64 %n, ptr %args)
   ret i32 {failed}
 fine:
   ret i32 0
@@ -479,6 +487,13 @@ def render_module(kernels: list[kir.Kernel], trees=(), library: str = "") -> str
             f"@{name} = private unnamed_addr constant [{len(b)} x i64] "
             f"[{', '.join(f'i64 {n}' for n in b)}]"
             for b, name in r.boxes.items()
+            if not (b and b[0] == "sids")
+        ]
+        head += [
+            f"@{name} = private unnamed_addr constant [{len(b) - 1} x i64] "
+            f"[{', '.join(f'i64 {n}' for n in b[1:])}]"
+            for b, name in r.boxes.items()
+            if b and b[0] == "sids"
         ]
         head.append(_LAUNCH.format(outside=OUTSIDE_BOX, failed=KERNEL_FAILED))
     if r.f32_math:
@@ -547,6 +562,13 @@ class _Module:
             lines = [line.replace(f"!LOCAL{j}", f"!{base + j}") for line in lines]
         self.metadata.extend(lines)
         return text
+
+    def sids(self, sids: tuple) -> str:
+        """A constant array of a launch's statements (one; a fused kernel's, in order)."""
+        name = self.boxes.get(("sids",) + tuple(sids))
+        if name is None:
+            name = self.boxes[("sids",) + tuple(sids)] = f"tl_sids{len(self.boxes)}"
+        return f"@{name}"
 
     def box(self, box: tuple) -> str:
         """A constant array of a launch's loop box (``ptr null`` for no loop dims)."""
@@ -829,9 +851,11 @@ class _Function:
         function for LLVM."""
         self.args(s.args)
         box = self.m.box(s.box)
+        sids = s.sids or (s.sid,)
         r = self.op(
             f"call i32 @tl_launch(ptr @{s.kernel}, ptr %table, ptr %callargs, ptr %scratch, "
-            f"ptr %err, i64 {s.sid}, i64 {len(s.args)}, ptr {box})"
+            f"ptr %err, ptr {self.m.sids(sids)}, i64 {len(sids)}, i64 {len(s.args)}, "
+            f"ptr {box})"
         )
         bad = self.op(f"icmp ne i32 {r}, 0")
         fail, ok = self.label("fail"), self.label("ok")

@@ -230,6 +230,9 @@ class Kernels:
     sha256: str
     statements: tuple[tuple[int, str, int], ...]  # (statement, function, scratch bytes)
     trees: tuple[tuple[int, str, int], ...] = ()  # (item of the tree, function, scratch)
+    # the statements of each fused kernel the trees launch, in order (codegen.fuse): its
+    # time in a profile is counted at the first
+    fused: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,6 +338,7 @@ def to_json(plan: Plan) -> dict:
                     "sha256": plan.kernels.sha256,
                     "statements": [list(k) for k in plan.kernels.statements],
                     "trees": [list(k) for k in plan.kernels.trees],
+                    "fused": [list(k) for k in plan.kernels.fused],
                 }
             }
         ),
@@ -636,7 +640,7 @@ class _Reader:
         )
 
     def kernels(self, v, tree: tuple) -> Kernels:
-        d = self.obj(v, ("file", "sha256", "statements", "trees"))
+        d = self.obj(v, ("file", "sha256", "statements", "trees"), ("fused",))
         file = self.field(d, "file", self.text, 200)
         if not _KERNEL_FILE.match(file):
             self.path.append(".file")
@@ -653,7 +657,24 @@ class _Reader:
                 self.fail("an entry named twice")
         if len({r[1] for r in rows + trees}) != len(rows) + len(trees):
             self.fail("a function named twice")
-        return Kernels(file, sha, rows, trees)
+        fused = self.field(d, "fused", self.each, self.fused_row) if "fused" in d else ()
+        with_kernel = {r[0] for r in rows}
+        for k, f in enumerate(fused):
+            if not set(f) <= with_kernel:
+                self.path.append(f".fused[{k}]")
+                self.fail("a statement without a kernel in a fused kernel")
+        return Kernels(file, sha, rows, trees, fused)
+
+    def fused_row(self, v) -> tuple[int, ...]:
+        if not isinstance(v, list) or len(v) < 2:
+            self.fail(f"expected a list of at least 2 statements, got {_short(v)}")
+        sids = tuple(self.int_(s) for s in v)
+        for sid in sids:
+            if sid not in self.statements:
+                self.fail(f"statement {sid} does not exist")
+        if len(set(sids)) != len(sids):
+            self.fail("a statement named twice")
+        return sids
 
     def tree_row(self, v, tree: tuple) -> tuple[int, str, int]:
         if not isinstance(v, list) or len(v) != 3:

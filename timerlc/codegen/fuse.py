@@ -1,0 +1,303 @@
+"""Fusing kernels: statements over the same loops, called one after another at the same loop
+values, computed by one kernel whose vector loops are one loop.
+
+The schedule makes a statement of every node it stores (a value two statements read, an
+environment's state field): a step of an environment written in RTL is some thirty
+statements over the environments ``b``, each a loop over ``b``. The tree calls them one
+after another with the same loop values. ``fuse(a, b)`` makes one kernel of two: ``a``'s
+work before its vector loop, then ``b``'s, then one loop whose body computes ``a``'s point
+and then ``b``'s. A point of ``b`` that reads what ``a`` wrote reads it in the same
+iteration, where LLVM forwards the value from the store.
+
+It fuses only where that computes the same values, checked on the kernel IR:
+
+- both kernels end with their vector loop, over the same range; nothing of ``b``'s before
+  its loop touches what ``a``'s loop writes, nor writes what it reads;
+- ``b``'s loop writes nothing ``a``'s loop reads or writes (its buffer is its own);
+- where ``b``'s loop reads a buffer ``a``'s loop writes, it reads it at the one index ``a``
+  stores it at, an affine function of the loop's variable with a nonzero coefficient (each
+  iteration writes its own element), outside any inner loop: iteration ``v`` of ``b`` reads
+  what iteration ``v`` of ``a`` wrote, as when ``a`` ran first;
+- no buffer shares memory with another (a donor's), no environment state, and ``b``'s loop
+  cannot fail (a failing statement is computed again by the interpreter, which must find
+  its inputs complete).
+
+A ``Fail`` of the n-th statement of a fused kernel returns n, so that the runtime knows
+which statement failed (``Launch.sids``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from timerlc.codegen import kir
+from timerlc.codegen.kir import (
+    Bin,
+    Cast,
+    Const,
+    Fail,
+    Fn,
+    For,
+    Gemm,
+    If,
+    Let,
+    Load,
+    Permute,
+    Ref,
+    Sel,
+    Store,
+    Un,
+)
+
+ALIGN = 8  # of a temporary's offset in the scratch area
+
+
+def parts(k: kir.Kernel) -> tuple[int, ...]:
+    return k.parts or (k.sid,)
+
+
+def fuse(a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
+    """One kernel named ``name`` computing ``a``'s statements, then ``b``'s, their vector
+    loops fused; None where that could compute other values (see the module's docstring)."""
+    if a.shared or b.shared or len(a.params) != len(b.params):
+        return None
+    if any(s.state for s in a.slots + b.slots):
+        return None
+    if not a.body or not b.body or not isinstance(a.body[-1], For):
+        return None
+    if not isinstance(b.body[-1], For):
+        return None
+    slots = {s.name: s for s in a.slots}
+    for s in b.slots:
+        t = slots.get(s.name)
+        if t is not None and t.index != s.index:
+            return None
+    fora = a.body[-1]
+    # b in a's names: its parameters are a's (the same loop values), its loop variable is
+    # a's, its locals and temporaries get a suffix of their own, its temporaries lie after
+    # a's in the scratch area, and its failures return its position in the kernel
+    n = len(parts(a))
+    forb0 = b.body[-1]
+    refs: dict[str, object] = {p: Ref(q) for p, q in zip(b.params, a.params)}
+    refs[forb0.var] = Ref(fora.var)
+    names = {}
+    _locals(b.body[:-1], names)
+    _locals(forb0.body, names)
+    names.pop(forb0.var, None)
+    for v in names:
+        if v not in refs:
+            refs[v] = f"{v}.{n}"
+    base = -(-a.scratch_bytes // ALIGN) * ALIGN
+    temps = {t.name: f"{t.name}.{n}" for t in b.temps}
+    sub = _Subst(refs, temps, n + 1)
+    b_pre = tuple(sub.stmt(s) for s in b.body[:-1])
+    forb = sub.stmt(forb0)
+    if (fora.lo, fora.hi) != (forb.lo, forb.hi):
+        return None
+    if _has(forb.body, (Fail, Gemm, Permute, kir.Loop, kir.Launch, kir.Host)):
+        return None
+    ra, wa = _access(fora.body)
+    rp, wp = _access(b_pre)
+    rb, wb = _access(forb.body)
+    if set(rp) & set(wa) or set(wp) & (set(ra) | set(wa)):
+        return None
+    if set(wb) & (set(ra) | set(wa)):
+        return None
+    for buf in set(wa) & set(rb):
+        stores = wa[buf]
+        if any(nested for _, nested in stores):
+            return None
+        index = stores[0][0]
+        if any(i != index for i, _ in stores) or not _injective(index, fora.var):
+            return None
+        if any(i != index for i, _ in rb[buf]):
+            return None
+    merged = dict(slots)
+    for s in b.slots:
+        t = merged.get(s.name)
+        merged[s.name] = s if t is None else dataclasses.replace(t, write=t.write or s.write)
+    new_temps = tuple(kir.Temp(temps[t.name], t.dtype, base + t.offset, t.size) for t in b.temps)
+    body = _join(fora.body, forb.body)
+    return kir.Kernel(
+        name,
+        a.sid,
+        a.params,
+        tuple(sorted(merged.values(), key=lambda s: s.index)),
+        a.temps + new_temps,
+        a.body[:-1] + b_pre + (For(fora.var, fora.lo, fora.hi, body),),
+        (),
+        parts(a) + parts(b),
+    )
+
+
+def _join(x: tuple, y: tuple) -> tuple:
+    """``x`` then ``y``, a guard that ends ``x`` and starts ``y`` (the same domain) taken
+    once."""
+    if (
+        x
+        and y
+        and isinstance(x[-1], If)
+        and isinstance(y[0], If)
+        and not x[-1].orelse
+        and not y[0].orelse
+        and x[-1].cond == y[0].cond
+    ):
+        return x[:-1] + (If(x[-1].cond, x[-1].then + y[0].then),) + y[1:]
+    return tuple(x) + tuple(y)
+
+
+def _injective(index, var: str) -> bool:
+    """Whether ``index`` is ``rest + c * var`` with ``c`` nonzero and ``rest`` free of
+    ``var``: distinct values of ``var`` give distinct elements."""
+    from timerlc.codegen.lower import _affine
+
+    aff = _affine(index, {var})
+    return aff is not None and aff[1].get(var, 0) != 0
+
+
+# ----------------------------------------------------------------------------- walks
+def _locals(body, out: dict):
+    for s in body:
+        if isinstance(s, Let):
+            out[s.name] = True
+        elif isinstance(s, For):
+            out[s.var] = True
+            _locals(s.body, out)
+        elif isinstance(s, If):
+            _locals(s.then, out)
+            _locals(s.orelse, out)
+
+
+def _has(body, kinds) -> bool:
+    for s in body:
+        if isinstance(s, kinds):
+            return True
+        if isinstance(s, For) and _has(s.body, kinds):
+            return True
+        if isinstance(s, If) and (_has(s.then, kinds) or _has(s.orelse, kinds)):
+            return True
+    return False
+
+
+def _access(body) -> tuple[dict, dict]:
+    """The buffers ``body`` reads and writes: buffer -> [(index, inside an inner loop)]
+    (a gemm or a permutation: its whole buffer, index None)."""
+    reads: dict = {}
+    writes: dict = {}
+
+    def expr(e, nested: bool):
+        if isinstance(e, Load):
+            reads.setdefault(e.buf, []).append((e.index, nested))
+            expr(e.index, nested)
+        elif isinstance(e, (Un, Cast)):
+            expr(e.x, nested)
+        elif isinstance(e, Bin):
+            expr(e.a, nested)
+            expr(e.b, nested)
+        elif isinstance(e, Sel):
+            for x in (e.cond, e.a, e.b):
+                expr(x, nested)
+        elif isinstance(e, Fn):
+            for x in e.args:
+                expr(x, nested)
+
+    def stmts(body, nested: bool):
+        for s in body:
+            if isinstance(s, Let):
+                expr(s.value, nested)
+            elif isinstance(s, Store):
+                expr(s.index, nested)
+                expr(s.value, nested)
+                writes.setdefault(s.buf, []).append((s.index, nested))
+            elif isinstance(s, For):
+                expr(s.lo, nested)
+                expr(s.hi, nested)
+                stmts(s.body, True)
+            elif isinstance(s, If):
+                expr(s.cond, nested)
+                stmts(s.then, nested)
+                stmts(s.orelse, nested)
+            elif isinstance(s, Gemm):
+                for e in (s.aoff, s.boff, s.coff):
+                    expr(e, nested)
+                reads.setdefault(s.a, []).append((None, True))
+                reads.setdefault(s.b, []).append((None, True))
+                writes.setdefault(s.c, []).append((None, True))
+            elif isinstance(s, Permute):
+                expr(s.p, nested)
+                writes.setdefault(s.out, []).append((None, True))
+                writes.setdefault(s.scratch, []).append((None, True))
+
+    stmts(body, False)
+    return reads, writes
+
+
+class _Subst:
+    """A kernel's statements in another's names: ``refs`` maps a local to an expression
+    (a parameter, the loop variable) or to its new name; ``temps`` renames temporaries;
+    a ``Fail`` returns ``code``."""
+
+    def __init__(self, refs: dict, temps: dict, code: int):
+        self.refs, self.temps, self.code = refs, temps, code
+
+    def name(self, v: str) -> str:
+        r = self.refs.get(v, v)
+        if isinstance(r, str):
+            return r
+        assert isinstance(r, Ref)
+        return r.name
+
+    def buf(self, b: str) -> str:
+        return self.temps.get(b, b)
+
+    def expr(self, e):
+        if isinstance(e, Const):
+            return e
+        if isinstance(e, Ref):
+            r = self.refs.get(e.name)
+            if r is None:
+                return e
+            return Ref(r, e.dtype) if isinstance(r, str) else Ref(r.name, e.dtype)
+        if isinstance(e, Load):
+            return Load(self.buf(e.buf), self.expr(e.index), e.dtype)
+        if isinstance(e, Un):
+            return Un(e.op, self.expr(e.x), e.dtype)
+        if isinstance(e, Bin):
+            return Bin(e.op, self.expr(e.a), self.expr(e.b), e.dtype)
+        if isinstance(e, Sel):
+            return Sel(self.expr(e.cond), self.expr(e.a), self.expr(e.b), e.dtype)
+        if isinstance(e, Cast):
+            return Cast(self.expr(e.x), e.dtype)
+        if isinstance(e, Fn):
+            return Fn(e.name, tuple(self.expr(x) for x in e.args), e.dtype)
+        raise TypeError(f"not a kernel expression: {e!r}")
+
+    def stmt(self, s):
+        if isinstance(s, Let):
+            return Let(self.name(s.name), s.dtype, self.expr(s.value))
+        if isinstance(s, Store):
+            return Store(self.buf(s.buf), self.expr(s.index), self.expr(s.value))
+        if isinstance(s, For):
+            body = tuple(self.stmt(x) for x in s.body)
+            return For(self.name(s.var), self.expr(s.lo), self.expr(s.hi), body)
+        if isinstance(s, If):
+            then = tuple(self.stmt(x) for x in s.then)
+            orelse = tuple(self.stmt(x) for x in s.orelse)
+            return If(self.expr(s.cond), then, orelse)
+        if isinstance(s, Fail):
+            return Fail(self.code)
+        if isinstance(s, Gemm):
+            return dataclasses.replace(
+                s,
+                a=self.buf(s.a),
+                b=self.buf(s.b),
+                c=self.buf(s.c),
+                aoff=self.expr(s.aoff),
+                boff=self.expr(s.boff),
+                coff=self.expr(s.coff),
+            )
+        if isinstance(s, Permute):
+            return dataclasses.replace(
+                s, p=self.expr(s.p), out=self.buf(s.out), scratch=self.buf(s.scratch)
+            )
+        raise TypeError(f"not a kernel statement: {s!r}")
