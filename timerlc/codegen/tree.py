@@ -31,11 +31,12 @@ def lower_tree(
     ``codegen.fuse`` can make one; ``fused`` collects them (by their statements)."""
     recorded = {sid for _, sid, _ in plan.outputs + plan.metrics}
     fused = {} if fused is None else fused
+    refused: set[tuple] = set()  # the runs fuse() refused (a run recurs in the tree)
     out = []
     for k, item in enumerate(plan.tree):
         if isinstance(item, (Free, SwapIn, SwapOut)):
             continue
-        low = _Tree(plan, kernels, recorded, fused)
+        low = _Tree(plan, kernels, recorded, fused, refused)
         if isinstance(item, PlanLoop):
             params = (item.var,)
             body = low.items(item.body)
@@ -48,8 +49,9 @@ def lower_tree(
 
 
 class _Tree:
-    def __init__(self, plan: Plan, kernels: dict, recorded: set, fused: dict):
-        self.plan, self.kernels, self.recorded, self.fused = plan, kernels, recorded, fused
+    def __init__(self, plan: Plan, kernels: dict, recorded: set, fused: dict, refused: set):
+        self.plan, self.kernels, self.recorded = plan, kernels, recorded
+        self.fused, self.refused = fused, refused
         self.launched: dict[str, kir.Kernel] = {}  # by name
 
     def items(self, items) -> list:
@@ -69,10 +71,12 @@ class _Tree:
             ):
                 sids = (prev.sids or (prev.sid,)) + (it.sid,)
                 k = self.fused.get(sids)
-                if k is None:
+                if k is None and sids not in self.refused:
                     a = self.launched[prev.kernel]
                     k = fuse(a, self.kernels[it.sid], f"f{sids[0]}_{len(self.fused)}")
-                    if k is not None:
+                    if k is None:
+                        self.refused.add(sids)
+                    else:
                         self.fused[sids] = k
                 if k is not None:
                     self.launched[k.name] = k
