@@ -118,13 +118,14 @@ def fuse(a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
         merged[s.name] = s if t is None else dataclasses.replace(t, write=t.write or s.write)
     new_temps = tuple(kir.Temp(temps[t.name], t.dtype, base + t.offset, t.size) for t in b.temps)
     body = _join(fora.body, forb.body)
+    par = fora.parallel and forb.parallel  # each iteration still computes its own points
     return kir.Kernel(
         name,
         a.sid,
         a.params,
         tuple(sorted(merged.values(), key=lambda s: s.index)),
         a.temps + new_temps,
-        a.body[:-1] + b_pre + (For(fora.var, fora.lo, fora.hi, body),),
+        a.body[:-1] + b_pre + (For(fora.var, fora.lo, fora.hi, body, par),),
         (),
         parts(a) + parts(b),
     )
@@ -279,7 +280,7 @@ class _Subst:
             return Store(self.buf(s.buf), self.expr(s.index), self.expr(s.value))
         if isinstance(s, For):
             body = tuple(self.stmt(x) for x in s.body)
-            return For(self.name(s.var), self.expr(s.lo), self.expr(s.hi), body)
+            return For(self.name(s.var), self.expr(s.lo), self.expr(s.hi), body, s.parallel)
         if isinstance(s, If):
             then = tuple(self.stmt(x) for x in s.then)
             orelse = tuple(self.stmt(x) for x in s.orelse)

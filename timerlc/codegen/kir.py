@@ -142,10 +142,15 @@ class Store:
 
 @dataclass(frozen=True, slots=True)
 class For:
+    """``var`` from ``lo`` up to ``hi``; ``parallel``: its iterations are independent (a
+    statement's loop over its vector dims: each computes its own point, its per-point
+    temporaries its own), so that a renderer may run them on threads of their own."""
+
     var: str
     lo: Expr
     hi: Expr
     body: tuple
+    parallel: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,7 +382,8 @@ def _stmts(body, depth: int, lines: list):
     pad = "  " * depth
     for s in body:
         if isinstance(s, For):
-            lines.append(f"{pad}for {s.var} in {expr_text(s.lo)} ..< {expr_text(s.hi)}:")
+            par = " (parallel)" if s.parallel else ""
+            lines.append(f"{pad}for {s.var} in {expr_text(s.lo)} ..< {expr_text(s.hi)}{par}:")
             _stmts(s.body, depth + 1, lines)
         elif isinstance(s, If):
             lines.append(f"{pad}if {expr_text(s.cond)}:")

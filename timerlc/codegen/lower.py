@@ -263,7 +263,7 @@ class _Lowering:
             for d in reversed(st.dims):
                 if d in self.vector:
                     lo, hi = self.vector_range(d)
-                    point = (For(d, lo, hi, point),)
+                    point = (For(d, lo, hi, point, True),)
         point = tuple(self.pre) + point
         if self.block is not None:
             d0, per = self.block

@@ -614,11 +614,15 @@ class CpuRuntime:
         allow_nonfinite: bool = False,
         native: str | None = None,
         cache=None,
+        kernels=None,
     ):
         """``native``: the text of the plan's kernel file (``plan.kernels``), checked
         against the plan and compiled for this machine; its statements run natively, the
         others (and all of them without it) with NumPy kernels; ``cache``: a folder where the
-        compiled machine code is kept for the next run (a build's ``kernels/``)."""
+        compiled machine code is kept for the next run (a build's ``kernels/``);
+        ``kernels``: per kernel name, a function of the same signature to call instead of
+        the native one (the CUDA C kernels run on the CPU, ``timerlc.cuda.emu``): the
+        statements then run one by one, not by the tree functions."""
         self.plan = plan
         # profiling: per statement, seconds spent in its calls and how many calls
         self.profile = profile
@@ -665,9 +669,8 @@ class CpuRuntime:
             self.module = NativeModule(native, cache)
             self.native_seconds = time.perf_counter() - started
             for sid, name, scratch in plan.kernels.statements:
-                self.statements[sid].bind_native(
-                    self.module.function(name), scratch, plan.statement(sid)
-                )
+                fn = (kernels or {}).get(name) or self.module.function(name)
+                self.statements[sid].bind_native(fn, scratch, plan.statement(sid))
         # a loop tree runs no more loop steps than its statements have calls (the points of
         # their loop dims), with room to spare: a corrupt plan whose loops would run on and
         # on is stopped
@@ -681,7 +684,7 @@ class CpuRuntime:
         # CPU's cycles per statement (``tl_launch``) into ``self.cycles``
         self.trees: dict[int, tuple] = {}
         self.cycles: np.ndarray | None = None
-        if self.module is not None and not check_windows:
+        if self.module is not None and not check_windows and kernels is None:
             self._bind_trees(plan)
         self.tree = self._build(plan.tree, ())
 

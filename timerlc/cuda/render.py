@@ -1,0 +1,602 @@
+"""Rendering kernels (``codegen.kir``) as CUDA C text.
+
+A kernel becomes ``__global__ void NAME(void **table, const long long *args, char
+*scratch, int *err)``, run by one block of threads. Its top-level statements run in order,
+the block meeting at ``__syncthreads()`` after each step:
+
+- a ``parallel`` loop (a statement's loop over its vector dims, ``kir.For.parallel``)
+  deals its iterations to the block's threads, each with its own locals and its own copy of
+  the per-point temporaries (a temporary written in the loop and used nowhere else);
+- a gemm is dealt out by output elements (each thread sums its elements' terms in order);
+- a loop or an ``if`` that holds a parallel loop is run by every thread alike (its bounds
+  and conditions are the same for all), its steps as here;
+- anything else runs on thread 0; its locals are ``__shared__``, so that the steps after it
+  read them.
+
+A ``Fail`` sets the block's code and skips the rest of its point (or of thread 0's step);
+after the step every thread sees the code and returns, and thread 0 writes it to ``*err``
+(0 when all went well). Scalars follow NumPy's semantics for their dtype, as the LLVM
+renderer's do (``docs/codegen.md``): the helpers of ``PRELUDE``. Bools are ``bool`` in
+registers and one byte in memory.
+
+Not rendered yet (``Unsupported``): random draws and permutations (the Philox library in
+CUDA C), environment kernels (their state lives on the host in this slice), tree functions.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+from timerlc.codegen import kir
+from timerlc.codegen.kir import (
+    Bin,
+    Cast,
+    Const,
+    Fail,
+    Fn,
+    For,
+    Gemm,
+    If,
+    Let,
+    Load,
+    Permute,
+    Ref,
+    Sel,
+    Store,
+    Un,
+)
+
+CTYPE = {"bool": "bool", "i32": "int", "i64": "long long", "f32": "float", "f64": "double"}
+MTYPE = {
+    "bool": "unsigned char",
+    "i32": "int",
+    "i64": "long long",
+    "f32": "float",
+    "f64": "double",
+}
+SUFFIX = {"bool": "b", "i32": "i32", "i64": "i64", "f32": "f32", "f64": "f64"}
+
+
+class Unsupported(Exception):
+    """A kernel this renderer does not render yet."""
+
+
+# NumPy's semantics for each scalar op and dtype (as timerlc/llvm/render.py computes them)
+PRELUDE = r"""
+#include <math.h>
+#define TL_F __host__ __device__ inline
+typedef long long i64;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+/* integers wrap (two's complement), as LLVM's add/sub/mul and NumPy's do */
+TL_F int tl_add_i32(int a, int b) { return (int)((u32)a + (u32)b); }
+TL_F int tl_sub_i32(int a, int b) { return (int)((u32)a - (u32)b); }
+TL_F int tl_mul_i32(int a, int b) { return (int)((u32)a * (u32)b); }
+TL_F int tl_neg_i32(int a) { return (int)(0u - (u32)a); }
+TL_F i64 tl_add_i64(i64 a, i64 b) { return (i64)((u64)a + (u64)b); }
+TL_F i64 tl_sub_i64(i64 a, i64 b) { return (i64)((u64)a - (u64)b); }
+TL_F i64 tl_mul_i64(i64 a, i64 b) { return (i64)((u64)a * (u64)b); }
+TL_F i64 tl_neg_i64(i64 a) { return (i64)(0ull - (u64)a); }
+
+/* floor division and modulo: by 0 they give 0, by -1 the negation (wrapping) and 0 */
+#define TL_INTDIV(T, S)                                                        \
+  TL_F T tl_floordiv_##S(T a, T b) {                                          \
+    if (b == 0) return 0;                                                      \
+    if (b == -1) return tl_neg_##S(a);                                         \
+    T q = a / b, r = a % b;                                                    \
+    return (r != 0 && ((r ^ b) < 0)) ? q - 1 : q;                              \
+  }                                                                            \
+  TL_F T tl_mod_##S(T a, T b) {                                                \
+    if (b == 0 || b == -1) return 0;                                           \
+    T r = a % b;                                                               \
+    return (r != 0 && ((r ^ b) < 0)) ? r + b : r;                              \
+  }                                                                            \
+  TL_F T tl_rem_##S(T a, T b) { return (b == 0 || b == -1) ? 0 : a % b; }     \
+  TL_F T tl_pow_##S(T a, T b) {                                                \
+    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);         \
+    T acc = 1, base = a;                                                       \
+    while (b != 0) {                                                           \
+      if (b & 1) acc = tl_mul_##S(acc, base);                                  \
+      base = tl_mul_##S(base, base);                                           \
+      b = (T)((u64)b >> 1);                                                    \
+    }                                                                          \
+    return acc;                                                                \
+  }                                                                            \
+  TL_F T tl_abs_##S(T a) { return a < 0 ? tl_neg_##S(a) : a; }                \
+  TL_F T tl_sign_##S(T a) { return (T)((a > 0) - (a < 0)); }                  \
+  TL_F T tl_max_##S(T a, T b) { return a >= b ? a : b; }                      \
+  TL_F T tl_min_##S(T a, T b) { return a <= b ? a : b; }
+TL_INTDIV(int, i32)
+TL_INTDIV(i64, i64)
+
+/* floats: nan wins minimum and maximum; % has the divisor's sign (a zero too) */
+#define TL_FLOAT(T, S, F)                                                      \
+  TL_F T tl_max_##S(T a, T b) { return (a >= b || a != a) ? a : b; }          \
+  TL_F T tl_min_##S(T a, T b) { return (a <= b || a != a) ? a : b; }          \
+  TL_F T tl_mod_##S(T a, T b) {                                                \
+    T r = fmod##F(a, b);                                                       \
+    if (r != 0) return ((r < 0) != (b < 0)) ? r + b : r;                       \
+    return copysign##F((T)0, b);                                               \
+  }                                                                            \
+  TL_F T tl_floordiv_##S(T a, T b) { return floor##F(a / b); }                 \
+  TL_F T tl_sign_##S(T a) { return a > 0 ? (T)1 : (a < 0 ? (T)-1 : a); }     \
+  TL_F T tl_sigmoid_##S(T a) {                                                 \
+    double d = (double)a, e = exp(-fabs(d));                                   \
+    return (T)(d >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e));                     \
+  }
+TL_FLOAT(float, f32, f)
+TL_FLOAT(double, f64, )
+
+/* a float to an int truncates; nan and values out of range give the smallest int */
+TL_F int tl_f2i32(double v) {
+  double t = trunc(v);
+  return (t >= -2147483648.0 && t < 2147483648.0) ? (int)t : (int)0x80000000u;
+}
+TL_F i64 tl_f2i64(double v) {
+  double t = trunc(v);
+  return (t >= -9223372036854775808.0 && t < 9223372036854775808.0) ? (i64)t
+                                                                      : (i64)0x8000000000000000ull;
+}
+"""
+
+
+def render_module(kernels) -> tuple[str, dict[str, str]]:
+    """The CUDA C text of the ``kernels`` it renders, and why it renders none of the others
+    (kernel name -> reason)."""
+    parts, skipped = [PRELUDE], {}
+    for k in kernels:
+        try:
+            parts.append(_Kernel(k).render())
+        except Unsupported as e:
+            skipped[k.name] = str(e)
+    return "\n".join(parts), skipped
+
+
+def name(v: str) -> str:
+    """A local's C name (kernel IR names may hold ``.`` and ``$``)."""
+    return "v_" + v.replace(".", "_").replace("$", "_")
+
+
+def buf(b: str) -> str:
+    """A buffer's C name (a fused kernel's temporaries are named ``t1.2``)."""
+    return "m_" + b.replace(".", "_").replace("$", "_")
+
+
+class _Kernel:
+    def __init__(self, k: kir.Kernel):
+        self.k = k
+        self.lines: list[str] = []
+        self.labels = 0
+        self.bufs = {s.name: s.dtype for s in k.slots} | {t.name: t.dtype for t in k.temps}
+        self.local_temps: set[str] = set()  # temps of a parallel loop's own (per thread)
+        self.shared: dict[str, str] = {}  # locals of thread 0's steps -> dtype
+        self.jumps: set[str] = set()  # the labels a Fail jumps to
+
+    def emit(self, depth: int, line: str):
+        self.lines.append("  " * depth + line)
+
+    def label(self) -> str:
+        self.labels += 1
+        return f"tl_skip{self.labels}"
+
+    def end(self, depth: int, skip: str):
+        """The label a ``Fail`` of the step jumps to, where one does."""
+        if skip in self.jumps:
+            self.emit(depth, f"{skip}:;")
+
+    def render(self) -> str:
+        k = self.k
+        if any(s.state for s in k.slots):
+            raise Unsupported("an environment's kernel (its state lives on the host)")
+        _check_supported(k.body)
+        body_lines: list[str] = []
+        self.lines = body_lines
+        self.block(k.body, 1)
+        head = [
+            (
+                f'extern "C" __global__ void {k.name}(void **table, const long long *args, '
+                "char *scratch, int *err) {"
+            ),
+            "  __shared__ int tl_fail;",
+            "  if (threadIdx.x == 0) tl_fail = 0;",
+        ]
+        for j, p in enumerate(k.params):
+            head.append(f"  const long long {name(p)} = args[{j}];  (void){name(p)};")
+        for s in k.slots:
+            head.append(
+                f"  {MTYPE[s.dtype]} *{buf(s.name)} = ({MTYPE[s.dtype]} *)table[{s.index}];"
+            )
+        for t in k.temps:
+            if t.name not in self.local_temps:
+                head.append(
+                    f"  {MTYPE[t.dtype]} *{buf(t.name)} = "
+                    f"({MTYPE[t.dtype]} *)(scratch + {t.offset});"
+                )
+        for v, dt in self.shared.items():
+            head.append(f"  __shared__ {CTYPE[dt]} {name(v)};")
+        head.append("  __syncthreads();")
+        tail = ["  if (threadIdx.x == 0) *err = 0;", "}"]
+        emu = (
+            f'#ifdef TL_EMU\nextern "C" int {k.name}_emu(void **table, const long long *args, '
+            f"char *scratch) {{\n  int err = 0;\n  TL_EMU_LAUNCH({k.name}, table, args, scratch, "
+            "&err);\n  return err;\n}\n#endif\n"
+        )
+        return "\n".join(head + body_lines + tail) + "\n" + emu
+
+    # ------------------------------------------------------------------ block-level steps
+    def block(self, stmts, depth: int):
+        """Statements every thread runs alike: parallel loops, gemms and loops or ifs
+        holding them as steps of their own, runs of the others on thread 0."""
+        serial: list = []
+        for s in stmts:
+            if isinstance(s, For) and s.parallel:
+                self.serial(serial, depth)
+                serial = []
+                self.parallel(s, depth)
+            elif isinstance(s, Gemm):
+                self.serial(serial, depth)
+                serial = []
+                self.gemm(s, depth)
+            elif isinstance(s, For) and _holds_parallel(s.body):
+                self.serial(serial, depth)
+                serial = []
+                v = name(s.var)
+                self.emit(
+                    depth,
+                    f"for (long long {v} = {self.expr(s.lo)}; {v} < {self.expr(s.hi)}; {v}++) {{",
+                )
+                self.block(s.body, depth + 1)
+                self.emit(depth, "}")
+            elif isinstance(s, If) and (_holds_parallel(s.then) or _holds_parallel(s.orelse)):
+                self.serial(serial, depth)
+                serial = []
+                self.emit(depth, f"if ({self.expr(s.cond)}) {{")
+                self.block(s.then, depth + 1)
+                self.emit(depth, "} else {")
+                self.block(s.orelse, depth + 1)
+                self.emit(depth, "}")
+            else:
+                serial.append(s)
+        self.serial(serial, depth)
+
+    def sync(self, depth: int):
+        # every thread reads the code before any goes on (and may set it in the next step)
+        self.emit(depth, "__syncthreads();")
+        self.emit(depth, "{ int f = tl_fail; __syncthreads();")
+        self.emit(depth, "  if (f) { if (threadIdx.x == 0) *err = f; return; } }")
+
+    def serial(self, stmts: list, depth: int):
+        if not stmts:
+            return
+        skip = self.label()
+        self.emit(depth, "if (threadIdx.x == 0) {")
+        _lets(stmts, self.shared)
+        self.stmts(stmts, depth + 1, skip)
+        self.end(depth + 1, skip)
+        self.emit(depth, "}")
+        self.sync(depth)
+
+    def parallel(self, s: For, depth: int):
+        v = name(s.var)
+        temps = {t.name for t in self.k.temps}
+        mine = temps & (_written_temps(s.body) - _used_temps_outside(self.k.body, s))
+        self.local_temps |= mine
+        self.emit(
+            depth,
+            f"for (long long {v} = ({self.expr(s.lo)}) + threadIdx.x; {v} < {self.expr(s.hi)}; "
+            f"{v} += blockDim.x) {{",
+        )
+        for t in self.k.temps:
+            if t.name in mine:
+                self.emit(depth + 1, f"{MTYPE[t.dtype]} {buf(t.name)}[{max(t.size, 1)}];")
+        own: dict[str, str] = {}
+        _lets(s.body, own)
+        for lv, dt in own.items():
+            if lv not in self.shared:
+                self.emit(depth + 1, f"{CTYPE[dt]} {name(lv)};")
+        skip = self.label()
+        self.stmts(s.body, depth + 1, skip)
+        self.end(depth + 1, skip)
+        self.emit(depth, "}")
+        self.sync(depth)
+
+    def gemm(self, s: Gemm, depth: int):
+        t = CTYPE[s.dtype]
+        a = f"(A[{'k * ' + str(s.lda) + ' + i' if s.ta else 'i * ' + str(s.lda) + ' + k'}])"
+        b = f"(B[{'j * ' + str(s.ldb) + ' + k' if s.tb else 'k * ' + str(s.ldb) + ' + j'}])"
+        self.emit(depth, "{")
+        self.emit(depth + 1, f"const {t} *A = {buf(s.a)} + ({self.expr(s.aoff)});")
+        self.emit(depth + 1, f"const {t} *B = {buf(s.b)} + ({self.expr(s.boff)});")
+        self.emit(depth + 1, f"{t} *C = {buf(s.c)} + ({self.expr(s.coff)});")
+        self.emit(
+            depth + 1,
+            f"for (long long e = threadIdx.x; e < {s.m}LL * {s.n}; e += blockDim.x) {{",
+        )
+        self.emit(depth + 2, f"long long i = e / {s.n}, j = e % {s.n};")
+        self.emit(depth + 2, f"{t} acc = 0;")
+        self.emit(depth + 2, f"for (long long k = 0; k < {s.k}; k++) acc += {a} * {b};")
+        self.emit(depth + 2, f"C[i * {s.ldc} + j] = acc;")
+        self.emit(depth + 1, "}")
+        self.emit(depth, "}")
+        self.sync(depth)
+
+    # ------------------------------------------------------------------ statements
+    def stmts(self, stmts, depth: int, skip: str):
+        for s in stmts:
+            self.stmt(s, depth, skip)
+
+    def stmt(self, s, depth: int, skip: str):
+        if isinstance(s, Let):
+            self.emit(depth, f"{name(s.name)} = {self.expr(s.value)};")
+        elif isinstance(s, Store):
+            val = self.expr(s.value)
+            if self.bufs[s.buf] == "bool":
+                val = f"(unsigned char)({val})"
+            self.emit(depth, f"{buf(s.buf)}[{self.expr(s.index)}] = {val};")
+        elif isinstance(s, For):
+            v = name(s.var)
+            self.emit(
+                depth,
+                f"for (long long {v} = {self.expr(s.lo)}; {v} < {self.expr(s.hi)}; {v}++) {{",
+            )
+            self.stmts(s.body, depth + 1, skip)
+            self.emit(depth, "}")
+        elif isinstance(s, If):
+            self.emit(depth, f"if ({self.expr(s.cond)}) {{")
+            self.stmts(s.then, depth + 1, skip)
+            if s.orelse:
+                self.emit(depth, "} else {")
+                self.stmts(s.orelse, depth + 1, skip)
+            self.emit(depth, "}")
+        elif isinstance(s, Fail):
+            self.jumps.add(skip)
+            self.emit(depth, f"{{ tl_fail = {int(s.code)}; goto {skip}; }}")
+        elif isinstance(s, Gemm):  # a gemm inside a loop of thread 0 (a product per point)
+            self.serial_gemm(s, depth)
+        else:  # pragma: no cover - _check_supported refused it
+            raise Unsupported(f"a {type(s).__name__} statement")
+
+    def serial_gemm(self, s: Gemm, depth: int):
+        t = CTYPE[s.dtype]
+        a = f"A[{'k * ' + str(s.lda) + ' + i' if s.ta else 'i * ' + str(s.lda) + ' + k'}]"
+        b = f"B[{'j * ' + str(s.ldb) + ' + k' if s.tb else 'k * ' + str(s.ldb) + ' + j'}]"
+        self.emit(depth, "{")
+        self.emit(depth + 1, f"const {t} *A = {buf(s.a)} + ({self.expr(s.aoff)});")
+        self.emit(depth + 1, f"const {t} *B = {buf(s.b)} + ({self.expr(s.boff)});")
+        self.emit(depth + 1, f"{t} *C = {buf(s.c)} + ({self.expr(s.coff)});")
+        self.emit(depth + 1, f"for (long long i = 0; i < {s.m}; i++)")
+        self.emit(depth + 2, f"for (long long j = 0; j < {s.n}; j++) {{")
+        self.emit(depth + 3, f"{t} acc = 0;")
+        self.emit(depth + 3, f"for (long long k = 0; k < {s.k}; k++) acc += {a} * {b};")
+        self.emit(depth + 3, f"C[i * {s.ldc} + j] = acc;")
+        self.emit(depth + 2, "}")
+        self.emit(depth, "}")
+
+    # ------------------------------------------------------------------ expressions
+    def expr(self, e) -> str:
+        if isinstance(e, Const):
+            return const(e.value, e.dtype)
+        if isinstance(e, Ref):
+            return name(e.name)
+        if isinstance(e, Load):
+            x = f"{buf(e.buf)}[{self.expr(e.index)}]"
+            return f"({x} != 0)" if e.dtype == "bool" else x
+        if isinstance(e, Cast):
+            return cast(self.expr(e.x), e.x.dtype, e.dtype)
+        if isinstance(e, Sel):
+            return f"({self.expr(e.cond)} ? {self.expr(e.a)} : {self.expr(e.b)})"
+        if isinstance(e, Un):
+            return unary(e.op, self.expr(e.x), e.x.dtype)
+        if isinstance(e, Bin):
+            return binary(e.op, self.expr(e.a), self.expr(e.b), e.a.dtype)
+        raise Unsupported(f"the expression {type(e).__name__}")
+
+
+_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_FMATH = {
+    "exp": "exp",
+    "log": "log",
+    "log1p": "log1p",
+    "sqrt": "sqrt",
+    "tanh": "tanh",
+    "sin": "sin",
+    "cos": "cos",
+    "floor": "floor",
+    "ceil": "ceil",
+    "round": "rint",
+}
+
+
+def unary(op: str, x: str, dt: str) -> str:
+    s = SUFFIX[dt]
+    isf = dt in ("f32", "f64")
+    if op == "not":
+        return f"(!{x})"
+    if op == "neg":
+        return f"(-{x})" if isf else f"tl_neg_{s}({x})"
+    if op in ("abs", "sign"):
+        if isf and op == "abs":
+            return f"fabs{'f' if dt == 'f32' else ''}({x})"
+        return f"tl_{op}_{s}({x})"
+    if op == "sigmoid" and isf:
+        return f"tl_sigmoid_{s}({x})"
+    if op in _FMATH and isf:
+        return f"{_FMATH[op]}{'f' if dt == 'f32' else ''}({x})"
+    raise Unsupported(f"{op} of {dt}")
+
+
+def binary(op: str, a: str, b: str, dt: str) -> str:
+    s = SUFFIX[dt]
+    isf = dt in ("f32", "f64")
+    if op in _CMP:
+        return f"({a} {_CMP[op]} {b})"
+    if op == "and":
+        return f"({a} && {b})"
+    if op == "or":
+        return f"({a} || {b})"
+    if op in ("add", "sub", "mul"):
+        if isf:
+            return f"({a} {'+-*'[('add', 'sub', 'mul').index(op)]} {b})"
+        return f"tl_{op}_{s}({a}, {b})"
+    if op == "div" and isf:
+        return f"({a} / {b})"
+    if op in ("minimum", "maximum"):
+        if dt == "bool":
+            return f"({a} {'&&' if op == 'minimum' else '||'} {b})"
+        return f"tl_{op[:3]}_{s}({a}, {b})"
+    if op == "pow":
+        return f"pow{'f' if dt == 'f32' else ''}({a}, {b})" if isf else f"tl_pow_{s}({a}, {b})"
+    if op in ("floordiv", "mod") or (op == "rem" and not isf):
+        return f"tl_{op}_{s}({a}, {b})"
+    raise Unsupported(f"{op} of {dt}")
+
+
+def cast(x: str, src: str, dst: str) -> str:
+    if src == dst:
+        return x
+    if dst == "bool":
+        return f"({x} != 0)"
+    if src in ("f32", "f64") and dst in ("i32", "i64"):
+        return f"tl_f2{dst}((double)({x}))"
+    return f"(({CTYPE[dst]})({x}))"
+
+
+def const(v, dtype: str) -> str:
+    if dtype == "bool":
+        return "true" if v else "false"
+    if dtype == "i32":
+        return f"({int(v)})" if int(v) != -(2**31) else "((int)0x80000000u)"
+    if dtype == "i64":
+        return f"({int(v)}LL)" if int(v) != -(2**63) else "((long long)0x8000000000000000ull)"
+    x = float(v)
+    f = "f" if dtype == "f32" else ""
+    if math.isnan(x):
+        return f'(({CTYPE[dtype]})__builtin_nan(""))'
+    if math.isinf(x):
+        return f"(({CTYPE[dtype]})({'-' if x < 0 else ''}__builtin_huge_val()))"
+    if dtype == "f32":
+        import numpy as np
+
+        x = float(np.float32(x))
+    bits = struct.unpack(">Q", struct.pack(">d", x))[0]
+    return f"({x.hex()}{f})" if bits else f"(0.0{f})"
+
+
+# ----------------------------------------------------------------------------- analyses
+def _check_supported(body):
+    for s in body:
+        if isinstance(s, Permute):
+            raise Unsupported("a random permutation (Philox in CUDA C: not yet)")
+        if isinstance(s, (kir.Loop, kir.Launch, kir.Host)):
+            raise Unsupported(f"a {type(s).__name__} (a tree's statement)")
+        exprs = []
+        if isinstance(s, Let):
+            exprs = [s.value]
+        elif isinstance(s, Store):
+            exprs = [s.index, s.value]
+        elif isinstance(s, For):
+            exprs = [s.lo, s.hi]
+            _check_supported(s.body)
+        elif isinstance(s, If):
+            exprs = [s.cond]
+            _check_supported(s.then)
+            _check_supported(s.orelse)
+        for e in exprs:
+            _check_expr(e)
+
+
+def _check_expr(e):
+    if isinstance(e, Fn):
+        raise Unsupported(f"a call of {e.name} (random draws in CUDA C: not yet)")
+    for x in _children(e):
+        _check_expr(x)
+
+
+def _children(e):
+    if isinstance(e, Load):
+        return (e.index,)
+    if isinstance(e, (Un, Cast)):
+        return (e.x,)
+    if isinstance(e, Bin):
+        return (e.a, e.b)
+    if isinstance(e, Sel):
+        return (e.cond, e.a, e.b)
+    if isinstance(e, Fn):
+        return e.args
+    return ()
+
+
+def _holds_parallel(body) -> bool:
+    for s in body:
+        if isinstance(s, For) and (s.parallel or _holds_parallel(s.body)):
+            return True
+        if isinstance(s, If) and (_holds_parallel(s.then) or _holds_parallel(s.orelse)):
+            return True
+    return False
+
+
+def _lets(body, out: dict):
+    for s in body:
+        if isinstance(s, Let):
+            out.setdefault(s.name, s.dtype)
+        elif isinstance(s, For):
+            _lets(s.body, out)
+        elif isinstance(s, If):
+            _lets(s.then, out)
+            _lets(s.orelse, out)
+
+
+def _written_temps(body) -> set[str]:
+    out: set[str] = set()
+
+    def walk(stmts):
+        for s in stmts:
+            if isinstance(s, Store):
+                out.add(s.buf)
+            elif isinstance(s, Gemm):
+                out.add(s.c)
+            elif isinstance(s, For):
+                walk(s.body)
+            elif isinstance(s, If):
+                walk(s.then)
+                walk(s.orelse)
+
+    walk(body)
+    return out
+
+
+def _used_temps_outside(body, loop: For) -> set[str]:
+    """Every buffer the statements of ``body`` other than ``loop`` read or write."""
+    out: set[str] = set()
+
+    def expr(e):
+        if isinstance(e, Load):
+            out.add(e.buf)
+        for x in _children(e):
+            expr(x)
+
+    def walk(stmts):
+        for s in stmts:
+            if s is loop:
+                continue
+            if isinstance(s, Let):
+                expr(s.value)
+            elif isinstance(s, Store):
+                out.add(s.buf)
+                expr(s.index)
+                expr(s.value)
+            elif isinstance(s, Gemm):
+                out.update((s.a, s.b, s.c))
+            elif isinstance(s, For):
+                expr(s.lo)
+                expr(s.hi)
+                walk(s.body)
+            elif isinstance(s, If):
+                expr(s.cond)
+                walk(s.then)
+                walk(s.orelse)
+
+    walk(body)
+    return out
