@@ -420,7 +420,7 @@ def test_the_listing_shows_kernels_and_trees():
         )
     )
     text = "\n".join(kir.text(k) for k in gen.kernels)
-    assert "for k in 0 ..< 4:" in text and "s_" not in text
+    assert "for k in 0 ..< 4 (parallel):" in text and "s_" not in text
 
 
 def test_a_build_keeps_its_machine_code(tmp_path):
