@@ -89,7 +89,7 @@ def check(name: str, cp) -> float:
     gen = generate_code(compile_plan(run_passes(graph)))
     text, skipped = render_module(gen.kernels + gen.fused)
     started = time.perf_counter()
-    mod = cp.RawModule(code=text, backend="nvcc", options=("-std=c++17",))
+    mod = cp.RawModule(code=text, backend="nvcc", options=("-std=c++17", "--fmad=false"))
     box = [None]
     kernels = gpu_kernels(cp, mod, gen, skipped, box)  # (nvcc runs at the first)
     compiled = time.perf_counter() - started

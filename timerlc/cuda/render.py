@@ -19,8 +19,10 @@ after the step every thread sees the code and returns, and thread 0 writes it to
 renderer's do (``docs/codegen.md``): the helpers of ``PRELUDE``. Bools are ``bool`` in
 registers and one byte in memory.
 
-Not rendered yet (``Unsupported``): random draws and permutations (the Philox library in
-CUDA C), environment kernels (their state lives on the host in this slice), tree functions.
+Random draws call the Philox library of ``_philox_c`` (bit for bit ``timerlc/rng.py``, as the
+LLVM kernels' draws are; the module must be compiled without contracting multiply-adds:
+``--fmad=false``). Not rendered yet (``Unsupported``): environment kernels (their state
+lives on the host in this slice), tree functions.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class Unsupported(Exception):
 # NumPy's semantics for each scalar op and dtype (as timerlc/llvm/render.py computes them)
 PRELUDE = r"""
 #include <math.h>
+#include <string.h>
 #define TL_F __host__ __device__ inline
 typedef long long i64;
 typedef unsigned long long u64;
@@ -142,10 +145,152 @@ TL_F i64 tl_f2i64(double v) {
 """
 
 
+def _philox_c() -> str:
+    """Philox4x32-10 and the draws of ``timerlc/rng.py`` in C, operation by operation as
+    ``timerlc/llvm/philox.py`` computes them (the module is compiled without contracting
+    multiply-adds, ``--fmad=false``, so that every operation rounds once, as NumPy's do)."""
+    from timerlc import rng
+
+    def f(x: float) -> str:
+        return f"{x.hex()}"
+
+    rounds = []
+    for r in range(rng.PHILOX_ROUNDS):
+        k0 = (r * rng.PHILOX_W0) % 2**32
+        k1 = (r * rng.PHILOX_W1) % 2**32
+        rounds.append(
+            f"  {{ u64 p0 = (u64)x0 * {rng.PHILOX_M0}ull, p1 = (u64)x2 * {rng.PHILOX_M1}ull;\n"
+            f"    u32 y0 = (u32)(p1 >> 32) ^ x1 ^ (k0 + {k0}u), "
+            f"y2 = (u32)(p0 >> 32) ^ x3 ^ (k1 + {k1}u);\n"
+            f"    x0 = y0; x1 = (u32)p1; x2 = y2; x3 = (u32)p0; }}"
+        )
+    k = {n: f(getattr(rng, n)) for n in ("LN2_HI", "LN2_LO", "TWOPI_2M53")}
+    k |= {f"LG{i}": f(getattr(rng, f"LG{i}")) for i in range(1, 8)}
+    k |= {f"S{i}": f(getattr(rng, f"S{i}")) for i in range(1, 7)}
+    k |= {f"C{i}": f(getattr(rng, f"C{i}")) for i in range(1, 7)}
+    return (
+        "struct tl_lanes { u32 x0, x1, x2, x3; };\n"
+        "TL_F tl_lanes tl_rng_block(int seed, int site, i64 p, i64 e) {\n"
+        "  u32 x0 = (u32)(u64)e, x1 = (u32)((u64)e >> 32), x2 = (u32)(u64)p, "
+        "x3 = (u32)((u64)p >> 32);\n"
+        "  u32 k0 = (u32)seed, k1 = (u32)site;\n"
+        + "\n".join(rounds)
+        + "\n  tl_lanes r = {x0, x1, x2, x3};\n  return r;\n}\n"
+        + _subst_consts(_RNG_C, k, rng._LOG_SPLIT)
+    )
+
+
+def _subst_consts(text: str, k: dict, split: int) -> str:
+    text = text.replace("$SPLIT", f"{split}ull")
+    for n in sorted(k, key=len, reverse=True):
+        text = text.replace(f"${n}", k[n])
+    return text
+
+
+_RNG_C = r"""
+TL_F u64 tl_rng_n53(u32 a, u32 b) { return ((u64)(a >> 5) << 26) | (u64)(b >> 6); }
+TL_F double tl_rng_log64(double x) {
+  u64 bits;
+  memcpy(&bits, &x, 8);
+  i64 e = (i64)(bits >> 52) - 1023;
+  u64 m = bits & ((1ull << 52) - 1);
+  int big = m >= $SPLIT;
+  i64 k = e + big;
+  u64 yb = m | (big ? (0x3FEull << 52) : (0x3FFull << 52));
+  double y;
+  memcpy(&y, &yb, 8);
+  double f = y - 1.0;
+  double hfsq = (0.5 * f) * f;
+  double s = f / (2.0 + f);
+  double z = s * s, w = z * z;
+  double t1 = w * ($LG2 + w * ($LG4 + w * $LG6));
+  double t2 = z * ($LG1 + w * ($LG3 + w * ($LG5 + w * $LG7)));
+  double r = t2 + t1, dk = (double)k;
+  return dk * $LN2_HI - ((hfsq - (s * (hfsq + r) + dk * $LN2_LO)) - f);
+}
+TL_F double tl_rng_ksin(double x) {
+  double z = x * x, v = z * x;
+  double r = $S2 + z * ($S3 + z * ($S4 + z * ($S5 + z * $S6)));
+  return x + v * ($S1 + z * r);
+}
+TL_F double tl_rng_kcos(double x) {
+  double z = x * x;
+  double r = z * ($C1 + z * ($C2 + z * ($C3 + z * ($C4 + z * ($C5 + z * $C6)))));
+  double hz = 0.5 * z, w = 1.0 - hz;
+  return w + (((1.0 - w) - hz) + z * r);
+}
+TL_F double tl_rng_cos_turns53(u64 n) {
+  u64 q = (n + (1ull << 50)) >> 51;
+  i64 j = (i64)n - (i64)(q << 51);
+  double x = (double)j * $TWOPI_2M53;
+  double s = tl_rng_ksin(x), c = tl_rng_kcos(x);
+  double cos0 = (q & 1) ? s : c;
+  u64 q3 = q & 3;
+  return (q3 == 1 || q3 == 2) ? -cos0 : cos0;
+}
+TL_F int tl_rng_bits(int seed, int site, i64 p, i64 e) {
+  return (int)tl_rng_block(seed, site, p, e).x0;
+}
+TL_F float tl_rng_uniform_f32(int seed, int site, i64 p, i64 e) {
+  return (float)(tl_rng_block(seed, site, p, e).x0 >> 8) * 0x1p-24f;
+}
+TL_F double tl_rng_uniform_f64(int seed, int site, i64 p, i64 e) {
+  tl_lanes x = tl_rng_block(seed, site, p, e);
+  return (double)tl_rng_n53(x.x0, x.x1) * 0x1p-53;
+}
+TL_F float tl_rng_uniform_range_f32(int seed, int site, i64 p, i64 e, float lo, float hi) {
+  return lo + (hi - lo) * tl_rng_uniform_f32(seed, site, p, e);
+}
+TL_F double tl_rng_uniform_range_f64(int seed, int site, i64 p, i64 e, double lo, double hi) {
+  return lo + (hi - lo) * tl_rng_uniform_f64(seed, site, p, e);
+}
+TL_F double tl_rng_normal_f64(int seed, int site, i64 p, i64 e) {
+  tl_lanes x = tl_rng_block(seed, site, p, e);
+  u64 a = tl_rng_n53(x.x0, x.x1), b = tl_rng_n53(x.x2, x.x3);
+  double u1 = (double)((1ull << 53) - a) * 0x1p-53;
+  double r = sqrt(-2.0 * tl_rng_log64(u1));
+  return r * tl_rng_cos_turns53(b);
+}
+TL_F float tl_rng_normal_f32(int seed, int site, i64 p, i64 e) {
+  return (float)tl_rng_normal_f64(seed, site, p, e);
+}
+TL_F float tl_rng_normal_affine_f32(int seed, int site, i64 p, i64 e, float mean, float std) {
+  return mean + std * tl_rng_normal_f32(seed, site, p, e);
+}
+TL_F double tl_rng_normal_affine_f64(int seed, int site, i64 p, i64 e, double mean, double std) {
+  return mean + std * tl_rng_normal_f64(seed, site, p, e);
+}
+/* a permutation of 0..n-1: the stable argsort of bits(e) (rng.permutation); the keys
+   (bits << 32 | e) are distinct, so any sort is stable; a bottom-up merge sort in the
+   scratch's 2n words */
+TL_F void tl_rng_permutation(int seed, int site, i64 p, i64 n, int *out, i64 *scratch) {
+  u64 *a = (u64 *)scratch, *b = (u64 *)scratch + n;
+  for (i64 e = 0; e < n; e++) a[e] = ((u64)(u32)tl_rng_bits(seed, site, p, e) << 32) | (u64)e;
+  for (i64 w = 1; w < n; w *= 2) {
+    for (i64 lo = 0; lo < n; lo += 2 * w) {
+      i64 mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+      i64 i = lo, j = mid, o = lo;
+      while (i < mid && j < hi) b[o++] = a[i] <= a[j] ? a[i++] : a[j++];
+      while (i < mid) b[o++] = a[i++];
+      while (j < hi) b[o++] = a[j++];
+    }
+    u64 *t = a; a = b; b = t;
+  }
+  for (i64 e = 0; e < n; e++) out[e] = (int)(a[e] & 0xFFFFFFFFull);
+}
+TL_F double tl_rng_gumbel_f64(int seed, int site, i64 p, i64 e) {
+  tl_lanes x = tl_rng_block(seed, site, p, e);
+  u64 n = tl_rng_n53(x.x0, x.x1);
+  double u = (double)((n >> 1) * 2 + 1) * 0x1p-53;
+  return -tl_rng_log64(-tl_rng_log64(u));
+}
+"""
+
+
 def render_module(kernels) -> tuple[str, dict[str, str]]:
     """The CUDA C text of the ``kernels`` it renders, and why it renders none of the others
     (kernel name -> reason)."""
-    parts, skipped = [PRELUDE], {}
+    parts, skipped = [PRELUDE, _philox_c()], {}
     for k in kernels:
         try:
             parts.append(_Kernel(k).render())
@@ -355,6 +500,12 @@ class _Kernel:
             self.emit(depth, f"{{ tl_fail = {int(s.code)}; goto {skip}; }}")
         elif isinstance(s, Gemm):  # a gemm inside a loop of thread 0 (a product per point)
             self.serial_gemm(s, depth)
+        elif isinstance(s, Permute):
+            self.emit(
+                depth,
+                f"tl_rng_permutation({s.seed}, {s.site}, {self.expr(s.p)}, {s.n}LL, "
+                f"{buf(s.out)}, (long long *){buf(s.scratch)});",
+            )
         else:  # pragma: no cover - _check_supported refused it
             raise Unsupported(f"a {type(s).__name__} statement")
 
@@ -391,6 +542,8 @@ class _Kernel:
             return unary(e.op, self.expr(e.x), e.x.dtype)
         if isinstance(e, Bin):
             return binary(e.op, self.expr(e.a), self.expr(e.b), e.a.dtype)
+        if isinstance(e, Fn) and e.name in RNG_FUNCTIONS:
+            return f"{e.name}({', '.join(self.expr(a) for a in e.args)})"
         raise Unsupported(f"the expression {type(e).__name__}")
 
 
@@ -485,10 +638,24 @@ def const(v, dtype: str) -> str:
 
 
 # ----------------------------------------------------------------------------- analyses
+RNG_FUNCTIONS = frozenset(
+    f"tl_rng_{f}"
+    for f in (
+        "uniform_f32",
+        "uniform_f64",
+        "uniform_range_f32",
+        "uniform_range_f64",
+        "normal_f32",
+        "normal_f64",
+        "normal_affine_f32",
+        "normal_affine_f64",
+        "gumbel_f64",
+    )
+)
+
+
 def _check_supported(body):
     for s in body:
-        if isinstance(s, Permute):
-            raise Unsupported("a random permutation (Philox in CUDA C: not yet)")
         if isinstance(s, (kir.Loop, kir.Launch, kir.Host)):
             raise Unsupported(f"a {type(s).__name__} (a tree's statement)")
         exprs = []
@@ -508,8 +675,8 @@ def _check_supported(body):
 
 
 def _check_expr(e):
-    if isinstance(e, Fn):
-        raise Unsupported(f"a call of {e.name} (random draws in CUDA C: not yet)")
+    if isinstance(e, Fn) and e.name not in RNG_FUNCTIONS:
+        raise Unsupported(f"a call of {e.name}")
     for x in _children(e):
         _check_expr(x)
 
@@ -557,6 +724,8 @@ def _written_temps(body) -> set[str]:
                 out.add(s.buf)
             elif isinstance(s, Gemm):
                 out.add(s.c)
+            elif isinstance(s, Permute):
+                out.update((s.out, s.scratch))
             elif isinstance(s, For):
                 walk(s.body)
             elif isinstance(s, If):
@@ -589,6 +758,8 @@ def _used_temps_outside(body, loop: For) -> set[str]:
                 expr(s.value)
             elif isinstance(s, Gemm):
                 out.update((s.a, s.b, s.c))
+            elif isinstance(s, Permute):
+                out.update((s.out, s.scratch))
             elif isinstance(s, For):
                 expr(s.lo)
                 expr(s.hi)
