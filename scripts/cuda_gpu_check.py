@@ -51,12 +51,16 @@ def gpu_kernels(cp, mod, gen, skipped, rt_box):
             ptrs = np.zeros(size, np.uint64)
             keep = []
             for s in k.slots:
-                buf = plan.buffer(s.sid)
-                n = math.prod(buf.extents) * math.prod(buf.outputs[s.out].shape)
                 addr = int(rt.table[s.index])
-                host = np.ctypeslib.as_array(
-                    (ctypes.c_uint8 * (n * np.dtype(DTYPE[s.dtype]).itemsize)).from_address(addr)
-                ).view(DTYPE[s.dtype])
+                if s.state:  # an environment's state array, which the runtime keeps
+                    host = next(a for a in rt.env_state.values() if a.ctypes.data == addr)
+                else:
+                    buf = plan.buffer(s.sid)
+                    n = math.prod(buf.extents) * math.prod(buf.outputs[s.out].shape)
+                    size = n * np.dtype(DTYPE[s.dtype]).itemsize
+                    host = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(addr)).view(
+                        DTYPE[s.dtype]
+                    )
                 dev = cp.asarray(host)
                 ptrs[s.index] = dev.data.ptr
                 keep.append((s, host, dev))

@@ -21,8 +21,9 @@ registers and one byte in memory.
 
 Random draws call the Philox library of ``_philox_c`` (bit for bit ``timerlc/rng.py``, as the
 LLVM kernels' draws are; the module must be compiled without contracting multiply-adds:
-``--fmad=false``). Not rendered yet (``Unsupported``): environment kernels (their state
-lives on the host in this slice), tree functions.
+``--fmad=false``). An environment's kernel (``codegen.envs``) finds its state at the table
+entries the runtime keeps for it, as on the cpu. Not rendered yet (``Unsupported``): tree
+functions.
 """
 
 from __future__ import annotations
@@ -333,8 +334,6 @@ class _Kernel:
 
     def render(self) -> str:
         k = self.k
-        if any(s.state for s in k.slots):
-            raise Unsupported("an environment's kernel (its state lives on the host)")
         _check_supported(k.body)
         body_lines: list[str] = []
         self.lines = body_lines
