@@ -6,6 +6,7 @@ reference backend and compares its outputs with an answer computed by NumPy.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import textwrap
@@ -130,3 +131,19 @@ def cli(*args):
     except TypeError:  # click >= 8.2 always keeps stderr apart
         runner = CliRunner()
     return runner.invoke(timerlc_cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def table(name: str, values, dtype: str) -> str:
+    """``name[k]``: the values, one per point of dim k (data the compiler cannot fold)."""
+    items = ", ".join(f"{dtype}({lit(v)})" for v in values)
+    return f"{name}[k] = take(stack([{items}]), k)\n"
+
+
+def lit(v) -> str:
+    if isinstance(v, float) and math.isnan(v):
+        return "0.0 / 0.0"
+    if isinstance(v, float) and math.isinf(v):
+        return ("1.0" if v > 0 else "-1.0") + " / 0.0"
+    if isinstance(v, float) and v == 0 and math.copysign(1, v) < 0:
+        return "-0.0"
+    return repr(v)

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from rtl_helpers import src
+from rtl_helpers import src, table
 
 from timerlc.codegen import kir
 from timerlc.compiler import compile_plan, generate_code, run_passes
@@ -50,22 +50,6 @@ def native(text: str, **sets):
     rt = CpuRuntime(gen.plan, native=gen.text)
     rt.run()
     return rt, want, gen
-
-
-def table(name: str, values, dtype: str) -> str:
-    """``name[k]``: the values, one per point of dim k (data the compiler cannot fold)."""
-    items = ", ".join(f"{dtype}({_lit(v)})" for v in values)
-    return f"{name}[k] = take(stack([{items}]), k)\n"
-
-
-def _lit(v) -> str:
-    if isinstance(v, float) and math.isnan(v):
-        return "0.0 / 0.0"
-    if isinstance(v, float) and math.isinf(v):
-        return ("1.0" if v > 0 else "-1.0") + " / 0.0"
-    if isinstance(v, float) and v == 0 and math.copysign(1, v) < 0:
-        return "-0.0"
-    return repr(v)
 
 
 def pairs(values):

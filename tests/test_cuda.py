@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rtl_helpers import src
+from rtl_helpers import src, table
 
 from timerlc.codegen import kir
 from timerlc.compiler import compile_plan, generate_code, run_passes
@@ -119,21 +119,6 @@ INTS = [0, 1, -1, 7, -7, 2, -2, 3, -(2**31), 2**31 - 1, 100, -100]
 FLOATS = [0.0, -0.0, 1.5, -1.5, 2.5, -2.5, 7.0, -7.0, 0.5, 1e30, -1e-30, math.inf, -math.inf]
 
 
-def _lit(v) -> str:
-    if isinstance(v, float) and math.isnan(v):
-        return "0.0 / 0.0"
-    if isinstance(v, float) and math.isinf(v):
-        return ("1.0" if v > 0 else "-1.0") + " / 0.0"
-    if isinstance(v, float) and v == 0 and math.copysign(1, v) < 0:
-        return "-0.0"
-    return repr(v)
-
-
-def _table(name: str, values, dtype: str) -> str:
-    items = ", ".join(f"{dtype}({_lit(v)})" for v in values)
-    return f"{name}[k] = take(stack([{items}]), k)\n"
-
-
 @needs_cxx
 @pytest.mark.parametrize(
     "dtype, values, ops",
@@ -152,7 +137,7 @@ def test_scalar_ops_on_the_emulation_equal_the_llvm_kernels(dtype, values, ops, 
     b = [y for _ in values for y in values]
     if dtype.startswith("f"):
         a, b = a + [math.nan, 1.0], b + [1.0, math.nan]
-    text = f"config K = {len(a)}\ndim k < K\n" + _table("a", a, dtype) + _table("b", b, dtype)
+    text = f"config K = {len(a)}\ndim k < K\n" + table("a", a, dtype) + table("b", b, dtype)
     outs = []
     for n, op in enumerate(ops):
         if op in ("min", "max"):

@@ -189,18 +189,8 @@ def _access(body) -> tuple[dict, dict]:
     def expr(e, nested: bool):
         if isinstance(e, Load):
             reads.setdefault(e.buf, []).append((e.index, nested))
-            expr(e.index, nested)
-        elif isinstance(e, (Un, Cast)):
-            expr(e.x, nested)
-        elif isinstance(e, Bin):
-            expr(e.a, nested)
-            expr(e.b, nested)
-        elif isinstance(e, Sel):
-            for x in (e.cond, e.a, e.b):
-                expr(x, nested)
-        elif isinstance(e, Fn):
-            for x in e.args:
-                expr(x, nested)
+        for x in kir.children(e):
+            expr(x, nested)
 
     def stmts(body, nested: bool):
         for s in body:

@@ -343,6 +343,21 @@ def linear(idx: list, shape: tuple) -> Expr:
     return out
 
 
+def children(e) -> tuple:
+    """An expression's operands (a load's index; none for a constant or a local)."""
+    if isinstance(e, Load):
+        return (e.index,)
+    if isinstance(e, (Un, Cast)):
+        return (e.x,)
+    if isinstance(e, Bin):
+        return (e.a, e.b)
+    if isinstance(e, Sel):
+        return (e.cond, e.a, e.b)
+    if isinstance(e, Fn):
+        return tuple(e.args)
+    return ()
+
+
 def walk_tree(body):
     """Every statement of a tree function's body, loops' and ifs' bodies included."""
     for s in body:

@@ -1630,17 +1630,7 @@ def _affine(e: Expr, names: set) -> tuple[Expr, dict] | None:
 def _mentions(e: Expr, names: set) -> bool:
     if isinstance(e, Ref):
         return e.name in names
-    if isinstance(e, Const):
-        return False
-    if isinstance(e, Load):
-        return _mentions(e.index, names)
-    if isinstance(e, (Un, Cast)):
-        return _mentions(e.x, names)
-    if isinstance(e, Bin):
-        return _mentions(e.a, names) or _mentions(e.b, names)
-    if isinstance(e, Sel):
-        return any(_mentions(x, names) for x in (e.cond, e.a, e.b))
-    return any(_mentions(x, names) for x in e.args)  # Fn
+    return any(_mentions(x, names) for x in kir.children(e))
 
 
 # reductions of a slice whose length depends on the point (``_dynamic_reduce``)

@@ -383,6 +383,7 @@ class _Kernel:
                 self.serial(serial, depth)
                 serial = []
                 self.gemm(s, depth)
+                self.sync(depth)
             elif isinstance(s, For) and _holds_parallel(s.body):
                 self.serial(serial, depth)
                 serial = []
@@ -446,25 +447,23 @@ class _Kernel:
         self.emit(depth, "}")
         self.sync(depth)
 
-    def gemm(self, s: Gemm, depth: int):
+    def gemm(self, s: Gemm, depth: int, first: str = "threadIdx.x", step: str = "blockDim.x"):
+        """``C = op(A) @ op(B)`` element by element, its terms summed in order: the elements
+        dealt to the block's threads (``first``, ``step``), or all on one (``"0"``, ``"1"``)."""
         t = CTYPE[s.dtype]
-        a = f"(A[{'k * ' + str(s.lda) + ' + i' if s.ta else 'i * ' + str(s.lda) + ' + k'}])"
-        b = f"(B[{'j * ' + str(s.ldb) + ' + k' if s.tb else 'k * ' + str(s.ldb) + ' + j'}])"
+        a = f"A[{'k * ' + str(s.lda) + ' + i' if s.ta else 'i * ' + str(s.lda) + ' + k'}]"
+        b = f"B[{'j * ' + str(s.ldb) + ' + k' if s.tb else 'k * ' + str(s.ldb) + ' + j'}]"
         self.emit(depth, "{")
         self.emit(depth + 1, f"const {t} *A = {buf(s.a)} + ({self.expr(s.aoff)});")
         self.emit(depth + 1, f"const {t} *B = {buf(s.b)} + ({self.expr(s.boff)});")
         self.emit(depth + 1, f"{t} *C = {buf(s.c)} + ({self.expr(s.coff)});")
-        self.emit(
-            depth + 1,
-            f"for (long long e = threadIdx.x; e < {s.m}LL * {s.n}; e += blockDim.x) {{",
-        )
+        self.emit(depth + 1, f"for (long long e = {first}; e < {s.m}LL * {s.n}; e += {step}) {{")
         self.emit(depth + 2, f"long long i = e / {s.n}, j = e % {s.n};")
         self.emit(depth + 2, f"{t} acc = 0;")
         self.emit(depth + 2, f"for (long long k = 0; k < {s.k}; k++) acc += {a} * {b};")
         self.emit(depth + 2, f"C[i * {s.ldc} + j] = acc;")
         self.emit(depth + 1, "}")
         self.emit(depth, "}")
-        self.sync(depth)
 
     # ------------------------------------------------------------------ statements
     def stmts(self, stmts, depth: int, skip: str):
@@ -498,7 +497,7 @@ class _Kernel:
             self.jumps.add(skip)
             self.emit(depth, f"{{ tl_fail = {int(s.code)}; goto {skip}; }}")
         elif isinstance(s, Gemm):  # a gemm inside a loop of thread 0 (a product per point)
-            self.serial_gemm(s, depth)
+            self.gemm(s, depth, "0", "1")
         elif isinstance(s, Permute):
             self.emit(
                 depth,
@@ -507,22 +506,6 @@ class _Kernel:
             )
         else:  # pragma: no cover - _check_supported refused it
             raise Unsupported(f"a {type(s).__name__} statement")
-
-    def serial_gemm(self, s: Gemm, depth: int):
-        t = CTYPE[s.dtype]
-        a = f"A[{'k * ' + str(s.lda) + ' + i' if s.ta else 'i * ' + str(s.lda) + ' + k'}]"
-        b = f"B[{'j * ' + str(s.ldb) + ' + k' if s.tb else 'k * ' + str(s.ldb) + ' + j'}]"
-        self.emit(depth, "{")
-        self.emit(depth + 1, f"const {t} *A = {buf(s.a)} + ({self.expr(s.aoff)});")
-        self.emit(depth + 1, f"const {t} *B = {buf(s.b)} + ({self.expr(s.boff)});")
-        self.emit(depth + 1, f"{t} *C = {buf(s.c)} + ({self.expr(s.coff)});")
-        self.emit(depth + 1, f"for (long long i = 0; i < {s.m}; i++)")
-        self.emit(depth + 2, f"for (long long j = 0; j < {s.n}; j++) {{")
-        self.emit(depth + 3, f"{t} acc = 0;")
-        self.emit(depth + 3, f"for (long long k = 0; k < {s.k}; k++) acc += {a} * {b};")
-        self.emit(depth + 3, f"C[i * {s.ldc} + j] = acc;")
-        self.emit(depth + 2, "}")
-        self.emit(depth, "}")
 
     # ------------------------------------------------------------------ expressions
     def expr(self, e) -> str:
@@ -676,22 +659,8 @@ def _check_supported(body):
 def _check_expr(e):
     if isinstance(e, Fn) and e.name not in RNG_FUNCTIONS:
         raise Unsupported(f"a call of {e.name}")
-    for x in _children(e):
+    for x in kir.children(e):
         _check_expr(x)
-
-
-def _children(e):
-    if isinstance(e, Load):
-        return (e.index,)
-    if isinstance(e, (Un, Cast)):
-        return (e.x,)
-    if isinstance(e, Bin):
-        return (e.a, e.b)
-    if isinstance(e, Sel):
-        return (e.cond, e.a, e.b)
-    if isinstance(e, Fn):
-        return e.args
-    return ()
 
 
 def _holds_parallel(body) -> bool:
@@ -742,7 +711,7 @@ def _used_temps_outside(body, loop: For) -> set[str]:
     def expr(e):
         if isinstance(e, Load):
             out.add(e.buf)
-        for x in _children(e):
+        for x in kir.children(e):
             expr(x)
 
     def walk(stmts):
