@@ -48,37 +48,97 @@ BACKENDS_COMPARED = os.environ.get("TIMERLC_TEST_CPU", "1") != "0"
 NATIVE = os.environ.get("TIMERLC_TEST_NATIVE", "1") != "0"
 
 
-def compare_cpu(graph, want: dict):
-    from timerlc.compiler import compile_plan, generate_code, run_passes
+# the compiled backends the differential suite runs, the first of them where a test runs
+# only one: cpu, and cuda-emu (the CUDA kernels on the device runtime, emulated on the CPU:
+# docs/cuda.md) where there is a host C++ compiler; TIMERLC_TEST_BACKEND chooses among cpu,
+# cuda-emu and, on a GPU, cuda (comma-separated)
+def _test_backends() -> tuple[str, ...]:
+    from timerlc.cuda.emu import compiler
+
+    given = os.environ.get("TIMERLC_TEST_BACKEND")
+    if given is None:
+        return ("cpu", "cuda-emu") if compiler() is not None else ("cpu",)
+    names = tuple(given.split(","))
+    if not names or not set(names) <= {"cpu", "cuda-emu", "cuda"}:
+        raise ValueError(f"TIMERLC_TEST_BACKEND={given}: expected cpu, cuda-emu or cuda")
+    return names
+
+
+TEST_BACKENDS = _test_backends()
+TEST_BACKEND = TEST_BACKENDS[0]
+
+
+def compiled_run(graph, on_metric=None, backend: str | None = None, memory_budget=None):
+    """(the runtime after a run of the optimized program on ``backend``, default the one
+    under test; the generated code)."""
+    from timerlc.compiler import compile_plan, run_passes
+
+    plan = compile_plan(run_passes(graph), memory_budget=memory_budget)
+    return plan_run(plan, on_metric, backend)
+
+
+def plan_run(plan, on_metric=None, backend: str | None = None):
+    """(the runtime after a run of ``plan`` with its kernels for ``backend``, default the
+    one under test; the generated code)."""
+    from timerlc.compiler import generate_code
     from timerlc.runtime.cpu import CpuRuntime
 
-    gen = generate_code(compile_plan(run_passes(graph)))
-    runtime = CpuRuntime(gen.plan, native=gen.text if NATIVE else None)
+    backend = backend or TEST_BACKEND
+    if backend in ("cuda-emu", "cuda"):
+        from timerlc.runtime.cuda import DeviceRuntime, device_for
+
+        gen = generate_code(plan, target="cuda")
+        runtime = DeviceRuntime(gen.plan, on_metric, text=gen.text, device=device_for(backend))
+    else:
+        gen = generate_code(plan)
+        runtime = CpuRuntime(gen.plan, on_metric, native=gen.text if NATIVE else None)
     runtime.run()
+    return runtime, gen
+
+
+def compare_cpu(graph, want: dict):
+    """Each compiled backend under test (``TEST_BACKENDS``) gives ``want``."""
+    for backend in TEST_BACKENDS:
+        runtime, _ = compiled_run(graph, backend=backend)
+        _same(backend, {name: runtime.value(name) for name in want}, want)
+        runtime.envs.close()
+
+
+def _same(what: str, got: dict, want: dict):
     for name, expected in want.items():
-        got = runtime.value(name)
-        assert got.dtype == expected.dtype, f"cpu: {name} is {got.dtype}, not {expected.dtype}"
-        assert got.shape == expected.shape, f"cpu: {name} has shape {got.shape}"
+        value = got[name]
+        assert value.dtype == expected.dtype, (
+            f"{what}: {name} is {value.dtype}, not {expected.dtype}"
+        )
+        assert value.shape == expected.shape, f"{what}: {name} has shape {value.shape}"
         if expected.dtype.kind in "biu":
-            np.testing.assert_array_equal(got, expected, err_msg=f"cpu: {name}")
+            np.testing.assert_array_equal(value, expected, err_msg=f"{what}: {name}")
         else:
             np.testing.assert_allclose(
-                got, expected, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"cpu: {name}"
+                value, expected, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"{what}: {name}"
             )
 
 
 def reference_and_native(graph):
-    """(reference outputs, cpu outputs from generated code, the generated code) of a checked
-    program: the reference runs it with the lowering passes only (as ``--backend
-    reference`` does), the cpu backend optimized."""
-    from timerlc.compiler import compile_plan, generate_code, run_passes
-    from timerlc.runtime.cpu import CpuRuntime
+    """(reference outputs, the compiled backend's outputs from generated code, the generated
+    code) of a checked program: the reference runs it with the lowering passes only (as
+    ``--backend reference`` does), the compiled backend (the first of ``TEST_BACKENDS``)
+    optimized; the other backends under test must give that backend's outputs."""
+    want = outputs(run_graph(run_passes_unoptimized(graph)))
+    runtime, gen = compiled_run(graph)
+    got = {k: runtime.value(k) for k in want}
+    runtime.envs.close()
+    for backend in TEST_BACKENDS[1:]:
+        other, _ = compiled_run(graph, backend=backend)
+        _same(f"{backend} (against {TEST_BACKEND})", {k: other.value(k) for k in want}, got)
+        other.envs.close()
+    return want, got, gen
 
-    want = outputs(run_graph(run_passes(graph, optimize=False)))
-    gen = generate_code(compile_plan(run_passes(graph)))
-    runtime = CpuRuntime(gen.plan, native=gen.text)
-    runtime.run()
-    return want, {k: runtime.value(k) for k in want}, gen
+
+def run_passes_unoptimized(graph):
+    from timerlc.compiler import run_passes
+
+    return run_passes(graph, optimize=False)
 
 
 def run1(text: str, name: str = "y", **sets) -> np.ndarray:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rtl_helpers import NATIVE, cli, src
+from rtl_helpers import cli, plan_run, src
 
-from timerlc.compiler import compile_plan, generate_code, run_passes
+from timerlc.compiler import compile_plan, run_passes
 from timerlc.diagnostics import Source
 from timerlc.frontend.check import check_source
 from timerlc.plan.items import Call, Loop, walk
@@ -46,18 +46,15 @@ def graph_of(name: str, sets: dict, optimize: bool = True):
 
 
 def both(name: str):
-    """The reference on the program as written, the cpu runtime on the optimized program."""
+    """The reference on the program as written, the compiled backend under test (the cpu's,
+    or ``TIMERLC_TEST_BACKEND``) on the optimized program."""
     graph = graph_of(name, SMALL[name])
     written = graph_of(name, SMALL[name], optimize=False)
     ref_m, cpu_m = [], []
     ref = run_graph(written, lambda n, p, v: ref_m.append((n, tuple(sorted(p.items())), float(v))))
-    gen = generate_code(compile_plan(graph))
-    rt = CpuRuntime(
-        gen.plan,
-        lambda n, p, v: cpu_m.append((n, tuple(sorted(p.items())), float(v))),
-        native=gen.text if NATIVE else None,
+    rt, _ = plan_run(
+        compile_plan(graph), lambda n, p, v: cpu_m.append((n, tuple(sorted(p.items())), float(v)))
     )
-    rt.run()
     rt.envs.close()
     return ref, ref_m, rt, cpu_m
 

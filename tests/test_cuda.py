@@ -5,6 +5,7 @@ barrier), runs the programs with the values the LLVM kernels give."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -17,12 +18,14 @@ from rtl_helpers import src, table
 
 from timerlc.codegen import kir
 from timerlc.compiler import compile_plan, generate_code, run_passes
-from timerlc.cuda.emu import EmuModule, compiler
+from timerlc.cuda import nvrtc
+from timerlc.cuda.emu import compiler
 from timerlc.cuda.render import render_module
 from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
 from timerlc.reference.interpreter import run_graph
 from timerlc.runtime.cpu import CpuRuntime
+from timerlc.runtime.cuda import DeviceRuntime, EmuDevice
 
 PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
 SMALL = {  # a quick run of each program
@@ -51,15 +54,27 @@ def cuda_text(gen) -> tuple[str, dict]:
     return text, skipped
 
 
+def cuda_gen(gen):
+    """The plan of ``gen`` (the cpu backend's) with the cuda backend's kernels."""
+    return generate_code(dataclasses.replace(gen.plan, kernels=None), target="cuda")
+
+
 def run_both(gen, tmp_path):
-    """The plan run with its LLVM kernels and with its CUDA C kernels on the emulation:
-    (LLVM runtime, emulated runtime, their metrics, kernels not rendered)."""
-    text, skipped = cuda_text(gen)
-    emu = EmuModule(text, tmp_path)
-    fns = {k.name: emu.function(k.name) for k in gen.kernels if k.name not in skipped}
-    assert fns
+    """The plan run with its LLVM kernels and with its CUDA C kernels on the device
+    runtime over the emulated device: (LLVM runtime, device runtime, their metrics,
+    kernels not rendered)."""
+    cu = cuda_gen(gen)
+    skipped = {
+        k.name: why
+        for k in gen.kernels
+        if k.sid in cu.interpreted
+        for why in [cu.interpreted[k.sid]]
+    }
+    assert cu.kernels
     got, want = [], []
-    rt = CpuRuntime(gen.plan, lambda *m: got.append(m), native=gen.text, kernels=fns)
+    rt = DeviceRuntime(
+        cu.plan, lambda *m: got.append(m), text=cu.text, device=EmuDevice(), cache=tmp_path
+    )
     rt.run()
     ref = CpuRuntime(gen.plan, lambda *m: want.append(m), native=gen.text)
     ref.run()
@@ -90,6 +105,28 @@ def test_every_program_s_cuda_source_compiles_with_nvcc(name, tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "warning" not in r.stderr, r.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------- NVRTC
+@pytest.mark.parametrize("name", NAMES)
+def test_every_program_s_build_compiles_with_nvrtc(name):
+    """The module of a build for the cuda backend, compiled by NVRTC with the device
+    runtime's options, as CuPy's RawModule compiles it on a GPU (no system header: the
+    module's includes are for the other compilers), for sm_80 and sm_90, without a word."""
+    lib = nvrtc.library()
+    if lib is None:
+        if os.environ.get("TIMERLC_REQUIRE_NVCC") == "1":
+            pytest.fail(
+                "no libnvrtc (the test extra's nvidia-cuda-nvrtc) and TIMERLC_REQUIRE_NVCC=1"
+            )
+        pytest.skip("no libnvrtc here (TIMERLC_REQUIRE_NVCC=1 makes this a failure)")
+    _, gen = generated(PROGRAMS / f"{name}.rtl", **SMALL.get(name, {}))
+    cu = cuda_gen(gen)
+    assert not cu.interpreted.keys() - gen.interpreted.keys()
+    for arch in ("compute_80", "compute_90"):
+        ptx, log = nvrtc.compile_ptx(cu.text, arch, lib)
+        assert log.strip() == "", log[-3000:]
+        assert ptx.count(".entry") == len(cu.kernels)
 
 
 # ----------------------------------------------------------------------------- emulation
@@ -168,12 +205,11 @@ def test_a_failing_emulated_kernel_names_the_point(tmp_path):
     # runtime computes the call again with the interpreter, which names the point
     text = "config K = 5\ndim k < K\nx[k] = f32(k)\ny[k] = take(x[0:K], 3 * k)\nout y\n"
     graph, gen = generated("p.rtl", src(text))
-    text_cu, skipped = cuda_text(gen)
-    assert not skipped and "tl_fail = 1" in text_cu
-    emu = EmuModule(text_cu, tmp_path)
-    fns = {k.name: emu.function(k.name) for k in gen.kernels}
+    cu = cuda_gen(gen)
+    assert not cu.interpreted and "tl_fail = 1" in cu.text
+    rt = DeviceRuntime(cu.plan, text=cu.text, device=EmuDevice(), cache=tmp_path)
     with pytest.raises(RunError) as got:
-        CpuRuntime(gen.plan, native=gen.text, kernels=fns).run()
+        rt.run()
     with pytest.raises(RunError) as want:
         run_graph(graph)
     assert "k=2" in str(got.value) and "out of range" in str(got.value)

@@ -455,14 +455,27 @@ def test_unknown_command(tmp_path):
     _usage(status, err, "chek")
 
 
-def test_run_on_a_backend_this_version_lacks(tmp_path):
+def _gpu_here() -> bool:
+    from timerlc.runtime.cuda import CupyDevice, DeviceUnavailable
+
+    try:
+        CupyDevice()
+        return True
+    except DeviceUnavailable:
+        return False
+
+
+@pytest.mark.skipif(_gpu_here(), reason="a GPU is here")
+def test_run_on_a_backend_that_cannot_run_here(tmp_path):
     out = diagnose(tmp_path, VALID, "--backend", "cuda", cmd="run")
-    _usage(out.status, out.stderr, "cuda", "reference", "cpu")
+    _usage(out.status, out.stderr, "the cuda backend cannot run here")
+    assert out.stderr.count("\n") == 1, out.stderr
 
 
-def test_compile_for_a_backend_this_version_lacks(tmp_path):
+def test_compile_for_the_cuda_backend_needs_no_gpu(tmp_path):
     out = diagnose(tmp_path, VALID, "--backend", "cuda", "-o", str(tmp_path / "b"), cmd="compile")
-    _usage(out.status, out.stderr, "cuda", "reference", "cpu")
+    assert out.status == 0, out.stderr
+    assert (tmp_path / "b" / "kernels" / "cuda.cu").is_file()
 
 
 def test_unknown_backend(tmp_path):

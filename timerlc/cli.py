@@ -19,8 +19,14 @@ import click
 from timerlc import __version__
 from timerlc.diagnostics import ProgramError, RunError, Source, UsageError
 
-BACKENDS = ("reference", "cpu", "cuda")
-IMPLEMENTED_BACKENDS = ("reference", "cpu")
+# cuda-emu: the cuda backend's kernels run on the CPU through timerlc/cuda/emu.h (a
+# debugging backend: docs/cuda.md)
+BACKENDS = ("reference", "cpu", "cuda", "cuda-emu")
+DEVICE_BACKENDS = ("cuda", "cuda-emu")
+BACKEND_HELP = (
+    "reference (the interpreter of the equations), cpu (LLVM kernels), cuda (CUDA kernels on "
+    "a GPU through CuPy) or cuda-emu (the CUDA kernels on the CPU, for debugging)"
+)
 BUILD_PLAN = "plan.json"
 BUILD_MANIFEST = "build.json"
 BUILD_PROGRAM = "program.pdg.json"
@@ -142,14 +148,22 @@ def _compile(
 
 
 def _backend(backend: str | None) -> str:
-    backend = backend or "cpu"  # LANGUAGE.md 12: cuda where a GPU can be used (not built yet)
-    if backend not in IMPLEMENTED_BACKENDS:
-        raise _Fail(
-            2,
-            f"timerlc: error: backend '{backend}' is not available in this version of timerlc "
-            f"(available: {', '.join(IMPLEMENTED_BACKENDS)})",
-        )
-    return backend
+    # LANGUAGE.md 12 makes cuda the default where a GPU can be used: it stays cpu until the
+    # device runtime has passed the differential suite on a GPU (docs/cuda.md)
+    return backend or "cpu"
+
+
+def _device(backend: str):
+    """The device of a device backend (``runtime.cuda``), or None for the others; a device
+    that is not here is a usage error (exit 2) in one line."""
+    if backend not in DEVICE_BACKENDS:
+        return None
+    from timerlc.runtime.cuda import DeviceUnavailable, device_for
+
+    try:
+        return device_for(backend)
+    except DeviceUnavailable as e:
+        raise _Fail(2, f"timerlc: error: the {backend} backend cannot run here: {e}") from None
 
 
 def _guard(fn):
@@ -243,16 +257,16 @@ _budget_option = click.option(
     metavar="SIZE",
     help="Device memory the plan's buffers may hold at once (bytes, or with a K, M or G "
     "suffix: 64M); blocks unused for long are swapped to host memory to stay within it "
-    "(cpu backend).",
+    "(compiled backends).",
 )
 
 
 def _check_budget(memory_budget, backend: str):
-    if memory_budget is not None and backend != "cpu":
+    if memory_budget is not None and backend == "reference":
         raise _Fail(
             2,
             f"timerlc: error: --memory-budget applies to a compiled plan; the {backend} "
-            "backend has none (use --backend cpu)",
+            "backend has none (use --backend cpu or cuda)",
         )
 
 
@@ -318,7 +332,12 @@ def check(file, sets, envs):
     show_default=True,
     help="The build folder to write.",
 )
-@click.option("--backend", type=click.Choice(BACKENDS), default=None, help="Target backend.")
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    default=None,
+    help=f"Target backend: {BACKEND_HELP}; default cpu.",
+)
 @_set_option
 @_env_option
 @_budget_option
@@ -357,11 +376,12 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
             (out / "kernels").mkdir(exist_ok=True)
             write_text(out / plan.kernels.file, code)
             write_text(out / BUILD_PLAN, items.dumps(plan))
-            # the machine code for this CPU, so that a run of the build starts at once
-            from timerlc.runtime.native import NativeModule
+            if chosen == "cpu":
+                # the machine code for this CPU, so that a run of the build starts at once
+                from timerlc.runtime.native import NativeModule
 
-            NativeModule(code, out / "kernels")
-            on_stage("llvm", None)
+                NativeModule(code, out / "kernels")
+                on_stage("llvm", None)
         manifest = {
             "format_version": BUILD_FORMAT,
             "timerlc": __version__,
@@ -513,9 +533,28 @@ def _run_build(
         code = load_kernels(path, plan)
     except PlanError as e:
         raise _Fail(2, f"timerlc: error: {e}") from None
+    built = "cuda" if plan.kernels is not None and plan.kernels.file.endswith(".cu") else "cpu"
+    backend = backend or built
+    if (backend in DEVICE_BACKENDS) != (built == "cuda"):
+        raise _Fail(
+            2,
+            f"timerlc: error: {path} was compiled for the {built} backend; compile the program "
+            f"again with --backend {backend}",
+        )
+    device = _device(backend)
     try:
-        cache = path / "kernels" if code is not None else None
-        run_plan(plan, outputs_path, metrics_path, progress, profile, allow_nonfinite, code, cache)
+        cache = path / "kernels" if code is not None and device is None else None
+        run_plan(
+            plan,
+            outputs_path,
+            metrics_path,
+            progress,
+            profile,
+            allow_nonfinite,
+            code,
+            cache,
+            device,
+        )
     except PlanError as e:  # found while running: a read outside the buffers
         raise _Fail(2, f"timerlc: error: {plan_file}: {e}") from None
 
@@ -526,7 +565,7 @@ def _run_build(
     "--backend",
     type=click.Choice(BACKENDS),
     default=None,
-    help="Backend (default: the best available).",
+    help=f"Backend: {BACKEND_HELP}; default cpu, or the backend a build folder was compiled for.",
 )
 @_set_option
 @_env_option
@@ -580,6 +619,7 @@ def run(
         path = Path(target)
         chosen = _backend(backend)
         _check_budget(memory_budget, chosen)
+        device = _device(chosen) if not path.is_dir() else None
         if metrics_path and not metrics_path.endswith((".csv", ".jsonl")):
             raise click.BadParameter(
                 "the metrics file must end in .csv or .jsonl", param_hint="--metrics"
@@ -616,7 +656,16 @@ def run(
         if plan is None:
             run_reference(graph, outputs_path, metrics_path, progress, profile, allow_nonfinite)
         else:
-            run_plan(plan, outputs_path, metrics_path, progress, profile, allow_nonfinite, code)
+            run_plan(
+                plan,
+                outputs_path,
+                metrics_path,
+                progress,
+                profile,
+                allow_nonfinite,
+                code,
+                device=device,
+            )
 
     _guard(body)(debug=debug)
 

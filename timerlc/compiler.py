@@ -93,12 +93,13 @@ def _verify_plan(plan: Plan):
         raise AssertionError("the plan does not read back to itself")
 
 
-def generate_code(plan: Plan, on_stage: OnStage | None = None):
-    """The plan's kernels (``codegen.generate.Generated``: the plan with its ``kernels``
-    field, and the LLVM IR text of its kernel file); ``on_stage`` sees it as ``kernels``."""
+def generate_code(plan: Plan, on_stage: OnStage | None = None, target: str = "cpu"):
+    """The plan's kernels for ``target`` (``cpu`` or ``cuda``; ``codegen.generate.Generated``:
+    the plan with its ``kernels`` field, and the text of its kernel file, LLVM IR or CUDA
+    C); ``on_stage`` sees it as ``kernels``."""
     from timerlc.codegen.generate import generate
 
-    gen = generate(plan)
+    gen = generate(plan, target)
     if on_stage is not None:
         on_stage("kernels", gen)
     return gen
@@ -123,5 +124,5 @@ def compile_source(
     if not compiled:
         return graph, None, None
     plan = compile_plan(graph, source_path or source.name, on_stage, memory_budget)
-    gen = generate_code(plan, on_stage)
+    gen = generate_code(plan, on_stage, "cuda" if backend in ("cuda", "cuda-emu") else "cpu")
     return graph, gen.plan, gen.text

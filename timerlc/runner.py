@@ -153,24 +153,41 @@ def run_plan(
     allow_nonfinite=False,
     native: str | None = None,
     cache=None,
+    device=None,
 ):
-    """Run a plan on the cpu runtime (this path never imports the compiler); with
-    ``profile``, print where the time went; ``allow_nonfinite``: accept NaN or infinite
-    values from environments; ``native``: the text of the plan's kernel file (its
-    statements without a kernel, or all without it, are interpreted); ``cache``: the
-    folder of its compiled machine code (a build's ``kernels/``)."""
+    """Run a plan on the cpu runtime, or with ``device`` on the device runtime
+    (``runtime.cuda``; this path never imports the compiler); with ``profile``, print where
+    the time went; ``allow_nonfinite``: accept NaN or infinite values from environments;
+    ``native``: the text of the plan's kernel file (its statements without a kernel, or all
+    without it, are interpreted); ``cache``: the folder of its compiled machine code (a
+    build's ``kernels/``)."""
     from timerlc.runtime.cpu import CpuRuntime, needed_bytes
 
-    started = time.perf_counter()
-    engine = _execute(
-        lambda on_metric: CpuRuntime(
+    def make(on_metric):
+        if device is not None:
+            from timerlc.runtime.cuda import DeviceRuntime
+
+            return DeviceRuntime(
+                plan,
+                on_metric,
+                text=native,
+                device=device,
+                profile=profile,
+                allow_nonfinite=allow_nonfinite,
+                cache=cache,
+            )
+        return CpuRuntime(
             plan,
             on_metric,
             profile=profile,
             allow_nonfinite=allow_nonfinite,
             native=native,
             cache=cache,
-        ),
+        )
+
+    started = time.perf_counter()
+    engine = _execute(
+        make,
         plan_metric_dims(plan),
         plan.bounds,
         bool(plan.metrics),
@@ -189,11 +206,18 @@ def _print_plan_profile(plan: Plan, rt, wall: float):
     """The statements that took the most time, with their loops and vectorized dims."""
     total = sum(rt.seconds.values())
     native = ""
-    if rt.module is not None:
+    if hasattr(rt, "device"):
+        native = (
+            f" on {rt.device.describe()} ({rt.launches} launches, device peak "
+            f"{format_bytes(rt.device_peak_bytes)}, {format_bytes(rt.uploaded)} copied up, "
+            f"{format_bytes(rt.downloaded)} down)"
+        )
+    elif rt.module is not None:
         how = "loaded from the build" if rt.module.cached else "compiled for this CPU"
         native = f" (the kernels {how} in {rt.native_seconds:.3f} s)"
     print(
-        f"cpu runtime: {wall:.3f} s run{native}, {total:.3f} s in {sum(rt.calls.values())} "
+        f"{'device' if hasattr(rt, 'device') else 'cpu'} runtime: {wall:.3f} s run{native}, "
+        f"{total:.3f} s in {sum(rt.calls.values())} "
         f"statement calls; peak buffers {format_bytes(rt.peak_bytes)}",
         file=sys.stderr,
     )

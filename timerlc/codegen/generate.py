@@ -1,9 +1,13 @@
-"""The code generator's entry point: a plan's kernels, as one LLVM module.
+"""The code generator's entry point: a plan's kernels, as one LLVM module (the cpu backend)
+or one CUDA C module (the cuda backend).
 
 Every statement the lowering supports (``codegen.lower``) becomes a kernel; the module's
 text starts with the digest of the plan it was made for, and the plan gets a ``kernels``
 field (``plan.items.Kernels``) with the text's SHA-256, so that a runtime refuses a kernel
-file that does not belong to its plan (``runtime.native.check_kernels``).
+file that does not belong to its plan (``runtime.native.check_kernels``). The LLVM module
+also has the tree functions (``codegen.tree``) and the fused kernels they launch; the CUDA
+module has the statements' kernels, which the device runtime launches one by one
+(``docs/cuda.md``).
 """
 
 from __future__ import annotations
@@ -16,9 +20,17 @@ from timerlc.codegen import kir
 from timerlc.codegen.lower import Unsupported, lower_statement
 from timerlc.codegen.tree import lower_tree
 from timerlc.llvm.render import render_module
-from timerlc.plan.items import KERNELS_HEADER, Kernels, Plan, digest
+from timerlc.plan.items import (
+    CUDA_KERNELS_HEADER,
+    KERNELS_HEADER,
+    Kernels,
+    Plan,
+    digest,
+)
 
 KERNEL_FILE = "kernels/cpu.ll"
+CUDA_KERNEL_FILE = "kernels/cuda.cu"
+TARGETS = ("cpu", "cuda")
 LISTING_HEAD = "kernel IR: "  # how a listing (NN-kernels.txt) starts
 
 
@@ -32,7 +44,10 @@ class Generated:
     fused: tuple[kir.Kernel, ...] = ()  # the fused kernels the trees launch (codegen.fuse)
 
 
-def generate(plan: Plan) -> Generated:
+def generate(plan: Plan, target: str = "cpu") -> Generated:
+    """The kernels of ``plan`` for ``target`` (``TARGETS``)."""
+    if target not in TARGETS:
+        raise ValueError(f"no code generator for target {target!r}")
     slot_of = plan.slots()
     kernels, interpreted = [], {}
     for st in plan.statements:
@@ -40,6 +55,8 @@ def generate(plan: Plan) -> Generated:
             kernels.append(lower_statement(plan, st, slot_of))
         except Unsupported as e:
             interpreted[st.id] = str(e)
+    if target == "cuda":
+        return _generate_cuda(plan, kernels, interpreted)
     fused: dict[tuple, kir.Kernel] = {}
     trees = lower_tree(plan, {k.sid: k for k in kernels}, fused)
     # the fused kernels the trees launch (a run's prefixes were fused on the way)
@@ -61,6 +78,23 @@ def generate(plan: Plan) -> Generated:
         interpreted,
         tuple(fused_used),
     )
+
+
+def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
+    from timerlc.cuda.render import render_module
+
+    body, skipped = render_module(kernels)
+    for k in kernels:
+        if k.name in skipped:
+            interpreted[k.sid] = f"no CUDA C for its kernel yet: {skipped[k.name]}"
+    kernels = [k for k in kernels if k.name not in skipped]
+    text = CUDA_KERNELS_HEADER + digest(plan) + "\n" + body
+    info = Kernels(
+        CUDA_KERNEL_FILE,
+        hashlib.sha256(text.encode()).hexdigest(),
+        tuple((k.sid, k.name, k.scratch_bytes) for k in kernels),
+    )
+    return Generated(dataclasses.replace(plan, kernels=info), text, tuple(kernels), (), interpreted)
 
 
 def listing(gen: Generated) -> str:

@@ -1,15 +1,11 @@
 // The host emulation of the CUDA C that timerlc/cuda/render.py writes: the same text,
 // compiled by the host C++ compiler with this header first (and TL_EMU defined), runs each
-// kernel as one block of TL threads on the CPU: std::threads that meet at a std::barrier
-// for __syncthreads(), __shared__ variables shared by them (static), threadIdx their own.
-// Only what the renderer uses is here: one block, x dimensions, __syncthreads.
+// kernel as one block of threads on the CPU. The threads themselves live in emu_rt.cc (a
+// library compiled once and loaded before any module): std::threads that meet at a
+// std::barrier for __syncthreads(), threadIdx their own; __shared__ variables are static,
+// so shared by them. Only what the renderer uses is here: one block, x dimensions,
+// __syncthreads. The header includes no C++ library header, so that a module compiles fast.
 #pragma once
-#include <barrier>
-#include <cmath>
-#include <cstdlib>
-#include <math.h>
-#include <thread>
-#include <vector>
 
 #define __global__
 #define __host__
@@ -19,36 +15,19 @@
 struct tl_dim3 {
   unsigned int x, y, z;
 };
-inline thread_local tl_dim3 threadIdx = {0, 0, 0};
-inline tl_dim3 blockDim = {1, 1, 1};
-inline std::barrier<> *tl_emu_barrier = nullptr;
+extern __thread tl_dim3 threadIdx; // each thread's own (emu_rt.cc)
+extern tl_dim3 blockDim;
+extern "C" void tl_emu_sync();
+extern "C" unsigned tl_emu_threads();
+extern "C" void tl_emu_run(unsigned n, void (*fn)(void *), void *ctx);
 
-inline void __syncthreads() { tl_emu_barrier->arrive_and_wait(); }
+inline void __syncthreads() { tl_emu_sync(); }
 
-// the block's threads: TIMERLC_EMU_THREADS (default 4)
-inline unsigned tl_emu_threads() {
-  static unsigned n = [] {
-    const char *s = std::getenv("TIMERLC_EMU_THREADS");
-    int v = s ? std::atoi(s) : 4;
-    return (unsigned)(v >= 1 && v <= 64 ? v : 4);
-  }();
-  return n;
-}
+template <class F> void tl_emu_thunk(void *f) { (*(F *)f)(); }
 
-template <class F> inline void tl_emu_run(unsigned n, F f) {
-  std::barrier<> bar(n);
-  tl_emu_barrier = &bar;
-  blockDim = {n, 1, 1};
-  std::vector<std::thread> workers;
-  for (unsigned t = 1; t < n; t++)
-    workers.emplace_back([&f, t] {
-      threadIdx = {t, 0, 0};
-      f();
-    });
-  threadIdx = {0, 0, 0};
-  f();
-  for (auto &w : workers) w.join();
-  tl_emu_barrier = nullptr;
-}
-
-#define TL_EMU_LAUNCH(K, ...) tl_emu_run(tl_emu_threads(), [&] { K(__VA_ARGS__); })
+// run kernel K on a block of tl_emu_threads() threads (TIMERLC_EMU_THREADS, default 4)
+#define TL_EMU_LAUNCH(K, ...)                                                              \
+  do {                                                                                     \
+    auto tl_body = [&] { K(__VA_ARGS__); };                                                \
+    tl_emu_run(tl_emu_threads(), &tl_emu_thunk<decltype(tl_body)>, &tl_body);             \
+  } while (0)

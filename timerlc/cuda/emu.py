@@ -1,20 +1,31 @@
 """Running the CUDA C text of ``timerlc.cuda.render`` on the CPU: compiled by the host C++
 compiler with ``emu.h`` (one block of threads as std::threads meeting at a barrier), each
 kernel ``NAME`` callable as ``NAME_emu(table, args, scratch) -> code``, the signature of the
-LLVM kernels, so that the cpu runtime can run a plan's statements with them (tests and
-debugging: ``docs/cuda.md``)."""
+LLVM kernels, so that a runtime can run a plan's statements with them (the ``cuda-emu``
+backend, tests and debugging: ``docs/cuda.md``).
+
+Two parts are compiled once per compiler and kept in the user's cache folder
+(``$XDG_CACHE_HOME/timerlc/emu``, else ``~/.cache/timerlc/emu``; a temporary folder where
+neither can be written): the threads of the emulation (``emu_rt.cc``, a library loaded
+globally before any module; the modules use its symbols), and, as a precompiled header,
+``emu.h`` with the text every module starts with (``render.head()``: the scalar helpers and
+the Philox library). A module then costs only its own kernels' compile.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 HEADER = Path(__file__).with_name("emu.h")
+RUNTIME = Path(__file__).with_name("emu_rt.cc")
 KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+FLAGS = ("-std=c++20", "-O1", "-fPIC", "-pthread", "-DTL_EMU")
 
 
 def compiler() -> str | None:
@@ -26,30 +37,104 @@ def compiler() -> str | None:
     return None
 
 
+def _run(cmd: list[str], what: str):
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"the host compiler refused {what}:\n{r.stderr[:4000]}")
+
+
+def _cache_folder() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    folder = Path(base) / "timerlc" / "emu"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+        return folder
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="timerlc-emu-"))
+
+
+_BUILT: dict[str, Path] = {}  # per compiler, flags and text: the file made once
+
+
+def _once(cc: str, text: str, name: str, flags: list[str], product: str) -> Path:
+    """``text`` written as ``name`` in a cache folder of its own and compiled there once
+    (``flags``, then the file), into ``product``: its path. Both are renamed into place,
+    the source first, so that another process that finds the product finds the source."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False)
+    parts = (cc, version.stdout, " ".join(FLAGS + tuple(flags)), text)
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    if key in _BUILT:
+        return _BUILT[key]
+    folder = _cache_folder() / key[:16]
+    if not (folder / product).is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix="build-", dir=folder))
+        (tmp / name).write_text(text)
+        _run([cc, *FLAGS, *flags, str(tmp / name), "-o", str(tmp / product)], f"{name}")
+        (tmp / name).replace(folder / name)
+        (tmp / product).replace(folder / product)
+        shutil.rmtree(tmp, ignore_errors=True)
+    _BUILT[key] = folder / product
+    return _BUILT[key]
+
+
+def precompiled_head(cc: str, head: str) -> Path:
+    """The header ``emu.h`` + ``head``, compiled once (its ``.gch`` beside it): the path to
+    ``-include``."""
+    text = HEADER.read_text().replace("#pragma once\n", "") + "\n" + head
+    return _once(cc, text, "head.h", ["-x", "c++-header"], "head.h.gch").with_suffix("")
+
+
+_LOADED: set[Path] = set()
+
+
+def load_runtime(cc: str):
+    """The emulation's threads (``emu_rt.cc``), compiled once and loaded globally: the
+    modules' ``threadIdx``, ``blockDim``, ``tl_emu_run`` and ``tl_emu_sync``."""
+    lib = _once(cc, RUNTIME.read_text(), "emu_rt.cc", ["-shared"], "emu_rt.so")
+    if lib not in _LOADED:
+        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+        _LOADED.add(lib)
+
+
 class EmuModule:
-    """The kernels of a CUDA C text, compiled for the host (cached by the text's hash in
-    ``folder``, default a temporary folder)."""
+    """The kernels of a CUDA C text, compiled for the host (kept by the text's hash in
+    ``folder``; without one, in a temporary folder removed once the library is loaded)."""
 
     def __init__(self, text: str, folder: str | Path | None = None):
+        if folder is None:
+            with tempfile.TemporaryDirectory(prefix="timerlc-emu-") as tmp:
+                self._load(text, Path(tmp))  # loaded: its file is not needed any more
+        else:
+            self._load(text, Path(folder))
+        self._functions: dict[str, object] = {}
+
+    def _load(self, text: str, out: Path):
+        from timerlc.cuda.render import head
+
         cc = compiler()
         if cc is None:
             raise RuntimeError("no host C++ compiler (c++, g++ or clang++) to emulate CUDA")
+        load_runtime(cc)
         key = hashlib.sha256((text + HEADER.read_text()).encode()).hexdigest()[:16]
-        out = Path(folder or tempfile.mkdtemp(prefix="timerlc-emu-"))
         lib = out / f"emu-{key}.so"
         if not lib.exists():
             src = out / f"emu-{key}.cu"
-            src.write_text(text)
-            cmd = [cc, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-DTL_EMU"]
-            cmd += ["-include", str(HEADER), "-x", "c++", str(src), "-o", str(lib) + ".tmp"]
-            r = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if r.returncode != 0:
-                raise RuntimeError(
-                    f"the host compiler refused the CUDA C text:\n{r.stderr[:4000]}"
-                )
+            fixed = head()
+            at = text.find(fixed)
+            if at >= 0:  # the module's own text only, after the precompiled part
+                include = precompiled_head(cc, fixed)
+                src.write_text(text[:at] + text[at + len(fixed) :])
+            else:
+                include = HEADER
+                src.write_text(text)
+            cmd = [cc, *FLAGS, "-shared", "-include", str(include), "-x", "c++", str(src)]
+            _run(cmd + ["-o", str(lib) + ".tmp"], "the CUDA C text")
             Path(str(lib) + ".tmp").replace(lib)
         self.lib = ctypes.CDLL(str(lib))
-        self._functions: dict[str, object] = {}
 
     def function(self, name: str):
         fn = self._functions.get(name)

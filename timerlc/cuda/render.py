@@ -67,8 +67,10 @@ class Unsupported(Exception):
 
 # NumPy's semantics for each scalar op and dtype (as timerlc/llvm/render.py computes them)
 PRELUDE = r"""
+#ifndef __CUDACC_RTC__ /* NVRTC has the math library built in */
 #include <math.h>
 #include <string.h>
+#endif
 #define TL_F __host__ __device__ inline
 typedef long long i64;
 typedef unsigned long long u64;
@@ -133,6 +135,15 @@ TL_INTDIV(i64, i64)
 TL_FLOAT(float, f32, f)
 TL_FLOAT(double, f64, )
 
+/* a double's bits and back (device code has intrinsics; NVRTC has no string.h) */
+#ifdef __CUDA_ARCH__
+TL_F u64 tl_bits_f64(double x) { return (u64)__double_as_longlong(x); }
+TL_F double tl_f64_bits(u64 b) { return __longlong_as_double((long long)b); }
+#else
+TL_F u64 tl_bits_f64(double x) { u64 b; memcpy(&b, &x, 8); return b; }
+TL_F double tl_f64_bits(u64 b) { double x; memcpy(&x, &b, 8); return x; }
+#endif
+
 /* a float to an int truncates; nan and values out of range give the smallest int */
 TL_F int tl_f2i32(double v) {
   double t = trunc(v);
@@ -191,15 +202,13 @@ def _subst_consts(text: str, k: dict, split: int) -> str:
 _RNG_C = r"""
 TL_F u64 tl_rng_n53(u32 a, u32 b) { return ((u64)(a >> 5) << 26) | (u64)(b >> 6); }
 TL_F double tl_rng_log64(double x) {
-  u64 bits;
-  memcpy(&bits, &x, 8);
+  u64 bits = tl_bits_f64(x);
   i64 e = (i64)(bits >> 52) - 1023;
   u64 m = bits & ((1ull << 52) - 1);
   int big = m >= $SPLIT;
   i64 k = e + big;
   u64 yb = m | (big ? (0x3FEull << 52) : (0x3FFull << 52));
-  double y;
-  memcpy(&y, &yb, 8);
+  double y = tl_f64_bits(yb);
   double f = y - 1.0;
   double hfsq = (0.5 * f) * f;
   double s = f / (2.0 + f);
@@ -288,10 +297,16 @@ TL_F double tl_rng_gumbel_f64(int seed, int site, i64 p, i64 e) {
 """
 
 
+def head() -> str:
+    """The text every module starts with (the scalar helpers and the Philox library): the
+    emulation compiles it once, as a precompiled header (``timerlc.cuda.emu``)."""
+    return PRELUDE + "\n" + _philox_c()
+
+
 def render_module(kernels) -> tuple[str, dict[str, str]]:
-    """The CUDA C text of the ``kernels`` it renders, and why it renders none of the others
-    (kernel name -> reason)."""
-    parts, skipped = [PRELUDE, _philox_c()], {}
+    """The CUDA C text of the ``kernels`` it renders (after ``head()``), and why it renders
+    none of the others (kernel name -> reason)."""
+    parts, skipped = [head()], {}
     for k in kernels:
         try:
             parts.append(_Kernel(k).render())
@@ -608,9 +623,9 @@ def const(v, dtype: str) -> str:
     x = float(v)
     f = "f" if dtype == "f32" else ""
     if math.isnan(x):
-        return f'(({CTYPE[dtype]})__builtin_nan(""))'
+        return f"(({CTYPE[dtype]})tl_f64_bits(0x7FF8000000000000ull))"
     if math.isinf(x):
-        return f"(({CTYPE[dtype]})({'-' if x < 0 else ''}__builtin_huge_val()))"
+        return f"(({CTYPE[dtype]})({'-' if x < 0 else ''}tl_f64_bits(0x7FF0000000000000ull)))"
     if dtype == "f32":
         import numpy as np
 

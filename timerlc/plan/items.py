@@ -37,7 +37,7 @@ MAX_NAME = 1000  # characters of a name (RTL's names have at most 100: frontend.
 MAX_TEXT = 4096  # characters of other text (a source path, an environment spec)
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_KERNEL_FILE = re.compile(r"kernels/[A-Za-z0-9_]+\.ll\Z")
+_KERNEL_FILE = re.compile(r"kernels/[A-Za-z0-9_]+\.(ll|cu)\Z")
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 MAX_SCRATCH = 1 << 34  # bytes of scratch memory one kernel call needs
 
@@ -350,6 +350,7 @@ def dumps(plan: Plan) -> str:
 
 
 KERNELS_HEADER = "; timerlc kernels for the plan of sha256 "  # + digest(plan): line 1 of the file
+CUDA_KERNELS_HEADER = "// timerlc kernels for the plan of sha256 "  # the same, of a .cu file
 # the kernel file's gemm loops for a machine without a BLAS: functions whose names start so
 # are compiled only where the runtime finds no BLAS (``runtime.native``)
 GEMM_FALLBACK = "tl_gemm_loops_"
@@ -644,7 +645,7 @@ class _Reader:
         file = self.field(d, "file", self.text, 200)
         if not _KERNEL_FILE.match(file):
             self.path.append(".file")
-            self.fail(f"{_short(file)} is not a file kernels/NAME.ll")
+            self.fail(f"{_short(file)} is not a file kernels/NAME.ll or kernels/NAME.cu")
         sha = self.field(d, "sha256", self.text, 64)
         if not _SHA256.match(sha):
             self.path.append(".sha256")
@@ -658,6 +659,10 @@ class _Reader:
         if len({r[1] for r in rows + trees}) != len(rows) + len(trees):
             self.fail("a function named twice")
         fused = self.field(d, "fused", self.each, self.fused_row) if "fused" in d else ()
+        if file.endswith(".cu") and (trees or fused):
+            # the device runtime launches the statements' kernels itself (docs/cuda.md)
+            self.path.append(".trees" if trees else ".fused")
+            self.fail("a CUDA kernel file has no tree functions and no fused kernels")
         with_kernel = {r[0] for r in rows}
         for k, f in enumerate(fused):
             if not set(f) <= with_kernel:

@@ -621,8 +621,9 @@ class CpuRuntime:
         others (and all of them without it) with NumPy kernels; ``cache``: a folder where the
         compiled machine code is kept for the next run (a build's ``kernels/``);
         ``kernels``: per kernel name, a function of the same signature to call instead of
-        the native one (the CUDA C kernels run on the CPU, ``timerlc.cuda.emu``): the
-        statements then run one by one, not by the tree functions."""
+        the native one (the CUDA C kernels run on the CPU, ``timerlc.cuda.emu``), or without
+        ``native`` the only kernels there are (``runtime.cuda``): the statements then run
+        one by one, not by the tree functions."""
         self.plan = plan
         # profiling: per statement, seconds spent in its calls and how many calls
         self.profile = profile
@@ -654,7 +655,7 @@ class CpuRuntime:
         # the state of each environment that runs as generated code (codegen.envs), at the
         # table entries after the buffers', zero before the first call
         self.env_state: dict[tuple[str, str], np.ndarray] = {}
-        states = _env_states(plan) if native is not None else []
+        states = _env_states(plan) if native is not None or kernels is not None else []
         self.table = np.zeros(max(len(self.slot) + len(states), 1), np.uint64)  # addresses
         self.table_address = self.table.ctypes.data
         for a in states:
@@ -671,6 +672,10 @@ class CpuRuntime:
             for sid, name, scratch in plan.kernels.statements:
                 fn = (kernels or {}).get(name) or self.module.function(name)
                 self.statements[sid].bind_native(fn, scratch, plan.statement(sid))
+        elif kernels is not None:  # only these (the device runtime's launches)
+            for sid, name, scratch in plan.kernels.statements:
+                if name in kernels:
+                    self.statements[sid].bind_native(kernels[name], scratch, plan.statement(sid))
         # a loop tree runs no more loop steps than its statements have calls (the points of
         # their loop dims), with room to spare: a corrupt plan whose loops would run on and
         # on is stopped
@@ -728,7 +733,8 @@ class CpuRuntime:
         else:
             bufs = [np.zeros(s, d) for s, d in zip(shapes, dtypes)]
             self._grow(sum(b.nbytes for b in bufs))
-        self._set(sid, bufs)
+            donor = None
+        self._set(sid, bufs, donor)
         return bufs
 
     def allocate(self, touched: list[tuple[int, bool]]):
@@ -738,8 +744,9 @@ class CpuRuntime:
             if self.buffers[sid] is None:
                 self.written(sid) if write else self.read(sid)
 
-    def _set(self, sid: int, bufs):
-        """Buffer ``sid``'s arrays (None: none), and their addresses for the kernels."""
+    def _set(self, sid: int, bufs, donor: int | None = None):
+        """Buffer ``sid``'s arrays (None: none), and their addresses for the kernels;
+        ``donor``: the buffer whose memory they are (a donation)."""
         self.buffers[sid] = bufs
         for k in range(len(self.plan.buffer(sid).outputs)):
             self.table[self.slot[(sid, k)]] = 0 if bufs is None else bufs[k].ctypes.data

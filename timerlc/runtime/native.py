@@ -356,7 +356,7 @@ def check_kernels(plan, text: str, where: str = "the build folder") -> None:
     plan's digest)."""
     import hashlib
 
-    from timerlc.plan.items import KERNELS_HEADER, PlanError, digest
+    from timerlc.plan.items import CUDA_KERNELS_HEADER, KERNELS_HEADER, PlanError, digest
 
     k = plan.kernels
     if k is None:
@@ -367,7 +367,8 @@ def check_kernels(plan, text: str, where: str = "the build folder") -> None:
             "build): compile the program again"
         )
     first = text.split("\n", 1)[0]
-    if first != KERNELS_HEADER + digest(plan):
+    header = CUDA_KERNELS_HEADER if k.file.endswith(".cu") else KERNELS_HEADER
+    if first != header + digest(plan):
         raise PlanError(
             f"{where}: {k.file} was generated for another plan: compile the program again"
         )

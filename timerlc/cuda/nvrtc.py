@@ -1,0 +1,70 @@
+"""NVRTC, the runtime CUDA compiler that CuPy's ``RawModule`` (and so the device runtime)
+compiles a module with, called directly: it needs no GPU, so the tests compile every
+generated module with it as the device runtime would (``docs/cuda.md``).
+
+The library is found in the ``nvidia-cuda-nvrtc`` wheel (``nvidia/cu13/lib``, a test
+dependency on x86-64 Linux) or where the system's loader finds ``libnvrtc``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import importlib.util
+import os
+
+# the options the device runtime gives RawModule (runtime.cuda.CupyDevice.load)
+OPTIONS = ("-std=c++17", "--fmad=false")
+
+
+def library() -> ctypes.CDLL | None:
+    """libnvrtc, or None where there is none."""
+    candidates = []
+    spec = importlib.util.find_spec("nvidia")
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    for root in roots:
+        candidates += sorted(glob.glob(os.path.join(root, "cu*", "lib", "libnvrtc.so*")))
+        candidates += sorted(glob.glob(os.path.join(root, "cuda_nvrtc", "lib", "libnvrtc.so*")))
+    found = ctypes.util.find_library("nvrtc")
+    if found:
+        candidates.append(found)
+    for path in candidates:
+        if "builtins" in os.path.basename(path):
+            continue
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
+class NvrtcError(Exception):
+    """NVRTC refused a module: its log."""
+
+
+def compile_ptx(text: str, arch: str, lib: ctypes.CDLL | None = None) -> tuple[str, str]:
+    """(PTX, log) of ``text`` compiled for ``arch`` (``compute_90``) with the device
+    runtime's options; ``NvrtcError`` with the log if it does not compile."""
+    lib = lib or library()
+    if lib is None:
+        raise NvrtcError("no libnvrtc here")
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), b"cuda.cu", 0, None, None):
+        raise NvrtcError("nvrtcCreateProgram failed")
+    try:
+        opts = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in OPTIONS]
+        result = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        text_log = log.value.decode(errors="replace")
+        if result:
+            raise NvrtcError(text_log or f"nvrtcCompileProgram returned {result}")
+        lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+        ptx = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetPTX(prog, ptx)
+        return ptx.value.decode(errors="replace"), text_log
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))

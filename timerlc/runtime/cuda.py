@@ -1,0 +1,351 @@
+"""The device runtime: a plan whose kernels are CUDA C (``kernels/cuda.cu``), run on a device.
+
+It is the cpu runtime's loop tree and interpreter with the buffers on a device. Every
+buffer the plan allocates has memory on the device (zeroed, as the cpu runtime's are) and a
+host mirror, and each side is known to be current or not:
+
+- a statement with a kernel is a launch: the buffers it reads and writes are made current
+  on the device first (copied up where the host wrote last), then its own buffer is current
+  on the device only;
+- anything that runs on the host (a statement without a kernel, an environment plugin, a
+  metric's values, an output at the end) reads through ``read``/``written``, which copy down
+  what the device wrote last; what the host writes is then current on the host only;
+- a donation hands the donor's device memory to the statement, a swap copies the buffer to
+  the host pool (the host mirror, once current) and releases its device memory, a free
+  releases it.
+
+The device is an object with ``alloc``, ``free``, ``zero``, ``upload``, ``download``,
+``load`` and ``launch`` (``EmuDevice``: the kernels compiled for the host through
+``timerlc/cuda/emu.h`` over memory of its own, the ``cuda-emu`` backend; ``CupyDevice``: a
+GPU through CuPy, the ``cuda`` backend). A kernel runs as one block (``docs/cuda.md``); its
+loop values are copied to the device before each launch and its code read back after it.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+
+import numpy as np
+
+from timerlc.diagnostics import RunError
+from timerlc.plan.items import Plan, PlanError
+from timerlc.runtime.cpu import CpuRuntime, _env_states, _touched
+
+HOST, DEVICE, BOTH = 1, 2, 3  # where a buffer's values are current
+THREADS = 128  # of the block that runs a kernel on a GPU
+
+
+class DeviceUnavailable(Exception):
+    """The device a backend needs is not here (no GPU, no CuPy, no host compiler)."""
+
+
+def device_for(backend: str):
+    """The device of ``backend`` (``cuda`` or ``cuda-emu``), or ``DeviceUnavailable``."""
+    if backend == "cuda-emu":
+        return EmuDevice()
+    if backend == "cuda":
+        return CupyDevice()
+    raise ValueError(f"no device for backend {backend!r}")
+
+
+class EmuDevice:
+    """The host as a device: memory of its own (``alloc`` hands out blocks that hold
+    garbage until zeroed, as a GPU's do; a freed block is poisoned and kept for a while, so
+    that a kernel still using it reads garbage instead of another buffer), the kernels
+    compiled by the host C++ compiler (``timerlc.cuda.emu``)."""
+
+    kind = "cuda-emu"
+    QUARANTINE = 64  # freed blocks kept (poisoned) before their memory is returned
+    POISON = 0xA5
+
+    def __init__(self):
+        from timerlc.cuda.emu import compiler
+
+        if compiler() is None:
+            raise DeviceUnavailable("no host C++ compiler (c++, g++ or clang++) for cuda-emu")
+        self._blocks: dict[int, np.ndarray] = {}
+        self._freed: collections.deque = collections.deque(maxlen=self.QUARANTINE)
+
+    def describe(self) -> str:
+        return "the host, emulating one block of threads per kernel (timerlc/cuda/emu.h)"
+
+    def load(self, text: str, cache=None):
+        from timerlc.cuda.emu import EmuModule
+
+        try:
+            return EmuModule(text, cache)
+        except RuntimeError as e:
+            raise RunError(f"cuda-emu: {e}") from None
+
+    def function(self, module, name: str):
+        return module.function(name)
+
+    def alloc(self, nbytes: int) -> int:
+        block = np.full(max(nbytes, 8), self.POISON, np.uint8)
+        self._blocks[block.ctypes.data] = block
+        return block.ctypes.data
+
+    def free(self, ptr: int):
+        block = self._blocks.pop(ptr)
+        block.fill(self.POISON)
+        self._freed.append(block)
+
+    def zero(self, ptr: int, nbytes: int):
+        self._check(ptr, nbytes)
+        ctypes.memset(ptr, 0, nbytes)
+
+    def upload(self, ptr: int, host: np.ndarray):
+        self._check(ptr, host.nbytes)
+        ctypes.memmove(ptr, host.ctypes.data, host.nbytes)
+
+    def download(self, ptr: int, host: np.ndarray):
+        self._check(ptr, host.nbytes)
+        ctypes.memmove(host.ctypes.data, ptr, host.nbytes)
+
+    def launch(self, fn, table: int, args: int, scratch: int) -> int:
+        return fn(table, args, scratch)
+
+    def _check(self, ptr: int, nbytes: int):
+        block = self._blocks.get(ptr)
+        if block is None or nbytes > block.nbytes:
+            raise RunError(
+                f"internal error: a copy of {nbytes} bytes at a device address that "
+                "holds no such block"
+            )
+
+
+class CupyDevice:
+    """A GPU through CuPy: memory from CuPy's pool, the module compiled by NVRTC
+    (``RawModule``, which caches the compiled module by its text, options and the GPU's
+    architecture), a kernel launched as one block of ``THREADS`` threads."""
+
+    kind = "cuda"
+
+    def __init__(self):
+        try:
+            import cupy
+        except ImportError as e:
+            raise DeviceUnavailable(
+                f"CuPy is not installed ({e}); install the cuda extra matching this machine's "
+                "CUDA (docs/cuda.md)"
+            ) from None
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception as e:  # noqa: BLE001 - CuPy without a driver or a GPU: say so
+            raise DeviceUnavailable(f"no CUDA device ({type(e).__name__}: {e})") from None
+        if count < 1:
+            raise DeviceUnavailable("no CUDA device")
+        self.cp = cupy
+        self._mem: dict[int, object] = {}
+        self._err = cupy.zeros(1, cupy.int32)
+        self._code = np.zeros(1, np.int32)
+
+    def describe(self) -> str:
+        props = self.cp.cuda.runtime.getDeviceProperties(self.cp.cuda.Device().id)
+        name = props["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    def load(self, text: str, cache=None):
+        try:
+            return self.cp.RawModule(code=text, options=("-std=c++17", "--fmad=false"))
+        except Exception as e:  # noqa: BLE001 - NVRTC's message, as a run failure
+            raise RunError(f"the GPU's compiler refused the kernels: {e}") from None
+
+    def function(self, module, name: str):
+        return module.get_function(name)
+
+    def alloc(self, nbytes: int) -> int:
+        mem = self.cp.cuda.alloc(max(nbytes, 8))
+        self._mem[mem.ptr] = mem
+        return mem.ptr
+
+    def free(self, ptr: int):
+        del self._mem[ptr]
+
+    def zero(self, ptr: int, nbytes: int):
+        self._mem[ptr].memset(0, nbytes)
+
+    def upload(self, ptr: int, host: np.ndarray):
+        self._mem[ptr].copy_from_host(host.ctypes.data, host.nbytes)
+
+    def download(self, ptr: int, host: np.ndarray):
+        self._mem[ptr].copy_to_host(host.ctypes.data, host.nbytes)
+
+    def launch(self, fn, table: int, args: int, scratch: int) -> int:
+        u64 = np.uint64
+        fn((1,), (THREADS,), (u64(table), u64(args), u64(scratch), self._err))
+        self._err.data.copy_to_host(self._code.ctypes.data, 4)
+        return int(self._code[0])
+
+
+class DeviceRuntime(CpuRuntime):
+    """A plan with a CUDA C kernel file, run on ``device`` (see the module's text)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        on_metric=None,
+        *,
+        text: str,
+        device,
+        profile: bool = False,
+        allow_nonfinite: bool = False,
+        cache=None,
+    ):
+        from timerlc.runtime.native import check_kernels
+
+        check_kernels(plan, text)
+        if not plan.kernels.file.endswith(".cu"):
+            raise PlanError(
+                f"the plan's kernels are {plan.kernels.file}, not CUDA C: compile the program "
+                "with --backend cuda"
+            )
+        self.device = device
+        self.dev: dict[int, list[int]] = {}  # per buffer on the device: its outputs' memory
+        self.fresh: dict[int, int] = {}  # per buffer with device memory: HOST, DEVICE, BOTH
+        self._sizes: dict[int, int] = {}  # device allocations -> bytes
+        self.device_bytes = 0  # bytes of device memory held now
+        self.device_peak_bytes = 0
+        self.uploaded = self.downloaded = 0  # bytes copied each way
+        self.launches = 0
+        self._module = device.load(text, cache)
+        kernels = {
+            name: self._launcher(sid, name, scratch)
+            for sid, name, scratch in plan.kernels.statements
+        }
+        super().__init__(
+            plan, on_metric, profile=profile, allow_nonfinite=allow_nonfinite, kernels=kernels
+        )
+        # the table of device addresses (the host's ``table`` keeps the mirrors')
+        self.dtable_host = np.zeros_like(self.table)
+        for (sid, k), index in self.slot.items():
+            if self.dev.get(sid):
+                self.dtable_host[index] = self.dev[sid][k]
+        self.dtable = self._alloc(self.dtable_host.nbytes)
+        self._table_dirty = True
+        # the environments' state arrays, on the device (zero before the first call)
+        self.state_dev: list[tuple[np.ndarray, int]] = []
+        for a in _env_states(plan):
+            host = self.env_state[(a.env, a.name)]
+            ptr = self._alloc(host.nbytes)
+            device.zero(ptr, host.nbytes)
+            self.dtable_host[a.index] = ptr
+            self.state_dev.append((host, ptr))
+
+    # ------------------------------------------------------------------ device memory
+    def _alloc(self, nbytes: int) -> int:
+        ptr = self.device.alloc(nbytes)
+        self._sizes[ptr] = nbytes
+        self.device_bytes += nbytes
+        self.device_peak_bytes = max(self.device_peak_bytes, self.device_bytes)
+        return ptr
+
+    def _release(self, ptr: int):
+        self.device_bytes -= self._sizes.pop(ptr)
+        self.device.free(ptr)
+
+    def _set(self, sid: int, bufs, donor: int | None = None):
+        super()._set(sid, bufs, donor)
+        if bufs is None:
+            for ptr in self.dev.pop(sid, ()):
+                self._release(ptr)
+            self.fresh.pop(sid, None)
+        elif donor is not None and donor in self.dev:
+            # the donor's memory is the statement's now, with the donor's values in it
+            self.dev[sid] = self.dev.pop(donor)
+            self.fresh[sid] = self.fresh.pop(donor)
+        else:  # new arrays (zeros) or a swap's copies (``swap_in`` marks them)
+            ptrs = []
+            for b in bufs:
+                ptr = self._alloc(b.nbytes)
+                self.device.zero(ptr, b.nbytes)
+                ptrs.append(ptr)
+            self.dev[sid] = ptrs
+            self.fresh[sid] = BOTH
+        if hasattr(self, "dtable_host"):
+            for k, ptr in enumerate(self.dev.get(sid) or [0] * len(self.plan.buffer(sid).outputs)):
+                self.dtable_host[self.slot[(sid, k)]] = ptr
+            self._table_dirty = True
+
+    def _to_device(self, sid: int):
+        if self.fresh.get(sid) == HOST:
+            for ptr, host in zip(self.dev[sid], self.buffers[sid]):
+                self.device.upload(ptr, host)
+                self.uploaded += host.nbytes
+            self.fresh[sid] = BOTH
+
+    def _to_host(self, sid: int):
+        if self.fresh.get(sid) == DEVICE:
+            for ptr, host in zip(self.dev[sid], self.buffers[sid]):
+                self.device.download(ptr, host)
+                self.downloaded += host.nbytes
+            self.fresh[sid] = BOTH
+
+    # the host's accesses: current values, and what the host writes is current there only
+    def read(self, sid: int) -> list[np.ndarray]:
+        bufs = super().read(sid)
+        self._to_host(sid)
+        return bufs
+
+    def written(self, sid: int) -> list[np.ndarray]:
+        bufs = super().written(sid)
+        self._to_host(sid)  # a call writes some points: the others must be current too
+        if sid in self.fresh:
+            self.fresh[sid] = HOST
+        return bufs
+
+    def allocate(self, touched: list[tuple[int, bool]]):
+        for sid, write in touched:
+            if self.buffers[sid] is None:
+                self._allocate(sid, write)
+
+    def swap_out(self, sid: int):
+        self._to_host(sid)
+        super().swap_out(sid)
+
+    def swap_in(self, sid: int):
+        super().swap_in(sid)
+        if self.buffers[sid] is not None:
+            self.fresh[sid] = HOST  # copied back to the mirror: up at the next launch
+
+    # ------------------------------------------------------------------ launches
+    def _launcher(self, sid: int, name: str, scratch: int):
+        """The function the statement calls for its kernel (``CpuRuntime``'s signature:
+        the host's table, args and scratch, unused here)."""
+        state: dict = {}
+
+        def launch(_table, _args, _scratch) -> int:
+            if not state:
+                st = self.statements[sid]
+                state["fn"] = self.device.function(self._module, name)
+                state["scratch"] = self._alloc(max(scratch, 8))
+                state["args"] = self._alloc(st.args.nbytes)
+                state["touched"] = _touched(self.plan, {sid})
+                state["host_args"] = st.args
+            for s, _ in state["touched"]:
+                self._to_device(s)
+            if self._table_dirty:
+                self.device.upload(self.dtable, self.dtable_host)
+                self._table_dirty = False
+            self.device.upload(state["args"], state["host_args"])
+            code = self.device.launch(state["fn"], self.dtable, state["args"], state["scratch"])
+            self.launches += 1
+            self.fresh[sid] = DEVICE
+            if code:
+                # the interpreter computes the call again to say what failed: it needs the
+                # values as the kernel left them, and the environments' state
+                self._to_host(sid)
+                for host, ptr in self.state_dev:
+                    self.device.download(ptr, host)
+            return code
+
+        return launch
+
+    def close(self):
+        """Release the device memory (the runtime cannot run after)."""
+        for sid in list(self.dev):
+            for ptr in self.dev.pop(sid):
+                self._release(ptr)
+        for ptr in list(self._sizes):
+            self._release(ptr)
