@@ -17,10 +17,10 @@ import pytest
 from rtl_helpers import src, table
 
 from timerlc.codegen import kir
+from timerlc.codegen.kir import For
 from timerlc.compiler import compile_plan, generate_code, run_passes
 from timerlc.cuda import nvrtc
 from timerlc.cuda.emu import compiler
-from timerlc.cuda.render import render_module
 from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
 from timerlc.reference.interpreter import run_graph
@@ -47,16 +47,19 @@ def generated(path: Path | str, text: str | None = None, **sets):
     return graph, generate_code(compile_plan(run_passes(graph)))
 
 
-def cuda_text(gen) -> tuple[str, dict]:
-    text, skipped = render_module(gen.kernels + gen.fused)
-    for why in skipped.values():
-        assert any(s in why for s in NOT_YET), why
-    return text, skipped
-
-
 def cuda_gen(gen):
     """The plan of ``gen`` (the cpu backend's) with the cuda backend's kernels."""
     return generate_code(dataclasses.replace(gen.plan, kernels=None), target="cuda")
+
+
+def cuda_text(gen) -> tuple[str, dict]:
+    """The module of a build for the cuda backend, and the statements it has no kernel for
+    that the cpu backend has (statement -> why)."""
+    cu = cuda_gen(gen)
+    skipped = {sid: why for sid, why in cu.interpreted.items() if sid not in gen.interpreted}
+    for why in skipped.values():
+        assert any(s in why for s in NOT_YET), why
+    return cu.text, skipped
 
 
 def run_both(gen, tmp_path):
@@ -126,7 +129,7 @@ def test_every_program_s_build_compiles_with_nvrtc(name):
     for arch in ("compute_80", "compute_90"):
         ptx, log = nvrtc.compile_ptx(cu.text, arch, lib)
         assert log.strip() == "", log[-3000:]
-        assert ptx.count(".entry") == len(cu.kernels)
+        assert ptx.count(".entry") == sum(len(p) for _, p in cu.plan.kernels.launches)
 
 
 # ----------------------------------------------------------------------------- emulation
@@ -231,7 +234,8 @@ def test_a_statement_s_vector_loop_is_parallel_and_its_temporaries_its_own():
     listing = "\n".join(kir.text(k) for k in gen.kernels)
     assert "(parallel):" in listing
     cu, _ = cuda_text(gen)
-    assert "threadIdx.x; v_b <" in cu and "v_b += blockDim.x" in cu
+    assert "blockIdx.x * blockDim.x + threadIdx.x; v_b <" in cu
+    assert "v_b += (long long)gridDim.x * blockDim.x" in cu
 
 
 @needs_cxx
@@ -259,3 +263,62 @@ def test_random_draws_in_emulated_kernels_are_bit_identical(tmp_path):
     for name in ("u", "n", "d", "g", "w", "z", "p", "c"):
         x, y = rt.value(name), ref.value(name)
         assert x.dtype == y.dtype and (x == y).all(), (name, x, y)
+
+
+@needs_cxx
+def test_a_serial_step_passes_its_locals_to_the_steps_after_it(tmp_path):
+    """A kernel built by hand: two locals computed on one thread (one of them the bound of
+    the parallel loop), the loop over the grid reading them, then a serial step that
+    assigns one again: three functions, the locals going through the scratch memory."""
+    from timerlc.codegen.kir import (
+        Bin,
+        Cast,
+        Const,
+        Kernel,
+        Let,
+        Load,
+        Ref,
+        Slot,
+        Store,
+    )
+    from timerlc.cuda.emu import EmuModule
+    from timerlc.cuda.render import render_module
+
+    m, v = Ref("m", "f32"), Ref("v")
+    body = (
+        Let("m", "f32", Load("src", Ref("j"), "f32")),
+        Let("n", "i64", kir.add(Ref("j"), kir.i64(300))),
+        For(
+            "v",
+            kir.i64(0),
+            Ref("n"),
+            (Store("out", v, Bin("mul", Cast(v, "f32"), m, "f32")),),
+            True,
+        ),
+        Let("m", "f32", Bin("add", m, Const("f32", 1.0), "f32")),
+        Store("out", kir.i64(999), m),
+    )
+    slots = (Slot("out", "f32", 0, 0, 0, True), Slot("src", "f32", 1, 1, 0, False))
+    k = Kernel("hand", 0, ("j",), slots, (), body)
+    text, skipped, launches = render_module([k])
+    assert not skipped
+    phases = launches["hand"].phases
+    assert [f for f, _ in phases] == ["hand", "hand_1", "hand_2"] and launches[
+        "hand"
+    ].scratch == 16
+    emu = EmuModule(text, tmp_path)
+    out = np.full(1000, -1.0, np.float32)
+    src = np.arange(10, dtype=np.float32) * 0.5
+    table = np.array([out.ctypes.data, src.ctypes.data], np.uint64)
+    args = np.array([7], np.int64)
+    scratch = np.zeros(16, np.uint8)
+    err = np.zeros(1, np.int32)
+    for f, _ in phases:
+        emu.function(f)(
+            table.ctypes.data, args.ctypes.data, scratch.ctypes.data, err.ctypes.data, 3
+        )
+    assert err[0] == 0
+    want = np.full(1000, -1.0, np.float32)
+    want[:307] = np.arange(307, dtype=np.float32) * np.float32(3.5)
+    want[999] = 4.5
+    np.testing.assert_array_equal(out, want)

@@ -65,7 +65,9 @@ def test_compile_for_cuda_writes_the_cuda_kernels_of_the_build(tmp_path):
     assert len(plan["kernels"]["statements"]) > 100
     text = (out / "kernels" / "cuda.cu").read_text()
     assert text.startswith(items.CUDA_KERNELS_HEADER)
-    assert text.count("__global__ void") == len(plan["kernels"]["statements"])
+    launches = plan["kernels"]["launches"]
+    assert [r[0] for r in launches] == [r[0] for r in plan["kernels"]["statements"]]
+    assert text.count("__global__ void") == sum(len(phases) for _, phases in launches)
     # no machine code: the device's compiler makes it where the build runs
     assert sorted(p.name for p in (out / "kernels").iterdir()) == ["cuda.cu"]
     nvcc = _nvcc()
@@ -259,3 +261,72 @@ def test_no_host_compiler_makes_cuda_emu_unavailable(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(DeviceUnavailable, match="no host C\\+\\+ compiler"):
         EmuDevice()
+
+
+# ----------------------------------------------------------------------------- steps and grids
+STEPS = """
+config K = 1000
+dim k < K
+x[k] = sin(f32(k) * 0.01)
+y[k] = x[k] - max(x[0:K]) + mean(x[0:K])
+out y
+"""
+
+
+@needs_cxx
+def test_a_kernel_s_steps_run_over_grids_of_several_blocks():
+    """``y`` takes ``x``'s memory: its kernel computes every point into a temporary, then
+    copies it into the buffer, two steps of 1000 threads each, each over several blocks
+    (the emulation's three) striding over the points."""
+    graph = graph_of(STEPS)
+    rt, gen = compiled_run(graph, backend="cuda-emu")
+    (sid,) = [s.id for s in gen.plan.statements if gen.plan.buffer(s.id).name == "y"]
+    assert gen.plan.buffer(sid).donor is not None
+    phases = dict(gen.plan.kernels.launches)[sid]
+    assert phases == ((f"s{sid}", 1000), (f"s{sid}_1", 1000))
+    assert "(long long)gridDim.x * blockDim.x" in gen.text
+    cpu, _ = compiled_run(graph, backend="cpu")
+    same_outputs(rt, cpu, ("y",))
+    want = outputs(run_graph(graph))["y"]
+    np.testing.assert_allclose(rt.value("y"), want, rtol=1e-5, atol=1e-6)
+
+
+@needs_cxx
+def test_a_point_that_fails_in_a_later_block_is_reported():
+    """The take's index leaves the source at k = 700, which the third block of the grid
+    computes: the block's code reaches the runtime, and the interpreter names the point."""
+    text = """
+    config K = 1000
+    dim k < K
+    x[k] = f32(k)
+    y[k] = take(x[0:K], k + k // 700 * 5000)
+    out y
+    """
+    graph = graph_of(text)
+    with pytest.raises(RunError) as got:
+        compiled_run(graph, backend="cuda-emu")
+    with pytest.raises(RunError) as want:
+        compiled_run(graph, backend="cpu")
+    assert str(got.value) == str(want.value) and "k=700" in str(got.value)
+
+
+def test_plans_launches_are_checked():
+    graph = graph_of(STEPS)
+    from timerlc.compiler import compile_plan, generate_code, run_passes
+
+    gen = generate_code(compile_plan(run_passes(graph)), target="cuda")
+    data = items.to_json(gen.plan)
+    assert items.from_json(json.loads(json.dumps(data)), "p") == gen.plan
+    cases = [
+        (lambda k: k.pop("launches"), "no 'launches'"),
+        (lambda k: k["launches"].pop(), "one entry per statement"),
+        (lambda k: k["launches"][0][1].__setitem__(0, ["zz", 1]), "first launch"),
+        (lambda k: k["launches"][0][1].append([k["launches"][0][1][0][0], 1]), "named twice"),
+        (lambda k: k["launches"][0][1][0].__setitem__(1, 0), "out of range"),
+        (lambda k: k["launches"][0].__setitem__(1, []), "1 to 64 launches"),
+    ]
+    for change, words in cases:
+        bad = json.loads(json.dumps(data))
+        change(bad["kernels"])
+        with pytest.raises(items.PlanError, match=words):
+            items.from_json(bad, "p")

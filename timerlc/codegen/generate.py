@@ -52,7 +52,7 @@ def generate(plan: Plan, target: str = "cpu") -> Generated:
     kernels, interpreted = [], {}
     for st in plan.statements:
         try:
-            kernels.append(lower_statement(plan, st, slot_of))
+            kernels.append(lower_statement(plan, st, slot_of, blocks=target == "cpu"))
         except Unsupported as e:
             interpreted[st.id] = str(e)
     if target == "cuda":
@@ -83,7 +83,7 @@ def generate(plan: Plan, target: str = "cpu") -> Generated:
 def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
     from timerlc.cuda.render import render_module
 
-    body, skipped = render_module(kernels)
+    body, skipped, launches = render_module(kernels)
     for k in kernels:
         if k.name in skipped:
             interpreted[k.sid] = f"no CUDA C for its kernel yet: {skipped[k.name]}"
@@ -92,9 +92,12 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
     info = Kernels(
         CUDA_KERNEL_FILE,
         hashlib.sha256(text.encode()).hexdigest(),
-        tuple((k.sid, k.name, k.scratch_bytes) for k in kernels),
+        tuple((k.sid, k.name, launches[k.name].scratch) for k in kernels),
+        launches=tuple((k.sid, launches[k.name].phases) for k in kernels),
     )
-    return Generated(dataclasses.replace(plan, kernels=info), text, tuple(kernels), (), interpreted)
+    return Generated(
+        dataclasses.replace(plan, kernels=info), text, tuple(kernels), (), interpreted
+    )
 
 
 def listing(gen: Generated) -> str:

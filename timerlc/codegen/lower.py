@@ -24,6 +24,7 @@ the runtime runs it with its NumPy kernels instead (``docs/codegen.md``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -130,17 +131,18 @@ SUPPORTED = frozenset(
 
 
 # ----------------------------------------------------------------------------- entry point
-def lower_statement(plan: Plan, st: Statement, slot_of: dict) -> kir.Kernel:
+def lower_statement(plan: Plan, st: Statement, slot_of: dict, blocks: bool = True) -> kir.Kernel:
     """The kernel of one statement; ``slot_of[(sid, out)]``: the table entry of a buffer's
     output. Raises ``Unsupported``.
 
     A statement whose layers run over many points at once (``_matmul_over_points``: the
     value of every observation of a rollout) is lowered again block by block of its
     outermost vector dim (``_block``): each block's layers run one after another on its
-    rows, whose temporaries stay in the cache, instead of each layer over every point."""
+    rows, whose temporaries stay in the cache, instead of each layer over every point
+    (for a CPU's caches; not with ``blocks`` false: a GPU runs each layer over every point)."""
     low = _Lowering(plan, st, slot_of)
     k = low.kernel()
-    if low.over_points:
+    if low.over_points and blocks:
         block = _block(plan, st)
         if block is not None:
             k = _Lowering(plan, st, slot_of, block).kernel()
@@ -275,6 +277,8 @@ class _Lowering:
             copy = self.loops(
                 (size,), lambda idx: [Store(own, idx[0], Load(self.target, idx[0], dt))]
             )
+            if len(copy) == 1 and isinstance(copy[0], For):  # each element its own
+                copy = [dataclasses.replace(copy[0], parallel=True)]
             point += tuple(copy)
         return kir.Kernel(
             f"s{st.id}",
@@ -1391,8 +1395,9 @@ class _Lowering:
                 return [Store(rows, kir.add(kir.mul(row, kk), idx[-1]), a.at(idx))]
 
             loop = self.loops(shape_a, put)
-            for d, _ in reversed(vdims):
-                loop = [For(d, *self.vector_range(d), tuple(loop))]
+            for k, (d, _) in enumerate(reversed(vdims)):
+                # the outermost loop over the points is parallel: each point its own rows
+                loop = [For(d, *self.vector_range(d), tuple(loop), k == len(vdims) - 1)]
             self.pre.extend(loop)
             strided = (rows, kir.i64(0), (kk, 1))
         buf, off, (sr, sc) = strided

@@ -1,10 +1,11 @@
 // The host emulation of the CUDA C that timerlc/cuda/render.py writes: the same text,
-// compiled by the host C++ compiler with this header first (and TL_EMU defined), runs each
-// kernel as one block of threads on the CPU. The threads themselves live in emu_rt.cc (a
-// library compiled once and loaded before any module): std::threads that meet at a
-// std::barrier for __syncthreads(), threadIdx their own; __shared__ variables are static,
-// so shared by them. Only what the renderer uses is here: one block, x dimensions,
-// __syncthreads. The header includes no C++ library header, so that a module compiles fast.
+// compiled by the host C++ compiler with this header first (and TL_EMU defined), runs a
+// function over a grid of blocks on the CPU. The threads themselves live in emu_rt.cc (a
+// library compiled once and loaded before any module): a block's threads are std::threads
+// that meet at a std::barrier for __syncthreads(), threadIdx and blockIdx their own; the
+// blocks of a grid run one after another. __shared__ variables are static, so shared by a
+// block's threads. Only what the renderer uses is here: x dimensions, __syncthreads,
+// atomicCAS. The header includes no C++ library header, so that a module compiles fast.
 #pragma once
 
 #define __global__
@@ -16,18 +17,25 @@ struct tl_dim3 {
   unsigned int x, y, z;
 };
 extern __thread tl_dim3 threadIdx; // each thread's own (emu_rt.cc)
-extern tl_dim3 blockDim;
+extern __thread tl_dim3 blockIdx;
+extern tl_dim3 blockDim, gridDim;
 extern "C" void tl_emu_sync();
 extern "C" unsigned tl_emu_threads();
-extern "C" void tl_emu_run(unsigned n, void (*fn)(void *), void *ctx);
+extern "C" void tl_emu_run(unsigned blocks, unsigned threads, void (*fn)(void *), void *ctx);
 
 inline void __syncthreads() { tl_emu_sync(); }
 
+inline int atomicCAS(int *at, int compare, int value) {
+  __atomic_compare_exchange_n(at, &compare, value, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return compare; // the old value
+}
+
 template <class F> void tl_emu_thunk(void *f) { (*(F *)f)(); }
 
-// run kernel K on a block of tl_emu_threads() threads (TIMERLC_EMU_THREADS, default 4)
-#define TL_EMU_LAUNCH(K, ...)                                                              \
+// run function K over `blocks` blocks of tl_emu_threads() threads (TIMERLC_EMU_THREADS,
+// default 4)
+#define TL_EMU_LAUNCH(BLOCKS, K, ...)                                                      \
   do {                                                                                     \
     auto tl_body = [&] { K(__VA_ARGS__); };                                                \
-    tl_emu_run(tl_emu_threads(), &tl_emu_thunk<decltype(tl_body)>, &tl_body);             \
+    tl_emu_run(BLOCKS, tl_emu_threads(), &tl_emu_thunk<decltype(tl_body)>, &tl_body);     \
   } while (0)

@@ -1,8 +1,8 @@
 """Running the CUDA C text of ``timerlc.cuda.render`` on the CPU: compiled by the host C++
-compiler with ``emu.h`` (one block of threads as std::threads meeting at a barrier), each
-kernel ``NAME`` callable as ``NAME_emu(table, args, scratch) -> code``, the signature of the
-LLVM kernels, so that a runtime can run a plan's statements with them (the ``cuda-emu``
-backend, tests and debugging: ``docs/cuda.md``).
+compiler with ``emu.h`` (a block of threads as std::threads meeting at a barrier), each
+function ``NAME`` callable as ``NAME_emu(table, args, scratch, err, blocks)``: it runs over
+``blocks`` blocks, and a failing one sets ``*err`` (the device runtime's ``EmuDevice``: the
+``cuda-emu`` backend, tests and debugging: ``docs/cuda.md``).
 
 Two parts are compiled once per compiler and kept in the user's cache folder
 (``$XDG_CACHE_HOME/timerlc/emu``, else ``~/.cache/timerlc/emu``; a temporary folder where
@@ -24,7 +24,10 @@ from pathlib import Path
 
 HEADER = Path(__file__).with_name("emu.h")
 RUNTIME = Path(__file__).with_name("emu_rt.cc")
-KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+# NAME_emu(table, args, scratch, err, blocks)
+KERNEL = ctypes.CFUNCTYPE(
+    None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint
+)
 FLAGS = ("-std=c++20", "-O1", "-fPIC", "-pthread", "-DTL_EMU")
 
 

@@ -1,5 +1,7 @@
-// The threads of the CUDA emulation (emu.h): one block of n std::threads per launch, which
-// meet at a std::barrier for __syncthreads(). Compiled once into a library that
+// The threads of the CUDA emulation (emu.h): a grid's blocks one after another, each run by
+// the same n std::threads, which meet at a std::barrier for __syncthreads() and after each
+// block (so that no thread starts the next block, whose __shared__ variables are the same
+// statics, while another still works on this one). Compiled once into a library that
 // timerlc/cuda/emu.py loads (globally) before the kernels' modules, which use its symbols.
 #include <barrier>
 #include <cstdlib>
@@ -10,7 +12,9 @@ struct tl_dim3 {
   unsigned int x, y, z;
 };
 __thread tl_dim3 threadIdx = {0, 0, 0};
+__thread tl_dim3 blockIdx = {0, 0, 0};
 tl_dim3 blockDim = {1, 1, 1};
+tl_dim3 gridDim = {1, 1, 1};
 static std::barrier<> *tl_barrier = nullptr;
 
 extern "C" void tl_emu_sync() { tl_barrier->arrive_and_wait(); }
@@ -25,18 +29,22 @@ extern "C" unsigned tl_emu_threads() {
   return n;
 }
 
-extern "C" void tl_emu_run(unsigned n, void (*fn)(void *), void *ctx) {
+extern "C" void tl_emu_run(unsigned blocks, unsigned n, void (*fn)(void *), void *ctx) {
   std::barrier<> bar(n);
   tl_barrier = &bar;
   blockDim = {n, 1, 1};
-  std::vector<std::thread> workers;
-  for (unsigned t = 1; t < n; t++)
-    workers.emplace_back([fn, ctx, t] {
-      threadIdx = {t, 0, 0};
+  gridDim = {blocks, 1, 1};
+  auto work = [fn, ctx, blocks, &bar](unsigned t) {
+    threadIdx = {t, 0, 0};
+    for (unsigned b = 0; b < blocks; b++) {
+      blockIdx = {b, 0, 0};
       fn(ctx);
-    });
-  threadIdx = {0, 0, 0};
-  fn(ctx);
+      bar.arrive_and_wait();
+    }
+  };
+  std::vector<std::thread> workers;
+  for (unsigned t = 1; t < n; t++) workers.emplace_back(work, t);
+  work(0);
   for (auto &w : workers) w.join();
   tl_barrier = nullptr;
 }

@@ -1,21 +1,27 @@
 """Rendering kernels (``codegen.kir``) as CUDA C text.
 
-A kernel becomes ``__global__ void NAME(void **table, const long long *args, char
-*scratch, int *err)``, run by one block of threads. Its top-level statements run in order,
-the block meeting at ``__syncthreads()`` after each step:
+A kernel's top-level statements are cut into *steps*, each a function ``__global__ void
+NAME(void **table, const long long *args, char *scratch, int *err)`` (``NAME``, then
+``NAME_1``, ``NAME_2``, ...) that the device runtime launches one after another over a grid
+of blocks of ``THREADS`` threads (``Launches``: each step and the threads it asks for):
 
-- a ``parallel`` loop (a statement's loop over its vector dims, ``kir.For.parallel``)
-  deals its iterations to the block's threads, each with its own locals and its own copy of
-  the per-point temporaries (a temporary written in the loop and used nowhere else);
-- a gemm is dealt out by output elements (each thread sums its elements' terms in order);
-- a loop or an ``if`` that holds a parallel loop is run by every thread alike (its bounds
-  and conditions are the same for all), its steps as here;
-- anything else runs on thread 0; its locals are ``__shared__``, so that the steps after it
-  read them.
+- a ``parallel`` loop (a statement's loop over its vector dims, ``kir.For.parallel``) is
+  one thread per iteration, the loop striding over the grid; each thread has its own locals
+  and its own copy of the per-point temporaries (a temporary written in the loop and used
+  nowhere else);
+- a gemm is one thread per element of the product, each summing its terms in order (cuBLAS
+  is to come);
+- a run of the other statements runs on one thread (of block 0). A local it assigns that
+  another step reads goes through the scratch memory, after the kernel's temporaries (the
+  step stores it at its end, the others load it at their start).
 
-A ``Fail`` sets the block's code and skips the rest of its point (or of thread 0's step);
-after the step every thread sees the code and returns, and thread 0 writes it to ``*err``
-(0 when all went well). Scalars follow NumPy's semantics for their dtype, as the LLVM
+``table`` holds the device addresses of the plan's buffers, ``args`` the call's loop values,
+``scratch`` the temporaries (global memory, shared by the steps). A ``Fail`` sets its
+block's code and skips the rest of its point (or of the serial step); the block then sets
+``*err`` if it is still 0 (the runtime keeps it 0 between failures), and every later step
+returns at once when ``*err`` is set. A kernel whose loop or ``if`` holds a parallel loop
+(the cpu's blocks of a layer chain, which the cuda target does not lower) is not rendered.
+Scalars follow NumPy's semantics for their dtype, as the LLVM
 renderer's do (``docs/codegen.md``): the helpers of ``PRELUDE``. Bools are ``bool`` in
 registers and one byte in memory.
 
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import math
 import struct
+from dataclasses import dataclass
 
 from timerlc.codegen import kir
 from timerlc.codegen.kir import (
@@ -303,16 +310,31 @@ def head() -> str:
     return PRELUDE + "\n" + _philox_c()
 
 
-def render_module(kernels) -> tuple[str, dict[str, str]]:
-    """The CUDA C text of the ``kernels`` it renders (after ``head()``), and why it renders
-    none of the others (kernel name -> reason)."""
-    parts, skipped = [head()], {}
+THREADS = 128  # of a block: the device runtime launches every function with blocks of them
+
+
+@dataclass(frozen=True)
+class Launches:
+    """How a kernel runs: its functions, launched one after another (``(name, threads)``:
+    the threads a launch asks for, as blocks of ``THREADS``), and the bytes of scratch
+    memory a call needs (the kernel's temporaries, then the values its phases pass on)."""
+
+    phases: tuple[tuple[str, int], ...]
+    scratch: int
+
+
+def render_module(kernels) -> tuple[str, dict[str, str], dict[str, Launches]]:
+    """The CUDA C text of the ``kernels`` it renders (after ``head()``), why it renders none
+    of the others (kernel name -> reason), and how each it renders runs."""
+    parts, skipped, launches = [head()], {}, {}
     for k in kernels:
         try:
-            parts.append(_Kernel(k).render())
+            r = _Kernel(k)
+            parts.append(r.render())
+            launches[k.name] = Launches(tuple(r.phases), r.scratch)
         except Unsupported as e:
             skipped[k.name] = str(e)
-    return "\n".join(parts), skipped
+    return "\n".join(parts), skipped, launches
 
 
 def name(v: str) -> str:
@@ -332,8 +354,9 @@ class _Kernel:
         self.labels = 0
         self.bufs = {s.name: s.dtype for s in k.slots} | {t.name: t.dtype for t in k.temps}
         self.local_temps: set[str] = set()  # temps of a parallel loop's own (per thread)
-        self.shared: dict[str, str] = {}  # locals of thread 0's steps -> dtype
         self.jumps: set[str] = set()  # the labels a Fail jumps to
+        self.phases: list[tuple[str, int]] = []  # (function, threads) launched in order
+        self.scratch = k.scratch_bytes
 
     def emit(self, depth: int, line: str):
         self.lines.append("  " * depth + line)
@@ -348,123 +371,150 @@ class _Kernel:
             self.emit(depth, f"{skip}:;")
 
     def render(self) -> str:
-        k = self.k
-        _check_supported(k.body)
-        body_lines: list[str] = []
-        self.lines = body_lines
-        self.block(k.body, 1)
-        head = [
-            (
-                f'extern "C" __global__ void {k.name}(void **table, const long long *args, '
-                "char *scratch, int *err) {"
-            ),
-            "  __shared__ int tl_fail;",
-            "  if (threadIdx.x == 0) tl_fail = 0;",
-        ]
-        for j, p in enumerate(k.params):
-            head.append(f"  const long long {name(p)} = args[{j}];  (void){name(p)};")
-        for s in k.slots:
-            head.append(
-                f"  {MTYPE[s.dtype]} *{buf(s.name)} = ({MTYPE[s.dtype]} *)table[{s.index}];"
-            )
-        for t in k.temps:
-            if t.name not in self.local_temps:
-                head.append(
-                    f"  {MTYPE[t.dtype]} *{buf(t.name)} = "
-                    f"({MTYPE[t.dtype]} *)(scratch + {t.offset});"
-                )
-        for v, dt in self.shared.items():
-            head.append(f"  __shared__ {CTYPE[dt]} {name(v)};")
-        head.append("  __syncthreads();")
-        tail = ["  if (threadIdx.x == 0) *err = 0;", "}"]
-        emu = (
-            f'#ifdef TL_EMU\nextern "C" int {k.name}_emu(void **table, const long long *args, '
-            f"char *scratch) {{\n  int err = 0;\n  TL_EMU_LAUNCH({k.name}, table, args, scratch, "
-            "&err);\n  return err;\n}\n#endif\n"
-        )
-        return "\n".join(head + body_lines + tail) + "\n" + emu
+        _check_supported(self.k.body)
+        for s in self.k.body:
+            top = isinstance(s, For) and s.parallel
+            if not top and isinstance(s, (For, If)) and _holds_parallel([s]):
+                # (the cpu's blocks of a layer chain; lowered for cuda, none has one)
+                raise Unsupported("a loop or an if around a parallel loop")
+        return self.render_phases()
 
-    # ------------------------------------------------------------------ block-level steps
-    def block(self, stmts, depth: int):
-        """Statements every thread runs alike: parallel loops, gemms and loops or ifs
-        holding them as steps of their own, runs of the others on thread 0."""
+    # ------------------------------------------------------------------ phases
+    def render_phases(self) -> str:
+        """One function per step of the kernel's body, each launched over a grid: a run of
+        serial statements (on one thread), a parallel loop (one thread per iteration, the
+        loop striding over the grid), a gemm (one thread per element of the product). A
+        value a serial step computes and a later step reads goes through the scratch
+        memory after the temporaries; a failing step sets ``*err`` and the steps after it
+        return at once."""
+        steps: list[tuple[str, object]] = []
         serial: list = []
-        for s in stmts:
-            if isinstance(s, For) and s.parallel:
-                self.serial(serial, depth)
-                serial = []
-                self.parallel(s, depth)
-            elif isinstance(s, Gemm):
-                self.serial(serial, depth)
-                serial = []
-                self.gemm(s, depth)
-                self.sync(depth)
-            elif isinstance(s, For) and _holds_parallel(s.body):
-                self.serial(serial, depth)
-                serial = []
-                v = name(s.var)
-                self.emit(
-                    depth,
-                    f"for (long long {v} = {self.expr(s.lo)}; {v} < {self.expr(s.hi)}; {v}++) {{",
-                )
-                self.block(s.body, depth + 1)
-                self.emit(depth, "}")
-            elif isinstance(s, If) and (_holds_parallel(s.then) or _holds_parallel(s.orelse)):
-                self.serial(serial, depth)
-                serial = []
-                self.emit(depth, f"if ({self.expr(s.cond)}) {{")
-                self.block(s.then, depth + 1)
-                self.emit(depth, "} else {")
-                self.block(s.orelse, depth + 1)
-                self.emit(depth, "}")
+        for s in self.k.body:
+            if isinstance(s, For) and s.parallel or isinstance(s, Gemm):
+                if serial:
+                    steps.append(("serial", serial))
+                    serial = []
+                steps.append(("parallel" if isinstance(s, For) else "gemm", s))
             else:
                 serial.append(s)
-        self.serial(serial, depth)
+        if serial or not steps:
+            steps.append(("serial", serial))
+        defined = [_lets(body, {}) if kind == "serial" else {} for kind, body in steps]
+        used = [_refs([body] if kind != "serial" else body) for kind, body in steps]
+        params = set(self.k.params)
+        passed: dict[str, tuple[str, int]] = {}  # let -> (dtype, offset in scratch)
+        offset = (self.k.scratch_bytes + 7) // 8 * 8
+        for j, lets in enumerate(defined):
+            for v, dt in lets.items():
+                elsewhere = any(
+                    v in used[q] or v in defined[q] for q in range(len(steps)) if q != j
+                )
+                if elsewhere and v not in passed and v not in params:
+                    passed[v] = (dt, offset)
+                    offset += 8
+        self.scratch = offset if passed else self.k.scratch_bytes
+        out = []
+        for j, (kind, body) in enumerate(steps):
+            fname = self.k.name if j == 0 else f"{self.k.name}_{j}"
+            loads = sorted(v for v in passed if v in used[j] or v in defined[j])
+            stores = sorted(v for v in passed if v in defined[j])
+            out.append(self.phase(fname, kind, body, loads, stores, passed))
+        return "\n".join(out)
 
-    def sync(self, depth: int):
-        # every thread reads the code before any goes on (and may set it in the next step)
-        self.emit(depth, "__syncthreads();")
-        self.emit(depth, "{ int f = tl_fail; __syncthreads();")
-        self.emit(depth, "  if (f) { if (threadIdx.x == 0) *err = f; return; } }")
+    def phase(self, fname: str, kind: str, body, loads, stores, passed) -> str:
+        self.lines = []
+        self.local_temps = set()
+        self.jumps = set()
+        if kind == "serial":
+            threads = 1
+            mine = _lets(body, {})
+            skip = self.label()
+            self.emit(1, "if (blockIdx.x == 0 && threadIdx.x == 0) {")
+            for v, dt in mine.items():
+                if v not in loads:
+                    self.emit(2, f"{CTYPE[dt]} {name(v)};")
+            self.stmts(body, 2, skip)
+            self.end(2, skip)
+            self.emit(2, "if (tl_fail) { *err = tl_fail; return; }")
+            for v in stores:
+                dt, off = passed[v]
+                self.emit(2, f"*({CTYPE[dt]} *)(scratch + {off}) = {name(v)};")
+            self.emit(1, "}")
+        elif kind == "parallel":
+            threads = _extent(body)
+            self.grid_loop(body, 1)
+        else:
+            threads = body.m * body.n
+            self.gemm(
+                body,
+                1,
+                "(long long)blockIdx.x * blockDim.x + threadIdx.x",
+                "(long long)gridDim.x * blockDim.x",
+            )
+        self.phases.append((fname, max(1, min(threads, 1 << 31))))
+        head = [
+            (
+                f'extern "C" __global__ void {fname}(void **table, const long long *args, '
+                "char *scratch, int *err) {"
+            ),
+            "  if (*(volatile int *)err) return;  // an earlier step failed",
+        ]
+        if kind != "gemm":  # (a product cannot fail)
+            head += ["  __shared__ int tl_fail;", "  if (threadIdx.x == 0) tl_fail = 0;"]
+        head += self.pointers(body if kind == "serial" else [body])
+        for v in loads:
+            dt, off = passed[v]
+            head.append(f"  {CTYPE[dt]} {name(v)} = *({CTYPE[dt]} *)(scratch + {off});")
+        if kind != "gemm":
+            head.append("  __syncthreads();")
+        return "\n".join(head + self.lines + ["}"]) + "\n" + _emu_entry(fname)
 
-    def serial(self, stmts: list, depth: int):
-        if not stmts:
-            return
-        skip = self.label()
-        self.emit(depth, "if (threadIdx.x == 0) {")
-        _lets(stmts, self.shared)
-        self.stmts(stmts, depth + 1, skip)
-        self.end(depth + 1, skip)
-        self.emit(depth, "}")
-        self.sync(depth)
-
-    def parallel(self, s: For, depth: int):
+    def grid_loop(self, s: For, depth: int):
+        """A parallel loop over the grid: each thread its iterations, its own locals and its
+        own copy of the per-point temporaries; a failing iteration sets its block's code,
+        which goes to ``*err`` once the block is done."""
         v = name(s.var)
         temps = {t.name for t in self.k.temps}
         mine = temps & (_written_temps(s.body) - _used_temps_outside(self.k.body, s))
         self.local_temps |= mine
         self.emit(
             depth,
-            f"for (long long {v} = ({self.expr(s.lo)}) + threadIdx.x; {v} < {self.expr(s.hi)}; "
-            f"{v} += blockDim.x) {{",
+            f"for (long long {v} = ({self.expr(s.lo)}) + (long long)blockIdx.x * blockDim.x + "
+            f"threadIdx.x; {v} < {self.expr(s.hi)}; {v} += (long long)gridDim.x * blockDim.x) {{",
         )
         for t in self.k.temps:
             if t.name in mine:
                 self.emit(depth + 1, f"{MTYPE[t.dtype]} {buf(t.name)}[{max(t.size, 1)}];")
-        own: dict[str, str] = {}
-        _lets(s.body, own)
-        for lv, dt in own.items():
-            if lv not in self.shared:
-                self.emit(depth + 1, f"{CTYPE[dt]} {name(lv)};")
+        for lv, dt in _lets(s.body, {}).items():
+            self.emit(depth + 1, f"{CTYPE[dt]} {name(lv)};")
         skip = self.label()
         self.stmts(s.body, depth + 1, skip)
         self.end(depth + 1, skip)
         self.emit(depth, "}")
-        self.sync(depth)
+        self.emit(depth, "__syncthreads();")
+        self.emit(depth, "if (threadIdx.x == 0 && tl_fail) atomicCAS(err, 0, tl_fail);")
 
-    def gemm(self, s: Gemm, depth: int, first: str = "threadIdx.x", step: str = "blockDim.x"):
+    def pointers(self, body=None) -> list[str]:
+        """The kernel's loop values, and the buffers and (global) temporaries that the
+        statements ``body`` (default: all) use, as C locals."""
+        k = self.k
+        used = _buffers(k.body if body is None else body)
+        out = []
+        for j, p in enumerate(k.params):
+            out.append(f"  const long long {name(p)} = args[{j}];  (void){name(p)};")
+        for s in k.slots:
+            if s.name in used:
+                t = MTYPE[s.dtype]
+                out.append(f"  {t} *{buf(s.name)} = ({t} *)table[{s.index}];")
+        for tmp in k.temps:
+            if tmp.name in used and tmp.name not in self.local_temps:
+                t, b = MTYPE[tmp.dtype], buf(tmp.name)
+                out.append(f"  {t} *{b} = ({t} *)(scratch + {tmp.offset});")
+        return out
+
+    def gemm(self, s: Gemm, depth: int, first: str, step: str):
         """``C = op(A) @ op(B)`` element by element, its terms summed in order: the elements
-        dealt to the block's threads (``first``, ``step``), or all on one (``"0"``, ``"1"``)."""
+        dealt to the grid's threads (``first``, ``step``), or all on one (``"0"``, ``"1"``)."""
         t = CTYPE[s.dtype]
         a = f"A[{'k * ' + str(s.lda) + ' + i' if s.ta else 'i * ' + str(s.lda) + ' + k'}]"
         b = f"B[{'j * ' + str(s.ldb) + ' + k' if s.tb else 'k * ' + str(s.ldb) + ' + j'}]"
@@ -687,7 +737,8 @@ def _holds_parallel(body) -> bool:
     return False
 
 
-def _lets(body, out: dict):
+def _lets(body, out: dict) -> dict:
+    """The locals ``body`` assigns, with their dtypes, added to ``out``."""
     for s in body:
         if isinstance(s, Let):
             out.setdefault(s.name, s.dtype)
@@ -696,6 +747,98 @@ def _lets(body, out: dict):
         elif isinstance(s, If):
             _lets(s.then, out)
             _lets(s.orelse, out)
+    return out
+
+
+def _refs(body) -> set[str]:
+    """Every local (and loop variable) the statements of ``body`` read."""
+    out: set[str] = set()
+
+    def expr(e):
+        if isinstance(e, Ref):
+            out.add(e.name)
+        for x in kir.children(e):
+            expr(x)
+
+    def walk(stmts):
+        for s in stmts:
+            if isinstance(s, Let):
+                expr(s.value)
+            elif isinstance(s, Store):
+                expr(s.index)
+                expr(s.value)
+            elif isinstance(s, For):
+                expr(s.lo)
+                expr(s.hi)
+                walk(s.body)
+            elif isinstance(s, If):
+                expr(s.cond)
+                walk(s.then)
+                walk(s.orelse)
+            elif isinstance(s, Gemm):
+                for e in (s.aoff, s.boff, s.coff):
+                    expr(e)
+            elif isinstance(s, Permute):
+                expr(s.p)
+
+    walk(body)
+    return out
+
+
+def _buffers(body) -> set[str]:
+    """Every buffer (slot or temporary) the statements of ``body`` read or write."""
+    out: set[str] = set()
+
+    def expr(e):
+        if isinstance(e, Load):
+            out.add(e.buf)
+        for x in kir.children(e):
+            expr(x)
+
+    def walk(stmts):
+        for s in stmts:
+            if isinstance(s, Let):
+                expr(s.value)
+            elif isinstance(s, Store):
+                out.add(s.buf)
+                expr(s.index)
+                expr(s.value)
+            elif isinstance(s, For):
+                expr(s.lo)
+                expr(s.hi)
+                walk(s.body)
+            elif isinstance(s, If):
+                expr(s.cond)
+                walk(s.then)
+                walk(s.orelse)
+            elif isinstance(s, Gemm):
+                out.update((s.a, s.b, s.c))
+                for e in (s.aoff, s.boff, s.coff):
+                    expr(e)
+            elif isinstance(s, Permute):
+                out.update((s.out, s.scratch))
+                expr(s.p)
+
+    walk(body)
+    return out
+
+
+def _extent(loop: For) -> int:
+    """The iterations of a parallel loop, where its bounds are constants (else one block's
+    worth: the loop strides over whatever grid it gets)."""
+    if isinstance(loop.lo, Const) and isinstance(loop.hi, Const):
+        return max(int(loop.hi.value) - int(loop.lo.value), 1)
+    return THREADS
+
+
+def _emu_entry(fname: str) -> str:
+    """The host's entry to a function on the emulation: ``NAME_emu(table, args, scratch,
+    err, blocks)`` runs it over ``blocks`` blocks (``emu.h``)."""
+    return (
+        f'#ifdef TL_EMU\nextern "C" void {fname}_emu(void **table, const long long *args, '
+        f"char *scratch, int *err, unsigned blocks) {{\n  TL_EMU_LAUNCH(blocks, {fname}, table, "
+        "args, scratch, err);\n}\n#endif\n"
+    )
 
 
 def _written_temps(body) -> set[str]:

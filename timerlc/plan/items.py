@@ -40,6 +40,8 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _KERNEL_FILE = re.compile(r"kernels/[A-Za-z0-9_]+\.(ll|cu)\Z")
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 MAX_SCRATCH = 1 << 34  # bytes of scratch memory one kernel call needs
+MAX_PHASES = 64  # launches of one statement's CUDA kernel
+MAX_THREADS = 1 << 31  # the threads a launch asks for
 
 # What a native tree function returns (docs/plan.md, Kernels): 0, or one of these; ``err``
 # then holds the failing statement and its loop values (1, 3), or the runtime's callback
@@ -233,6 +235,9 @@ class Kernels:
     # the statements of each fused kernel the trees launch, in order (codegen.fuse): its
     # time in a profile is counted at the first
     fused: tuple[tuple[int, ...], ...] = ()
+    # a CUDA kernel file: per statement with a kernel, the functions a call launches one
+    # after another (its phases, docs/cuda.md) and the threads each asks for
+    launches: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,6 +344,16 @@ def to_json(plan: Plan) -> dict:
                     "statements": [list(k) for k in plan.kernels.statements],
                     "trees": [list(k) for k in plan.kernels.trees],
                     "fused": [list(k) for k in plan.kernels.fused],
+                    **(
+                        {
+                            "launches": [
+                                [sid, [list(f) for f in phases]]
+                                for sid, phases in plan.kernels.launches
+                            ]
+                        }
+                        if plan.kernels.launches
+                        else {}
+                    ),
                 }
             }
         ),
@@ -641,7 +656,7 @@ class _Reader:
         )
 
     def kernels(self, v, tree: tuple) -> Kernels:
-        d = self.obj(v, ("file", "sha256", "statements", "trees"), ("fused",))
+        d = self.obj(v, ("file", "sha256", "statements", "trees"), ("fused", "launches"))
         file = self.field(d, "file", self.text, 200)
         if not _KERNEL_FILE.match(file):
             self.path.append(".file")
@@ -668,7 +683,42 @@ class _Reader:
             if not set(f) <= with_kernel:
                 self.path.append(f".fused[{k}]")
                 self.fail("a statement without a kernel in a fused kernel")
-        return Kernels(file, sha, rows, trees, fused)
+        launches = ()
+        if file.endswith(".cu"):
+            if "launches" not in d:
+                self.fail("a CUDA kernel file's plan has no 'launches'")
+            launches = self.field(d, "launches", self.each, self.launch_row)
+            functions = {r[0]: r[1] for r in rows}
+            if [r[0] for r in launches] != [r[0] for r in rows]:
+                self.path.append(".launches")
+                self.fail("not one entry per statement of 'statements', in their order")
+            names = [f for _, phases in launches for f, _ in phases]
+            if len(set(names)) != len(names):
+                self.path.append(".launches")
+                self.fail("a function named twice")
+            for k, (sid, phases) in enumerate(launches):
+                if phases[0][0] != functions[sid]:
+                    self.path.append(f".launches[{k}]")
+                    self.fail(f"the first launch is not the kernel of statement {sid}")
+        elif "launches" in d:
+            self.path.append(".launches")
+            self.fail("only a CUDA kernel file's plan has launches")
+        return Kernels(file, sha, rows, trees, fused, launches)
+
+    def launch_row(self, v) -> tuple[int, tuple[tuple[str, int], ...]]:
+        if not isinstance(v, list) or len(v) != 2 or not isinstance(v[1], list):
+            self.fail(f"expected [statement, [[function, threads], ...]], got {_short(v)}")
+        sid = self.int_(v[0])
+        if sid not in self.statements:
+            self.fail(f"statement {sid} does not exist")
+        if not 1 <= len(v[1]) <= MAX_PHASES:
+            self.fail(f"expected 1 to {MAX_PHASES} launches, got {len(v[1])}")
+        phases = []
+        for f in v[1]:
+            if not isinstance(f, list) or len(f) != 2:
+                self.fail(f"expected [function, threads], got {_short(f)}")
+            phases.append((self.ident(f[0]), self.int_(f[1], 1, MAX_THREADS)))
+        return sid, tuple(phases)
 
     def fused_row(self, v) -> tuple[int, ...]:
         if not isinstance(v, list) or len(v) < 2:

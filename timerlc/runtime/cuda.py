@@ -15,10 +15,11 @@ host mirror, and each side is known to be current or not:
   releases it.
 
 The device is an object with ``alloc``, ``free``, ``zero``, ``upload``, ``download``,
-``load`` and ``launch`` (``EmuDevice``: the kernels compiled for the host through
+``load``, ``launch`` and ``code`` (``EmuDevice``: the kernels compiled for the host through
 ``timerlc/cuda/emu.h`` over memory of its own, the ``cuda-emu`` backend; ``CupyDevice``: a
-GPU through CuPy, the ``cuda`` backend). A kernel runs as one block (``docs/cuda.md``); its
-loop values are copied to the device before each launch and its code read back after it.
+GPU through CuPy, the ``cuda`` backend). A statement's kernel is one or more functions
+launched over grids of blocks (``docs/cuda.md``: its phases); its loop values are copied to
+the device before them and the failure code read back after them.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from timerlc.plan.items import Plan, PlanError
 from timerlc.runtime.cpu import CpuRuntime, _env_states, _touched
 
 HOST, DEVICE, BOTH = 1, 2, 3  # where a buffer's values are current
-THREADS = 128  # of the block that runs a kernel on a GPU
+THREADS = 128  # of a block (cuda.render.THREADS)
 
 
 class DeviceUnavailable(Exception):
@@ -58,6 +59,9 @@ class EmuDevice:
     kind = "cuda-emu"
     QUARANTINE = 64  # freed blocks kept (poisoned) before their memory is returned
     POISON = 0xA5
+    # the most blocks of a grid: several, so that the grid's strides are run, and few, as
+    # the emulation runs them one after another
+    MAX_BLOCKS = 3
 
     def __init__(self):
         from timerlc.cuda.emu import compiler
@@ -66,9 +70,11 @@ class EmuDevice:
             raise DeviceUnavailable("no host C++ compiler (c++, g++ or clang++) for cuda-emu")
         self._blocks: dict[int, np.ndarray] = {}
         self._freed: collections.deque = collections.deque(maxlen=self.QUARANTINE)
+        self._err = self.alloc(8)  # the launches' failure code (0: none)
+        self.zero(self._err, 8)
 
     def describe(self) -> str:
-        return "the host, emulating one block of threads per kernel (timerlc/cuda/emu.h)"
+        return "the host, emulating the grids of blocks (timerlc/cuda/emu.h)"
 
     def load(self, text: str, cache=None):
         from timerlc.cuda.emu import EmuModule
@@ -103,8 +109,15 @@ class EmuDevice:
         self._check(ptr, host.nbytes)
         ctypes.memmove(host.ctypes.data, ptr, host.nbytes)
 
-    def launch(self, fn, table: int, args: int, scratch: int) -> int:
-        return fn(table, args, scratch)
+    def launch(self, fn, table: int, args: int, scratch: int, blocks: int):
+        fn(table, args, scratch, self._err, blocks)
+
+    def code(self) -> int:
+        """The code of the first launch that failed since the last call (0: none)."""
+        code = ctypes.c_int32.from_address(self._err).value
+        if code:
+            self.zero(self._err, 8)
+        return code
 
     def _check(self, ptr: int, nbytes: int):
         block = self._blocks.get(ptr)
@@ -121,6 +134,7 @@ class CupyDevice:
     architecture), a kernel launched as one block of ``THREADS`` threads."""
 
     kind = "cuda"
+    MAX_BLOCKS = 65535
 
     def __init__(self):
         try:
@@ -172,11 +186,18 @@ class CupyDevice:
     def download(self, ptr: int, host: np.ndarray):
         self._mem[ptr].copy_to_host(host.ctypes.data, host.nbytes)
 
-    def launch(self, fn, table: int, args: int, scratch: int) -> int:
+    def launch(self, fn, table: int, args: int, scratch: int, blocks: int):
         u64 = np.uint64
-        fn((1,), (THREADS,), (u64(table), u64(args), u64(scratch), self._err))
+        fn((blocks,), (THREADS,), (u64(table), u64(args), u64(scratch), self._err))
+
+    def code(self) -> int:
+        """The code of the first launch that failed since the last call (0: none); waits
+        for the launches."""
         self._err.data.copy_to_host(self._code.ctypes.data, 4)
-        return int(self._code[0])
+        code = int(self._code[0])
+        if code:
+            self._err.fill(0)
+        return code
 
 
 class DeviceRuntime(CpuRuntime):
@@ -210,8 +231,9 @@ class DeviceRuntime(CpuRuntime):
         self.uploaded = self.downloaded = 0  # bytes copied each way
         self.launches = 0
         self._module = device.load(text, cache)
+        phases = dict(plan.kernels.launches)
         kernels = {
-            name: self._launcher(sid, name, scratch)
+            name: self._launcher(sid, phases[sid], scratch)
             for sid, name, scratch in plan.kernels.statements
         }
         super().__init__(
@@ -310,15 +332,21 @@ class DeviceRuntime(CpuRuntime):
             self.fresh[sid] = HOST  # copied back to the mirror: up at the next launch
 
     # ------------------------------------------------------------------ launches
-    def _launcher(self, sid: int, name: str, scratch: int):
+    def _launcher(self, sid: int, phases, scratch: int):
         """The function the statement calls for its kernel (``CpuRuntime``'s signature:
-        the host's table, args and scratch, unused here)."""
+        the host's table, args and scratch, unused here): its phases launched one after
+        another, each over the blocks its threads need (at most the device's
+        ``MAX_BLOCKS``: each strides over its grid), then the failure code read."""
         state: dict = {}
 
         def launch(_table, _args, _scratch) -> int:
             if not state:
                 st = self.statements[sid]
-                state["fn"] = self.device.function(self._module, name)
+                limit = self.device.MAX_BLOCKS
+                state["fns"] = [
+                    (self.device.function(self._module, f), min(-(-n // THREADS), limit))
+                    for f, n in phases
+                ]
                 state["scratch"] = self._alloc(max(scratch, 8))
                 state["args"] = self._alloc(st.args.nbytes)
                 state["touched"] = _touched(self.plan, {sid})
@@ -329,8 +357,10 @@ class DeviceRuntime(CpuRuntime):
                 self.device.upload(self.dtable, self.dtable_host)
                 self._table_dirty = False
             self.device.upload(state["args"], state["host_args"])
-            code = self.device.launch(state["fn"], self.dtable, state["args"], state["scratch"])
-            self.launches += 1
+            for fn, blocks in state["fns"]:
+                self.device.launch(fn, self.dtable, state["args"], state["scratch"], blocks)
+                self.launches += 1
+            code = self.device.code()
             self.fresh[sid] = DEVICE
             if code:
                 # the interpreter computes the call again to say what failed: it needs the
