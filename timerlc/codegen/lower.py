@@ -379,9 +379,15 @@ class _Lowering:
         name = self.target or self.slot(self.st.id, 0, write=True)
         base = self.point_index(self.st.id, [Ref(d) for d in self.st.dims])
         shape = self.plan.buffer(self.st.id).outputs[0].shape
-        return self.loops(
+        out = self.loops(
             shape, lambda idx: [Store(name, kir.add(base, kir.linear(idx, shape)), v.at(idx))]
         )
+        if len(out) == 1 and isinstance(out[0], For):
+            # each element its own: the value's reads are of other buffers, or of this one
+            # at other points (a window keeps them in other slots), or of the donor's memory
+            # (then the stores go to a temporary)
+            out = [dataclasses.replace(out[0], parallel=True)]
+        return out
 
     def _merge(self, node) -> list:
         """First match wins: the first input whose condition holds at the point. All that

@@ -19,8 +19,10 @@ of blocks of ``THREADS`` threads (``Launches``: each step and the threads it ask
 ``scratch`` the temporaries (global memory, shared by the steps). A ``Fail`` sets its
 block's code and skips the rest of its point (or of the serial step); the block then sets
 ``*err`` if it is still 0 (the runtime keeps it 0 between failures), and every later step
-returns at once when ``*err`` is set. A kernel whose loop or ``if`` holds a parallel loop
-(the cpu's blocks of a layer chain, which the cuda target does not lower) is not rendered.
+returns at once when ``*err`` is set. A parallel loop inside another statement (an
+element loop inside a loop over points, the cpu's blocks of a layer chain) runs on its
+step's thread like any loop, but for ``if c: <parallel loop>``, which becomes the loop of
+``if c: <its body>``.
 Scalars follow NumPy's semantics for their dtype, as the LLVM
 renderer's do (``docs/codegen.md``): the helpers of ``PRELUDE``. Bools are ``bool`` in
 registers and one byte in memory.
@@ -34,6 +36,7 @@ functions.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 from dataclasses import dataclass
@@ -372,11 +375,6 @@ class _Kernel:
 
     def render(self) -> str:
         _check_supported(self.k.body)
-        for s in self.k.body:
-            top = isinstance(s, For) and s.parallel
-            if not top and isinstance(s, (For, If)) and _holds_parallel([s]):
-                # (the cpu's blocks of a layer chain; lowered for cuda, none has one)
-                raise Unsupported("a loop or an if around a parallel loop")
         return self.render_phases()
 
     # ------------------------------------------------------------------ phases
@@ -390,6 +388,7 @@ class _Kernel:
         steps: list[tuple[str, object]] = []
         serial: list = []
         for s in self.k.body:
+            s = _pushed_in(s)
             if isinstance(s, For) and s.parallel or isinstance(s, Gemm):
                 if serial:
                     steps.append(("serial", serial))
@@ -728,13 +727,20 @@ def _check_expr(e):
         _check_expr(x)
 
 
-def _holds_parallel(body) -> bool:
-    for s in body:
-        if isinstance(s, For) and (s.parallel or _holds_parallel(s.body)):
-            return True
-        if isinstance(s, If) and (_holds_parallel(s.then) or _holds_parallel(s.orelse)):
-            return True
-    return False
+def _pushed_in(s):
+    """``if c: for v (parallel): body`` as ``for v (parallel): if c: body`` (``c`` is the
+    same at every iteration: it cannot name ``v``), so that the loop is a step of its own;
+    any other statement as it is."""
+    if (
+        isinstance(s, If)
+        and not s.orelse
+        and len(s.then) == 1
+        and isinstance(s.then[0], For)
+        and s.then[0].parallel
+    ):
+        loop = s.then[0]
+        return dataclasses.replace(loop, body=(If(s.cond, loop.body, ()),))
+    return s
 
 
 def _lets(body, out: dict) -> dict:
