@@ -622,3 +622,34 @@ def test_reductions_of_slices_whose_length_depends_on_the_point():
         got, ref = rt.value(name), want[name]
         assert got.dtype == ref.dtype, name
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6, err_msg=name)
+
+
+def test_a_reduction_that_no_point_changes_is_computed_once_per_call():
+    """``max(x[0:K])`` and ``mean(x[0:K])`` in ``y[k] = x[k] - max(x[0:K]) + mean(x[0:K])``
+    do not depend on ``k``: the kernel computes them before its loop over ``k``, once, not at
+    each of the K points (K^2 terms)."""
+    text = """
+    config K = 300
+    dim k < K
+    x[k] = sin(f32(k) * 0.01)
+    y[k] = x[k] - max(x[0:K]) + mean(x[0:K])
+    out y
+    """
+    rt, want, gen = native(text)
+    (k,) = [k for k in gen.kernels if gen.plan.buffer(k.sid).name == "y"]
+    loop = next(s for s in k.body if isinstance(s, kir.For) and s.parallel)
+    before = k.body[: k.body.index(loop)]
+    sums = [s for s in before if isinstance(s, kir.For)]
+    assert len(sums) == 2, kir.text(k)  # the max's and the mean's loops over x
+
+    def loops(body) -> int:
+        n = 0
+        for s in body:
+            if isinstance(s, kir.For):
+                n += 1 + loops(s.body)
+            elif isinstance(s, kir.If):
+                n += loops(s.then) + loops(s.orelse)
+        return n
+
+    assert loops(loop.body) == 0, kir.text(k)  # nothing is summed at a point
+    np.testing.assert_allclose(rt.value("y"), want["y"], rtol=1e-5, atol=1e-6)

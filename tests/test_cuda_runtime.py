@@ -275,15 +275,15 @@ out y
 
 @needs_cxx
 def test_a_kernel_s_steps_run_over_grids_of_several_blocks():
-    """``y`` takes ``x``'s memory: its kernel computes every point into a temporary, then
-    copies it into the buffer, two steps of 1000 threads each, each over several blocks
-    (the emulation's three) striding over the points."""
+    """``y`` takes ``x``'s memory: its kernel computes the max and the mean once (one
+    thread), then every point into a temporary, then copies it into the buffer (1000
+    threads each, over several blocks, the emulation's three, striding over the points)."""
     graph = graph_of(STEPS)
     rt, gen = compiled_run(graph, backend="cuda-emu")
     (sid,) = [s.id for s in gen.plan.statements if gen.plan.buffer(s.id).name == "y"]
     assert gen.plan.buffer(sid).donor is not None
     phases = dict(gen.plan.kernels.launches)[sid]
-    assert phases == ((f"s{sid}", 1000), (f"s{sid}_1", 1000))
+    assert phases == ((f"s{sid}", 1), (f"s{sid}_1", 1000), (f"s{sid}_2", 1000))
     assert "(long long)gridDim.x * blockDim.x" in gen.text
     cpu, _ = compiled_run(graph, backend="cpu")
     same_outputs(rt, cpu, ("y",))

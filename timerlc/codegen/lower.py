@@ -393,7 +393,12 @@ class _Lowering:
         """First match wins: the first input whose condition holds at the point. All that
         an input's value needs is computed inside its branch (not once per call, before the
         vector loops): where another input applies, its reads and index checks may be out
-        of range (``x[i-1]`` at ``i = 0``)."""
+        of range (``x[i-1]`` at ``i = 0``). A merge of one input that always applies (a
+        tensor of one equation) is that input: what its value needs that does not depend on
+        the vector dims (``max(x[0:K])`` in ``y[k] = x[k] - max(x[0:K])``) is computed once
+        per call, not at every point."""
+        if len(node.inputs) == 1 and (node.inputs[0].cond is None or node.inputs[0].cond is True):
+            return self._store(self.read(node.inputs[0]))
         out: tuple = ()
         for k in reversed(range(len(node.inputs))):
             r = node.inputs[k]
