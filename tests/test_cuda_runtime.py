@@ -163,14 +163,22 @@ out o, r, d, h, a, g
 @needs_cxx
 def test_values_cross_between_the_host_and_the_device_where_a_plugin_runs():
     """The plugin's steps run on the host between the kernels: its observations and rewards
-    are copied up before the kernels that read them, the actions down before it reads
-    them; every value is the cpu backend's and the reference's."""
+    are copied up before the kernels that read them (only the step's point of each buffer:
+    the batch's values at that step), the actions down before it reads them; every value
+    is the cpu backend's and the reference's."""
     graph = graph_of(PLUGIN)
     rt, gen = compiled_run(graph, backend="cuda-emu")
-    env_calls = {s.id for s in gen.plan.statements if s.node.op.startswith("env_")}
-    kernels = {sid for sid, _, _ in gen.plan.kernels.statements}
-    assert env_calls and not env_calls & kernels and len(kernels) >= 3
-    assert rt.uploaded > 0 and rt.downloaded > 0
+    plan = gen.plan
+    env_calls = [s for s in plan.statements if s.node.op.startswith("env_")]
+    kernels = {sid for sid, _, _ in plan.kernels.statements}
+    assert env_calls and not {s.id for s in env_calls} & kernels and len(kernels) >= 3
+    points = 0  # the bytes of the points the plugin's calls write
+    for s in env_calls:
+        buf = plan.buffer(s.id)
+        calls = math.prod(buf.box[s.dims.index(d)] for d in s.loops)
+        itemsize = {"f32": 4, "f64": 8, "i32": 4, "i64": 8, "bool": 1}
+        points += calls * sum(math.prod(o.shape) * itemsize[o.dtype] for o in buf.outputs)
+    assert rt.uploaded == points and rt.downloaded > 0
     cpu, _ = compiled_run(graph, backend="cpu")
     names = ("o", "r", "d", "h", "a", "g")
     same_outputs(rt, cpu, names)

@@ -461,7 +461,7 @@ class _Statement:
                 at = ", ".join(f"{d}={v}" for d, v in point.items())
                 raise _OpFailed(self.node.where, e).error(at) from e
             idx = tuple(int(i[0]) for i in self._fancy(batch))
-            for buf, v in zip(rt.written(self.id), outs):
+            for buf, v in zip(rt.written_at(self.id, idx), outs):
                 buf[idx] = v
             self._record(batch)
             return
@@ -702,6 +702,10 @@ class CpuRuntime:
         """The arrays of ``sid`` for a write: its donor's memory at its first write."""
         bufs = self.buffers[sid]
         return bufs if bufs is not None else self._allocate(sid, True)
+
+    def written_at(self, sid: int, idx: tuple) -> list[np.ndarray]:
+        """The arrays of ``sid`` for a write of the one point ``idx`` (ints, one per dim)."""
+        return self.written(sid)
 
     def _allocate(self, sid: int, write: bool) -> list[np.ndarray]:
         if sid in self._freed:

@@ -9,7 +9,9 @@ host mirror, and each side is known to be current or not:
   on the device only;
 - anything that runs on the host (a statement without a kernel, an environment plugin, a
   metric's values, an output at the end) reads through ``read``/``written``, which copy down
-  what the device wrote last; what the host writes is then current on the host only;
+  what the device wrote last; what the host writes is then current on the host only, but for
+  an environment plugin's step, which writes one point (the batch's observations at a
+  step): only that point's bytes go up before the next launch;
 - a donation hands the donor's device memory to the statement, a swap copies the buffer to
   the host pool (the host mirror, once current) and releases its device memory, a free
   releases it.
@@ -33,7 +35,10 @@ from timerlc.diagnostics import RunError
 from timerlc.plan.items import Plan, PlanError
 from timerlc.runtime.cpu import CpuRuntime, _env_states, _touched
 
-HOST, DEVICE, BOTH = 1, 2, 3  # where a buffer's values are current
+# where a buffer's values are current: on the host only, the device only, both; or, after
+# the host wrote some points of a buffer current on the device, on the device but for
+# those points (``written_at``: their bytes are in ``dirty``)
+HOST, DEVICE, BOTH, POINTS = 1, 2, 3, 4
 THREADS = 128  # of a block (cuda.render.THREADS)
 
 
@@ -101,9 +106,9 @@ class EmuDevice:
         self._check(ptr, nbytes)
         ctypes.memset(ptr, 0, nbytes)
 
-    def upload(self, ptr: int, host: np.ndarray):
-        self._check(ptr, host.nbytes)
-        ctypes.memmove(ptr, host.ctypes.data, host.nbytes)
+    def upload(self, ptr: int, host: np.ndarray, offset: int = 0):
+        self._check(ptr, offset + host.nbytes)
+        ctypes.memmove(ptr + offset, host.ctypes.data, host.nbytes)
 
     def download(self, ptr: int, host: np.ndarray):
         self._check(ptr, host.nbytes)
@@ -180,8 +185,8 @@ class CupyDevice:
     def zero(self, ptr: int, nbytes: int):
         self._mem[ptr].memset(0, nbytes)
 
-    def upload(self, ptr: int, host: np.ndarray):
-        self._mem[ptr].copy_from_host(host.ctypes.data, host.nbytes)
+    def upload(self, ptr: int, host: np.ndarray, offset: int = 0):
+        (self._mem[ptr] + offset).copy_from_host(host.ctypes.data, host.nbytes)
 
     def download(self, ptr: int, host: np.ndarray):
         self._mem[ptr].copy_to_host(host.ctypes.data, host.nbytes)
@@ -224,7 +229,8 @@ class DeviceRuntime(CpuRuntime):
             )
         self.device = device
         self.dev: dict[int, list[int]] = {}  # per buffer on the device: its outputs' memory
-        self.fresh: dict[int, int] = {}  # per buffer with device memory: HOST, DEVICE, BOTH
+        self.fresh: dict[int, int] = {}  # per buffer with device memory: HOST, DEVICE, ...
+        self.dirty: dict[int, list] = {}  # per POINTS buffer: (output, offset, nbytes)
         self._sizes: dict[int, int] = {}  # device allocations -> bytes
         self.device_bytes = 0  # bytes of device memory held now
         self.device_peak_bytes = 0
@@ -273,10 +279,14 @@ class DeviceRuntime(CpuRuntime):
             for ptr in self.dev.pop(sid, ()):
                 self._release(ptr)
             self.fresh.pop(sid, None)
+            self.dirty.pop(sid, None)
         elif donor is not None and donor in self.dev:
-            # the donor's memory is the statement's now, with the donor's values in it
+            # the donor's memory is the statement's now, with the donor's values in it (on
+            # either side, as they were: the same bytes of the same memory)
             self.dev[sid] = self.dev.pop(donor)
             self.fresh[sid] = self.fresh.pop(donor)
+            if donor in self.dirty:
+                self.dirty[sid] = self.dirty.pop(donor)
         else:  # new arrays (zeros) or a swap's copies (``swap_in`` marks them)
             ptrs = []
             for b in bufs:
@@ -291,13 +301,21 @@ class DeviceRuntime(CpuRuntime):
             self._table_dirty = True
 
     def _to_device(self, sid: int):
-        if self.fresh.get(sid) == HOST:
+        state = self.fresh.get(sid)
+        if state == HOST:
             for ptr, host in zip(self.dev[sid], self.buffers[sid]):
                 self.device.upload(ptr, host)
                 self.uploaded += host.nbytes
             self.fresh[sid] = BOTH
+        elif state == POINTS:  # the points the host wrote; the rest of its mirror is stale
+            for k, offset, nbytes in self.dirty.pop(sid):
+                host = self.buffers[sid][k].reshape(-1).view(np.uint8)[offset : offset + nbytes]
+                self.device.upload(self.dev[sid][k], host, offset)
+                self.uploaded += nbytes
+            self.fresh[sid] = DEVICE
 
     def _to_host(self, sid: int):
+        self._to_device(sid)  # (points the host wrote go up first: then all comes down)
         if self.fresh.get(sid) == DEVICE:
             for ptr, host in zip(self.dev[sid], self.buffers[sid]):
                 self.device.download(ptr, host)
@@ -315,6 +333,21 @@ class DeviceRuntime(CpuRuntime):
         self._to_host(sid)  # a call writes some points: the others must be current too
         if sid in self.fresh:
             self.fresh[sid] = HOST
+        return bufs
+
+    def written_at(self, sid: int, idx: tuple) -> list[np.ndarray]:
+        """The arrays of ``sid`` for a write of the point ``idx``: where the device holds
+        the rest of the buffer, only the point's bytes will go up (nothing comes down)."""
+        bufs = self.buffers[sid]
+        if bufs is None:
+            bufs = self._allocate(sid, True)  # (zeros on both sides, or a donor's memory)
+        if self.fresh.get(sid) not in (DEVICE, BOTH, POINTS):
+            return self.written(sid)
+        dirty = self.dirty.setdefault(sid, [])
+        for k, b in enumerate(bufs):
+            at = b[idx]  # the point's elements: contiguous (its leading indices fixed)
+            dirty.append((k, at.ctypes.data - b.ctypes.data, at.nbytes))
+        self.fresh[sid] = POINTS
         return bufs
 
     def allocate(self, touched: list[tuple[int, bool]]):
