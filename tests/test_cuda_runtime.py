@@ -338,3 +338,17 @@ def test_plans_launches_are_checked():
         change(bad["kernels"])
         with pytest.raises(items.PlanError, match=words):
             items.from_json(bad, "p")
+
+
+def test_the_listing_shows_what_a_call_launches(tmp_path):
+    out = tmp_path / "build"
+    (tmp_path / "steps.rtl").write_text(src(STEPS))
+    r = cli("compile", tmp_path / "steps.rtl", "--backend", "cuda", "-o", out, "--dump-ir")
+    assert r.exit_code == 0, r.stderr
+    (listing,) = (out / "ir").glob("*-kernels.txt")
+    plan = json.loads((out / "plan.json").read_text())
+    text = listing.read_text()
+    for sid, phases in plan["kernels"]["launches"]:
+        shown = ", ".join(f"{f} ({n} thread{'s' if n != 1 else ''})" for f, n in phases)
+        assert f"  launched as: {shown}\n" in text, text
+    assert "(1 thread), " in text and "(1000 threads)" in text

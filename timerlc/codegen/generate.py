@@ -107,9 +107,19 @@ def listing(gen: Generated) -> str:
         f"{LISTING_HEAD}{len(gen.kernels)} kernels, {len(gen.fused)} fused kernels, "
         f"{len(gen.trees)} tree functions, {len(gen.interpreted)} statements interpreted"
     )
-    parts = [head] + [kir.text(k) for k in gen.kernels + gen.fused]
+    launches = dict(gen.plan.kernels.launches) if gen.plan.kernels else {}
+    parts = [head] + [_with_launches(kir.text(k), launches.get(k.sid)) for k in gen.kernels]
+    parts += [kir.text(k) for k in gen.fused]
     parts += [kir.tree_text(t) for t in gen.trees]
     if gen.interpreted:
         rows = [f"  statement {sid}: {why}" for sid, why in sorted(gen.interpreted.items())]
         parts.append("interpreted (no kernel yet):\n" + "\n".join(rows))
     return "\n\n".join(parts) + "\n"
+
+
+def _with_launches(text: str, phases) -> str:
+    """A kernel's listing and, for the cuda target, the functions a call launches."""
+    if not phases:
+        return text
+    steps = ", ".join(f"{f} ({n} thread{'s' if n != 1 else ''})" for f, n in phases)
+    return f"{text}\n  launched as: {steps}"
