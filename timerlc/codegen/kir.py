@@ -359,14 +359,50 @@ def children(e) -> tuple:
 
 
 def walk_tree(body):
-    """Every statement of a tree function's body, loops' and ifs' bodies included."""
+    """Every statement of a kernel's or a tree function's body, outer first, loops' and ifs'
+    bodies included."""
     for s in body:
         yield s
-        if isinstance(s, Loop):
+        if isinstance(s, (For, Loop)):
             yield from walk_tree(s.body)
         elif isinstance(s, If):
             yield from walk_tree(s.then)
             yield from walk_tree(s.orelse)
+
+
+def subexprs(e):
+    """``e`` and every expression inside it."""
+    yield e
+    for x in children(e):
+        yield from subexprs(x)
+
+
+def own_exprs(s) -> tuple:
+    """The expressions of statement ``s`` itself (not those of the statements it holds)."""
+    if isinstance(s, Let):
+        return (s.value,)
+    if isinstance(s, Store):
+        return (s.index, s.value)
+    if isinstance(s, For):
+        return (s.lo, s.hi)
+    if isinstance(s, If):
+        return (s.cond,)
+    if isinstance(s, Gemm):
+        return (s.aoff, s.boff, s.coff)
+    if isinstance(s, Permute):
+        return (s.p,)
+    return ()
+
+
+def own_buffers(s) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(read, written): the buffers statement ``s`` itself uses other than by a ``Load``."""
+    if isinstance(s, Store):
+        return (), (s.buf,)
+    if isinstance(s, Gemm):
+        return (s.a, s.b), (s.c,)
+    if isinstance(s, Permute):
+        return (), (s.out, s.scratch)
+    return (), ()
 
 
 # ----------------------------------------------------------------------------- printing

@@ -387,18 +387,20 @@ class _Kernel:
         return at once."""
         steps: list[tuple[str, object]] = []
         serial: list = []
-        for s in self.k.body:
-            s = _pushed_in(s)
+        self.step_of: dict[int, object] = {}  # a parallel step's loop -> its statement
+        for top in self.k.body:
+            s = _pushed_in(top)
             if isinstance(s, For) and s.parallel or isinstance(s, Gemm):
                 if serial:
                     steps.append(("serial", serial))
                     serial = []
                 steps.append(("parallel" if isinstance(s, For) else "gemm", s))
+                self.step_of[id(s)] = top
             else:
                 serial.append(s)
         if serial or not steps:
             steps.append(("serial", serial))
-        defined = [_lets(body, {}) if kind == "serial" else {} for kind, body in steps]
+        defined = [_lets(body) if kind == "serial" else {} for kind, body in steps]
         used = [_refs([body] if kind != "serial" else body) for kind, body in steps]
         params = set(self.k.params)
         passed: dict[str, tuple[str, int]] = {}  # let -> (dtype, offset in scratch)
@@ -426,7 +428,7 @@ class _Kernel:
         self.jumps = set()
         if kind == "serial":
             threads = 1
-            mine = _lets(body, {})
+            mine = _lets(body)
             skip = self.label()
             self.emit(1, "if (blockIdx.x == 0 && threadIdx.x == 0) {")
             for v, dt in mine.items():
@@ -474,7 +476,10 @@ class _Kernel:
         which goes to ``*err`` once the block is done."""
         v = name(s.var)
         temps = {t.name for t in self.k.temps}
-        mine = temps & (_written_temps(s.body) - _used_temps_outside(self.k.body, s))
+        # (the kernel's other statements: not the one this loop came from, which
+        # ``_pushed_in`` may have rewritten)
+        top = self.step_of[id(s)]
+        mine = temps & (_written(s.body) - _buffers([t for t in self.k.body if t is not top]))
         self.local_temps |= mine
         self.emit(
             depth,
@@ -484,7 +489,7 @@ class _Kernel:
         for t in self.k.temps:
             if t.name in mine:
                 self.emit(depth + 1, f"{MTYPE[t.dtype]} {buf(t.name)}[{max(t.size, 1)}];")
-        for lv, dt in _lets(s.body, {}).items():
+        for lv, dt in _lets(s.body).items():
             self.emit(depth + 1, f"{CTYPE[dt]} {name(lv)};")
         skip = self.label()
         self.stmts(s.body, depth + 1, skip)
@@ -701,30 +706,12 @@ RNG_FUNCTIONS = frozenset(
 
 
 def _check_supported(body):
-    for s in body:
+    for s in kir.walk_tree(body):
         if isinstance(s, (kir.Loop, kir.Launch, kir.Host)):
             raise Unsupported(f"a {type(s).__name__} (a tree's statement)")
-        exprs = []
-        if isinstance(s, Let):
-            exprs = [s.value]
-        elif isinstance(s, Store):
-            exprs = [s.index, s.value]
-        elif isinstance(s, For):
-            exprs = [s.lo, s.hi]
-            _check_supported(s.body)
-        elif isinstance(s, If):
-            exprs = [s.cond]
-            _check_supported(s.then)
-            _check_supported(s.orelse)
-        for e in exprs:
-            _check_expr(e)
-
-
-def _check_expr(e):
-    if isinstance(e, Fn) and e.name not in RNG_FUNCTIONS:
-        raise Unsupported(f"a call of {e.name}")
-    for x in kir.children(e):
-        _check_expr(x)
+    for e in _exprs(body):
+        if isinstance(e, Fn) and e.name not in RNG_FUNCTIONS:
+            raise Unsupported(f"a call of {e.name}")
 
 
 def _pushed_in(s):
@@ -743,90 +730,39 @@ def _pushed_in(s):
     return s
 
 
-def _lets(body, out: dict) -> dict:
-    """The locals ``body`` assigns, with their dtypes, added to ``out``."""
-    for s in body:
+def _lets(body) -> dict:
+    """The locals ``body`` assigns, with their dtypes (the first's)."""
+    out: dict = {}
+    for s in kir.walk_tree(body):
         if isinstance(s, Let):
             out.setdefault(s.name, s.dtype)
-        elif isinstance(s, For):
-            _lets(s.body, out)
-        elif isinstance(s, If):
-            _lets(s.then, out)
-            _lets(s.orelse, out)
     return out
+
+
+def _exprs(body):
+    """Every expression of the statements of ``body``, nested ones included."""
+    for s in kir.walk_tree(body):
+        for e in kir.own_exprs(s):
+            yield from kir.subexprs(e)
 
 
 def _refs(body) -> set[str]:
     """Every local (and loop variable) the statements of ``body`` read."""
-    out: set[str] = set()
-
-    def expr(e):
-        if isinstance(e, Ref):
-            out.add(e.name)
-        for x in kir.children(e):
-            expr(x)
-
-    def walk(stmts):
-        for s in stmts:
-            if isinstance(s, Let):
-                expr(s.value)
-            elif isinstance(s, Store):
-                expr(s.index)
-                expr(s.value)
-            elif isinstance(s, For):
-                expr(s.lo)
-                expr(s.hi)
-                walk(s.body)
-            elif isinstance(s, If):
-                expr(s.cond)
-                walk(s.then)
-                walk(s.orelse)
-            elif isinstance(s, Gemm):
-                for e in (s.aoff, s.boff, s.coff):
-                    expr(e)
-            elif isinstance(s, Permute):
-                expr(s.p)
-
-    walk(body)
-    return out
+    return {e.name for e in _exprs(body) if isinstance(e, Ref)}
 
 
 def _buffers(body) -> set[str]:
     """Every buffer (slot or temporary) the statements of ``body`` read or write."""
-    out: set[str] = set()
-
-    def expr(e):
-        if isinstance(e, Load):
-            out.add(e.buf)
-        for x in kir.children(e):
-            expr(x)
-
-    def walk(stmts):
-        for s in stmts:
-            if isinstance(s, Let):
-                expr(s.value)
-            elif isinstance(s, Store):
-                out.add(s.buf)
-                expr(s.index)
-                expr(s.value)
-            elif isinstance(s, For):
-                expr(s.lo)
-                expr(s.hi)
-                walk(s.body)
-            elif isinstance(s, If):
-                expr(s.cond)
-                walk(s.then)
-                walk(s.orelse)
-            elif isinstance(s, Gemm):
-                out.update((s.a, s.b, s.c))
-                for e in (s.aoff, s.boff, s.coff):
-                    expr(e)
-            elif isinstance(s, Permute):
-                out.update((s.out, s.scratch))
-                expr(s.p)
-
-    walk(body)
+    out = {e.buf for e in _exprs(body) if isinstance(e, Load)}
+    for s in kir.walk_tree(body):
+        read, written = kir.own_buffers(s)
+        out.update(read + written)
     return out
+
+
+def _written(body) -> set[str]:
+    """Every buffer the statements of ``body`` write."""
+    return {b for s in kir.walk_tree(body) for b in kir.own_buffers(s)[1]}
 
 
 def _extent(loop: For) -> int:
@@ -845,61 +781,3 @@ def _emu_entry(fname: str) -> str:
         f"char *scratch, int *err, unsigned blocks) {{\n  TL_EMU_LAUNCH(blocks, {fname}, table, "
         "args, scratch, err);\n}\n#endif\n"
     )
-
-
-def _written_temps(body) -> set[str]:
-    out: set[str] = set()
-
-    def walk(stmts):
-        for s in stmts:
-            if isinstance(s, Store):
-                out.add(s.buf)
-            elif isinstance(s, Gemm):
-                out.add(s.c)
-            elif isinstance(s, Permute):
-                out.update((s.out, s.scratch))
-            elif isinstance(s, For):
-                walk(s.body)
-            elif isinstance(s, If):
-                walk(s.then)
-                walk(s.orelse)
-
-    walk(body)
-    return out
-
-
-def _used_temps_outside(body, loop: For) -> set[str]:
-    """Every buffer the statements of ``body`` other than ``loop`` read or write."""
-    out: set[str] = set()
-
-    def expr(e):
-        if isinstance(e, Load):
-            out.add(e.buf)
-        for x in kir.children(e):
-            expr(x)
-
-    def walk(stmts):
-        for s in stmts:
-            if s is loop:
-                continue
-            if isinstance(s, Let):
-                expr(s.value)
-            elif isinstance(s, Store):
-                out.add(s.buf)
-                expr(s.index)
-                expr(s.value)
-            elif isinstance(s, Gemm):
-                out.update((s.a, s.b, s.c))
-            elif isinstance(s, Permute):
-                out.update((s.out, s.scratch))
-            elif isinstance(s, For):
-                expr(s.lo)
-                expr(s.hi)
-                walk(s.body)
-            elif isinstance(s, If):
-                expr(s.cond)
-                walk(s.then)
-                walk(s.orelse)
-
-    walk(body)
-    return out
