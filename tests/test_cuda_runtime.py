@@ -7,6 +7,7 @@ wrong values here, as it would on a GPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -18,6 +19,10 @@ import pytest
 from rtl_helpers import cli, compiled_run, src, timerlc_cmd
 from test_cuda import _nvcc
 
+from timerlc.codegen import kir
+from timerlc.codegen.generate import generate
+from timerlc.compiler import compile_plan, run_passes
+from timerlc.cuda import render
 from timerlc.cuda.emu import compiler
 from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
@@ -67,7 +72,10 @@ def test_compile_for_cuda_writes_the_cuda_kernels_of_the_build(tmp_path):
     assert text.startswith(items.CUDA_KERNELS_HEADER)
     launches = plan["kernels"]["launches"]
     assert [r[0] for r in launches] == [r[0] for r in plan["kernels"]["statements"]]
-    assert text.count("__global__ void") == sum(len(phases) for _, phases in launches)
+    functions = [f for _, phases in launches for f in phases if isinstance(f, list)]
+    assert text.count("__global__ void") == len(functions)
+    calls = [f["gemm"] for _, phases in launches for f in phases if isinstance(f, dict)]
+    assert calls and all(c["dtype"] == "f32" for c in calls)  # the products: the BLAS's
     # no machine code: the device's compiler makes it where the build runs
     assert sorted(p.name for p in (out / "kernels").iterdir()) == ["cuda.cu"]
     nvcc = _nvcc()
@@ -283,20 +291,157 @@ out y
 
 @needs_cxx
 def test_a_kernel_s_steps_run_over_grids_of_several_blocks():
-    """``y`` takes ``x``'s memory: its kernel computes the max and the mean once (one
-    thread), then every point into a temporary, then copies it into the buffer (1000
-    threads each, over several blocks, the emulation's three, striding over the points)."""
+    """``y`` takes ``x``'s memory: its kernel computes the max and the mean once, each a
+    reduction over the grid (its first term on one thread, then 1000 threads, each block's
+    terms combined by a tree, then the blocks' results on one thread), then every point into
+    a temporary, then copies it into the buffer (1000 threads each, over several blocks, the
+    emulation's three, striding over the points)."""
     graph = graph_of(STEPS)
     rt, gen = compiled_run(graph, backend="cuda-emu")
     (sid,) = [s.id for s in gen.plan.statements if gen.plan.buffer(s.id).name == "y"]
     assert gen.plan.buffer(sid).donor is not None
     phases = dict(gen.plan.kernels.launches)[sid]
-    assert phases == ((f"s{sid}", 1), (f"s{sid}_1", 1000), (f"s{sid}_2", 1000))
+    threads = (1, 1000, 1, 1000, 1, 1000, 1000)
+    assert phases == tuple((f"s{sid}_{j}" if j else f"s{sid}", n) for j, n in enumerate(threads))
     assert "(long long)gridDim.x * blockDim.x" in gen.text
     cpu, _ = compiled_run(graph, backend="cpu")
     same_outputs(rt, cpu, ("y",))
     want = outputs(run_graph(graph))["y"]
     np.testing.assert_allclose(rt.value("y"), want, rtol=1e-5, atol=1e-6)
+
+
+REDUCTIONS = """
+config I = 4, N = 300, H = 5
+dim i < I
+dim n < N
+x[n] = sin(f32(n) * 0.37 + f32(arange(H)))
+m[0] = ones([H, H]) * 0.1
+c[i] = sum(x[0:N] @ m[i], 0)
+s[i] = sum(x[0:N] * x[0:N])
+k[i] = max(i32(x[0:N] * 100.0))
+lo[i] = min(x[0:N] * f32(i + 1))
+pr[i] = prod(1.0 + x[0:N] * 0.001)
+m[i+1] = m[i] + expand(c[i], 0) * 0.001 - x[0:N].T @ x[0:N] * 0.0001
+q[0] = zeros([H, H])
+q[i] = q[i-1] * 0.5 + x[0:N].T @ (x[0:N] * c[i-1]) * 0.001
+out c, s, k, lo, pr, m, q
+"""
+
+
+def _phases(gen, name: str) -> tuple:
+    """The threads of each step of the kernel that computes ``name`` (the longest of those
+    of the statements with its name: an ``out`` tensor's copy has one too)."""
+    launches = dict(gen.plan.kernels.launches)
+    sids = [s.id for s in gen.plan.statements if gen.plan.buffer(s.id).name == name]
+    return max((_threads(launches[sid]) for sid in sids), key=len)
+
+
+def _threads(phases) -> tuple:
+    """Each step's threads, ``"blas"`` for a product the device's BLAS computes."""
+    return tuple("blas" if isinstance(f, items.GemmCall) else f[1] for f in phases)
+
+
+@needs_cxx
+def test_reductions_and_the_work_under_a_merge_s_conditions_run_on_the_grid():
+    """A sum over all terms: its first value on one thread, the terms over the grid (a tree
+    per block), the blocks' results added on one thread. A column sum (``sum(.., 0)``)
+    into a temporary: the rows dealt to the blocks (as many as ``PARTS``), the columns to a
+    block's threads, each block into a copy of its own, then the copies added per column.
+    The gemm and the loops of a merge's branch (``q[i]`` at ``i >= 1``) are steps of their
+    own under the branch's condition, not a serial run. Integer max, float min, prod: each
+    with its identity. Same values as the cpu and the reference."""
+    graph = graph_of(REDUCTIONS)
+    rt, gen = compiled_run(graph, backend="cuda-emu")
+    parts = render.PARTS * render.THREADS
+    assert _phases(gen, "s") == (1, 300, 1, 4)
+    assert _phases(gen, "k") == (1, 300, 1, 4)
+    # c: x @ m | its zeros | the rows of terms | the copies added | f32 | into c's buffer
+    every = {_threads(phases) for _, phases in gen.plan.kernels.launches}
+    assert ("blas", 5, parts, 5, 5, 5) in every
+    assert _phases(gen, "q") == (5, 300, "blas", 5)  # zeros | x * c, x.T @ (..), the update
+    (call,) = [f for _, ph in gen.plan.kernels.launches for f in ph if _guarded_call(f)]
+    assert call.c.space == "scratch" and rt.blas_calls > 0
+    assert gen.text.count("tl_red_") and "% (2 * tl_s) == 0" in gen.text
+    cpu, _ = compiled_run(graph, backend="cpu")
+    names = ("c", "s", "k", "lo", "pr", "m", "q")
+    same_outputs(rt, cpu, names)
+    want = outputs(run_graph(graph))
+    for name in names:
+        np.testing.assert_allclose(rt.value(name), want[name], rtol=1e-5, atol=1e-6)
+
+
+PERMUTATIONS = """
+config I = 3, N = 1000
+dim i < I
+p[i] = permutation(N)
+q[i] = permutation(3)
+c[0] = 0
+c[i] = c[i-1] + sum(permutation(N)[0:7])
+out p, q, c
+"""
+
+
+@needs_cxx
+def test_a_permutation_sorts_its_draws_on_the_grid():
+    """``permutation(1000)`` in a kernel of its own (not one per point): its keys, then the
+    10 passes of a merge sort by rank, then the indices, then their copy into the buffer,
+    each a step over 1000 threads; the same permutations as the cpu's and the reference's,
+    bit for bit."""
+    graph = graph_of(PERMUTATIONS)
+    rt, gen = compiled_run(graph, backend="cuda-emu")
+    every = {_threads(phases) for _, phases in gen.plan.kernels.launches}
+    assert (1000,) * 13 in every
+    cpu, _ = compiled_run(graph, backend="cpu")
+    same_outputs(rt, cpu, ("p", "q", "c"))
+    want = outputs(run_graph(graph))
+    for name in ("p", "q", "c"):
+        np.testing.assert_array_equal(rt.value(name), want[name])
+
+
+def _guarded_call(f) -> bool:
+    return isinstance(f, items.GemmCall) and f.when is not True
+
+
+@needs_cxx
+def test_a_product_is_the_blas_s_or_ours_as_the_renderer_is_told():
+    """Without the BLAS (``render_module(.., blas=False)``) each product is a step of
+    ours, one thread per element of the product (the kernel of ``q`` asks for 25); both
+    give the cpu's values."""
+    graph = graph_of(REDUCTIONS)
+    plan = compile_plan(run_passes(graph))
+    (k,) = [
+        k
+        for k in generate(plan, "cuda").kernels
+        if "gemm.f32 5x300x5" in kir.text(k) and "if" in kir.text(k)
+    ]
+    assert [kind for kind, _ in render.steps(k)] == ["parallel", "parallel", "blas", "parallel"]
+    assert [kind for kind, _ in render.steps(k, blas=False)][2] == "gemm"
+    _, _, launches = render.render_module([k], blas=False)
+    assert [n for _, n in launches[k.name].phases] == [5, 300, 25, 5]
+
+
+def test_a_loop_marked_as_a_reduction_that_is_not_one_runs_on_one_thread():
+    """The renderer checks a ``For.reduce`` mark before it deals the loop to the grid: an
+    accumulator read outside its update, or a store in a local's reduction, leaves the
+    loop on the serial step's thread."""
+    f64 = "f64"
+    acc = kir.Ref("acc", f64)
+    term = kir.Load("x", kir.Ref("e"), f64)
+    good = kir.Let("acc", f64, kir.Bin("add", acc, term, f64))
+    leak = kir.Store("y", kir.i64(0), acc)
+    bad_read = kir.Let("acc", f64, kir.Bin("add", acc, kir.Bin("mul", acc, term, f64), f64))
+    slots = (kir.Slot("x", "f64", 0, 0, 0, False), kir.Slot("y", "f64", 1, 1, 0, True))
+
+    def kernel(body):
+        loop = kir.For("e", kir.i64(0), kir.i64(1000), tuple(body), reduce=(("acc", "add"),))
+        stmts = (kir.Let("acc", f64, kir.Const(f64, 0.0)), loop, kir.Store("y", kir.i64(0), acc))
+        return kir.Kernel("s0", 0, (), slots, (), stmts)
+
+    _, _, ok = render.render_module([kernel([good])])
+    assert [n for _, n in ok["s0"].phases] == [1, 1000, 1]
+    for body in ([good, leak], [bad_read]):
+        _, _, launches = render.render_module([kernel(body)])
+        assert [n for _, n in launches["s0"].phases] == [1]
 
 
 @needs_cxx
@@ -328,16 +473,95 @@ def test_plans_launches_are_checked():
     cases = [
         (lambda k: k.pop("launches"), "no 'launches'"),
         (lambda k: k["launches"].pop(), "one entry per statement"),
-        (lambda k: k["launches"][0][1].__setitem__(0, ["zz", 1]), "first launch"),
+        (lambda k: k["launches"][0][1].__setitem__(0, ["zz", 1]), "first function launched"),
         (lambda k: k["launches"][0][1].append([k["launches"][0][1][0][0], 1]), "named twice"),
         (lambda k: k["launches"][0][1][0].__setitem__(1, 0), "out of range"),
         (lambda k: k["launches"][0].__setitem__(1, []), "1 to 64 launches"),
+        (lambda k: k["unfailing"].append(k["unfailing"][0]), "not distinct statements"),
+        (lambda k: k["unfailing"].append(10**6), "not distinct statements with a kernel"),
     ]
     for change, words in cases:
         bad = json.loads(json.dumps(data))
         change(bad["kernels"])
         with pytest.raises(items.PlanError, match=words):
             items.from_json(bad, "p")
+
+
+FAILS_AT_700 = """
+config K = 1000
+dim k < K
+x[k] = f32(k)
+y[k] = take(x[0:K], k + k // 700 * 5000)
+out y
+"""
+
+
+@needs_cxx
+def test_only_a_kernel_that_can_fail_has_its_failure_code_read():
+    """The plan lists the kernels without a ``Fail`` (``kernels.unfailing``): the runtime
+    reads no failure code after them (on a GPU, no wait for the device). A crafted plan
+    that lists a kernel that fails is refused at the end of the run at the latest."""
+    gen = generate(compile_plan(run_passes(graph_of(FAILS_AT_700))), "cuda")
+    kernels = {k.sid: k for k in gen.kernels}
+    fails = {sid for sid, k in kernels.items() if "fail" in kir.text(k)}
+    assert fails and set(gen.plan.kernels.unfailing) == set(kernels) - fails
+    reads = []
+    device = EmuDevice()
+    code = device.code
+    device.code = lambda: reads.append(1) or code()
+    with pytest.raises(RunError, match="k=700"):
+        DeviceRuntime(gen.plan, text=gen.text, device=device).run()
+    assert 0 < len(reads) <= 2  # the take's (and the run's end, which it did not reach)
+    lying = dataclasses.replace(
+        gen.plan,
+        kernels=dataclasses.replace(gen.plan.kernels, unfailing=tuple(kernels)),
+    )
+    with pytest.raises(items.PlanError, match="says cannot fail"):
+        DeviceRuntime(lying, text=gen.text, device=EmuDevice()).run()
+
+
+def _gemm_json(data) -> dict:
+    """The first product of ``data``'s launches (a plan's JSON)."""
+    return next(
+        f["gemm"] for _, ph in data["kernels"]["launches"] for f in ph if isinstance(f, dict)
+    )
+
+
+def test_plans_products_are_checked():
+    """A product's fields (``items.GemmCall``) are read as data: its dtype, sizes, memory,
+    leading dimensions and expressions each checked, and a bad one is a clear error."""
+    gen = generate(compile_plan(run_passes(graph_of(REDUCTIONS))), "cuda")
+    data = items.to_json(gen.plan)
+    assert items.from_json(json.loads(json.dumps(data)), "p") == gen.plan
+    cases = [
+        (lambda g: g.__setitem__("dtype", "i32"), "is not f32 or f64"),
+        (lambda g: g.__setitem__("m", 0), "out of range"),
+        (lambda g: g["a"].__setitem__("in", "heap"), "is not 'table' or 'scratch'"),
+        (lambda g: g["b"].__setitem__("ld", 1), "elements apart hold"),
+        (lambda g: g["c"].__setitem__("t", True), "not stored transposed"),
+        (lambda g: g["a"].__setitem__("offset", ["add", "zz", 1]), "unknown name 'zz'"),
+        (lambda g: g.__setitem__("when", 3), "condition"),
+        (lambda g: g.__setitem__("alpha", 2.0), "unknown field"),
+        (lambda g: g.pop("k"), "missing k"),
+    ]
+    for change, words in cases:
+        bad = json.loads(json.dumps(data))
+        change(_gemm_json(bad))
+        with pytest.raises(items.PlanError, match=words):
+            items.from_json(bad, "p")
+
+
+@needs_cxx
+def test_a_product_outside_its_memory_is_refused_before_it_runs():
+    """An offset that a valid plan's checks pass but that puts a product's matrix past its
+    memory (a crafted plan) is a plan error at the call, before the BLAS touches memory."""
+    gen = generate(compile_plan(run_passes(graph_of(REDUCTIONS))), "cuda")
+    data = items.to_json(gen.plan)
+    _gemm_json(data)["c"]["offset"] = 1 << 20
+    plan = items.from_json(json.loads(json.dumps(data)), "p")
+    rt = DeviceRuntime(plan, text=gen.text, device=EmuDevice())
+    with pytest.raises(items.PlanError, match="outside its memory"):
+        rt.run()
 
 
 def test_the_listing_shows_what_a_call_launches(tmp_path):
@@ -352,3 +576,50 @@ def test_the_listing_shows_what_a_call_launches(tmp_path):
         shown = ", ".join(f"{f} ({n} thread{'s' if n != 1 else ''})" for f, n in phases)
         assert f"  launched as: {shown}\n" in text, text
     assert "(1 thread), " in text and "(1000 threads)" in text
+
+
+class _FakeCupy:
+    """The few CuPy names ``CupyDevice.gemm`` uses, over host memory (NumPy): enough to
+    check its views of the device memory (shapes, strides, transposes, a strided output),
+    which a GPU would otherwise be needed for."""
+
+    class cuda:
+        class UnownedMemory:
+            def __init__(self, ptr, size, owner):
+                self.ptr, self.size = ptr, size
+
+        class MemoryPointer:
+            def __init__(self, mem, offset):
+                self.mem, self.ptr = mem, mem.ptr + offset
+
+    @staticmethod
+    def ndarray(shape, dtype, memptr, strides):
+        import ctypes
+
+        raw = (ctypes.c_char * memptr.mem.size).from_address(memptr.ptr)
+        flat = np.frombuffer(raw, np.uint8).view(dtype)
+        return np.lib.stride_tricks.as_strided(flat, shape, strides)
+
+    matmul = staticmethod(np.matmul)
+
+
+@pytest.mark.parametrize(
+    "ta, tb, ldc_extra", [(False, False, 0), (True, False, 3), (True, True, 0)]
+)
+def test_cupy_device_s_product_views_the_memory_as_the_plan_says(ta, tb, ldc_extra):
+    m, n, k = 3, 4, 5
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    lda, ldb = a.shape[1] + 2, b.shape[1] + 1  # rows further apart than they are long
+    A = np.zeros((a.shape[0], lda), np.float32)
+    B = np.zeros((b.shape[0], ldb), np.float32)
+    A[:, : a.shape[1]], B[:, : b.shape[1]] = a, b
+    ldc = n + ldc_extra
+    C = np.full((m, ldc), 7.0, np.float32)
+    dev = object.__new__(cuda.CupyDevice)
+    dev.cp = _FakeCupy
+    dev.gemm("f32", m, n, k, A.ctypes.data, lda, ta, B.ctypes.data, ldb, tb, C.ctypes.data, ldc)
+    want = (a.T if ta else a) @ (b.T if tb else b)
+    np.testing.assert_allclose(C[:, :n], want, rtol=1e-6)
+    assert (C[:, n:] == 7.0).all()  # the gap between rows untouched

@@ -216,7 +216,9 @@ class Body:
 
 
 def instances(n: int, var: str, body: list) -> For:
-    return For(var, kir.i64(0), kir.i64(n), tuple(body))
+    """``body`` for each instance ``var`` of the batch: each touches only its own state,
+    observations and draws, so the loop is parallel."""
+    return For(var, kir.i64(0), kir.i64(n), tuple(body), True)
 
 
 def fail_unless(ok: X) -> If:

@@ -270,7 +270,8 @@ class _Subst:
             return Store(self.buf(s.buf), self.expr(s.index), self.expr(s.value))
         if isinstance(s, For):
             body = tuple(self.stmt(x) for x in s.body)
-            return For(self.name(s.var), self.expr(s.lo), self.expr(s.hi), body, s.parallel)
+            red = tuple((self.temps.get(a) or self.name(a), op) for a, op in s.reduce)
+            return For(self.name(s.var), self.expr(s.lo), self.expr(s.hi), body, s.parallel, red)
         if isinstance(s, If):
             then = tuple(self.stmt(x) for x in s.then)
             orelse = tuple(self.stmt(x) for x in s.orelse)

@@ -20,9 +20,11 @@ from timerlc.codegen import kir
 from timerlc.codegen.lower import Unsupported, lower_statement
 from timerlc.codegen.tree import lower_tree
 from timerlc.llvm.render import render_module
+from timerlc.plan import expr as px
 from timerlc.plan.items import (
     CUDA_KERNELS_HEADER,
     KERNELS_HEADER,
+    GemmCall,
     Kernels,
     Plan,
     digest,
@@ -94,6 +96,7 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
         hashlib.sha256(text.encode()).hexdigest(),
         tuple((k.sid, k.name, launches[k.name].scratch) for k in kernels),
         launches=tuple((k.sid, launches[k.name].phases) for k in kernels),
+        unfailing=tuple(k.sid for k in kernels if not launches[k.name].fails),
     )
     return Generated(
         dataclasses.replace(plan, kernels=info), text, tuple(kernels), (), interpreted
@@ -121,5 +124,11 @@ def _with_launches(text: str, phases) -> str:
     """A kernel's listing and, for the cuda target, the functions a call launches."""
     if not phases:
         return text
-    steps = ", ".join(f"{f} ({n} thread{'s' if n != 1 else ''})" for f, n in phases)
-    return f"{text}\n  launched as: {steps}"
+
+    def step(f) -> str:
+        if isinstance(f, GemmCall):
+            when = "" if f.when is True else f" where {px.text(f.when)}"
+            return f"BLAS gemm.{f.dtype} {f.m}x{f.k}x{f.n}{when}"
+        return f"{f[0]} ({f[1]} thread{'s' if f[1] != 1 else ''})"
+
+    return f"{text}\n  launched as: {', '.join(step(f) for f in phases)}"

@@ -66,6 +66,7 @@ BINARY = (
     )
     | COMPARE
 )
+REDUCE_OPS = frozenset({"add", "mul", "maximum", "minimum"})  # a ``For.reduce``'s ops
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,13 +145,22 @@ class Store:
 class For:
     """``var`` from ``lo`` up to ``hi``; ``parallel``: its iterations are independent (a
     statement's loop over its vector dims: each computes its own point, its per-point
-    temporaries its own), so that a renderer may run them on threads of their own."""
+    temporaries its own), so that a renderer may run them on threads of their own.
+
+    ``reduce``: ``(accumulator, op)`` pairs: the iterations are independent but for
+    combining terms into each accumulator with ``op`` (``REDUCE_OPS``: associative, so that
+    a renderer may combine them in another order, as a tree). An accumulator is a local the
+    body assigns only as ``acc = op(acc, x)`` (``x`` not reading ``acc``), or a temporary
+    that the body updates only as ``t[i] = op(t[i], x)``: of one element, or with the
+    updates inside the body's one parallel loop, each iteration of that inner loop its own
+    elements. A serial renderer ignores both marks."""
 
     var: str
     lo: Expr
     hi: Expr
     body: tuple
     parallel: bool = False
+    reduce: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,6 +444,8 @@ def _stmts(body, depth: int, lines: list):
     for s in body:
         if isinstance(s, For):
             par = " (parallel)" if s.parallel else ""
+            if s.reduce:
+                par += " (reduce " + ", ".join(f"{a}: {op}" for a, op in s.reduce) + ")"
             lines.append(f"{pad}for {s.var} in {expr_text(s.lo)} ..< {expr_text(s.hi)}{par}:")
             _stmts(s.body, depth + 1, lines)
         elif isinstance(s, If):

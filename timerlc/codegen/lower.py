@@ -440,8 +440,10 @@ class _Lowering:
         return kept[0] if len(kept) == 1 else ("and", *kept)
 
     # ------------------------------------------------------------------ loops
-    def loops(self, shape: tuple, body: Callable[[list], list]) -> list:
-        """``body(idx)`` inside a loop nest over ``shape`` (no loop for an axis of 1)."""
+    def loops(self, shape: tuple, body: Callable[[list], list], parallel: bool = False) -> list:
+        """``body(idx)`` inside a loop nest over ``shape`` (no loop for an axis of 1);
+        ``parallel``: the outer loop's iterations are independent (``For.parallel``: each
+        writes its own elements, its locals assigned before they are read)."""
         idx = []
         vars_ = []
         for n in shape:
@@ -456,6 +458,8 @@ class _Lowering:
         stmts = list(body(idx))
         for v, n in reversed(vars_):
             stmts = [For(v, kir.i64(0), kir.i64(n), tuple(stmts))]
+        if parallel and len(stmts) == 1 and isinstance(stmts[0], For):
+            stmts = [dataclasses.replace(stmts[0], parallel=True)]
         return stmts
 
     def short_loops(self, shape: tuple, body: Callable[[list], list]) -> list:
@@ -491,7 +495,8 @@ class _Lowering:
         name = self.temp(v.dtype, size)
         shape = v.shape
         self.emit(
-            self.loops(shape, lambda idx: [Store(name, kir.linear(idx, shape), v.at(idx))]), v.vdep
+            self.loops(shape, lambda idx: [Store(name, kir.linear(idx, shape), v.at(idx))], True),
+            v.vdep,
         )
         return self.temp_val(name, v.dtype, shape, v.vdep)
 
@@ -802,7 +807,7 @@ class _Lowering:
             zero = Const(dt, 0.0 if dt[0] == "f" else 0)
             return [Let(acc, dt, zero)] + self.loops((shape[axis],), step)
 
-        self.emit(self.loops(others, body), x.vdep)
+        self.emit(self.loops(others, body, True), x.vdep)
         return self.temp_val(name, dt, shape, x.vdep)
 
     def _discounted(self, reverse: bool, x: Val, g: Val, shape: tuple) -> Val:
@@ -822,7 +827,7 @@ class _Lowering:
             ]
 
         vdep = x.vdep or g.vdep
-        self.emit(self.loops(shape, body), vdep)
+        self.emit(self.loops(shape, body, True), vdep)
         return self.temp_val(name, dt, shape, vdep)
 
     # ------------------------------------------------------------------ indexing
@@ -842,7 +847,8 @@ class _Lowering:
             )
             return [If(Un("not", ok, "bool"), (kir.Fail(1),))]
 
-        self.emit(self.loops(g.shape, body), g.vdep)
+        # (any failing element fails the call: the interpreter then names the first)
+        self.emit(self.loops(g.shape, body, True), g.vdep)
 
     def _index(self, items, ins: list, shape: tuple) -> Val:
         x = ins[0]
@@ -866,7 +872,7 @@ class _Lowering:
         dt = v.dtype
         name = self.temp(dt, max(math.prod(shape), 1))
         zero = Const(dt, 0.0 if dt[0] == "f" else 0)
-        clear = self.loops(shape, lambda idx: [Store(name, kir.linear(idx, shape), zero)])
+        clear = self.loops(shape, lambda idx: [Store(name, kir.linear(idx, shape), zero)], True)
 
         def add(oidx):
             at = kir.linear(src_of(oidx), shape)
@@ -1082,13 +1088,19 @@ class _Lowering:
             if op == "logsumexp":
                 m = self.fresh("m")
                 stmts.append(Let(m, dtype, Const(dtype, -math.inf)))
-                stmts += self.short_loops(
-                    rshape,
-                    lambda iidx: [
-                        Let(
-                            m, dtype, Bin("maximum", Ref(m, dtype), x.at(full(outer, iidx)), dtype)
-                        )
-                    ],
+                stmts += _reducing(
+                    self.short_loops(
+                        rshape,
+                        lambda iidx: [
+                            Let(
+                                m,
+                                dtype,
+                                Bin("maximum", Ref(m, dtype), x.at(full(outer, iidx)), dtype),
+                            )
+                        ],
+                    ),
+                    m,
+                    "maximum",
                 )
                 # an infinite or nan max is replaced by 0, as NumPy's kernel does
                 fin = Bin(
@@ -1103,9 +1115,15 @@ class _Lowering:
                     Un("exp", Bin("sub", x.at(full(outer, iidx)), Ref(m, dtype), dtype), dtype),
                     acc_t,
                 )
-                stmts += self.short_loops(
-                    rshape,
-                    lambda iidx: [Let(acc, acc_t, Bin("add", Ref(acc, acc_t), term(iidx), acc_t))],
+                stmts += _reducing(
+                    self.short_loops(
+                        rshape,
+                        lambda iidx: [
+                            Let(acc, acc_t, Bin("add", Ref(acc, acc_t), term(iidx), acc_t))
+                        ],
+                    ),
+                    acc,
+                    "add",
                 )
                 result = Bin(
                     "add", Un("log", Cast(Ref(acc, acc_t), dtype), dtype), Ref(m, dtype), dtype
@@ -1126,7 +1144,7 @@ class _Lowering:
                         v = Cast(v, acc_t)
                     return [Let(acc, acc_t, Bin(comb, Ref(acc, acc_t), v, acc_t))]
 
-                stmts += self.short_loops(rshape, step)
+                stmts += _reducing(self.short_loops(rshape, step), acc, comb)
                 result = Ref(acc, acc_t)
                 if op == "mean":
                     result = Bin("div", result, Const(acc_t, float(count)), acc_t)
@@ -1135,7 +1153,7 @@ class _Lowering:
             stmts.append(Store(name, kir.linear(oidx, shape), result))
             return stmts
 
-        self.emit(self.loops(shape, body), x.vdep)
+        self.emit(self.loops(shape, body, True), x.vdep)
         return self.temp_val(name, dtype, shape, x.vdep)
 
     def _dynamic_reduce(self, node, op: str, attrs, dtype: str, shape: tuple) -> Val:
@@ -1267,7 +1285,18 @@ class _Lowering:
                 r = Cast(r, dtype)
             return [Store(name, kir.linear(oidx, shape), r)]
 
-        stmts = self.loops(kshape, first) + self.loops(x.shape, step) + self.loops(shape, out)
+        init = self.loops(kshape, first, True)
+        terms = self.loops(x.shape, step)
+        big = [k for k, n in enumerate(x.shape) if n != 1]  # the axes that have loops
+        kbig = [j for j, k in enumerate(big) if k in kept]
+        if terms and kbig:
+            if kbig[0] == 0:  # the outer loop is over a kept axis: each iteration its rows
+                terms = _marked(terms, 0, parallel=True)
+            else:  # rows of terms, each iteration of the first kept axis' loop its own
+                terms = _marked(_marked(terms, kbig[0], parallel=True), 0, reduce=((acc, comb),))
+        elif terms:  # one column: every term into acc[0]
+            terms = _marked(terms, 0, reduce=((acc, comb),))
+        stmts = init + terms + self.loops(shape, out, True)
         self.emit(stmts, x.vdep)
         return self.temp_val(name, dtype, shape, x.vdep)
 
@@ -1315,7 +1344,7 @@ class _Lowering:
                 Store(name, kir.linear(oidx, shape), Cast(Ref(pos), "i32")),
             ]
 
-        self.emit(self.loops(shape, body), x.vdep)
+        self.emit(self.loops(shape, body, True), x.vdep)
         return self.temp_val(name, "i32", shape, x.vdep)
 
     def _matmul(self, a: Val, b: Val, dtype: str, shape: tuple, dest=None) -> Val:
@@ -1791,6 +1820,23 @@ def _bcast(v: Val, idx: list, shape: tuple) -> Expr:
     r = len(v.shape)
     lead = len(shape) - r
     return v.at([kir.i64(0) if v.shape[k] == 1 else idx[lead + k] for k in range(r)])
+
+
+def _reducing(stmts: list, acc: str, op: str) -> list:
+    """A reduction's loop nest (``short_loops``) marked as one (``For.reduce``: its
+    iterations combine terms into the local ``acc`` with ``op``); written-out terms as
+    they are."""
+    if len(stmts) == 1 and isinstance(stmts[0], For):
+        return [dataclasses.replace(stmts[0], reduce=((acc, op),))]
+    return stmts
+
+
+def _marked(nest: list, depth: int, **change) -> list:
+    """A loop nest (``loops``) with its loop at ``depth`` changed (``For``'s fields)."""
+    (loop,) = nest
+    if depth == 0:
+        return [dataclasses.replace(loop, **change)]
+    return [dataclasses.replace(loop, body=tuple(_marked(list(loop.body), depth - 1, **change)))]
 
 
 def _unravel(flat: Expr, shape: tuple) -> list:

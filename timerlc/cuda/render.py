@@ -9,11 +9,19 @@ of blocks of ``THREADS`` threads (``Launches``: each step and the threads it ask
   one thread per iteration, the loop striding over the grid; each thread has its own locals
   and its own copy of the per-point temporaries (a temporary written in the loop and used
   nowhere else);
-- a gemm is one thread per element of the product, each summing its terms in order (cuBLAS
-  is to come);
+- a gemm is a call of the device's BLAS (``items.GemmCall``: no function of ours), or, where
+  its offsets are not plan expressions, one thread per element of the product, each summing
+  its terms in order;
+- a reduction (``kir.For.reduce``) leaves a partial result per block, which the step after
+  it combines in block order (``_reduction``); a permutation is its keys, the passes of a
+  merge sort by rank and its indices, each a step over its elements;
 - a run of the other statements runs on one thread (of block 0). A local it assigns that
   another step reads goes through the scratch memory, after the kernel's temporaries (the
   step stores it at its end, the others load it at their start).
+
+An ``if`` whose condition reads only the call's loop values (a merge's branch, a domain) is
+taken apart first: each statement inside it is a statement of the kernel under its
+condition (``_steps``), so that the work inside runs on the grid too (docs/cuda.md).
 
 ``table`` holds the device addresses of the plan's buffers, ``args`` the call's loop values,
 ``scratch`` the temporaries (global memory, shared by the steps). A ``Fail`` sets its
@@ -59,6 +67,9 @@ from timerlc.codegen.kir import (
     Store,
     Un,
 )
+from timerlc.plan import expr as px
+from timerlc.plan import items
+from timerlc.plan.items import MAX_PHASES
 
 CTYPE = {"bool": "bool", "i32": "int", "i64": "long long", "f32": "float", "f64": "double"}
 MTYPE = {
@@ -298,6 +309,24 @@ TL_F void tl_rng_permutation(int seed, int site, i64 p, i64 n, int *out, i64 *sc
   }
   for (i64 e = 0; e < n; e++) out[e] = (int)(a[e] & 0xFFFFFFFFull);
 }
+/* the same on the grid (a kernel's step per call, render._Kernel.permute): the keys, then
+   each pass of the merge sort by rank (an element's place in its pair of runs is its place
+   in its run plus the partner run's keys below it, a binary search), then the indices */
+TL_F void tl_perm_key(int seed, int site, i64 p, i64 e, u64 *a) {
+  a[e] = ((u64)(u32)tl_rng_bits(seed, site, p, e) << 32) | (u64)e;
+}
+TL_F void tl_perm_merge(const u64 *src, u64 *dst, i64 n, i64 w, i64 e) {
+  u64 x = src[e];
+  i64 run = e / w, lo = run * w, pair = (run & ~1LL) * w;
+  i64 plo = (run & 1) ? pair : pair + w;
+  if (plo > n) plo = n;
+  i64 phi = plo + w < n ? plo + w : n, a = plo, b = phi;
+  while (a < b) {
+    i64 m = a + (b - a) / 2;
+    if (src[m] < x) a = m + 1; else b = m;
+  }
+  dst[pair + (e - lo) + (a - plo)] = x;
+}
 TL_F double tl_rng_gumbel_f64(int seed, int site, i64 p, i64 e) {
   tl_lanes x = tl_rng_block(seed, site, p, e);
   u64 n = tl_rng_n53(x.x0, x.x1);
@@ -314,30 +343,63 @@ def head() -> str:
 
 
 THREADS = 128  # of a block: the device runtime launches every function with blocks of them
+PARTS = 256  # the most blocks a reduction's step runs on (a partial result each)
+# a reduction or a permutation of fewer terms stays on its serial step's thread (two or more
+# launches more would cost more than the terms)
+GRID_TERMS = 512
+PART_BYTES = 1 << 20  # the most scratch a reduction into a temporary keeps partial copies in
+_SIZE = {"bool": 1, "i32": 4, "i64": 8, "f32": 4, "f64": 8}
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A function of a kernel (``_Kernel._steps``): ``kind`` serial (``body`` a list of
+    statements), parallel (a ``For``), gemm (a ``Gemm``) or reduce (a ``For`` with its
+    ``form``, ``_reduction``, and its number, ``_combine``), perm (a ``Permute``'s keys, a
+    pass of its sort or its indices: ``form``) or blas (a ``GemmCall``, its gemm the
+    ``form``), run where ``guard`` holds."""
+
+    kind: str
+    body: object
+    guard: object = None
+    form: object = None
+    number: int = -1
 
 
 @dataclass(frozen=True)
 class Launches:
-    """How a kernel runs: its functions, launched one after another (``(name, threads)``:
-    the threads a launch asks for, as blocks of ``THREADS``), and the bytes of scratch
-    memory a call needs (the kernel's temporaries, then the values its phases pass on)."""
+    """How a kernel runs: its steps, one after another: a function of the module
+    (``(name, threads)``: the threads a launch asks for, as blocks of ``THREADS``) or a
+    product the device's BLAS computes (``items.GemmCall``); and the bytes of scratch memory
+    a call needs (the kernel's temporaries, then the values its steps pass on)."""
 
-    phases: tuple[tuple[str, int], ...]
+    phases: tuple[tuple[str, int] | items.GemmCall, ...]
     scratch: int
+    fails: bool = True  # whether a step can fail (else no failure code to read back)
 
 
-def render_module(kernels) -> tuple[str, dict[str, str], dict[str, Launches]]:
+def render_module(kernels, blas: bool = True) -> tuple[str, dict[str, str], dict[str, Launches]]:
     """The CUDA C text of the ``kernels`` it renders (after ``head()``), why it renders none
-    of the others (kernel name -> reason), and how each it renders runs."""
+    of the others (kernel name -> reason), and how each it renders runs; ``blas``: a gemm
+    whose offsets are plan expressions is a call of the device's BLAS (else a step of
+    ours, one thread per element of the product)."""
     parts, skipped, launches = [head()], {}, {}
     for k in kernels:
         try:
-            r = _Kernel(k)
+            r = _Kernel(k, blas)
             parts.append(r.render())
-            launches[k.name] = Launches(tuple(r.phases), r.scratch)
+            fails = any(isinstance(s, Fail) for s in kir.walk_tree(k.body))
+            launches[k.name] = Launches(tuple(r.phases), r.scratch, fails)
         except Unsupported as e:
             skipped[k.name] = str(e)
     return "\n".join(parts), skipped, launches
+
+
+def steps(k: kir.Kernel, blas: bool = True) -> list[tuple[str, object]]:
+    """How kernel ``k`` runs on a device: ``(kind, body)`` per step, in launch order
+    (``_Kernel._steps``: kind serial, parallel, gemm, blas (a ``GemmCall``), reduce or perm;
+    a reduction's combining statement is in the step after it)."""
+    return [(st.kind, st.body) for st in _Kernel(k, blas)._steps()]
 
 
 def name(v: str) -> str:
@@ -351,14 +413,17 @@ def buf(b: str) -> str:
 
 
 class _Kernel:
-    def __init__(self, k: kir.Kernel):
+    def __init__(self, k: kir.Kernel, blas: bool = True):
         self.k = k
+        self.blas = blas
         self.lines: list[str] = []
         self.labels = 0
         self.bufs = {s.name: s.dtype for s in k.slots} | {t.name: t.dtype for t in k.temps}
         self.local_temps: set[str] = set()  # temps of a parallel loop's own (per thread)
         self.jumps: set[str] = set()  # the labels a Fail jumps to
         self.phases: list[tuple[str, int]] = []  # (function, threads) launched in order
+        self.parts: dict[str, list] = {}  # a reduction's scratch: name -> [dtype, n, offset]
+        self.others: set[str] = set()  # the buffers the other steps use
         self.scratch = k.scratch_bytes
 
     def emit(self, depth: int, line: str):
@@ -375,33 +440,30 @@ class _Kernel:
 
     def render(self) -> str:
         _check_supported(self.k.body)
-        return self.render_phases()
+        text = self.render_phases()
+        if len(self.phases) > MAX_PHASES:
+            raise Unsupported(f"{len(self.phases)} steps (a plan allows {MAX_PHASES})")
+        return text
 
     # ------------------------------------------------------------------ phases
     def render_phases(self) -> str:
-        """One function per step of the kernel's body, each launched over a grid: a run of
-        serial statements (on one thread), a parallel loop (one thread per iteration, the
-        loop striding over the grid), a gemm (one thread per element of the product). A
-        value a serial step computes and a later step reads goes through the scratch
+        """One function per step of the kernel's body, each launched over a grid (``_steps``);
+        a value a serial step computes and a later step reads goes through the scratch
         memory after the temporaries; a failing step sets ``*err`` and the steps after it
         return at once."""
-        steps: list[tuple[str, object]] = []
-        serial: list = []
-        self.step_of: dict[int, object] = {}  # a parallel step's loop -> its statement
-        for top in self.k.body:
-            s = _pushed_in(top)
-            if isinstance(s, For) and s.parallel or isinstance(s, Gemm):
-                if serial:
-                    steps.append(("serial", serial))
-                    serial = []
-                steps.append(("parallel" if isinstance(s, For) else "gemm", s))
-                self.step_of[id(s)] = top
-            else:
-                serial.append(s)
-        if serial or not steps:
-            steps.append(("serial", serial))
-        defined = [_lets(body) if kind == "serial" else {} for kind, body in steps]
-        used = [_refs([body] if kind != "serial" else body) for kind, body in steps]
+        steps = self._steps()
+        defined = [_lets(st.body) if st.kind == "serial" else {} for st in steps]
+        used = []
+        for st in steps:
+            if st.kind == "blas":
+                used.append(set())
+                continue
+            refs = _refs(st.body if st.kind == "serial" else [st.body])
+            if st.guard is not None:
+                refs |= {e.name for e in kir.subexprs(st.guard) if isinstance(e, Ref)}
+            if st.kind == "reduce" and st.form[0] == "scalar":
+                refs -= set(st.form[1])  # (the step's own accumulators)
+            used.append(refs)
         params = set(self.k.params)
         passed: dict[str, tuple[str, int]] = {}  # let -> (dtype, offset in scratch)
         offset = (self.k.scratch_bytes + 7) // 8 * 8
@@ -413,19 +475,233 @@ class _Kernel:
                 if elsewhere and v not in passed and v not in params:
                     passed[v] = (dt, offset)
                     offset += 8
-        self.scratch = offset if passed else self.k.scratch_bytes
+        for part in self.parts.values():  # the reductions' partial results, after them
+            part[2] = offset
+            offset += (part[1] * _SIZE[part[0]] + 7) // 8 * 8
+        self.scratch = max(self.k.scratch_bytes, offset)
+        bufs = [
+            _buffers(
+                st.body if st.kind == "serial" else [st.form if st.kind == "blas" else st.body]
+            )
+            for st in steps
+        ]
         out = []
-        for j, (kind, body) in enumerate(steps):
-            fname = self.k.name if j == 0 else f"{self.k.name}_{j}"
+        for j, st in enumerate(steps):
+            if st.kind == "blas":  # (the device's BLAS: no function of ours)
+                self.phases.append(st.body)
+                continue
+            fname = f"{self.k.name}_{j}" if out else self.k.name
             loads = sorted(v for v in passed if v in used[j] or v in defined[j])
             stores = sorted(v for v in passed if v in defined[j])
-            out.append(self.phase(fname, kind, body, loads, stores, passed))
+            self.others = set().union(*(b for q, b in enumerate(bufs) if q != j))
+            out.append(self.phase(fname, st, loads, stores, passed))
         return "\n".join(out)
 
-    def phase(self, fname: str, kind: str, body, loads, stores, passed) -> str:
+    def _steps(self) -> list[_Step]:
+        """The kernel's body as steps. An ``if`` whose condition is the same for every
+        thread (it reads only the call's loop values) and that holds work for the grid is
+        taken apart: each statement inside it is a statement of the body under the
+        condition (its *guard*). Then each parallel loop is a step (one thread per
+        iteration, the loop striding over the grid), each gemm (one thread per element of
+        the product), each reduction (``For.reduce``, ``_reduction``: a step that leaves a
+        partial result per block, then its results combined in order), and each run of the
+        other statements (on one thread)."""
+        steps: list[_Step] = []
+        serial: list = []
+        last_guard = None
+
+        def flush():
+            nonlocal serial, last_guard
+            if serial:
+                steps.append(_Step("serial", serial))
+            serial, last_guard = [], None
+
+        def under(guard, s):
+            return s if guard is None else If(guard, (s,))
+
+        for guard, s in self._guarded(self.k.body, None):
+            big = isinstance(s, For) and s.reduce and _terms(s) >= GRID_TERMS
+            form = self._reduction(s) if big else None
+            pushed = s if isinstance(s, For) and s.parallel else _pushed_in(s)
+            if form is not None:
+                flush()
+                combine, number = self._combine(s, form)
+                steps.append(_Step("reduce", s, guard, form, number))
+                if form[0] == "scalar":  # (the serial step after it starts with it)
+                    serial.append(under(guard, combine))
+                else:
+                    steps.append(_Step("parallel", _pushed_in(under(guard, combine))))
+            elif isinstance(s, Gemm):
+                flush()
+                call = self._gemm_call(s, guard) if self.blas else None
+                steps.append(
+                    _Step("gemm", s, guard) if call is None else _Step("blas", call, form=s)
+                )
+            elif isinstance(s, Permute) and s.n >= GRID_TERMS:
+                flush()
+                steps.append(_Step("perm", s, guard, ("keys",)))
+                passes = 0
+                while (1 << passes) < s.n:
+                    steps.append(_Step("perm", s, guard, ("pass", passes)))
+                    passes += 1
+                steps.append(_Step("perm", s, guard, ("out", passes)))
+            elif isinstance(pushed, For) and pushed.parallel:
+                flush()
+                steps.append(_Step("parallel", _pushed_in(under(guard, pushed))))
+            elif guard is not None and last_guard == guard:
+                prev = serial[-1]
+                serial[-1] = If(guard, prev.then + (s,))
+            else:
+                serial.append(under(guard, s))
+                last_guard = guard
+        flush()
+        if not steps:
+            steps.append(_Step("serial", []))
+        return steps
+
+    def _guarded(self, body, guard) -> list:
+        """``(guard, statement)`` for the statements of ``body``: an ``if`` that is the same
+        on every thread and holds work for the grid taken apart (``_steps``)."""
+        out = []
+        params = set(self.k.params)
+        for s in body:
+            if isinstance(s, If) and _uniform(s.cond, params) and _grid_work(s):
+                out += self._guarded(s.then, _conj(guard, s.cond))
+                out += self._guarded(s.orelse, _conj(guard, Un("not", s.cond, "bool")))
+            else:
+                out.append((guard, s))
+        return out
+
+    def _reduction(self, loop: For):
+        """How the reduction ``loop`` runs on the grid, or None where it does not (it then
+        runs on one thread): ``("scalar", {acc: dtype})``, its iterations dealt to the
+        grid's threads, each block's accumulators combined by a tree in shared memory, or
+        ``("array", acc, inner)``: a temporary's elements updated in ``inner`` (the one
+        parallel loop inside), the iterations of ``loop`` dealt to the blocks, those of
+        ``inner`` to a block's threads, each block accumulating into a partial copy of the
+        temporary of its own."""
+        accs = dict(loop.reduce)
+        temps = {t.name: t for t in self.k.temps}
+        if any(op not in kir.REDUCE_OPS for op in accs.values()):
+            return None
+        stmts = list(kir.walk_tree(loop.body))
+        if any(isinstance(s, (Gemm, Permute)) for s in stmts):
+            return None
+        if all(a not in temps and a not in self.bufs for a in accs):  # locals
+            if any(isinstance(s, Store) for s in stmts):
+                return None
+            dtypes = {}
+            for s in stmts:
+                if isinstance(s, Let) and s.name in accs:
+                    v = s.value
+                    if not (
+                        isinstance(v, Bin)
+                        and v.op == accs[s.name]
+                        and isinstance(v.a, Ref)
+                        and v.a.name == s.name
+                        and s.name not in _refs_of(v.b)
+                    ):
+                        return None
+                    dtypes.setdefault(s.name, s.dtype)
+            reads = [e for e in _exprs(loop.body) if isinstance(e, Ref) and e.name in accs]
+            writes = [s for s in stmts if isinstance(s, Let) and s.name in accs]
+            if len(reads) != len(writes) or set(dtypes) != set(accs):
+                return None
+            if any(dt not in _SIZE or dt == "bool" for dt in dtypes.values()):
+                return None
+            return ("scalar", dtypes)
+        if len(accs) != 1:
+            return None
+        ((acc, op),) = accs.items()
+        if acc not in temps or temps[acc].dtype == "bool":
+            return None
+        t = temps[acc]
+        if t.size == 1 and not any(isinstance(s, For) and s.parallel for s in stmts):
+            # one element (a column sum of one column): as a local
+            return ("scalar", {acc: t.dtype}) if _updates(loop.body, acc, op, t.dtype) else None
+        inner = loop
+        while True:  # loops of one statement each, down to the parallel one
+            if len(inner.body) != 1 or not isinstance(inner.body[0], For):
+                return None
+            inner = inner.body[0]
+            if inner.parallel:
+                break
+        if not _updates(inner.body, acc, op, t.dtype):
+            return None
+        return ("array", acc, inner)
+
+    def _gemm_call(self, s: Gemm, guard):
+        """The gemm ``s`` (under ``guard``) as a call of the device's BLAS
+        (``items.GemmCall``), or None where an offset or the guard is not a plan
+        expression (it then runs as a step of ours)."""
+        params = tuple(self.k.params)
+        slots = {x.name: x.index for x in self.k.slots}
+        temps = {t.name: t.offset for t in self.k.temps}
+
+        def operand(b: str, off, ld: int, t: bool):
+            e = _plan_expr(off, params)
+            if e is None or (b not in slots and b not in temps):
+                return None
+            space, at = ("table", slots[b]) if b in slots else ("scratch", temps[b])
+            return items.Operand(space, at, e, ld, t)
+
+        a = operand(s.a, s.aoff, s.lda, s.ta)
+        b = operand(s.b, s.boff, s.ldb, s.tb)
+        c = operand(s.c, s.coff, s.ldc, False)
+        when = True if guard is None else _plan_expr(guard, params)
+        if a is None or b is None or c is None or when is None or s.dtype not in ("f32", "f64"):
+            return None
+        try:  # (as the plan's reader will check them)
+            for o in (a, b, c):
+                px.check(o.offset, params)
+            px.check(when, params, "bool")
+        except px.ExprError:
+            return None
+        return items.GemmCall(s.dtype, s.m, s.n, s.k, a, b, c, when)
+
+    def _combine(self, loop: For, form):
+        """The statement that combines a reduction's partial results (one per block, in
+        block order) into its accumulators, and the reduction's number (its scratch, in
+        ``self.parts``: ``tl_npartsN``, the blocks that left results, and ``tl_partN_J``,
+        the results for accumulator J)."""
+        n = len(self.parts)
+        count = f"tl_nparts{n}"
+        self.parts[count] = ["i64", 1, 0]
+        self.bufs[count] = "i64"
+        nparts = Load(count, kir.i64(0), "i64")
+        b = f"tl_b{n}"
+        if form[0] == "scalar":
+            lets = []
+            for j, (acc, dt) in enumerate(form[1].items()):
+                part = f"tl_part{n}_{j}"
+                self.parts[part] = [dt, PARTS, 0]
+                self.bufs[part] = dt
+                op = dict(loop.reduce)[acc]
+                term = Load(part, Ref(b), dt)
+                if acc in self.bufs:  # a temporary of one element
+                    zero = kir.i64(0)
+                    total = Bin(op, Load(acc, zero, dt), term, dt)
+                    lets.append(Store(acc, zero, total))
+                else:
+                    lets.append(Let(acc, dt, Bin(op, Ref(acc, dt), term, dt)))
+            return For(b, kir.i64(0), nparts, tuple(lets)), n
+        _, acc, _ = form
+        t = next(t for t in self.k.temps if t.name == acc)
+        part = f"tl_part{n}_0"
+        self.parts[part] = [t.dtype, _array_blocks(t.size) * t.size, 0]
+        self.bufs[part] = t.dtype
+        q = f"tl_q{n}"
+        op = dict(loop.reduce)[acc]
+        at = kir.add(kir.mul(Ref(b), t.size), Ref(q))
+        total = Bin(op, Load(acc, Ref(q), t.dtype), Load(part, at, t.dtype), t.dtype)
+        body = (For(b, kir.i64(0), nparts, (Store(acc, Ref(q), total),)),)
+        return For(q, kir.i64(0), kir.i64(t.size), body, True), n
+
+    def phase(self, fname: str, st: _Step, loads, stores, passed) -> str:
         self.lines = []
         self.local_temps = set()
         self.jumps = set()
+        kind, body = st.kind, st.body
         if kind == "serial":
             threads = 1
             mine = _lets(body)
@@ -444,14 +720,24 @@ class _Kernel:
         elif kind == "parallel":
             threads = _extent(body)
             self.grid_loop(body, 1)
+        elif kind == "reduce":
+            threads = self.reduction(st)
+        elif kind == "perm":
+            threads = self.permute(st)
         else:
             threads = body.m * body.n
+            depth = 1
+            if st.guard is not None:
+                self.emit(1, f"if ({self.expr(st.guard)}) {{")
+                depth = 2
             self.gemm(
                 body,
-                1,
+                depth,
                 "(long long)blockIdx.x * blockDim.x + threadIdx.x",
                 "(long long)gridDim.x * blockDim.x",
             )
+            if st.guard is not None:
+                self.emit(1, "}")
         self.phases.append((fname, max(1, min(threads, 1 << 31))))
         head = [
             (
@@ -460,60 +746,197 @@ class _Kernel:
             ),
             "  if (*(volatile int *)err) return;  // an earlier step failed",
         ]
-        if kind != "gemm":  # (a product cannot fail)
+        if kind not in ("gemm", "perm"):  # (a product or a permutation cannot fail)
             head += ["  __shared__ int tl_fail;", "  if (threadIdx.x == 0) tl_fail = 0;"]
-        head += self.pointers(body if kind == "serial" else [body])
+        extra = [p for p in self.parts if p.startswith(f"tl_nparts{st.number}")]
+        extra += [p for p in self.parts if p.startswith(f"tl_part{st.number}_")]
+        if kind == "perm":  # (its scratch; its output at the last step only)
+            head += self.pointers([], [body.scratch] + ([body.out] if st.form[0] == "out" else []))
+        else:
+            head += self.pointers(
+                body if kind == "serial" else [body], extra if kind == "reduce" else ()
+            )
         for v in loads:
             dt, off = passed[v]
             head.append(f"  {CTYPE[dt]} {name(v)} = *({CTYPE[dt]} *)(scratch + {off});")
-        if kind != "gemm":
+        if kind not in ("gemm", "perm"):
             head.append("  __syncthreads();")
         return "\n".join(head + self.lines + ["}"]) + "\n" + _emu_entry(fname)
 
-    def grid_loop(self, s: For, depth: int):
-        """A parallel loop over the grid: each thread its iterations, its own locals and its
-        own copy of the per-point temporaries; a failing iteration sets its block's code,
-        which goes to ``*err`` once the block is done."""
-        v = name(s.var)
-        temps = {t.name for t in self.k.temps}
-        # (the kernel's other statements: not the one this loop came from, which
-        # ``_pushed_in`` may have rewritten)
-        top = self.step_of[id(s)]
-        mine = temps & (_written(s.body) - _buffers([t for t in self.k.body if t is not top]))
-        self.local_temps |= mine
+    def reduction(self, st: _Step) -> int:
+        """A reduction's step (``_reduction``); the threads it asks for. Each block leaves
+        its partial results in ``self.parts`` (and block 0 the number of blocks), which
+        ``_combine``'s statement, the next step's, adds up in block order."""
+        loop, form = st.body, st.form
+        count = st.number
+        depth = 1
+        ops = dict(loop.reduce)
+        if form[0] == "scalar":
+            accs = form[1]
+            own = {}  # accumulator -> its C lvalue
+            for acc, dt in accs.items():
+                self.emit(1, f"__shared__ {MTYPE[dt]} tl_red_{name(acc)}[{THREADS}];")
+                if acc in self.bufs:  # a temporary of one element: the thread's own
+                    self.local_temps.add(acc)
+                    self.emit(1, f"{MTYPE[dt]} {buf(acc)}[1] = {{{identity(ops[acc], dt)}}};")
+                    own[acc] = f"{buf(acc)}[0]"
+                else:
+                    self.emit(1, f"{CTYPE[dt]} {name(acc)} = {identity(ops[acc], dt)};")
+                    own[acc] = name(acc)
+            if st.guard is not None:
+                self.emit(1, f"if ({self.expr(st.guard)}) {{")
+                depth = 2
+            self.grid_loop(loop, depth, epilogue=False, own=set(accs))
+            if st.guard is not None:
+                self.emit(1, "}")
+            for acc in accs:
+                self.emit(1, f"tl_red_{name(acc)}[threadIdx.x] = {own[acc]};")
+            self.emit(1, "__syncthreads();")
+            # a tree: in round s, each thread at a multiple of 2s takes in the one s after it
+            self.emit(1, "for (unsigned tl_s = 1; tl_s < blockDim.x; tl_s *= 2) {")
+            self.emit(2, "if (threadIdx.x % (2 * tl_s) == 0 && threadIdx.x + tl_s < blockDim.x) {")
+            for acc, dt in accs.items():
+                r = f"tl_red_{name(acc)}"
+                both = binary(ops[acc], f"{r}[threadIdx.x]", f"{r}[threadIdx.x + tl_s]", dt)
+                self.emit(3, f"{r}[threadIdx.x] = {both};")
+            self.emit(2, "}")
+            self.emit(2, "__syncthreads();")
+            self.emit(1, "}")
+            self.emit(1, "if (threadIdx.x == 0) {")
+            for j, (acc, dt) in enumerate(accs.items()):
+                self.emit(2, f"{buf(f'tl_part{count}_{j}')}[blockIdx.x] = tl_red_{name(acc)}[0];")
+            threads = min(_extent(loop, PARTS * THREADS), PARTS * THREADS)
+        else:
+            _, acc, inner = form
+            t = next(t for t in self.k.temps if t.name == acc)
+            mt = MTYPE[t.dtype]
+            self.local_temps.add(acc)  # (its pointer is the block's partial copy)
+            part = buf(f"tl_part{count}_0")
+            self.emit(1, f"{mt} *{buf(acc)} = {part} + (long long)blockIdx.x * {t.size};")
+            self.emit(
+                1,
+                f"for (long long tl_q = threadIdx.x; tl_q < {t.size}; tl_q += blockDim.x) "
+                f"{buf(acc)}[tl_q] = {identity(ops[acc], t.dtype)};",
+            )
+            self.emit(1, "__syncthreads();")
+            if st.guard is not None:
+                self.emit(1, f"if ({self.expr(st.guard)}) {{")
+                depth = 2
+            v = name(loop.var)
+            self.emit(
+                depth,
+                f"for (long long {v} = ({self.expr(loop.lo)}) + blockIdx.x; {v} < "
+                f"{self.expr(loop.hi)}; {v} += gridDim.x) {{",
+            )
+            node, closes = loop, 0
+            while node.body[0] is not inner:
+                node = node.body[0]
+                depth += 1
+                self.emit(
+                    depth,
+                    f"for (long long {name(node.var)} = {self.expr(node.lo)}; {name(node.var)} "
+                    f"< {self.expr(node.hi)}; {name(node.var)}++) {{",
+                )
+                closes += 1
+            self.grid_loop(
+                inner,
+                depth + 1,
+                first=f"({self.expr(inner.lo)}) + threadIdx.x",
+                step="blockDim.x",
+                epilogue=False,
+            )
+            for _ in range(closes + 1):
+                self.emit(depth, "}")
+                depth -= 1
+            if st.guard is not None:
+                self.emit(1, "}")
+            self.emit(1, "__syncthreads();")
+            self.emit(1, "if (threadIdx.x == 0) {")
+            threads = min(_extent(loop, _array_blocks(t.size)), _array_blocks(t.size)) * THREADS
+        self.emit(2, f"if (blockIdx.x == 0) {buf(f'tl_nparts{count}')}[0] = gridDim.x;")
+        self.emit(2, "if (tl_fail) atomicCAS(err, 0, tl_fail);")
+        self.emit(1, "}")
+        return threads
+
+    def permute(self, st: _Step) -> int:
+        """A step of a permutation on the grid (``tl_perm_key``, ``tl_perm_merge``): its
+        keys into the first half of its scratch, a pass of the merge sort (from one half
+        into the other), or the indices out of the half the last pass wrote; the threads."""
+        s, what = st.body, st.form
+        keys = f"(u64 *){buf(s.scratch)}"
+        depth = 1
+        if st.guard is not None:
+            self.emit(1, f"if ({self.expr(st.guard)}) {{")
+            depth = 2
         self.emit(
             depth,
-            f"for (long long {v} = ({self.expr(s.lo)}) + (long long)blockIdx.x * blockDim.x + "
-            f"threadIdx.x; {v} < {self.expr(s.hi)}; {v} += (long long)gridDim.x * blockDim.x) {{",
+            f"for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {s.n}LL; "
+            "e += (long long)gridDim.x * blockDim.x) {",
+        )
+        if what[0] == "keys":
+            line = f"tl_perm_key({s.seed}, {s.site}, {self.expr(s.p)}, e, {keys});"
+        elif what[0] == "pass":
+            src, dst = (s.n, 0) if what[1] % 2 else (0, s.n)
+            line = f"tl_perm_merge({keys} + {src}, {keys} + {dst}, {s.n}LL, {1 << what[1]}LL, e);"
+        else:
+            last = s.n if what[1] % 2 else 0
+            line = f"{buf(s.out)}[e] = (int)(({keys})[{last} + e] & 0xFFFFFFFFull);"
+        self.emit(depth + 1, line)
+        self.emit(depth, "}")
+        if st.guard is not None:
+            self.emit(1, "}")
+        return s.n
+
+    def grid_loop(self, s: For, depth: int, first=None, step=None, epilogue=True, own=()):
+        """A parallel loop over the grid (or, given ``first`` and ``step``, over what they
+        say): each thread its iterations, its own locals (but ``own``, declared before) and
+        its own copy of the per-point temporaries (written in the loop, used by no other
+        step); a failing iteration sets its block's code, which goes to ``*err`` once the
+        block is done (``epilogue``; else the caller's)."""
+        v = name(s.var)
+        temps = {t.name for t in self.k.temps}
+        mine = temps & (_written(s.body) - self.others)
+        self.local_temps |= mine
+        first = first or f"({self.expr(s.lo)}) + (long long)blockIdx.x * blockDim.x + threadIdx.x"
+        step = step or "(long long)gridDim.x * blockDim.x"
+        self.emit(
+            depth, f"for (long long {v} = {first}; {v} < {self.expr(s.hi)}; {v} += {step}) {{"
         )
         for t in self.k.temps:
             if t.name in mine:
                 self.emit(depth + 1, f"{MTYPE[t.dtype]} {buf(t.name)}[{max(t.size, 1)}];")
         for lv, dt in _lets(s.body).items():
-            self.emit(depth + 1, f"{CTYPE[dt]} {name(lv)};")
+            if lv not in own:
+                self.emit(depth + 1, f"{CTYPE[dt]} {name(lv)};")
         skip = self.label()
         self.stmts(s.body, depth + 1, skip)
         self.end(depth + 1, skip)
         self.emit(depth, "}")
-        self.emit(depth, "__syncthreads();")
-        self.emit(depth, "if (threadIdx.x == 0 && tl_fail) atomicCAS(err, 0, tl_fail);")
+        if epilogue:
+            self.emit(depth, "__syncthreads();")
+            self.emit(depth, "if (threadIdx.x == 0 && tl_fail) atomicCAS(err, 0, tl_fail);")
 
-    def pointers(self, body=None) -> list[str]:
+    def pointers(self, body=None, extra=()) -> list[str]:
         """The kernel's loop values, and the buffers and (global) temporaries that the
-        statements ``body`` (default: all) use, as C locals."""
+        statements ``body`` (default: all) use, and the scratch ``extra`` names, as C
+        locals."""
         k = self.k
-        used = _buffers(k.body if body is None else body)
+        used = _buffers(k.body if body is None else body) | set(extra)
         out = []
         for j, p in enumerate(k.params):
             out.append(f"  const long long {name(p)} = args[{j}];  (void){name(p)};")
         for s in k.slots:
             if s.name in used:
                 t = MTYPE[s.dtype]
-                out.append(f"  {t} *{buf(s.name)} = ({t} *)table[{s.index}];")
-        for tmp in k.temps:
-            if tmp.name in used and tmp.name not in self.local_temps:
-                t, b = MTYPE[tmp.dtype], buf(tmp.name)
-                out.append(f"  {t} *{b} = ({t} *)(scratch + {tmp.offset});")
+                out.append(
+                    f"  {t} *{buf(s.name)} = ({t} *)table[{s.index}];  (void){buf(s.name)};"
+                )
+        temps = [(t.name, t.dtype, t.offset) for t in k.temps]
+        temps += [(p, dt, off) for p, (dt, _, off) in self.parts.items()]
+        for tmp, dt, off in temps:
+            if tmp in used and tmp not in self.local_temps:
+                t, b = MTYPE[dt], buf(tmp)
+                out.append(f"  {t} *{b} = ({t} *)(scratch + {off});")
         return out
 
     def gemm(self, s: Gemm, depth: int, first: str, step: str):
@@ -765,12 +1188,129 @@ def _written(body) -> set[str]:
     return {b for s in kir.walk_tree(body) for b in kir.own_buffers(s)[1]}
 
 
-def _extent(loop: For) -> int:
-    """The iterations of a parallel loop, where its bounds are constants (else one block's
-    worth: the loop strides over whatever grid it gets)."""
+def _extent(loop: For, otherwise: int = THREADS) -> int:
+    """The iterations of a parallel loop, where its bounds are constants (else
+    ``otherwise``, by default one block's worth: the loop strides over whatever grid it
+    gets)."""
     if isinstance(loop.lo, Const) and isinstance(loop.hi, Const):
         return max(int(loop.hi.value) - int(loop.lo.value), 1)
-    return THREADS
+    return otherwise
+
+
+def _terms(loop: For) -> int:
+    """The iterations of ``loop``'s nest (a loop whose bounds are not constants: as many as
+    a grid would take)."""
+    n = _extent(loop, GRID_TERMS)
+    inner = [s for s in loop.body if isinstance(s, For)]
+    return n * max([1] + [_terms(s) for s in inner])
+
+
+def _array_blocks(size: int) -> int:
+    """The most blocks a reduction into a temporary of ``size`` elements runs on (each
+    keeps a partial copy of it: at most ``PART_BYTES`` of them in all)."""
+    return max(1, min(PARTS, PART_BYTES // (8 * max(size, 1))))
+
+
+def _uniform(e, params: set) -> bool:
+    """Whether expression ``e`` is the same on every thread of a call: it reads only the
+    call's loop values (no memory, no local, no draw)."""
+    return all(
+        isinstance(x, (Const, Bin, Un, Cast, Sel)) or isinstance(x, Ref) and x.name in params
+        for x in kir.subexprs(e)
+    )
+
+
+def _grid_work(s: If) -> bool:
+    """Whether the ``if`` holds a statement that runs on the grid."""
+    return any(
+        isinstance(x, (Gemm, Permute)) or isinstance(x, For) and (x.parallel or bool(x.reduce))
+        for x in kir.walk_tree(s.then + s.orelse)
+    )
+
+
+def _updates(body, acc: str, op: str, dt: str) -> bool:
+    """Whether ``body`` stores only into temporary ``acc``, each store ``acc[i] = op(acc[i],
+    x)`` (``x`` not reading ``acc``), and reads ``acc`` nowhere else."""
+    stores = [s for s in kir.walk_tree(body) if isinstance(s, Store)]
+    loads = [e for e in _exprs(body) if isinstance(e, Load) and e.buf == acc]
+    for s in stores:
+        v = s.value
+        if not (
+            s.buf == acc
+            and isinstance(v, Bin)
+            and v.op == op
+            and v.a == Load(acc, s.index, dt)
+            and acc not in {e.buf for e in kir.subexprs(v.b) if isinstance(e, Load)}
+        ):
+            return False
+    return bool(stores) and len(loads) == len(stores)
+
+
+_PLAN_OPS = {
+    "add": "add",
+    "sub": "sub",
+    "mul": "mul",
+    "lt": "lt",
+    "le": "le",
+    "gt": "gt",
+    "ge": "ge",
+    "eq": "eq",
+    "ne": "ne",
+    "and": "and",
+    "or": "or",
+    "minimum": "min",
+    "maximum": "max",
+}
+
+
+def _plan_expr(e, params: tuple):
+    """Kernel IR expression ``e`` (an index or a condition over the kernel's parameters) as
+    a plan expression (``plan.expr``), or None where it is not one (a load, a local, a
+    division by other than a positive constant, ...)."""
+    if isinstance(e, Const):
+        if e.dtype == "bool":
+            return bool(e.value)
+        return int(e.value) if e.dtype == "i64" else None
+    if isinstance(e, Ref):
+        return e.name if e.name in params and e.dtype == "i64" else None
+    if isinstance(e, Bin):
+        a, b = _plan_expr(e.a, params), _plan_expr(e.b, params)
+        if a is None or b is None:
+            return None
+        if e.op in ("floordiv", "mod"):
+            if not (isinstance(e.b, Const) and int(e.b.value) > 0):
+                return None
+            return ("fdiv_q" if e.op == "floordiv" else "mod", a, b)
+        op = _PLAN_OPS.get(e.op)
+        return None if op is None else (op, a, b)
+    if isinstance(e, Un) and e.op in ("not", "neg"):
+        x = _plan_expr(e.x, params)
+        return None if x is None else (e.op, x)
+    if isinstance(e, Sel):
+        parts = [_plan_expr(x, params) for x in (e.cond, e.a, e.b)]
+        return None if None in parts else ("select", *parts)
+    return None
+
+
+def _conj(guard, cond):
+    return cond if guard is None else Bin("and", guard, cond, "bool")
+
+
+def _refs_of(e) -> set[str]:
+    return {x.name for x in kir.subexprs(e) if isinstance(x, Ref)}
+
+
+def identity(op: str, dt: str) -> str:
+    """The value ``op`` (``kir.REDUCE_OPS``) leaves any value of ``dt`` alone with."""
+    isf = dt in ("f32", "f64")
+    bits = 32 if dt == "i32" else 64
+    v = {
+        "add": 0.0 if isf else 0,
+        "mul": 1.0 if isf else 1,
+        "maximum": -math.inf if isf else -(2 ** (bits - 1)),
+        "minimum": math.inf if isf else 2 ** (bits - 1) - 1,
+    }[op]
+    return const(v, dt)
 
 
 def _emu_entry(fname: str) -> str:

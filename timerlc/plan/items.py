@@ -42,6 +42,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 MAX_SCRATCH = 1 << 34  # bytes of scratch memory one kernel call needs
 MAX_PHASES = 64  # launches of one statement's CUDA kernel
 MAX_THREADS = 1 << 31  # the threads a launch asks for
+GEMM_KEYS = ("dtype", "m", "n", "k", "a", "b", "c", "when")
 
 # What a native tree function returns (docs/plan.md, Kernels): 0, or one of these; ``err``
 # then holds the failing statement and its loop values (1, 3), or the runtime's callback
@@ -222,6 +223,36 @@ class Env:
 
 
 @dataclass(frozen=True, slots=True)
+class Operand:
+    """A matrix of a ``GemmCall``: in ``space`` ``table`` (the buffer at entry ``at`` of the
+    runtime's table) or ``scratch`` (from byte ``at`` of the statement's scratch memory),
+    from element ``offset`` (an expression over the statement's loop dims), its rows ``ld``
+    elements apart, read transposed where ``t``."""
+
+    space: str
+    at: int
+    offset: Any
+    ld: int
+    t: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GemmCall:
+    """A step of a statement's CUDA kernel that the device's BLAS computes (``docs/cuda.md``):
+    ``c = op(a) @ op(b)`` in ``dtype``, ``m x k`` times ``k x n``, row-major, at a call
+    where ``when`` holds (a condition over the statement's loop dims)."""
+
+    dtype: str
+    m: int
+    n: int
+    k: int
+    a: Operand
+    b: Operand
+    c: Operand
+    when: Any = True
+
+
+@dataclass(frozen=True, slots=True)
 class Kernels:
     """The plan's native code (``docs/plan.md``, Kernels): the LLVM IR file of the build
     folder, its SHA-256, per statement with a kernel its function and the bytes of scratch
@@ -235,9 +266,12 @@ class Kernels:
     # the statements of each fused kernel the trees launch, in order (codegen.fuse): its
     # time in a profile is counted at the first
     fused: tuple[tuple[int, ...], ...] = ()
-    # a CUDA kernel file: per statement with a kernel, the functions a call launches one
-    # after another (its phases, docs/cuda.md) and the threads each asks for
-    launches: tuple[tuple[int, tuple[tuple[str, int], ...]], ...] = ()
+    # a CUDA kernel file: per statement with a kernel, what a call runs one after another
+    # (its phases, docs/cuda.md): a function and the threads it asks for, or a GemmCall
+    launches: tuple[tuple[int, tuple[tuple[str, int] | GemmCall, ...]], ...] = ()
+    # a CUDA kernel file: the statements whose kernels cannot fail (no failure code to read
+    # back after them: the device runs on while the host goes on)
+    unfailing: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,11 +381,16 @@ def to_json(plan: Plan) -> dict:
                     **(
                         {
                             "launches": [
-                                [sid, [list(f) for f in phases]]
+                                [sid, [_phase_json(f) for f in phases]]
                                 for sid, phases in plan.kernels.launches
                             ]
                         }
                         if plan.kernels.launches
+                        else {}
+                    ),
+                    **(
+                        {"unfailing": list(plan.kernels.unfailing)}
+                        if plan.kernels.unfailing
                         else {}
                     ),
                 }
@@ -378,6 +417,27 @@ def digest(plan: Plan) -> str:
     import hashlib
 
     return hashlib.sha256(dumps(dataclasses.replace(plan, kernels=None)).encode()).hexdigest()
+
+
+def _phase_json(f) -> list | dict:
+    if not isinstance(f, GemmCall):
+        return list(f)
+
+    def operand(o: Operand) -> dict:
+        return {"in": o.space, "at": o.at, "offset": px.to_json(o.offset), "ld": o.ld, "t": o.t}
+
+    return {
+        "gemm": {
+            "dtype": f.dtype,
+            "m": f.m,
+            "n": f.n,
+            "k": f.k,
+            "a": operand(f.a),
+            "b": operand(f.b),
+            "c": operand(f.c),
+            "when": px.to_json(f.when),
+        }
+    }
 
 
 def _buffer_json(b: Buffer) -> dict:
@@ -656,7 +716,9 @@ class _Reader:
         )
 
     def kernels(self, v, tree: tuple) -> Kernels:
-        d = self.obj(v, ("file", "sha256", "statements", "trees"), ("fused", "launches"))
+        d = self.obj(
+            v, ("file", "sha256", "statements", "trees"), ("fused", "launches", "unfailing")
+        )
         file = self.field(d, "file", self.text, 200)
         if not _KERNEL_FILE.match(file):
             self.path.append(".file")
@@ -692,18 +754,28 @@ class _Reader:
             if [r[0] for r in launches] != [r[0] for r in rows]:
                 self.path.append(".launches")
                 self.fail("not one entry per statement of 'statements', in their order")
-            names = [f for _, phases in launches for f, _ in phases]
+            names = [f[0] for _, phases in launches for f in phases if isinstance(f, tuple)]
             if len(set(names)) != len(names):
                 self.path.append(".launches")
                 self.fail("a function named twice")
             for k, (sid, phases) in enumerate(launches):
-                if phases[0][0] != functions[sid]:
+                fns = [f[0] for f in phases if isinstance(f, tuple)]
+                if fns and fns[0] != functions[sid]:
                     self.path.append(f".launches[{k}]")
-                    self.fail(f"the first launch is not the kernel of statement {sid}")
+                    self.fail(f"the first function launched is not the kernel of statement {sid}")
         elif "launches" in d:
             self.path.append(".launches")
             self.fail("only a CUDA kernel file's plan has launches")
-        return Kernels(file, sha, rows, trees, fused, launches)
+        unfailing = ()
+        if "unfailing" in d:
+            if not file.endswith(".cu"):
+                self.path.append(".unfailing")
+                self.fail("only a CUDA kernel file's plan has unfailing kernels")
+            unfailing = self.field(d, "unfailing", self.each, self.int_)
+            if not set(unfailing) <= with_kernel or len(set(unfailing)) != len(unfailing):
+                self.path.append(".unfailing")
+                self.fail("not distinct statements with a kernel")
+        return Kernels(file, sha, rows, trees, fused, launches, unfailing)
 
     def launch_row(self, v) -> tuple[int, tuple[tuple[str, int], ...]]:
         if not isinstance(v, list) or len(v) != 2 or not isinstance(v[1], list):
@@ -715,10 +787,45 @@ class _Reader:
             self.fail(f"expected 1 to {MAX_PHASES} launches, got {len(v[1])}")
         phases = []
         for f in v[1]:
+            if isinstance(f, dict):
+                phases.append(self.gemm_call(f, self.statements[sid].loops))
+                continue
             if not isinstance(f, list) or len(f) != 2:
-                self.fail(f"expected [function, threads], got {_short(f)}")
+                self.fail(f"expected [function, threads] or {{'gemm': ...}}, got {_short(f)}")
             phases.append((self.ident(f[0]), self.int_(f[1], 1, MAX_THREADS)))
         return sid, tuple(phases)
+
+    def gemm_call(self, v, loops: tuple) -> GemmCall:
+        d = self.field(self.obj(v, ("gemm",)), "gemm", self.obj, GEMM_KEYS)
+        dtype = self.field(d, "dtype", self.text, 8)
+        if dtype not in ("f32", "f64"):
+            self.path.append(".dtype")
+            self.fail(f"{_short(dtype)} is not f32 or f64")
+        m, n, k = (self.field(d, key, self.int_, 1, MAX_EXTENT) for key in ("m", "n", "k"))
+        a = self.field(d, "a", self.operand, loops, (k, m), (m, k))
+        b = self.field(d, "b", self.operand, loops, (n, k), (k, n))
+        c = self.field(d, "c", self.operand, loops, None, (m, n))
+        when = self.field(d, "when", self.expr, loops, "bool")
+        return GemmCall(dtype, m, n, k, a, b, c, when)
+
+    def operand(self, v, loops: tuple, transposed, plain) -> Operand:
+        d = self.obj(v, ("in", "at", "offset", "ld", "t"))
+        space = self.field(d, "in", self.text, 16)
+        if space not in ("table", "scratch"):
+            self.path.append(".in")
+            self.fail(f"{_short(space)} is not 'table' or 'scratch'")
+        at = self.field(d, "at", self.int_, 0, MAX_SCRATCH)
+        offset = self.field(d, "offset", self.expr, loops)
+        t = self.field(d, "t", self.bool_)
+        if t and transposed is None:
+            self.path.append(".t")
+            self.fail("the product is not stored transposed")
+        _, cols = transposed if t else plain
+        ld = self.field(d, "ld", self.int_, 1, MAX_EXTENT)
+        if ld < cols:
+            self.path.append(".ld")
+            self.fail(f"rows {ld} elements apart hold {cols} elements")
+        return Operand(space, at, offset, ld, t)
 
     def fused_row(self, v) -> tuple[int, ...]:
         if not isinstance(v, list) or len(v) < 2:

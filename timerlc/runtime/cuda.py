@@ -32,7 +32,8 @@ import ctypes
 import numpy as np
 
 from timerlc.diagnostics import RunError
-from timerlc.plan.items import Plan, PlanError
+from timerlc.plan import expr as px
+from timerlc.plan.items import DTYPES, GemmCall, Plan, PlanError
 from timerlc.runtime.cpu import CpuRuntime, _env_states, _touched
 
 # where a buffer's values are current: on the host only, the device only, both; or, after
@@ -124,6 +125,25 @@ class EmuDevice:
             self.zero(self._err, 8)
         return code
 
+    def gemm(self, dtype, m, n, k, a, lda, ta, b, ldb, tb, c, ldc):
+        """``C = op(A) @ op(B)``, row-major, by NumPy (its BLAS) over the device's memory."""
+        dt = np.dtype(np.float32 if dtype == "f32" else np.float64)
+        A = self._matrix(a, dt, (k, m) if ta else (m, k), lda)
+        B = self._matrix(b, dt, (n, k) if tb else (k, n), ldb)
+        C = self._matrix(c, dt, (m, n), ldc)
+        C[...] = (A.T if ta else A) @ (B.T if tb else B)
+
+    def _matrix(self, ptr: int, dt, shape: tuple[int, int], ld: int) -> np.ndarray:
+        """The ``shape`` matrix at ``ptr``, its rows ``ld`` elements apart, as a view."""
+        rows, cols = shape
+        nbytes = ((rows - 1) * ld + cols) * dt.itemsize
+        starts = [p for p in self._blocks if p <= ptr < p + self._blocks[p].nbytes]
+        if not starts or ptr + nbytes > starts[0] + self._blocks[starts[0]].nbytes:
+            raise RunError(f"internal error: a product's {nbytes} bytes outside device memory")
+        block = self._blocks[starts[0]]
+        flat = block[ptr - starts[0] : ptr - starts[0] + nbytes].view(dt)
+        return np.lib.stride_tricks.as_strided(flat, shape, (ld * dt.itemsize, dt.itemsize))
+
     def _check(self, ptr: int, nbytes: int):
         block = self._blocks.get(ptr)
         if block is None or nbytes > block.nbytes:
@@ -186,7 +206,10 @@ class CupyDevice:
         self._mem[ptr].memset(0, nbytes)
 
     def upload(self, ptr: int, host: np.ndarray, offset: int = 0):
-        (self._mem[ptr] + offset).copy_from_host(host.ctypes.data, host.nbytes)
+        # in the launches' stream, from pageable memory: CUDA copies ``host`` to a staging
+        # buffer before it returns (so the host may change it at once) and does not wait
+        # for the device, which copies it when the stream gets there
+        (self._mem[ptr] + offset).copy_from_host_async(host.ctypes.data, host.nbytes)
 
     def download(self, ptr: int, host: np.ndarray):
         self._mem[ptr].copy_to_host(host.ctypes.data, host.nbytes)
@@ -194,6 +217,26 @@ class CupyDevice:
     def launch(self, fn, table: int, args: int, scratch: int, blocks: int):
         u64 = np.uint64
         fn((blocks,), (THREADS,), (u64(table), u64(args), u64(scratch), self._err))
+
+    def gemm(self, dtype, m, n, k, a, lda, ta, b, ldb, tb, c, ldc):
+        """``C = op(A) @ op(B)``, row-major, by cuBLAS (``cupy.matmul`` over views of the
+        memory, in the launches' stream)."""
+        cp = self.cp
+        dt = np.dtype(np.float32 if dtype == "f32" else np.float64)
+
+        def view(ptr: int, shape, ld: int):
+            rows, cols = shape
+            mem = cp.cuda.UnownedMemory(ptr, ((rows - 1) * ld + cols) * dt.itemsize, self)
+            strides = (ld * dt.itemsize, dt.itemsize)
+            return cp.ndarray(shape, dt, cp.cuda.MemoryPointer(mem, 0), strides=strides)
+
+        A = view(a, (k, m) if ta else (m, k), lda)
+        B = view(b, (n, k) if tb else (k, n), ldb)
+        C = view(c, (m, n), ldc)
+        if ldc == n:  # (contiguous: the product's own memory)
+            cp.matmul(A.T if ta else A, B.T if tb else B, out=C)
+        else:
+            C[...] = cp.matmul(A.T if ta else A, B.T if tb else B)
 
     def code(self) -> int:
         """The code of the first launch that failed since the last call (0: none); waits
@@ -236,7 +279,9 @@ class DeviceRuntime(CpuRuntime):
         self.device_peak_bytes = 0
         self.uploaded = self.downloaded = 0  # bytes copied each way
         self.launches = 0
+        self.blas_calls = 0  # products handed to the device's BLAS
         self._module = device.load(text, cache)
+        self._unfailing = frozenset(plan.kernels.unfailing)
         phases = dict(plan.kernels.launches)
         kernels = {
             name: self._launcher(sid, phases[sid], scratch)
@@ -367,9 +412,10 @@ class DeviceRuntime(CpuRuntime):
     # ------------------------------------------------------------------ launches
     def _launcher(self, sid: int, phases, scratch: int):
         """The function the statement calls for its kernel (``CpuRuntime``'s signature:
-        the host's table, args and scratch, unused here): its phases launched one after
-        another, each over the blocks its threads need (at most the device's
-        ``MAX_BLOCKS``: each strides over its grid), then the failure code read."""
+        the host's table, args and scratch, unused here): its phases run one after
+        another, a function launched over the blocks its threads need (at most the
+        device's ``MAX_BLOCKS``: each strides over its grid) or a product handed to the
+        device's BLAS (``_gemm``), then the failure code read (where a function ran)."""
         state: dict = {}
 
         def launch(_table, _args, _scratch) -> int:
@@ -377,9 +423,18 @@ class DeviceRuntime(CpuRuntime):
                 st = self.statements[sid]
                 limit = self.device.MAX_BLOCKS
                 state["fns"] = [
-                    (self.device.function(self._module, f), min(-(-n // THREADS), limit))
-                    for f, n in phases
+                    (self._gemm(sid, f, scratch), 0)
+                    if isinstance(f, GemmCall)
+                    else (
+                        self.device.function(self._module, f[0]),
+                        min(-(-f[1] // THREADS), limit),
+                    )
+                    for f in phases
                 ]
+                # (a kernel that cannot fail leaves the code 0: not read, no wait)
+                state["kernel"] = sid not in self._unfailing and any(
+                    not isinstance(f, GemmCall) for f in phases
+                )
                 state["scratch"] = self._alloc(max(scratch, 8))
                 state["args"] = self._alloc(st.args.nbytes)
                 state["touched"] = _touched(self.plan, {sid})
@@ -391,9 +446,12 @@ class DeviceRuntime(CpuRuntime):
                 self._table_dirty = False
             self.device.upload(state["args"], state["host_args"])
             for fn, blocks in state["fns"]:
-                self.device.launch(fn, self.dtable, state["args"], state["scratch"], blocks)
-                self.launches += 1
-            code = self.device.code()
+                if blocks:
+                    self.device.launch(fn, self.dtable, state["args"], state["scratch"], blocks)
+                    self.launches += 1
+                else:  # a product (GemmCall)
+                    fn(state["host_args"], state["scratch"])
+            code = self.device.code() if state["kernel"] else 0
             self.fresh[sid] = DEVICE
             if code:
                 # the interpreter computes the call again to say what failed: it needs the
@@ -404,6 +462,66 @@ class DeviceRuntime(CpuRuntime):
             return code
 
         return launch
+
+    def _gemm(self, sid: int, call: GemmCall, scratch: int):
+        """A ``GemmCall`` of statement ``sid``'s kernel as a function of the call's loop
+        values and the scratch memory's address: where ``when`` holds, each operand's
+        elements checked to lie inside its memory (the buffer at its table entry, or the
+        scratch after ``at``), then the device's BLAS (``gemm``)."""
+        loops = self.plan.statement(sid).loops
+        when = px.compile_packed(call.when, loops)
+        ops = (call.a, call.b, call.c)
+        offsets = [px.compile_packed(o.offset, loops) for o in ops]
+        shapes = (
+            (call.k, call.m) if call.a.t else (call.m, call.k),
+            (call.n, call.k) if call.b.t else (call.k, call.n),
+            (call.m, call.n),
+        )
+        size = DTYPES[call.dtype]
+        index_of = {index: key for key, index in self.slot.items()}
+
+        def memory(o, scratch_ptr: int) -> tuple[int, int]:
+            if o.space == "scratch":
+                return scratch_ptr + o.at, scratch - o.at
+            key = index_of.get(o.at)
+            ptrs = self.dev.get(key[0]) if key is not None else None
+            if not ptrs:
+                raise PlanError(
+                    f"the plan is not valid: a product of statement {sid}'s kernel names table "
+                    f"entry {o.at}, which holds no buffer"
+                )
+            return ptrs[key[1]], self._sizes[ptrs[key[1]]]  # (current: the launch's)
+
+        def run(values, scratch_ptr: int):
+            values = tuple(int(v) for v in values)
+            if not when(values):
+                return
+            at = []
+            for o, off, (rows, cols) in zip(ops, offsets, shapes):
+                base, nbytes = memory(o, scratch_ptr)
+                first = off(values)
+                if first < 0 or (first + (rows - 1) * o.ld + cols) * size > nbytes:
+                    raise PlanError(
+                        f"the plan is not valid: a product of statement {sid}'s kernel reads "
+                        f"or writes outside its memory at {dict(zip(loops, values))}"
+                    )
+                at.append(base + first * size)
+            a, b, c = call.a, call.b, call.c
+            self.device.gemm(
+                call.dtype, call.m, call.n, call.k, at[0], a.ld, a.t, at[1], b.ld, b.t, at[2], c.ld
+            )
+            self.blas_calls += 1
+
+        return run
+
+    def run(self):
+        super().run()
+        # a kernel the plan says cannot fail leaves no code behind: one that did anyway
+        # (a crafted plan) is found here at the latest
+        if self.device.code():
+            raise PlanError(
+                "the plan is not valid: a kernel it says cannot fail (kernels.unfailing) failed"
+            )
 
     def close(self):
         """Release the device memory (the runtime cannot run after)."""
