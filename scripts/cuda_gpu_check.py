@@ -66,7 +66,8 @@ def check(name: str, device) -> float:
             d = np.abs(x - y) / np.maximum(1.0, np.abs(y))
             diff = max(diff, float(np.max(np.where(both, 0.0, d))))
     print(
-        f"{name:14s} {rt.launches:6d} launches, device peak {rt.device_peak_bytes:9d} B, "
+        f"{name:14s} {rt.launches:6d} launches, {rt.blas_calls:4d} BLAS products, "
+        f"device peak {rt.device_peak_bytes:9d} B (arena {rt.layout.size if rt.layout else 0} B), "
         f"up {rt.uploaded:9d} B, down {rt.downloaded:9d} B; {dev_s:6.2f} s (cpu {cpu_s:5.2f} s); "
         f"metrics {len(got)}, largest relative difference {diff:.2e}",
         flush=True,

@@ -26,7 +26,7 @@ from timerlc.cuda import render
 from timerlc.cuda.emu import compiler
 from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
-from timerlc.plan import items
+from timerlc.plan import arena, items
 from timerlc.reference.interpreter import outputs, run_graph
 from timerlc.runtime import cuda
 from timerlc.runtime.cuda import DeviceRuntime, DeviceUnavailable, EmuDevice
@@ -204,6 +204,7 @@ def test_swaps_under_a_memory_budget_take_buffers_off_the_device_and_back():
     rt, gen = compiled_run(graph, backend="cuda-emu", memory_budget=budget)
     assert any(isinstance(it, items.SwapOut) for it in gen.plan.tree)
     assert rt.swapped == 2 and rt.host_bytes == 0
+    assert rt.layout is None  # (swaps: a buffer's memory per allocation, not the arena)
     # the swapped blocks came back through the host: their device memory was released
     assert rt.uploaded >= 2 << 20
     cpu, _ = compiled_run(graph, backend="cpu")
@@ -271,6 +272,66 @@ def test_the_device_runtime_releases_its_memory_as_the_plan_frees():
     before = rt.device_bytes
     rt.close()
     assert rt.device_bytes == 0 < before and not rt.dev
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in PROGRAMS.glob("*.rtl")))
+def test_the_arena_gives_buffers_that_live_at_once_bytes_of_their_own(name):
+    """``plan.arena.layout``: every buffer's outputs aligned, inside the arena, and apart
+    from every other buffer's that lives at the same time (a donee shares its donor's); the
+    arena no larger than the peak of the live buffers here (they pack without holes)."""
+    from timerlc.compiler import compile_source
+
+    path = PROGRAMS / f"{name}.rtl"
+    _, plan, _ = compile_source(Source(str(path), path.read_text()), {}, backend="cuda-emu")
+    lay = arena.layout(plan)
+    assert lay is not None and lay.size == lay.peak >= plan.memory_peak
+    first, last = {}, {}
+    for j, it in enumerate(plan.tree):
+        if isinstance(it, items.Free):
+            for sid in it.buffers:
+                last[sid] = j
+        for c in items.walk([it]):
+            if isinstance(c, items.Call):
+                for sid in {c.statement} | {
+                    r.src for n in plan.statement(c.statement).nodes for r in n.inputs if r.stored
+                }:
+                    first.setdefault(sid, j)
+    spans = []
+    for b in plan.buffers:
+        for off, n in zip(lay.offsets[b.id], arena.output_bytes(plan, b.id)):
+            assert off % arena.ALIGN == 0 and off + n <= lay.size
+            spans.append((b.id, off, off + n, first.get(b.id, len(plan.tree)), last.get(b.id)))
+    donors = {(b.id, b.donor) for b in plan.buffers if b.donor is not None}
+    for a, lo, hi, s, t in spans:
+        for b, lo2, hi2, s2, t2 in spans:
+            if a >= b or (a, b) in donors or (b, a) in donors:
+                continue
+            live = (t is None or s2 < t) and (t2 is None or s < t2)
+            assert not (live and lo < hi2 and lo2 < hi), (a, b)
+
+
+@needs_cxx
+def test_buffers_are_carved_from_one_arena_and_poisoned_when_freed(monkeypatch):
+    """The device runtime allocates the arena once and carves each buffer out at its
+    offset (``layout``); a freed buffer's bytes are poisoned, so a layout that put two live
+    buffers in the same bytes gives wrong values (or a kernel fails on them): broken on
+    purpose, it does."""
+    graph = graph_of(REDUCTIONS)
+    rt, _ = compiled_run(graph, backend="cuda-emu")
+    assert rt.layout is not None and rt._carved
+    assert rt.device_peak_bytes >= rt.layout.size >= rt.layout.peak
+    cpu, _ = compiled_run(graph, backend="cpu")
+    same_outputs(rt, cpu, ("c", "s", "m", "q"))
+    real = arena.layout
+
+    def overlapping(plan):
+        lay = real(plan)
+        return dataclasses.replace(lay, offsets={s: (0,) * len(o) for s, o in lay.offsets.items()})
+
+    monkeypatch.setattr(arena, "layout", overlapping)
+    with pytest.raises((AssertionError, RunError, items.PlanError)):  # wrong values, or a
+        bad, _ = compiled_run(graph, backend="cuda-emu")  # kernel that fails on them
+        same_outputs(bad, cpu, ("c", "s", "m", "q"))
 
 
 def test_no_host_compiler_makes_cuda_emu_unavailable(monkeypatch):
@@ -444,18 +505,20 @@ def test_a_loop_marked_as_a_reduction_that_is_not_one_runs_on_one_thread():
         assert [n for _, n in launches["s0"].phases] == [1]
 
 
+FAILS_AT_700 = """
+config K = 1000
+dim k < K
+x[k] = f32(k)
+y[k] = take(x[0:K], k + k // 700 * 5000)
+out y
+"""
+
+
 @needs_cxx
 def test_a_point_that_fails_in_a_later_block_is_reported():
     """The take's index leaves the source at k = 700, which the third block of the grid
     computes: the block's code reaches the runtime, and the interpreter names the point."""
-    text = """
-    config K = 1000
-    dim k < K
-    x[k] = f32(k)
-    y[k] = take(x[0:K], k + k // 700 * 5000)
-    out y
-    """
-    graph = graph_of(text)
+    graph = graph_of(FAILS_AT_700)
     with pytest.raises(RunError) as got:
         compiled_run(graph, backend="cuda-emu")
     with pytest.raises(RunError) as want:
@@ -485,15 +548,6 @@ def test_plans_launches_are_checked():
         change(bad["kernels"])
         with pytest.raises(items.PlanError, match=words):
             items.from_json(bad, "p")
-
-
-FAILS_AT_700 = """
-config K = 1000
-dim k < K
-x[k] = f32(k)
-y[k] = take(x[0:K], k + k // 700 * 5000)
-out y
-"""
 
 
 @needs_cxx

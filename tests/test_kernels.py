@@ -486,6 +486,7 @@ ATTR_KINDS = {
 SHARED = ("timerlc.rng", "timerlc.types", "timerlc.diagnostics", "timerlc.plan.items")
 SHARED += (
     "timerlc.plan.expr",
+    "timerlc.plan.arena",
     "timerlc.ops",
     "timerlc.runtime",
     "timerlc.envs",

@@ -207,10 +207,11 @@ def _print_plan_profile(plan: Plan, rt, wall: float):
     total = sum(rt.seconds.values())
     native = ""
     if hasattr(rt, "device"):
+        arena = f" of which an arena of {format_bytes(rt.layout.size)}" if rt.layout else ""
         native = (
-            f" on {rt.device.describe()} ({rt.launches} launches, device peak "
-            f"{format_bytes(rt.device_peak_bytes)}, {format_bytes(rt.uploaded)} copied up, "
-            f"{format_bytes(rt.downloaded)} down)"
+            f" on {rt.device.describe()} ({rt.launches} launches, {rt.blas_calls} BLAS "
+            f"products, device peak {format_bytes(rt.device_peak_bytes)}{arena}, "
+            f"{format_bytes(rt.uploaded)} copied up, {format_bytes(rt.downloaded)} down)"
         )
     elif rt.module is not None:
         how = "loaded from the build" if rt.module.cached else "compiled for this CPU"

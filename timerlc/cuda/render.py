@@ -726,10 +726,7 @@ class _Kernel:
             threads = self.permute(st)
         else:
             threads = body.m * body.n
-            depth = 1
-            if st.guard is not None:
-                self.emit(1, f"if ({self.expr(st.guard)}) {{")
-                depth = 2
+            depth = self.open_guard(st)
             self.gemm(
                 body,
                 depth,
@@ -769,7 +766,6 @@ class _Kernel:
         ``_combine``'s statement, the next step's, adds up in block order."""
         loop, form = st.body, st.form
         count = st.number
-        depth = 1
         ops = dict(loop.reduce)
         if form[0] == "scalar":
             accs = form[1]
@@ -783,9 +779,7 @@ class _Kernel:
                 else:
                     self.emit(1, f"{CTYPE[dt]} {name(acc)} = {identity(ops[acc], dt)};")
                     own[acc] = name(acc)
-            if st.guard is not None:
-                self.emit(1, f"if ({self.expr(st.guard)}) {{")
-                depth = 2
+            depth = self.open_guard(st)
             self.grid_loop(loop, depth, epilogue=False, own=set(accs))
             if st.guard is not None:
                 self.emit(1, "}")
@@ -819,9 +813,7 @@ class _Kernel:
                 f"{buf(acc)}[tl_q] = {identity(ops[acc], t.dtype)};",
             )
             self.emit(1, "__syncthreads();")
-            if st.guard is not None:
-                self.emit(1, f"if ({self.expr(st.guard)}) {{")
-                depth = 2
+            depth = self.open_guard(st)
             v = name(loop.var)
             self.emit(
                 depth,
@@ -858,16 +850,20 @@ class _Kernel:
         self.emit(1, "}")
         return threads
 
+    def open_guard(self, st: _Step) -> int:
+        """``if (guard) {`` where step ``st`` has a guard (``_steps``); the depth inside."""
+        if st.guard is None:
+            return 1
+        self.emit(1, f"if ({self.expr(st.guard)}) {{")
+        return 2
+
     def permute(self, st: _Step) -> int:
         """A step of a permutation on the grid (``tl_perm_key``, ``tl_perm_merge``): its
         keys into the first half of its scratch, a pass of the merge sort (from one half
         into the other), or the indices out of the half the last pass wrote; the threads."""
         s, what = st.body, st.form
         keys = f"(u64 *){buf(s.scratch)}"
-        depth = 1
-        if st.guard is not None:
-            self.emit(1, f"if ({self.expr(st.guard)}) {{")
-            depth = 2
+        depth = self.open_guard(st)
         self.emit(
             depth,
             f"for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {s.n}LL; "

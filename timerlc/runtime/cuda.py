@@ -32,6 +32,7 @@ import ctypes
 import numpy as np
 
 from timerlc.diagnostics import RunError
+from timerlc.plan import arena
 from timerlc.plan import expr as px
 from timerlc.plan.items import DTYPES, GemmCall, Plan, PlanError
 from timerlc.runtime.cpu import CpuRuntime, _env_states, _touched
@@ -75,6 +76,7 @@ class EmuDevice:
         if compiler() is None:
             raise DeviceUnavailable("no host C++ compiler (c++, g++ or clang++) for cuda-emu")
         self._blocks: dict[int, np.ndarray] = {}
+        self._arenas: dict[int, np.ndarray] = {}
         self._freed: collections.deque = collections.deque(maxlen=self.QUARANTINE)
         self._err = self.alloc(8)  # the launches' failure code (0: none)
         self.zero(self._err, 8)
@@ -102,6 +104,25 @@ class EmuDevice:
         block = self._blocks.pop(ptr)
         block.fill(self.POISON)
         self._freed.append(block)
+
+    def arena(self, nbytes: int) -> int:
+        """A block for ``carve`` (holding garbage)."""
+        block = np.full(max(nbytes, 8), self.POISON, np.uint8)
+        self._arenas[block.ctypes.data] = block
+        return block.ctypes.data
+
+    def release_arena(self, base: int):
+        self._arenas.pop(base).fill(self.POISON)
+
+    def carve(self, base: int, offset: int, nbytes: int) -> int:
+        """``nbytes`` of arena ``base`` from ``offset``, as a block of its own (``free``
+        poisons it; the arena keeps the memory)."""
+        arena = self._arenas[base]
+        if offset < 0 or offset + nbytes > arena.nbytes:
+            raise RunError(f"internal error: {nbytes} bytes at {offset} outside the arena")
+        view = arena[offset : offset + nbytes]
+        self._blocks[base + offset] = view
+        return base + offset
 
     def zero(self, ptr: int, nbytes: int):
         self._check(ptr, nbytes)
@@ -177,6 +198,7 @@ class CupyDevice:
             raise DeviceUnavailable("no CUDA device")
         self.cp = cupy
         self._mem: dict[int, object] = {}
+        self._arenas: dict[int, object] = {}
         self._err = cupy.zeros(1, cupy.int32)
         self._code = np.zeros(1, np.int32)
 
@@ -201,6 +223,20 @@ class CupyDevice:
 
     def free(self, ptr: int):
         del self._mem[ptr]
+
+    def arena(self, nbytes: int) -> int:
+        mem = self.cp.cuda.alloc(max(nbytes, 8))
+        self._arenas[mem.ptr] = mem
+        return mem.ptr
+
+    def release_arena(self, base: int):
+        del self._arenas[base]
+
+    def carve(self, base: int, offset: int, nbytes: int) -> int:
+        """A pointer into arena ``base`` (which keeps the memory; ``free`` forgets it)."""
+        at = self._arenas[base] + offset
+        self._mem[at.ptr] = at
+        return at.ptr
 
     def zero(self, ptr: int, nbytes: int):
         self._mem[ptr].memset(0, nbytes)
@@ -261,6 +297,7 @@ class DeviceRuntime(CpuRuntime):
         profile: bool = False,
         allow_nonfinite: bool = False,
         cache=None,
+        use_arena: bool = True,
     ):
         from timerlc.runtime.native import check_kernels
 
@@ -282,6 +319,16 @@ class DeviceRuntime(CpuRuntime):
         self.blas_calls = 0  # products handed to the device's BLAS
         self._module = device.load(text, cache)
         self._unfailing = frozenset(plan.kernels.unfailing)
+        # the buffers' memory: one arena, each buffer at its planned offset (plan.arena),
+        # where the plan has a layout (no swaps); else one allocation per buffer
+        self.layout = arena.layout(plan) if use_arena else None
+        self._carved: set[int] = set()
+        if self.layout is not None:
+            self._arena = device.arena(self.layout.size)
+            self.device_bytes = self.device_peak_bytes = self.layout.size
+        # one scratch memory for every kernel: the statements' calls run one after another
+        # (in one stream on a GPU), and a call's scratch holds nothing the next one needs
+        self._scratch = self._alloc(max([8] + [n for _, _, n in plan.kernels.statements]))
         phases = dict(plan.kernels.launches)
         kernels = {
             name: self._launcher(sid, phases[sid], scratch)
@@ -315,7 +362,11 @@ class DeviceRuntime(CpuRuntime):
         return ptr
 
     def _release(self, ptr: int):
-        self.device_bytes -= self._sizes.pop(ptr)
+        nbytes = self._sizes.pop(ptr)
+        if ptr in self._carved:  # (the arena keeps its bytes)
+            self._carved.discard(ptr)
+        else:
+            self.device_bytes -= nbytes
         self.device.free(ptr)
 
     def _set(self, sid: int, bufs, donor: int | None = None):
@@ -334,8 +385,13 @@ class DeviceRuntime(CpuRuntime):
                 self.dirty[sid] = self.dirty.pop(donor)
         else:  # new arrays (zeros) or a swap's copies (``swap_in`` marks them)
             ptrs = []
-            for b in bufs:
-                ptr = self._alloc(b.nbytes)
+            for k, b in enumerate(bufs):
+                if self.layout is not None:
+                    ptr = self.device.carve(self._arena, self.layout.offsets[sid][k], b.nbytes)
+                    self._sizes[ptr] = b.nbytes
+                    self._carved.add(ptr)
+                else:
+                    ptr = self._alloc(b.nbytes)
                 self.device.zero(ptr, b.nbytes)
                 ptrs.append(ptr)
             self.dev[sid] = ptrs
@@ -435,7 +491,7 @@ class DeviceRuntime(CpuRuntime):
                 state["kernel"] = sid not in self._unfailing and any(
                     not isinstance(f, GemmCall) for f in phases
                 )
-                state["scratch"] = self._alloc(max(scratch, 8))
+                state["scratch"] = self._scratch
                 state["args"] = self._alloc(st.args.nbytes)
                 state["touched"] = _touched(self.plan, {sid})
                 state["host_args"] = st.args
@@ -530,3 +586,7 @@ class DeviceRuntime(CpuRuntime):
                 self._release(ptr)
         for ptr in list(self._sizes):
             self._release(ptr)
+        if self.layout is not None and self._arena:
+            self.device.release_arena(self._arena)
+            self.device_bytes -= self.layout.size
+            self._arena = 0
