@@ -70,7 +70,7 @@ def report(name: str, sets: dict, top: int) -> int:
     print(f"{name} {size}".rstrip() + f": {len(gen.kernels)} kernels")
     print(
         "  steps: "
-        + ", ".join(f"{kinds[k]} {k}" for k in ("parallel", "blas", "gemm", "reduce", "perm"))
+        + ", ".join(f"{kinds[k]} {k}" for k in ("parallel", "either", "blas", "gemm", "reduce", "perm"))
     )
     print(f"         {kinds['serial']} serial, {total} iterations on one thread per call of each")
     for w, kname in serial[:top]:

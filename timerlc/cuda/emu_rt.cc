@@ -1,10 +1,13 @@
-// The threads of the CUDA emulation (emu.h): a grid's blocks one after another, each run by
-// the same n std::threads, which meet at a std::barrier for __syncthreads() and after each
-// block (so that no thread starts the next block, whose __shared__ variables are the same
-// statics, while another still works on this one). Compiled once into a library that
-// timerlc/cuda/emu.py loads (globally) before the kernels' modules, which use its symbols.
+// The threads of the CUDA emulation (emu.h): a pool of n threads, made at the first launch
+// and kept, runs each grid: its blocks one after another, each by all n threads, which
+// meet at a std::barrier for __syncthreads() and after each block (so that no thread starts
+// the next block, whose __shared__ variables are the same statics, while another still
+// works on this one). A launch hands the pool its function and waits until every thread is
+// done with the grid. Compiled once into a library that timerlc/cuda/emu.py loads
+// (globally) before the kernels' modules, which use its symbols.
 #include <barrier>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -29,22 +32,49 @@ extern "C" unsigned tl_emu_threads() {
   return n;
 }
 
-extern "C" void tl_emu_run(unsigned blocks, unsigned n, void (*fn)(void *), void *ctx) {
-  std::barrier<> bar(n);
-  tl_barrier = &bar;
-  blockDim = {n, 1, 1};
-  gridDim = {blocks, 1, 1};
-  auto work = [fn, ctx, blocks, &bar](unsigned t) {
+namespace {
+struct Pool {
+  explicit Pool(unsigned threads) : n(threads), start(threads), done(threads), block(threads) {
+    for (unsigned t = 1; t < n; t++) std::thread([this, t] { serve(t); }).detach();
+  }
+  // thread t's part of the grid: every block, one after another
+  void work(unsigned t) {
     threadIdx = {t, 0, 0};
     for (unsigned b = 0; b < blocks; b++) {
       blockIdx = {b, 0, 0};
       fn(ctx);
-      bar.arrive_and_wait();
+      block.arrive_and_wait();
     }
-  };
-  std::vector<std::thread> workers;
-  for (unsigned t = 1; t < n; t++) workers.emplace_back(work, t);
-  work(0);
-  for (auto &w : workers) w.join();
-  tl_barrier = nullptr;
+  }
+  void serve(unsigned t) {
+    for (;;) {
+      start.arrive_and_wait();  // a grid to run (the barrier publishes fn, ctx, blocks)
+      work(t);
+      done.arrive_and_wait();
+    }
+  }
+  unsigned n;
+  std::barrier<> start, done, block;
+  void (*fn)(void *) = nullptr;
+  void *ctx = nullptr;
+  unsigned blocks = 0;
+};
+std::mutex tl_lock;  // one grid at a time
+Pool *tl_pool = nullptr;
+}  // namespace
+
+extern "C" void tl_emu_run(unsigned blocks, unsigned n, void (*fn)(void *), void *ctx) {
+  std::lock_guard<std::mutex> hold(tl_lock);
+  if (tl_pool == nullptr) tl_pool = new Pool(n);  // (kept: its threads serve every launch)
+  if (tl_pool->n != n) std::abort();               // n is tl_emu_threads(), fixed
+  Pool &p = *tl_pool;
+  p.fn = fn;
+  p.ctx = ctx;
+  p.blocks = blocks;
+  tl_barrier = &p.block;
+  blockDim = {n, 1, 1};
+  gridDim = {blocks, 1, 1};
+  p.start.arrive_and_wait();
+  p.work(0);
+  p.done.arrive_and_wait();
 }

@@ -21,7 +21,9 @@ of blocks of ``THREADS`` threads (``Launches``: each step and the threads it ask
 
 An ``if`` whose condition reads only the call's loop values (a merge's branch, a domain) is
 taken apart first: each statement inside it is a statement of the kernel under its
-condition (``_steps``), so that the work inside runs on the grid too (docs/cuda.md).
+condition (``_steps``), so that the work inside runs on the grid too; consecutive parallel
+loops under exclusive conditions (the two branches of one ``if``) share a function
+(docs/cuda.md).
 
 ``table`` holds the device addresses of the plan's buffers, ``args`` the call's loop values,
 ``scratch`` the temporaries (global memory, shared by the steps). A ``Fail`` sets its
@@ -353,17 +355,29 @@ _SIZE = {"bool": 1, "i32": 4, "i64": 8, "f32": 4, "f64": 8}
 
 @dataclass(frozen=True)
 class _Step:
-    """A function of a kernel (``_Kernel._steps``): ``kind`` serial (``body`` a list of
-    statements), parallel (a ``For``), gemm (a ``Gemm``) or reduce (a ``For`` with its
-    ``form``, ``_reduction``, and its number, ``_combine``), perm (a ``Permute``'s keys, a
-    pass of its sort or its indices: ``form``) or blas (a ``GemmCall``, its gemm the
-    ``form``), run where ``guard`` holds."""
+    """A step of a kernel (``_Kernel._steps``): ``kind`` serial (``body`` a list of
+    statements), parallel (a ``For``, its guard inside; ``form``: its guard's literals),
+    either (parallel loops under exclusive guards, one function; ``form``: each one's
+    literals), gemm (a ``Gemm``), reduce (a ``For`` with its ``form``, ``_reduction``, and
+    its number, ``_combine``), perm (a ``Permute``'s keys, a pass of its sort or its
+    indices: ``form``) or blas (a ``GemmCall``, its gemm the ``form``: no function of
+    ours), run where ``guard`` holds."""
 
     kind: str
     body: object
     guard: object = None
     form: object = None
     number: int = -1
+
+    def statements(self) -> list:
+        """The kernel IR statements the step runs (for what they read and write)."""
+        if self.kind == "serial":
+            return self.body
+        if self.kind == "blas":
+            return [self.form]
+        if self.kind == "either":
+            return list(self.body)
+        return [self.body]
 
 
 @dataclass(frozen=True)
@@ -458,7 +472,7 @@ class _Kernel:
             if st.kind == "blas":
                 used.append(set())
                 continue
-            refs = _refs(st.body if st.kind == "serial" else [st.body])
+            refs = _refs(st.statements())
             if st.guard is not None:
                 refs |= {e.name for e in kir.subexprs(st.guard) if isinstance(e, Ref)}
             if st.kind == "reduce" and st.form[0] == "scalar":
@@ -479,12 +493,7 @@ class _Kernel:
             part[2] = offset
             offset += (part[1] * _SIZE[part[0]] + 7) // 8 * 8
         self.scratch = max(self.k.scratch_bytes, offset)
-        bufs = [
-            _buffers(
-                st.body if st.kind == "serial" else [st.form if st.kind == "blas" else st.body]
-            )
-            for st in steps
-        ]
+        bufs = [_buffers(st.statements()) for st in steps]
         out = []
         for j, st in enumerate(steps):
             if st.kind == "blas":  # (the device's BLAS: no function of ours)
@@ -519,7 +528,7 @@ class _Kernel:
         def under(guard, s):
             return s if guard is None else If(guard, (s,))
 
-        for guard, s in self._guarded(self.k.body, None):
+        for guard, lits, s in self._guarded(self.k.body, None, frozenset()):
             big = isinstance(s, For) and s.reduce and _terms(s) >= GRID_TERMS
             form = self._reduction(s) if big else None
             pushed = s if isinstance(s, For) and s.parallel else _pushed_in(s)
@@ -547,7 +556,18 @@ class _Kernel:
                 steps.append(_Step("perm", s, guard, ("out", passes)))
             elif isinstance(pushed, For) and pushed.parallel:
                 flush()
-                steps.append(_Step("parallel", _pushed_in(under(guard, pushed))))
+                loop = _pushed_in(under(guard, pushed))
+                prev = steps[-1] if steps else None
+                if (
+                    prev is not None
+                    and prev.kind in ("parallel", "either")
+                    and prev.form
+                    and all(_exclusive(lits, other) for other in prev.form)
+                ):  # (one of them runs at a call: one launch for both)
+                    loops = prev.body if prev.kind == "either" else (prev.body,)
+                    steps[-1] = _Step("either", loops + (loop,), form=prev.form + (lits,))
+                else:
+                    steps.append(_Step("parallel", loop, form=(lits,)))
             elif guard is not None and last_guard == guard:
                 prev = serial[-1]
                 serial[-1] = If(guard, prev.then + (s,))
@@ -559,17 +579,20 @@ class _Kernel:
             steps.append(_Step("serial", []))
         return steps
 
-    def _guarded(self, body, guard) -> list:
-        """``(guard, statement)`` for the statements of ``body``: an ``if`` that is the same
-        on every thread and holds work for the grid taken apart (``_steps``)."""
+    def _guarded(self, body, guard, lits: frozenset) -> list:
+        """``(guard, literals, statement)`` for the statements of ``body``: an ``if`` that is
+        the same on every thread and holds work for the grid taken apart (``_steps``); the
+        literals are the guard's conditions, each ``(cond, holds)``."""
         out = []
         params = set(self.k.params)
         for s in body:
             if isinstance(s, If) and _uniform(s.cond, params) and _grid_work(s):
-                out += self._guarded(s.then, _conj(guard, s.cond))
-                out += self._guarded(s.orelse, _conj(guard, Un("not", s.cond, "bool")))
+                c = s.cond
+                out += self._guarded(s.then, _conj(guard, c), lits | {(c, True)})
+                not_c = Un("not", c, "bool")
+                out += self._guarded(s.orelse, _conj(guard, not_c), lits | {(c, False)})
             else:
-                out.append((guard, s))
+                out.append((guard, lits, s))
         return out
 
     def _reduction(self, loop: For):
@@ -720,6 +743,13 @@ class _Kernel:
         elif kind == "parallel":
             threads = _extent(body)
             self.grid_loop(body, 1)
+        elif kind == "either":  # loops under exclusive guards: only one does work
+            threads = max(_extent(loop) for loop in body)
+            outside = self.others
+            for loop in body:
+                self.others = outside | _buffers([x for x in body if x is not loop])
+                self.grid_loop(loop, 1)
+            self.others = outside
         elif kind == "reduce":
             threads = self.reduction(st)
         elif kind == "perm":
@@ -750,9 +780,7 @@ class _Kernel:
         if kind == "perm":  # (its scratch; its output at the last step only)
             head += self.pointers([], [body.scratch] + ([body.out] if st.form[0] == "out" else []))
         else:
-            head += self.pointers(
-                body if kind == "serial" else [body], extra if kind == "reduce" else ()
-            )
+            head += self.pointers(st.statements(), extra if kind == "reduce" else ())
         for v in loads:
             dt, off = passed[v]
             head.append(f"  {CTYPE[dt]} {name(v)} = *({CTYPE[dt]} *)(scratch + {off});")
@@ -1286,6 +1314,12 @@ def _plan_expr(e, params: tuple):
         parts = [_plan_expr(x, params) for x in (e.cond, e.a, e.b)]
         return None if None in parts else ("select", *parts)
     return None
+
+
+def _exclusive(a: frozenset, b: frozenset) -> bool:
+    """Whether guards with the literals ``a`` and ``b`` never hold at once (one has a
+    condition that the other negates: the branches of one ``if``)."""
+    return any((c, not holds) in b for c, holds in a)
 
 
 def _conj(guard, cond):
