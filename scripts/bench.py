@@ -50,6 +50,16 @@ is not installed shows "n/a" or "not installed"; the benchmark goes on.
   python scripts/bench.py --quick                     # a tiny grid, N = 3
   python scripts/bench.py --algos ppo --configs 16x128 --iters 10 --baselines torch,jax
   python scripts/bench.py --backend reference --json out.json
+
+On a GPU machine: --device cuda runs the torch baselines with their networks and buffers on
+the GPU (the environments stay NumPy on the host, as in CleanRL) and jax on the GPU
+(JAX_PLATFORMS; --device cpu pins it to the CPU), and --backend cuda runs timerlc's device
+runtime. The main table then adds each system's peak device memory: torch's allocator's
+(max_memory_allocated), XLA's (peak_bytes_in_use), timerlc's device runtime's (arena,
+scratch and the rest: its --profile line, which the device runs turn on; its timers cost
+well under a microsecond per statement call).
+
+  python scripts/bench.py --device cuda --backend cuda --algos ppo --configs 16x128,256x128,2048x128
 """
 
 from __future__ import annotations
@@ -59,6 +69,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -88,6 +99,13 @@ def parse_args(argv=None):
     )
     p.add_argument("--quick", action="store_true", help="a tiny grid (and N = 3)")
     p.add_argument("--backend", default="cpu", help="timerlc backend (default cpu)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="where the baselines run: torch's --device, JAX_PLATFORMS for jax (default cpu; "
+        "cuda on a GPU machine, with --backend cuda for timerlc)",
+    )
     p.add_argument(
         "--algos", default="reinforce,ppo", help="comma-separated subset of reinforce,ppo"
     )
@@ -121,8 +139,13 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def child_env(threads: int | None) -> dict:
+# the device runtime's profile: "... device peak 1.0 MiB (1094372 bytes) ..."
+DEVICE_PEAK = re.compile(r"device peak [^(]*\((\d+) bytes\)")
+
+
+def child_env(threads: int | None, device: str = "cpu") -> dict:
     env = dict(os.environ)
+    env["JAX_PLATFORMS"] = device  # (jax on the GPU only where asked, and then for sure)
     if threads:
         for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env[name] = str(threads)
@@ -175,7 +198,9 @@ def run_baseline(impl: str, algo: str, B: int, T: int, iters: int, args) -> dict
     cmd += ["--iters", str(iters), "--envs", str(B), "--steps", str(T), "--seed", str(args.seed)]
     if args.threads and impl == "torch":
         cmd += ["--threads", str(args.threads)]
-    child = run_child(cmd, args.timeout, child_env(args.threads))
+    if impl == "torch":
+        cmd += ["--device", args.device]
+    child = run_child(cmd, args.timeout, child_env(args.threads, args.device))
     res = finish(child, iters)
     if not res["ok"]:
         return res
@@ -189,6 +214,7 @@ def run_baseline(impl: str, algo: str, B: int, T: int, iters: int, args) -> dict
         timed_s=report["run_seconds"] if impl == "jax" else report["total_seconds"],
         final_ep_ret=report.get("final_ep_ret"),
         compile_seconds=report.get("compile_seconds"),
+        peak_device_mb=report.get("peak_device_mb"),
     )
     return res
 
@@ -264,6 +290,9 @@ def run_timerlc(algo: str, B: int, T: int, iters: int, args) -> dict:
         for s in sets:
             cmd += ["--set", s]
         cmd += ["--no-progress", "--metrics", str(metrics)]
+        device = args.backend in ("cuda", "cuda-emu")
+        if device:  # (its profile's first line has the device's peak)
+            cmd += ["--profile"]
         clock = IterationClock(metrics)
         clock.start()
         child = run_child(cmd, args.timeout, child_env(args.threads))
@@ -277,6 +306,8 @@ def run_timerlc(algo: str, B: int, T: int, iters: int, args) -> dict:
                 timed_s=clock.window(),
                 final_ep_ret=final_metric(metrics, "ep_ret"),
             )
+            peak = DEVICE_PEAK.search(child["stderr"]) if device else None
+            res["peak_device_mb"] = int(peak.group(1)) / 2**20 if peak else None
         return res
 
 
@@ -326,6 +357,8 @@ def summarize(pairs: list[tuple[dict, dict]], n: int, missing: str | None) -> di
     errors = [r["error"] for pair in pairs for r in pair if not r["ok"]]
     res = {"n": n, "runs": [list(pair) for pair in pairs]}
     res["peak_rss_mb"] = max(r["peak_rss_mb"] for pair in pairs for r in pair)
+    device = [r.get("peak_device_mb") for pair in pairs for r in pair]
+    res["peak_device_mb"] = max((d for d in device if d is not None), default=None)
     if errors:
         return {**res, "ok": False, "error": errors[0]}
     wall_diffs = [(long["wall_s"] - short["wall_s"]) / n for short, long in pairs]
@@ -400,6 +433,12 @@ def tables(results: list[dict], baselines: list[str]) -> tuple[str, str]:
     head = ["algo", "B x T"] + [f"{s} s/iter" for s in systems]
     head += [f"timerlc/{b}" for b in baselines]
     head += [f"{s} peak MB" for s in systems] + [f"MB timerlc/{b}" for b in baselines]
+    # device memory, where a system ran on one (torch's and XLA's allocators' peaks;
+    # timerlc's device runtime's, arena and scratch included)
+    gpu = any(value(r["systems"][s], "peak_device_mb") for r in results for s in systems)
+    head += (
+        [f"{s} GPU MB" for s in systems] + [f"GPU timerlc/{b}" for b in baselines] if gpu else []
+    )
     check_head = ["algo", "B x T"] + [f"{s} N" for s in systems]
     check_head += [f"{s} wall s/iter" for s in systems]
     check_head += [f"{s} s/iter range" for s in systems]
@@ -418,6 +457,11 @@ def tables(results: list[dict], baselines: list[str]) -> tuple[str, str]:
         row += [cell(sy[s], "peak_rss_mb", ".0f") for s in systems]
         for b in baselines:
             row.append(fmt(ratio(value(tl, "peak_rss_mb"), value(sy[b], "peak_rss_mb")), ".2f"))
+        if gpu:
+            row += [cell(sy[s], "peak_device_mb", ".1f") for s in systems]
+            for b in baselines:
+                q = ratio(value(tl, "peak_device_mb"), value(sy[b], "peak_device_mb"))
+                row.append(fmt(q, ".2f"))
         rows.append(row)
 
         check = [r["algo"], f"{r['B']}x{r['T']}"]
@@ -486,8 +530,9 @@ def main(argv=None) -> list[dict]:
             results.append({"algo": algo, "B": B, "T": T, "systems": sy})
 
     print(
-        f"\ntimerlc backend: {args.backend}; N = {args.n} (raised per system below "
-        f"{args.min_diff_seconds:g} s); repeats: {args.repeats}; seed: {args.seed}; "
+        f"\ntimerlc backend: {args.backend}; baselines on: {args.device}; N = {args.n} (raised "
+        f"per system below {args.min_diff_seconds:g} s); repeats: {args.repeats}; "
+        f"seed: {args.seed}; "
         f"threads: {args.threads or 'default'}\n"
     )
     main_table, check_table = tables(results, baselines)

@@ -182,10 +182,19 @@ def main(argv=None) -> dict:
         "final_episodes": history[-1]["episodes"] if history else None,
         "jax": jax.__version__,
         "device": str(jax.devices()[0]),
+        "peak_device_mb": peak_device_mb(),
         "total_seconds": finished_at - started,
     }
     print(json.dumps(result), flush=True)
     return result
+
+
+def peak_device_mb():
+    """The most MB XLA's allocator held on the device (a GPU's; None where the device
+    keeps no such count, as the CPU)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return None if peak is None else peak / 2**20
 
 
 if __name__ == "__main__":

@@ -61,6 +61,9 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=128, help="rollout steps T (ppo.rtl: 128)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N)")
+    p.add_argument(
+        "--device", default="cpu", help="torch device of the networks and buffers (cpu, cuda)"
+    )
     p.add_argument("--epochs", type=int, default=4, help="update epochs EPOCHS")
     p.add_argument("--minibatches", type=int, default=4, help="minibatches per epoch MB")
     p.add_argument("--hidden", type=int, default=64)
@@ -134,18 +137,19 @@ def main(argv=None) -> dict:
     env = make("cartpole", B)
     obs_dim = int(np.prod(env.single_observation_space.shape))
     num_actions = int(env.single_action_space.n)
-    agent = Agent(obs_dim, num_actions, args.hidden)
+    dev = torch.device(args.device)
+    agent = Agent(obs_dim, num_actions, args.hidden).to(dev)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5)
 
     # rollout storage, [T, B] like CleanRL
-    obs = torch.zeros((T, B, obs_dim), dtype=torch.float32)
-    actions = torch.zeros((T, B), dtype=torch.int64)
-    logprobs = torch.zeros((T, B), dtype=torch.float32)
-    rewards = torch.zeros((T, B), dtype=torch.float32)
-    dones = torch.zeros((T, B), dtype=torch.float32)
-    values = torch.zeros((T, B), dtype=torch.float32)
+    obs = torch.zeros((T, B, obs_dim), dtype=torch.float32, device=dev)
+    actions = torch.zeros((T, B), dtype=torch.int64, device=dev)
+    logprobs = torch.zeros((T, B), dtype=torch.float32, device=dev)
+    rewards = torch.zeros((T, B), dtype=torch.float32, device=dev)
+    dones = torch.zeros((T, B), dtype=torch.float32, device=dev)
+    values = torch.zeros((T, B), dtype=torch.float32, device=dev)
 
-    next_obs = torch.from_numpy(env.reset(seed=env_seed(args.seed)))
+    next_obs = torch.from_numpy(env.reset(seed=env_seed(args.seed))).to(dev)
     running = np.zeros(B, dtype=np.float64)  # return so far of each instance's episode
 
     iter_seconds: list[float] = []
@@ -165,10 +169,10 @@ def main(argv=None) -> dict:
                 actions[t] = action
                 logprobs[t] = logprob
                 values[t] = value
-                o, r, d = env.step(action.numpy())
-                next_obs = torch.from_numpy(o)
-                rewards[t] = torch.from_numpy(r)
-                dones[t] = torch.from_numpy(d.astype(np.float32))
+                o, r, d = env.step(action.cpu().numpy())
+                next_obs = torch.from_numpy(o).to(dev)
+                rewards[t] = torch.from_numpy(r).to(dev)
+                dones[t] = torch.from_numpy(d.astype(np.float32)).to(dev)
                 running += r
                 finished_sum += float(running[d].sum())
                 finished += int(d.sum())
@@ -176,8 +180,8 @@ def main(argv=None) -> dict:
 
             # --- 2. GAE, bootstrapping from V(o[T]) ---
             next_value = agent.get_value(next_obs)
-            advantages = torch.zeros((T, B), dtype=torch.float32)
-            lastgaelam = torch.zeros(B, dtype=torch.float32)
+            advantages = torch.zeros((T, B), dtype=torch.float32, device=dev)
+            lastgaelam = torch.zeros(B, dtype=torch.float32, device=dev)
             for t in reversed(range(T)):
                 nextvalues = next_value if t == T - 1 else values[t + 1]
                 nextnonterminal = 1.0 - dones[t]
@@ -196,7 +200,7 @@ def main(argv=None) -> dict:
 
         clipfracs = []
         for _epoch in range(args.epochs):
-            perm = torch.randperm(N)
+            perm = torch.randperm(N, device=dev)
             for start in range(0, N, MBS):
                 mb = perm[start : start + MBS]
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(
@@ -239,6 +243,8 @@ def main(argv=None) -> dict:
                 optimizer.step()
 
         ep_ret = finished_sum / max(finished, 1)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()  # (the last steps are queued, not done)
         iter_seconds.append(time.perf_counter() - t0)
         row = {
             "i": it,
@@ -267,6 +273,11 @@ def main(argv=None) -> dict:
         "final_ep_ret": history[-1]["ep_ret"] if history else None,
         "final_episodes": history[-1]["episodes"] if history else None,
         "threads": torch.get_num_threads(),
+        "device": str(dev),
+        # the most bytes torch's allocator held on the GPU (its cache left out)
+        "peak_device_mb": torch.cuda.max_memory_allocated(dev) / 2**20
+        if dev.type == "cuda"
+        else None,
         "total_seconds": time.perf_counter() - started,
     }
     print(json.dumps(result), flush=True)

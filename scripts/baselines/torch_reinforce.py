@@ -55,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=500, help="rollout steps T (reinforce.rtl: 500)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N)")
+    p.add_argument(
+        "--device", default="cpu", help="torch device of the networks and buffers (cpu, cuda)"
+    )
     p.add_argument("--hidden", type=int, default=64, help="hidden units H")
     p.add_argument("--gamma", type=float, default=0.99)
     p.add_argument("--lr", type=float, default=0.01)
@@ -91,13 +94,14 @@ def main(argv=None) -> dict:
     env = make("cartpole", B)
     obs_dim = int(np.prod(env.single_observation_space.shape))
     num_actions = int(env.single_action_space.n)
-    policy = Policy(obs_dim, num_actions, args.hidden)
+    dev = torch.device(args.device)
+    policy = Policy(obs_dim, num_actions, args.hidden).to(dev)
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
 
-    obs_buf = torch.zeros((T, B, obs_dim), dtype=torch.float32)
-    act_buf = torch.zeros((T, B), dtype=torch.int64)
-    rew_buf = torch.zeros((T, B), dtype=torch.float32)
-    done_buf = torch.zeros((T, B), dtype=torch.float32)
+    obs_buf = torch.zeros((T, B, obs_dim), dtype=torch.float32, device=dev)
+    act_buf = torch.zeros((T, B), dtype=torch.int64, device=dev)
+    rew_buf = torch.zeros((T, B), dtype=torch.float32, device=dev)
+    done_buf = torch.zeros((T, B), dtype=torch.float32, device=dev)
 
     iter_seconds: list[float] = []
     history: list[dict] = []
@@ -110,14 +114,14 @@ def main(argv=None) -> dict:
         finished_sum, finished = 0.0, 0
         with torch.no_grad():
             for t in range(T):
-                x = torch.from_numpy(o)
+                x = torch.from_numpy(o).to(dev)
                 obs_buf[t] = x
                 logits = policy(x)
                 a = torch.distributions.Categorical(logits=logits).sample()
                 act_buf[t] = a
-                o, r, d = env.step(a.numpy())
-                rew_buf[t] = torch.from_numpy(r)
-                done_buf[t] = torch.from_numpy(d.astype(np.float32))
+                o, r, d = env.step(a.cpu().numpy())
+                rew_buf[t] = torch.from_numpy(r).to(dev)
+                done_buf[t] = torch.from_numpy(d.astype(np.float32)).to(dev)
                 # episode statistics (run / ended / episodes of reinforce.rtl)
                 running += r
                 finished_sum += float(running[d].sum())
@@ -125,11 +129,11 @@ def main(argv=None) -> dict:
                 running[d] = 0.0
 
             # --- Monte-Carlo returns, cut at episode ends ---
-            g = torch.zeros((T, B), dtype=torch.float32)
+            g = torch.zeros((T, B), dtype=torch.float32, device=dev)
             g[T - 1] = rew_buf[T - 1]
             for t in range(T - 2, -1, -1):
                 g[t] = rew_buf[t] + args.gamma * (1.0 - done_buf[t]) * g[t + 1]
-            base = g.mean() if not args.no_baseline else torch.zeros(())
+            base = g.mean() if not args.no_baseline else torch.zeros((), device=dev)
             adv = g - base
 
         # --- loss and one Adam step ---
@@ -141,6 +145,8 @@ def main(argv=None) -> dict:
         optimizer.step()
 
         ep_ret = finished_sum / max(finished, 1)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()  # (the step is queued, not done)
         iter_seconds.append(time.perf_counter() - t0)
         row = {"i": it, "ep_ret": ep_ret, "episodes": finished, "loss": loss.item()}
         history.append(row)
@@ -160,6 +166,11 @@ def main(argv=None) -> dict:
         "final_ep_ret": history[-1]["ep_ret"] if history else None,
         "final_episodes": history[-1]["episodes"] if history else None,
         "threads": torch.get_num_threads(),
+        "device": str(dev),
+        # the most bytes torch's allocator held on the GPU (its cache left out)
+        "peak_device_mb": torch.cuda.max_memory_allocated(dev) / 2**20
+        if dev.type == "cuda"
+        else None,
         "total_seconds": time.perf_counter() - started,
     }
     print(json.dumps(result), flush=True)
