@@ -482,6 +482,26 @@ def test_a_product_is_the_blas_s_or_ours_as_the_renderer_is_told():
     assert [n for _, n in launches[k.name].phases] == [300, 25, 5]
 
 
+def test_a_condition_that_reads_what_its_loop_writes_keeps_the_loop_under_it():
+    """``if y[0] > 0: for e (parallel): y[e] = ..`` cannot run as ``for e: if y[0] > 0:``
+    over the grid (a thread would see another's write of ``y[0]``): it stays one serial
+    step; a condition on other memory still lets the loop go to the grid."""
+    f64 = "f64"
+    slots = (kir.Slot("x", f64, 0, 0, 0, False), kir.Slot("y", f64, 1, 1, 0, True))
+    e = kir.Ref("e")
+
+    def kernel(cond_buf: str):
+        cond = kir.Bin("gt", kir.Load(cond_buf, kir.i64(0), f64), kir.Const(f64, 0.0), "bool")
+        store = kir.Store("y", e, kir.Bin("add", kir.Load("x", e, f64), kir.Const(f64, 1.0), f64))
+        loop = kir.For("e", kir.i64(0), kir.i64(1000), (store,), True)
+        return kir.Kernel("s0", 0, (), slots, (), (kir.If(cond, (loop,)),))
+
+    _, _, launches = render.render_module([kernel("y")])
+    assert [n for _, n in launches["s0"].phases] == [1]
+    _, _, launches = render.render_module([kernel("x")])
+    assert [n for _, n in launches["s0"].phases] == [1000]
+
+
 def test_a_loop_marked_as_a_reduction_that_is_not_one_runs_on_one_thread():
     """The renderer checks a ``For.reduce`` mark before it deals the loop to the grid: an
     accumulator read outside its update, or a store in a local's reduction, leaves the

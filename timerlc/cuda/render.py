@@ -1162,9 +1162,11 @@ def _check_supported(body):
 
 
 def _pushed_in(s):
-    """``if c: for v (parallel): body`` as ``for v (parallel): if c: body`` (``c`` is the
-    same at every iteration: it cannot name ``v``), so that the loop is a step of its own;
-    any other statement as it is."""
+    """``if c: for v (parallel): body`` as ``for v (parallel): if c: body``, so that the loop
+    is a step of its own, where ``c`` is the same at every iteration and on every thread: it
+    cannot name ``v``, and it reads no memory the loop writes and no local the loop assigns
+    (a thread would see another's writes, or its own uninitialized local); any other
+    statement as it is."""
     if (
         isinstance(s, If)
         and not s.orelse
@@ -1173,6 +1175,9 @@ def _pushed_in(s):
         and s.then[0].parallel
     ):
         loop = s.then[0]
+        reads = {e.buf for e in kir.subexprs(s.cond) if isinstance(e, Load)}
+        if reads & _written(loop.body) or _refs_of(s.cond) & set(_lets(loop.body)):
+            return s
         return dataclasses.replace(loop, body=(If(s.cond, loop.body, ()),))
     return s
 
