@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# What a session with a lent GPU runs first (docs/cuda.md, "On a GPU"), as one call of the
+# device tool, which gives a task 15 minutes of device time in all:
+#
+#   run(command="bash scripts/gpu_session.sh", carry=[".whl"], timeout_s=600)
+#
+# .whl holds the wheels the device image lacks (lark, islpy for CPython 3.12, gymnasium,
+# farama-notifications: the device README says how to fetch them). Each stage has a time
+# limit of its own and writes its whole output to $OUT/STAGE.log (the tool brings $OUT
+# back); the last lines of each are printed. A stage that fails or runs out of time does not
+# stop the next. Stages: the device; scripts/cuda_gpu_check.py (every program on the device
+# against the cpu backend); the cuda tests and one conformance file on the device; PPO at
+# 2048 environments with --profile; scripts/bench.py at 2048x128 against torch and jax on
+# the GPU.
+#
+#   bash scripts/gpu_session.sh --emu     # the same plumbing here, on cuda-emu and the CPU
+set -u
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+BACKEND=cuda DEVICE=cuda CHECK=()
+if [ "${1:-}" = "--emu" ]; then
+  BACKEND=cuda-emu DEVICE=cpu CHECK=(--emu)
+fi
+PY=${PYTHON:-python3}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || echo "warning: the wheels did not install"
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+
+stage() {
+  local name=$1 limit=$2 start rc
+  shift 2
+  echo "== $name (at most ${limit} s)"
+  start=$(date +%s)
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  rc=$?
+  echo "   exit $rc after $(($(date +%s) - start)) s"
+  tail -n 6 "$OUT/$name.log" | cut -c1-400
+}
+
+if [ "$DEVICE" = cuda ]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
+  cat "$OUT/gpu.txt"
+fi
+stage check 150 $PY scripts/cuda_gpu_check.py "${CHECK[@]}"
+stage tests 150 env TIMERLC_TEST_BACKEND=$BACKEND TIMERLC_REQUIRE_NVCC=0 \
+  $PY -m pytest -q -x tests/test_cuda.py tests/test_cuda_runtime.py \
+  tests/test_language_operators.py
+stage profile 60 $PY -m timerlc.cli run programs/ppo.rtl --backend $BACKEND --set B=2048 \
+  --set T=128 --set total_steps=786432 --no-progress --profile
+stage bench 200 $PY scripts/bench.py --device $DEVICE --backend $BACKEND --algos ppo \
+  --configs 2048x128 --iters 2 --repeats 1 --min-diff-seconds 0 --json "$OUT/bench.json"
