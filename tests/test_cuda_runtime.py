@@ -502,6 +502,27 @@ def test_a_condition_that_reads_what_its_loop_writes_keeps_the_loop_under_it():
     assert [n for _, n in launches["s0"].phases] == [1000]
 
 
+def test_a_gpu_kernel_s_temporaries_share_bytes_where_their_uses_do_not_overlap():
+    """``lower._packed_temps`` (the cuda target's kernels, whose temporaries hold every
+    point's values): t1 is read for the last time where t2 is written, t3 written after:
+    t3 takes t1's bytes, t2 keeps its own; the scratch shrinks by t1's size."""
+    from timerlc.codegen.lower import _packed_temps
+
+    f32 = "f32"
+    temps = tuple(kir.Temp(f"t{j}", f32, 4000 * (j - 1), 1000) for j in (1, 2, 3))
+    e = kir.Ref("e")
+
+    def loop(dst, src):
+        value = kir.Load(src, e, f32) if src else kir.Const(f32, 1.0)
+        return kir.For("e", kir.i64(0), kir.i64(1000), (kir.Store(dst, e, value),), True)
+
+    body = (loop("t1", None), loop("t2", "t1"), loop("t3", "t2"), loop("y", "t3"))
+    slots = (kir.Slot("y", f32, 0, 0, 0, True),)
+    k = _packed_temps(kir.Kernel("s0", 0, (), slots, temps, body))
+    at = {t.name: t.offset for t in k.temps}
+    assert at["t3"] == at["t1"] != at["t2"] and k.scratch_bytes == 8000
+
+
 def test_a_loop_marked_as_a_reduction_that_is_not_one_runs_on_one_thread():
     """The renderer checks a ``For.reduce`` mark before it deals the loop to the grid: an
     accumulator read outside its update, or a store in a local's reduction, leaves the

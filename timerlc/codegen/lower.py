@@ -146,7 +146,41 @@ def lower_statement(plan: Plan, st: Statement, slot_of: dict, blocks: bool = Tru
         block = _block(plan, st)
         if block is not None:
             k = _Lowering(plan, st, slot_of, block).kernel()
+    if not blocks:  # (a GPU's temporaries hold every point's values: share their bytes)
+        k = _packed_temps(k)
     return k
+
+
+def _packed_temps(k: kir.Kernel) -> kir.Kernel:
+    """``k`` with its temporaries packed: two whose uses do not overlap (the top-level
+    statements from the first that names one to the last) share bytes. Each is placed, the
+    largest first, at the lowest 8-byte-aligned offset where it meets no temporary placed
+    that is in use at the same time."""
+    names = {t.name for t in k.temps}
+    uses: dict[str, list[int]] = {}
+    for j, top in enumerate(k.body):
+        named: set[str] = set()
+        for s in kir.walk_tree([top]):
+            read, written = kir.own_buffers(s)
+            named.update(read + written)
+            for e in kir.own_exprs(s):
+                named.update(x.buf for x in kir.subexprs(e) if isinstance(x, Load))
+        for n in named & names:
+            uses.setdefault(n, [j, j])[1] = j
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first use, last use)
+    offsets: dict[str, int] = {}
+    for t in sorted(k.temps, key=lambda t: (-t.size * kir.SIZES[t.dtype], t.name)):
+        first, last = uses.get(t.name, (-1, -1))
+        nbytes = t.size * kir.SIZES[t.dtype]
+        at = 0
+        for lo, hi in sorted((o, e) for o, e, f, la in placed if f <= last and first <= la):
+            if at + nbytes <= lo:
+                break
+            at = max(at, (hi + 7) // 8 * 8)
+        offsets[t.name] = at
+        placed.append((at, at + nbytes, first, last))
+    temps = tuple(dataclasses.replace(t, offset=offsets[t.name]) for t in k.temps)
+    return dataclasses.replace(k, temps=temps)
 
 
 BLOCK_VAR = "blk$"  # the loop over the blocks (no dim is named so)
