@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -521,6 +522,25 @@ def test_a_gpu_kernel_s_temporaries_share_bytes_where_their_uses_do_not_overlap(
     k = _packed_temps(kir.Kernel("s0", 0, (), slots, temps, body))
     at = {t.name: t.offset for t in k.temps}
     assert at["t3"] == at["t1"] != at["t2"] and k.scratch_bytes == 8000
+
+
+def test_each_reduction_step_declares_only_its_own_scratch():
+    """Twelve sums in one kernel: the step of sum 1 names tl_nparts1, not tl_nparts10 or
+    11 (an unused pointer is a warning of nvcc, which the builds must compile without)."""
+    f64 = "f64"
+    body = []
+    for j in range(12):
+        acc = f"acc{j}"
+        term = kir.Bin("add", kir.Ref(acc, f64), kir.Load("x", kir.Ref("e"), f64), f64)
+        loop = kir.For("e", kir.i64(0), kir.i64(1000), (kir.Let(acc, f64, term),))
+        loop = dataclasses.replace(loop, reduce=((acc, "add"),))
+        body += [kir.Let(acc, f64, kir.Const(f64, 0.0)), loop]
+        body.append(kir.Store("y", kir.i64(j), kir.Ref(acc, f64)))
+    slots = (kir.Slot("x", f64, 0, 0, 0, False), kir.Slot("y", f64, 1, 1, 0, True))
+    text, _, _ = render.render_module([kir.Kernel("s0", 0, (), slots, (), tuple(body))])
+    for fn in text.split('extern "C" __global__')[1:]:
+        for name in set(re.findall(r"m_tl_nparts\d+", fn)):
+            assert fn.count(name) >= 2, (name, fn[:200])
 
 
 def test_a_loop_marked_as_a_reduction_that_is_not_one_runs_on_one_thread():

@@ -775,7 +775,7 @@ class _Kernel:
         ]
         if kind not in ("gemm", "perm"):  # (a product or a permutation cannot fail)
             head += ["  __shared__ int tl_fail;", "  if (threadIdx.x == 0) tl_fail = 0;"]
-        extra = [p for p in self.parts if p.startswith(f"tl_nparts{st.number}")]
+        extra = [p for p in self.parts if p == f"tl_nparts{st.number}"]
         extra += [p for p in self.parts if p.startswith(f"tl_part{st.number}_")]
         if kind == "perm":  # (its scratch; its output at the last step only)
             head += self.pointers([], [body.scratch] + ([body.out] if st.form[0] == "out" else []))
