@@ -45,6 +45,7 @@ from timerlc.codegen.kir import (
     Store,
     Un,
 )
+from timerlc.plan import arena
 from timerlc.plan import expr as px
 from timerlc.plan.items import At, Ix, Plan, Statement
 
@@ -155,7 +156,7 @@ def _packed_temps(k: kir.Kernel) -> kir.Kernel:
     """``k`` with its temporaries packed: two whose uses do not overlap (the top-level
     statements from the first that names one to the last) share bytes. Each is placed, the
     largest first, at the lowest 8-byte-aligned offset where it meets no temporary placed
-    that is in use at the same time."""
+    that is in use at the same time (``plan.arena.first_fit``, as the arena's buffers)."""
     names = {t.name for t in k.temps}
     uses: dict[str, list[int]] = {}
     for j, top in enumerate(k.body):
@@ -167,18 +168,12 @@ def _packed_temps(k: kir.Kernel) -> kir.Kernel:
                 named.update(x.buf for x in kir.subexprs(e) if isinstance(x, Load))
         for n in named & names:
             uses.setdefault(n, [j, j])[1] = j
-    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first use, last use)
-    offsets: dict[str, int] = {}
-    for t in sorted(k.temps, key=lambda t: (-t.size * kir.SIZES[t.dtype], t.name)):
+    order = sorted(k.temps, key=lambda t: (-t.size * kir.SIZES[t.dtype], t.name))
+    regions = []
+    for t in order:
         first, last = uses.get(t.name, (-1, -1))
-        nbytes = t.size * kir.SIZES[t.dtype]
-        at = 0
-        for lo, hi in sorted((o, e) for o, e, f, la in placed if f <= last and first <= la):
-            if at + nbytes <= lo:
-                break
-            at = max(at, (hi + 7) // 8 * 8)
-        offsets[t.name] = at
-        placed.append((at, at + nbytes, first, last))
+        regions.append((t.size * kir.SIZES[t.dtype], first, last + 1))
+    offsets = {t.name: at for t, at in zip(order, arena.first_fit(regions, 8))}
     temps = tuple(dataclasses.replace(t, offset=offsets[t.name]) for t in k.temps)
     return dataclasses.replace(k, temps=temps)
 

@@ -469,9 +469,6 @@ class _Kernel:
         defined = [_lets(st.body) if st.kind == "serial" else {} for st in steps]
         used = []
         for st in steps:
-            if st.kind == "blas":
-                used.append(set())
-                continue
             refs = _refs(st.statements())
             if st.guard is not None:
                 refs |= {e.name for e in kir.subexprs(st.guard) if isinstance(e, Ref)}

@@ -43,6 +43,26 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def first_fit(regions, align: int) -> list[int]:
+    """Offsets for ``regions`` (``(bytes, start, stop)``: in use from ``start`` up to, not
+    including, ``stop``), placed in the order given, each at the lowest ``align``-aligned
+    offset where it meets no region placed before it that is in use at the same time (the
+    arena's buffers; a cuda kernel's temporaries, ``codegen.lower._packed_temps``)."""
+    placed: list[tuple[int, int, int, int]] = []  # (offset, bytes, start, stop)
+    out = []
+    for n, start, stop in regions:
+        at = 0
+        for lo, hi in sorted(
+            (o, o + m) for o, m, s, t in placed if s < stop and start < t and m > 0
+        ):
+            if at + n <= lo:
+                break
+            at = max(at, (hi + align - 1) // align * align)
+        placed.append((at, n, start, stop))
+        out.append(at)
+    return out
+
+
 def output_bytes(plan: Plan, sid: int) -> list[int]:
     buf = plan.buffer(sid)
     points = math.prod(buf.extents)
@@ -102,22 +122,13 @@ def layout(plan: Plan) -> Layout | None:
         else:
             lives[r] = [start, stop]
         sizes[r] = max(sizes.get(r, 0), at)
-    placed: list[tuple[int, int, int, int]] = []  # (offset, bytes, start, stop)
-    where: dict[int, int] = {}
-    for r in sorted(lives, key=lambda r: (-sizes[r], lives[r][0], r)):
-        start, stop = lives[r]
-        clash = sorted((o, o + n) for o, n, s, t in placed if s < stop and start < t and n > 0)
-        at = 0
-        for lo, hi in clash:
-            if at + sizes[r] <= lo:
-                break
-            at = max(at, _aligned(hi))
-        where[r] = at
-        placed.append((at, sizes[r], start, stop))
-    size = max((o + n for o, n, _, _ in placed), default=0)
+    order = sorted(lives, key=lambda r: (-sizes[r], lives[r][0], r))
+    at = first_fit([(sizes[r], *lives[r]) for r in order], ALIGN)
+    where = dict(zip(order, at))
+    size = max((where[r] + sizes[r] for r in order), default=0)
     # the peak: the most bytes live during one item
     peak = 0
     for j in range(end + 1):
-        peak = max(peak, sum(n for _, n, s, t in placed if s <= j < t))
+        peak = max(peak, sum(sizes[r] for r in order if lives[r][0] <= j < lives[r][1]))
     offsets = {b.id: tuple(where[root(b.id)] + o for o in offsets_in[b.id]) for b in plan.buffers}
     return Layout(size, offsets, peak)
