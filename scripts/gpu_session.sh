@@ -10,11 +10,19 @@
 # back); the last lines of each are printed. A stage that fails or runs out of time does not
 # stop the next. Stages: the device; scripts/cuda_gpu_check.py (every program on the device
 # against the cpu backend); the cuda tests and one conformance file on the device; PPO at
-# 2048 environments with --profile; scripts/bench.py at 2048x128 against torch and jax on
-# the GPU.
+# 2048 environments with --profile; scripts/cuda_overheads.py (the host's costs);
+# scripts/bench.py at 2048x128 against torch and jax on the GPU.
 #
 #   bash scripts/gpu_session.sh --emu     # the same plumbing here, on cuda-emu and the CPU
+#
+# STAGES picks stages (default "check tests profile overheads bench"), BENCH_ALGOS and
+# BENCH_CONFIGS the bench's grid (default ppo at 2048x128): a first call can look for
+# failures (STAGES="check tests profile") and a second, after the fixes, measure.
 set -u
+export PYTHONUNBUFFERED=1
+STAGES=" ${STAGES:-check tests profile overheads bench} "
+BENCH_ALGOS=${BENCH_ALGOS:-ppo}
+BENCH_CONFIGS=${BENCH_CONFIGS:-2048x128}
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 BACKEND=cuda DEVICE=cuda CHECK=()
@@ -33,6 +41,7 @@ fi
 stage() {
   local name=$1 limit=$2 start rc
   shift 2
+  case "$STAGES" in *" $name "*) ;; *) return 0 ;; esac
   echo "== $name (at most ${limit} s)"
   start=$(date +%s)
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
@@ -47,9 +56,11 @@ if [ "$DEVICE" = cuda ]; then
 fi
 stage check 150 $PY scripts/cuda_gpu_check.py "${CHECK[@]}"
 stage tests 150 env TIMERLC_TEST_BACKEND=$BACKEND TIMERLC_REQUIRE_NVCC=0 \
-  $PY -m pytest -q -x tests/test_cuda.py tests/test_cuda_runtime.py \
+  $PY -m pytest -q --maxfail=10 -p no:cacheprovider tests/test_cuda.py tests/test_cuda_runtime.py \
   tests/test_language_operators.py
 stage profile 60 $PY -m timerlc.cli run programs/ppo.rtl --backend $BACKEND --set B=2048 \
   --set T=128 --set total_steps=786432 --no-progress --profile
-stage bench 200 $PY scripts/bench.py --device $DEVICE --backend $BACKEND --algos ppo \
-  --configs 2048x128 --iters 2 --repeats 1 --min-diff-seconds 0 --json "$OUT/bench.json"
+stage overheads 90 $PY scripts/cuda_overheads.py "${CHECK[@]}" --set B=2048 --set T=128 \
+  --set total_steps=1572864
+stage bench 200 $PY scripts/bench.py --device $DEVICE --backend $BACKEND --algos "$BENCH_ALGOS" \
+  --configs "$BENCH_CONFIGS" --iters 2 --repeats 1 --min-diff-seconds 0 --json "$OUT/bench.json"

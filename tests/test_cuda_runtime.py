@@ -694,48 +694,158 @@ def test_the_listing_shows_what_a_call_launches(tmp_path):
     assert "(1 thread), " in text and "(1000 threads)" in text
 
 
-class _FakeCupy:
-    """The few CuPy names ``CupyDevice.gemm`` uses, over host memory (NumPy): enough to
-    check its views of the device memory (shapes, strides, transposes, a strided output),
-    which a GPU would otherwise be needed for."""
+def _colmajor(ptr: int, dt, rows: int, cols: int, ld: int) -> np.ndarray:
+    """The column-major ``rows`` x ``cols`` matrix at host address ``ptr`` (columns ``ld``
+    elements apart), as cuBLAS reads one: a view."""
+    import ctypes
 
-    class cuda:
-        class UnownedMemory:
-            def __init__(self, ptr, size, owner):
-                self.ptr, self.size = ptr, size
+    assert ld >= max(1, rows), "cuBLAS refuses a leading dimension below the rows"
+    nbytes = ((cols - 1) * ld + rows) * dt.itemsize
+    flat = np.frombuffer((ctypes.c_char * nbytes).from_address(ptr), dt)
+    return np.lib.stride_tricks.as_strided(flat, (rows, cols), (dt.itemsize, ld * dt.itemsize))
 
-        class MemoryPointer:
-            def __init__(self, mem, offset):
-                self.mem, self.ptr = mem, mem.ptr + offset
 
-    @staticmethod
-    def ndarray(shape, dtype, memptr, strides):
+class _FakeCublas:
+    """cuBLAS's gemm as its documentation defines it (column-major, ``op`` N = 0, T = 1,
+    alpha and beta read from host addresses in pointer mode 0), over host memory: what
+    ``CupyDevice.gemm`` hands it is checked against that contract, not against itself."""
+
+    def __init__(self):
+        self.calls, self.mode, self.stream = [], None, None
+
+    def setStream(self, handle, stream):
+        self.stream = (handle, stream)
+
+    def setPointerMode(self, handle, mode):
+        self.mode = (handle, mode)
+
+    def _gemm(self, dt, handle, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):
         import ctypes
 
-        raw = (ctypes.c_char * memptr.mem.size).from_address(memptr.ptr)
-        flat = np.frombuffer(raw, np.uint8).view(dtype)
-        return np.lib.stride_tricks.as_strided(flat, shape, strides)
+        assert self.mode == (handle, 0) and self.stream == (handle, 0)
+        a = _colmajor(A, dt, k, m, lda).T if ta else _colmajor(A, dt, m, k, lda)
+        b = _colmajor(B, dt, n, k, ldb).T if tb else _colmajor(B, dt, k, n, ldb)
+        al = np.frombuffer((ctypes.c_char * dt.itemsize).from_address(alpha), dt)[0]
+        be = np.frombuffer((ctypes.c_char * dt.itemsize).from_address(beta), dt)[0]
+        assert (al, be) == (1, 0)
+        _colmajor(C, dt, m, n, ldc)[...] = al * (a @ b)  # (beta 0: C is not read)
+        self.calls.append(dt)
 
-    matmul = staticmethod(np.matmul)
+    def sgemm(self, *args):
+        self._gemm(np.dtype(np.float32), *args)
+
+    def dgemm(self, *args):
+        self._gemm(np.dtype(np.float64), *args)
 
 
 @pytest.mark.parametrize(
-    "ta, tb, ldc_extra", [(False, False, 0), (True, False, 3), (True, True, 0)]
+    "ta, tb, ldc_extra, dtype",
+    [
+        (False, False, 0, "f32"),
+        (True, False, 3, "f32"),
+        (True, True, 0, "f64"),
+        (False, True, 1, "f64"),
+    ],
 )
-def test_cupy_device_s_product_views_the_memory_as_the_plan_says(ta, tb, ldc_extra):
+def test_cupy_device_s_product_is_cublas_s_gemm_on_the_plan_s_matrices(
+    ta, tb, ldc_extra, dtype, monkeypatch
+):
+    import sys
+    import types
+
+    blas = _FakeCublas()
+    fake = types.ModuleType("cupy.cuda")
+    fake.cublas = blas
+    fake.device = types.SimpleNamespace(get_cublas_handle=lambda: 77)
+    monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
+    monkeypatch.setitem(sys.modules, "cupy.cuda", fake)
+    dt = np.float32 if dtype == "f32" else np.float64
     m, n, k = 3, 4, 5
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
-    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(dt)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(dt)
     lda, ldb = a.shape[1] + 2, b.shape[1] + 1  # rows further apart than they are long
-    A = np.zeros((a.shape[0], lda), np.float32)
-    B = np.zeros((b.shape[0], ldb), np.float32)
+    A = np.zeros((a.shape[0], lda), dt)
+    B = np.zeros((b.shape[0], ldb), dt)
     A[:, : a.shape[1]], B[:, : b.shape[1]] = a, b
     ldc = n + ldc_extra
-    C = np.full((m, ldc), 7.0, np.float32)
+    C = np.full((m, ldc), 7.0, dt)
     dev = object.__new__(cuda.CupyDevice)
-    dev.cp = _FakeCupy
-    dev.gemm("f32", m, n, k, A.ctypes.data, lda, ta, B.ctypes.data, ldb, tb, C.ctypes.data, ldc)
+    dev._blas, dev._stream = None, 0
+    dev.gemm(dtype, m, n, k, A.ctypes.data, lda, ta, B.ctypes.data, ldb, tb, C.ctypes.data, ldc)
     want = (a.T if ta else a) @ (b.T if tb else b)
     np.testing.assert_allclose(C[:, :n], want, rtol=1e-6)
     assert (C[:, n:] == 7.0).all()  # the gap between rows untouched
+    assert blas.calls == [np.dtype(dt)]
+
+
+def test_cupy_device_s_launch_passes_the_loop_values_as_the_module_s_struct():
+    import ctypes
+
+    from timerlc.cuda import render
+
+    # the module's struct and the runtime's parameter buffer agree
+    assert cuda.ARGS == render.ARGS
+    assert f"struct tl_args {{ long long v[{render.ARGS}]; }};" in render.PRELUDE
+    assert "void **table, const tl_args args, char *scratch, int *err" in render.__doc__
+    seen = []
+
+    class _Driver:
+        @staticmethod
+        def launchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+            ptrs = (ctypes.c_uint64 * 4).from_address(params)
+            table = ctypes.c_uint64.from_address(ptrs[0]).value
+            args = list((ctypes.c_int64 * cuda.ARGS).from_address(ptrs[1]))
+            scratch = ctypes.c_uint64.from_address(ptrs[2]).value
+            err = ctypes.c_uint64.from_address(ptrs[3]).value
+            seen.append((f, (gx, gy, gz), (bx, by, bz), shared, stream, table, args, scratch))
+            seen.append(err)
+
+    dev = object.__new__(cuda.CupyDevice)
+    dev._driver, dev._stream = _Driver, 0
+    dev._launch_params(4242)
+    dev.launch(99, 1000, np.array([3, -5], np.int64), 2000, 17)
+    (f, grid, block, shared, stream, table, args, scratch), err = seen
+    assert (f, grid, block, shared, stream) == (99, (17, 1, 1), (cuda.THREADS, 1, 1), 0, 0)
+    assert (table, args[:2], scratch, err) == (1000, [3, -5], 2000, 4242)
+
+
+class _StrictPointer:
+    """A CuPy ``MemoryPointer`` over host bytes whose copies read ``mem.value`` as CuPy's do
+    (``memory.pyx``: ``runtime.memcpy(self.ptr, mem.value, ...)``): an int address fails."""
+
+    def __init__(self, buf: np.ndarray, offset: int = 0):
+        self.buf, self.offset = buf, offset
+
+    def __add__(self, offset: int):
+        return _StrictPointer(self.buf, self.offset + offset)
+
+    def _host(self, mem, size):
+        import ctypes
+
+        return np.frombuffer((ctypes.c_char * size).from_address(mem.value), np.uint8)
+
+    def copy_from_host_async(self, mem, size):
+        self.buf[self.offset : self.offset + size] = self._host(mem, size)
+
+    def copy_to_host(self, mem, size):
+        self._host(mem, size)[:] = self.buf[self.offset : self.offset + size]
+
+
+def test_cupy_device_s_copies_hand_cupy_a_c_void_p():
+    dev = object.__new__(cuda.CupyDevice)
+    memory = np.zeros(64, np.uint8)
+    dev._mem = {1000: _StrictPointer(memory)}
+    dev.upload(1000, np.arange(4, dtype=np.float32), offset=16)
+    back = np.zeros(8, np.float32)
+    dev.download(1000, back)
+    np.testing.assert_array_equal(back, [0, 0, 0, 0, 0, 1, 2, 3])
+
+    class _Err:
+        data = _StrictPointer(np.array([7, 0, 0, 0], np.uint8))
+
+        def fill(self, value):
+            self.data.buf[:] = value
+
+    dev._err, dev._code = _Err(), np.zeros(1, np.int32)
+    assert dev.code() == 7 and dev.code() == 0  # read, then cleared

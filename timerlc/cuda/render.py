@@ -1,7 +1,7 @@
 """Rendering kernels (``codegen.kir``) as CUDA C text.
 
 A kernel's top-level statements are cut into *steps*, each a function ``__global__ void
-NAME(void **table, const long long *args, char *scratch, int *err)`` (``NAME``, then
+NAME(void **table, const tl_args args, char *scratch, int *err)`` (``NAME``, then
 ``NAME_1``, ``NAME_2``, ...) that the device runtime launches one after another over a grid
 of blocks of ``THREADS`` threads (``Launches``: each step and the threads it asks for):
 
@@ -25,7 +25,8 @@ condition (``_steps``), so that the work inside runs on the grid too; consecutiv
 loops under exclusive conditions (the two branches of one ``if``) share a function
 (docs/cuda.md).
 
-``table`` holds the device addresses of the plan's buffers, ``args`` the call's loop values,
+``table`` holds the device addresses of the plan's buffers, ``args`` the call's loop values
+(a struct passed by value, as a launch's parameters are: nothing to copy before a launch),
 ``scratch`` the temporaries (global memory, shared by the steps). A ``Fail`` sets its
 block's code and skips the rest of its point (or of the serial step); the block then sets
 ``*err`` if it is still 0 (the runtime keeps it 0 between failures), and every later step
@@ -98,6 +99,9 @@ PRELUDE = r"""
 typedef long long i64;
 typedef unsigned long long u64;
 typedef unsigned int u32;
+
+/* a call's loop values, passed by value (ARGS of them at most): no copy to the device */
+struct tl_args { long long v[8]; };
 
 /* integers wrap (two's complement), as LLVM's add/sub/mul and NumPy's do */
 TL_F int tl_add_i32(int a, int b) { return (int)((u32)a + (u32)b); }
@@ -344,6 +348,7 @@ def head() -> str:
     return PRELUDE + "\n" + _philox_c()
 
 
+ARGS = 8  # the most loop values a kernel takes (``tl_args`` in PRELUDE)
 THREADS = 128  # of a block: the device runtime launches every function with blocks of them
 PARTS = 256  # the most blocks a reduction's step runs on (a partial result each)
 # a reduction or a permutation of fewer terms stays on its serial step's thread (two or more
@@ -454,6 +459,8 @@ class _Kernel:
 
     def render(self) -> str:
         _check_supported(self.k.body)
+        if len(self.k.params) > ARGS:
+            raise Unsupported(f"{len(self.k.params)} loop values (a launch passes {ARGS})")
         text = self.render_phases()
         if len(self.phases) > MAX_PHASES:
             raise Unsupported(f"{len(self.phases)} steps (a plan allows {MAX_PHASES})")
@@ -765,7 +772,7 @@ class _Kernel:
         self.phases.append((fname, max(1, min(threads, 1 << 31))))
         head = [
             (
-                f'extern "C" __global__ void {fname}(void **table, const long long *args, '
+                f'extern "C" __global__ void {fname}(void **table, const tl_args args, '
                 "char *scratch, int *err) {"
             ),
             "  if (*(volatile int *)err) return;  // an earlier step failed",
@@ -783,7 +790,7 @@ class _Kernel:
             head.append(f"  {CTYPE[dt]} {name(v)} = *({CTYPE[dt]} *)(scratch + {off});")
         if kind not in ("gemm", "perm"):
             head.append("  __syncthreads();")
-        return "\n".join(head + self.lines + ["}"]) + "\n" + _emu_entry(fname)
+        return "\n".join(head + self.lines + ["}"]) + "\n" + _emu_entry(fname, len(self.k.params))
 
     def reduction(self, st: _Step) -> int:
         """A reduction's step (``_reduction``); the threads it asks for. Each block leaves
@@ -945,7 +952,7 @@ class _Kernel:
         used = _buffers(k.body if body is None else body) | set(extra)
         out = []
         for j, p in enumerate(k.params):
-            out.append(f"  const long long {name(p)} = args[{j}];  (void){name(p)};")
+            out.append(f"  const long long {name(p)} = args.v[{j}];  (void){name(p)};")
         for s in k.slots:
             if s.name in used:
                 t = MTYPE[s.dtype]
@@ -1345,11 +1352,13 @@ def identity(op: str, dt: str) -> str:
     return const(v, dt)
 
 
-def _emu_entry(fname: str) -> str:
+def _emu_entry(fname: str, nargs: int) -> str:
     """The host's entry to a function on the emulation: ``NAME_emu(table, args, scratch,
-    err, blocks)`` runs it over ``blocks`` blocks (``emu.h``)."""
+    err, blocks)`` runs it over ``blocks`` blocks (``emu.h``), its ``nargs`` loop values
+    read from the host's array ``args``."""
     return (
         f'#ifdef TL_EMU\nextern "C" void {fname}_emu(void **table, const long long *args, '
-        f"char *scratch, int *err, unsigned blocks) {{\n  TL_EMU_LAUNCH(blocks, {fname}, table, "
-        "args, scratch, err);\n}\n#endif\n"
+        "char *scratch, int *err, unsigned blocks) {\n"
+        f"  tl_args a = {{}};\n  memcpy(a.v, args, {nargs} * sizeof(long long));\n"
+        f"  TL_EMU_LAUNCH(blocks, {fname}, table, a, scratch, err);\n}}\n#endif\n"
     )

@@ -41,7 +41,9 @@ from timerlc.runtime.cpu import CpuRuntime, _env_states, _touched
 # the host wrote some points of a buffer current on the device, on the device but for
 # those points (``written_at``: their bytes are in ``dirty``)
 HOST, DEVICE, BOTH, POINTS = 1, 2, 3, 4
+_STALE = (HOST, POINTS)  # a buffer the device must get the host's writes of
 THREADS = 128  # of a block (cuda.render.THREADS)
+ARGS = 8  # the loop values a launch passes (cuda.render.ARGS: the module's struct tl_args)
 
 
 class DeviceUnavailable(Exception):
@@ -136,8 +138,9 @@ class EmuDevice:
         self._check(ptr, host.nbytes)
         ctypes.memmove(host.ctypes.data, ptr, host.nbytes)
 
-    def launch(self, fn, table: int, args: int, scratch: int, blocks: int):
-        fn(table, args, scratch, self._err, blocks)
+    def launch(self, fn, table: int, args: np.ndarray, scratch: int, blocks: int):
+        # (the emulation's entry reads the loop values from the host's array)
+        fn(table, args.ctypes.data, scratch, self._err, blocks)
 
     def code(self) -> int:
         """The code of the first launch that failed since the last call (0: none)."""
@@ -174,10 +177,17 @@ class EmuDevice:
             )
 
 
+def _host(array: np.ndarray) -> ctypes.c_void_p:
+    return ctypes.c_void_p(array.ctypes.data)
+
+
 class CupyDevice:
     """A GPU through CuPy: memory from CuPy's pool, the module compiled by NVRTC
     (``RawModule``, which caches the compiled module by its text, options and the GPU's
-    architecture), a kernel launched as one block of ``THREADS`` threads."""
+    architecture), a function launched over blocks of ``THREADS`` threads by the driver
+    (``cuLaunchKernel``, its parameters in one host buffer: the table's, the loop values',
+    the scratch's and the failure code's addresses), a product by cuBLAS; all in CuPy's
+    current stream, in order."""
 
     kind = "cuda"
     MAX_BLOCKS = 65535
@@ -196,11 +206,27 @@ class CupyDevice:
             raise DeviceUnavailable(f"no CUDA device ({type(e).__name__}: {e})") from None
         if count < 1:
             raise DeviceUnavailable("no CUDA device")
-        self.cp = cupy
+        from cupy.cuda import driver
+
+        self.cp, self._driver = cupy, driver
         self._mem: dict[int, object] = {}
         self._arenas: dict[int, object] = {}
         self._err = cupy.zeros(1, cupy.int32)
         self._code = np.zeros(1, np.int32)
+        self._stream = cupy.cuda.get_current_stream().ptr
+        self._launch_params(self._err.data.ptr)
+        self._blas = None  # (cuBLAS's handle, and alpha = 1, beta = 0 of each dtype)
+
+    def _launch_params(self, err: int):
+        """The buffer a launch's parameters are written to (cuLaunchKernel reads them when
+        it is called): the table's address, the loop values (one parameter, ``struct
+        tl_args``), the scratch's and ``err``'s addresses; and a pointer to each."""
+        self._params = np.zeros(3 + ARGS, np.uint64)
+        self._params[2 + ARGS] = err
+        at = self._params.ctypes.data
+        self._param_ptrs = np.array(
+            [at, at + 8, at + 8 * (1 + ARGS), at + 8 * (2 + ARGS)], np.uint64
+        )
 
     def describe(self) -> str:
         props = self.cp.cuda.runtime.getDeviceProperties(self.cp.cuda.Device().id)
@@ -214,7 +240,13 @@ class CupyDevice:
             raise RunError(f"the GPU's compiler refused the kernels: {e}") from None
 
     def function(self, module, name: str):
-        return module.get_function(name)
+        # (RawModule compiles on the first function: NVRTC's refusal arrives here)
+        try:
+            return module.get_function(name).kernel.ptr  # (a CUfunction)
+        except Exception as e:  # noqa: BLE001 - NVRTC's or the driver's message, as a run failure
+            raise RunError(
+                f"the GPU's compiler refused the kernels ({type(e).__name__}): {e}"
+            ) from None
 
     def alloc(self, nbytes: int) -> int:
         mem = self.cp.cuda.alloc(max(nbytes, 8))
@@ -245,39 +277,65 @@ class CupyDevice:
         # in the launches' stream, from pageable memory: CUDA copies ``host`` to a staging
         # buffer before it returns (so the host may change it at once) and does not wait
         # for the device, which copies it when the stream gets there
-        (self._mem[ptr] + offset).copy_from_host_async(host.ctypes.data, host.nbytes)
+        # (CuPy's copies take the host address as a ctypes.c_void_p: they read its .value)
+        (self._mem[ptr] + offset).copy_from_host_async(_host(host), host.nbytes)
 
     def download(self, ptr: int, host: np.ndarray):
-        self._mem[ptr].copy_to_host(host.ctypes.data, host.nbytes)
+        self._mem[ptr].copy_to_host(_host(host), host.nbytes)
 
-    def launch(self, fn, table: int, args: int, scratch: int, blocks: int):
-        u64 = np.uint64
-        fn((blocks,), (THREADS,), (u64(table), u64(args), u64(scratch), self._err))
+    def launch(self, fn: int, table: int, args: np.ndarray, scratch: int, blocks: int):
+        p = self._params
+        p[0] = table
+        p[1 : 1 + len(args)] = args.view(np.uint64)
+        p[1 + ARGS] = scratch
+        self._driver.launchKernel(
+            fn, blocks, 1, 1, THREADS, 1, 1, 0, self._stream, self._param_ptrs.ctypes.data, 0
+        )
 
     def gemm(self, dtype, m, n, k, a, lda, ta, b, ldb, tb, c, ldc):
-        """``C = op(A) @ op(B)``, row-major, by cuBLAS (``cupy.matmul`` over views of the
-        memory, in the launches' stream)."""
-        cp = self.cp
-        dt = np.dtype(np.float32 if dtype == "f32" else np.float64)
+        """``C = op(A) @ op(B)``, row-major, by cuBLAS's gemm in the launches' stream.
 
-        def view(ptr: int, shape, ld: int):
-            rows, cols = shape
-            mem = cp.cuda.UnownedMemory(ptr, ((rows - 1) * ld + cols) * dt.itemsize, self)
-            strides = (ld * dt.itemsize, dt.itemsize)
-            return cp.ndarray(shape, dt, cp.cuda.MemoryPointer(mem, 0), strides=strides)
+        cuBLAS's matrices are column-major: a row-major ``X`` (rows ``ld`` apart) is its
+        transpose there, so ``C`` is computed as ``C^T = op(B)^T op(A)^T``: B first, each
+        operand transposed where the plan's is not."""
+        if self._blas is None:
+            from cupy.cuda import cublas, device
 
-        A = view(a, (k, m) if ta else (m, k), lda)
-        B = view(b, (n, k) if tb else (k, n), ldb)
-        C = view(c, (m, n), ldc)
-        if ldc == n:  # (contiguous: the product's own memory)
-            cp.matmul(A.T if ta else A, B.T if tb else B, out=C)
-        else:
-            C[...] = cp.matmul(A.T if ta else A, B.T if tb else B)
+            handle = (cublas, device.get_cublas_handle())
+            self._blas = (
+                handle,
+                {
+                    d: (np.ones(1, t), np.zeros(1, t))
+                    for d, t in (("f32", np.float32), ("f64", np.float64))
+                },
+            )
+        (blas, handle), scalars = self._blas
+        # (the handle is CuPy's: set its stream, and host scalars, at each call)
+        blas.setStream(handle, self._stream)
+        blas.setPointerMode(handle, 0)  # CUBLAS_POINTER_MODE_HOST
+        one, zero = scalars[dtype]
+        fn = blas.sgemm if dtype == "f32" else blas.dgemm
+        fn(
+            handle,
+            1 if tb else 0,
+            1 if ta else 0,  # CUBLAS_OP_T, CUBLAS_OP_N
+            n,
+            m,
+            k,
+            one.ctypes.data,
+            b,
+            ldb,
+            a,
+            lda,
+            zero.ctypes.data,
+            c,
+            ldc,
+        )
 
     def code(self) -> int:
         """The code of the first launch that failed since the last call (0: none); waits
         for the launches."""
-        self._err.data.copy_to_host(self._code.ctypes.data, 4)
+        self._err.data.copy_to_host(_host(self._code), 4)
         code = int(self._code[0])
         if code:
             self._err.fill(0)
@@ -330,6 +388,12 @@ class DeviceRuntime(CpuRuntime):
         # (in one stream on a GPU), and a call's scratch holds nothing the next one needs
         self._scratch = self._alloc(max([8] + [n for _, _, n in plan.kernels.statements]))
         phases = dict(plan.kernels.launches)
+        for sid, _, _ in plan.kernels.statements:
+            if len(plan.statement(sid).loops) > ARGS:
+                raise PlanError(
+                    f"the plan is not valid: statement {sid}'s kernel takes "
+                    f"{len(plan.statement(sid).loops)} loop values (a launch passes {ARGS})"
+                )
         kernels = {
             name: self._launcher(sid, phases[sid], scratch)
             for sid, name, scratch in plan.kernels.statements
@@ -396,10 +460,17 @@ class DeviceRuntime(CpuRuntime):
                 ptrs.append(ptr)
             self.dev[sid] = ptrs
             self.fresh[sid] = BOTH
+        if bufs is None and self.layout is not None:
+            # (its entries keep its place in the arena, where it comes back: no new table
+            # to copy up; a kernel that read it now would read the bytes of another buffer,
+            # which the emulation poisons when freed)
+            return
         if hasattr(self, "dtable_host"):
             for k, ptr in enumerate(self.dev.get(sid) or [0] * len(self.plan.buffer(sid).outputs)):
-                self.dtable_host[self.slot[(sid, k)]] = ptr
-            self._table_dirty = True
+                at = self.slot[(sid, k)]
+                if self.dtable_host[at] != ptr:  # (in the arena a buffer comes back to its place)
+                    self.dtable_host[at] = ptr
+                    self._table_dirty = True
 
     def _to_device(self, sid: int):
         state = self.fresh.get(sid)
@@ -472,13 +543,12 @@ class DeviceRuntime(CpuRuntime):
         another, a function launched over the blocks its threads need (at most the
         device's ``MAX_BLOCKS``: each strides over its grid) or a product handed to the
         device's BLAS (``_gemm``), then the failure code read (where a function ran)."""
-        state: dict = {}
+        state: list = []  # (set at the first call) functions, whether to read the code, ...
 
         def launch(_table, _args, _scratch) -> int:
             if not state:
-                st = self.statements[sid]
                 limit = self.device.MAX_BLOCKS
-                state["fns"] = [
+                fns = tuple(
                     (self._gemm(sid, f, scratch), 0)
                     if isinstance(f, GemmCall)
                     else (
@@ -486,35 +556,34 @@ class DeviceRuntime(CpuRuntime):
                         min(-(-f[1] // THREADS), limit),
                     )
                     for f in phases
-                ]
-                # (a kernel that cannot fail leaves the code 0: not read, no wait)
-                state["kernel"] = sid not in self._unfailing and any(
-                    not isinstance(f, GemmCall) for f in phases
                 )
-                state["scratch"] = self._scratch
-                state["args"] = self._alloc(st.args.nbytes)
-                state["touched"] = _touched(self.plan, {sid})
-                state["host_args"] = st.args
-            for s, _ in state["touched"]:
-                self._to_device(s)
+                # (a kernel that cannot fail leaves the code 0: not read, no wait)
+                reads = sid not in self._unfailing and any(b for _, b in fns)
+                touched = tuple(s for s, _ in _touched(self.plan, {sid}))
+                state[:] = [fns, reads, touched, self.statements[sid].args]
+            fns, reads, touched, args = state
+            fresh = self.fresh
+            for s in touched:
+                if fresh.get(s) in _STALE:  # (the host wrote it since the device did)
+                    self._to_device(s)
             if self._table_dirty:
                 self.device.upload(self.dtable, self.dtable_host)
                 self._table_dirty = False
-            self.device.upload(state["args"], state["host_args"])
-            for fn, blocks in state["fns"]:
-                if blocks:
-                    self.device.launch(fn, self.dtable, state["args"], state["scratch"], blocks)
+            device, table, scratch_ptr = self.device, self.dtable, self._scratch
+            for fn, blocks in fns:
+                if blocks:  # (the loop values go by value, with the launch)
+                    device.launch(fn, table, args, scratch_ptr, blocks)
                     self.launches += 1
                 else:  # a product (GemmCall)
-                    fn(state["host_args"], state["scratch"])
-            code = self.device.code() if state["kernel"] else 0
-            self.fresh[sid] = DEVICE
+                    fn(args, scratch_ptr)
+            code = device.code() if reads else 0
+            fresh[sid] = DEVICE
             if code:
                 # the interpreter computes the call again to say what failed: it needs the
                 # values as the kernel left them, and the environments' state
                 self._to_host(sid)
                 for host, ptr in self.state_dev:
-                    self.device.download(ptr, host)
+                    device.download(ptr, host)
             return code
 
         return launch

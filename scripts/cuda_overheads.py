@@ -1,0 +1,192 @@
+"""Where a cuda run's time goes on the host: the device runtime's primitives, and a program's
+run with and without its parts.
+
+A program at PPO's sizes is launch-bound on a GPU: thousands of small launches an iteration,
+each costing the host more than the GPU (docs/cuda.md, "Launch overhead"). This measures,
+on the device (``--emu``: the emulated one, for the plumbing only):
+
+- ``launch``: a function of the module launched over one block, as the runtime launches
+  (``CupyDevice.launch``), then one wait: microseconds per launch;
+- ``sync``: a launch, then the failure code read (what the runtime does after each kernel
+  that can fail): microseconds per launch and read;
+- ``gemm``: a 2048x64 @ 64x64 product by the device's BLAS, as the runtime calls it;
+- ``program``: PPO (or ``--program``) at ``--set`` sizes, timed per iteration (from the
+  metrics' rows) as it runs, then again with the failure codes not read (what the reads
+  cost; a run that fails would not be noticed, so a measurement only), and once with the
+  host's work alone (a device that launches nothing: the interpreter's floor).
+
+    python scripts/cuda_overheads.py --set B=2048 --set T=128 --set total_steps=2621440
+    python scripts/cuda_overheads.py --emu --set B=16 --set T=16 --set total_steps=1280
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+EMPTY = r"""
+extern "C" __global__ void tl_empty(void **table, const tl_args args, char *scratch, int *err) {
+  if (threadIdx.x == 0 && args.v[0] < 0) err[0] = (int)args.v[0];
+}
+#ifdef TL_EMU
+extern "C" void tl_empty_emu(void **table, const long long *args, char *scratch, int *err,
+                             unsigned blocks) {
+  tl_args a = {};
+  memcpy(a.v, args, sizeof(long long));
+  TL_EMU_LAUNCH(blocks, tl_empty, table, a, scratch, err);
+}
+#endif
+"""
+
+
+def primitives(device, n: int) -> dict[str, float]:
+    from timerlc.cuda import render
+
+    module = device.load(render.head() + EMPTY)
+    fn = device.function(module, "tl_empty")
+    table, scratch = device.alloc(64), device.alloc(64)
+    args = np.zeros(1, np.int64)
+    out = {}
+    device.code()  # (the module loaded, the device idle)
+    started = time.perf_counter()
+    for _ in range(n):
+        device.launch(fn, table, args, scratch, 1)
+    device.code()
+    out["launch"] = (time.perf_counter() - started) / n * 1e6
+    started = time.perf_counter()
+    for _ in range(n):
+        device.launch(fn, table, args, scratch, 1)
+        device.code()
+    out["launch + code read"] = (time.perf_counter() - started) / n * 1e6
+    m, k, c = 2048, 64, 64
+    a, b, d = device.alloc(m * k * 4), device.alloc(k * c * 4), device.alloc(m * c * 4)
+    for p, nbytes in ((a, m * k * 4), (b, k * c * 4), (d, m * c * 4)):
+        device.zero(p, nbytes)
+    device.gemm("f32", m, c, k, a, k, False, b, c, False, d, c)
+    device.code()
+    started = time.perf_counter()
+    for _ in range(n // 4):
+        device.gemm("f32", m, c, k, a, k, False, b, c, False, d, c)
+    device.code()
+    out["gemm 2048x64x64"] = (time.perf_counter() - started) / (n // 4) * 1e6
+    return out
+
+
+def program(device, name: str, sets: dict[str, str], quiet_codes: bool = False) -> dict:
+    from timerlc.compiler import compile_plan, generate_code, run_passes
+    from timerlc.diagnostics import Source
+    from timerlc.frontend.check import check_source
+    from timerlc.runtime.cuda import DeviceRuntime
+
+    path = ROOT / "programs" / f"{name}.rtl"
+    graph = check_source(Source(str(path), path.read_text()), overrides=sets)
+    gen = generate_code(compile_plan(run_passes(graph)), target="cuda")
+    rows: list[float] = []
+    last = [None]
+
+    def on_metric(name, coords, value):
+        at = coords.get("i", next(iter(coords.values()), None))
+        if at != last[0]:  # (a new iteration's first row)
+            last[0] = at
+            rows.append(time.perf_counter())
+
+    if quiet_codes:
+        read = device.code
+        device.code = lambda: 0
+    try:
+        rt = DeviceRuntime(gen.plan, on_metric, text=gen.text, device=device)
+        started = time.perf_counter()
+        rt.run()
+        total = time.perf_counter() - started
+    finally:
+        if quiet_codes:
+            device.code = read
+    per = np.diff(rows)[1:] if len(rows) > 2 else np.array([total])
+    launches = rt.launches / max(1, len(rows))
+    rt.envs.close()
+    return {
+        "s/iter": float(np.median(per)),
+        "iterations": len(rows),
+        "launches/iter": launches,
+        "BLAS/iter": rt.blas_calls / max(1, len(rows)),
+    }
+
+
+class _Idle:
+    """A device that runs nothing (its memory the emulation's): the host's work alone."""
+
+    def __new__(cls):
+        from timerlc.runtime.cuda import EmuDevice
+
+        class Idle(EmuDevice):
+            MAX_BLOCKS = 65535
+
+            def load(self, text, cache=None):
+                return None
+
+            def function(self, module, name):
+                return name
+
+            def launch(self, *a):
+                pass
+
+            def gemm(self, *a):
+                pass
+
+            def upload(self, *a, **k):
+                pass
+
+            def download(self, *a):
+                pass
+
+            def zero(self, *a):
+                pass
+
+            def code(self):
+                return 0
+
+        return Idle()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--emu", action="store_true", help="the emulated device (cuda-emu)")
+    ap.add_argument("--program", default="ppo")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("-n", type=int, default=4000, help="launches for the primitives")
+    args = ap.parse_args()
+    from timerlc.runtime.cuda import DeviceUnavailable, device_for
+
+    try:
+        device = device_for("cuda-emu" if args.emu else "cuda")
+    except DeviceUnavailable as e:
+        print(f"cuda_overheads: {e}")
+        return 2
+    sets = dict(s.split("=", 1) for s in args.set)
+    print(f"device: {device.describe()}", flush=True)
+    for what, us in primitives(device, args.n).items():
+        print(f"  {what:24s} {us:9.2f} us", flush=True)
+    for label, dev, quiet in (
+        ("as it runs", device, False),
+        ("failure codes not read", device, True),
+        ("host only (nothing launched)", _Idle(), False),
+    ):
+        r = program(dev, args.program, sets, quiet)
+        print(
+            f"{args.program} {label:30s} {r['s/iter'] * 1e3:8.2f} ms/iter "
+            f"({r['iterations']} iterations, {r['launches/iter']:.0f} launches and "
+            f"{r['BLAS/iter']:.0f} BLAS products an iteration)",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
