@@ -7,13 +7,13 @@ on the device (``--emu``: the emulated one, for the plumbing only):
 
 - ``launch``: a function of the module launched over one block, as the runtime launches
   (``CupyDevice.launch``), then one wait: microseconds per launch;
-- ``sync``: a launch, then the failure code read (what the runtime does after each kernel
-  that can fail): microseconds per launch and read;
+- ``launch + code read``: a launch, then the failure record read (a wait for the device:
+  what the runtime did after each kernel that can fail until it read them late):
+  microseconds per launch and read;
 - ``gemm``: a 2048x64 @ 64x64 product by the device's BLAS, as the runtime calls it;
 - ``program``: PPO (or ``--program``) at ``--set`` sizes, timed per iteration (from the
-  metrics' rows) as it runs, then again with the failure codes not read (what the reads
-  cost; a run that fails would not be noticed, so a measurement only), and once with the
-  host's work alone (a device that launches nothing: the interpreter's floor).
+  metrics' rows) as it runs, and with the host's work alone (a device that launches
+  nothing: the interpreter's floor).
 
     python scripts/cuda_overheads.py --set B=2048 --set T=128 --set total_steps=2621440
     python scripts/cuda_overheads.py --emu --set B=16 --set T=16 --set total_steps=1280
@@ -79,7 +79,7 @@ def primitives(device, n: int) -> dict[str, float]:
     return out
 
 
-def program(device, name: str, sets: dict[str, str], quiet_codes: bool = False) -> dict:
+def program(device, name: str, sets: dict[str, str]) -> dict:
     from timerlc.compiler import compile_plan, generate_code, run_passes
     from timerlc.diagnostics import Source
     from timerlc.frontend.check import check_source
@@ -97,17 +97,10 @@ def program(device, name: str, sets: dict[str, str], quiet_codes: bool = False) 
             last[0] = at
             rows.append(time.perf_counter())
 
-    if quiet_codes:
-        read = device.code
-        device.code = lambda: 0
-    try:
-        rt = DeviceRuntime(gen.plan, on_metric, text=gen.text, device=device)
-        started = time.perf_counter()
-        rt.run()
-        total = time.perf_counter() - started
-    finally:
-        if quiet_codes:
-            device.code = read
+    rt = DeviceRuntime(gen.plan, on_metric, text=gen.text, device=device)
+    started = time.perf_counter()
+    rt.run()
+    total = time.perf_counter() - started
     per = np.diff(rows)[1:] if len(rows) > 2 else np.array([total])
     launches = rt.launches / max(1, len(rows))
     rt.envs.close()
@@ -149,8 +142,8 @@ class _Idle:
             def zero(self, *a):
                 pass
 
-            def code(self):
-                return 0
+            def failure(self):
+                return 0, 0, ()
 
         return Idle()
 
@@ -173,12 +166,8 @@ def main() -> int:
     print(f"device: {device.describe()}", flush=True)
     for what, us in primitives(device, args.n).items():
         print(f"  {what:24s} {us:9.2f} us", flush=True)
-    for label, dev, quiet in (
-        ("as it runs", device, False),
-        ("failure codes not read", device, True),
-        ("host only (nothing launched)", _Idle(), False),
-    ):
-        r = program(dev, args.program, sets, quiet)
+    for label, dev in (("as it runs", device), ("host only (nothing launched)", _Idle())):
+        r = program(dev, args.program, sets)
         print(
             f"{args.program} {label:30s} {r['s/iter'] * 1e3:8.2f} ms/iter "
             f"({r['iterations']} iterations, {r['launches/iter']:.0f} launches and "

@@ -623,17 +623,50 @@ def test_only_a_kernel_that_can_fail_has_its_failure_code_read():
     assert fails and set(gen.plan.kernels.unfailing) == set(kernels) - fails
     reads = []
     device = EmuDevice()
-    code = device.code
-    device.code = lambda: reads.append(1) or code()
+    failure = device.failure
+    device.failure = lambda: reads.append(1) or failure()
     with pytest.raises(RunError, match="k=700"):
         DeviceRuntime(gen.plan, text=gen.text, device=device).run()
-    assert 0 < len(reads) <= 2  # the take's (and the run's end, which it did not reach)
+    assert 0 < len(reads) <= 2  # before the output comes down (or at the run's end)
     lying = dataclasses.replace(
         gen.plan,
         kernels=dataclasses.replace(gen.plan.kernels, unfailing=tuple(kernels)),
     )
     with pytest.raises(items.PlanError, match="says cannot fail"):
         DeviceRuntime(lying, text=gen.text, device=EmuDevice()).run()
+
+
+# y fails at t = 7 with an index that depends on s[7]; the calls after it (t = 8, 9, ...)
+# would write s[9] over s[7] (s keeps two steps)
+FAILS_IN_A_LOOP = """
+config T = 12, K = 4
+dim t < T
+dim k < K
+s[0, k] = f32(k)
+s[t, k] = s[t-1, k] + 1.0 + y[t-1, k] * 0.0
+y[t, k] = take(s[t, 0:K], i32(s[t, k]) - t + t // 7 * (i32(s[t, k]) + 90))
+out y
+"""
+
+
+@needs_cxx
+def test_a_failure_is_read_late_and_explained_with_the_values_it_saw():
+    """A kernel that can fail is not waited for: its failure is read when the host next
+    waits (here at the run's end, after the loop's last call), and every launch after it
+    returns at once, so the values the failing call read are intact when the interpreter
+    computes it again: the index it names is s[7]'s (97), not s[9]'s (105, what the calls
+    after it would have left)."""
+    gen = generate(compile_plan(run_passes(graph_of(FAILS_IN_A_LOOP))), "cuda")
+    (take,) = [k for k in gen.kernels if "fail" in kir.text(k) and k.params == ("t",)]
+    reads, calls = [], []
+    device = EmuDevice()
+    failure, launch = device.failure, device.launch
+    device.failure = lambda: reads.append(1) or failure()
+    device.launch = lambda fn, *a: calls.append(a[1][0]) or launch(fn, *a)
+    with pytest.raises(RunError, match=r"t=7, k=0 .*index 97 is out of range"):
+        DeviceRuntime(gen.plan, text=gen.text, device=device).run()
+    assert len(reads) == 1 and max(calls) == 11  # the loop ran on; one read, at the end
+    assert take.sid in {sid for sid, _, _ in gen.plan.kernels.statements}
 
 
 def _gemm_json(data) -> dict:
@@ -841,11 +874,16 @@ def test_cupy_device_s_copies_hand_cupy_a_c_void_p():
     dev.download(1000, back)
     np.testing.assert_array_equal(back, [0, 0, 0, 0, 0, 1, 2, 3])
 
+    record = np.zeros(cuda.RECORD, np.int64)
+    record[0], record[1], record[2:4] = 7, 73, [3, 17]  # code 7, statement 73, (3, 17)
+
     class _Err:
-        data = _StrictPointer(np.array([7, 0, 0, 0], np.uint8))
+        data = _StrictPointer(record.view(np.uint8).copy())
 
         def fill(self, value):
             self.data.buf[:] = value
 
-    dev._err, dev._code = _Err(), np.zeros(1, np.int32)
-    assert dev.code() == 7 and dev.code() == 0  # read, then cleared
+    dev._err, dev._code = _Err(), np.zeros(cuda.RECORD, np.int64)
+    code, sid, values = dev.failure()
+    assert (code, sid, values[:3]) == (7, 73, (3, 17, 0))
+    assert dev.code() == 0  # read, then cleared

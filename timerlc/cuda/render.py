@@ -29,8 +29,9 @@ loops under exclusive conditions (the two branches of one ``if``) share a functi
 (a struct passed by value, as a launch's parameters are: nothing to copy before a launch),
 ``scratch`` the temporaries (global memory, shared by the steps). A ``Fail`` sets its
 block's code and skips the rest of its point (or of the serial step); the block then sets
-``*err`` if it is still 0 (the runtime keeps it 0 between failures), and every later step
-returns at once when ``*err`` is set. A parallel loop inside another statement (an
+``*err`` if it is still 0 (``tl_failed``: with the statement and the call's loop values
+after it), and every later step, of this call or a later one, returns at once when ``*err``
+is set: the runtime reads it only when it next waits for the device. A parallel loop inside another statement (an
 element loop inside a loop over points, the cpu's blocks of a layer chain) runs on its
 step's thread like any loop, but for ``if c: <parallel loop>``, which becomes the loop of
 ``if c: <its body>``.
@@ -102,6 +103,17 @@ typedef unsigned int u32;
 
 /* a call's loop values, passed by value (ARGS of them at most): no copy to the device */
 struct tl_args { long long v[8]; };
+
+/* the stream's first failure: its code in err[0], then (as long longs from byte 8) the
+   statement that failed and its call's loop values, which the runtime reads when it next
+   waits for the device (runtime/cuda.py: a failure is explained then) */
+__device__ inline void tl_failed(int *err, int code, long long sid, const tl_args &args) {
+  if (atomicCAS(err, 0, code) == 0) {
+    long long *record = (long long *)err;
+    record[1] = sid;
+    for (int k = 0; k < 8; k++) record[2 + k] = args.v[k];
+  }
+}
 
 /* integers wrap (two's complement), as LLVM's add/sub/mul and NumPy's do */
 TL_F int tl_add_i32(int a, int b) { return (int)((u32)a + (u32)b); }
@@ -739,7 +751,9 @@ class _Kernel:
                     self.emit(2, f"{CTYPE[dt]} {name(v)};")
             self.stmts(body, 2, skip)
             self.end(2, skip)
-            self.emit(2, "if (tl_fail) { *err = tl_fail; return; }")
+            self.emit(
+                2, f"if (tl_fail) {{ tl_failed(err, tl_fail, {self.k.sid}, args); return; }}"
+            )
             for v in stores:
                 dt, off = passed[v]
                 self.emit(2, f"*({CTYPE[dt]} *)(scratch + {off}) = {name(v)};")
@@ -878,7 +892,7 @@ class _Kernel:
             self.emit(1, "if (threadIdx.x == 0) {")
             threads = min(_extent(loop, _array_blocks(t.size)), _array_blocks(t.size)) * THREADS
         self.emit(2, f"if (blockIdx.x == 0) {buf(f'tl_nparts{count}')}[0] = gridDim.x;")
-        self.emit(2, "if (tl_fail) atomicCAS(err, 0, tl_fail);")
+        self.emit(2, f"if (tl_fail) tl_failed(err, tl_fail, {self.k.sid}, args);")
         self.emit(1, "}")
         return threads
 
@@ -942,7 +956,10 @@ class _Kernel:
         self.emit(depth, "}")
         if epilogue:
             self.emit(depth, "__syncthreads();")
-            self.emit(depth, "if (threadIdx.x == 0 && tl_fail) atomicCAS(err, 0, tl_fail);")
+            self.emit(
+                depth,
+                f"if (threadIdx.x == 0 && tl_fail) tl_failed(err, tl_fail, {self.k.sid}, args);",
+            )
 
     def pointers(self, body=None, extra=()) -> list[str]:
         """The kernel's loop values, and the buffers and (global) temporaries that the

@@ -44,6 +44,9 @@ HOST, DEVICE, BOTH, POINTS = 1, 2, 3, 4
 _STALE = (HOST, POINTS)  # a buffer the device must get the host's writes of
 THREADS = 128  # of a block (cuda.render.THREADS)
 ARGS = 8  # the loop values a launch passes (cuda.render.ARGS: the module's struct tl_args)
+# the failure record (cuda.render's tl_failed): the code, then the statement and the loop
+# values of the call that failed, as long longs
+RECORD = 2 + ARGS
 
 
 class DeviceUnavailable(Exception):
@@ -80,8 +83,8 @@ class EmuDevice:
         self._blocks: dict[int, np.ndarray] = {}
         self._arenas: dict[int, np.ndarray] = {}
         self._freed: collections.deque = collections.deque(maxlen=self.QUARANTINE)
-        self._err = self.alloc(8)  # the launches' failure code (0: none)
-        self.zero(self._err, 8)
+        self._err = self.alloc(8 * RECORD)  # the launches' failure record (code 0: none)
+        self.zero(self._err, 8 * RECORD)
 
     def describe(self) -> str:
         return "the host, emulating the grids of blocks (timerlc/cuda/emu.h)"
@@ -142,12 +145,18 @@ class EmuDevice:
         # (the emulation's entry reads the loop values from the host's array)
         fn(table, args.ctypes.data, scratch, self._err, blocks)
 
-    def code(self) -> int:
-        """The code of the first launch that failed since the last call (0: none)."""
+    def failure(self) -> tuple[int, int, tuple[int, ...]]:
+        """The first failure since the last call: its code (0: none), statement and loop
+        values (``tl_failed``); cleared."""
+        record = tuple((ctypes.c_int64 * RECORD).from_address(self._err))
         code = ctypes.c_int32.from_address(self._err).value
         if code:
-            self.zero(self._err, 8)
-        return code
+            self.zero(self._err, 8 * RECORD)
+        return code, record[1], record[2:]
+
+    def code(self) -> int:
+        """The code of the first launch that failed since the last call (0: none)."""
+        return self.failure()[0]
 
     def gemm(self, dtype, m, n, k, a, lda, ta, b, ldb, tb, c, ldc):
         """``C = op(A) @ op(B)``, row-major, by NumPy (its BLAS) over the device's memory."""
@@ -211,8 +220,8 @@ class CupyDevice:
         self.cp, self._driver = cupy, driver
         self._mem: dict[int, object] = {}
         self._arenas: dict[int, object] = {}
-        self._err = cupy.zeros(1, cupy.int32)
-        self._code = np.zeros(1, np.int32)
+        self._err = cupy.zeros(RECORD, cupy.int64)  # the failure record (tl_failed)
+        self._code = np.zeros(RECORD, np.int64)
         self._stream = cupy.cuda.get_current_stream().ptr
         self._launch_params(self._err.data.ptr)
         self._blas = None  # (cuBLAS's handle, and alpha = 1, beta = 0 of each dtype)
@@ -332,14 +341,19 @@ class CupyDevice:
             ldc,
         )
 
+    def failure(self) -> tuple[int, int, tuple[int, ...]]:
+        """The first failure since the last call: its code (0: none), statement and loop
+        values (``tl_failed``); cleared. Waits for the launches."""
+        self._err.data.copy_to_host(_host(self._code), self._code.nbytes)
+        code = int(self._code.view(np.int32)[0])  # (the record's first 4 bytes: little-endian)
+        if code:
+            self._err.fill(0)
+        return code, int(self._code[1]), tuple(int(v) for v in self._code[2:])
+
     def code(self) -> int:
         """The code of the first launch that failed since the last call (0: none); waits
         for the launches."""
-        self._err.data.copy_to_host(_host(self._code), 4)
-        code = int(self._code[0])
-        if code:
-            self._err.fill(0)
-        return code
+        return self.failure()[0]
 
 
 class DeviceRuntime(CpuRuntime):
@@ -375,6 +389,7 @@ class DeviceRuntime(CpuRuntime):
         self.uploaded = self.downloaded = 0  # bytes copied each way
         self.launches = 0
         self.blas_calls = 0  # products handed to the device's BLAS
+        self._pending: list[tuple[int, tuple]] = []  # calls of kernels that can fail, unread
         self._module = device.load(text, cache)
         self._unfailing = frozenset(plan.kernels.unfailing)
         # the buffers' memory: one arena, each buffer at its planned offset (plan.arena),
@@ -434,6 +449,7 @@ class DeviceRuntime(CpuRuntime):
         self.device.free(ptr)
 
     def _set(self, sid: int, bufs, donor: int | None = None):
+        self._settle()  # (a buffer freed, donated or zeroed: a failed call's inputs kept)
         super()._set(sid, bufs, donor)
         if bufs is None:
             for ptr in self.dev.pop(sid, ()):
@@ -489,6 +505,7 @@ class DeviceRuntime(CpuRuntime):
     def _to_host(self, sid: int):
         self._to_device(sid)  # (points the host wrote go up first: then all comes down)
         if self.fresh.get(sid) == DEVICE:
+            self._settle()  # (no value of a failed run reaches the host)
             for ptr, host in zip(self.dev[sid], self.buffers[sid]):
                 self.device.download(ptr, host)
                 self.downloaded += host.nbytes
@@ -501,6 +518,7 @@ class DeviceRuntime(CpuRuntime):
         return bufs
 
     def written(self, sid: int) -> list[np.ndarray]:
+        self._settle()  # (the host's write could change a failed call's inputs)
         bufs = super().written(sid)
         self._to_host(sid)  # a call writes some points: the others must be current too
         if sid in self.fresh:
@@ -510,6 +528,7 @@ class DeviceRuntime(CpuRuntime):
     def written_at(self, sid: int, idx: tuple) -> list[np.ndarray]:
         """The arrays of ``sid`` for a write of the point ``idx``: where the device holds
         the rest of the buffer, only the point's bytes will go up (nothing comes down)."""
+        self._settle()
         bufs = self.buffers[sid]
         if bufs is None:
             bufs = self._allocate(sid, True)  # (zeros on both sides, or a donor's memory)
@@ -528,10 +547,12 @@ class DeviceRuntime(CpuRuntime):
                 self._allocate(sid, write)
 
     def swap_out(self, sid: int):
+        self._settle()
         self._to_host(sid)
         super().swap_out(sid)
 
     def swap_in(self, sid: int):
+        self._settle()
         super().swap_in(sid)
         if self.buffers[sid] is not None:
             self.fresh[sid] = HOST  # copied back to the mirror: up at the next launch
@@ -560,8 +581,9 @@ class DeviceRuntime(CpuRuntime):
                 # (a kernel that cannot fail leaves the code 0: not read, no wait)
                 reads = sid not in self._unfailing and any(b for _, b in fns)
                 touched = tuple(s for s, _ in _touched(self.plan, {sid}))
-                state[:] = [fns, reads, touched, self.statements[sid].args]
-            fns, reads, touched, args = state
+                nloops = len(self.plan.statement(sid).loops)
+                state[:] = [fns, reads, touched, self.statements[sid].args, nloops]
+            fns, reads, touched, args, nloops = state
             fresh = self.fresh
             for s in touched:
                 if fresh.get(s) in _STALE:  # (the host wrote it since the device did)
@@ -576,15 +598,10 @@ class DeviceRuntime(CpuRuntime):
                     self.launches += 1
                 else:  # a product (GemmCall)
                     fn(args, scratch_ptr)
-            code = device.code() if reads else 0
+            if reads:  # (its failure is read when the host next waits: _settle)
+                self._pending.append((sid, tuple(int(v) for v in args[:nloops])))
             fresh[sid] = DEVICE
-            if code:
-                # the interpreter computes the call again to say what failed: it needs the
-                # values as the kernel left them, and the environments' state
-                self._to_host(sid)
-                for host, ptr in self.state_dev:
-                    device.download(ptr, host)
-            return code
+            return 0
 
         return launch
 
@@ -639,14 +656,41 @@ class DeviceRuntime(CpuRuntime):
 
         return run
 
+    def _settle(self, final: bool = False):
+        """Wait for the device and read its failure record, where a kernel that can fail
+        ran since the last wait (``final``: in any case).
+
+        Kernels do not wait to be checked: a failure sets the record (``tl_failed``: the
+        code, the statement, the call's loop values) and every launch after it returns at
+        once, so the device's buffers stay as the failing call left them. The host waits
+        only before it reads the device's values, writes a buffer, or frees, donates or
+        zeroes one (each calls this first), so a failed call's inputs are intact here: the
+        interpreter computes that call again to say what failed, as after a cpu kernel. A
+        failure no pending call accounts for is a kernel the plan says cannot fail
+        (``kernels.unfailing``; a crafted plan)."""
+        if not (self._pending or final):
+            return
+        pending, self._pending = self._pending, []
+        code, sid, values = self.device.failure()
+        if not code:
+            return
+        for psid, key in pending:
+            if psid == sid and key == tuple(values[: len(key)]):
+                # the interpreter needs the values as the kernel left them, and the
+                # environments' state
+                self._to_host(sid)
+                for host, ptr in self.state_dev:
+                    self.device.download(ptr, host)
+                self.statements[sid].rerun(key)
+        raise PlanError(
+            "the plan is not valid: a kernel it says cannot fail (kernels.unfailing) failed"
+        )
+
     def run(self):
         super().run()
-        # a kernel the plan says cannot fail leaves no code behind: one that did anyway
-        # (a crafted plan) is found here at the latest
-        if self.device.code():
-            raise PlanError(
-                "the plan is not valid: a kernel it says cannot fail (kernels.unfailing) failed"
-            )
+        # (a pending failure; and a kernel the plan says cannot fail leaves no record
+        # behind: one that failed anyway, a crafted plan's, is found here at the latest)
+        self._settle(final=True)
 
     def close(self):
         """Release the device memory (the runtime cannot run after)."""
