@@ -124,6 +124,37 @@ def test_simplify_keeps_outputs_and_metrics_named():
     same_outputs(g, s)
 
 
+def test_simplify_sums_per_point_weight_gradients_as_one_product():
+    """A layer applied at every point has, after autodiff, a weight gradient per point (an
+    outer product) summed over the points: simplify makes it one product of the points'
+    values stacked as rows, and no per-point gradient is left."""
+    g = checked(
+        """
+        config I = 2, B = 3, T = 5
+        dim i < I
+        dim b < B
+        dim t < T
+        params net[i] {
+          w : f32[4, 3] = glorot
+        }
+        x[b, t] = sin(f32(arange(4)) + f32(b * 7 + t))
+        y[i, b, t] = tanh(x[b, t] @ net[i].w)
+        loss[i] = mean(y[i, 0:B, 0:T] * y[i, 0:B, 0:T])
+        net[i+1] = adam(net[i], grad(loss[i], net[i]), 0.1)
+        out loss
+        """
+    )
+    s = simplify(g)
+    per_point = [n for n in g.nodes if n.op == "matmul" and n.type.shape == (4, 3)]
+    assert per_point and set(per_point[0].dims) == {"i", "b", "t"}
+    (product,) = [n for n in s.nodes if n.op == "matmul" and n.type.shape == (4, 3)]
+    assert product.dims == ("i",)  # one per iteration, over the stacked rows
+    a, b = (s.node(e.src) for e in product.inputs)
+    assert a.op == "transpose" and a.type.shape == (4, 15) and b.type.shape == (15, 3)
+    want, got = outputs(run_graph(g)), outputs(run_graph(s))
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-6)
+
+
 def test_noise_splits_categorical_into_noise_and_argmax_drawing_the_same_samples():
     text = """
         config B = 3, T = 5
