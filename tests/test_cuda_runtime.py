@@ -30,6 +30,7 @@ from timerlc.frontend.check import check_source
 from timerlc.plan import arena, items
 from timerlc.reference.interpreter import outputs, run_graph
 from timerlc.runtime import cuda
+from timerlc.runtime.cpu import CpuRuntime
 from timerlc.runtime.cuda import DeviceRuntime, DeviceUnavailable, EmuDevice
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -604,6 +605,9 @@ def test_plans_launches_are_checked():
         (lambda k: k["launches"][0].__setitem__(1, []), "1 to 64 launches"),
         (lambda k: k["unfailing"].append(k["unfailing"][0]), "not distinct statements"),
         (lambda k: k["unfailing"].append(10**6), "not distinct statements with a kernel"),
+        (lambda k: k["launches"][0].append(1), r"launches\[0\]\[2\].*out of range \(2 to"),
+        (lambda k: k["launches"][0].append("8"), r"launches\[0\]\[2\].*expected an integer"),
+        (lambda k: k["launches"][0].extend([2, 2]), "and the times a call runs them"),
     ]
     for change, words in cases:
         bad = json.loads(json.dumps(data))
@@ -667,6 +671,41 @@ def test_a_failure_is_read_late_and_explained_with_the_values_it_saw():
         DeviceRuntime(gen.plan, text=gen.text, device=device).run()
     assert len(reads) == 1 and max(calls) == 11  # the loop ran on; one read, at the end
     assert take.sid in {sid for sid, _, _ in gen.plan.kernels.statements}
+
+
+@needs_cxx
+@pytest.mark.parametrize("program", ["ppo", "rnn_reinforce", "reinforce_td"])
+def test_a_kernel_over_many_points_runs_block_after_block(program, monkeypatch):
+    """Where a statement's layers over points would need more scratch than GPU_SCRATCH,
+    its kernel runs its launches once per block of the points (``repeats`` in the plan,
+    the block's number after the loop values): the scratch is a block's, and the values
+    are the unblocked run's (the cpu backend's)."""
+    from timerlc.codegen import lower
+
+    path = Path(__file__).resolve().parent.parent / "programs" / f"{program}.rtl"
+    sets = {"B": "8", "T": "16"} | ({"total_steps": "256"} if program == "ppo" else {"I": "2"})
+    graph = check_source(Source(str(path), path.read_text()), overrides=sets)
+    plan = compile_plan(run_passes(graph))
+    whole = generate(plan, "cuda")
+    monkeypatch.setattr(lower, "GPU_SCRATCH", 256)
+    gen = generate(plan, "cuda")
+    repeats = dict(gen.plan.kernels.repeats)
+    assert repeats and all(n > 1 for n in repeats.values())
+    scratch = {sid: n for sid, _, n in gen.plan.kernels.statements}
+    before = {sid: n for sid, _, n in whole.plan.kernels.statements}
+    assert all(scratch[sid] < before[sid] for sid in repeats)
+    data = items.to_json(gen.plan)  # (the repeats go through the plan's JSON)
+    assert items.from_json(json.loads(json.dumps(data)), "p") == gen.plan
+    got, want = [], []
+    rt = DeviceRuntime(gen.plan, lambda *m: got.append(m), text=gen.text, device=EmuDevice())
+    rt.run()
+    cpu = generate(plan)
+    ref = CpuRuntime(cpu.plan, lambda *m: want.append(m), native=cpu.text)
+    ref.run()
+    assert [m[:2] for m in got] == [m[:2] for m in want]
+    np.testing.assert_allclose([m[2] for m in got], [m[2] for m in want], rtol=1e-5, atol=1e-6)
+    rt.envs.close()
+    ref.envs.close()
 
 
 def _gemm_json(data) -> dict:

@@ -97,6 +97,9 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
         tuple((k.sid, k.name, launches[k.name].scratch) for k in kernels),
         launches=tuple((k.sid, launches[k.name].phases) for k in kernels),
         unfailing=tuple(k.sid for k in kernels if not launches[k.name].fails),
+        repeats=tuple(
+            (k.sid, launches[k.name].repeat) for k in kernels if launches[k.name].repeat > 1
+        ),
     )
     return Generated(
         dataclasses.replace(plan, kernels=info), text, tuple(kernels), (), interpreted

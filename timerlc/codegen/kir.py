@@ -291,6 +291,9 @@ class Kernel:
     # a fused kernel (``codegen.fuse``): the statements it computes, in order; a ``Fail``
     # of the n-th returns n (1 for the first)
     parts: tuple[int, ...] = ()
+    # a call runs the body this many times, its last param (``plan.items.BLOCK_LOOP``) 0, 1,
+    # ... (the cuda target's blocks of a statement over many points, ``lower``)
+    repeat: int = 1
 
     @property
     def scratch_bytes(self) -> int:
@@ -420,6 +423,8 @@ def text(k: Kernel) -> str:
     """A readable listing of a kernel."""
     what = f"statements {', '.join(map(str, k.parts))}" if k.parts else f"statement {k.sid}"
     lines = [f"kernel {k.name}  ({what})  args({', '.join(k.params)})"]
+    if k.repeat > 1:
+        lines[0] += f"  repeated {k.repeat} times ({k.params[-1]} = 0 ..< {k.repeat})"
     if k.shared:
         lines.append(f"  shared memory: {', '.join(k.shared)}")
     for s in k.slots:

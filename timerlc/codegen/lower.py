@@ -47,7 +47,7 @@ from timerlc.codegen.kir import (
 )
 from timerlc.plan import arena
 from timerlc.plan import expr as px
-from timerlc.plan.items import At, Ix, Plan, Statement
+from timerlc.plan.items import BLOCK_LOOP, At, Ix, Plan, Statement
 
 MAX_CONST_ELEMENTS = 4096  # an array constant is written into a temporary element by element
 SHORT_LOOP = 4  # a reduction over at most this many elements is written out (short_loops)
@@ -149,7 +149,37 @@ def lower_statement(plan: Plan, st: Statement, slot_of: dict, blocks: bool = Tru
             k = _Lowering(plan, st, slot_of, block).kernel()
     if not blocks:  # (a GPU's temporaries hold every point's values: share their bytes)
         k = _packed_temps(k)
+        if low.over_points and low.target is None and k.scratch_bytes > GPU_SCRATCH:
+            k = _gpu_blocks(plan, st, slot_of, k) or k
     return k
+
+
+GPU_SCRATCH = 16 << 20  # the most scratch a cuda kernel over many points takes unblocked
+
+
+def _gpu_blocks(plan: Plan, st: Statement, slot_of: dict, k: kir.Kernel):
+    """For the cuda target: ``st``'s layers over points whose temporaries (``k``'s, every
+    point's rows) would take more than ``GPU_SCRATCH``, as a kernel whose call runs block
+    after block of the points (``kir.Kernel.repeat``: its launches once per block, the
+    block's number its last param), each block's temporaries at most about that; None
+    where no block of its outermost vector dim is smaller than the whole."""
+    box = plan.buffer(st.id).box
+    vdims = [(d, box[j]) for j, d in enumerate(st.dims) if d in st.vector and box[j] > 1]
+    if not vdims:
+        return None
+    points = math.prod(n for _, n in vdims)
+    d0, e0 = vdims[0]
+    inner = points // e0
+    rows = max(1, GPU_SCRATCH * points // k.scratch_bytes)  # the points a block may have
+    size = max([n for n in range(1, e0 + 1) if e0 % n == 0 and n * inner <= rows] or [1])
+    if size == e0:
+        return None
+    blocked = _Lowering(plan, st, slot_of, (d0, size)).kernel()
+    (loop,) = blocked.body  # (For over BLOCK_VAR: the calls' repeats)
+    repeated = dataclasses.replace(
+        blocked, params=blocked.params + (BLOCK_VAR,), body=loop.body, repeat=e0 // size
+    )
+    return _packed_temps(repeated)
 
 
 def _packed_temps(k: kir.Kernel) -> kir.Kernel:
@@ -178,7 +208,7 @@ def _packed_temps(k: kir.Kernel) -> kir.Kernel:
     return dataclasses.replace(k, temps=temps)
 
 
-BLOCK_VAR = "blk$"  # the loop over the blocks (no dim is named so)
+BLOCK_VAR = BLOCK_LOOP  # the loop over the blocks (no dim is named so)
 BLOCK_ROWS = 1024  # the points of a block of a statement's layers over points (at most)
 
 
@@ -1464,9 +1494,9 @@ class _Lowering:
                 return [Store(rows, kir.add(kir.mul(row, kk), idx[-1]), a.at(idx))]
 
             loop = self.loops(shape_a, put)
-            for k, (d, _) in enumerate(reversed(vdims)):
-                # the outermost loop over the points is parallel: each point its own rows
-                loop = [For(d, *self.vector_range(d), tuple(loop), k == len(vdims) - 1)]
+            for d, _ in reversed(vdims):
+                # each loop over the points is parallel: each point its own rows
+                loop = [For(d, *self.vector_range(d), tuple(loop), True)]
             self.pre.extend(loop)
             strided = (rows, kir.i64(0), (kk, 1))
         buf, off, (sr, sc) = strided

@@ -407,6 +407,7 @@ class Launches:
     phases: tuple[tuple[str, int] | items.GemmCall, ...]
     scratch: int
     fails: bool = True  # whether a step can fail (else no failure code to read back)
+    repeat: int = 1  # the times a call runs the phases (``kir.Kernel.repeat``)
 
 
 def render_module(kernels, blas: bool = True) -> tuple[str, dict[str, str], dict[str, Launches]]:
@@ -420,7 +421,7 @@ def render_module(kernels, blas: bool = True) -> tuple[str, dict[str, str], dict
             r = _Kernel(k, blas)
             parts.append(r.render())
             fails = any(isinstance(s, Fail) for s in kir.walk_tree(k.body))
-            launches[k.name] = Launches(tuple(r.phases), r.scratch, fails)
+            launches[k.name] = Launches(tuple(r.phases), r.scratch, fails, k.repeat)
         except Unsupported as e:
             skipped[k.name] = str(e)
     return "\n".join(parts), skipped, launches
@@ -759,14 +760,14 @@ class _Kernel:
                 self.emit(2, f"*({CTYPE[dt]} *)(scratch + {off}) = {name(v)};")
             self.emit(1, "}")
         elif kind == "parallel":
-            threads = _extent(body)
-            self.grid_loop(body, 1)
+            threads = _grid_extent(body)
+            self.grid_loop(body, 1, collapse=True)
         elif kind == "either":  # loops under exclusive guards: only one does work
-            threads = max(_extent(loop) for loop in body)
+            threads = max(_grid_extent(loop) for loop in body)
             outside = self.others
             for loop in body:
                 self.others = outside | _buffers([x for x in body if x is not loop])
-                self.grid_loop(loop, 1)
+                self.grid_loop(loop, 1, collapse=True)
             self.others = outside
         elif kind == "reduce":
             threads = self.reduction(st)
@@ -929,21 +930,47 @@ class _Kernel:
             self.emit(1, "}")
         return s.n
 
-    def grid_loop(self, s: For, depth: int, first=None, step=None, epilogue=True, own=()):
+    def grid_loop(
+        self, s: For, depth: int, first=None, step=None, epilogue=True, own=(), collapse=False
+    ):
         """A parallel loop over the grid (or, given ``first`` and ``step``, over what they
         say): each thread its iterations, its own locals (but ``own``, declared before) and
         its own copy of the per-point temporaries (written in the loop, used by no other
         step); a failing iteration sets its block's code, which goes to ``*err`` once the
-        block is done (``epilogue``; else the caller's)."""
+        block is done (``epilogue``; else the caller's). ``collapse``: the parallel loops
+        perfectly nested in it (``_nest``) are one loop with it, a thread per point."""
         v = name(s.var)
         temps = {t.name for t in self.k.temps}
         mine = temps & (_written(s.body) - self.others)
         self.local_temps |= mine
-        first = first or f"({self.expr(s.lo)}) + (long long)blockIdx.x * blockDim.x + threadIdx.x"
+        nest = _nest(s) if collapse else [s]
         step = step or "(long long)gridDim.x * blockDim.x"
-        self.emit(
-            depth, f"for (long long {v} = {first}; {v} < {self.expr(s.hi)}; {v} += {step}) {{"
-        )
+        if len(nest) > 1:
+            # a nest of parallel loops is one loop over the grid, each thread one point of
+            # the nest (its variables from the point's number, the innermost fastest)
+            inner = math.prod(_extent(x) for x in nest[1:])
+            lo = self.expr(s.lo)
+            count = f"(({self.expr(s.hi)}) - ({lo})) * {inner}LL"
+            first = "(long long)blockIdx.x * blockDim.x + threadIdx.x"
+            self.emit(depth, f"for (long long tl_g = {first}; tl_g < {count}; tl_g += {step}) {{")
+            self.emit(depth + 1, "long long tl_r = tl_g;")
+            for x in reversed(nest[1:]):
+                n = _extent(x)
+                self.emit(
+                    depth + 1,
+                    f"const long long {name(x.var)} = ({self.expr(x.lo)}) + tl_r % {n}LL;  "
+                    f"tl_r /= {n}LL;",
+                )
+            self.emit(depth + 1, f"const long long {v} = ({lo}) + tl_r;")
+            body = nest[-1].body
+        else:
+            first = (
+                first or f"({self.expr(s.lo)}) + (long long)blockIdx.x * blockDim.x + threadIdx.x"
+            )
+            self.emit(
+                depth, f"for (long long {v} = {first}; {v} < {self.expr(s.hi)}; {v} += {step}) {{"
+            )
+            body = s.body
         for t in self.k.temps:
             if t.name in mine:
                 self.emit(depth + 1, f"{MTYPE[t.dtype]} {buf(t.name)}[{max(t.size, 1)}];")
@@ -951,7 +978,7 @@ class _Kernel:
             if lv not in own:
                 self.emit(depth + 1, f"{CTYPE[dt]} {name(lv)};")
         skip = self.label()
-        self.stmts(s.body, depth + 1, skip)
+        self.stmts(body, depth + 1, skip)
         self.end(depth + 1, skip)
         self.emit(depth, "}")
         if epilogue:
@@ -1244,7 +1271,31 @@ def _extent(loop: For, otherwise: int = THREADS) -> int:
     gets)."""
     if isinstance(loop.lo, Const) and isinstance(loop.hi, Const):
         return max(int(loop.hi.value) - int(loop.lo.value), 1)
+    hi = loop.hi
+    if isinstance(hi, Bin) and hi.op == "add" and hi.a == loop.lo and isinstance(hi.b, Const):
+        return max(int(hi.b.value), 1)  # (lo ..< lo + n: a block's points)
     return otherwise
+
+
+def _nest(loop: For) -> list[For]:
+    """``loop`` and the parallel loops perfectly nested in it whose bounds are constants
+    (each the only statement of the one before): one loop over the grid (``grid_loop``)."""
+    nest = [loop]
+    while (
+        len(nest[-1].body) == 1
+        and isinstance(nest[-1].body[0], For)
+        and nest[-1].body[0].parallel
+        and not nest[-1].body[0].reduce
+        and isinstance(nest[-1].body[0].lo, Const)
+        and isinstance(nest[-1].body[0].hi, Const)
+    ):
+        nest.append(nest[-1].body[0])
+    return nest
+
+
+def _grid_extent(loop: For) -> int:
+    """The threads a parallel loop asks for: one per point of its nest (``_nest``)."""
+    return max(1, min(_extent(loop) * math.prod(_extent(x) for x in _nest(loop)[1:]), 1 << 31))
 
 
 def _terms(loop: For) -> int:

@@ -42,6 +42,10 @@ _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 MAX_SCRATCH = 1 << 34  # bytes of scratch memory one kernel call needs
 MAX_PHASES = 64  # launches of one statement's CUDA kernel
 MAX_THREADS = 1 << 31  # the threads a launch asks for
+MAX_REPEAT = 1 << 20  # the times a call runs a CUDA kernel's launches (its blocks)
+# the loop over a repeated CUDA kernel's blocks: its launches see it after the statement's
+# loops (no dim is named so)
+BLOCK_LOOP = "blk$"
 GEMM_KEYS = ("dtype", "m", "n", "k", "a", "b", "c", "when")
 
 # What a native tree function returns (docs/plan.md, Kernels): 0, or one of these; ``err``
@@ -272,6 +276,9 @@ class Kernels:
     # a CUDA kernel file: the statements whose kernels cannot fail (no failure code to read
     # back after them: the device runs on while the host goes on)
     unfailing: tuple[int, ...] = ()
+    # a CUDA kernel file: the statements whose launches a call runs more than once, and how
+    # many times (the kernel's blocks: ``BLOCK_LOOP`` 0, 1, ... after the statement's loops)
+    repeats: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,6 +389,11 @@ def to_json(plan: Plan) -> dict:
                         {
                             "launches": [
                                 [sid, [_phase_json(f) for f in phases]]
+                                + (
+                                    [dict(plan.kernels.repeats)[sid]]
+                                    if sid in dict(plan.kernels.repeats)
+                                    else []
+                                )
                                 for sid, phases in plan.kernels.launches
                             ]
                         }
@@ -745,11 +757,13 @@ class _Reader:
             if not set(f) <= with_kernel:
                 self.path.append(f".fused[{k}]")
                 self.fail("a statement without a kernel in a fused kernel")
-        launches = ()
+        launches, repeats = (), ()
         if file.endswith(".cu"):
             if "launches" not in d:
                 self.fail("a CUDA kernel file's plan has no 'launches'")
-            launches = self.field(d, "launches", self.each, self.launch_row)
+            rows3 = self.field(d, "launches", self.each, self.launch_row)
+            launches = tuple((sid, phases) for sid, phases, _ in rows3)
+            repeats = tuple((sid, n) for sid, _, n in rows3 if n > 1)
             functions = {r[0]: r[1] for r in rows}
             if [r[0] for r in launches] != [r[0] for r in rows]:
                 self.path.append(".launches")
@@ -775,25 +789,34 @@ class _Reader:
             if not set(unfailing) <= with_kernel or len(set(unfailing)) != len(unfailing):
                 self.path.append(".unfailing")
                 self.fail("not distinct statements with a kernel")
-        return Kernels(file, sha, rows, trees, fused, launches, unfailing)
+        return Kernels(file, sha, rows, trees, fused, launches, unfailing, repeats)
 
-    def launch_row(self, v) -> tuple[int, tuple[tuple[str, int], ...]]:
-        if not isinstance(v, list) or len(v) != 2 or not isinstance(v[1], list):
-            self.fail(f"expected [statement, [[function, threads], ...]], got {_short(v)}")
+    def launch_row(self, v) -> tuple[int, tuple[tuple[str, int], ...], int]:
+        if not isinstance(v, list) or len(v) not in (2, 3) or not isinstance(v[1], list):
+            self.fail(
+                f"expected [statement, [[function, threads], ...]] (and the times a call "
+                f"runs them), got {_short(v)}"
+            )
         sid = self.int_(v[0])
         if sid not in self.statements:
             self.fail(f"statement {sid} does not exist")
+        repeat = 1
+        if len(v) == 3:
+            self.path.append("[2]")
+            repeat = self.int_(v[2], 2, MAX_REPEAT)
+            self.path.pop()
         if not 1 <= len(v[1]) <= MAX_PHASES:
             self.fail(f"expected 1 to {MAX_PHASES} launches, got {len(v[1])}")
+        loops = tuple(self.statements[sid].loops) + ((BLOCK_LOOP,) if repeat > 1 else ())
         phases = []
         for f in v[1]:
             if isinstance(f, dict):
-                phases.append(self.gemm_call(f, self.statements[sid].loops))
+                phases.append(self.gemm_call(f, loops))
                 continue
             if not isinstance(f, list) or len(f) != 2:
                 self.fail(f"expected [function, threads] or {{'gemm': ...}}, got {_short(f)}")
             phases.append((self.ident(f[0]), self.int_(f[1], 1, MAX_THREADS)))
-        return sid, tuple(phases)
+        return sid, tuple(phases), repeat
 
     def gemm_call(self, v, loops: tuple) -> GemmCall:
         d = self.field(self.obj(v, ("gemm",)), "gemm", self.obj, GEMM_KEYS)

@@ -34,7 +34,7 @@ import numpy as np
 from timerlc.diagnostics import RunError
 from timerlc.plan import arena
 from timerlc.plan import expr as px
-from timerlc.plan.items import DTYPES, GemmCall, Plan, PlanError
+from timerlc.plan.items import BLOCK_LOOP, DTYPES, GemmCall, Plan, PlanError
 from timerlc.runtime.cpu import CpuRuntime, _env_states, _touched
 
 # where a buffer's values are current: on the host only, the device only, both; or, after
@@ -403,11 +403,13 @@ class DeviceRuntime(CpuRuntime):
         # (in one stream on a GPU), and a call's scratch holds nothing the next one needs
         self._scratch = self._alloc(max([8] + [n for _, _, n in plan.kernels.statements]))
         phases = dict(plan.kernels.launches)
+        self._repeats = dict(plan.kernels.repeats)
         for sid, _, _ in plan.kernels.statements:
-            if len(plan.statement(sid).loops) > ARGS:
+            n = len(plan.statement(sid).loops) + (sid in self._repeats)
+            if n > ARGS:
                 raise PlanError(
-                    f"the plan is not valid: statement {sid}'s kernel takes "
-                    f"{len(plan.statement(sid).loops)} loop values (a launch passes {ARGS})"
+                    f"the plan is not valid: statement {sid}'s kernel takes {n} loop values "
+                    f"(a launch passes {ARGS})"
                 )
         kernels = {
             name: self._launcher(sid, phases[sid], scratch)
@@ -582,8 +584,12 @@ class DeviceRuntime(CpuRuntime):
                 reads = sid not in self._unfailing and any(b for _, b in fns)
                 touched = tuple(s for s, _ in _touched(self.plan, {sid}))
                 nloops = len(self.plan.statement(sid).loops)
-                state[:] = [fns, reads, touched, self.statements[sid].args, nloops]
-            fns, reads, touched, args, nloops = state
+                repeat = self._repeats.get(sid, 1)
+                # (a repeated kernel's blocks: its launches see the block's number after the
+                # loop values)
+                blocks = np.zeros(nloops + 1, np.int64) if repeat > 1 else None
+                state[:] = [fns, reads, touched, self.statements[sid].args, nloops, repeat, blocks]
+            fns, reads, touched, args, nloops, repeat, blocks = state
             fresh = self.fresh
             for s in touched:
                 if fresh.get(s) in _STALE:  # (the host wrote it since the device did)
@@ -592,12 +598,18 @@ class DeviceRuntime(CpuRuntime):
                 self.device.upload(self.dtable, self.dtable_host)
                 self._table_dirty = False
             device, table, scratch_ptr = self.device, self.dtable, self._scratch
-            for fn, blocks in fns:
-                if blocks:  # (the loop values go by value, with the launch)
-                    device.launch(fn, table, args, scratch_ptr, blocks)
-                    self.launches += 1
-                else:  # a product (GemmCall)
-                    fn(args, scratch_ptr)
+            for r in range(repeat):
+                values = args
+                if blocks is not None:
+                    blocks[:nloops] = args[:nloops]
+                    blocks[nloops] = r
+                    values = blocks
+                for fn, grid in fns:
+                    if grid:  # (the loop values go by value, with the launch)
+                        device.launch(fn, table, values, scratch_ptr, grid)
+                        self.launches += 1
+                    else:  # a product (GemmCall)
+                        fn(values, scratch_ptr)
             if reads:  # (its failure is read when the host next waits: _settle)
                 self._pending.append((sid, tuple(int(v) for v in args[:nloops])))
             fresh[sid] = DEVICE
@@ -610,7 +622,9 @@ class DeviceRuntime(CpuRuntime):
         values and the scratch memory's address: where ``when`` holds, each operand's
         elements checked to lie inside its memory (the buffer at its table entry, or the
         scratch after ``at``), then the device's BLAS (``gemm``)."""
-        loops = self.plan.statement(sid).loops
+        loops = tuple(self.plan.statement(sid).loops)
+        if sid in self._repeats:
+            loops += (BLOCK_LOOP,)
         when = px.compile_packed(call.when, loops)
         ops = (call.a, call.b, call.c)
         offsets = [px.compile_packed(o.offset, loops) for o in ops]
