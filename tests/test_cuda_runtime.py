@@ -144,6 +144,8 @@ def test_cuda_emu_runs_a_build_as_the_cpu_backend_does(tmp_path):
     r = cli("run", out, "--backend", "cuda-emu", "--metrics", tmp_path / "emu.csv", "--profile")
     assert r.exit_code == 0, r.stderr
     assert "device runtime:" in r.stderr and "launches" in r.stderr
+    # the device's seconds per statement (the emulation's: its launches' own time)
+    assert "s in the statements' launches" in r.stderr and "  device s " in r.stderr
     r = cli("run", PROGRAMS / "reinforce.rtl", *SMALL_REINFORCE, "--metrics", tmp_path / "cpu.csv")
     assert r.exit_code == 0, r.stderr
     emu = (tmp_path / "emu.csv").read_text().splitlines()

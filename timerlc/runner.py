@@ -13,7 +13,6 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-
 from timerlc.diagnostics import RunError
 from timerlc.metrics import MetricsFile, Progress
 
@@ -222,10 +221,22 @@ def _print_plan_profile(plan: Plan, rt, wall: float):
         f"statement calls; peak buffers {format_bytes(rt.peak_bytes)}",
         file=sys.stderr,
     )
-    print("  seconds    calls   us/call  statement", file=sys.stderr)
+    # the device runtime: the device's seconds too (between marks around each call's
+    # launches), and the statements sorted by the larger of the two
+    device = getattr(rt, "device_seconds", None) or {}
+    if device:
+        print(
+            f"  device: {sum(device.values()):.3f} s in the statements' launches "
+            "(each call's, from its first launch to its last's end)",
+            file=sys.stderr,
+        )
+    print(
+        f"  seconds{'  device s' if device else ''}    calls   us/call  statement", file=sys.stderr
+    )
     # a fused kernel's time is counted at its first statement (codegen.fuse)
     fused = {f[0]: f[1:] for f in plan.kernels.fused} if plan.kernels else {}
-    for sid, sec in sorted(rt.seconds.items(), key=lambda kv: -kv[1])[:15]:
+    order = sorted(rt.seconds.items(), key=lambda kv: -max(kv[1], device.get(kv[0], 0.0)))
+    for sid, sec in order[:15]:
         st = plan.statement(sid)
         name = plan.buffer(sid).name or f"%{sid}"
         if sid in fused:
@@ -234,8 +245,9 @@ def _print_plan_profile(plan: Plan, rt, wall: float):
             name += f" (fused with {len(fused[sid])}: {rest}{more})"
         ops = " ".join(n.op for n in st.nodes[-4:])
         calls = rt.calls[sid]
+        dev = f" {device.get(sid, 0.0):9.3f}" if device else ""
         print(
-            f"  {sec:7.3f} {calls:8d} {1e6 * sec / max(calls, 1):9.1f}  {name} "
+            f"  {sec:7.3f}{dev} {calls:8d} {1e6 * sec / max(calls, 1):9.1f}  {name} "
             f"loops [{', '.join(st.loops)}] vector [{', '.join(st.vector)}]: {ops}",
             file=sys.stderr,
         )

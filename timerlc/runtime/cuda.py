@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import time
 
 import numpy as np
 
@@ -145,6 +146,14 @@ class EmuDevice:
         # (the emulation's entry reads the loop values from the host's array)
         fn(table, args.ctypes.data, scratch, self._err, blocks)
 
+    def mark(self) -> float:
+        """A point in the device's work (``elapsed`` between two): here, the host's clock
+        (the emulation runs a launch before it returns)."""
+        return time.perf_counter()
+
+    def elapsed(self, start, end) -> float:
+        return end - start
+
     def failure(self) -> tuple[int, int, tuple[int, ...]]:
         """The first failure since the last call: its code (0: none), statement and loop
         values (``tl_failed``); cleared."""
@@ -222,7 +231,8 @@ class CupyDevice:
         self._arenas: dict[int, object] = {}
         self._err = cupy.zeros(RECORD, cupy.int64)  # the failure record (tl_failed)
         self._code = np.zeros(RECORD, np.int64)
-        self._stream = cupy.cuda.get_current_stream().ptr
+        self._stream_obj = cupy.cuda.get_current_stream()
+        self._stream = self._stream_obj.ptr
         self._launch_params(self._err.data.ptr)
         self._blas = None  # (cuBLAS's handle, and alpha = 1, beta = 0 of each dtype)
 
@@ -341,6 +351,18 @@ class CupyDevice:
             ldc,
         )
 
+    def mark(self):
+        """A point in the device's work: a CUDA event recorded in the launches' stream (a
+        profile's; ``elapsed`` between two)."""
+        event = self.cp.cuda.Event()
+        event.record(self._stream_obj)
+        return event
+
+    def elapsed(self, start, end) -> float:
+        """Seconds the device took from ``start`` to ``end`` (waits for ``end``)."""
+        end.synchronize()
+        return self.cp.cuda.get_elapsed_time(start, end) / 1e3
+
     def failure(self) -> tuple[int, int, tuple[int, ...]]:
         """The first failure since the last call: its code (0: none), statement and loop
         values (``tl_failed``); cleared. Waits for the launches."""
@@ -390,6 +412,10 @@ class DeviceRuntime(CpuRuntime):
         self.launches = 0
         self.blas_calls = 0  # products handed to the device's BLAS
         self._pending: list[tuple[int, tuple]] = []  # calls of kernels that can fail, unread
+        # --profile: the device's seconds per statement, from marks around each call's
+        # launches (read a batch at a time: reading one waits for the device)
+        self.device_seconds: dict[int, float] = {}
+        self._marks: list[tuple[int, object, object]] = []
         self._module = device.load(text, cache)
         self._unfailing = frozenset(plan.kernels.unfailing)
         # the buffers' memory: one arena, each buffer at its planned offset (plan.arena),
@@ -598,6 +624,8 @@ class DeviceRuntime(CpuRuntime):
                 self.device.upload(self.dtable, self.dtable_host)
                 self._table_dirty = False
             device, table, scratch_ptr = self.device, self.dtable, self._scratch
+            if self.profile:
+                start = device.mark()
             for r in range(repeat):
                 values = args
                 if blocks is not None:
@@ -610,6 +638,10 @@ class DeviceRuntime(CpuRuntime):
                         self.launches += 1
                     else:  # a product (GemmCall)
                         fn(values, scratch_ptr)
+            if self.profile:
+                self._marks.append((sid, start, device.mark()))
+                if len(self._marks) >= 1024:
+                    self._read_marks()
             if reads:  # (its failure is read when the host next waits: _settle)
                 self._pending.append((sid, tuple(int(v) for v in args[:nloops])))
             fresh[sid] = DEVICE
@@ -700,8 +732,17 @@ class DeviceRuntime(CpuRuntime):
             "the plan is not valid: a kernel it says cannot fail (kernels.unfailing) failed"
         )
 
+    def _read_marks(self):
+        """The device's seconds between each call's marks, added to its statement's."""
+        for sid, start, end in self._marks:
+            seconds = self.device.elapsed(start, end)
+            self.device_seconds[sid] = self.device_seconds.get(sid, 0.0) + seconds
+        self._marks = []
+
     def run(self):
         super().run()
+        if self.profile:
+            self._read_marks()
         # (a pending failure; and a kernel the plan says cannot fail leaves no record
         # behind: one that failed anyway, a crafted plan's, is found here at the latest)
         self._settle(final=True)
