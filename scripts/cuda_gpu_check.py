@@ -79,19 +79,28 @@ def check(name: str, device) -> float:
     return diff
 
 
+def open_device(emu: bool, script: str):
+    """The GPU's device (``emu``: the emulated one), its name printed; None, with why, where
+    there is none (the script then exits 2)."""
+    from timerlc.runtime.cuda import DeviceUnavailable, device_for
+
+    try:
+        device = device_for("cuda-emu" if emu else "cuda")
+    except DeviceUnavailable as e:
+        print(f"{script}: {e}")
+        return None
+    print(f"device: {device.describe()}", flush=True)
+    return device
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("programs", nargs="*", help="program names (default: all)")
     ap.add_argument("--emu", action="store_true", help="the emulated device (cuda-emu)")
     args = ap.parse_args()
-    from timerlc.runtime.cuda import DeviceUnavailable, device_for
-
-    try:
-        device = device_for("cuda-emu" if args.emu else "cuda")
-    except DeviceUnavailable as e:
-        print(f"cuda_gpu_check: {e}")
+    device = open_device(args.emu, "cuda_gpu_check")
+    if device is None:
         return 2
-    print(f"device: {device.describe()}")
     names = args.programs or sorted(p.stem for p in (ROOT / "programs").glob("*.rtl"))
     worst, failed = 0.0, []
     for name in names:

@@ -112,40 +112,38 @@ def program(device, name: str, sets: dict[str, str]) -> dict:
     }
 
 
-class _Idle:
+def _idle():
     """A device that runs nothing (its memory the emulation's): the host's work alone."""
+    from timerlc.runtime.cuda import EmuDevice
 
-    def __new__(cls):
-        from timerlc.runtime.cuda import EmuDevice
+    class Idle(EmuDevice):
+        MAX_BLOCKS = 65535
 
-        class Idle(EmuDevice):
-            MAX_BLOCKS = 65535
+        def load(self, text, cache=None):
+            return None
 
-            def load(self, text, cache=None):
-                return None
+        def function(self, module, name):
+            return name
 
-            def function(self, module, name):
-                return name
+        def launch(self, *a):
+            pass
 
-            def launch(self, *a):
-                pass
+        def gemm(self, *a):
+            pass
 
-            def gemm(self, *a):
-                pass
+        def upload(self, *a, **k):
+            pass
 
-            def upload(self, *a, **k):
-                pass
+        def download(self, *a):
+            pass
 
-            def download(self, *a):
-                pass
+        def zero(self, *a):
+            pass
 
-            def zero(self, *a):
-                pass
+        def failure(self):
+            return 0, 0, ()
 
-            def failure(self):
-                return 0, 0, ()
-
-        return Idle()
+    return Idle()
 
 
 def main() -> int:
@@ -155,18 +153,15 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("-n", type=int, default=4000, help="launches for the primitives")
     args = ap.parse_args()
-    from timerlc.runtime.cuda import DeviceUnavailable, device_for
+    from cuda_gpu_check import open_device
 
-    try:
-        device = device_for("cuda-emu" if args.emu else "cuda")
-    except DeviceUnavailable as e:
-        print(f"cuda_overheads: {e}")
+    device = open_device(args.emu, "cuda_overheads")
+    if device is None:
         return 2
     sets = dict(s.split("=", 1) for s in args.set)
-    print(f"device: {device.describe()}", flush=True)
     for what, us in primitives(device, args.n).items():
         print(f"  {what:24s} {us:9.2f} us", flush=True)
-    for label, dev in (("as it runs", device), ("host only (nothing launched)", _Idle())):
+    for label, dev in (("as it runs", device), ("host only (nothing launched)", _idle())):
         r = program(dev, args.program, sets)
         print(
             f"{args.program} {label:30s} {r['s/iter'] * 1e3:8.2f} ms/iter "

@@ -163,21 +163,13 @@ def _gpu_blocks(plan: Plan, st: Statement, slot_of: dict, k: kir.Kernel):
     after block of the points (``kir.Kernel.repeat``: its launches once per block, the
     block's number its last param), each block's temporaries at most about that; None
     where no block of its outermost vector dim is smaller than the whole."""
-    box = plan.buffer(st.id).box
-    vdims = [(d, box[j]) for j, d in enumerate(st.dims) if d in st.vector and box[j] > 1]
-    if not vdims:
+    block = _block(plan, st, k.scratch_bytes)
+    if block is None:
         return None
-    points = math.prod(n for _, n in vdims)
-    d0, e0 = vdims[0]
-    inner = points // e0
-    rows = max(1, GPU_SCRATCH * points // k.scratch_bytes)  # the points a block may have
-    size = max([n for n in range(1, e0 + 1) if e0 % n == 0 and n * inner <= rows] or [1])
-    if size == e0:
-        return None
-    blocked = _Lowering(plan, st, slot_of, (d0, size)).kernel()
-    (loop,) = blocked.body  # (For over BLOCK_VAR: the calls' repeats)
+    blocked = _Lowering(plan, st, slot_of, block).kernel()
+    (loop,) = blocked.body  # (For over BLOCK_VAR, 0 ..< the blocks: the calls' repeats)
     repeated = dataclasses.replace(
-        blocked, params=blocked.params + (BLOCK_VAR,), body=loop.body, repeat=e0 // size
+        blocked, params=blocked.params + (BLOCK_VAR,), body=loop.body, repeat=int(loop.hi.value)
     )
     return _packed_temps(repeated)
 
@@ -212,19 +204,22 @@ BLOCK_VAR = BLOCK_LOOP  # the loop over the blocks (no dim is named so)
 BLOCK_ROWS = 1024  # the points of a block of a statement's layers over points (at most)
 
 
-def _block(plan: Plan, st: Statement) -> tuple[str, int] | None:
+def _block(plan: Plan, st: Statement, scratch: int | None = None) -> tuple[str, int] | None:
     """``(dim, size)``: the blocks of a statement over many points, along its outermost
     vector dim of more than one point, ``size`` of its values a block (a divisor of its
-    extent, each block at most ``BLOCK_ROWS`` points where it can be); None for a
-    statement of at most ``2 * BLOCK_ROWS`` points."""
+    extent, each block at most ``BLOCK_ROWS`` points where it can be; None for a statement
+    of at most ``2 * BLOCK_ROWS`` points). Given the ``scratch`` bytes of its kernel over
+    every point (the cuda target's), a block's share of them at most ``GPU_SCRATCH``
+    instead; None where no block is smaller than the whole."""
     box = plan.buffer(st.id).box
     vdims = [(d, box[k]) for k, d in enumerate(st.dims) if d in st.vector and box[k] > 1]
     points = math.prod(n for _, n in vdims)
-    if not vdims or points <= 2 * BLOCK_ROWS:
+    if not vdims or (scratch is None and points <= 2 * BLOCK_ROWS):
         return None
+    rows = BLOCK_ROWS if scratch is None else max(1, GPU_SCRATCH * points // scratch)
     d0, e0 = vdims[0]
     inner = points // e0
-    size = max([n for n in range(1, e0 + 1) if e0 % n == 0 and n * inner <= BLOCK_ROWS] or [1])
+    size = max([n for n in range(1, e0 + 1) if e0 % n == 0 and n * inner <= rows] or [1])
     return None if size == e0 else (d0, size)
 
 

@@ -14,7 +14,7 @@ import glob
 import importlib.util
 import os
 
-# the options the device runtime gives RawModule (runtime.cuda.CupyDevice.load)
+# the options the device runtime gives RawModule (runtime.cuda.CupyDevice.load uses these)
 OPTIONS = ("-std=c++17", "--fmad=false")
 
 

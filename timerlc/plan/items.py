@@ -46,6 +46,14 @@ MAX_REPEAT = 1 << 20  # the times a call runs a CUDA kernel's launches (its bloc
 # the loop over a repeated CUDA kernel's blocks: its launches see it after the statement's
 # loops (no dim is named so)
 BLOCK_LOOP = "blk$"
+
+
+def launch_loops(loops, repeated: bool) -> tuple[str, ...]:
+    """The loop values a CUDA kernel's launches see: the statement's loops, then
+    ``BLOCK_LOOP`` where a call repeats them."""
+    return tuple(loops) + ((BLOCK_LOOP,) if repeated else ())
+
+
 GEMM_KEYS = ("dtype", "m", "n", "k", "a", "b", "c", "when")
 
 # What a native tree function returns (docs/plan.md, Kernels): 0, or one of these; ``err``
@@ -807,7 +815,7 @@ class _Reader:
             self.path.pop()
         if not 1 <= len(v[1]) <= MAX_PHASES:
             self.fail(f"expected 1 to {MAX_PHASES} launches, got {len(v[1])}")
-        loops = tuple(self.statements[sid].loops) + ((BLOCK_LOOP,) if repeat > 1 else ())
+        loops = launch_loops(self.statements[sid].loops, repeat > 1)
         phases = []
         for f in v[1]:
             if isinstance(f, dict):

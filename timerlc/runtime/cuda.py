@@ -32,10 +32,11 @@ import time
 
 import numpy as np
 
+from timerlc.cuda.nvrtc import OPTIONS
 from timerlc.diagnostics import RunError
 from timerlc.plan import arena
 from timerlc.plan import expr as px
-from timerlc.plan.items import BLOCK_LOOP, DTYPES, GemmCall, Plan, PlanError
+from timerlc.plan.items import DTYPES, GemmCall, Plan, PlanError, launch_loops
 from timerlc.runtime.cpu import CpuRuntime, _env_states, _touched
 
 # where a buffer's values are current: on the host only, the device only, both; or, after
@@ -254,7 +255,7 @@ class CupyDevice:
 
     def load(self, text: str, cache=None):
         try:
-            return self.cp.RawModule(code=text, options=("-std=c++17", "--fmad=false"))
+            return self.cp.RawModule(code=text, options=OPTIONS)
         except Exception as e:  # noqa: BLE001 - NVRTC's message, as a run failure
             raise RunError(f"the GPU's compiler refused the kernels: {e}") from None
 
@@ -431,7 +432,7 @@ class DeviceRuntime(CpuRuntime):
         phases = dict(plan.kernels.launches)
         self._repeats = dict(plan.kernels.repeats)
         for sid, _, _ in plan.kernels.statements:
-            n = len(plan.statement(sid).loops) + (sid in self._repeats)
+            n = len(launch_loops(plan.statement(sid).loops, sid in self._repeats))
             if n > ARGS:
                 raise PlanError(
                     f"the plan is not valid: statement {sid}'s kernel takes {n} loop values "
@@ -654,9 +655,7 @@ class DeviceRuntime(CpuRuntime):
         values and the scratch memory's address: where ``when`` holds, each operand's
         elements checked to lie inside its memory (the buffer at its table entry, or the
         scratch after ``at``), then the device's BLAS (``gemm``)."""
-        loops = tuple(self.plan.statement(sid).loops)
-        if sid in self._repeats:
-            loops += (BLOCK_LOOP,)
+        loops = launch_loops(self.plan.statement(sid).loops, sid in self._repeats)
         when = px.compile_packed(call.when, loops)
         ops = (call.a, call.b, call.c)
         offsets = [px.compile_packed(o.offset, loops) for o in ops]
