@@ -56,8 +56,8 @@ the GPU (the environments stay NumPy on the host, as in CleanRL) and jax on the 
 (JAX_PLATFORMS; --device cpu pins it to the CPU), and --backend cuda runs timerlc's device
 runtime. The main table then adds each system's peak device memory: torch's allocator's
 (max_memory_allocated), XLA's (peak_bytes_in_use), timerlc's device runtime's (arena,
-scratch and the rest: its --profile line, which the device runs turn on; its timers cost
-well under a microsecond per statement call).
+scratch and the rest: the line a device run ends with; not --profile, which times each call
+and so replays no CUDA graph).
 
   python scripts/bench.py --device cuda --backend cuda --algos ppo --configs 16x128,256x128,2048x128
 """
@@ -139,7 +139,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-# the device runtime's profile: "... device peak 1.0 MiB (1094372 bytes) ..."
+# a device run's last line: "... device peak 1.0 MiB (1094372 bytes) ..."
 DEVICE_PEAK = re.compile(r"device peak [^(]*\((\d+) bytes\)")
 
 
@@ -291,8 +291,6 @@ def run_timerlc(algo: str, B: int, T: int, iters: int, args) -> dict:
             cmd += ["--set", s]
         cmd += ["--no-progress", "--metrics", str(metrics)]
         device = args.backend in ("cuda", "cuda-emu")
-        if device:  # (its profile's first line has the device's peak)
-            cmd += ["--profile"]
         clock = IterationClock(metrics)
         clock.start()
         child = run_child(cmd, args.timeout, child_env(args.threads))

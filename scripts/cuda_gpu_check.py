@@ -35,7 +35,7 @@ SMALL = {
 }
 
 
-def check(name: str, device) -> float:
+def check(name: str, device, graphs: bool = True) -> float:
     from timerlc.compiler import compile_plan, generate_code, run_passes
     from timerlc.diagnostics import Source
     from timerlc.frontend.check import check_source
@@ -49,7 +49,9 @@ def check(name: str, device) -> float:
     cpu = generate_code(plan)
     got, want = [], []
     started = time.perf_counter()
-    rt = DeviceRuntime(cu.plan, lambda *m: got.append(m), text=cu.text, device=device)
+    rt = DeviceRuntime(
+        cu.plan, lambda *m: got.append(m), text=cu.text, device=device, graphs=graphs
+    )
     rt.run()
     dev_s = time.perf_counter() - started
     started = time.perf_counter()
@@ -70,7 +72,8 @@ def check(name: str, device) -> float:
     print(
         f"{name:14s} {rt.launches:6d} launches, {rt.blas_calls:4d} BLAS products, "
         f"device peak {rt.device_peak_bytes:9d} B (arena {rt.layout.size if rt.layout else 0} B), "
-        f"up {rt.uploaded:9d} B, down {rt.downloaded:9d} B; {dev_s:6.2f} s (cpu {cpu_s:5.2f} s); "
+        f"up {rt.uploaded:9d} B, down {rt.downloaded:9d} B, {rt.graph_replays} graph replays; "
+        f"{dev_s:6.2f} s (cpu {cpu_s:5.2f} s); "
         f"metrics {len(got)}, largest relative difference {diff:.2e}",
         flush=True,
     )
@@ -97,6 +100,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("programs", nargs="*", help="program names (default: all)")
     ap.add_argument("--emu", action="store_true", help="the emulated device (cuda-emu)")
+    ap.add_argument(
+        "--no-graphs", action="store_true", help="launch every call (no CUDA graphs replayed)"
+    )
     args = ap.parse_args()
     device = open_device(args.emu, "cuda_gpu_check")
     if device is None:
@@ -105,7 +111,7 @@ def main() -> int:
     worst, failed = 0.0, []
     for name in names:
         try:
-            worst = max(worst, check(name, device))
+            worst = max(worst, check(name, device, not args.no_graphs))
         except Exception:  # noqa: BLE001 - one program's failure is reported, the rest run
             failed.append(name)
             print(f"{name}: FAILED", flush=True)

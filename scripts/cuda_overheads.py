@@ -10,10 +10,13 @@ on the device (``--emu``: the emulated one, for the plumbing only):
 - ``launch + code read``: a launch, then the failure record read (a wait for the device:
   what the runtime did after each kernel that can fail until it read them late):
   microseconds per launch and read;
+- ``launch in a graph``: a CUDA graph of 100 such launches replayed (``runtime/graphs.py``):
+  microseconds per launch;
 - ``gemm``: a 2048x64 @ 64x64 product by the device's BLAS, as the runtime calls it;
 - ``program``: PPO (or ``--program``) at ``--set`` sizes, timed per iteration (from the
   metrics' rows) as it runs, and with the host's work alone (a device that launches
-  nothing: the interpreter's floor).
+  nothing: the interpreter's floor); each with the runs of the tree replayed as CUDA graphs
+  and without.
 
     python scripts/cuda_overheads.py --set B=2048 --set T=128 --set total_steps=2621440
     python scripts/cuda_overheads.py --emu --set B=16 --set T=16 --set total_steps=1280
@@ -32,15 +35,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 EMPTY = r"""
-extern "C" __global__ void tl_empty(void **table, const tl_args args, char *scratch, int *err) {
+extern "C" __global__ void tl_empty(void **table, const tl_args args, char *scratch, int *err,
+                                    const long long *shift) {
   if (threadIdx.x == 0 && args.v[0] < 0) err[0] = (int)args.v[0];
 }
 #ifdef TL_EMU
 extern "C" void tl_empty_emu(void **table, const long long *args, char *scratch, int *err,
-                             unsigned blocks) {
+                             unsigned blocks, const long long *shift) {
   tl_args a = {};
   memcpy(a.v, args, sizeof(long long));
-  TL_EMU_LAUNCH(blocks, tl_empty, table, a, scratch, err);
+  TL_EMU_LAUNCH(blocks, tl_empty, table, a, scratch, err, shift);
 }
 #endif
 """
@@ -65,6 +69,18 @@ def primitives(device, n: int) -> dict[str, float]:
         device.launch(fn, table, args, scratch, 1)
         device.code()
     out["launch + code read"] = (time.perf_counter() - started) / n * 1e6
+    # a CUDA graph of 100 launches, replayed (runtime/graphs.py): the cost of a launch in it
+    device.begin_capture()
+    for _ in range(100):
+        device.launch(fn, table, args, scratch, 1)
+    graph = device.end_capture()
+    device.replay(graph)
+    device.code()
+    started = time.perf_counter()
+    for _ in range(max(1, n // 100)):
+        device.replay(graph)
+    device.code()
+    out["launch in a graph"] = (time.perf_counter() - started) / (max(1, n // 100) * 100) * 1e6
     m, k, c = 2048, 64, 64
     a, b, d = device.alloc(m * k * 4), device.alloc(k * c * 4), device.alloc(m * c * 4)
     for p, nbytes in ((a, m * k * 4), (b, k * c * 4), (d, m * c * 4)):
@@ -79,7 +95,7 @@ def primitives(device, n: int) -> dict[str, float]:
     return out
 
 
-def program(device, name: str, sets: dict[str, str]) -> dict:
+def program(device, name: str, sets: dict[str, str], graphs: bool = True) -> dict:
     from timerlc.compiler import compile_plan, generate_code, run_passes
     from timerlc.diagnostics import Source
     from timerlc.frontend.check import check_source
@@ -97,7 +113,7 @@ def program(device, name: str, sets: dict[str, str]) -> dict:
             last[0] = at
             rows.append(time.perf_counter())
 
-    rt = DeviceRuntime(gen.plan, on_metric, text=gen.text, device=device)
+    rt = DeviceRuntime(gen.plan, on_metric, text=gen.text, device=device, graphs=graphs)
     started = time.perf_counter()
     rt.run()
     total = time.perf_counter() - started
@@ -109,6 +125,8 @@ def program(device, name: str, sets: dict[str, str]) -> dict:
         "iterations": len(rows),
         "launches/iter": launches,
         "BLAS/iter": rt.blas_calls / max(1, len(rows)),
+        "replayed/iter": rt.graph_launches / max(1, len(rows)),
+        "graphs": rt.graphs_made,
     }
 
 
@@ -129,6 +147,9 @@ def _idle():
             pass
 
         def gemm(self, *a):
+            pass
+
+        def set_shift(self, *a):
             pass
 
         def upload(self, *a, **k):
@@ -161,12 +182,18 @@ def main() -> int:
     sets = dict(s.split("=", 1) for s in args.set)
     for what, us in primitives(device, args.n).items():
         print(f"  {what:24s} {us:9.2f} us", flush=True)
-    for label, dev in (("as it runs", device), ("host only (nothing launched)", _idle())):
-        r = program(dev, args.program, sets)
+    for label, dev, graphs in (
+        ("as it runs", device, True),
+        ("as it runs, no graphs", device, False),
+        ("host only (nothing launched)", _idle(), True),
+        ("host only, no graphs", _idle(), False),
+    ):
+        r = program(dev, args.program, sets, graphs)
         print(
             f"{args.program} {label:30s} {r['s/iter'] * 1e3:8.2f} ms/iter "
             f"({r['iterations']} iterations, {r['launches/iter']:.0f} launches and "
-            f"{r['BLAS/iter']:.0f} BLAS products an iteration)",
+            f"{r['BLAS/iter']:.0f} BLAS products an iteration, {r['replayed/iter']:.0f} of "
+            f"them replayed in {r['graphs']} graphs)",
             flush=True,
         )
     return 0

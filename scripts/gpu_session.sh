@@ -58,8 +58,8 @@ if [ "$DEVICE" = cuda ]; then
 fi
 stage check 90 $PY scripts/cuda_gpu_check.py "${CHECK[@]}"
 stage tests 120 env TIMERLC_TEST_BACKEND=$BACKEND TIMERLC_REQUIRE_NVCC=0 \
-  $PY -m pytest -q --maxfail=10 -p no:cacheprovider tests/test_cuda.py tests/test_cuda_runtime.py \
-  tests/test_language_operators.py
+  $PY -m pytest -q --maxfail=10 -p no:cacheprovider tests/test_cuda_graphs.py tests/test_cuda.py \
+  tests/test_cuda_runtime.py tests/test_language_operators.py
 stage profile 60 $PY -m timerlc.cli run programs/ppo.rtl --backend $BACKEND --set B=2048 \
   --set T=128 --set total_steps=786432 --no-progress --profile
 stage overheads 90 $PY scripts/cuda_overheads.py "${CHECK[@]}" --set B=2048 --set T=128 \

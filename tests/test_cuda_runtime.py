@@ -75,7 +75,7 @@ def test_compile_for_cuda_writes_the_cuda_kernels_of_the_build(tmp_path):
     launches = plan["kernels"]["launches"]
     assert [r[0] for r in launches] == [r[0] for r in plan["kernels"]["statements"]]
     functions = [f for _, phases in launches for f in phases if isinstance(f, list)]
-    assert text.count("__global__ void") == len(functions)
+    assert text.count("__global__ void") == len(functions) + 1  # (and tl_set_shift)
     calls = [f["gemm"] for _, phases in launches for f in phases if isinstance(f, dict)]
     assert calls and all(c["dtype"] == "f32" for c in calls)  # the products: the BLAS's
     # no machine code: the device's compiler makes it where the build runs
@@ -146,6 +146,12 @@ def test_cuda_emu_runs_a_build_as_the_cpu_backend_does(tmp_path):
     assert "device runtime:" in r.stderr and "launches" in r.stderr
     # the device's seconds per statement (the emulation's: its launches' own time)
     assert "s in the statements' launches" in r.stderr and "  device s " in r.stderr
+    # without --profile: one line, with the calls replayed from CUDA graphs
+    r = cli("run", out, "--backend", "cuda-emu", "--no-progress")
+    assert r.exit_code == 0, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert re.search(r"device runtime: .* launches .* \(\d+ of them replayed from \d+ CUDA", line)
+    assert re.search(r"device peak .* \(\d+ bytes\)", line)  # (what bench.py reads)
     r = cli("run", PROGRAMS / "reinforce.rtl", *SMALL_REINFORCE, "--metrics", tmp_path / "cpu.csv")
     assert r.exit_code == 0, r.stderr
     emu = (tmp_path / "emu.csv").read_text().splitlines()
@@ -281,15 +287,19 @@ def test_the_device_runtime_releases_its_memory_as_the_plan_frees():
 @pytest.mark.parametrize("name", sorted(p.stem for p in PROGRAMS.glob("*.rtl")))
 def test_the_arena_gives_buffers_that_live_at_once_bytes_of_their_own(name):
     """``plan.arena.layout``: every buffer's outputs aligned, inside the arena, and apart
-    from every other buffer's that lives at the same time (a donee shares its donor's); the
-    arena no larger than the peak of the live buffers here (they pack without holes)."""
+    from every other buffer's that lives at the same time (a donee shares its donor's; a
+    buffer whose values live within an iteration of a top-level loop lives there, and two
+    such of one loop may share bytes: their order within the iteration is the layout's,
+    checked by the runs on the emulation); the arena no larger than the peak of the live
+    buffers here (they pack without holes), below the plan's where buffers share a loop."""
     from timerlc.compiler import compile_source
 
     path = PROGRAMS / f"{name}.rtl"
     _, plan, _ = compile_source(Source(str(path), path.read_text()), {}, backend="cuda-emu")
     lay = arena.layout(plan)
-    assert lay is not None and lay.size == lay.peak >= plan.memory_peak
-    first, last = {}, {}
+    assert lay is not None and lay.size == lay.peak
+    assert lay.peak >= plan.memory_peak or lay.local
+    first, last, loop_of = {}, {}, {}
     for j, it in enumerate(plan.tree):
         if isinstance(it, items.Free):
             for sid in it.buffers:
@@ -300,6 +310,9 @@ def test_the_arena_gives_buffers_that_live_at_once_bytes_of_their_own(name):
                     r.src for n in plan.statement(c.statement).nodes for r in n.inputs if r.stored
                 }:
                     first.setdefault(sid, j)
+                    loop_of.setdefault(sid, j)
+    for sid in lay.local:  # (within its loop's item)
+        first[sid], last[sid] = loop_of[sid], loop_of[sid] + 1
     spans = []
     for b in plan.buffers:
         for off, n in zip(lay.offsets[b.id], arena.output_bytes(plan, b.id)):
@@ -310,8 +323,40 @@ def test_the_arena_gives_buffers_that_live_at_once_bytes_of_their_own(name):
         for b, lo2, hi2, s2, t2 in spans:
             if a >= b or (a, b) in donors or (b, a) in donors:
                 continue
+            if a in lay.local and b in lay.local and loop_of[a] == loop_of[b]:
+                continue
             live = (t is None or s2 < t) and (t2 is None or s < t2)
             assert not (live and lo < hi2 and lo2 < hi), (a, b)
+
+
+@needs_cxx
+def test_buffers_whose_values_live_within_an_iteration_share_bytes():
+    """PPO's minibatch activations and their gradients are written and read within one
+    step of the loop over the minibatches (``arena.iteration_local``): they share bytes
+    where their uses in an iteration do not overlap, unzeroed (the emulation's arena starts
+    as garbage: a read before a write would show), and the run is the cpu backend's."""
+    from timerlc.compiler import compile_plan, generate_code
+
+    sets = {"B": "8", "T": "16", "total_steps": "384"}
+    path = PROGRAMS / "ppo.rtl"
+    graph = check_source(Source(str(path), path.read_text()), overrides=sets)
+    plan = compile_plan(run_passes(graph))
+    lay = arena.layout(plan)
+    assert len(lay.local) >= 8 and lay.size < plan.memory_peak
+    offsets = [lay.offsets[sid][0] for sid in lay.local]
+    assert len(set(offsets)) < len(offsets)  # (some share)
+    # not local: a value read in a later iteration (the parameters, read by the next step
+    # and the next rollout; the rollout's observations and advantages, by the minibatches)
+    names = {b.id: b.name for b in plan.buffers}
+    assert not {names[sid] for sid in lay.local} & {"net.pi_w1", "net.v_b3", "o", "adv"}
+    got, want = [], []
+    gen = generate_code(plan, target="cuda")
+    rt = DeviceRuntime(gen.plan, lambda *m: got.append(m), text=gen.text, device=EmuDevice())
+    rt.run()
+    cpu = generate_code(plan)
+    CpuRuntime(cpu.plan, lambda *m: want.append(m), native=cpu.text).run()
+    assert [m[:2] for m in got] == [m[:2] for m in want]
+    np.testing.assert_allclose([m[2] for m in got], [m[2] for m in want], rtol=1e-5, atol=1e-6)
 
 
 @needs_cxx
@@ -661,17 +706,23 @@ def test_a_failure_is_read_late_and_explained_with_the_values_it_saw():
     waits (here at the run's end, after the loop's last call), and every launch after it
     returns at once, so the values the failing call read are intact when the interpreter
     computes it again: the index it names is s[7]'s (97), not s[9]'s (105, what the calls
-    after it would have left)."""
+    after it would have left). (The calls as launches; replayed from a CUDA graph, the same:
+    ``test_cuda_graphs``.)"""
     gen = generate(compile_plan(run_passes(graph_of(FAILS_IN_A_LOOP))), "cuda")
     (take,) = [k for k in gen.kernels if "fail" in kir.text(k) and k.params == ("t",)]
-    reads, calls = [], []
-    device = EmuDevice()
-    failure, launch = device.failure, device.launch
-    device.failure = lambda: reads.append(1) or failure()
-    device.launch = lambda fn, *a: calls.append(a[1][0]) or launch(fn, *a)
-    with pytest.raises(RunError, match=r"t=7, k=0 .*index 97 is out of range"):
-        DeviceRuntime(gen.plan, text=gen.text, device=device).run()
-    assert len(reads) == 1 and max(calls) == 11  # the loop ran on; one read, at the end
+    for graphs in (False, True):
+        reads, calls = [], []
+        device = EmuDevice()
+        failure, launch = device.failure, device.launch
+        device.failure = lambda r=reads, f=failure: r.append(1) or f()
+        device.launch = lambda fn, *a, c=calls, go=launch: c.append(a[1][0]) or go(fn, *a)
+        rt = DeviceRuntime(gen.plan, text=gen.text, device=device, graphs=graphs)
+        with pytest.raises(RunError, match=r"t=7, k=0 .*index 97 is out of range"):
+            rt.run()
+        assert len(reads) == 1  # one read, at the end
+        # the loop ran on: its launches to t = 11 (replayed from a graph captured at t = 1)
+        assert max(calls) == (1 if graphs else 11)
+        assert rt.launches >= 12 and (rt.graph_replays >= 9 if graphs else not rt.graph_replays)
     assert take.sid in {sid for sid, _, _ in gen.plan.kernels.statements}
 
 
@@ -858,30 +909,53 @@ def test_cupy_device_s_launch_passes_the_loop_values_as_the_module_s_struct():
 
     from timerlc.cuda import render
 
-    # the module's struct and the runtime's parameter buffer agree
+    # the module's struct and the runtime's parameter buffers agree
     assert cuda.ARGS == render.ARGS
     assert f"struct tl_args {{ long long v[{render.ARGS}]; }};" in render.PRELUDE
-    assert "void **table, const tl_args args, char *scratch, int *err" in render.__doc__
+    signature = (
+        "void **table, const tl_args args_in, char *scratch, int *err, const long long *shift"
+    )
+    assert signature in render.__doc__
+    assert (
+        "tl_set_shift(long long *shift, const int *index, long long n,\n"
+        "                                        const tl_args d)"
+    ) in render.SHIFT_KERNEL
     seen = []
 
     class _Driver:
         @staticmethod
         def launchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-            ptrs = (ctypes.c_uint64 * 4).from_address(params)
-            table = ctypes.c_uint64.from_address(ptrs[0]).value
-            args = list((ctypes.c_int64 * cuda.ARGS).from_address(ptrs[1]))
-            scratch = ctypes.c_uint64.from_address(ptrs[2]).value
-            err = ctypes.c_uint64.from_address(ptrs[3]).value
-            seen.append((f, (gx, gy, gz), (bx, by, bz), shared, stream, table, args, scratch))
-            seen.append(err)
+            seen.append((f, (gx, gy, gz), (bx, by, bz), shared, stream, params))
+
+    def word(ptrs, k, ctype=ctypes.c_uint64):
+        return ctype.from_address(ptrs[k]).value
 
     dev = object.__new__(cuda.CupyDevice)
     dev._driver, dev._stream = _Driver, 0
     dev._launch_params(4242)
-    dev.launch(99, 1000, np.array([3, -5], np.int64), 2000, 17)
-    (f, grid, block, shared, stream, table, args, scratch), err = seen
+    dev.launch(99, 1000, np.array([3, -5], np.int64), 2000, 17, 3000)
+    (f, grid, block, shared, stream, params), *_ = seen
     assert (f, grid, block, shared, stream) == (99, (17, 1, 1), (cuda.THREADS, 1, 1), 0, 0)
-    assert (table, args[:2], scratch, err) == (1000, [3, -5], 2000, 4242)
+    ptrs = (ctypes.c_uint64 * 5).from_address(params)
+    args = list((ctypes.c_int64 * cuda.ARGS).from_address(ptrs[1]))
+    assert (word(ptrs, 0), args[:2], word(ptrs, 2), word(ptrs, 3), word(ptrs, 4)) == (
+        1000,
+        [3, -5],
+        2000,
+        4242,
+        3000,
+    )
+    dev.launch(99, 1000, np.array([3, -5], np.int64), 2000, 17)
+    assert word((ctypes.c_uint64 * 5).from_address(seen[-1][-1]), 4) == 0  # no shift: null
+    # tl_set_shift: the shifts' and the indices' addresses, their number, the values
+    seen.clear()
+    dev.set_shift(98, 5000, 6000, 300, np.array([7, -2], np.int64))
+    ((f, grid, block, shared, stream, params),) = seen
+    assert (f, grid, block) == (98, (-(-300 // cuda.THREADS), 1, 1), (cuda.THREADS, 1, 1))
+    ptrs = (ctypes.c_uint64 * 4).from_address(params)
+    d = list((ctypes.c_int64 * cuda.ARGS).from_address(ptrs[3]))
+    assert (word(ptrs, 0), word(ptrs, 1), word(ptrs, 2, ctypes.c_int64)) == (5000, 6000, 300)
+    assert d == [7, -2] + [0] * (cuda.ARGS - 2)
 
 
 class _StrictPointer:

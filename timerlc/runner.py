@@ -198,7 +198,22 @@ def run_plan(
     )
     if profile:
         _print_plan_profile(plan, engine, time.perf_counter() - started)
+    elif device is not None:
+        _print_device_summary(engine, time.perf_counter() - started)
     return engine
+
+
+def _print_device_summary(rt, wall: float):
+    """A device run's one line (``--profile`` says more): its launches, how many of them a
+    CUDA graph replayed, and the device's peak memory."""
+    arena = f" of which an arena of {format_bytes(rt.layout.size)}" if rt.layout else ""
+    print(
+        f"device runtime: {wall:.3f} s run on {rt.device.describe()}: {rt.launches} launches "
+        f"and {rt.blas_calls} BLAS products ({rt.graph_launches} of them replayed from "
+        f"{rt.graphs_made} CUDA graphs), device peak {format_bytes(rt.device_peak_bytes)}"
+        f"{arena}",
+        file=sys.stderr,
+    )
 
 
 def _print_plan_profile(plan: Plan, rt, wall: float):

@@ -1,7 +1,7 @@
 """Running the CUDA C text of ``timerlc.cuda.render`` on the CPU: compiled by the host C++
 compiler with ``emu.h`` (a block of threads as std::threads meeting at a barrier), each
-function ``NAME`` callable as ``NAME_emu(table, args, scratch, err, blocks)``: it runs over
-``blocks`` blocks, and a failing one sets ``*err`` (the device runtime's ``EmuDevice``: the
+function ``NAME`` callable as ``NAME_emu(table, args, scratch, err, blocks, shift)``: it runs
+over ``blocks`` blocks, and a failing one sets ``*err`` (the device runtime's ``EmuDevice``: the
 ``cuda-emu`` backend, tests and debugging: ``docs/cuda.md``).
 
 Two parts are compiled once per compiler and kept in the user's cache folder
@@ -24,9 +24,19 @@ from pathlib import Path
 
 HEADER = Path(__file__).with_name("emu.h")
 RUNTIME = Path(__file__).with_name("emu_rt.cc")
-# NAME_emu(table, args, scratch, err, blocks)
+# NAME_emu(table, args, scratch, err, blocks, shift)
 KERNEL = ctypes.CFUNCTYPE(
-    None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint
+    None,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_uint,
+    ctypes.c_void_p,
+)
+# tl_set_shift_emu(shift, index, n, d, blocks) (cuda.render.SHIFT_KERNEL)
+SHIFT = ctypes.CFUNCTYPE(
+    None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_uint
 )
 FLAGS = ("-std=c++20", "-O1", "-fPIC", "-pthread", "-DTL_EMU")
 
@@ -143,5 +153,5 @@ class EmuModule:
         fn = self._functions.get(name)
         if fn is None:
             addr = ctypes.cast(getattr(self.lib, f"{name}_emu"), ctypes.c_void_p).value
-            fn = self._functions[name] = KERNEL(addr)
+            fn = self._functions[name] = (SHIFT if name == "tl_set_shift" else KERNEL)(addr)
         return fn

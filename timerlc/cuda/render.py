@@ -1,7 +1,8 @@
 """Rendering kernels (``codegen.kir``) as CUDA C text.
 
 A kernel's top-level statements are cut into *steps*, each a function ``__global__ void
-NAME(void **table, const tl_args args, char *scratch, int *err)`` (``NAME``, then
+NAME(void **table, const tl_args args_in, char *scratch, int *err, const long long *shift)``
+(``NAME``, then
 ``NAME_1``, ``NAME_2``, ...) that the device runtime launches one after another over a grid
 of blocks of ``THREADS`` threads (``Launches``: each step and the threads it asks for):
 
@@ -25,9 +26,10 @@ condition (``_steps``), so that the work inside runs on the grid too; consecutiv
 loops under exclusive conditions (the two branches of one ``if``) share a function
 (docs/cuda.md).
 
-``table`` holds the device addresses of the plan's buffers, ``args`` the call's loop values
+``table`` holds the device addresses of the plan's buffers, ``args_in`` the call's loop values
 (a struct passed by value, as a launch's parameters are: nothing to copy before a launch),
-``scratch`` the temporaries (global memory, shared by the steps). A ``Fail`` sets its
+``shift`` null or what to add to them (``tl_shifted``: a launch replayed in a CUDA graph
+takes the loop values of an enclosing loop from there, ``runtime/graphs.py``), ``scratch`` the temporaries (global memory, shared by the steps). A ``Fail`` sets its
 block's code and skips the rest of its point (or of the serial step); the block then sets
 ``*err`` if it is still 0 (``tl_failed``: with the statement and the call's loop values
 after it), and every later step, of this call or a later one, returns at once when ``*err``
@@ -103,6 +105,15 @@ typedef unsigned int u32;
 
 /* a call's loop values, passed by value (ARGS of them at most): no copy to the device */
 struct tl_args { long long v[8]; };
+
+/* a call's loop values: the launch's, plus ``shift``'s where it is not null (a launch of a
+   CUDA graph, replayed for other values of the loops around it: runtime/graphs.py) */
+__device__ inline tl_args tl_shifted(const tl_args &a, const long long *shift) {
+  tl_args s = a;
+  if (shift)
+    for (int k = 0; k < 8; k++) s.v[k] += shift[k];
+  return s;
+}
 
 /* the stream's first failure: its code in err[0], then (as long longs from byte 8) the
    statement that failed and its call's loop values, which the runtime reads when it next
@@ -410,12 +421,33 @@ class Launches:
     repeat: int = 1  # the times a call runs the phases (``kir.Kernel.repeat``)
 
 
+# the shifts of a CUDA graph's call sites (runtime/graphs.py), set on the device before a
+# replay: ``shift[i]`` is ``d.v[index[i] - 1]``, or 0 where ``index[i]`` is 0 (the changes of
+# the outer loops' parts by value, as loop values are: no copy from the host's memory)
+SHIFT_KERNEL = r"""
+extern "C" __global__ void tl_set_shift(long long *shift, const int *index, long long n,
+                                        const tl_args d) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    shift[i] = index[i] ? d.v[index[i] - 1] : 0;
+}
+#ifdef TL_EMU
+extern "C" void tl_set_shift_emu(long long *shift, const int *index, long long n,
+                                 const long long *d, unsigned blocks) {
+  tl_args a = {};
+  memcpy(a.v, d, 8 * sizeof(long long));
+  TL_EMU_LAUNCH(blocks, tl_set_shift, shift, index, n, a);
+}
+#endif
+"""
+
+
 def render_module(kernels, blas: bool = True) -> tuple[str, dict[str, str], dict[str, Launches]]:
     """The CUDA C text of the ``kernels`` it renders (after ``head()``), why it renders none
     of the others (kernel name -> reason), and how each it renders runs; ``blas``: a gemm
     whose offsets are plan expressions is a call of the device's BLAS (else a step of
     ours, one thread per element of the product)."""
-    parts, skipped, launches = [head()], {}, {}
+    parts, skipped, launches = [head(), SHIFT_KERNEL], {}, {}
     for k in kernels:
         try:
             r = _Kernel(k, blas)
@@ -787,10 +819,11 @@ class _Kernel:
         self.phases.append((fname, max(1, min(threads, 1 << 31))))
         head = [
             (
-                f'extern "C" __global__ void {fname}(void **table, const tl_args args, '
-                "char *scratch, int *err) {"
+                f'extern "C" __global__ void {fname}(void **table, const tl_args args_in, '
+                "char *scratch, int *err, const long long *shift) {"
             ),
             "  if (*(volatile int *)err) return;  // an earlier step failed",
+            "  const tl_args args = tl_shifted(args_in, shift);",
         ]
         if kind not in ("gemm", "perm"):  # (a product or a permutation cannot fail)
             head += ["  __shared__ int tl_fail;", "  if (threadIdx.x == 0) tl_fail = 0;"]
@@ -1422,11 +1455,11 @@ def identity(op: str, dt: str) -> str:
 
 def _emu_entry(fname: str, nargs: int) -> str:
     """The host's entry to a function on the emulation: ``NAME_emu(table, args, scratch,
-    err, blocks)`` runs it over ``blocks`` blocks (``emu.h``), its ``nargs`` loop values
-    read from the host's array ``args``."""
+    err, blocks, shift)`` runs it over ``blocks`` blocks (``emu.h``), its ``nargs`` loop
+    values read from the host's array ``args``, ``shift`` passed on (a device address)."""
     return (
         f'#ifdef TL_EMU\nextern "C" void {fname}_emu(void **table, const long long *args, '
-        "char *scratch, int *err, unsigned blocks) {\n"
+        "char *scratch, int *err, unsigned blocks, const long long *shift) {\n"
         f"  tl_args a = {{}};\n  memcpy(a.v, args, {nargs} * sizeof(long long));\n"
-        f"  TL_EMU_LAUNCH(blocks, {fname}, table, a, scratch, err);\n}}\n#endif\n"
+        f"  TL_EMU_LAUNCH(blocks, {fname}, table, a, scratch, err, shift);\n}}\n#endif\n"
     )

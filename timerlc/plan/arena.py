@@ -5,7 +5,10 @@ The memory plan (``plan.memory``) says when each buffer lives: from the first to
 of the loop tree that uses it (a call of a statement that writes or reads it) to the
 ``Free`` after its last use (or to the end, for outputs and metrics), and which buffer takes
 over a dying one's memory (a donation: they share one *storage*, whose life is both of
-theirs). Storages whose lives do not meet may share bytes. ``layout`` places them greedily,
+theirs). A buffer whose values never outlive an iteration of a top-level loop
+(``iteration_local``) lives only from its first use to its last within an iteration (the
+loop's calls numbered in the order an iteration makes them). Storages whose lives do not
+meet may share bytes. ``layout`` places them greedily,
 the largest first, each at the lowest offset (aligned to ``ALIGN`` bytes) where it meets no
 storage already placed that lives at the same time; the arena is as large as the highest
 end. A buffer's outputs lie one after another in its storage, each aligned.
@@ -25,7 +28,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from timerlc.plan.items import DTYPES, Call, Free, Plan, SwapIn, SwapOut, walk
+from timerlc.plan import expr as px
+from timerlc.plan.items import (
+    DTYPES,
+    At,
+    Call,
+    Free,
+    If,
+    Loop,
+    Plan,
+    SwapIn,
+    SwapOut,
+    walk,
+)
 
 ALIGN = 256  # bytes: cudaMalloc's alignment, so that every output is aligned as its own
 
@@ -37,6 +52,9 @@ class Layout:
     size: int
     offsets: dict[int, tuple[int, ...]]
     peak: int  # the most bytes the buffers hold at once (the size's lower bound)
+    # the buffers whose values live within an iteration of a loop (``iteration_local``):
+    # their bytes are another's in between, and no zeroing is needed
+    local: frozenset = frozenset()
 
 
 def _aligned(n: int) -> int:
@@ -78,13 +96,25 @@ def layout(plan: Plan) -> Layout | None:
         return None
     if len(nested) != sum(1 for it in top if isinstance(it, Free)):
         return None
-    end = len(top) + 1  # (outputs are read after the last item)
+    # positions: one per top-level item, but a top-level loop has one per call in its body
+    # (in the order an iteration makes them)
+    start: list[int] = []
+    at_call: dict[int, tuple[int, int, int]] = {}  # id(call) -> (position, span's start, stop)
+    pos = 0
+    for it in top:
+        start.append(pos)
+        if isinstance(it, Loop):
+            pos = _positions(it.body, pos, at_call)
+            pos = max(pos, start[-1] + 1)
+        else:
+            pos += 1
+    end = pos + 1  # (outputs are read after the last item)
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for j, it in enumerate(top):
         if isinstance(it, Free):
             for sid in it.buffers:
-                last.setdefault(sid, j)
+                last.setdefault(sid, start[j])
             continue
         for call in walk([it]):
             if not isinstance(call, Call):
@@ -92,7 +122,8 @@ def layout(plan: Plan) -> Layout | None:
             sid = call.statement
             used = {sid} | {r.src for n in plan.statement(sid).nodes for r in n.inputs if r.stored}
             for s in used:
-                first.setdefault(s, j)
+                first.setdefault(s, start[j])
+    local = iteration_local(plan)
     # the storages: a donee shares its donor's
     owner = {b.id: b.id for b in plan.buffers}
 
@@ -116,19 +147,112 @@ def layout(plan: Plan) -> Layout | None:
             at += _aligned(max(n, 1))
         offsets_in[sid] = tuple(outs)
         r = root(sid)
-        start, stop = first.get(sid, len(top)), last.get(sid, end)
-        if r in lives:
-            lives[r] = [min(lives[r][0], start), max(lives[r][1], stop)]
+        if sid in local:  # (from its first use to its last in an iteration of the loop)
+            spans = [at_call[id(c)] for c in local[sid]]
+            life = [min(s for _, s, _ in spans), max(t for _, _, t in spans)]
         else:
-            lives[r] = [start, stop]
+            life = [first.get(sid, pos), last.get(sid, end)]
+        if r in lives:
+            lives[r] = [min(lives[r][0], life[0]), max(lives[r][1], life[1])]
+        else:
+            lives[r] = life
         sizes[r] = max(sizes.get(r, 0), at)
     order = sorted(lives, key=lambda r: (-sizes[r], lives[r][0], r))
     at = first_fit([(sizes[r], *lives[r]) for r in order], ALIGN)
     where = dict(zip(order, at))
     size = max((where[r] + sizes[r] for r in order), default=0)
-    # the peak: the most bytes live during one item
+    # the peak: the most bytes live at one position
     peak = 0
     for j in range(end + 1):
         peak = max(peak, sum(sizes[r] for r in order if lives[r][0] <= j < lives[r][1]))
     offsets = {b.id: tuple(where[root(b.id)] + o for o in offsets_in[b.id]) for b in plan.buffers}
-    return Layout(size, offsets, peak)
+    return Layout(size, offsets, peak, frozenset(local))
+
+
+def _positions(items, pos: int, at_call: dict, span: list | None = None) -> int:
+    """Number the calls of ``items`` from ``pos`` in the order an iteration makes them
+    (both branches of an ``if``); each call's span is its own position, or, inside a loop
+    of the body, that loop's positions (a value can live from one of its iterations to the
+    next). Returns the next position."""
+    for it in items:
+        if isinstance(it, Call):
+            at_call[id(it)] = (pos, pos, pos + 1) if span is None else (pos, *span)
+            pos += 1
+        elif isinstance(it, Loop):
+            if span is None:
+                inner: dict = {}
+                stop = _positions(it.body, pos, inner, [pos, pos])
+                for key, (p, _, _) in inner.items():
+                    at_call[key] = (p, pos, stop)
+                pos = stop
+            else:
+                pos = _positions(it.body, pos, at_call, span)
+        elif isinstance(it, If):
+            pos = _positions(it.then, pos, at_call, span)
+            pos = _positions(it.orelse, pos, at_call, span)
+    return pos
+
+
+def iteration_local(plan: Plan) -> dict[int, list[Call]]:
+    """The buffers whose values never outlive an iteration of the top-level loop they are
+    used in, with every call that writes or reads them: a buffer with a window over a dim
+    ``d`` that is its statement's only loop dim, whose statement writes every point of its
+    window's slot at each call (its domain names only ``d``), called only in the loop with
+    ``d`` its variable, and read only there, by calls that read it at ``d`` = the loop's
+    variable (not an output, not a metric). Such a buffer is written in an iteration before
+    the iteration reads it, and nothing reads it after: between its last use in an
+    iteration and its first in the next its bytes can hold another buffer's (and it needs no
+    zeroing: every point is written before it is read)."""
+    kept = {sid for _, sid, _ in plan.outputs} | {sid for _, sid, _ in plan.metrics}
+    loop_of: dict[int, Loop] = {}  # id(call) -> its top-level loop
+    calls: dict[int, list[Call]] = {}
+    for it in plan.tree:
+        for c in walk([it]):
+            if isinstance(c, Call):
+                calls.setdefault(c.statement, []).append(c)
+                if isinstance(it, Loop):
+                    loop_of[id(c)] = it
+    readers: dict[int, list[tuple[int, object]]] = {}
+    for st in plan.statements:
+        for n in st.nodes:
+            for r in n.inputs:
+                if r.stored:
+                    readers.setdefault(r.src, []).append((st.id, r))
+    out: dict[int, list[Call]] = {}
+    for b in plan.buffers:
+        st = plan.statement(b.id)
+        if b.window is None or b.id in kept or st.loops != (b.window.dim,):
+            continue
+        if not px.names(st.domain) <= {b.window.dim} or not calls.get(b.id):
+            continue
+        loop = loop_of.get(id(calls[b.id][0]))
+        if loop is None or any(
+            loop_of.get(id(c)) is not loop or c.args != (loop.var,) for c in calls[b.id]
+        ):
+            continue
+        k = b.dims.index(b.window.dim)
+        uses = list(calls[b.id])
+        for sid, r in readers.get(b.id, ()):
+            reader = plan.statement(sid)
+            a = r.access[k]
+            if not isinstance(a, At):
+                break
+            for c in calls.get(sid, ()):
+                values = dict(zip(reader.loops, c.args))
+                if loop_of.get(id(c)) is not loop or _subst(a.index, values) != loop.var:
+                    break
+                uses.append(c)
+            else:
+                continue
+            break
+        else:
+            out[b.id] = uses
+    return out
+
+
+def _subst(e, values: dict):
+    if isinstance(e, str):
+        return values.get(e, e)
+    if isinstance(e, tuple):
+        return (e[0], *(_subst(a, values) for a in e[1:]))
+    return e

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import heapq
 import time
 
 import numpy as np
@@ -84,6 +85,7 @@ class EmuDevice:
         self._blocks: dict[int, np.ndarray] = {}
         self._arenas: dict[int, np.ndarray] = {}
         self._freed: collections.deque = collections.deque(maxlen=self.QUARANTINE)
+        self._recording: list | None = None  # a graph's work while it is captured
         self._err = self.alloc(8 * RECORD)  # the launches' failure record (code 0: none)
         self.zero(self._err, 8 * RECORD)
 
@@ -121,30 +123,103 @@ class EmuDevice:
         self._arenas.pop(base).fill(self.POISON)
 
     def carve(self, base: int, offset: int, nbytes: int) -> int:
-        """``nbytes`` of arena ``base`` from ``offset``, as a block of its own (``free``
-        poisons it; the arena keeps the memory)."""
+        """The address of ``nbytes`` of arena ``base`` from ``offset`` (two buffers whose
+        lives do not meet may get the same bytes; ``uncarve`` when one is freed)."""
         arena = self._arenas[base]
         if offset < 0 or offset + nbytes > arena.nbytes:
             raise RunError(f"internal error: {nbytes} bytes at {offset} outside the arena")
-        view = arena[offset : offset + nbytes]
-        self._blocks[base + offset] = view
         return base + offset
+
+    def uncarve(self, ptr: int, nbytes: int, poison: bool = True):
+        """A carved buffer freed: its bytes poisoned (a kernel that still used them would
+        read garbage), but where another buffer may hold them already (``poison`` False)."""
+        self._region(ptr, nbytes)
+        if poison:
+            ctypes.memset(ptr, self.POISON, nbytes)
 
     def zero(self, ptr: int, nbytes: int):
         self._check(ptr, nbytes)
+        self._idle("a zeroing")
         ctypes.memset(ptr, 0, nbytes)
 
     def upload(self, ptr: int, host: np.ndarray, offset: int = 0):
         self._check(ptr, offset + host.nbytes)
+        self._idle("a copy to the device")
         ctypes.memmove(ptr + offset, host.ctypes.data, host.nbytes)
 
     def download(self, ptr: int, host: np.ndarray):
         self._check(ptr, host.nbytes)
+        self._idle("a copy from the device")
         ctypes.memmove(host.ctypes.data, ptr, host.nbytes)
 
-    def launch(self, fn, table: int, args: np.ndarray, scratch: int, blocks: int):
-        # (the emulation's entry reads the loop values from the host's array)
-        fn(table, args.ctypes.data, scratch, self._err, blocks)
+    def launch(self, fn, table: int, args: np.ndarray, scratch: int, blocks: int, shift: int = 0):
+        # (the emulation's entry reads the loop values from the host's array: a graph keeps
+        # a copy, as a captured launch keeps its parameters)
+        if self._recording is None:
+            fn(table, args.ctypes.data, scratch, self._err, blocks, shift)
+            return
+        values = args.copy()
+        err = self._err
+        self._issue(lambda: fn(table, values.ctypes.data, scratch, err, blocks, shift))
+
+    def set_shift(self, fn, shift: int, index: int, n: int, deltas: np.ndarray):
+        """``tl_set_shift`` (``cuda.render.SHIFT_KERNEL``) over the ``n`` shifts at
+        ``shift``."""
+        d = np.zeros(ARGS, np.int64)
+        d[: len(deltas)] = deltas
+        self._issue(lambda: fn(shift, index, n, d.ctypes.data, min(-(-n // THREADS), 2)))
+
+    # a graph: the launches and products made while it is captured, kept (not run), then
+    # run in order at each replay; nothing else may reach the device meanwhile (a GPU's
+    # capture would fail: the runtime must do its copies before)
+    # Each call's work is a group that waits for the groups ``depend`` names; a replay runs
+    # the groups in an order that keeps only those waits: of the groups ready, the last one
+    # captured first (as far from the capture's order as the waits allow: a wait that is
+    # missing gives other values).
+    def begin_capture(self):
+        self._recording = [(set(), [])]  # (the groups it waits for, its work)
+
+    def depend(self, after: set[int]):
+        """The work from here is a group of its own that waits for the groups ``after``
+        (numbered from 0 in the order ``depend`` made them; the work before the first is
+        not one: it comes first)."""
+        self._recording.append(({a + 1 for a in after} | {0}, []))
+
+    def end_capture(self) -> tuple:
+        groups, self._recording = self._recording, None
+        left = [len(after) for after, _ in groups]  # the waits not yet met
+        then: list[list[int]] = [[] for _ in groups]  # per group, those waiting for it
+        for h, (after, _) in enumerate(groups):
+            for g in after:
+                then[g].append(h)
+        ready = [-g for g, n in enumerate(left) if not n]
+        heapq.heapify(ready)
+        done: list[int] = []
+        while ready:
+            g = -heapq.heappop(ready)  # (the last one captured of those ready)
+            done.append(g)
+            for h in then[g]:
+                left[h] -= 1
+                if not left[h]:
+                    heapq.heappush(ready, -h)
+        if len(done) != len(groups):
+            raise RunError("internal error: a graph's calls wait for each other in a cycle")
+        return tuple(work for g in done for work in groups[g][1])
+
+    def replay(self, graph: tuple):
+        self._idle("a graph's replay")
+        for work in graph:
+            work()
+
+    def _issue(self, work):
+        if self._recording is None:
+            work()
+        else:
+            self._recording[-1][1].append(work)
+
+    def _idle(self, what: str):
+        if self._recording is not None:
+            raise RunError(f"internal error: {what} while a CUDA graph is captured")
 
     def mark(self) -> float:
         """A point in the device's work (``elapsed`` between two): here, the host's clock
@@ -157,6 +232,7 @@ class EmuDevice:
     def failure(self) -> tuple[int, int, tuple[int, ...]]:
         """The first failure since the last call: its code (0: none), statement and loop
         values (``tl_failed``); cleared."""
+        self._idle("a read of the failure record")
         record = tuple((ctypes.c_int64 * RECORD).from_address(self._err))
         code = ctypes.c_int32.from_address(self._err).value
         if code:
@@ -173,26 +249,33 @@ class EmuDevice:
         A = self._matrix(a, dt, (k, m) if ta else (m, k), lda)
         B = self._matrix(b, dt, (n, k) if tb else (k, n), ldb)
         C = self._matrix(c, dt, (m, n), ldc)
-        C[...] = (A.T if ta else A) @ (B.T if tb else B)
+
+        def product():
+            C[...] = (A.T if ta else A) @ (B.T if tb else B)
+
+        self._issue(product)
 
     def _matrix(self, ptr: int, dt, shape: tuple[int, int], ld: int) -> np.ndarray:
         """The ``shape`` matrix at ``ptr``, its rows ``ld`` elements apart, as a view."""
         rows, cols = shape
         nbytes = ((rows - 1) * ld + cols) * dt.itemsize
-        starts = [p for p in self._blocks if p <= ptr < p + self._blocks[p].nbytes]
-        if not starts or ptr + nbytes > starts[0] + self._blocks[starts[0]].nbytes:
-            raise RunError(f"internal error: a product's {nbytes} bytes outside device memory")
-        block = self._blocks[starts[0]]
-        flat = block[ptr - starts[0] : ptr - starts[0] + nbytes].view(dt)
+        flat = self._region(ptr, nbytes, "a product's").view(dt)
         return np.lib.stride_tricks.as_strided(flat, shape, (ld * dt.itemsize, dt.itemsize))
+
+    def _region(self, ptr: int, nbytes: int, what: str = "a copy of") -> np.ndarray:
+        """The ``nbytes`` at ``ptr``, inside one block or arena (else an internal error)."""
+        for blocks in (self._blocks, self._arenas):
+            for start, block in blocks.items():
+                if start <= ptr and ptr + nbytes <= start + block.nbytes:
+                    return block[ptr - start : ptr - start + nbytes]
+        raise RunError(
+            f"internal error: {what} {nbytes} bytes at a device address that holds no such block"
+        )
 
     def _check(self, ptr: int, nbytes: int):
         block = self._blocks.get(ptr)
         if block is None or nbytes > block.nbytes:
-            raise RunError(
-                f"internal error: a copy of {nbytes} bytes at a device address that "
-                "holds no such block"
-            )
+            self._region(ptr, nbytes)
 
 
 def _host(array: np.ndarray) -> ctypes.c_void_p:
@@ -209,6 +292,7 @@ class CupyDevice:
 
     kind = "cuda"
     MAX_BLOCKS = 65535
+    SIDE_STREAMS = 3  # streams besides the launches' own that a graph's branches use
 
     def __init__(self):
         try:
@@ -231,21 +315,37 @@ class CupyDevice:
         self._arenas: dict[int, object] = {}
         self._err = cupy.zeros(RECORD, cupy.int64)  # the failure record (tl_failed)
         self._code = np.zeros(RECORD, np.int64)
-        self._stream_obj = cupy.cuda.get_current_stream()
+        # a stream of its own (a graph is captured from a stream other than the legacy
+        # default one), made current, and synchronizing with the default stream (CuPy's
+        # synchronous copies and fills are ordered with its work)
+        self._stream_obj = cupy.cuda.Stream()
+        self._stream_obj.use()
         self._stream = self._stream_obj.ptr
+        # while a graph is captured, calls that need not wait for each other go to streams
+        # of their own (``depend``): the graph's branches, run at once on the GPU
+        self._streams = [self._stream_obj] + [
+            cupy.cuda.Stream(non_blocking=True) for _ in range(self.SIDE_STREAMS)
+        ]
+        self._capture: dict | None = None
         self._launch_params(self._err.data.ptr)
         self._blas = None  # (cuBLAS's handle, and alpha = 1, beta = 0 of each dtype)
 
     def _launch_params(self, err: int):
         """The buffer a launch's parameters are written to (cuLaunchKernel reads them when
-        it is called): the table's address, the loop values (one parameter, ``struct
-        tl_args``), the scratch's and ``err``'s addresses; and a pointer to each."""
-        self._params = np.zeros(3 + ARGS, np.uint64)
+        it is called, and a graph captured keeps a copy): the table's address, the loop
+        values (one parameter, ``struct tl_args``), the scratch's, ``err``'s and the
+        shifts' addresses; and a pointer to each. Likewise for ``tl_set_shift``: the
+        shifts' and the indices' addresses, their number, the values (``tl_args``)."""
+        self._params = np.zeros(4 + ARGS, np.uint64)
         self._params[2 + ARGS] = err
         at = self._params.ctypes.data
         self._param_ptrs = np.array(
-            [at, at + 8, at + 8 * (1 + ARGS), at + 8 * (2 + ARGS)], np.uint64
+            [at, at + 8, at + 8 * (1 + ARGS), at + 8 * (2 + ARGS), at + 8 * (3 + ARGS)],
+            np.uint64,
         )
+        self._shift_params = np.zeros(3 + ARGS, np.uint64)
+        at = self._shift_params.ctypes.data
+        self._shift_ptrs = np.array([at, at + 8, at + 16, at + 24], np.uint64)
 
     def describe(self) -> str:
         props = self.cp.cuda.runtime.getDeviceProperties(self.cp.cuda.Device().id)
@@ -279,39 +379,131 @@ class CupyDevice:
 
     def arena(self, nbytes: int) -> int:
         mem = self.cp.cuda.alloc(max(nbytes, 8))
-        self._arenas[mem.ptr] = mem
+        self._arenas[mem.ptr] = (mem, max(nbytes, 8))
         return mem.ptr
 
     def release_arena(self, base: int):
         del self._arenas[base]
 
     def carve(self, base: int, offset: int, nbytes: int) -> int:
-        """A pointer into arena ``base`` (which keeps the memory; ``free`` forgets it)."""
-        at = self._arenas[base] + offset
-        self._mem[at.ptr] = at
-        return at.ptr
+        """The address of ``nbytes`` of arena ``base`` from ``offset`` (the arena keeps the
+        memory; two buffers whose lives do not meet may get the same bytes)."""
+        if offset < 0 or offset + nbytes > self._arenas[base][1]:
+            raise RunError(f"internal error: {nbytes} bytes at {offset} outside the arena")
+        return base + offset
+
+    def uncarve(self, ptr: int, nbytes: int, poison: bool = True):
+        """A carved buffer freed: nothing to do (its bytes are the arena's)."""
+
+    def _at(self, ptr: int):
+        """CuPy's pointer for a device address: an allocation's, or into an arena."""
+        mem = self._mem.get(ptr)
+        if mem is not None:
+            return mem
+        for base, (mem, size) in self._arenas.items():
+            if base <= ptr < base + size:
+                return mem + (ptr - base)
+        raise RunError("internal error: a device address outside the device's memory")
 
     def zero(self, ptr: int, nbytes: int):
-        self._mem[ptr].memset(0, nbytes)
+        self._at(ptr).memset(0, nbytes)
 
     def upload(self, ptr: int, host: np.ndarray, offset: int = 0):
         # in the launches' stream, from pageable memory: CUDA copies ``host`` to a staging
         # buffer before it returns (so the host may change it at once) and does not wait
         # for the device, which copies it when the stream gets there
         # (CuPy's copies take the host address as a ctypes.c_void_p: they read its .value)
-        (self._mem[ptr] + offset).copy_from_host_async(_host(host), host.nbytes)
+        (self._at(ptr) + offset).copy_from_host_async(_host(host), host.nbytes)
 
     def download(self, ptr: int, host: np.ndarray):
-        self._mem[ptr].copy_to_host(_host(host), host.nbytes)
+        self._at(ptr).copy_to_host(_host(host), host.nbytes)
 
-    def launch(self, fn: int, table: int, args: np.ndarray, scratch: int, blocks: int):
+    def launch(
+        self, fn: int, table: int, args: np.ndarray, scratch: int, blocks: int, shift: int = 0
+    ):
         p = self._params
         p[0] = table
         p[1 : 1 + len(args)] = args.view(np.uint64)
         p[1 + ARGS] = scratch
+        p[3 + ARGS] = shift
         self._driver.launchKernel(
             fn, blocks, 1, 1, THREADS, 1, 1, 0, self._stream, self._param_ptrs.ctypes.data, 0
         )
+
+    def set_shift(self, fn: int, shift: int, index: int, n: int, deltas: np.ndarray):
+        """``tl_set_shift`` (``cuda.render.SHIFT_KERNEL``) over the ``n`` shifts at
+        ``shift``: the values by value, in the launches' stream (before the graph)."""
+        p = self._shift_params
+        p[:] = 0
+        p[0], p[1], p[2] = shift, index, n
+        p[3 : 3 + len(deltas)] = np.asarray(deltas, np.int64).view(np.uint64)
+        blocks = min(-(-n // THREADS), self.MAX_BLOCKS)
+        self._driver.launchKernel(
+            fn, blocks, 1, 1, THREADS, 1, 1, 0, self._stream, self._shift_ptrs.ctypes.data, 0
+        )
+
+    def begin_capture(self):
+        """From here the launches and products are captured into a graph (not run)."""
+        main = self._stream_obj
+        main.begin_capture()
+        fork = self.cp.cuda.Event(disable_timing=True)
+        fork.record(main)  # (a side stream joins the capture by waiting for it)
+        self._capture = {
+            "groups": [],  # per call: (its stream, the event after its work)
+            "tails": [None] * len(self._streams),  # per stream: its last call
+            "joined": [True] + [False] * self.SIDE_STREAMS,
+            "fork": fork,
+        }
+
+    def depend(self, after: set[int]):
+        """The work from here (a call's) waits for the calls ``after`` (numbered from 0 in
+        the order ``depend`` made them) and nothing else: it goes to the stream of one of
+        them, if that one was the stream's last, else to the next stream in turn, and
+        waits for the others' events (edges of the graph)."""
+        c = self._capture
+        self._close_call()
+        groups, tails = c["groups"], c["tails"]
+        k = next(
+            (groups[d][0] for d in sorted(after, reverse=True) if tails[groups[d][0]] == d), None
+        )
+        if k is None:
+            k = len(groups) % len(self._streams)
+        stream = self._streams[k]
+        for d in sorted(after):
+            if groups[d][0] != k:
+                stream.wait_event(groups[d][1])
+                c["joined"][k] = True
+        if not c["joined"][k]:
+            stream.wait_event(c["fork"])
+            c["joined"][k] = True
+        groups.append([k, None])
+        tails[k] = len(groups) - 1
+        self._stream = stream.ptr
+
+    def _close_call(self):
+        """The event after the last call's work, in its stream (a later call may wait)."""
+        groups = self._capture["groups"]
+        if groups and groups[-1][1] is None:
+            event = self.cp.cuda.Event(disable_timing=True)
+            event.record(self._streams[groups[-1][0]])
+            groups[-1][1] = event
+
+    def end_capture(self):
+        """The graph captured since ``begin_capture`` (instantiated: CuPy's ``Graph``): the
+        launches' stream waits for the other streams' last calls first."""
+        c, main = self._capture, self._stream_obj
+        try:
+            self._close_call()
+            for k, last in enumerate(c["tails"]):
+                if k and last is not None:
+                    main.wait_event(c["groups"][last][1])
+        finally:
+            self._capture = None
+            self._stream = main.ptr
+        return main.end_capture()
+
+    def replay(self, graph):
+        graph.launch(self._stream_obj)
 
     def gemm(self, dtype, m, n, k, a, lda, ta, b, ldb, tb, c, ldc):
         """``C = op(A) @ op(B)``, row-major, by cuBLAS's gemm in the launches' stream.
@@ -394,7 +586,11 @@ class DeviceRuntime(CpuRuntime):
         allow_nonfinite: bool = False,
         cache=None,
         use_arena: bool = True,
+        graphs: bool = True,
     ):
+        """``graphs``: replay the runs of the tree that only launch as CUDA graphs
+        (``runtime/graphs.py``; not while profiling, which times each call, nor without the
+        arena, where a buffer's address can change)."""
         from timerlc.runtime.native import check_kernels
 
         check_kernels(plan, text)
@@ -413,7 +609,9 @@ class DeviceRuntime(CpuRuntime):
         self.uploaded = self.downloaded = 0  # bytes copied each way
         self.launches = 0
         self.blas_calls = 0  # products handed to the device's BLAS
-        self._pending: list[tuple[int, tuple]] = []  # calls of kernels that can fail, unread
+        # calls of kernels that can fail, unread: (statement, loop values), or (statement,
+        # None) for any call of it (a graph's)
+        self._pending: list[tuple[int, tuple | None]] = []
         # --profile: the device's seconds per statement, from marks around each call's
         # launches (read a batch at a time: reading one waits for the device)
         self.device_seconds: dict[int, float] = {}
@@ -423,14 +621,26 @@ class DeviceRuntime(CpuRuntime):
         # the buffers' memory: one arena, each buffer at its planned offset (plan.arena),
         # where the plan has a layout (no swaps); else one allocation per buffer
         self.layout = arena.layout(plan) if use_arena else None
-        self._carved: set[int] = set()
+        # CUDA graphs (runtime/graphs.py): the launches' shifts (0: none; while a graph is
+        # captured, its call site's), and how many graphs were made and replayed
+        self.use_graphs = graphs and not profile and self.layout is not None
+        self._shift = 0
+        self._capturing = False
+        self._order = None  # (graphs.Order, while a graph is captured)
+        self._resources_of: dict[int, tuple] = {}
+        self._aliases: dict | None = None
+        self._statement_scratch = {sid: n for sid, _, n in plan.kernels.statements}
+        # (graph_launches: the launches and products the replays made)
+        self.graphs_made = self.graph_replays = self.graph_launches = 0
+        self._carved: set[int] = set()  # the buffers carved from the arena
+        self._dev_bytes: dict[int, list[int]] = {}  # per buffer on the device: its outputs' bytes
         if self.layout is not None:
             self._arena = device.arena(self.layout.size)
             self.device_bytes = self.device_peak_bytes = self.layout.size
         # one scratch memory for every kernel: the statements' calls run one after another
         # (in one stream on a GPU), and a call's scratch holds nothing the next one needs
         self._scratch = self._alloc(max([8] + [n for _, _, n in plan.kernels.statements]))
-        phases = dict(plan.kernels.launches)
+        phases = self.phases = dict(plan.kernels.launches)
         self._repeats = dict(plan.kernels.repeats)
         for sid, _, _ in plan.kernels.statements:
             n = len(launch_loops(plan.statement(sid).loops, sid in self._repeats))
@@ -471,41 +681,58 @@ class DeviceRuntime(CpuRuntime):
         return ptr
 
     def _release(self, ptr: int):
-        nbytes = self._sizes.pop(ptr)
-        if ptr in self._carved:  # (the arena keeps its bytes)
-            self._carved.discard(ptr)
-        else:
-            self.device_bytes -= nbytes
+        self.device_bytes -= self._sizes.pop(ptr)
         self.device.free(ptr)
+
+    def _release_buffer(self, sid: int):
+        """Buffer ``sid``'s device memory given back (to the arena, which keeps the bytes:
+        poisoned on the emulation, but a buffer whose values lived within an iteration,
+        whose bytes another buffer may hold by now)."""
+        ptrs, sizes = self.dev.pop(sid, ()), self._dev_bytes.pop(sid, ())
+        if sid in self._carved:
+            self._carved.discard(sid)
+            for ptr, nbytes in zip(ptrs, sizes):
+                self.device.uncarve(ptr, nbytes, sid not in self.layout.local)
+        else:
+            for ptr in ptrs:
+                self._release(ptr)
 
     def _set(self, sid: int, bufs, donor: int | None = None):
         self._settle()  # (a buffer freed, donated or zeroed: a failed call's inputs kept)
         super()._set(sid, bufs, donor)
         if bufs is None:
-            for ptr in self.dev.pop(sid, ()):
-                self._release(ptr)
+            self._release_buffer(sid)
             self.fresh.pop(sid, None)
             self.dirty.pop(sid, None)
         elif donor is not None and donor in self.dev:
             # the donor's memory is the statement's now, with the donor's values in it (on
             # either side, as they were: the same bytes of the same memory)
             self.dev[sid] = self.dev.pop(donor)
+            self._dev_bytes[sid] = self._dev_bytes.pop(donor)
+            if donor in self._carved:
+                self._carved.discard(donor)
+                self._carved.add(sid)
             self.fresh[sid] = self.fresh.pop(donor)
             if donor in self.dirty:
                 self.dirty[sid] = self.dirty.pop(donor)
         else:  # new arrays (zeros) or a swap's copies (``swap_in`` marks them)
             ptrs = []
+            # (a buffer whose values live within an iteration shares its bytes with others
+            # in between, and every point is written before it is read: not zeroed, which
+            # could wipe a live buffer's bytes; the device's bytes are its values then)
+            local = self.layout is not None and sid in self.layout.local
             for k, b in enumerate(bufs):
                 if self.layout is not None:
                     ptr = self.device.carve(self._arena, self.layout.offsets[sid][k], b.nbytes)
-                    self._sizes[ptr] = b.nbytes
-                    self._carved.add(ptr)
+                    self._carved.add(sid)
                 else:
                     ptr = self._alloc(b.nbytes)
-                self.device.zero(ptr, b.nbytes)
+                if not local:
+                    self.device.zero(ptr, b.nbytes)
                 ptrs.append(ptr)
             self.dev[sid] = ptrs
-            self.fresh[sid] = BOTH
+            self._dev_bytes[sid] = [b.nbytes for b in bufs]
+            self.fresh[sid] = DEVICE if local else BOTH
         if bufs is None and self.layout is not None:
             # (its entries keep its place in the arena, where it comes back: no new table
             # to copy up; a kernel that read it now would read the bytes of another buffer,
@@ -587,6 +814,86 @@ class DeviceRuntime(CpuRuntime):
         if self.buffers[sid] is not None:
             self.fresh[sid] = HOST  # copied back to the mirror: up at the next launch
 
+    def prepare(self, touched: list[tuple[int, bool]]):
+        """Before a graph's work is captured or replayed: the buffers it touches allocated
+        (but those given to another by a donation) and current on the device, the table
+        copied up (nothing may be copied while a graph is captured)."""
+        for sid, write in touched:
+            if self.buffers[sid] is None and sid not in self._freed:
+                self._allocate(sid, write)
+            if self.fresh.get(sid) in _STALE:
+                self._to_device(sid)
+        if self._table_dirty:
+            self.device.upload(self.dtable, self.dtable_host)
+            self._table_dirty = False
+
+    def _resources(self, sid: int) -> tuple[tuple, tuple]:
+        """What a call of statement ``sid`` reads and writes (``graphs.Order``): buffers by
+        id, the scratch memory, the environments' state, the BLAS (its workspace)."""
+        got = self._resources_of.get(sid)
+        if got is None:
+            touched = _touched(self.plan, {sid})
+            reads = tuple(s for s, w in touched if not w)
+            writes = tuple(s for s, w in touched if w)
+            if self._statement_scratch.get(sid, 0) > 0:
+                writes += ("scratch",)
+            if self.statements[sid].is_env:
+                writes += ("env",)
+            if any(isinstance(f, GemmCall) for f in self.phases.get(sid, ())):
+                # (one cuBLAS handle, one workspace: its products run one at a time)
+                writes += ("blas",)
+            got = self._resources_of[sid] = (reads, writes)
+        return got
+
+    def aliases(self) -> dict:
+        """Per buffer, those whose arena bytes meet its (``graphs.aliases``)."""
+        if self._aliases is None:
+            from timerlc.runtime.graphs import aliases
+
+            sizes = {
+                b.id: sum(arena._aligned(max(n, 1)) for n in arena.output_bytes(self.plan, b.id))
+                for b in self.plan.buffers
+            }
+            self._aliases = aliases(self.layout, sizes)
+        return self._aliases
+
+    def shift_function(self):
+        """The module's ``tl_set_shift`` (``cuda.render.SHIFT_KERNEL``)."""
+        if not hasattr(self, "_set_shift"):
+            try:
+                self._set_shift = self.device.function(self._module, "tl_set_shift")
+            except (AttributeError, KeyError):
+                raise PlanError(
+                    "the plan's kernels have no tl_set_shift (written by an older timerlc): "
+                    "compile the program again"
+                ) from None
+        return self._set_shift
+
+    def _build(self, items, scope: tuple[str, ...]):
+        """The cpu runtime's loop tree, but for the runs of ``items`` that only launch
+        (``graphs.runs``): each is a ``graphs.GraphRun``."""
+        if not self.use_graphs:
+            return super()._build(items, scope)
+        from timerlc.runtime.graphs import GraphRun, capturable_fn, runs
+
+        if not hasattr(self, "_capturable"):
+            launch_only = {
+                sid
+                for sid, _, _ in self.plan.kernels.statements
+                if sid not in self.valid and sid not in self.metric_of
+            }
+            self._capturable = capturable_fn(launch_only)
+        steps = [
+            GraphRun(self, part, scope) if isinstance(part, list) else self._item(part, scope)
+            for part in runs(items, self._capturable)
+        ]
+
+        def run(env):
+            for s in steps:
+                s(env)
+
+        return run
+
     # ------------------------------------------------------------------ launches
     def _launcher(self, sid: int, phases, scratch: int):
         """The function the statement calls for its kernel (``CpuRuntime``'s signature:
@@ -626,6 +933,8 @@ class DeviceRuntime(CpuRuntime):
                 self.device.upload(self.dtable, self.dtable_host)
                 self._table_dirty = False
             device, table, scratch_ptr = self.device, self.dtable, self._scratch
+            if self._capturing:  # (what the call waits for in the graph)
+                device.depend(self._order.call(*self._resources(sid)))
             if self.profile:
                 start = device.mark()
             for r in range(repeat):
@@ -636,7 +945,7 @@ class DeviceRuntime(CpuRuntime):
                     values = blocks
                 for fn, grid in fns:
                     if grid:  # (the loop values go by value, with the launch)
-                        device.launch(fn, table, values, scratch_ptr, grid)
+                        device.launch(fn, table, values, scratch_ptr, grid, self._shift)
                         self.launches += 1
                     else:  # a product (GemmCall)
                         fn(values, scratch_ptr)
@@ -644,7 +953,7 @@ class DeviceRuntime(CpuRuntime):
                 self._marks.append((sid, start, device.mark()))
                 if len(self._marks) >= 1024:
                     self._read_marks()
-            if reads:  # (its failure is read when the host next waits: _settle)
+            if reads and not self._capturing:  # (read when the host next waits: _settle)
                 self._pending.append((sid, tuple(int(v) for v in args[:nloops])))
             fresh[sid] = DEVICE
             return 0
@@ -678,7 +987,7 @@ class DeviceRuntime(CpuRuntime):
                     f"the plan is not valid: a product of statement {sid}'s kernel names table "
                     f"entry {o.at}, which holds no buffer"
                 )
-            return ptrs[key[1]], self._sizes[ptrs[key[1]]]  # (current: the launch's)
+            return ptrs[key[1]], self._dev_bytes[key[0]][key[1]]  # (current: the launch's)
 
         def run(values, scratch_ptr: int):
             values = tuple(int(v) for v in values)
@@ -721,6 +1030,8 @@ class DeviceRuntime(CpuRuntime):
         if not code:
             return
         for psid, key in pending:
+            if key is None and psid == sid:  # (a graph's call: the record says which)
+                key = tuple(values[: len(self.plan.statement(sid).loops)])
             if psid == sid and key == tuple(values[: len(key)]):
                 # the interpreter needs the values as the kernel left them, and the
                 # environments' state
@@ -750,8 +1061,7 @@ class DeviceRuntime(CpuRuntime):
     def close(self):
         """Release the device memory (the runtime cannot run after)."""
         for sid in list(self.dev):
-            for ptr in self.dev.pop(sid):
-                self._release(ptr)
+            self._release_buffer(sid)
         for ptr in list(self._sizes):
             self._release(ptr)
         if self.layout is not None and self._arena:
