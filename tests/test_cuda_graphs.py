@@ -103,6 +103,14 @@ def test_a_run_s_key_holds_what_the_host_computes_from_the_outer_loops():
     assert shape.parts == (("fdiv_q", "c1", 16), "c1")
     # per site: the part each value takes its shift from (0: none; the mixed one is keyed)
     assert shape.sites == [(2, (1,)), (1, (2, 0)), (1, (1, 0))]
+    # at most 8 outer parts (what tl_set_shift takes by value): the others key the graph
+    many = [Call(2, (("add", "c1", k),)) for k in range(10)]
+    many += [Call(2, (("mul", k, "c1"),)) for k in range(2, 12)]
+    shape = graphs.analyze(many, ("c1",), _Plan, {}, set())
+    assert len(shape.parts) == graphs.ARGS and shape.parts[0] == "c1"
+    assert shape.sites[:10] == [(2, (1,))] * 10  # (c1 + k: the part c1)
+    assert [s for _, (s,) in shape.sites[10:]] == [2, 3, 4, 5, 6, 7, 8, 0, 0, 0]
+    assert shape.key == (("mul", 9, "c1"), ("mul", 10, "c1"), ("mul", 11, "c1"))
     # runs: consecutive items that only launch, if more than one launch
     free = items.Free((3,))
     launches = lambda it: not isinstance(it, items.Free)
@@ -334,3 +342,23 @@ def test_cupy_device_s_capture_puts_calls_on_streams_and_waits_for_events():
         ("wait", "main", "s2"),  # the end: main waits for s2's last call
         ("end", "main"),
     ]
+
+
+@needs_cxx
+def test_a_capture_the_device_refuses_leaves_the_run_to_its_launches(capsys):
+    """A GPU may refuse a capture (a CUDA error at its start, a launch or its end): the run
+    then goes as launches, the same values, and stderr says so once; a run's own error (a
+    plan's) is not a refusal."""
+    gen, (plain, want) = _plain("reinforce", tuple(sorted({"I": 4, "B": 4, "T": 16}.items())))
+
+    class Refusing(EmuDevice):
+        def end_capture(self):
+            super().end_capture()
+            raise RuntimeError("cudaErrorStreamCaptureUnsupported: operation not permitted")
+
+    rt, got = _run(gen, True, Refusing())
+    assert got == want and rt.graphs_made == 0 and rt.graph_refusals
+    err = capsys.readouterr().err
+    assert err.count("could not capture a CUDA graph (RuntimeError: cudaError") == 1
+    # (each refused capture's counts undone: the launches are the plain run's)
+    assert rt.launches == plain.launches and rt.graph_replays == 0

@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import heapq
+import sys
 import time
 
 import numpy as np
@@ -287,8 +288,9 @@ class CupyDevice:
     (``RawModule``, which caches the compiled module by its text, options and the GPU's
     architecture), a function launched over blocks of ``THREADS`` threads by the driver
     (``cuLaunchKernel``, its parameters in one host buffer: the table's, the loop values',
-    the scratch's and the failure code's addresses), a product by cuBLAS; all in CuPy's
-    current stream, in order."""
+    the scratch's, the failure code's and the shifts' addresses), a product by cuBLAS; all
+    in a stream of its own (made CuPy's current one), in order; while a graph is captured,
+    a call that need not wait for the one before it may go to a side stream (``depend``)."""
 
     kind = "cuda"
     MAX_BLOCKS = 65535
@@ -632,6 +634,7 @@ class DeviceRuntime(CpuRuntime):
         self._statement_scratch = {sid: n for sid, _, n in plan.kernels.statements}
         # (graph_launches: the launches and products the replays made)
         self.graphs_made = self.graph_replays = self.graph_launches = 0
+        self.graph_refusals: list[str] = []  # (the device's errors, where it refused one)
         self._carved: set[int] = set()  # the buffers carved from the arena
         self._dev_bytes: dict[int, list[int]] = {}  # per buffer on the device: its outputs' bytes
         if self.layout is not None:
@@ -856,6 +859,17 @@ class DeviceRuntime(CpuRuntime):
             }
             self._aliases = aliases(self.layout, sizes)
         return self._aliases
+
+    def graph_refused(self, error: Exception):
+        """The device refused to capture a run as a CUDA graph: the run goes as launches
+        from here; the first refusal is said on stderr (the run goes on)."""
+        if not self.graph_refusals:
+            print(
+                f"timerlc: the device could not capture a CUDA graph "
+                f"({type(error).__name__}: {px.clip(str(error))}); that run goes as launches",
+                file=sys.stderr,
+            )
+        self.graph_refusals.append(f"{type(error).__name__}: {error}")
 
     def shift_function(self):
         """The module's ``tl_set_shift`` (``cuda.render.SHIFT_KERNEL``)."""

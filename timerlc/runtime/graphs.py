@@ -36,8 +36,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from timerlc.diagnostics import TimerlcError
 from timerlc.plan import expr as px
-from timerlc.plan.items import Call, Free, GemmCall, If, Loop, SwapIn, SwapOut, walk
+from timerlc.plan.items import (
+    Call,
+    Free,
+    GemmCall,
+    If,
+    Loop,
+    PlanError,
+    SwapIn,
+    SwapOut,
+    walk,
+)
 
 ARGS = 8  # a call site's shift values (cuda.render.ARGS)
 MAX_GRAPHS = 8  # graphs of one run (distinct keys) before it runs as launches for good
@@ -46,33 +57,53 @@ MAX_UNSEEN = 64  # keys seen once each, none twice, before a run runs as launche
 
 def split(e, outer: frozenset):
     """``(g, h)`` with ``e == g + h``, ``g`` over the names ``outer`` only and ``h`` over
-    none of them; None where ``e`` does not split so (a term that mixes them, as in
-    ``(i + t) // 2``)."""
+    none of them (constant terms go to ``h``: ``c1 + 1`` has the part ``c1``); None where
+    ``e`` does not split so (a term that mixes them, as in ``(i + t) // 2``)."""
+    if isinstance(e, int):  # (a bool among them)
+        return 0, e
+    if isinstance(e, str):
+        return (e, 0) if e in outer else (0, e)
+    op, args = e[0], e[1:]
+    if op in ("add", "sub"):
+        parts = [split(a, outer) for a in args]
+        if any(p is None for p in parts):
+            return None
+        return _sum(op, [p[0] for p in parts]), _sum(op, [p[1] for p in parts])
+    if op == "neg":
+        p = split(args[0], outer)
+        return None if p is None else (_neg(p[0]), _neg(p[1]))
+    if op == "mul":
+        consts = [a for a in args if isinstance(a, int) and not isinstance(a, bool)]
+        rest = [a for a in args if not (isinstance(a, int) and not isinstance(a, bool))]
+        if len(rest) == 1:
+            p = split(rest[0], outer)
+            if p is None:
+                return None
+            c = int(np.prod(consts)) if consts else 1
+            return _scaled(c, p[0]), _scaled(c, p[1])
     names = px.names(e)
     if not names & outer:
         return 0, e
     if names <= outer:
         return e, 0
-    if isinstance(e, tuple):
-        op, args = e[0], e[1:]
-        if op in ("add", "sub"):
-            parts = [split(a, outer) for a in args]
-            if any(p is None for p in parts):
-                return None
-            return (op, *(p[0] for p in parts)), (op, *(p[1] for p in parts))
-        if op == "neg":
-            p = split(args[0], outer)
-            return None if p is None else (("neg", p[0]), ("neg", p[1]))
-        if op == "mul":
-            consts = [a for a in args if isinstance(a, int) and not isinstance(a, bool)]
-            rest = [a for a in args if not (isinstance(a, int) and not isinstance(a, bool))]
-            if len(rest) == 1:
-                p = split(rest[0], outer)
-                if p is None:
-                    return None
-                c = int(np.prod(consts)) if consts else 1
-                return ("mul", c, p[0]), ("mul", c, p[1])
     return None
+
+
+def _sum(op: str, terms: list):
+    """``op`` (add or sub) of ``terms``, its zero terms left out."""
+    if op == "add":
+        kept = [t for t in terms if t != 0]
+        return 0 if not kept else kept[0] if len(kept) == 1 else ("add", *kept)
+    a, b = terms
+    return a if b == 0 else _neg(b) if a == 0 else ("sub", a, b)
+
+
+def _neg(x):
+    return 0 if x == 0 else ("neg", x)
+
+
+def _scaled(c: int, x):
+    return 0 if x == 0 or c == 0 else x if c == 1 else ("mul", c, x)
 
 
 def substitute(e, values: dict):
@@ -124,9 +155,11 @@ def analyze(items, scope: tuple[str, ...], plan, phases: dict, repeated) -> Shap
             if p is None:
                 note(a)  # (the graph is for these outer values: no shift)
                 slots.append(0)
-            elif px.names(p[0]):
+            elif px.names(p[0]) and (p[0] in parts or len(parts) < ARGS):
                 slots.append(1 + parts.setdefault(p[0], len(parts)))
-            else:
+            else:  # (no outer part; or more than tl_set_shift takes: the graph is for it)
+                if px.names(p[0]):
+                    key.setdefault(p[0], None)
                 slots.append(0)
         shape.sites.append((it.statement, tuple(slots)))
         values = dict(zip(st.loops, it.args))
@@ -343,7 +376,9 @@ class GraphRun:
         if len(self.graphs) >= MAX_GRAPHS:
             self.off = True
             return self.launches(env)
-        self.graphs[key] = self._capture(env)
+        g = self._capture(env)
+        if g is not None:
+            self.graphs[key] = g
 
     # ------------------------------------------------------------------ capture
     def _parts(self, env) -> np.ndarray:
@@ -369,19 +404,31 @@ class GraphRun:
         self._current = g
         rt._order = Order(rt.aliases())
         rt._capturing = True
-        device.begin_capture()
+        refused: Exception | None = None
         try:
-            self.capture(env)
-        except BaseException:
-            # (the capture's own failure is the one to report, not its end's)
-            with contextlib.suppress(Exception):
-                device.end_capture()
+            device.begin_capture()
+            try:
+                self.capture(env)
+            except BaseException:
+                # (the capture's own failure is the one to report, not its end's)
+                with contextlib.suppress(Exception):
+                    device.end_capture()
+                raise
+            g.graph = device.end_capture()
+        except (TimerlcError, PlanError):  # (the run's own errors: as without graphs)
             raise
+        except Exception as e:  # noqa: BLE001 - the device refused the capture (its error)
+            refused = e
         finally:
             rt._capturing = False
             rt._shift = 0
             self._current = None
-        g.graph = device.end_capture()
+        if refused is not None:  # the run goes as launches from here, said once
+            rt.steps_left, rt.launches, rt.blas_calls = before
+            self.off = True
+            rt.graph_refused(refused)
+            self.launches(env)
+            return None
         g.steps = before[0] - rt.steps_left
         g.launches = rt.launches - before[1]
         g.blas = rt.blas_calls - before[2]
