@@ -16,7 +16,8 @@ on the device (``--emu``: the emulated one, for the plumbing only):
 - ``program``: PPO (or ``--program``) at ``--set`` sizes, timed per iteration (from the
   metrics' rows) as it runs, and with the host's work alone (a device that launches
   nothing: the interpreter's floor); each with the runs of the tree replayed as CUDA graphs
-  and without.
+  and without; once with each replay between two CUDA events: the device's milliseconds an
+  iteration in the runs that took it longest.
 
     python scripts/cuda_overheads.py --set B=2048 --set T=128 --set total_steps=2621440
     python scripts/cuda_overheads.py --emu --set B=16 --set T=16 --set total_steps=1280
@@ -95,15 +96,23 @@ def primitives(device, n: int) -> dict[str, float]:
     return out
 
 
-def program(device, name: str, sets: dict[str, str], graphs: bool = True) -> dict:
+_GENERATED: dict = {}  # (program, sets) -> its code for the cuda target, made once
+
+
+def program(
+    device, name: str, sets: dict[str, str], graphs: bool = True, time_graphs: bool = False
+) -> dict:
     from timerlc.compiler import compile_plan, generate_code, run_passes
     from timerlc.diagnostics import Source
     from timerlc.frontend.check import check_source
     from timerlc.runtime.cuda import DeviceRuntime
 
-    path = ROOT / "programs" / f"{name}.rtl"
-    graph = check_source(Source(str(path), path.read_text()), overrides=sets)
-    gen = generate_code(compile_plan(run_passes(graph)), target="cuda")
+    at = (name, tuple(sorted(sets.items())))
+    if at not in _GENERATED:
+        path = ROOT / "programs" / f"{name}.rtl"
+        graph = check_source(Source(str(path), path.read_text()), overrides=sets)
+        _GENERATED[at] = generate_code(compile_plan(run_passes(graph)), target="cuda")
+    gen = _GENERATED[at]
     rows: list[float] = []
     last = [None]
 
@@ -113,7 +122,9 @@ def program(device, name: str, sets: dict[str, str], graphs: bool = True) -> dic
             last[0] = at
             rows.append(time.perf_counter())
 
-    rt = DeviceRuntime(gen.plan, on_metric, text=gen.text, device=device, graphs=graphs)
+    rt = DeviceRuntime(
+        gen.plan, on_metric, text=gen.text, device=device, graphs=graphs, time_graphs=time_graphs
+    )
     started = time.perf_counter()
     rt.run()
     total = time.perf_counter() - started
@@ -127,6 +138,12 @@ def program(device, name: str, sets: dict[str, str], graphs: bool = True) -> dic
         "BLAS/iter": rt.blas_calls / max(1, len(rows)),
         "replayed/iter": rt.graph_launches / max(1, len(rows)),
         "graphs": rt.graphs_made,
+        # per run: the device's seconds in its replays an iteration, and replays an iteration
+        "runs": {
+            run: (seconds / max(1, len(rows)), count / max(1, len(rows)))
+            for run, (seconds, count) in rt.graph_seconds.items()
+        },
+        "refused": rt.graph_refusals,
     }
 
 
@@ -184,11 +201,12 @@ def main() -> int:
         print(f"  {what:24s} {us:9.2f} us", flush=True)
     for label, dev, graphs in (
         ("as it runs", device, True),
+        ("as it runs, replays timed", device, True),
         ("as it runs, no graphs", device, False),
         ("host only (nothing launched)", _idle(), True),
         ("host only, no graphs", _idle(), False),
     ):
-        r = program(dev, args.program, sets, graphs)
+        r = program(dev, args.program, sets, graphs, "timed" in label)
         print(
             f"{args.program} {label:30s} {r['s/iter'] * 1e3:8.2f} ms/iter "
             f"({r['iterations']} iterations, {r['launches/iter']:.0f} launches and "
@@ -196,6 +214,11 @@ def main() -> int:
             f"them replayed in {r['graphs']} graphs)",
             flush=True,
         )
+        for error in r["refused"][:1]:
+            print(f"  a capture was refused: {error[:300]}", flush=True)
+        # the runs whose replays took the device the longest (an iteration's share)
+        for run, (seconds, count) in sorted(r["runs"].items(), key=lambda kv: -kv[1][0])[:6]:
+            print(f"  {seconds * 1e3:8.3f} ms/iter in {count:6.1f} replays of {run}", flush=True)
     return 0
 
 

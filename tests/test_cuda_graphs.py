@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import hashlib
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -362,3 +363,15 @@ def test_a_capture_the_device_refuses_leaves_the_run_to_its_launches(capsys):
     assert err.count("could not capture a CUDA graph (RuntimeError: cudaError") == 1
     # (each refused capture's counts undone: the launches are the plain run's)
     assert rt.launches == plain.launches and rt.graph_replays == 0
+
+
+@needs_cxx
+def test_replays_can_be_timed_per_run():
+    """``time_graphs``: the device's seconds of each run's replays, between two marks
+    around each (CUDA events on a GPU; the host's clock here), by the run's description."""
+    gen, _ = _plain("reinforce", tuple(sorted({"I": 4, "B": 4, "T": 16}.items())))
+    rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice(), time_graphs=True)
+    rt.run()
+    assert rt.graph_seconds and sum(n for _, n in rt.graph_seconds.values()) == rt.graph_replays
+    assert all(s > 0 for s, _ in rt.graph_seconds.values())
+    assert all(re.fullmatch(r"\d+ calls from \S+ \(depth \d+\)", run) for run in rt.graph_seconds)

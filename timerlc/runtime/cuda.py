@@ -589,10 +589,12 @@ class DeviceRuntime(CpuRuntime):
         cache=None,
         use_arena: bool = True,
         graphs: bool = True,
+        time_graphs: bool = False,
     ):
         """``graphs``: replay the runs of the tree that only launch as CUDA graphs
         (``runtime/graphs.py``; not while profiling, which times each call, nor without the
-        arena, where a buffer's address can change)."""
+        arena, where a buffer's address can change); ``time_graphs``: the device's seconds
+        in each run's replays (``graph_seconds``: marks around each replay)."""
         from timerlc.runtime.native import check_kernels
 
         check_kernels(plan, text)
@@ -635,6 +637,11 @@ class DeviceRuntime(CpuRuntime):
         # (graph_launches: the launches and products the replays made)
         self.graphs_made = self.graph_replays = self.graph_launches = 0
         self.graph_refusals: list[str] = []  # (the device's errors, where it refused one)
+        # time_graphs: per run (its description), the device's seconds in its replays and
+        # their number
+        self.time_graphs = time_graphs
+        self.graph_seconds: dict[str, list] = {}
+        self._graph_marks: list[tuple[str, object, object]] = []
         self._carved: set[int] = set()  # the buffers carved from the arena
         self._dev_bytes: dict[int, list[int]] = {}  # per buffer on the device: its outputs' bytes
         if self.layout is not None:
@@ -1064,10 +1071,26 @@ class DeviceRuntime(CpuRuntime):
             self.device_seconds[sid] = self.device_seconds.get(sid, 0.0) + seconds
         self._marks = []
 
+    def mark_replay(self, run: str, start, end):
+        """A replay of ``run`` between the device's marks ``start`` and ``end``
+        (``time_graphs``), read 256 at a time."""
+        self._graph_marks.append((run, start, end))
+        if len(self._graph_marks) >= 256:
+            self._read_graph_marks()
+
+    def _read_graph_marks(self):
+        for run, start, end in self._graph_marks:
+            got = self.graph_seconds.setdefault(run, [0.0, 0])
+            got[0] += self.device.elapsed(start, end)
+            got[1] += 1
+        self._graph_marks = []
+
     def run(self):
         super().run()
         if self.profile:
             self._read_marks()
+        if self._graph_marks:
+            self._read_graph_marks()
         # (a pending failure; and a kernel the plan says cannot fail leaves no record
         # behind: one that failed anyway, a crafted plan's, is found here at the latest)
         self._settle(final=True)

@@ -356,6 +356,8 @@ class GraphRun:
         self.failable = [(sid, None) for sid in sorted(sids) if sid not in rt._unfailing]
         self._sites = iter(range(n))
         self.capture = self._build(items, scope)
+        first = rt._name(shape.sites[0][0]) if shape.sites else "nothing"
+        self.name = f"{n} calls from {first} (depth {len(scope)})"
         self.graphs: dict[tuple, _Graph] = {}
         self.seen: set[tuple] = set()
         self.off = False
@@ -437,7 +439,7 @@ class GraphRun:
             g.index = rt._alloc(max(self.index32.nbytes, 8))
             device.upload(g.index, self.index32)
         if g.launches or g.blas:  # (the launches counted while captured: this replay's)
-            device.replay(g.graph)
+            self._launch(g)
         self._after(g)
         return g
 
@@ -513,10 +515,20 @@ class GraphRun:
         if rt.steps_left < 0:
             rt._step()  # (raises: the plan's loops run on and on)
         if g.launches or g.blas:  # (a graph of nothing: the run's calls all skipped)
-            rt.device.replay(g.graph)
+            self._launch(g)
         rt.launches += g.launches
         rt.blas_calls += g.blas
         self._after(g)
+
+    def _launch(self, g: _Graph):
+        """The graph's replay on the device (between marks, where the runtime times them)."""
+        rt = self.rt
+        if not rt.time_graphs:
+            rt.device.replay(g.graph)
+            return
+        start = rt.device.mark()
+        rt.device.replay(g.graph)
+        rt.mark_replay(self.name, start, rt.device.mark())
 
     def _after(self, g: _Graph):
         from timerlc.runtime.cuda import DEVICE
