@@ -130,6 +130,9 @@ def test_every_program_s_build_compiles_with_nvrtc(name):
         ptx, log = nvrtc.compile_ptx(cu.text, arch, lib)
         assert log.strip() == "", log[-3000:]
         functions = [f for _, p in cu.plan.kernels.launches for f in p if isinstance(f, tuple)]
+        functions += [
+            f for _, p in cu.plan.kernels.fused_launches for f in p if isinstance(f, tuple)
+        ]
         # (a product is the BLAS's; and tl_set_shift, the graphs' shifts)
         assert ptx.count(".entry") == len(functions) + 1
 

@@ -99,7 +99,7 @@ def test_a_run_s_key_holds_what_the_host_computes_from_the_outer_loops():
             ),
         ),
     ]
-    shape = graphs.analyze(run, ("c1",), _Plan, {}, set())
+    shape = graphs.analyze(run, ("c1",), lambda sid: _Plan.statement(sid).loops, {}, set())
     assert shape.key == (("eq", ("mod", "c1", 16), 0), "c1")
     assert shape.parts == (("fdiv_q", "c1", 16), "c1")
     # per site: the part each value takes its shift from (0: none; the mixed one is keyed)
@@ -107,7 +107,7 @@ def test_a_run_s_key_holds_what_the_host_computes_from_the_outer_loops():
     # at most 8 outer parts (what tl_set_shift takes by value): the others key the graph
     many = [Call(2, (("add", "c1", k),)) for k in range(10)]
     many += [Call(2, (("mul", k, "c1"),)) for k in range(2, 12)]
-    shape = graphs.analyze(many, ("c1",), _Plan, {}, set())
+    shape = graphs.analyze(many, ("c1",), lambda sid: _Plan.statement(sid).loops, {}, set())
     assert len(shape.parts) == graphs.ARGS and shape.parts[0] == "c1"
     assert shape.sites[:10] == [(2, (1,))] * 10  # (c1 + k: the part c1)
     assert [s for _, (s,) in shape.sites[10:]] == [2, 3, 4, 5, 6, 7, 8, 0, 0, 0]
@@ -375,3 +375,83 @@ def test_replays_can_be_timed_per_run():
     assert rt.graph_seconds and sum(n for _, n in rt.graph_seconds.values()) == rt.graph_replays
     assert all(s > 0 for s, _ in rt.graph_seconds.values())
     assert all(re.fullmatch(r"\d+ calls from \S+ \(depth \d+\)", run) for run in rt.graph_seconds)
+
+
+# ----------------------------------------------------------------------------- fused kernels
+# y's take fails at t = 4; what z and w read of y is computed in the kernel after y's, at the
+# same points: one fused kernel of the two (the loop over t: s reads z)
+FUSED_FAILS = """
+config T = 6, K = 300, FAR = 1000
+dim t < T
+dim k < K
+s[0, k] = f32(k)
+s[t, k] = s[t-1, k] + 1.0 + z[t-1, k] * 0.0
+y[t, k] = take(s[t, 0:K], i32(s[t, k]) - t + t // 4 * FAR)
+z[t, k] = y[t, k] * 2.0 + 1.0
+w[t, k] = y[t, k] - 3.0
+out z, w
+"""
+
+
+@needs_cxx
+def test_fused_kernels_compute_what_their_statements_kernels_compute():
+    """``codegen.fuse`` makes one kernel of calls one after another at the same loop values
+    (plan.kernels.fused, their launches in fused_launches): the device runtime makes one
+    call of it where the tree calls them. PPO: the same values as each statement's own
+    kernel, in fewer launches."""
+    gen, (plain, want) = _plain(
+        "ppo", tuple(sorted({"B": 4, "T": 16, "total_steps": 256}.items()))
+    )
+    assert len(gen.plan.kernels.fused) >= 10
+    apart = dataclasses.replace(
+        gen.plan, kernels=dataclasses.replace(gen.plan.kernels, fused=(), fused_launches=())
+    )
+    gen_apart = dataclasses.replace(gen, plan=apart)
+    rt, got = _run(gen_apart, False)
+    assert got == want and rt.launches > plain.launches * 1.1
+
+
+@needs_cxx
+def test_a_failure_in_a_fused_kernel_names_its_statement():
+    """A fused kernel's failure records its first statement and, as its code, the failing
+    statement's place in it: the interpreter explains that statement's call, as on the
+    cpu; with and without graphs."""
+    graph, gen = cuda_gen(FUSED_FAILS)
+    ((first, second),) = gen.plan.kernels.fused
+    unfailing = set(gen.plan.kernels.unfailing)
+    assert first not in unfailing and second in unfailing  # (the take: the first)
+    with pytest.raises(RunError) as want:
+        compiled_run(graph, backend="cpu")
+    assert "at t=4, k=0 (line 6): take: index 1000 is out of range" in str(want.value)
+    for on in (False, True):
+        rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice(), graphs=on)
+        with pytest.raises(RunError) as got:
+            rt.run()
+        assert str(got.value) == str(want.value)
+    graph, gen = cuda_gen(FUSED_FAILS, FAR=0)
+    cpu, _ = compiled_run(graph, backend="cpu")
+    rt, _ = _run(gen, True)
+    np.testing.assert_array_equal(rt.value("z"), cpu.value("z"))
+
+
+def test_plans_fused_launches_are_checked():
+    import json
+
+    _, gen = cuda_gen(FUSED_FAILS)
+    data = items.to_json(gen.plan)
+    assert items.from_json(json.loads(json.dumps(data)), "p") == gen.plan
+    first_function = data["kernels"]["launches"][0][1][0][0]
+    cases = [
+        (lambda k: k.pop("fused_launches"), "has no 'fused_launches'"),
+        (lambda k: k["fused_launches"].append(k["fused_launches"][0]), "one entry per fused"),
+        (lambda k: k["fused_launches"][0].__setitem__(1, []), "1 to 64 launches"),
+        (lambda k: k["fused_launches"][0].__setitem__(0, -1), "out of range"),
+        (lambda k: k["fused_launches"][0][1][0].__setitem__(0, first_function), "named twice"),
+        (lambda k: k.__setitem__("fused", []), "only a CUDA kernel file's plan with fused"),
+        (lambda k: k["fused"][0].append(k["launches"][0][0]), "numbers of loop dims"),
+    ]
+    for change, words in cases:
+        bad = json.loads(json.dumps(data))
+        change(bad["kernels"])
+        with pytest.raises(items.PlanError, match=words):
+            items.from_json(bad, "p")

@@ -68,13 +68,19 @@ def test_compile_for_cuda_writes_the_cuda_kernels_of_the_build(tmp_path):
     assert r.exit_code == 0, r.stderr
     plan = json.loads((out / "plan.json").read_text())
     assert plan["kernels"]["file"] == "kernels/cuda.cu"
-    assert plan["kernels"]["trees"] == [] and not plan["kernels"].get("fused")
+    assert plan["kernels"]["trees"] == []
     assert len(plan["kernels"]["statements"]) > 100
     text = (out / "kernels" / "cuda.cu").read_text()
     assert text.startswith(items.CUDA_KERNELS_HEADER)
     launches = plan["kernels"]["launches"]
     assert [r[0] for r in launches] == [r[0] for r in plan["kernels"]["statements"]]
     functions = [f for _, phases in launches for f in phases if isinstance(f, list)]
+    # fused kernels (codegen.fuse: calls one after another at the same loop values)
+    fused = plan["kernels"]["fused"]
+    assert len(fused) >= 10 and len(plan["kernels"]["fused_launches"]) == len(fused)
+    functions += [
+        f for _, phases in plan["kernels"]["fused_launches"] for f in phases if isinstance(f, list)
+    ]
     assert text.count("__global__ void") == len(functions) + 1  # (and tl_set_shift)
     calls = [f["gemm"] for _, phases in launches for f in phases if isinstance(f, dict)]
     assert calls and all(c["dtype"] == "f32" for c in calls)  # the products: the BLAS's

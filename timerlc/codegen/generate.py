@@ -83,13 +83,24 @@ def generate(plan: Plan, target: str = "cpu") -> Generated:
 
 
 def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
-    from timerlc.cuda.render import render_module
+    from timerlc.cuda.render import render_kernels, render_module
 
     body, skipped, launches = render_module(kernels)
     for k in kernels:
         if k.name in skipped:
             interpreted[k.sid] = f"no CUDA C for its kernel yet: {skipped[k.name]}"
     kernels = [k for k in kernels if k.name not in skipped]
+    # calls one after another at the same loop values as one kernel, as the cpu's trees
+    # fuse them (codegen.fuse): not a kernel that runs block after block, nor an output's
+    # or a metric's (the runtime records those after their calls)
+    recorded = {sid for _, sid, _ in plan.outputs} | {sid for _, sid, _ in plan.metrics}
+    eligible = {k.sid: k for k in kernels if k.repeat == 1 and k.sid not in recorded}
+    fused: dict[tuple, kir.Kernel] = {}
+    trees = lower_tree(plan, eligible, fused)
+    used = {s.kernel for t in trees for s in kir.walk_tree(t.body) if isinstance(s, kir.Launch)}
+    more, refused, fused_launches = render_kernels([k for k in fused.values() if k.name in used])
+    fused_ok = [k for k in fused.values() if k.name in used and k.name not in refused]
+    body = "\n".join([body, *more])
     text = CUDA_KERNELS_HEADER + digest(plan) + "\n" + body
     info = Kernels(
         CUDA_KERNEL_FILE,
@@ -100,9 +111,18 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
         repeats=tuple(
             (k.sid, launches[k.name].repeat) for k in kernels if launches[k.name].repeat > 1
         ),
+        fused=tuple(k.parts for k in fused_ok),
+        fused_launches=tuple(
+            (fused_launches[k.name].scratch, fused_launches[k.name].phases) for k in fused_ok
+        ),
     )
     return Generated(
-        dataclasses.replace(plan, kernels=info), text, tuple(kernels), (), interpreted
+        dataclasses.replace(plan, kernels=info),
+        text,
+        tuple(kernels),
+        (),
+        interpreted,
+        tuple(fused_ok),
     )
 
 

@@ -447,7 +447,14 @@ def render_module(kernels, blas: bool = True) -> tuple[str, dict[str, str], dict
     of the others (kernel name -> reason), and how each it renders runs; ``blas``: a gemm
     whose offsets are plan expressions is a call of the device's BLAS (else a step of
     ours, one thread per element of the product)."""
-    parts, skipped, launches = [head(), SHIFT_KERNEL], {}, {}
+    parts, skipped, launches = render_kernels(kernels, blas)
+    return "\n".join([head(), SHIFT_KERNEL, *parts]), skipped, launches
+
+
+def render_kernels(kernels, blas: bool = True) -> tuple[list[str], dict[str, str], dict]:
+    """``render_module``'s kernels without the module's head: the text of each it renders,
+    why it renders none of the others, how each it renders runs."""
+    parts, skipped, launches = [], {}, {}
     for k in kernels:
         try:
             r = _Kernel(k, blas)
@@ -456,7 +463,7 @@ def render_module(kernels, blas: bool = True) -> tuple[str, dict[str, str], dict
             launches[k.name] = Launches(tuple(r.phases), r.scratch, fails, k.repeat)
         except Unsupported as e:
             skipped[k.name] = str(e)
-    return "\n".join(parts), skipped, launches
+    return parts, skipped, launches
 
 
 def steps(k: kir.Kernel, blas: bool = True) -> list[tuple[str, object]]:

@@ -287,6 +287,10 @@ class Kernels:
     # a CUDA kernel file: the statements whose launches a call runs more than once, and how
     # many times (the kernel's blocks: ``BLOCK_LOOP`` 0, 1, ... after the statement's loops)
     repeats: tuple[tuple[int, int], ...] = ()
+    # a CUDA kernel file: per fused kernel (``fused``, in order), the bytes of scratch memory
+    # a call needs and what it runs one after another (as ``launches``' phases): the calls
+    # of its statements one after another at the same loop values are one call of it
+    fused_launches: tuple[tuple[int, tuple], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,6 +415,16 @@ def to_json(plan: Plan) -> dict:
                     **(
                         {"unfailing": list(plan.kernels.unfailing)}
                         if plan.kernels.unfailing
+                        else {}
+                    ),
+                    **(
+                        {
+                            "fused_launches": [
+                                [scratch, [_phase_json(f) for f in phases]]
+                                for scratch, phases in plan.kernels.fused_launches
+                            ]
+                        }
+                        if plan.kernels.fused_launches
                         else {}
                     ),
                 }
@@ -737,7 +751,9 @@ class _Reader:
 
     def kernels(self, v, tree: tuple) -> Kernels:
         d = self.obj(
-            v, ("file", "sha256", "statements", "trees"), ("fused", "launches", "unfailing")
+            v,
+            ("file", "sha256", "statements", "trees"),
+            ("fused", "launches", "unfailing", "fused_launches"),
         )
         file = self.field(d, "file", self.text, 200)
         if not _KERNEL_FILE.match(file):
@@ -756,15 +772,35 @@ class _Reader:
         if len({r[1] for r in rows + trees}) != len(rows) + len(trees):
             self.fail("a function named twice")
         fused = self.field(d, "fused", self.each, self.fused_row) if "fused" in d else ()
-        if file.endswith(".cu") and (trees or fused):
+        if file.endswith(".cu") and trees:
             # the device runtime launches the statements' kernels itself (docs/cuda.md)
-            self.path.append(".trees" if trees else ".fused")
-            self.fail("a CUDA kernel file has no tree functions and no fused kernels")
+            self.path.append(".trees")
+            self.fail("a CUDA kernel file has no tree functions")
         with_kernel = {r[0] for r in rows}
         for k, f in enumerate(fused):
             if not set(f) <= with_kernel:
                 self.path.append(f".fused[{k}]")
                 self.fail("a statement without a kernel in a fused kernel")
+            if file.endswith(".cu") and len({len(self.statements[s].loops) for s in f}) != 1:
+                self.path.append(f".fused[{k}]")
+                self.fail("statements with different numbers of loop dims in a fused kernel")
+        fused_launches = ()
+        if file.endswith(".cu") and fused:
+            if "fused_launches" not in d:
+                self.fail("a CUDA kernel file's plan with fused kernels has no 'fused_launches'")
+            got = self.field(d, "fused_launches", self.each, lambda r: r)
+            if len(got) != len(fused):
+                self.path.append(".fused_launches")
+                self.fail("not one entry per fused kernel of 'fused', in their order")
+            out = []
+            for k, (row, f) in enumerate(zip(got, fused)):
+                self.path.append(f".fused_launches[{k}]")
+                out.append(self.fused_launch_row(row, self.statements[f[0]].loops))
+                self.path.pop()
+            fused_launches = tuple(out)
+        elif "fused_launches" in d:
+            self.path.append(".fused_launches")
+            self.fail("only a CUDA kernel file's plan with fused kernels has fused_launches")
         launches, repeats = (), ()
         if file.endswith(".cu"):
             if "launches" not in d:
@@ -776,7 +812,12 @@ class _Reader:
             if [r[0] for r in launches] != [r[0] for r in rows]:
                 self.path.append(".launches")
                 self.fail("not one entry per statement of 'statements', in their order")
-            names = [f[0] for _, phases in launches for f in phases if isinstance(f, tuple)]
+            names = [
+                f[0]
+                for _, phases in launches + fused_launches
+                for f in phases
+                if isinstance(f, tuple)
+            ]
             if len(set(names)) != len(names):
                 self.path.append(".launches")
                 self.fail("a function named twice")
@@ -797,7 +838,7 @@ class _Reader:
             if not set(unfailing) <= with_kernel or len(set(unfailing)) != len(unfailing):
                 self.path.append(".unfailing")
                 self.fail("not distinct statements with a kernel")
-        return Kernels(file, sha, rows, trees, fused, launches, unfailing, repeats)
+        return Kernels(file, sha, rows, trees, fused, launches, unfailing, repeats, fused_launches)
 
     def launch_row(self, v) -> tuple[int, tuple[tuple[str, int], ...], int]:
         if not isinstance(v, list) or len(v) not in (2, 3) or not isinstance(v[1], list):
@@ -825,6 +866,24 @@ class _Reader:
                 self.fail(f"expected [function, threads] or {{'gemm': ...}}, got {_short(f)}")
             phases.append((self.ident(f[0]), self.int_(f[1], 1, MAX_THREADS)))
         return sid, tuple(phases), repeat
+
+    def fused_launch_row(self, v, loops: tuple) -> tuple[int, tuple]:
+        """``[scratch bytes, [[function, threads] | {gemm}, ...]]`` of a fused kernel whose
+        calls see ``loops``."""
+        if not isinstance(v, list) or len(v) != 2 or not isinstance(v[1], list):
+            self.fail(f"expected [scratch bytes, [[function, threads], ...]], got {_short(v)}")
+        scratch = self.int_(v[0], 0, MAX_SCRATCH)
+        if not 1 <= len(v[1]) <= MAX_PHASES:
+            self.fail(f"expected 1 to {MAX_PHASES} launches, got {len(v[1])}")
+        phases = []
+        for f in v[1]:
+            if isinstance(f, dict):
+                phases.append(self.gemm_call(f, tuple(loops)))
+                continue
+            if not isinstance(f, list) or len(f) != 2:
+                self.fail(f"expected [function, threads] or {{'gemm': ...}}, got {_short(f)}")
+            phases.append((self.ident(f[0]), self.int_(f[1], 1, MAX_THREADS)))
+        return scratch, tuple(phases)
 
     def gemm_call(self, v, loops: tuple) -> GemmCall:
         d = self.field(self.obj(v, ("gemm",)), "gemm", self.obj, GEMM_KEYS)

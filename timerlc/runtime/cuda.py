@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import dataclasses
 import heapq
 import sys
 import time
@@ -37,7 +38,16 @@ import numpy as np
 from timerlc.diagnostics import RunError
 from timerlc.plan import arena
 from timerlc.plan import expr as px
-from timerlc.plan.items import DTYPES, GemmCall, Plan, PlanError, launch_loops
+from timerlc.plan.items import (
+    DTYPES,
+    Call,
+    GemmCall,
+    If,
+    Loop,
+    Plan,
+    PlanError,
+    launch_loops,
+)
 from timerlc.runtime.cpu import CpuRuntime, _env_states, _touched
 
 # where a buffer's values are current: on the host only, the device only, both; or, after
@@ -50,6 +60,7 @@ ARGS = 8  # the loop values a launch passes (cuda.render.ARGS: the module's stru
 # the failure record (cuda.render's tl_failed): the code, then the statement and the loop
 # values of the call that failed, as long longs
 RECORD = 2 + ARGS
+FUSED = 1 << 40  # the ids of fused kernels as statements of the tree: FUSED + their index
 
 
 class DeviceUnavailable(Exception):
@@ -574,6 +585,34 @@ class CupyDevice:
         return self.failure()[0]
 
 
+class _FusedCall:
+    """A fused kernel as a statement of the tree (``DeviceRuntime._fuse_calls``): a call
+    is its statements' calls at the same loop values, one launch of its kernel; a failure
+    is its failing statement's (``DeviceRuntime._settle``)."""
+
+    is_env = False
+
+    def __init__(self, rt: DeviceRuntime, fid: int, parts: tuple[int, ...]):
+        self.rt, self.id, self.parts = rt, fid, parts
+        first = rt.statements[parts[0]]
+        self.loops = first.loops
+        self.args = np.zeros(max(len(self.loops), 1), np.int64)
+        boxes = [rt.statements[p].loop_box for p in parts]
+        self.loop_box = tuple(min(b) for b in zip(*boxes))
+        self.touched = rt.touched_of((fid,))
+        self.native = rt._fused_launchers[fid]
+
+    def run(self, key: tuple):
+        rt = self.rt
+        if not all(0 <= v < e for v, e in zip(key, self.loop_box)):
+            for p in self.parts:  # (the first outside its box refuses the call, saying so)
+                rt.statements[p].run(key)
+            return
+        rt.allocate(self.touched)
+        self.args[: len(key)] = key
+        self.native(None, None, None)
+
+
 class DeviceRuntime(CpuRuntime):
     """A plan with a CUDA C kernel file, run on ``device`` (see the module's text)."""
 
@@ -634,6 +673,8 @@ class DeviceRuntime(CpuRuntime):
         self._resources_of: dict[int, tuple] = {}
         self._aliases: dict | None = None
         self._statement_scratch = {sid: n for sid, _, n in plan.kernels.statements}
+        for k, (n, _) in enumerate(plan.kernels.fused_launches):
+            self._statement_scratch[FUSED + k] = n
         # (graph_launches: the launches and products the replays made)
         self.graphs_made = self.graph_replays = self.graph_launches = 0
         self.graph_refusals: list[str] = []  # (the device's errors, where it refused one)
@@ -649,8 +690,20 @@ class DeviceRuntime(CpuRuntime):
             self.device_bytes = self.device_peak_bytes = self.layout.size
         # one scratch memory for every kernel: the statements' calls run one after another
         # (in one stream on a GPU), and a call's scratch holds nothing the next one needs
-        self._scratch = self._alloc(max([8] + [n for _, _, n in plan.kernels.statements]))
+        # fused kernels (plan.kernels.fused): each a statement of its own to the tree, its
+        # id FUSED + its index, standing for its statements' calls one after another
+        self._fused = {
+            FUSED + k: parts
+            for k, parts in enumerate(plan.kernels.fused)
+            if not profile  # (a profile times each statement's calls)
+        }
+        fused_scratch = [n for n, _ in plan.kernels.fused_launches]
+        self._scratch = self._alloc(
+            max([8] + [n for _, _, n in plan.kernels.statements] + fused_scratch)
+        )
         phases = self.phases = dict(plan.kernels.launches)
+        for k, (_, fphases) in enumerate(plan.kernels.fused_launches):
+            phases[FUSED + k] = fphases
         self._repeats = dict(plan.kernels.repeats)
         for sid, _, _ in plan.kernels.statements:
             n = len(launch_loops(plan.statement(sid).loops, sid in self._repeats))
@@ -662,6 +715,10 @@ class DeviceRuntime(CpuRuntime):
         kernels = {
             name: self._launcher(sid, phases[sid], scratch)
             for sid, name, scratch in plan.kernels.statements
+        }
+        self._fused_launchers = {
+            fid: self._launcher(fid, phases[fid], plan.kernels.fused_launches[fid - FUSED][0])
+            for fid in self._fused
         }
         super().__init__(
             plan, on_metric, profile=profile, allow_nonfinite=allow_nonfinite, kernels=kernels
@@ -842,12 +899,12 @@ class DeviceRuntime(CpuRuntime):
         id, the scratch memory, the environments' state, the BLAS (its workspace)."""
         got = self._resources_of.get(sid)
         if got is None:
-            touched = _touched(self.plan, {sid})
+            touched = self.touched_of((sid,))
             reads = tuple(s for s, w in touched if not w)
             writes = tuple(s for s, w in touched if w)
             if self._statement_scratch.get(sid, 0) > 0:
                 writes += ("scratch",)
-            if self.statements[sid].is_env:
+            if any(self.statements[p].is_env for p in self.parts(sid)):
                 writes += ("env",)
             if any(isinstance(f, GemmCall) for f in self.phases.get(sid, ())):
                 # (one cuBLAS handle, one workspace: its products run one at a time)
@@ -891,8 +948,10 @@ class DeviceRuntime(CpuRuntime):
         return self._set_shift
 
     def _build(self, items, scope: tuple[str, ...]):
-        """The cpu runtime's loop tree, but for the runs of ``items`` that only launch
-        (``graphs.runs``): each is a ``graphs.GraphRun``."""
+        """The cpu runtime's loop tree, but for the calls a fused kernel makes (one call of
+        it) and the runs of ``items`` that only launch (``graphs.runs``): each is a
+        ``graphs.GraphRun``."""
+        items = self._fuse_calls(items)
         if not self.use_graphs:
             return super()._build(items, scope)
         from timerlc.runtime.graphs import GraphRun, capturable_fn, runs
@@ -902,7 +961,7 @@ class DeviceRuntime(CpuRuntime):
                 sid
                 for sid, _, _ in self.plan.kernels.statements
                 if sid not in self.valid and sid not in self.metric_of
-            }
+            } | set(self._fused)
             self._capturable = capturable_fn(launch_only)
         steps = [
             GraphRun(self, part, scope) if isinstance(part, list) else self._item(part, scope)
@@ -914,6 +973,63 @@ class DeviceRuntime(CpuRuntime):
                 s(env)
 
         return run
+
+    def _fuse_calls(self, items) -> list:
+        """``items`` with each run of calls that a fused kernel makes (its statements one
+        after another at the same loop values; the longest) as one call of it (``FUSED +
+        its index``): a statement of its own (``_FusedCall``)."""
+        if not self._fused:
+            return list(items)
+        if not hasattr(self, "_fused_first"):
+            self._fused_first: dict[int, list[int]] = {}
+            for fid, parts in self._fused.items():
+                if any(p in self.valid or p in self.metric_of for p in parts):
+                    continue  # (a crafted plan's: the runtime records those after each call)
+                self.statements[fid] = _FusedCall(self, fid, parts)
+                self._fused_first.setdefault(parts[0], []).append(fid)
+            for fids in self._fused_first.values():
+                fids.sort(key=lambda f: -len(self._fused[f]))
+        out, items, i = [], [self._fuse_inside(it) for it in items], 0
+        while i < len(items):
+            it = items[i]
+            for fid in self._fused_first.get(it.statement, ()) if isinstance(it, Call) else ():
+                parts = self._fused[fid]
+                run = items[i : i + len(parts)]
+                if len(run) == len(parts) and all(
+                    isinstance(c, Call) and c.statement == p and c.args == it.args
+                    for c, p in zip(run, parts)
+                ):
+                    out.append(Call(fid, it.args))
+                    i += len(parts)
+                    break
+            else:
+                out.append(it)
+                i += 1
+        return out
+
+    def _fuse_inside(self, it):
+        """A loop or an ``if`` with ``_fuse_calls`` applied to its bodies (a graph's run
+        holds them whole)."""
+        if isinstance(it, Loop):
+            return dataclasses.replace(it, body=tuple(self._fuse_calls(it.body)))
+        if isinstance(it, If):
+            then, orelse = self._fuse_calls(it.then), self._fuse_calls(it.orelse)
+            return dataclasses.replace(it, then=tuple(then), orelse=tuple(orelse))
+        return it
+
+    def parts(self, sid: int) -> tuple[int, ...]:
+        """The statements a call of ``sid`` computes (a fused kernel's; else its own)."""
+        return self._fused.get(sid, (sid,))
+
+    def loops_of(self, sid: int) -> tuple[str, ...]:
+        return self.plan.statement(self.parts(sid)[0]).loops
+
+    def touched_of(self, sids) -> list[tuple[int, bool]]:
+        """``_touched`` of the statements the calls of ``sids`` compute."""
+        return _touched(self.plan, {p for sid in sids for p in self.parts(sid)})
+
+    def can_fail(self, sid: int) -> bool:
+        return any(p not in self._unfailing for p in self.parts(sid))
 
     # ------------------------------------------------------------------ launches
     def _launcher(self, sid: int, phases, scratch: int):
@@ -937,9 +1053,9 @@ class DeviceRuntime(CpuRuntime):
                     for f in phases
                 )
                 # (a kernel that cannot fail leaves the code 0: not read, no wait)
-                reads = sid not in self._unfailing and any(b for _, b in fns)
-                touched = tuple(s for s, _ in _touched(self.plan, {sid}))
-                nloops = len(self.plan.statement(sid).loops)
+                reads = self.can_fail(sid) and any(b for _, b in fns)
+                touched = tuple(s for s, _ in self.touched_of((sid,)))
+                nloops = len(self.loops_of(sid))
                 repeat = self._repeats.get(sid, 1)
                 # (a repeated kernel's blocks: its launches see the block's number after the
                 # loop values)
@@ -976,7 +1092,8 @@ class DeviceRuntime(CpuRuntime):
                     self._read_marks()
             if reads and not self._capturing:  # (read when the host next waits: _settle)
                 self._pending.append((sid, tuple(int(v) for v in args[:nloops])))
-            fresh[sid] = DEVICE
+            for p in self.parts(sid):
+                fresh[p] = DEVICE
             return 0
 
         return launch
@@ -986,7 +1103,7 @@ class DeviceRuntime(CpuRuntime):
         values and the scratch memory's address: where ``when`` holds, each operand's
         elements checked to lie inside its memory (the buffer at its table entry, or the
         scratch after ``at``), then the device's BLAS (``gemm``)."""
-        loops = launch_loops(self.plan.statement(sid).loops, sid in self._repeats)
+        loops = launch_loops(self.loops_of(sid), sid in self._repeats)
         when = px.compile_packed(call.when, loops)
         ops = (call.a, call.b, call.c)
         offsets = [px.compile_packed(o.offset, loops) for o in ops]
@@ -1051,15 +1168,21 @@ class DeviceRuntime(CpuRuntime):
         if not code:
             return
         for psid, key in pending:
-            if key is None and psid == sid:  # (a graph's call: the record says which)
-                key = tuple(values[: len(self.plan.statement(sid).loops)])
-            if psid == sid and key == tuple(values[: len(key)]):
+            # (a fused kernel records its first statement, and the failing one's place in
+            # it as the code)
+            parts = self.parts(psid)
+            if parts[0] != sid:
+                continue
+            if key is None:  # (a graph's call: the record says which)
+                key = tuple(values[: len(self.loops_of(psid))])
+            if key == tuple(values[: len(key)]):
+                failed = parts[code - 1] if 1 <= code <= len(parts) else sid
                 # the interpreter needs the values as the kernel left them, and the
                 # environments' state
-                self._to_host(sid)
+                self._to_host(failed)
                 for host, ptr in self.state_dev:
                     self.device.download(ptr, host)
-                self.statements[sid].rerun(key)
+                self.statements[failed].rerun(key)
         raise PlanError(
             "the plan is not valid: a kernel it says cannot fail (kernels.unfailing) failed"
         )

@@ -126,10 +126,11 @@ class Shape:
     sites: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
 
 
-def analyze(items, scope: tuple[str, ...], plan, phases: dict, repeated) -> Shape:
+def analyze(items, scope: tuple[str, ...], loops_of, phases: dict, repeated) -> Shape:
     """The shape of the run ``items`` in a body whose loop variables are ``scope``;
-    ``phases``: per statement with a kernel its phases (``GemmCall``s among them);
-    ``repeated``: the statements whose launches repeat over blocks."""
+    ``loops_of``: a statement's loop dims (a call's values, in order); ``phases``: per
+    statement with a kernel its phases (``GemmCall``s among them); ``repeated``: the
+    statements whose launches repeat over blocks."""
     outer = frozenset(scope)
     key: dict = {}
     parts: dict = {}
@@ -148,7 +149,6 @@ def analyze(items, scope: tuple[str, ...], plan, phases: dict, repeated) -> Shap
                 key.setdefault(n, None)
 
     def call(it: Call):
-        st = plan.statement(it.statement)
         slots = []
         for a in it.args:
             p = split(a, outer)
@@ -162,7 +162,7 @@ def analyze(items, scope: tuple[str, ...], plan, phases: dict, repeated) -> Shap
                     key.setdefault(p[0], None)
                 slots.append(0)
         shape.sites.append((it.statement, tuple(slots)))
-        values = dict(zip(st.loops, it.args))
+        values = dict(zip(loops_of(it.statement), it.args))
         for f in phases.get(it.statement, ()):
             if not isinstance(f, GemmCall):
                 continue
@@ -326,11 +326,8 @@ class GraphRun:
     for that key from then on (see the module's text)."""
 
     def __init__(self, rt, items: list, scope: tuple[str, ...]):
-        from timerlc.runtime.cpu import _touched
-
         self.rt = rt
-        plan = rt.plan
-        self.shape = shape = analyze(items, scope, plan, rt.phases, set(rt._repeats))
+        self.shape = shape = analyze(items, scope, rt.loops_of, rt.phases, set(rt._repeats))
         # (as launches, its loops' bodies have runs of their own: a run that comes once, a
         # loop at the top of the tree, replays its loop's body)
         normal = [rt._item(it, scope) for it in items]
@@ -351,12 +348,12 @@ class GraphRun:
             self.box[k, : len(st.loop_box)] = st.loop_box
         self.index32 = self.index.astype(np.int32).reshape(-1)
         sids = {sid for sid, _ in shape.sites}
-        self.touched = _touched(plan, sids)
-        self.written = sorted(sids)
-        self.failable = [(sid, None) for sid in sorted(sids) if sid not in rt._unfailing]
+        self.touched = rt.touched_of(sids)
+        self.written = sorted({p for sid in sids for p in rt.parts(sid)})
+        self.failable = [(sid, None) for sid in sorted(sids) if rt.can_fail(sid)]
         self._sites = iter(range(n))
         self.capture = self._build(items, scope)
-        first = rt._name(shape.sites[0][0]) if shape.sites else "nothing"
+        first = rt._name(rt.parts(shape.sites[0][0])[0]) if shape.sites else "nothing"
         self.name = f"{n} calls from {first} (depth {len(scope)})"
         self.graphs: dict[tuple, _Graph] = {}
         self.seen: set[tuple] = set()
