@@ -239,7 +239,7 @@ def iteration_local(plan: Plan) -> dict[int, list[Call]]:
                 break
             for c in calls.get(sid, ()):
                 values = dict(zip(reader.loops, c.args))
-                if loop_of.get(id(c)) is not loop or _subst(a.index, values) != loop.var:
+                if loop_of.get(id(c)) is not loop or px.substitute(a.index, values) != loop.var:
                     break
                 uses.append(c)
             else:
@@ -248,11 +248,3 @@ def iteration_local(plan: Plan) -> dict[int, list[Call]]:
         else:
             out[b.id] = uses
     return out
-
-
-def _subst(e, values: dict):
-    if isinstance(e, str):
-        return values.get(e, e)
-    if isinstance(e, tuple):
-        return (e[0], *(_subst(a, values) for a in e[1:]))
-    return e

@@ -175,6 +175,15 @@ def difference(a: Expr, b: Expr) -> int | None:
     return terms.get(1, 0)
 
 
+def substitute(e: Expr, values: dict) -> Expr:
+    """``e`` with each name of ``values`` replaced by its expression."""
+    if isinstance(e, str):
+        return values.get(e, e)
+    if isinstance(e, tuple):
+        return (e[0], *(substitute(a, values) for a in e[1:]))
+    return e
+
+
 def to_json(e: Expr):
     return [e[0]] + [to_json(a) for a in e[1:]] if isinstance(e, tuple) else e
 

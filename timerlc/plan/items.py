@@ -854,18 +854,23 @@ class _Reader:
             self.path.append("[2]")
             repeat = self.int_(v[2], 2, MAX_REPEAT)
             self.path.pop()
-        if not 1 <= len(v[1]) <= MAX_PHASES:
-            self.fail(f"expected 1 to {MAX_PHASES} launches, got {len(v[1])}")
         loops = launch_loops(self.statements[sid].loops, repeat > 1)
+        return sid, self.phases(v[1], loops), repeat
+
+    def phases(self, v: list, loops: tuple) -> tuple:
+        """A call's steps, one after another: ``[function, threads]`` or a product for the
+        device's BLAS (``{"gemm": ...}``, its expressions over ``loops``)."""
+        if not 1 <= len(v) <= MAX_PHASES:
+            self.fail(f"expected 1 to {MAX_PHASES} launches, got {len(v)}")
         phases = []
-        for f in v[1]:
+        for f in v:
             if isinstance(f, dict):
                 phases.append(self.gemm_call(f, loops))
                 continue
             if not isinstance(f, list) or len(f) != 2:
                 self.fail(f"expected [function, threads] or {{'gemm': ...}}, got {_short(f)}")
             phases.append((self.ident(f[0]), self.int_(f[1], 1, MAX_THREADS)))
-        return sid, tuple(phases), repeat
+        return tuple(phases)
 
     def fused_launch_row(self, v, loops: tuple) -> tuple[int, tuple]:
         """``[scratch bytes, [[function, threads] | {gemm}, ...]]`` of a fused kernel whose
@@ -873,17 +878,7 @@ class _Reader:
         if not isinstance(v, list) or len(v) != 2 or not isinstance(v[1], list):
             self.fail(f"expected [scratch bytes, [[function, threads], ...]], got {_short(v)}")
         scratch = self.int_(v[0], 0, MAX_SCRATCH)
-        if not 1 <= len(v[1]) <= MAX_PHASES:
-            self.fail(f"expected 1 to {MAX_PHASES} launches, got {len(v[1])}")
-        phases = []
-        for f in v[1]:
-            if isinstance(f, dict):
-                phases.append(self.gemm_call(f, tuple(loops)))
-                continue
-            if not isinstance(f, list) or len(f) != 2:
-                self.fail(f"expected [function, threads] or {{'gemm': ...}}, got {_short(f)}")
-            phases.append((self.ident(f[0]), self.int_(f[1], 1, MAX_THREADS)))
-        return scratch, tuple(phases)
+        return scratch, self.phases(v[1], tuple(loops))
 
     def gemm_call(self, v, loops: tuple) -> GemmCall:
         d = self.field(self.obj(v, ("gemm",)), "gemm", self.obj, GEMM_KEYS)

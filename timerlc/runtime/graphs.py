@@ -106,15 +106,6 @@ def _scaled(c: int, x):
     return 0 if x == 0 or c == 0 else x if c == 1 else ("mul", c, x)
 
 
-def substitute(e, values: dict):
-    """``e`` with each name of ``values`` replaced by its expression."""
-    if isinstance(e, str):
-        return values.get(e, e)
-    if isinstance(e, tuple):
-        return (e[0], *(substitute(a, values) for a in e[1:]))
-    return e
-
-
 @dataclass
 class Shape:
     """What a run's graphs depend on (``analyze``)."""
@@ -166,9 +157,9 @@ def analyze(items, scope: tuple[str, ...], loops_of, phases: dict, repeated) -> 
         for f in phases.get(it.statement, ()):
             if not isinstance(f, GemmCall):
                 continue
-            note(substitute(f.when, values))
+            note(px.substitute(f.when, values))
             for o in (f.a, f.b, f.c):
-                off = substitute(o.offset, values)
+                off = px.substitute(o.offset, values)
                 p = split(off, outer)
                 if p is None:
                     note(off)
