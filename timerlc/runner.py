@@ -225,7 +225,8 @@ def _print_plan_profile(plan: Plan, rt, wall: float):
         native = (
             f" on {rt.device.describe()} ({rt.launches} launches, {rt.blas_calls} BLAS "
             f"products, device peak {format_bytes(rt.device_peak_bytes)}{arena}, "
-            f"{format_bytes(rt.uploaded)} copied up, {format_bytes(rt.downloaded)} down)"
+            f"{format_bytes(rt.uploaded)} copied up, {format_bytes(rt.downloaded)} down; "
+            "each statement's calls launched alone: no CUDA graphs, no fused kernels)"
         )
     elif rt.module is not None:
         how = "loaded from the build" if rt.module.cached else "compiled for this CPU"
