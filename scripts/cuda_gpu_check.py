@@ -77,6 +77,8 @@ def check(name: str, device, graphs: bool = True) -> float:
         f"metrics {len(got)}, largest relative difference {diff:.2e}",
         flush=True,
     )
+    for error in rt.graph_refusals[:1]:  # (the run went on as launches)
+        print(f"  {name}: the GPU refused a CUDA graph: {error[:400]}", flush=True)
     rt.envs.close()
     ref.envs.close()
     return diff
