@@ -980,32 +980,8 @@ class CpuRuntime:
                     fn(s)
 
             return buffers
-        if isinstance(it, Loop):
-            k = len(scope)
-            init = px.compile_packed(it.init, scope)
-            cond = px.compile_packed(it.cond, scope + (it.var,))
-            body = self._build(it.body, scope + (it.var,))
-            inc = it.inc
-
-            def loop(env):
-                env[k] = init(env)
-                while cond(env):
-                    body(env)
-                    env[k] += inc
-                    self._step()
-
-            return loop
-        if isinstance(it, If):
-            cond = px.compile_packed(it.cond, scope)
-            then, other = self._build(it.then, scope), self._build(it.orelse, scope)
-
-            def branch(env):
-                if cond(env):
-                    then(env)
-                else:
-                    other(env)
-
-            return branch
+        if isinstance(it, (Loop, If)):
+            return self._control(it, scope, self._build)
         assert isinstance(it, Call)
         st = self.statements[it.statement]
         args = [px.compile_packed(a, scope) for a in it.args]
@@ -1026,6 +1002,35 @@ class CpuRuntime:
             self.calls[sid] += 1
 
         return timed
+
+    def _control(self, it, scope: tuple[str, ...], build):
+        """A loop or an ``if`` of the tree as a function of ``env``, its bodies made by
+        ``build(items, scope)`` (the tree's own; a CUDA graph's capture, ``runtime.graphs``)."""
+        if isinstance(it, Loop):
+            k = len(scope)
+            init = px.compile_packed(it.init, scope)
+            cond = px.compile_packed(it.cond, scope + (it.var,))
+            body = build(it.body, scope + (it.var,))
+            inc = it.inc
+
+            def loop(env):
+                env[k] = init(env)
+                while cond(env):
+                    body(env)
+                    env[k] += inc
+                    self._step()
+
+            return loop
+        cond = px.compile_packed(it.cond, scope)
+        then, other = build(it.then, scope), build(it.orelse, scope)
+
+        def branch(env):
+            if cond(env):
+                then(env)
+            else:
+                other(env)
+
+        return branch
 
     def run(self):
         clock = (self.clock(), time.perf_counter()) if self.cycles is not None else None

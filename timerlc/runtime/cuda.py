@@ -888,8 +888,15 @@ class DeviceRuntime(CpuRuntime):
         for sid, write in touched:
             if self.buffers[sid] is None and sid not in self._freed:
                 self._allocate(sid, write)
-            if self.fresh.get(sid) in _STALE:
-                self._to_device(sid)
+        self._current_on_device(sid for sid, _ in touched)
+
+    def _current_on_device(self, sids):
+        """Before a launch (or a graph's): the buffers ``sids`` current on the device (the
+        host's writes copied up), the table copied up if an entry changed."""
+        fresh = self.fresh
+        for s in sids:
+            if fresh.get(s) in _STALE:  # (the host wrote it since the device did)
+                self._to_device(s)
         if self._table_dirty:
             self.device.upload(self.dtable, self.dtable_host)
             self._table_dirty = False
@@ -1062,13 +1069,8 @@ class DeviceRuntime(CpuRuntime):
                 blocks = np.zeros(nloops + 1, np.int64) if repeat > 1 else None
                 state[:] = [fns, reads, touched, self.statements[sid].args, nloops, repeat, blocks]
             fns, reads, touched, args, nloops, repeat, blocks = state
+            self._current_on_device(touched)
             fresh = self.fresh
-            for s in touched:
-                if fresh.get(s) in _STALE:  # (the host wrote it since the device did)
-                    self._to_device(s)
-            if self._table_dirty:
-                self.device.upload(self.dtable, self.dtable_host)
-                self._table_dirty = False
             device, table, scratch_ptr = self.device, self.dtable, self._scratch
             if self._capturing:  # (what the call waits for in the graph)
                 device.depend(self._order.call(*self._resources(sid)))

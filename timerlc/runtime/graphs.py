@@ -444,32 +444,8 @@ class GraphRun:
 
     def _node(self, it, scope: tuple[str, ...]):
         rt = self.rt
-        if isinstance(it, Loop):
-            k = len(scope)
-            init = px.compile_packed(it.init, scope)
-            cond = px.compile_packed(it.cond, scope + (it.var,))
-            body = self._build(it.body, scope + (it.var,))
-            inc = it.inc
-
-            def loop(env):
-                env[k] = init(env)
-                while cond(env):
-                    body(env)
-                    env[k] += inc
-                    rt._step()
-
-            return loop
-        if isinstance(it, If):
-            cond = px.compile_packed(it.cond, scope)
-            then, other = self._build(it.then, scope), self._build(it.orelse, scope)
-
-            def branch(env):
-                if cond(env):
-                    then(env)
-                else:
-                    other(env)
-
-            return branch
+        if isinstance(it, (Loop, If)):
+            return rt._control(it, scope, self._build)
         site = next(self._sites)
         st = rt.statements[it.statement]
         args = [px.compile_packed(a, scope) for a in it.args]
