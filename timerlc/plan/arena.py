@@ -108,6 +108,7 @@ def layout(plan: Plan) -> Layout | None:
             pos = max(pos, start[-1] + 1)
         else:
             pos += 1
+    _fused_spans(plan, top, at_call)
     end = pos + 1  # (outputs are read after the last item)
     first: dict[int, int] = {}
     last: dict[int, int] = {}
@@ -167,6 +168,44 @@ def layout(plan: Plan) -> Layout | None:
         peak = max(peak, sum(sizes[r] for r in order if lives[r][0] <= j < lives[r][1]))
     offsets = {b.id: tuple(where[root(b.id)] + o for o in offsets_in[b.id]) for b in plan.buffers}
     return Layout(size, offsets, peak, frozenset(local))
+
+
+def _fused_spans(plan: Plan, top, at_call: dict):
+    """A fused kernel (``kernels.fused``) computes its statements point by point: a point
+    of the last writes before a later point of the first reads. So each call of a run of
+    calls that one fused kernel may make spans the whole run."""
+    fused = plan.kernels.fused if plan.kernels is not None else ()
+    if not fused:
+        return
+
+    def bodies(items):
+        yield items
+        for it in items:
+            if isinstance(it, Loop):
+                yield from bodies(it.body)
+            elif isinstance(it, If):
+                yield from bodies(it.then)
+                yield from bodies(it.orelse)
+
+    for items in bodies(list(top)):
+        for k, it in enumerate(items):
+            if not isinstance(it, Call):
+                continue
+            for parts in fused:
+                run = items[k : k + len(parts)]
+                if len(run) == len(parts) and all(
+                    isinstance(c, Call) and c.statement == p and c.args == it.args
+                    for c, p in zip(run, parts)
+                ):
+                    spans = [at_call[id(c)] for c in run if id(c) in at_call]
+                    if not spans:
+                        continue
+                    lo = min(s for _, s, _ in spans)
+                    hi = max(t for _, _, t in spans)
+                    for c in run:
+                        if id(c) in at_call:
+                            p0, s0, t0 = at_call[id(c)]
+                            at_call[id(c)] = (p0, min(s0, lo), max(t0, hi))
 
 
 def _positions(items, pos: int, at_call: dict, span: list | None = None) -> int:
