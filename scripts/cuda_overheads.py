@@ -16,8 +16,9 @@ on the device (``--emu``: the emulated one, for the plumbing only):
 - ``program``: PPO (or ``--program``) at ``--set`` sizes, timed per iteration (from the
   metrics' rows) as it runs, and with the host's work alone (a device that launches
   nothing: the interpreter's floor); each with the runs of the tree replayed as CUDA graphs
-  and without; once with each replay between two CUDA events: the device's milliseconds an
-  iteration in the runs that took it longest.
+  and without, and with its loops run as launches instead of loop kernels
+  (``cuda/loops.py``); once with each replay between two CUDA events: the device's
+  milliseconds an iteration in the runs that took it longest.
 
     python scripts/cuda_overheads.py --set B=2048 --set T=128 --set total_steps=2621440
     python scripts/cuda_overheads.py --emu --set B=16 --set T=16 --set total_steps=1280
@@ -100,7 +101,12 @@ _GENERATED: dict = {}  # (program, sets) -> its code for the cuda target, made o
 
 
 def program(
-    device, name: str, sets: dict[str, str], graphs: bool = True, time_graphs: bool = False
+    device,
+    name: str,
+    sets: dict[str, str],
+    graphs: bool = True,
+    time_graphs: bool = False,
+    loops: bool = True,
 ) -> dict:
     from timerlc.compiler import compile_plan, generate_code, run_passes
     from timerlc.diagnostics import Source
@@ -123,7 +129,13 @@ def program(
             rows.append(time.perf_counter())
 
     rt = DeviceRuntime(
-        gen.plan, on_metric, text=gen.text, device=device, graphs=graphs, time_graphs=time_graphs
+        gen.plan,
+        on_metric,
+        text=gen.text,
+        device=device,
+        graphs=graphs,
+        time_graphs=time_graphs,
+        loops=loops,
     )
     started = time.perf_counter()
     rt.run()
@@ -202,11 +214,13 @@ def main() -> int:
     for label, dev, graphs in (
         ("as it runs", device, True),
         ("as it runs, replays timed", device, True),
+        ("as it runs, no loop kernels", device, True),
         ("as it runs, no graphs", device, False),
         ("host only (nothing launched)", _idle(), True),
+        ("host only, no loop kernels", _idle(), True),
         ("host only, no graphs", _idle(), False),
     ):
-        r = program(dev, args.program, sets, graphs, "timed" in label)
+        r = program(dev, args.program, sets, graphs, "timed" in label, "no loop" not in label)
         print(
             f"{args.program} {label:30s} {r['s/iter'] * 1e3:8.2f} ms/iter "
             f"({r['iterations']} iterations, {r['launches/iter']:.0f} launches and "

@@ -133,8 +133,9 @@ def test_every_program_s_build_compiles_with_nvrtc(name):
         functions += [
             f for _, p in cu.plan.kernels.fused_launches for f in p if isinstance(f, tuple)
         ]
-        # (a product is the BLAS's; and tl_set_shift, the graphs' shifts)
-        assert ptx.count(".entry") == len(functions) + 1
+        # (a product is the BLAS's; a loop kernel's function is one; and tl_set_shift, the
+        # graphs' shifts)
+        assert ptx.count(".entry") == len(functions) + len(cu.plan.kernels.loops) + 1
 
 
 # ----------------------------------------------------------------------------- emulation

@@ -81,7 +81,11 @@ def test_compile_for_cuda_writes_the_cuda_kernels_of_the_build(tmp_path):
     functions += [
         f for _, phases in plan["kernels"]["fused_launches"] for f in phases if isinstance(f, list)
     ]
-    assert text.count("__global__ void") == len(functions) + 1  # (and tl_set_shift)
+    # loop kernels (cuda/loops.py): the rollout's loop, GAE's and the returns' each one
+    loops = plan["kernels"]["loops"]
+    assert len(loops) == 3 and [71, 72, 73] == [s for s in loops[0][0] if s in (71, 72, 73)]
+    assert text.count("__global__ void tl_loop_") == len(loops)
+    assert text.count("__global__ void") == len(functions) + len(loops) + 1  # (and tl_set_shift)
     calls = [f["gemm"] for _, phases in launches for f in phases if isinstance(f, dict)]
     assert calls and all(c["dtype"] == "f32" for c in calls)  # the products: the BLAS's
     # no machine code: the device's compiler makes it where the build runs

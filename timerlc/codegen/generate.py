@@ -83,6 +83,7 @@ def generate(plan: Plan, target: str = "cpu") -> Generated:
 
 
 def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
+    from timerlc.cuda.loops import render_loops
     from timerlc.cuda.render import render_kernels, render_module
 
     body, skipped, launches = render_module(kernels)
@@ -100,7 +101,10 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
     used = {s.kernel for t in trees for s in kir.walk_tree(t.body) if isinstance(s, kir.Launch)}
     more, refused, fused_launches = render_kernels([k for k in fused.values() if k.name in used])
     fused_ok = [k for k in fused.values() if k.name in used and k.name not in refused]
-    body = "\n".join([body, *more])
+    # loops whose rows never meet, each one kernel (cuda/loops.py)
+    rendered = {k.sid: k for k in kernels}
+    loops, _ = render_loops(plan, rendered, launches, recorded)
+    body = "\n".join([body, *more, *(lk.text for lk in loops)])
     text = CUDA_KERNELS_HEADER + digest(plan) + "\n" + body
     info = Kernels(
         CUDA_KERNEL_FILE,
@@ -115,6 +119,7 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
         fused_launches=tuple(
             (fused_launches[k.name].scratch, fused_launches[k.name].phases) for k in fused_ok
         ),
+        loops=tuple((lk.statements, lk.blocks, lk.scratch) for lk in loops),
     )
     return Generated(
         dataclasses.replace(plan, kernels=info),

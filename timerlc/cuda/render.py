@@ -496,6 +496,7 @@ class _Kernel:
         self.parts: dict[str, list] = {}  # a reduction's scratch: name -> [dtype, n, offset]
         self.others: set[str] = set()  # the buffers the other steps use
         self.scratch = k.scratch_bytes
+        self.rows = False  # (a statement of a loop kernel: cuda/loops.py)
 
     def emit(self, depth: int, line: str):
         self.lines.append("  " * depth + line)
@@ -985,6 +986,8 @@ class _Kernel:
         self.local_temps |= mine
         nest = _nest(s) if collapse else [s]
         step = step or "(long long)gridDim.x * blockDim.x"
+        if self.rows:  # (a loop kernel's block: its rows tl_rb ..< tl_re of the loop's)
+            step = "blockDim.x"
         if len(nest) > 1:
             # a nest of parallel loops is one loop over the grid, each thread one point of
             # the nest (its variables from the point's number, the innermost fastest)
@@ -992,6 +995,8 @@ class _Kernel:
             lo = self.expr(s.lo)
             count = f"(({self.expr(s.hi)}) - ({lo})) * {inner}LL"
             first = "(long long)blockIdx.x * blockDim.x + threadIdx.x"
+            if self.rows:
+                count, first = f"tl_re * {inner}LL", f"tl_rb * {inner}LL + threadIdx.x"
             self.emit(depth, f"for (long long tl_g = {first}; tl_g < {count}; tl_g += {step}) {{")
             self.emit(depth + 1, "long long tl_r = tl_g;")
             for x in reversed(nest[1:]):
@@ -1007,9 +1012,11 @@ class _Kernel:
             first = (
                 first or f"({self.expr(s.lo)}) + (long long)blockIdx.x * blockDim.x + threadIdx.x"
             )
-            self.emit(
-                depth, f"for (long long {v} = {first}; {v} < {self.expr(s.hi)}; {v} += {step}) {{"
-            )
+            hi = self.expr(s.hi)
+            if self.rows:
+                lo = self.expr(s.lo)
+                first, hi = f"({lo}) + tl_rb + threadIdx.x", f"({lo}) + tl_re"
+            self.emit(depth, f"for (long long {v} = {first}; {v} < {hi}; {v} += {step}) {{")
             body = s.body
         for t in self.k.temps:
             if t.name in mine:

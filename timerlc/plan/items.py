@@ -291,6 +291,10 @@ class Kernels:
     # a call needs and what it runs one after another (as ``launches``' phases): the calls
     # of its statements one after another at the same loop values are one call of it
     fused_launches: tuple[tuple[int, tuple], ...] = ()
+    # a CUDA kernel file: the loops of the tree that run as one kernel each (cuda/loops.py):
+    # the statements the loop's body calls (in order), the blocks its launch asks for and
+    # the bytes of scratch memory it needs; its function is named after the loop
+    loops: tuple[tuple[tuple[int, ...], int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,6 +431,16 @@ def to_json(plan: Plan) -> dict:
                         if plan.kernels.fused_launches
                         else {}
                     ),
+                    **(
+                        {
+                            "loops": [
+                                [list(sids), blocks, scratch]
+                                for sids, blocks, scratch in plan.kernels.loops
+                            ]
+                        }
+                        if plan.kernels.loops
+                        else {}
+                    ),
                 }
             }
         ),
@@ -437,6 +451,8 @@ def dumps(plan: Plan) -> str:
     return json.dumps(to_json(plan), separators=(",", ":")) + "\n"
 
 
+MAX_LOOP_BLOCKS = 1 << 20  # of a loop kernel's launch
+MAX_LOOP_SCRATCH = 1 << 40  # bytes of a loop kernel's scratch memory
 KERNELS_HEADER = "; timerlc kernels for the plan of sha256 "  # + digest(plan): line 1 of the file
 CUDA_KERNELS_HEADER = "// timerlc kernels for the plan of sha256 "  # the same, of a .cu file
 # the kernel file's gemm loops for a machine without a BLAS: functions whose names start so
@@ -753,7 +769,7 @@ class _Reader:
         d = self.obj(
             v,
             ("file", "sha256", "statements", "trees"),
-            ("fused", "launches", "unfailing", "fused_launches"),
+            ("fused", "launches", "unfailing", "fused_launches", "loops"),
         )
         file = self.field(d, "file", self.text, 200)
         if not _KERNEL_FILE.match(file):
@@ -838,7 +854,30 @@ class _Reader:
             if not set(unfailing) <= with_kernel or len(set(unfailing)) != len(unfailing):
                 self.path.append(".unfailing")
                 self.fail("not distinct statements with a kernel")
-        return Kernels(file, sha, rows, trees, fused, launches, unfailing, repeats, fused_launches)
+        loops = ()
+        if "loops" in d:
+            if not file.endswith(".cu"):
+                self.path.append(".loops")
+                self.fail("only a CUDA kernel file's plan has loop kernels")
+            loops = self.field(d, "loops", self.each, self.loop_row, with_kernel)
+        return Kernels(
+            file, sha, rows, trees, fused, launches, unfailing, repeats, fused_launches, loops
+        )
+
+    def loop_row(self, v, with_kernel: set) -> tuple[tuple[int, ...], int, int]:
+        """``[[statement, ...], blocks, scratch bytes]``: a loop kernel (cuda/loops.py)."""
+        if not isinstance(v, list) or len(v) != 3 or not isinstance(v[0], list) or not v[0]:
+            self.fail(f"expected [[statement, ...], blocks, scratch bytes], got {_short(v)}")
+        self.path.append("[0]")
+        sids = tuple(self.each(v[0], self.int_))
+        if not set(sids) <= with_kernel:
+            self.fail("a statement without a kernel in a loop kernel")
+        self.path[-1] = "[1]"
+        blocks = self.int_(v[1], 1, MAX_LOOP_BLOCKS)
+        self.path[-1] = "[2]"
+        scratch = self.int_(v[2], 8, MAX_LOOP_SCRATCH)
+        self.path.pop()
+        return sids, blocks, scratch
 
     def launch_row(self, v) -> tuple[int, tuple[tuple[str, int], ...], int]:
         if not isinstance(v, list) or len(v) not in (2, 3) or not isinstance(v[1], list):

@@ -61,6 +61,7 @@ ARGS = 8  # the loop values a launch passes (cuda.render.ARGS: the module's stru
 # values of the call that failed, as long longs
 RECORD = 2 + ARGS
 FUSED = 1 << 40  # the ids of fused kernels as statements of the tree: FUSED + their index
+LOOP = 1 << 41  # the ids of loop kernels as statements of the tree: LOOP + their index
 
 
 class DeviceUnavailable(Exception):
@@ -613,6 +614,27 @@ class _FusedCall:
         self.native(None, None, None)
 
 
+class _LoopCall:
+    """A loop of the tree run as one kernel (``cuda/loops.py``; ``DeviceRuntime._loop_calls``):
+    a call is the whole loop at the values of the loops around it (the kernel checks each of
+    its calls against its statement's box); a failure is its failing statement's."""
+
+    is_env = False
+
+    def __init__(self, rt: DeviceRuntime, lid: int, scope: tuple[str, ...]):
+        self.rt, self.id = rt, lid
+        self.loops = scope
+        self.args = np.zeros(max(len(scope), 1), np.int64)
+        self.loop_box = (1 << 62,) * len(scope)  # (each call inside checks its own box)
+        self.touched = rt.touched_of((lid,))
+        self.native = rt._launcher(lid, rt.phases[lid], rt._statement_scratch[lid])
+
+    def run(self, key: tuple):
+        self.rt.allocate(self.touched)
+        self.args[: len(key)] = key
+        self.native(None, None, None)
+
+
 class DeviceRuntime(CpuRuntime):
     """A plan with a CUDA C kernel file, run on ``device`` (see the module's text)."""
 
@@ -629,11 +651,13 @@ class DeviceRuntime(CpuRuntime):
         use_arena: bool = True,
         graphs: bool = True,
         time_graphs: bool = False,
+        loops: bool = True,
     ):
         """``graphs``: replay the runs of the tree that only launch as CUDA graphs
         (``runtime/graphs.py``; not while profiling, which times each call, nor without the
         arena, where a buffer's address can change); ``time_graphs``: the device's seconds
-        in each run's replays (``graph_seconds``: marks around each replay)."""
+        in each run's replays (``graph_seconds``: marks around each replay); ``loops``: run
+        the plan's loop kernels (``kernels.loops``; not while profiling)."""
         from timerlc.runtime.native import check_kernels
 
         check_kernels(plan, text)
@@ -698,8 +722,15 @@ class DeviceRuntime(CpuRuntime):
             if not profile  # (a profile times each statement's calls)
         }
         fused_scratch = [n for n, _ in plan.kernels.fused_launches]
+        # loop kernels (plan.kernels.loops): each a statement of its own to the tree, its id
+        # LOOP + its index, standing for a loop whose function is named after it
+        self._loop_rows: dict[str, int] = {}  # function -> LOOP + index (while building)
+        self._loop_parts: dict[int, tuple[int, ...]] = {}
+        self._loop_scope: dict[int, tuple[str, ...]] = {}
+        self.use_loops = loops and not profile and bool(plan.kernels.loops)
+        loop_scratch = [n for _, _, n in plan.kernels.loops] if self.use_loops else []
         self._scratch = self._alloc(
-            max([8] + [n for _, _, n in plan.kernels.statements] + fused_scratch)
+            max([8] + [n for _, _, n in plan.kernels.statements] + fused_scratch + loop_scratch)
         )
         phases = self.phases = dict(plan.kernels.launches)
         for k, (_, fphases) in enumerate(plan.kernels.fused_launches):
@@ -955,20 +986,24 @@ class DeviceRuntime(CpuRuntime):
         return self._set_shift
 
     def _build(self, items, scope: tuple[str, ...]):
-        """The cpu runtime's loop tree, but for the calls a fused kernel makes (one call of
-        it) and the runs of ``items`` that only launch (``graphs.runs``): each is a
-        ``graphs.GraphRun``."""
-        items = self._fuse_calls(items)
+        """The cpu runtime's loop tree, but for the loops a loop kernel runs (one call of
+        it), the calls a fused kernel makes (one call of it) and the runs of ``items`` that
+        only launch (``graphs.runs``): each is a ``graphs.GraphRun``."""
+        items = self._fuse_calls(self._loop_calls(items, scope))
         if not self.use_graphs:
             return super()._build(items, scope)
         from timerlc.runtime.graphs import GraphRun, capturable_fn, runs
 
         if not hasattr(self, "_capturable"):
-            launch_only = {
-                sid
-                for sid, _, _ in self.plan.kernels.statements
-                if sid not in self.valid and sid not in self.metric_of
-            } | set(self._fused)
+            launch_only = (
+                {
+                    sid
+                    for sid, _, _ in self.plan.kernels.statements
+                    if sid not in self.valid and sid not in self.metric_of
+                }
+                | set(self._fused)
+                | set(self._loop_parts)
+            )
             self._capturable = capturable_fn(launch_only)
         steps = [
             GraphRun(self, part, scope) if isinstance(part, list) else self._item(part, scope)
@@ -980,6 +1015,71 @@ class DeviceRuntime(CpuRuntime):
                 s(env)
 
         return run
+
+    def _loop_calls(self, items, scope: tuple[str, ...]) -> list:
+        """``items`` with each loop a loop kernel runs (its function named after it,
+        ``loops.function_name``) as one call of it (``LOOP + its index``: a statement of its
+        own, ``_LoopCall``), inside ifs and loops too."""
+        if not self.use_loops:
+            return list(items)
+        from timerlc.cuda.loops import body_calls, function_name
+
+        top = not self._loop_rows
+        if top:  # (the whole tree, the first time: then every row must have found its loop)
+            self._loop_rows = {"": -1}
+            self._loop_named: dict[str, int | None] = {}
+            self._loop_used: set[int] = set()
+        out = []
+        for it in items:
+            if isinstance(it, Loop):
+                name = function_name(scope, it)
+                lid = self._loop_named.get(name)
+                if lid is None:
+                    lid = self._loop_kernel(name, it, scope, body_calls(it))
+                if lid is not None:
+                    out.append(Call(lid, tuple(scope)))
+                    continue
+                body = self._loop_calls(it.body, scope + (it.var,))
+                it = dataclasses.replace(it, body=tuple(body))
+            elif isinstance(it, If):
+                then = self._loop_calls(it.then, scope)
+                orelse = self._loop_calls(it.orelse, scope)
+                it = dataclasses.replace(it, then=tuple(then), orelse=tuple(orelse))
+            out.append(it)
+        if top and len(self._loop_used) != len(self.plan.kernels.loops):
+            raise PlanError(
+                "the plan is not valid: a loop kernel of kernels.loops matches no loop of "
+                "its tree that the kernel file has a function for"
+            )
+        return out
+
+    def _loop_kernel(self, name: str, loop: Loop, scope, calls) -> int | None:
+        """The id of the loop kernel of ``loop`` (its function ``name``), where the module
+        has one and the plan names it (``kernels.loops``: the statements its body calls);
+        else None (the loop runs as the tree's)."""
+        rows = [k for k, r in enumerate(self.plan.kernels.loops) if r[0] == calls]
+        try:
+            fn = self.device.function(self._module, name) if rows else None
+        except Exception:  # noqa: BLE001 - the module has no such function
+            fn = None
+        if fn is None:
+            self._loop_named[name] = None
+            return None
+        if any(p in self.valid or p in self.metric_of for p in calls):
+            raise PlanError("the plan is not valid: a loop kernel computes an output or a metric")
+        k = rows[0]
+        self._loop_used.update(rows)
+        _, blocks, scratch = self.plan.kernels.loops[k]
+        lid = LOOP + len(self._loop_parts)
+        self._loop_parts[lid] = tuple(dict.fromkeys(calls))
+        self._loop_scope[lid] = tuple(scope)
+        self.phases[lid] = ((name, blocks * THREADS),)
+        self._statement_scratch[lid] = scratch
+        self._loop_named[name] = lid
+        self.statements[lid] = _LoopCall(self, lid, tuple(scope))
+        if hasattr(self, "_capturable"):
+            del self._capturable
+        return lid
 
     def _fuse_calls(self, items) -> list:
         """``items`` with each run of calls that a fused kernel makes (its statements one
@@ -1025,10 +1125,14 @@ class DeviceRuntime(CpuRuntime):
         return it
 
     def parts(self, sid: int) -> tuple[int, ...]:
-        """The statements a call of ``sid`` computes (a fused kernel's; else its own)."""
-        return self._fused.get(sid, (sid,))
+        """The statements a call of ``sid`` computes (a fused kernel's, a loop kernel's;
+        else its own)."""
+        got = self._fused.get(sid) or self._loop_parts.get(sid)
+        return got or (sid,)
 
     def loops_of(self, sid: int) -> tuple[str, ...]:
+        if sid in self._loop_scope:  # (a loop kernel takes the loops around it)
+            return self._loop_scope[sid]
         return self.plan.statement(self.parts(sid)[0]).loops
 
     def touched_of(self, sids) -> list[tuple[int, bool]]:
@@ -1036,7 +1140,8 @@ class DeviceRuntime(CpuRuntime):
         return _touched(self.plan, {p for sid in sids for p in self.parts(sid)})
 
     def can_fail(self, sid: int) -> bool:
-        return any(p not in self._unfailing for p in self.parts(sid))
+        # (a loop kernel's call outside its box fails too)
+        return sid in self._loop_parts or any(p not in self._unfailing for p in self.parts(sid))
 
     # ------------------------------------------------------------------ launches
     def _launcher(self, sid: int, phases, scratch: int):
@@ -1170,6 +1275,10 @@ class DeviceRuntime(CpuRuntime):
         if not code:
             return
         for psid, key in pending:
+            if psid in self._loop_parts:
+                if sid in self._loop_parts[psid]:
+                    self._loop_failed(sid, code, values)
+                continue
             # (a fused kernel records its first statement, and the failing one's place in
             # it as the code)
             parts = self.parts(psid)
@@ -1187,6 +1296,33 @@ class DeviceRuntime(CpuRuntime):
                 self.statements[failed].rerun(key)
         raise PlanError(
             "the plan is not valid: a kernel it says cannot fail (kernels.unfailing) failed"
+        )
+
+    def _loop_failed(self, sid: int, code: int, values):
+        """Statement ``sid``'s call at ``values`` failed inside a loop kernel: its call
+        outside the box (``loops.LOOP_BOX``) refused as the tree's would be, or computed
+        again by the interpreter to say what failed. The other blocks may have run on past
+        that call (each stops at its next iteration), so the call's inputs can have changed
+        since: where the interpreter then finds no failure, the message says so."""
+        from timerlc.cuda.loops import LOOP_BOX
+
+        key = tuple(int(v) for v in values[: len(self.loops_of(sid))])
+        st = self.statements[sid]
+        if code == LOOP_BOX:
+            st.run(key)  # (raises: a call outside its box)
+        self._to_host(sid)
+        for host, ptr in self.state_dev:
+            self.device.download(ptr, host)
+        try:
+            st.rerun(key)
+        except RunError as e:
+            if not str(e).startswith("internal error"):
+                raise
+        at = ", ".join(f"{d}={v}" for d, v in zip(self.loops_of(sid), key))
+        raise RunError(
+            f"statement {sid} ({self._name(sid)}) failed at {at} inside a loop run as one "
+            "kernel, and the loop ran on before its inputs could be read back: run with "
+            "--profile (no loop kernels) to see what failed"
         )
 
     def _read_marks(self):

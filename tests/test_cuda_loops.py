@@ -1,0 +1,257 @@
+"""Loop kernels (``timerlc/cuda/loops.py``): a loop of the tree whose rows never meet runs as
+one CUDA kernel, each block running the whole loop for its rows. On the emulated device the
+blocks run one after another (block 0's whole loop before block 1 starts), the schedule
+most unlike a GPU's and the one that shows a row reading another's values: wrong values,
+not a race that may not happen. What is checked: which loops the proof accepts and which
+it refuses, that a loop kernel computes what the launches compute (PPO's rollout: the
+policy's products computed inline, so to rounding), a failure inside one explained as on
+the cpu, a call the kernel would make outside its box refused, and the plan's rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rtl_helpers import compiled_run, src
+
+from timerlc.codegen import kir
+from timerlc.compiler import compile_plan, generate_code, run_passes
+from timerlc.cuda import loops
+from timerlc.cuda.emu import compiler
+from timerlc.cuda.render import Unsupported
+from timerlc.diagnostics import RunError, Source
+from timerlc.frontend.check import check_source
+from timerlc.plan import items
+from timerlc.runtime.cuda import LOOP, DeviceRuntime, EmuDevice
+
+PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
+needs_cxx = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler")
+
+# s runs over t, a row per b: each row reads only its own row of s (and c, which the loop
+# does not write); the take fails at t = 6 where FAR > 0
+OWN = """
+config T = 12, B = 16, FAR = 0
+dim t < T
+dim b < B
+c[b] = f32(b) * 0.5
+s[0, b] = c[b]
+s[t, b] = s[t-1, b] * 0.5 + take(c[0:B], b + (t // 6) * FAR)
+last[b] = s[T-1, b] + 0.0
+out last
+"""
+
+# each row reads the next row's value of the step before: the rows meet
+MEET = """
+config T = 12, B = 16
+dim t < T
+dim b < B
+c[b] = f32(b) * 0.5
+s[0, b] = c[b]
+s[t, b] = take(s[t-1, 0:B], (b + 1) % B) * 0.5 + 1.0
+last[b] = s[T-1, b] + 0.0
+out last
+"""
+
+
+def cuda_gen(text: str, path: str = "p.rtl", **sets):
+    graph = check_source(Source(path, text), overrides={k: str(v) for k, v in sets.items()})
+    return graph, generate_code(compile_plan(run_passes(graph)), target="cuda")
+
+
+def _program(name: str, **sets):
+    path = PROGRAMS / f"{name}.rtl"
+    return cuda_gen(path.read_text(), str(path), **sets)
+
+
+def _run(gen, loops_on: bool):
+    got: list = []
+    rt = DeviceRuntime(
+        gen.plan,
+        lambda *m: got.append(m),
+        text=gen.text,
+        device=EmuDevice(),
+        loops=loops_on,
+    )
+    rt.run()
+    rt.envs.close()
+    return rt, got
+
+
+def _refusals(gen) -> dict[str, str]:
+    plan = dataclasses.replace(gen.plan, kernels=None)
+    kernels = {k.sid: k for k in gen.kernels}
+    from timerlc.cuda.render import render_kernels
+
+    _, _, launches = render_kernels(list(kernels.values()))
+    recorded = {sid for _, sid, _ in plan.outputs + plan.metrics}
+    _, refused = loops.render_loops(plan, kernels, launches, recorded)
+    return refused
+
+
+def test_a_loop_whose_rows_keep_to_themselves_is_one_kernel():
+    _, gen = cuda_gen(src(OWN))
+    (row,) = gen.plan.kernels.loops
+    names = {gen.plan.buffer(sid).name for sid in row[0]}
+    assert "s" in names
+    assert "__global__ void tl_loop_" in gen.text
+
+
+def test_a_loop_whose_rows_meet_runs_as_launches():
+    _, gen = cuda_gen(src(MEET))
+    assert gen.plan.kernels.loops == ()
+    (why,) = _refusals(gen).values()
+    assert "two rows may meet" in why
+
+
+@needs_cxx
+@pytest.mark.parametrize("text", [OWN, MEET])
+def test_loop_kernels_compute_the_cpu_backend_s_values(text):
+    graph, gen = cuda_gen(src(text))
+    cpu, _ = compiled_run(graph, backend="cpu")
+    for on in (True, False):
+        rt, _ = _run(gen, on)
+        np.testing.assert_array_equal(rt.value("last"), cpu.value("last"))
+        assert bool(rt._loop_parts) == (on and bool(gen.plan.kernels.loops))
+
+
+@needs_cxx
+def test_a_loop_kernel_is_one_launch_for_the_whole_loop():
+    _, gen = cuda_gen(src(OWN))
+    with_loops, _ = _run(gen, True)
+    without, _ = _run(gen, False)
+    # (the loop's 12 iterations of two statements' kernels: now one launch)
+    assert without.launches - with_loops.launches >= 12
+    assert with_loops._loop_parts
+
+
+@needs_cxx
+def test_a_failure_inside_a_loop_kernel_is_explained_as_on_the_cpu():
+    """The take fails at t = 6 in every row: the failing block records the call, and the
+    interpreter computes it again (its inputs, c and the loop values, are unchanged)."""
+    graph, gen = cuda_gen(src(OWN), FAR=100)
+    assert gen.plan.kernels.loops
+    with pytest.raises(RunError) as want:
+        compiled_run(graph, backend="cpu")
+    rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice())
+    with pytest.raises(RunError) as got:
+        rt.run()
+    assert rt._loop_parts
+    assert str(got.value) == str(want.value)
+    assert "at t=6, b=0" in str(got.value)
+
+
+@needs_cxx
+def test_a_loop_kernel_refuses_a_call_outside_its_statement_s_box():
+    """The kernel checks each call's loop values against its statement's box (a graph's
+    replay shifts the values of the loops around): here a call of the rollout's loop kernel
+    for an iteration i the buffers do not have."""
+    _, gen = _program("ppo", B=16, T=8, total_steps=256)
+    rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice())
+    rt.run()
+    rollout = next(
+        lid for lid, parts in rt._loop_parts.items() if len(parts) > 3
+    )  # (the rollout's: the policy, the draw, the step, ...)
+    with pytest.raises(items.PlanError, match="outside"):
+        rt.statements[rollout].run((10_000,))
+        rt._settle(final=True)
+
+
+@functools.lru_cache(maxsize=2)
+def _ppo():
+    _, gen = _program("ppo", B=16, T=16, total_steps=768)
+    return gen
+
+
+@needs_cxx
+def test_ppo_s_rollout_is_one_kernel_computing_what_the_launches_compute():
+    """The rollout's loop (observation, policy, draw, step, next observation) is one launch
+    an iteration; its products are computed inline in order, the launches' by the BLAS (NumPy
+    on the emulation): the metrics agree to rounding."""
+    gen = _ppo()
+    rows = {tuple(r[0]) for r in gen.plan.kernels.loops}
+    ops = {
+        sid: {n.op for n in gen.plan.statement(sid).nodes}
+        for r in gen.plan.kernels.loops
+        for sid in r[0]
+    }
+    rollout = next(r for r in rows if any("env_step" in ops[s] for s in r))
+    assert len(rollout) == 5
+    rt, got = _run(gen, True)
+    plain, want = _run(gen, False)
+    assert [(m[0], m[1]) for m in got] == [(m[0], m[1]) for m in want]
+    a = np.array([float(np.asarray(m[2]).ravel()[0]) for m in got])
+    b = np.array([float(np.asarray(m[2]).ravel()[0]) for m in want])
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    # 17 iterations of the rollout's 11 launches and products, 3 times: one launch each
+    saved = plain.launches + plain.blas_calls - rt.launches - rt.blas_calls
+    assert saved >= 3 * 17 * 9
+
+
+def test_the_proof_is_on_the_kernels_indices():
+    """Unit checks of the rows' proof: rows C bytes apart whose accesses stay within a row
+    are apart; a write another row's access reaches, or one the row does not index, is not."""
+    facts = loops._Facts("t", ("i",), (0, 15), {"i": (0, 3)})
+    facts.rows = (0, 16)
+    w = loops._Access(("t", 1), {"R": 64, "L": 4}, 4, True, {"L": (0, 15)}, "w")
+    same = loops._Access(("t", 1), {"R": 64, "L": 4, "": -4}, 4, False, {"L": (1, 15)}, "a")
+    assert facts._apart(w, same)
+    spill = loops._Access(("t", 1), {"R": 64, "L": 4, "": -4}, 4, False, {"L": (0, 15)}, "a")
+    assert not facts._apart(w, spill)  # (t - 1 at t = 0: the row before's last element)
+    other = loops._Access(("t", 1), {"R": 64, "L": 4, "": 64}, 4, False, {"L": (0, 15)}, "a")
+    assert not facts._apart(w, other)
+    shared = loops._Access(("t", 1), {"L": 4}, 4, False, {"L": (0, 15)}, "a")
+    assert not facts._apart(w, shared)
+    # [t, b] row-major per step: rows 4 bytes apart, steps a whole 16 rows apart
+    step = loops._Access(("t", 2), {"R": 4, "L": 64}, 4, True, {"L": (0, 15)}, "w")
+    back = loops._Access(("t", 2), {"R": 4, "L": 64, "": -64}, 4, False, {"L": (1, 15)}, "a")
+    assert facts._apart(step, step) and facts._apart(step, back)
+    assert not loops._rows_apart({"x": 1}, {}, 4, 16, 4, 4)  # (a variable of no range)
+
+
+def test_a_loop_kernel_needs_kernels_the_renderer_can_run_on_rows():
+    plan = _ppo().plan
+    around, loop = next(
+        (a, it) for a, it in loops.loops_of_tree(plan.tree) if a and loops.body_calls(it)
+    )
+    with pytest.raises(Unsupported, match="no CUDA kernel"):
+        loops.render_loop(plan, around, loop, {}, {}, set(), "f")
+    assert kir.SIZES["f32"] == 4
+
+
+def test_plans_loops_are_checked():
+    gen = _ppo()
+    data = items.to_json(gen.plan)
+    assert data["kernels"]["loops"]
+    assert items.from_json(json.loads(json.dumps(data)), "p") == gen.plan
+    no_kernel = next(
+        s.id
+        for s in gen.plan.statements
+        if s.id not in {r[0] for r in gen.plan.kernels.statements}
+    )
+    cases = [
+        (lambda k: k["loops"].append([[], 1, 8]), "expected"),
+        (lambda k: k["loops"][0].__setitem__(1, 0), "out of range"),
+        (lambda k: k["loops"][0].__setitem__(2, -1), "out of range"),
+        (lambda k: k["loops"][0][0].append(no_kernel), "without a kernel"),
+        (lambda k: k["loops"].append("x"), "expected"),
+    ]
+    for change, words in cases:
+        bad = json.loads(json.dumps(data))
+        change(bad["kernels"])
+        with pytest.raises(items.PlanError, match=words):
+            items.from_json(bad, "p")
+
+
+@needs_cxx
+def test_a_loop_row_that_matches_no_loop_is_refused():
+    gen = _ppo()
+    first = gen.plan.kernels.loops[0]
+    bad = ((first[0][:1] + first[0][:1], first[1], first[2]),) + gen.plan.kernels.loops[1:]
+    plan = dataclasses.replace(gen.plan, kernels=dataclasses.replace(gen.plan.kernels, loops=bad))
+    with pytest.raises(items.PlanError, match="matches no loop"):
+        DeviceRuntime(plan, text=gen.text, device=EmuDevice())
+    assert LOOP > (1 << 40)

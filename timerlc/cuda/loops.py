@@ -1,0 +1,892 @@
+"""Loop kernels: a loop of the plan's tree run as one CUDA kernel, each block its own rows.
+
+A loop whose body only launches (the rollout's steps: the observation, the policy, the
+draw, the environment's step) makes as many launches as its statements have steps, at
+every iteration: PPO's rollout at 2048 x 128 some 1,400 launches and products a rollout,
+a chain the GPU runs one after another. But where every statement of the body is over the
+same vector dim (the environments ``b``) and a point at ``b`` reads, of what the loop
+writes, only what was written at the same ``b``, the environments never meet inside the
+loop: a block of threads can run the whole loop for a few environments (its *rows*) on its
+own, its threads meeting at ``__syncthreads`` between two steps, with no other block to
+wait for. The loop is then one launch (``render_loop``):
+
+- each block takes rows ``tl_rb ..< tl_re`` of the row dim (``ROWS_PER_BLOCK``: as many as
+  make a block's threads busy in the widest step), then the next ``gridDim.x`` blocks'
+  worth; for each it runs the loop, and at every iteration each call of the body: its loop
+  values computed from the loop's variable and the values of the loops around (passed by
+  value, as a launch's), checked against the statement's box (else the failure code
+  ``LOOP_BOX``: the runtime says which call left its box), then the statement's steps, a
+  parallel loop over the block's rows' points, a product computed element by element (its
+  rows the block's: no cuBLAS), a run of checks on one thread;
+- every statement's temporaries have scratch memory of their own (``layout``): blocks run
+  different statements at once;
+- a failure sets the block's code, which it records (``tl_failed``) and stops; every block
+  stops at its next iteration once the record is set.
+
+``analyze`` proves the rows independent on the kernel IR, or the loop is launched as before:
+every buffer the loop writes is written and read only at indices ``C * row + f`` with one
+``C`` for all of them, and ``f`` (over the ranges of the other loops' variables, the loop's
+own variable taking any of its values on either side) keeps two rows' elements apart
+(``|C|`` at least ``f``'s spread plus an element). The other buffers (the parameters) are
+read only. A product's operand that the loop writes is row-major with the row dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+
+from timerlc.codegen import kir
+from timerlc.codegen.kir import (
+    Bin,
+    Cast,
+    Const,
+    For,
+    Gemm,
+    If,
+    Let,
+    Load,
+    Ref,
+    Sel,
+    Store,
+)
+from timerlc.codegen.lower import plan_expr
+from timerlc.cuda import render
+from timerlc.cuda.render import (
+    THREADS,
+    Unsupported,
+    _buffers,
+    _lets,
+    _nest,
+    _refs,
+    _written,
+)
+from timerlc.plan import arena
+from timerlc.plan import expr as px
+from timerlc.plan.items import Call, Plan, _item_json
+from timerlc.plan.items import If as PlanIf
+from timerlc.plan.items import Loop as PlanLoop
+
+LOOP_BOX = 1 << 20  # the failure code of a call outside its statement's box
+ALIGN = 256  # of each statement's scratch in a loop kernel's
+MAX_ITERATIONS = 1 << 20  # the most a loop's range is computed over
+
+
+@dataclass(frozen=True)
+class LoopKernel:
+    """A loop of the tree as one kernel: its function, the statements its body calls (in
+    order, ``body_calls``), the blocks it asks for and its scratch bytes."""
+
+    name: str
+    statements: tuple[int, ...]
+    blocks: int
+    scratch: int
+    text: str
+
+
+def function_name(scope: tuple[str, ...], loop: PlanLoop) -> str:
+    """The function of ``loop`` inside the loops ``scope``: named after what it computes,
+    so that a plan cannot send one loop's kernel to another."""
+    text = json.dumps([list(scope), _item_json(loop)], sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return "tl_loop_" + digest[:16]
+
+
+def body_calls(loop: PlanLoop) -> tuple[int, ...] | None:
+    """The statements the body of ``loop`` calls, in order (an ``if``'s branches one after
+    the other), or None where it holds anything else (a loop, a free, a swap)."""
+    out: list[int] = []
+
+    def walk(items) -> bool:
+        for it in items:
+            if isinstance(it, Call):
+                out.append(it.statement)
+            elif isinstance(it, PlanIf):
+                if not (walk(it.then) and walk(it.orelse)):
+                    return False
+            else:
+                return False
+        return True
+
+    return tuple(out) if walk(loop.body) and out else None
+
+
+def layout(statements, scratch_of) -> tuple[dict[int, int], int]:
+    """Each statement's scratch memory in a loop kernel's (by first call), and its bytes."""
+    base, total = {}, 0
+    for sid in statements:
+        if sid not in base:
+            base[sid] = total
+            total += (scratch_of[sid] + ALIGN - 1) // ALIGN * ALIGN
+    return base, max(total, 8)
+
+
+def loops_of_tree(tree, around=()):
+    """``(around, loop)`` for every loop of the tree (``around``: the loops around it)."""
+    for it in tree:
+        if isinstance(it, PlanLoop):
+            yield around, it
+            yield from loops_of_tree(it.body, around + (it,))
+        elif isinstance(it, PlanIf):
+            yield from loops_of_tree(it.then, around)
+            yield from loops_of_tree(it.orelse, around)
+
+
+def render_loops(plan: Plan, kernels: dict, launches: dict, recorded: set):
+    """The loop kernels of ``plan``'s tree (``kernels``: by statement, the kernel IR of those
+    rendered; ``launches``: by kernel name, ``render.Launches``; ``recorded``: statements
+    the runtime records after each call): ``(kernels, refused)``, ``refused`` saying by
+    function why a loop runs as launches."""
+    out: dict[str, LoopKernel] = {}
+    refused: dict[str, str] = {}
+    for around, loop in loops_of_tree(plan.tree):
+        fname = function_name(tuple(x.var for x in around), loop)
+        if fname in out or fname in refused:
+            continue
+        try:
+            out[fname] = render_loop(plan, around, loop, kernels, launches, recorded, fname)
+        except Unsupported as e:
+            refused[fname] = str(e)
+    return list(out.values()), refused
+
+
+def render_loop(plan, around, loop, kernels, launches, recorded, fname) -> LoopKernel:
+    scope = tuple(x.var for x in around)
+    calls = body_calls(loop)
+    if calls is None:
+        raise Unsupported("its body holds more than calls")
+    if not scope:
+        # the arena gives values that live within an iteration of a top-level loop bytes
+        # they share with others (plan/arena.py): blocks at different iterations would meet
+        used = set(calls)
+        for sid in calls:
+            used |= {r.src for n in plan.statement(sid).nodes for r in n.inputs if r.stored}
+        if used & set(arena.iteration_local(plan)):
+            raise Unsupported("a loop at the top of the tree with values local to an iteration")
+    for sid in calls:
+        k = kernels.get(sid)
+        if k is None:
+            raise Unsupported(f"statement {sid} has no CUDA kernel")
+        if sid in recorded:
+            raise Unsupported(f"statement {sid} is an output or a metric")
+        if k.repeat != 1 or k.shared:
+            raise Unsupported(f"statement {sid} runs block after block or takes a donor's memory")
+        if len(k.params) > render.ARGS:
+            raise Unsupported(f"statement {sid} takes too many loop values")
+    if len(scope) > render.ARGS:
+        raise Unsupported("too many loops around it")
+    # every temporary its own bytes (a statement's kernel packs those whose uses do not
+    # overlap: in a loop kernel, blocks run different steps at once)
+    unpacked = {}
+    for sid in calls:
+        k, at = kernels[sid], 0
+        temps = []
+        for t in k.temps:
+            temps.append(dataclasses.replace(t, offset=at))
+            at += (t.size * kir.SIZES[t.dtype] + 7) // 8 * 8
+        unpacked[sid] = tuple(temps)
+    scratch_of = {
+        sid: sum(t.size * kir.SIZES[t.dtype] + 8 for t in unpacked[sid]) for sid in calls
+    }
+    base, scratch = layout(calls, scratch_of)
+    span = _loop_range(loop)
+    outer = {x.var: r for x in around if (r := _loop_range(x)) is not None}
+    facts = _Facts(loop.var, scope, span, outer)
+    rowk: dict[int, _RowKernel] = {}
+    for sid in dict.fromkeys(calls):
+        k = kernels[sid]
+        temps = tuple(dataclasses.replace(t, offset=t.offset + base[sid]) for t in unpacked[sid])
+        rowk[sid] = _RowKernel(dataclasses.replace(k, temps=temps), facts)
+    # every call's accesses, its kernel's parameters bound to the call's loop values
+    probe = next(iter(rowk.values()))
+    env = {v: {"O:" + repr(Ref(v)): 1} for v in scope} | {loop.var: {"L": 1}}
+    for v in scope:
+        facts.arg_form(Ref(v))  # (their ranges)
+
+    def walk(items, ranges):
+        for it in items:
+            if isinstance(it, Call):
+                rowk[it.statement].analyze(it.args, ranges)
+            else:
+                cond = plan_expr(it.cond)
+                walk(it.then, probe._narrow(cond, True, env, ranges))
+                walk(it.orelse, probe._narrow(cond, False, env, ranges))
+
+    walk(loop.body, facts.outer_ranges | ({"L": span} if span is not None else {}))
+    facts.check()
+    rows = facts.rows[1] - facts.rows[0]
+    per_block = max(1, THREADS // max(1, facts.widest))
+    blocks = max(1, min(-(-rows // per_block), 1 << 20))
+    text = _LoopText(plan, scope, loop, rowk, fname, per_block, rows).render()
+    return LoopKernel(fname, calls, blocks, scratch, text)
+
+
+def _calls(items):
+    for it in items:
+        if isinstance(it, Call):
+            yield it
+        elif isinstance(it, PlanIf):
+            yield from _calls(it.then)
+            yield from _calls(it.orelse)
+
+
+def _loop_range(loop: PlanLoop) -> tuple[int, int] | None:
+    """The least and the greatest value of the loop's variable, where its start is a
+    constant and its condition names only the variable (else None)."""
+    if not isinstance(loop.init, int) or isinstance(loop.init, bool):
+        return None
+    if px.names(loop.cond) - {loop.var} or loop.inc == 0:
+        return None
+    cond = px.compile_expr(loop.cond, (loop.var,))
+    v, lo, hi, n = loop.init, None, None, 0
+    while cond(v):
+        lo = v if lo is None else min(lo, v)
+        hi = v if hi is None else max(hi, v)
+        v += loop.inc
+        n += 1
+        if n > MAX_ITERATIONS:
+            return None
+    return None if lo is None else (lo, hi)
+
+
+# ---------------------------------------------------------------------- the rows' proof
+# An affine form is a dict: symbol -> coefficient, "" -> the constant. Symbols: "R" the row,
+# "L" the loop's variable, "O:..." a value of the loops around (the same for every access
+# of a launch), any other a loop variable of a kernel (its range in the access's ranges).
+
+
+def _add(a: dict, b: dict, k: int = 1) -> dict:
+    out = dict(a)
+    for s, c in b.items():
+        out[s] = out.get(s, 0) + k * c
+        if out[s] == 0 and s:
+            del out[s]
+    return out
+
+
+def _scale(a: dict, k: int) -> dict:
+    return {s: c * k for s, c in a.items() if c * k or not s}
+
+
+def _bounds(a: dict, ranges: dict) -> tuple[int, int] | None:
+    lo = hi = a.get("", 0)
+    for s, c in a.items():
+        if not s:
+            continue
+        r = ranges.get(s)
+        if r is None:
+            return None
+        lo += min(c * r[0], c * r[1])
+        hi += max(c * r[0], c * r[1])
+    return lo, hi
+
+
+@dataclass
+class _Access:
+    key: tuple
+    form: dict  # the byte offset, affine
+    width: int
+    write: bool
+    ranges: dict
+    where: str
+
+
+class _Facts:
+    """What the loop's calls do to memory, and the proof that rows do not meet."""
+
+    def __init__(self, var: str, scope: tuple[str, ...], span, outer: dict):
+        self.var, self.scope, self.span = var, scope, span
+        self.outer = outer  # the loops around: variable -> (least, greatest) where known
+        self.outer_ranges: dict[str, tuple[int, int]] = {}  # "O:..." -> its range
+        self.accesses: list[_Access] = []
+        self.rows: tuple[int, int] | None = None
+        self.widest = 1
+        self.fresh = 0
+
+    def row_range(self, lo, hi, where: str):
+        if not (isinstance(lo, Const) and isinstance(hi, Const)):
+            raise Unsupported(f"{where}: its parallel loop's bounds are not constants")
+        r = (int(lo.value), int(hi.value))
+        if self.rows is None:
+            self.rows = r
+        elif self.rows != r:
+            raise Unsupported(f"{where}: its rows {r} are not the loop's {self.rows}")
+
+    def arg_form(self, e) -> dict | None:
+        """A call's loop value (a kernel expression over the loops' variables) as a form."""
+        names = {x.name for x in kir.subexprs(e) if isinstance(x, Ref)}
+        if isinstance(e, Const):
+            return {"": int(e.value)}
+        if self.var not in names:
+            sym = "O:" + repr(e)
+            got = _interval(e, self.outer)
+            if got is not None:
+                self.outer_ranges[sym] = got
+            return {sym: 1}
+        if isinstance(e, Ref):
+            return {"L": 1}
+        if isinstance(e, Const):
+            return {"": int(e.value)}
+        if isinstance(e, Bin) and e.op in ("add", "sub"):
+            a, b = self.arg_form(e.a), self.arg_form(e.b)
+            if a is None or b is None:
+                return None
+            return _add(a, b, 1 if e.op == "add" else -1)
+        if isinstance(e, Bin) and e.op == "mul":
+            a, b = self.arg_form(e.a), self.arg_form(e.b)
+            if a is None or b is None:
+                return None
+            if set(a) <= {""}:
+                return _scale(b, a.get("", 0))
+            if set(b) <= {""}:
+                return _scale(a, b.get("", 0))
+        return None
+
+    def check(self):
+        if self.rows is None:
+            raise Unsupported("no statement of its body runs over rows")
+        by_key: dict = {}
+        for a in self.accesses:
+            by_key.setdefault(a.key, []).append(a)
+        for key, accesses in by_key.items():
+            for w in accesses:
+                if not w.write:
+                    continue
+                for a in accesses:
+                    if not self._apart(w, a):
+                        raise Unsupported(
+                            f"two rows may meet in {key[1]} ({w.where} writes, {a.where} "
+                            f"{'writes' if a.write else 'reads'})"
+                        )
+
+    def _apart(self, w: _Access, a: _Access) -> bool:
+        cw, ca = w.form.get("R", 0), a.form.get("R", 0)
+        if cw != ca or cw == 0:
+            return False
+        fw = {s: c for s, c in w.form.items() if s != "R"}
+        fa = {s: c for s, c in a.form.items() if s != "R"}
+
+        # the loops around have the same values on both sides (a term of both cancels; one
+        # of one side takes any value of its range); the others are each side's own
+        def own(f, side):
+            return {(side + s if s and not s.startswith("O:") else s): c for s, c in f.items()}
+
+        fw, fa = own(fw, "w"), own(fa, "a")
+        ranges = dict(self.outer_ranges)
+        ranges.update({"w" + s: r for s, r in w.ranges.items() if not s.startswith("O:")})
+        ranges.update({"a" + s: r for s, r in a.ranges.items() if not s.startswith("O:")})
+        d = _add(fa, fw, -1)
+        c, n = abs(cw), self.rows[1] - self.rows[0]
+        if _rows_apart(d, ranges, c, n, w.width, a.width):
+            return True
+        # D = B + S, B the terms that are multiples of M: where C * (b - b') - S stays
+        # within (-M, M) less the widths, only B = 0 can meet, and S alone decides
+        for m in sorted({abs(k) for s, k in d.items() if s}, reverse=True):
+            big = {s: k for s, k in d.items() if k % m == 0}  # (the constant too)
+            small = {s: k for s, k in d.items() if s not in big}
+            got = _bounds(small, ranges)
+            if got is None:
+                continue
+            x_lo, x_hi = -c * (n - 1) - got[1], c * (n - 1) - got[0]
+            fits = x_hi <= m - w.width and x_lo >= -m + a.width
+            if fits and _rows_apart(small, ranges, c, n, w.width, a.width):
+                return True
+        return False
+
+
+class _RowKernel(render._Kernel):
+    """A statement's kernel as part of a loop kernel: its steps over the block's rows."""
+
+    def __init__(self, k: kir.Kernel, facts: _Facts):
+        super().__init__(k, blas=False)
+        self.facts = facts
+        self.rows = True
+        self.step_list = self._steps()
+        for st in self.step_list:
+            if st.kind in ("reduce", "perm", "blas"):
+                raise Unsupported(f"statement {k.sid}: a {st.kind} step")
+        self.step_bufs = [_buffers(st.statements()) for st in self.step_list]
+        for st in self.step_list:  # (the rows, before any product needs them)
+            for loop in st.body if st.kind == "either" else (st.body,):
+                if st.kind in ("parallel", "either"):
+                    facts.row_range(loop.lo, loop.hi, f"statement {k.sid}")
+
+    def others_of(self, j: int) -> set:
+        return set().union(*(b for q, b in enumerate(self.step_bufs) if q != j))
+
+    # ------------------------------------------------------------------ analysis
+    def analyze(self, args, ranges: dict):
+        """Note what a call at the loop values ``args`` (plan expressions) reads and
+        writes, each access's index as a form over the row."""
+        k, facts = self.k, self.facts
+        env = {}
+        for p, a in zip(k.params, args):
+            f = facts.arg_form(plan_expr(a))
+            if f is not None:
+                env[p] = f
+        self.sizes = {s.name: (("t", s.index), kir.SIZES[s.dtype]) for s in k.slots}
+        for t in k.temps:
+            self.sizes[t.name] = (("s", k.sid, t.name), kir.SIZES[t.dtype], t.offset)
+        where = f"statement {k.sid}"
+        for j, st in enumerate(self.step_list):
+            others = self.others_of(j)
+            if st.kind == "serial":
+                if any(isinstance(s, Store) for s in kir.walk_tree(st.body)):
+                    raise Unsupported(f"{where}: a run on one thread writes memory")
+                if set(_lets(st.body)) & set().union(
+                    *(_refs(o.statements()) for q, o in enumerate(self.step_list) if q != j)
+                ):
+                    raise Unsupported(f"{where}: a run on one thread passes values on")
+                self._walk(st.body, env, ranges, set(), where, row=False)
+            elif st.kind in ("parallel", "either"):
+                loops = st.body if st.kind == "either" else (st.body,)
+                for loop in loops:
+                    nest = _nest(loop)
+                    facts.widest = max(
+                        facts.widest, max(1, _prod(render._extent(x) for x in nest[1:]))
+                    )
+                    mine = {t.name for t in k.temps} & (_written(loop.body) - others)
+                    inner = dict(env)
+                    inner[loop.var] = {"R": 1}
+                    self._walk(loop.body, inner, ranges, mine, where, row=True)
+            elif st.kind == "gemm":
+                self._gemm(st.body, env, ranges, where)
+
+    def _walk(self, body, env, ranges, mine, where, row: bool):
+        for s in body:
+            for e in kir.own_exprs(s):
+                self._loads(e, env, ranges, mine, where, row)
+            if isinstance(s, Store):
+                self._access(s.buf, s.index, True, env, ranges, mine, where, row)
+            elif isinstance(s, For):
+                inner, rng = dict(env), dict(ranges)
+                sym = f"v{self.facts.fresh}"
+                self.facts.fresh += 1
+                inner[s.var] = {sym: 1}
+                lo, hi = self._form(s.lo, env, ranges), self._form(s.hi, env, ranges)
+                if lo is not None and hi is not None and set(lo) <= {""} and set(hi) <= {""}:
+                    rng[sym] = (lo.get("", 0), max(lo.get("", 0), hi.get("", 0) - 1))
+                self._walk(s.body, inner, rng, mine, where, row)
+            elif isinstance(s, If):
+                then = self._narrow(s.cond, True, env, ranges)
+                self._walk(s.then, env, then, mine, where, row)
+                orelse = self._narrow(s.cond, False, env, ranges)
+                self._walk(s.orelse, env, orelse, mine, where, row)
+            elif isinstance(s, (Gemm, kir.Permute)):
+                raise Unsupported(f"{where}: a {type(s).__name__} inside a loop")
+            elif isinstance(s, Let):
+                env.pop(s.name, None)  # (a local: not a form)
+
+    def _loads(self, e, env, ranges, mine, where, row):
+        for x in kir.subexprs(e):
+            if isinstance(x, Load):
+                self._access(x.buf, x.index, False, env, ranges, mine, where, row)
+
+    def _access(self, b, index, write, env, ranges, mine, where, row):
+        if b in mine or b not in self.sizes:
+            return  # (a thread's own temporary; a reduction's partial results are refused)
+        info = self.sizes[b]
+        key, size = info[0], info[1]
+        offset = info[2] if len(info) > 2 else 0
+        f = self._form(index, env, ranges)
+        if f is None:
+            f = {"?": 1}  # (unknown: fine for memory the loop only reads)
+        form = _add(_scale(f, size), {"": offset})
+        if not row:
+            form = {s: c for s, c in form.items() if s != "R"} | {"?": 1}
+        self.facts.accesses.append(_Access(key, form, size, write, dict(ranges), where))
+
+    def _form(self, e, env, ranges) -> dict | None:
+        if isinstance(e, Const):
+            return {"": int(e.value)} if not isinstance(e.value, float) else None
+        if isinstance(e, Ref):
+            return env.get(e.name)
+        if isinstance(e, Cast):
+            return self._form(e.x, env, ranges) if e.dtype in ("i32", "i64") else None
+        if isinstance(e, Bin) and e.op in ("add", "sub", "mul"):
+            a, b = self._form(e.a, env, ranges), self._form(e.b, env, ranges)
+            if a is None or b is None:
+                return None
+            if e.op != "mul":
+                return _add(a, b, 1 if e.op == "add" else -1)
+            if set(a) <= {""}:
+                return _scale(b, a.get("", 0))
+            if set(b) <= {""}:
+                return _scale(a, b.get("", 0))
+            return None
+        if isinstance(e, Bin) and e.op in ("floordiv", "mod"):
+            # of values the same for the whole launch: a value of the loops around
+            a, b = self._form(e.a, env, ranges), self._form(e.b, env, ranges)
+            if a is None or b is None or "R" in a or set(b) - {""} or b.get("", 0) <= 0:
+                return None
+            d = b.get("", 0)
+            got = _bounds(a, {**self.facts.outer_ranges, **ranges})
+            span = None
+            if got is not None:
+                span = (got[0] // d, got[1] // d) if e.op == "floordiv" else (0, d - 1)
+            if all(not x or x.startswith("O:") for x in a):
+                sym = f"O:{e.op}({sorted(a.items())},{d})"
+                if span is not None:
+                    self.facts.outer_ranges[sym] = span
+                return {sym: 1}
+            # (of the loop's variables: a value of its own in its range, as a slot of a
+            # window: ``t % 2``)
+            if span is None:
+                return None
+            sym = f"v{self.facts.fresh}"
+            self.facts.fresh += 1
+            ranges[sym] = span
+            return {sym: 1}
+        if isinstance(e, Sel):
+            holds = self._decide(e.cond, env, ranges)
+            if holds is None:
+                return None
+            return self._form(e.a if holds else e.b, env, ranges)
+        return None
+
+    def _narrow(self, c, holds: bool, env, ranges) -> dict:
+        """``ranges`` where condition ``c`` is ``holds``: a comparison of one variable's
+        multiple with a constant bounds it (``!=`` where it excludes an end of its range)."""
+        ranges = {**self.facts.outer_ranges, **ranges}
+        if isinstance(c, kir.Un) and c.op == "not":
+            return self._narrow(c.x, not holds, env, ranges)
+        if isinstance(c, Bin) and c.op in ("and", "or"):
+            if (c.op == "and") == holds:  # both hold (and), or neither does (not or)
+                ranges = self._narrow(c.b, holds, env, self._narrow(c.a, holds, env, ranges))
+            return self._peel(c, holds, env, ranges)
+        a = b = None
+        if isinstance(c, Bin) and c.op in _FLIP:
+            a, b = self._form(c.a, env, ranges), self._form(c.b, env, ranges)
+        f = _add(a, b, -1) if a is not None and b is not None else {"?": 1}
+        syms = [x for x in f if x]
+        if len(syms) != 1 or syms[0] not in ranges:
+            return self._peel(c, holds, env, ranges)
+        sym, k, const = syms[0], f[syms[0]], f.get("", 0)
+        op = c.op if holds else _FLIP[c.op]
+        if k < 0:  # k*x + const op 0  ->  (-k)*x - const (op mirrored) 0
+            k, const, op = -k, -const, _MIRROR[op]
+        lo, hi = ranges[sym]
+        # k*x op -const, k > 0
+        if op == "lt":
+            hi = min(hi, -(const // k) - 1)  # x < -const/k: x <= ceil(-const/k) - 1
+        elif op == "le":
+            hi = min(hi, (-const) // k)
+        elif op == "gt":
+            lo = max(lo, (-const) // k + 1)
+        elif op == "ge":
+            lo = max(lo, -(const // k))
+        elif op == "eq":
+            if (-const) % k:
+                return ranges
+            lo = hi = -const // k
+        elif op == "ne" and (-const) % k == 0:
+            x = -const // k
+            lo, hi = (lo + 1, hi) if x == lo else (lo, hi - 1) if x == hi else (lo, hi)
+        out = dict(ranges)
+        out[sym] = (lo, max(lo, hi))
+        return out
+
+    def _peel(self, c, holds: bool, env, ranges) -> dict:
+        """``ranges`` with the values at either end of a variable's range where ``c`` is
+        never ``holds`` taken off (a few at each end)."""
+        out = dict(ranges)
+        for sym in list(ranges):
+            for _ in range(4):
+                lo, hi = out[sym]
+                if lo >= hi:
+                    break
+                if self._decide(c, env, {**out, sym: (lo, lo)}) is (not holds):
+                    out[sym] = (lo + 1, hi)
+                elif self._decide(c, env, {**out, sym: (hi, hi)}) is (not holds):
+                    out[sym] = (lo, hi - 1)
+                else:
+                    break
+        return out
+
+    def _decide(self, c, env, ranges) -> bool | None:
+        """Whether condition ``c`` holds at every point (True), at none (False), or either."""
+        if isinstance(c, Const) and c.dtype == "bool":
+            return bool(c.value)
+        if isinstance(c, kir.Un) and c.op == "not":
+            got = self._decide(c.x, env, ranges)
+            return None if got is None else not got
+        if isinstance(c, Bin) and c.op in ("and", "or"):
+            # "a and b": b where a holds; "a or b": b where a does not
+            first = c.op == "and"
+            a = self._decide(c.a, env, ranges)
+            if a is (not first):
+                return a
+            b = self._decide(c.b, env, self._narrow(c.a, first, env, ranges))
+            if b is (not first):
+                return b
+            return first if (a is first and b is first) else None
+        if isinstance(c, Bin) and c.op in ("lt", "le", "gt", "ge", "eq", "ne"):
+            a, b = self._form(c.a, env, ranges), self._form(c.b, env, ranges)
+            if a is None or b is None:
+                return None
+            rr = {**self.facts.outer_ranges, **ranges}
+            if self.facts.rows is not None:
+                rr["R"] = (self.facts.rows[0], self.facts.rows[1] - 1)
+            got = _bounds(_add(a, b, -1), rr)
+            if got is None:
+                return None
+            lo, hi = got
+            table = {
+                "lt": (hi < 0, lo >= 0),
+                "le": (hi <= 0, lo > 0),
+                "gt": (lo > 0, hi <= 0),
+                "ge": (lo >= 0, hi < 0),
+                "eq": (lo == hi == 0, lo > 0 or hi < 0),
+                "ne": (lo > 0 or hi < 0, lo == hi == 0),
+            }
+            yes, no = table[c.op]
+            return True if yes else (False if no else None)
+        return None
+
+    def _gemm(self, s: Gemm, env, ranges, where):
+        """A product's accesses: row ``i`` of ``op(a)`` and of ``c`` is the row ``lo + i``."""
+        facts = self.facts
+        if facts.rows is None:
+            raise Unsupported(f"{where}: a product before any loop over the rows")
+        rows = facts.rows
+        if s.m != rows[1] - rows[0]:
+            raise Unsupported(f"{where}: a product of {s.m} rows, not the loop's")
+        facts.widest = max(facts.widest, s.n)
+        rng = dict(ranges)
+        k_sym, j_sym = f"v{facts.fresh}", f"v{facts.fresh + 1}"
+        facts.fresh += 2
+        rng[k_sym], rng[j_sym] = (0, s.k - 1), (0, s.n - 1)
+        i = {"R": 1, "": -rows[0]}
+        kk, jj = {k_sym: 1}, {j_sym: 1}
+
+        def at(off, first, second, ld):
+            f = self._form(off, env, ranges)
+            if f is None:
+                return None
+            return _add(_add(f, _scale(first, ld)), second)
+
+        forms = [
+            (s.a, at(s.aoff, kk, i, s.lda) if s.ta else at(s.aoff, i, kk, s.lda), False),
+            (s.b, at(s.boff, jj, kk, s.ldb) if s.tb else at(s.boff, kk, jj, s.ldb), False),
+            (s.c, at(s.coff, i, jj, s.ldc), True),
+        ]
+        for b, f, write in forms:
+            info = self.sizes[b]
+            key, size = info[0], info[1]
+            offset = info[2] if len(info) > 2 else 0
+            form = {"?": 1} if f is None else _add(_scale(f, size), {"": offset})
+            facts.accesses.append(_Access(key, form, size, write, rng, where))
+
+    # ------------------------------------------------------------------ rendering
+    def label(self) -> str:
+        self.facts.fresh += 1
+        return f"tl_skip{self.facts.fresh}"
+
+    def call_lines(self, depth: int) -> list[str]:
+        """A call's steps over the block's rows (the call's ``args`` in scope), each after
+        the block's threads met."""
+        out = []
+        self.shared_temps: set[str] = set()  # the temporaries a step uses in scratch memory
+        temps = {t.name for t in self.k.temps}
+        for j, st in enumerate(self.step_list):
+            self.lines = []
+            self.local_temps = set()
+            self.jumps = set()
+            self.others = self.others_of(j)
+            if st.kind == "serial":
+                skip = self.label()
+                self.emit(depth, "if (threadIdx.x == 0) {")
+                for v, dt in _lets(st.body).items():
+                    self.emit(depth + 1, f"{render.CTYPE[dt]} {render.name(v)};")
+                self.stmts(st.body, depth + 1, skip)
+                self.end(depth + 1, skip)
+                self.emit(depth, "}")
+            elif st.kind == "parallel":
+                self.grid_loop(st.body, depth, epilogue=False, collapse=True)
+            elif st.kind == "either":
+                outside = self.others
+                for loop in st.body:
+                    self.others = outside | _buffers([x for x in st.body if x is not loop])
+                    self.grid_loop(loop, depth, epilogue=False, collapse=True)
+            else:  # a product, element by element over the block's rows
+                s = st.body
+                inner = depth
+                if st.guard is not None:
+                    self.emit(depth, f"if ({self.expr(st.guard)}) {{")
+                    inner += 1
+                first = f"(tl_rb * {s.n}LL) + threadIdx.x"
+                self.gemm_rows(s, inner, first)
+                if st.guard is not None:
+                    self.emit(depth, "}")
+            self.shared_temps |= (self.step_bufs[j] & temps) - self.local_temps
+            out += self.lines
+            out.append("  " * depth + "__syncthreads();")
+        return out
+
+    def gemm_rows(self, s: Gemm, depth: int, first: str):
+        t = render.CTYPE[s.dtype]
+        a = f"A[{'k * ' + str(s.lda) + ' + i' if s.ta else 'i * ' + str(s.lda) + ' + k'}]"
+        b = f"B[{'j * ' + str(s.ldb) + ' + k' if s.tb else 'k * ' + str(s.ldb) + ' + j'}]"
+        self.emit(depth, "{")
+        self.emit(depth + 1, f"const {t} *A = {render.buf(s.a)} + ({self.expr(s.aoff)});")
+        self.emit(depth + 1, f"const {t} *B = {render.buf(s.b)} + ({self.expr(s.boff)});")
+        self.emit(depth + 1, f"{t} *C = {render.buf(s.c)} + ({self.expr(s.coff)});")
+        self.emit(
+            depth + 1,
+            f"for (long long e = {first}; e < tl_re * {s.n}LL; e += blockDim.x) {{",
+        )
+        self.emit(depth + 2, f"long long i = e / {s.n}, j = e % {s.n};")
+        self.emit(depth + 2, f"{t} acc = 0;")
+        self.emit(depth + 2, f"for (long long k = 0; k < {s.k}; k++) acc += {a} * {b};")
+        self.emit(depth + 2, f"C[i * {s.ldc} + j] = acc;")
+        self.emit(depth + 1, "}")
+        self.emit(depth, "}")
+
+
+def _rows_apart(d: dict, ranges: dict, c: int, n: int, ww: int, wa: int) -> bool:
+    """Whether rows ``b != b'`` (``n`` of them, ``c`` bytes apart) never meet: a write of
+    ``ww`` bytes at ``c * b + f_w`` and an access of ``wa`` at ``c * b' + f_a``, ``d`` the
+    form of ``f_a - f_w`` over ``ranges``. They meet where ``c * (b - b')`` lies strictly
+    between ``D - ww`` and ``D + wa``."""
+    got = _bounds(d, ranges)
+    if got is None:
+        return False
+    lo, hi = got[0] - ww, got[1] + wa  # (open)
+    first, last = lo // c + 1, -(-hi // c) - 1  # the multiples strictly inside
+    first, last = max(first, -(n - 1)), min(last, n - 1)
+    return first > last or (first == last == 0)
+
+
+def _interval(e, ranges: dict) -> tuple[int, int] | None:
+    """The least and greatest value of integer expression ``e`` over ``ranges``."""
+    if isinstance(e, Const):
+        return (int(e.value), int(e.value)) if not isinstance(e.value, float) else None
+    if isinstance(e, Ref):
+        return ranges.get(e.name)
+    if isinstance(e, Bin) and e.op in ("add", "sub", "mul", "floordiv", "mod"):
+        a, b = _interval(e.a, ranges), _interval(e.b, ranges)
+        if a is None or b is None:
+            return None
+        if e.op == "add":
+            return a[0] + b[0], a[1] + b[1]
+        if e.op == "sub":
+            return a[0] - b[1], a[1] - b[0]
+        if e.op == "mul":
+            xs = [x * y for x in a for y in b]
+            return min(xs), max(xs)
+        if b[0] != b[1] or b[0] <= 0:
+            return None
+        if e.op == "floordiv":
+            return a[0] // b[0], a[1] // b[0]
+        return 0, b[0] - 1
+    return None
+
+
+_FLIP = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
+_MIRROR = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+class _LoopText:
+    """The CUDA C of a loop kernel (see the module's text)."""
+
+    def __init__(self, plan, scope, loop, rowk, fname, per_block, rows):
+        self.plan, self.scope, self.loop = plan, scope, loop
+        self.rowk, self.fname, self.per_block, self.rows = rowk, fname, per_block, rows
+        self.lines: list[str] = []
+        self.expr = next(iter(rowk.values())).expr  # (plan names render as any local)
+
+    def emit(self, depth: int, line: str):
+        self.lines.append("  " * depth + line)
+
+    def render(self) -> str:
+        loop, name = self.loop, render.name
+        self.lines = [
+            (
+                f'extern "C" __global__ void {self.fname}(void **table, const tl_args args_in, '
+                "char *scratch, int *err, const long long *shift) {"
+            ),
+            "  const tl_args tl_outer = tl_shifted(args_in, shift);",
+            "  __shared__ int tl_fail;",
+            "  __shared__ int tl_stop;",
+            "  if (threadIdx.x == 0) { tl_fail = 0; tl_stop = *(volatile int *)err; }",
+            "  __syncthreads();",
+            "  if (tl_stop) return;  // an earlier step failed",
+        ]
+        for j, v in enumerate(self.scope):
+            self.emit(1, f"const long long {name(v)} = tl_outer.v[{j}];  (void){name(v)};")
+        rows, per = self.rows, self.per_block
+        self.emit(
+            1,
+            f"for (long long tl_rb = (long long)blockIdx.x * {per}; tl_rb < {rows}LL; "
+            f"tl_rb += (long long)gridDim.x * {per}) {{",
+        )
+        self.emit(
+            2, f"const long long tl_re = tl_rb + {per} < {rows}LL ? tl_rb + {per} : {rows}LL;"
+        )
+        v = name(loop.var)
+        init = self.expr(plan_expr(loop.init))
+        cond = self.expr(plan_expr(loop.cond))
+        self.emit(2, f"for (long long {v} = {init}; {cond}; {v} += {loop.inc}LL) {{")
+        self.emit(3, "if (threadIdx.x == 0) tl_stop = *(volatile int *)err;")
+        self.emit(3, "__syncthreads();")
+        self.emit(3, "if (tl_stop) return;  // a block failed")
+        self.items(loop.body, 3)
+        self.emit(2, "}")
+        self.emit(1, "}")
+        self.lines.append("}")
+        return "\n".join(self.lines) + "\n" + render._emu_entry(self.fname, len(self.scope))
+
+    def items(self, items, depth: int):
+        for it in items:
+            if isinstance(it, Call):
+                self.call(it, depth)
+            else:
+                self.emit(depth, f"if ({self.expr(plan_expr(it.cond))}) {{")
+                self.items(it.then, depth + 1)
+                if it.orelse:
+                    self.emit(depth, "} else {")
+                    self.items(it.orelse, depth + 1)
+                self.emit(depth, "}")
+
+    def call(self, it: Call, depth: int):
+        rk = self.rowk[it.statement]
+        sid = it.statement
+        st = self.plan.statement(sid)
+        box = self.plan.buffer(sid).box
+        loop_box = [box[st.dims.index(d)] for d in st.loops]
+        self.emit(depth, f"{{  // statement {sid}")
+        self.emit(depth + 1, "tl_args tl_a = {};")
+        for j, a in enumerate(it.args):
+            self.emit(depth + 1, f"tl_a.v[{j}] = {self.expr(plan_expr(a))};")
+        inside = " && ".join(
+            f"tl_a.v[{j}] >= 0 && tl_a.v[{j}] < {n}LL" for j, n in enumerate(loop_box)
+        )
+        if inside:
+            self.emit(depth + 1, f"if (!({inside})) {{")
+            self.emit(depth + 2, f"if (threadIdx.x == 0) tl_failed(err, {LOOP_BOX}, {sid}, tl_a);")
+            self.emit(depth + 2, "return;")
+            self.emit(depth + 1, "}")
+        self.emit(depth + 1, "{")
+        self.emit(depth + 2, "const tl_args args = tl_a;")
+        body = rk.call_lines(depth + 2)
+        # (a temporary that every step using it keeps per thread has no pointer)
+        rk.local_temps = {t.name for t in rk.k.temps} - rk.shared_temps
+        for line in rk.pointers():
+            self.emit(depth + 2, line.strip())
+        self.lines += body
+        self.emit(
+            depth + 2,
+            f"if (tl_fail) {{ if (threadIdx.x == 0) tl_failed(err, tl_fail, {sid}, args); "
+            "return; }",
+        )
+        self.emit(depth + 1, "}")
+        self.emit(depth, "}")
