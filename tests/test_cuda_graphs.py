@@ -434,6 +434,60 @@ def test_a_failure_in_a_fused_kernel_names_its_statement():
     np.testing.assert_array_equal(rt.value("z"), cpu.value("z"))
 
 
+# x (over k) and y (over j) at the same t, neither reading the other: one kernel, one after
+# the other (y's take fails at t = 4 where FAR > 0)
+CONCAT_FAILS = """
+config T = 6, K = 300, J = 200, FAR = 1000
+dim t < T
+dim k < K
+dim j < J
+c[k] = f32(k) * 0.5
+s[0, k] = c[k]
+s[t, k] = s[t-1, k] + x[t-1, k] + sum(y[t-1, 0:J]) * 0.001
+x[t, k] = take(s[t, 0:K], (k + 2) % K) * 0.5
+y[t, j] = take(s[t, 0:K], j + t // 4 * FAR) * 0.25
+last[k] = s[T-1, k] + 0.0
+out last
+"""
+
+
+def test_independent_kernels_are_one_kernel_and_one_launch():
+    """``fuse.concat``: a kernel's statements then another's where they touch nothing of
+    each other's (x's loop over k, y's over j: no loop to fuse them into); the renderer runs
+    their parallel loops in one function."""
+    from timerlc.codegen import fuse
+    from timerlc.cuda import render
+
+    _, gen = cuda_gen(CONCAT_FAILS, FAR=0)
+    ks = {k.sid: k for k in gen.kernels}
+    ((x, y),) = gen.plan.kernels.fused
+    assert fuse.fuse(ks[x], ks[y], "v") is None
+    both = fuse.concat(ks[x], ks[y], "xy")
+    assert both is not None and both.parts == (x, y)
+    assert [kind for kind, _ in render.steps(both)] == ["either"]
+    s = next(b.id for b in gen.plan.buffers if b.name == "s")
+    assert fuse.concat(ks[s], ks[x], "sx") is None  # (x reads what s writes)
+    (row,) = gen.plan.kernels.fused_launches
+    assert len(row[1]) == 1  # (one launch)
+
+
+@needs_cxx
+def test_a_failure_in_one_of_independent_kernels_names_its_statement():
+    graph, gen = cuda_gen(CONCAT_FAILS)
+    with pytest.raises(RunError) as want:
+        compiled_run(graph, backend="cpu")
+    assert "at t=4, j=0 (line 9): take: index 1000 is out of range" in str(want.value)
+    for on in (False, True):
+        rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice(), graphs=on, loops=False)
+        with pytest.raises(RunError) as got:
+            rt.run()
+        assert str(got.value) == str(want.value)
+    graph, gen = cuda_gen(CONCAT_FAILS, FAR=0)
+    cpu, _ = compiled_run(graph, backend="cpu")
+    rt, _ = _run(gen, True)
+    np.testing.assert_allclose(rt.value("last"), cpu.value("last"), rtol=1e-6)
+
+
 def test_plans_fused_launches_are_checked():
     import json
 

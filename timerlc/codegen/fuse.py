@@ -131,6 +131,55 @@ def fuse(a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
     )
 
 
+def concat(a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
+    """One kernel named ``name`` computing ``a``'s statements, then ``b``'s, each as it
+    was, where ``b`` touches nothing ``a`` writes and writes nothing ``a`` reads (the two are
+    independent: a renderer may run their loops at once); None otherwise. For the cuda
+    target, whose renderer runs consecutive independent parallel loops in one function
+    (``cuda.render``): a step's 36 copies of the parameters and the moments, or its 12
+    tensors' Adam updates, as one launch."""
+    if a.shared or b.shared or len(a.params) != len(b.params):
+        return None
+    if any(s.state for s in a.slots + b.slots) or not a.body or not b.body:
+        return None
+    slots = {s.name: s for s in a.slots}
+    for s in b.slots:
+        t = slots.get(s.name)
+        if t is not None and t.index != s.index:
+            return None
+    n = len(parts(a))
+    refs: dict[str, object] = {p: Ref(q) for p, q in zip(b.params, a.params)}
+    names: dict = {}
+    _locals(b.body, names)
+    for v in names:
+        if v not in refs:
+            refs[v] = f"{v}.{n}"
+    base = -(-a.scratch_bytes // ALIGN) * ALIGN
+    temps = {t.name: f"{t.name}.{n}" for t in b.temps}
+    body_b = tuple(_Subst(refs, temps, n + 1).stmt(s) for s in b.body)
+    if _has(body_b, (kir.Loop, kir.Launch, kir.Host)):
+        return None
+    ra, wa = _access(a.body)
+    rb, wb = _access(body_b)
+    if set(wb) & (set(ra) | set(wa)) or set(rb) & set(wa):
+        return None
+    merged = dict(slots)
+    for s in b.slots:
+        t = merged.get(s.name)
+        merged[s.name] = s if t is None else dataclasses.replace(t, write=t.write or s.write)
+    new_temps = tuple(kir.Temp(temps[t.name], t.dtype, base + t.offset, t.size) for t in b.temps)
+    return kir.Kernel(
+        name,
+        a.sid,
+        a.params,
+        tuple(sorted(merged.values(), key=lambda s: s.index)),
+        a.temps + new_temps,
+        a.body + body_b,
+        (),
+        parts(a) + parts(b),
+    )
+
+
 def _join(x: tuple, y: tuple) -> tuple:
     """``x`` then ``y``, a guard that ends ``x`` and starts ``y`` (the same domain) taken
     once."""

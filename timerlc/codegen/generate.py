@@ -97,7 +97,7 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
     recorded = {sid for _, sid, _ in plan.outputs} | {sid for _, sid, _ in plan.metrics}
     eligible = {k.sid: k for k in kernels if k.repeat == 1 and k.sid not in recorded}
     fused: dict[tuple, kir.Kernel] = {}
-    trees = lower_tree(plan, eligible, fused)
+    trees = lower_tree(plan, eligible, fused, horizontal=True)
     used = {s.kernel for t in trees for s in kir.walk_tree(t.body) if isinstance(s, kir.Launch)}
     more, refused, fused_launches = render_kernels([k for k in fused.values() if k.name in used])
     fused_ok = [k for k in fused.values() if k.name in used and k.name not in refused]

@@ -15,7 +15,7 @@ and stream the metric's values.
 from __future__ import annotations
 
 from timerlc.codegen import kir
-from timerlc.codegen.fuse import fuse
+from timerlc.codegen.fuse import concat, fuse
 from timerlc.codegen.kir import If, Launch, Loop
 from timerlc.codegen.lower import plan_expr as _expr
 from timerlc.plan.items import Call, Free, Plan, SwapIn, SwapOut
@@ -24,11 +24,16 @@ from timerlc.plan.items import Loop as PlanLoop
 
 
 def lower_tree(
-    plan: Plan, kernels: dict[int, kir.Kernel], fused: dict | None = None
+    plan: Plan,
+    kernels: dict[int, kir.Kernel],
+    fused: dict | None = None,
+    horizontal: bool = False,
 ) -> list[kir.Tree]:
     """The tree functions of ``plan`` (``kernels``: by statement, the kernels there are).
     Calls one after another at the same loop values launch one fused kernel where
-    ``codegen.fuse`` can make one; ``fused`` collects them (by their statements)."""
+    ``codegen.fuse`` can make one (``horizontal``: also where it can only put independent
+    kernels one after the other, ``fuse.concat``); ``fused`` collects them (by their
+    statements)."""
     recorded = {sid for _, sid, _ in plan.outputs + plan.metrics}
     fused = {} if fused is None else fused
     refused: set[tuple] = set()  # the runs fuse() refused (a run recurs in the tree)
@@ -36,7 +41,7 @@ def lower_tree(
     for k, item in enumerate(plan.tree):
         if isinstance(item, (Free, SwapIn, SwapOut)):
             continue
-        low = _Tree(plan, kernels, recorded, fused, refused)
+        low = _Tree(plan, kernels, recorded, fused, refused, horizontal)
         if isinstance(item, PlanLoop):
             params = (item.var,)
             body = low.items(item.body)
@@ -49,9 +54,17 @@ def lower_tree(
 
 
 class _Tree:
-    def __init__(self, plan: Plan, kernels: dict, recorded: set, fused: dict, refused: set):
+    def __init__(
+        self,
+        plan: Plan,
+        kernels: dict,
+        recorded: set,
+        fused: dict,
+        refused: set,
+        horizontal: bool = False,
+    ):
         self.plan, self.kernels, self.recorded = plan, kernels, recorded
-        self.fused, self.refused = fused, refused
+        self.fused, self.refused, self.horizontal = fused, refused, horizontal
         self.launched: dict[str, kir.Kernel] = {}  # by name
 
     def items(self, items) -> list:
@@ -73,7 +86,10 @@ class _Tree:
                 k = self.fused.get(sids)
                 if k is None and sids not in self.refused:
                     a = self.launched[prev.kernel]
-                    k = fuse(a, self.kernels[it.sid], f"f{sids[0]}_{len(self.fused)}")
+                    name = f"f{sids[0]}_{len(self.fused)}"
+                    k = fuse(a, self.kernels[it.sid], name)
+                    if k is None and self.horizontal:
+                        k = concat(a, self.kernels[it.sid], name)
                     if k is None:
                         self.refused.add(sids)
                     else:

@@ -385,7 +385,8 @@ _SIZE = {"bool": 1, "i32": 4, "i64": 8, "f32": 4, "f64": 8}
 class _Step:
     """A step of a kernel (``_Kernel._steps``): ``kind`` serial (``body`` a list of
     statements), parallel (a ``For``, its guard inside; ``form``: its guard's literals),
-    either (parallel loops under exclusive guards, one function; ``form``: each one's
+    either (parallel loops, any two under exclusive guards or touching nothing of each
+    other's, one function; ``form``: each one's
     literals), gemm (a ``Gemm``), reduce (a ``For`` with its ``form``, ``_reduction``, and
     its number, ``_combine``), perm (a ``Permute``'s keys, a pass of its sort or its
     indices: ``form``) or blas (a ``GemmCall``, its gemm the ``form``: no function of
@@ -612,17 +613,26 @@ class _Kernel:
                     passes += 1
                 steps.append(_Step("perm", s, guard, ("out", passes)))
             elif isinstance(pushed, For) and pushed.parallel:
-                flush()
                 loop = _pushed_in(under(guard, pushed))
+                if serial and not _independent_of_run(loop, serial):
+                    flush()
+                # (else the run on one thread, which touches nothing of the loop's, runs
+                # after it: the loop may join the step before the run)
                 prev = steps[-1] if steps else None
+                before = (
+                    () if prev is None else (prev.body if prev.kind == "either" else (prev.body,))
+                )
                 if (
                     prev is not None
                     and prev.kind in ("parallel", "either")
                     and prev.form
-                    and all(_exclusive(lits, other) for other in prev.form)
-                ):  # (one of them runs at a call: one launch for both)
-                    loops = prev.body if prev.kind == "either" else (prev.body,)
-                    steps[-1] = _Step("either", loops + (loop,), form=prev.form + (lits,))
+                    and all(
+                        _exclusive(lits, other) or _independent(other_loop, loop)
+                        for other, other_loop in zip(prev.form, before)
+                    )
+                ):  # (one of them runs at a call, or they touch nothing of each other's:
+                    # one launch for both)
+                    steps[-1] = _Step("either", before + (loop,), form=prev.form + (lits,))
                 else:
                     steps.append(_Step("parallel", loop, form=(lits,)))
             elif guard is not None and last_guard == guard:
@@ -1275,6 +1285,23 @@ def _pushed_in(s):
             return s
         return dataclasses.replace(loop, body=(If(s.cond, loop.body, ()),))
     return s
+
+
+def _independent_of_run(loop: For, run: list) -> bool:
+    """Whether parallel ``loop`` and the statements ``run`` (on one thread) touch nothing
+    of each other's, and the loop reads no local the run assigns."""
+    wl, wr = _written([loop]), _written(run)
+    if wl & _buffers(run) or wr & _buffers([loop]):
+        return False
+    return not _refs([loop]) & set(_lets(run))
+
+
+def _independent(a: For, b: For) -> bool:
+    """Whether parallel loops ``a`` and ``b`` touch nothing of each other's: neither writes
+    a buffer the other reads or writes (their iterations may then run in any order, on any
+    threads)."""
+    wa, wb = _written([a]), _written([b])
+    return not (wa & _buffers([b]) or wb & _buffers([a]))
 
 
 def _lets(body) -> dict:
