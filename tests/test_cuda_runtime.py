@@ -447,19 +447,25 @@ out y
 def test_a_kernel_s_steps_run_over_grids_of_several_blocks():
     """``y`` takes ``x``'s memory: its kernel computes the max and the mean once, each a
     reduction over the grid (its first term on one thread, then 1000 threads, each block's
-    terms combined by a tree, then the blocks' results on one thread), then every point into
-    a temporary, then copies it into the buffer (1000 threads each, over several blocks, the
-    emulation's three, striding over the points)."""
+    terms combined by a tree, the blocks' results combined by the last block to finish, in
+    the same launch), then every point into a temporary, then copies it into the buffer
+    (1000 threads each, over several blocks, the emulation's three, striding over the
+    points)."""
     graph = graph_of(STEPS)
     rt, gen = compiled_run(graph, backend="cuda-emu")
     (sid,) = [s.id for s in gen.plan.statements if gen.plan.buffer(s.id).name == "y"]
     assert gen.plan.buffer(sid).donor is not None
     phases = dict(gen.plan.kernels.launches)[sid]
-    threads = (1, 1000, 1, 1000, 1, 1000, 1000)
-    assert phases == tuple((f"s{sid}_{j}" if j else f"s{sid}", n) for j, n in enumerate(threads))
+    threads = (1, 1000, 1000, 1000, 1000)
+    assert tuple(n for _, n in phases) == threads and phases[0][0] == f"s{sid}"
     assert "(long long)gridDim.x * blockDim.x" in gen.text
+    assert gen.text.count("tl_last = atomicAdd(tl_count(err), 1u)") >= 2
     cpu, _ = compiled_run(graph, backend="cpu")
     same_outputs(rt, cpu, ("y",))
+    # (the last block set the tickets back to 0)
+    record = np.zeros(cuda.RECORD + 1, np.int64)
+    rt.device.download(rt.device._err, record)
+    assert record[cuda.RECORD] == 0
     want = outputs(run_graph(graph))["y"]
     np.testing.assert_allclose(rt.value("y"), want, rtol=1e-5, atol=1e-6)
 
@@ -507,11 +513,12 @@ def test_reductions_and_the_work_under_a_merge_s_conditions_run_on_the_grid():
     graph = graph_of(REDUCTIONS)
     rt, gen = compiled_run(graph, backend="cuda-emu")
     parts = render.PARTS * render.THREADS
-    assert _phases(gen, "s") == (1, 300, 1, 4)
-    assert _phases(gen, "k") == (1, 300, 1, 4)
-    # c: x @ m | its zeros | the rows of terms | the copies added | f32 | into c's buffer
+    assert _phases(gen, "s") == (1, 300, 4)  # (the blocks' results: by the last block)
+    assert _phases(gen, "k") == (1, 300, 4)
+    # c: x @ m | its zeros | the rows of terms, then the copies added by the last block |
+    # f32 | into c's buffer
     every = {_threads(phases) for _, phases in gen.plan.kernels.launches}
-    assert ("blas", 5, parts, 5, 5, 5) in every
+    assert ("blas", 5, parts, 5, 5) in every
     # q: zeros at i = 0, else x * c (one launch: the loops of an if's two branches), then
     # x.T @ (..) and the update
     assert _phases(gen, "q") == (300, "blas", 5)
@@ -653,7 +660,7 @@ def test_a_loop_marked_as_a_reduction_that_is_not_one_runs_on_one_thread():
         return kir.Kernel("s0", 0, (), slots, (), stmts)
 
     _, _, ok = render.render_module([kernel([good])])
-    assert [n for _, n in ok["s0"].phases] == [1, 1000, 1]
+    assert [n for _, n in ok["s0"].phases] == [1, 1000]  # (combined by the last block)
     for body in ([good, leak], [bad_read]):
         _, _, launches = render.render_module([kernel(body)])
         assert [n for _, n in launches["s0"].phases] == [1]

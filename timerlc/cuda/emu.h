@@ -5,7 +5,8 @@
 // that meet at a std::barrier for __syncthreads(), threadIdx and blockIdx their own; the
 // blocks of a grid run one after another. __shared__ variables are static, so shared by a
 // block's threads. Only what the renderer uses is here: x dimensions, __syncthreads,
-// atomicCAS. The header includes no C++ library header, so that a module compiles fast.
+// atomicCAS, atomicAdd, __threadfence. The header includes no C++ library header, so that a
+// module compiles fast.
 #pragma once
 
 #define __global__
@@ -24,6 +25,12 @@ extern "C" unsigned tl_emu_threads();
 extern "C" void tl_emu_run(unsigned blocks, unsigned threads, void (*fn)(void *), void *ctx);
 
 inline void __syncthreads() { tl_emu_sync(); }
+
+inline unsigned atomicAdd(unsigned *at, unsigned value) {
+  return __atomic_fetch_add(at, value, __ATOMIC_SEQ_CST); // the old value
+}
+
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 inline int atomicCAS(int *at, int compare, int value) {
   __atomic_compare_exchange_n(at, &compare, value, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);

@@ -126,6 +126,11 @@ __device__ inline void tl_failed(int *err, int code, long long sid, const tl_arg
   }
 }
 
+/* the blocks' tickets of a reduction whose last block combines the partial results (one
+   counter after the failure record: the calls of kernels with scratch memory never run at
+   once, and the last block sets it back to 0) */
+__device__ inline unsigned *tl_count(int *err) { return (unsigned *)((long long *)err + 10); }
+
 /* integers wrap (two's complement), as LLVM's add/sub/mul and NumPy's do */
 TL_F int tl_add_i32(int a, int b) { return (int)((u32)a + (u32)b); }
 TL_F int tl_sub_i32(int a, int b) { return (int)((u32)a - (u32)b); }
@@ -498,6 +503,7 @@ class _Kernel:
         self.others: set[str] = set()  # the buffers the other steps use
         self.scratch = k.scratch_bytes
         self.rows = False  # (a statement of a loop kernel: cuda/loops.py)
+        self.one_block = False  # (a step run by one block, the last of a reduction's)
 
     def emit(self, depth: int, line: str):
         self.lines.append("  " * depth + line)
@@ -553,15 +559,37 @@ class _Kernel:
         self.scratch = max(self.k.scratch_bytes, offset)
         bufs = [_buffers(st.statements()) for st in steps]
         out = []
-        for j, st in enumerate(steps):
+        j = 0
+        while j < len(steps):
+            st = steps[j]
             if st.kind == "blas":  # (the device's BLAS: no function of ours)
                 self.phases.append(st.body)
+                j += 1
                 continue
             fname = f"{self.k.name}_{j}" if out else self.k.name
-            loads = sorted(v for v in passed if v in used[j] or v in defined[j])
-            stores = sorted(v for v in passed if v in defined[j])
+            # a reduction and the step that combines its results: one function, whose last
+            # block to finish combines them
+            then = None
+            if st.kind == "reduce" and j + 1 < len(steps) and _combines(steps[j + 1], st.number):
+                then = j + 1
+            at = (j,) if then is None else (j, then)
+            loads = sorted(v for v in passed if any(v in used[q] or v in defined[q] for q in at))
+            stores = sorted(v for v in passed if any(v in defined[q] for q in at))
             self.others = set().union(*(b for q, b in enumerate(bufs) if q != j))
-            out.append(self.phase(fname, st, loads, stores, passed))
+            others_then = None
+            if then is not None:
+                others_then = set().union(*(b for q, b in enumerate(bufs) if q != then))
+            out.append(
+                self.phase(
+                    fname,
+                    st,
+                    loads,
+                    stores,
+                    passed,
+                    None if then is None else (steps[then], others_then),
+                )
+            )
+            j += 1 if then is None else 2
         return "\n".join(out)
 
     def _steps(self) -> list[_Step]:
@@ -577,11 +605,13 @@ class _Kernel:
         serial: list = []
         last_guard = None
 
+        combining = False  # (the run on one thread starts by combining a reduction's)
+
         def flush():
-            nonlocal serial, last_guard
+            nonlocal serial, last_guard, combining
             if serial:
                 steps.append(_Step("serial", serial))
-            serial, last_guard = [], None
+            serial, last_guard, combining = [], None, False
 
         def under(guard, s):
             return s if guard is None else If(guard, (s,))
@@ -596,6 +626,7 @@ class _Kernel:
                 steps.append(_Step("reduce", s, guard, form, number))
                 if form[0] == "scalar":  # (the serial step after it starts with it)
                     serial.append(under(guard, combine))
+                    combining = True
                 else:
                     steps.append(_Step("parallel", _pushed_in(under(guard, combine))))
             elif isinstance(s, Gemm):
@@ -614,7 +645,7 @@ class _Kernel:
                 steps.append(_Step("perm", s, guard, ("out", passes)))
             elif isinstance(pushed, For) and pushed.parallel:
                 loop = _pushed_in(under(guard, pushed))
-                if serial and not _independent_of_run(loop, serial):
+                if serial and (combining or not _independent_of_run(loop, serial)):
                     flush()
                 # (else the run on one thread, which touches nothing of the loop's, runs
                 # after it: the loop may join the step before the run)
@@ -787,16 +818,83 @@ class _Kernel:
         body = (For(b, kir.i64(0), nparts, (Store(acc, Ref(q), total),)),)
         return For(q, kir.i64(0), kir.i64(t.size), body, True), n
 
-    def phase(self, fname: str, st: _Step, loads, stores, passed) -> str:
+    def phase(self, fname: str, st: _Step, loads, stores, passed, then=None) -> str:
+        """One step as a function (``then``: the step that combines a reduction's results
+        and what the other steps use, run by the reduction's last block to finish)."""
         self.lines = []
         self.local_temps = set()
         self.jumps = set()
+        self.one_block = False
+        kind, body = st.kind, st.body
+        if kind == "reduce":
+            if then is not None:  # (its own accumulators, apart from the values passed on)
+                self.emit(1, "{")
+            threads = self.reduction(st)
+            if then is not None:
+                self.emit(1, "}")
+                # a temporary the reduction kept per thread or per block: the temporary
+                # itself for the combining step
+                wanted = _buffers(then[0].statements())
+                for t in self.k.temps:
+                    if t.name in self.local_temps and t.name in wanted:
+                        mt = MTYPE[t.dtype]
+                        self.emit(1, f"{mt} *{buf(t.name)} = ({mt} *)(scratch + {t.offset});")
+                self.last_block(then[0], then[1], loads, stores, passed)
+        else:
+            threads = self.step_body(st, loads, stores, passed)
+        self.phases.append((fname, max(1, min(threads, 1 << 31))))
+        head = [
+            (
+                f'extern "C" __global__ void {fname}(void **table, const tl_args args_in, '
+                "char *scratch, int *err, const long long *shift) {"
+            ),
+            "  if (*(volatile int *)err) return;  // an earlier step failed",
+            "  const tl_args args = tl_shifted(args_in, shift);",
+        ]
+        if kind not in ("gemm", "perm"):  # (a product or a permutation cannot fail)
+            head += ["  __shared__ int tl_fail;", "  if (threadIdx.x == 0) tl_fail = 0;"]
+        extra = [p for p in self.parts if p == f"tl_nparts{st.number}"]
+        extra += [p for p in self.parts if p.startswith(f"tl_part{st.number}_")]
+        if kind == "perm":  # (its scratch; its output at the last step only)
+            head += self.pointers([], [body.scratch] + ([body.out] if st.form[0] == "out" else []))
+        else:
+            used = st.statements() + (then[0].statements() if then is not None else [])
+            head += self.pointers(used, extra if kind == "reduce" else ())
+        for v in loads:
+            dt, off = passed[v]
+            head.append(f"  {CTYPE[dt]} {name(v)} = *({CTYPE[dt]} *)(scratch + {off});")
+        if kind not in ("gemm", "perm"):
+            head.append("  __syncthreads();")
+        return "\n".join(head + self.lines + ["}"]) + "\n" + _emu_entry(fname, len(self.k.params))
+
+    def last_block(self, st: _Step, others: set, loads, stores, passed):
+        """After a reduction's partial results: each block takes a ticket, and the last to
+        finish (it sees every block's results) runs step ``st``, which combines them, as a
+        grid of one block."""
+        self.emit(1, "__threadfence();  // (this block's partial results, then its ticket)")
+        self.emit(1, "__shared__ int tl_last;")
+        self.emit(
+            1, "if (threadIdx.x == 0) tl_last = atomicAdd(tl_count(err), 1u) == gridDim.x - 1;"
+        )
+        self.emit(1, "__syncthreads();")
+        self.emit(1, "if (!tl_last) return;  // the last block combines the results")
+        self.emit(1, "__threadfence();")
+        self.emit(1, "if (threadIdx.x == 0) *tl_count(err) = 0;")
+        outside, self.others = self.others, others
+        self.one_block = True
+        self.step_body(st, loads, stores, passed)
+        self.one_block = False
+        self.others = outside
+
+    def step_body(self, st: _Step, loads, stores, passed) -> int:
+        """The lines of a step that is not a reduction; the threads it asks for."""
         kind, body = st.kind, st.body
         if kind == "serial":
             threads = 1
             mine = _lets(body)
             skip = self.label()
-            self.emit(1, "if (blockIdx.x == 0 && threadIdx.x == 0) {")
+            who = "threadIdx.x == 0" if self.one_block else "blockIdx.x == 0 && threadIdx.x == 0"
+            self.emit(1, f"if ({who}) {{")
             for v, dt in mine.items():
                 if v not in loads:
                     self.emit(2, f"{CTYPE[dt]} {name(v)};")
@@ -819,8 +917,6 @@ class _Kernel:
                 self.others = outside | _buffers([x for x in body if x is not loop])
                 self.grid_loop(loop, 1, collapse=True)
             self.others = outside
-        elif kind == "reduce":
-            threads = self.reduction(st)
         elif kind == "perm":
             threads = self.permute(st)
         else:
@@ -834,29 +930,7 @@ class _Kernel:
             )
             if st.guard is not None:
                 self.emit(1, "}")
-        self.phases.append((fname, max(1, min(threads, 1 << 31))))
-        head = [
-            (
-                f'extern "C" __global__ void {fname}(void **table, const tl_args args_in, '
-                "char *scratch, int *err, const long long *shift) {"
-            ),
-            "  if (*(volatile int *)err) return;  // an earlier step failed",
-            "  const tl_args args = tl_shifted(args_in, shift);",
-        ]
-        if kind not in ("gemm", "perm"):  # (a product or a permutation cannot fail)
-            head += ["  __shared__ int tl_fail;", "  if (threadIdx.x == 0) tl_fail = 0;"]
-        extra = [p for p in self.parts if p == f"tl_nparts{st.number}"]
-        extra += [p for p in self.parts if p.startswith(f"tl_part{st.number}_")]
-        if kind == "perm":  # (its scratch; its output at the last step only)
-            head += self.pointers([], [body.scratch] + ([body.out] if st.form[0] == "out" else []))
-        else:
-            head += self.pointers(st.statements(), extra if kind == "reduce" else ())
-        for v in loads:
-            dt, off = passed[v]
-            head.append(f"  {CTYPE[dt]} {name(v)} = *({CTYPE[dt]} *)(scratch + {off});")
-        if kind not in ("gemm", "perm"):
-            head.append("  __syncthreads();")
-        return "\n".join(head + self.lines + ["}"]) + "\n" + _emu_entry(fname, len(self.k.params))
+        return threads
 
     def reduction(self, st: _Step) -> int:
         """A reduction's step (``_reduction``); the threads it asks for. Each block leaves
@@ -996,8 +1070,8 @@ class _Kernel:
         self.local_temps |= mine
         nest = _nest(s) if collapse else [s]
         step = step or "(long long)gridDim.x * blockDim.x"
-        if self.rows:  # (a loop kernel's block: its rows tl_rb ..< tl_re of the loop's)
-            step = "blockDim.x"
+        if self.rows or self.one_block:  # (a loop kernel's block: its rows tl_rb ..< tl_re
+            step = "blockDim.x"  # of the loop's; the last block of a reduction: all of it)
         if len(nest) > 1:
             # a nest of parallel loops is one loop over the grid, each thread one point of
             # the nest (its variables from the point's number, the innermost fastest)
@@ -1007,6 +1081,8 @@ class _Kernel:
             first = "(long long)blockIdx.x * blockDim.x + threadIdx.x"
             if self.rows:
                 count, first = f"tl_re * {inner}LL", f"tl_rb * {inner}LL + threadIdx.x"
+            elif self.one_block:
+                first = "(long long)threadIdx.x"
             self.emit(depth, f"for (long long tl_g = {first}; tl_g < {count}; tl_g += {step}) {{")
             self.emit(depth + 1, "long long tl_r = tl_g;")
             for x in reversed(nest[1:]):
@@ -1023,6 +1099,8 @@ class _Kernel:
                 first or f"({self.expr(s.lo)}) + (long long)blockIdx.x * blockDim.x + threadIdx.x"
             )
             hi = self.expr(s.hi)
+            if self.one_block:
+                first = f"({self.expr(s.lo)}) + threadIdx.x"
             if self.rows:
                 lo = self.expr(s.lo)
                 first, hi = f"({lo}) + tl_rb + threadIdx.x", f"({lo}) + tl_re"
@@ -1285,6 +1363,15 @@ def _pushed_in(s):
             return s
         return dataclasses.replace(loop, body=(If(s.cond, loop.body, ()),))
     return s
+
+
+def _combines(st: _Step, number: int) -> bool:
+    """Whether step ``st`` starts by combining reduction ``number``'s partial results
+    (``_Kernel._combine``)."""
+    first = st.statements()[:1]
+    return st.kind in ("serial", "parallel") and any(
+        isinstance(s, For) and s.var == f"tl_b{number}" for s in kir.walk_tree(first)
+    )
 
 
 def _independent_of_run(loop: For, run: list) -> bool:

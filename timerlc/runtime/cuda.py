@@ -99,8 +99,9 @@ class EmuDevice:
         self._arenas: dict[int, np.ndarray] = {}
         self._freed: collections.deque = collections.deque(maxlen=self.QUARANTINE)
         self._recording: list | None = None  # a graph's work while it is captured
-        self._err = self.alloc(8 * RECORD)  # the launches' failure record (code 0: none)
-        self.zero(self._err, 8 * RECORD)
+        # the launches' failure record (code 0: none), then a reduction's ticket counter
+        self._err = self.alloc(8 * (RECORD + 1))
+        self.zero(self._err, 8 * (RECORD + 1))
 
     def describe(self) -> str:
         return "the host, emulating the grids of blocks (timerlc/cuda/emu.h)"
@@ -249,7 +250,7 @@ class EmuDevice:
         record = tuple((ctypes.c_int64 * RECORD).from_address(self._err))
         code = ctypes.c_int32.from_address(self._err).value
         if code:
-            self.zero(self._err, 8 * RECORD)
+            self.zero(self._err, 8 * (RECORD + 1))
         return code, record[1], record[2:]
 
     def code(self) -> int:
@@ -327,7 +328,8 @@ class CupyDevice:
         self.cp, self._driver = cupy, driver
         self._mem: dict[int, object] = {}
         self._arenas: dict[int, object] = {}
-        self._err = cupy.zeros(RECORD, cupy.int64)  # the failure record (tl_failed)
+        # the failure record (tl_failed), then a reduction's ticket counter (tl_count)
+        self._err = cupy.zeros(RECORD + 1, cupy.int64)
         self._code = np.zeros(RECORD, np.int64)
         # a stream of its own (a graph is captured from a stream other than the legacy
         # default one), made current, and synchronizing with the default stream (CuPy's
