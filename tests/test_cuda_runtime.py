@@ -1053,3 +1053,121 @@ def test_cupy_device_s_copies_hand_cupy_a_c_void_p():
     code, sid, values = dev.failure()
     assert (code, sid, values[:3]) == (7, 73, (3, 17, 0))
     assert dev.code() == 0  # read, then cleared
+
+
+# a metric each iteration; the take fails at i = 4 where FAR > 0
+METRIC_THEN_FAIL = """
+config I = 6, K = 300, FAR = 1000
+dim i < I
+dim k < K
+c[k] = f32(k)
+s[0, k] = c[k]
+s[i, k] = s[i-1, k] + take(c[0:K], k + i // 4 * FAR) * 0.5
+m[i] = sum(s[i, 0:K])
+metric m
+"""
+
+
+def _metric_run(gen, async_metrics: bool):
+    got: list = []
+    device = EmuDevice()
+    reads = [0]
+    failure = device.failure
+
+    def counted():
+        reads[0] += 1
+        return failure()
+
+    device.failure = counted
+    rt = DeviceRuntime(
+        gen.plan,
+        lambda *m: got.append(m),
+        text=gen.text,
+        device=device,
+        async_metrics=async_metrics,
+    )
+    return rt, got, reads
+
+
+@needs_cxx
+def test_metrics_come_down_without_the_host_waiting_for_them():
+    """A metric's values are copied down in the launches' stream with the failure record,
+    and handed on once the device got there: the same rows in the same order as when the
+    host read each (a wait for the device), with fewer reads of the failure record."""
+    from timerlc.compiler import generate_code
+
+    path = PROGRAMS / "ppo.rtl"
+    sets = {"B": "8", "T": "16", "total_steps": "384"}
+    graph = check_source(Source(str(path), path.read_text()), overrides=sets)
+    gen = generate_code(compile_plan(run_passes(graph)), target="cuda")
+    rows, waits = {}, {}
+    for on in (False, True):
+        rt, got, reads = _metric_run(gen, on)
+        rt.run()
+        rt.envs.close()
+        rows[on], waits[on] = got, reads[0]
+    assert rows[True] == rows[False] and len(rows[True]) == 21
+    assert waits[True] < waits[False]
+
+
+@needs_cxx
+def test_the_metrics_before_a_failure_are_handed_on_then_the_failure_explained():
+    graph = graph_of(METRIC_THEN_FAIL)
+    from timerlc.compiler import generate_code
+
+    gen = generate_code(compile_plan(run_passes(graph)), target="cuda")
+    want_rows: list = []
+    with pytest.raises(RunError) as want:
+        compiled_run(graph, lambda *m: want_rows.append(m), backend="cpu")
+    assert "at i=4" in str(want.value)
+    for on in (False, True):
+        rt, got, _ = _metric_run(gen, on)
+        with pytest.raises(RunError) as e:
+            rt.run()
+        assert str(e.value) == str(want.value)
+        assert [m[1] for m in got] == [{"i": i} for i in range(4)]
+        np.testing.assert_allclose([m[2] for m in got], [m[2] for m in want_rows], rtol=1e-6)
+
+
+def test_cupy_device_s_snapshot_copies_in_the_launches_stream_without_waiting():
+    """``CupyDevice.snapshot`` against a stand-in for CuPy: the values' bytes and the
+    failure record copied device-to-host into pinned memory in the launches' stream, then
+    an event recorded there (``ready`` asks it, ``wait`` waits for it)."""
+    from types import SimpleNamespace
+
+    log = []
+
+    class _Event:
+        done = False
+
+        def record(self, stream):
+            log.append(("record", stream.name))
+
+        def synchronize(self):
+            log.append(("synchronize",))
+
+    def memcpy(dst, src, nbytes, kind, stream):
+        log.append(("copy", src, nbytes, kind, stream))
+
+    dev = object.__new__(cuda.CupyDevice)
+    dev.cp = SimpleNamespace(
+        cuda=SimpleNamespace(
+            Event=_Event,
+            alloc_pinned_memory=lambda n: bytearray(n),
+            runtime=SimpleNamespace(memcpyAsync=memcpy),
+        )
+    )
+    dev._stream_obj = SimpleNamespace(name="launches", ptr=77)
+    dev._stream = 77
+    dev._err = SimpleNamespace(data=SimpleNamespace(ptr=5000))
+    snap = dev.snapshot(1000, 12)
+    values, record, _ = snap
+    assert values.nbytes == 12 and record.dtype == np.int64 and len(record) == cuda.RECORD
+    assert log == [
+        ("copy", 1000, 12, 2, 77),
+        ("copy", 5000, 8 * cuda.RECORD, 2, 77),
+        ("record", "launches"),
+    ]
+    assert dev.ready(snap) is False
+    dev.wait(snap)
+    assert log[-1] == ("synchronize",)

@@ -27,6 +27,7 @@ the device before them and the failure code read back after them.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import dataclasses
 import heapq
@@ -239,6 +240,23 @@ class EmuDevice:
         """A point in the device's work (``elapsed`` between two): here, the host's clock
         (the emulation runs a launch before it returns)."""
         return time.perf_counter()
+
+    def snapshot(self, ptr: int, nbytes: int):
+        """A copy of ``nbytes`` at ``ptr`` and of the failure record, made when the device
+        gets there (``ready``, ``wait``; ``DeviceRuntime.emit``): here at once."""
+        self._check(ptr, nbytes)
+        self._idle("a copy from the device")
+        values = np.empty(max(nbytes, 1), np.uint8)
+        ctypes.memmove(values.ctypes.data, ptr, nbytes)
+        record = np.empty(RECORD, np.int64)
+        ctypes.memmove(record.ctypes.data, self._err, 8 * RECORD)
+        return values, record, None
+
+    def ready(self, snap) -> bool:
+        return True
+
+    def wait(self, snap):
+        pass
 
     def elapsed(self, start, end) -> float:
         return end - start
@@ -561,6 +579,30 @@ class CupyDevice:
             ldc,
         )
 
+    def snapshot(self, ptr: int, nbytes: int):
+        """Copies of ``nbytes`` at ``ptr`` and of the failure record into pinned host
+        memory, queued in the launches' stream (the host does not wait), and an event after
+        them (``ready``: whether the device got there; ``wait``: until it does)."""
+        cp = self.cp
+        size = max(nbytes, 1) + 8 * RECORD
+        mem = cp.cuda.alloc_pinned_memory(size)
+        host = np.frombuffer(mem, np.uint8, size)
+        to_host = 2  # (cudaMemcpyDeviceToHost)
+        cp.cuda.runtime.memcpyAsync(host.ctypes.data, ptr, nbytes, to_host, self._stream)
+        at = host.ctypes.data + max(nbytes, 1)
+        cp.cuda.runtime.memcpyAsync(at, self._err.data.ptr, 8 * RECORD, to_host, self._stream)
+        event = cp.cuda.Event()
+        event.record(self._stream_obj)
+        values = host[: max(nbytes, 1)]
+        record = host[max(nbytes, 1) :].view(np.int64)
+        return values, record, (event, mem)
+
+    def ready(self, snap) -> bool:
+        return snap[2][0].done
+
+    def wait(self, snap):
+        snap[2][0].synchronize()
+
     def mark(self):
         """A point in the device's work: a CUDA event recorded in the launches' stream (a
         profile's; ``elapsed`` between two)."""
@@ -654,12 +696,15 @@ class DeviceRuntime(CpuRuntime):
         graphs: bool = True,
         time_graphs: bool = False,
         loops: bool = True,
+        async_metrics: bool = True,
     ):
         """``graphs``: replay the runs of the tree that only launch as CUDA graphs
         (``runtime/graphs.py``; not while profiling, which times each call, nor without the
         arena, where a buffer's address can change); ``time_graphs``: the device's seconds
         in each run's replays (``graph_seconds``: marks around each replay); ``loops``: run
-        the plan's loop kernels (``kernels.loops``; not while profiling)."""
+        the plan's loop kernels (``kernels.loops``; not while profiling);
+        ``async_metrics``: a metric's values come down without the host waiting for them
+        (``emit``)."""
         from timerlc.runtime.native import check_kernels
 
         check_kernels(plan, text)
@@ -730,6 +775,9 @@ class DeviceRuntime(CpuRuntime):
         self._loop_parts: dict[int, tuple[int, ...]] = {}
         self._loop_scope: dict[int, tuple[str, ...]] = {}
         self.use_loops = loops and not profile and bool(plan.kernels.loops)
+        self.async_metrics = async_metrics
+        # metrics on their way down: (name, dims, points, the device's copy, offset, dtype)
+        self._metrics: collections.deque = collections.deque()
         loop_scratch = [n for _, _, n in plan.kernels.loops] if self.use_loops else []
         self._scratch = self._alloc(
             max([8] + [n for _, _, n in plan.kernels.statements] + fused_scratch + loop_scratch)
@@ -1348,8 +1396,66 @@ class DeviceRuntime(CpuRuntime):
             got[1] += 1
         self._graph_marks = []
 
+    # ------------------------------------------------------------------ metrics
+    def emit(self, nid: int, batch):
+        """A metric's values at the points of a call: where the device holds them, copied
+        down in the launches' stream with the failure record (``snapshot``), and handed to
+        ``on_metric`` once the device got there (``_deliver``: at a later metric, at the
+        run's end), in order; the host does not wait for the device (a read of the values
+        did, once per metric call). A copy whose record shows a failure hands nothing on:
+        the failure is explained instead, as before."""
+        if self.on_metric is None:
+            return
+        bufs = self.buffers[nid]
+        if not self.async_metrics or self.fresh.get(nid) != DEVICE or bufs is None:
+            self._deliver(block=True)
+            super().emit(nid, batch)
+            return
+        st = self.statements[nid]
+        host = bufs[0]
+        if st.dims:
+            cols = [batch.coords[d] for d in st.dims]
+            order = np.lexsort(list(reversed(cols)))
+            points = [tuple(int(c[k]) for c in cols) for k in order]
+        else:
+            points = [()]
+        flat = [int(np.ravel_multi_index(p, host.shape)) if p else 0 for p in points]
+        lo, hi = min(flat), max(flat) + 1
+        size = host.dtype.itemsize
+        snap = self.device.snapshot(self.dev[nid][0] + lo * size, (hi - lo) * size)
+        at = [f - lo for f in flat]
+        self._metrics.append((self.metric_of[nid], st.dims, points, at, snap, host.dtype))
+        self.downloaded += (hi - lo) * size
+        self._deliver(block=False)
+
+    def _deliver(self, block: bool, settle: bool = True):
+        """Hand the metrics whose copies the device made to ``on_metric``, in order
+        (``block``: all, waiting for the device). A copy whose failure record is set stops
+        there: ``settle`` explains the failure (raises)."""
+        while self._metrics:
+            name, dims, points, at, snap, dtype = self._metrics[0]
+            if not block and not self.device.ready(snap):
+                return
+            self.device.wait(snap)
+            values, record, _ = snap
+            if int(record[:1].view(np.int32)[0]):
+                if settle:
+                    self._settle(final=True)  # (explains the failure: raises)
+                return
+            self._metrics.popleft()
+            got = values.view(dtype)
+            for p, k in zip(points, at):
+                self.on_metric(name, dict(zip(dims, p)), got[k][()])
+
     def run(self):
-        super().run()
+        try:
+            super().run()
+        except BaseException:
+            # the metrics of the calls before the error: handed on (nothing lost)
+            with contextlib.suppress(Exception):
+                self._deliver(block=True, settle=False)
+            raise
+        self._deliver(block=True)
         if self.profile:
             self._read_marks()
         if self._graph_marks:
