@@ -255,3 +255,22 @@ def test_a_loop_row_that_matches_no_loop_is_refused():
     with pytest.raises(items.PlanError, match="matches no loop"):
         DeviceRuntime(plan, text=gen.text, device=EmuDevice())
     assert LOOP > (1 << 40)
+
+
+def test_a_row_s_elements_are_spread_over_the_block_s_threads():
+    """A parallel loop over the rows whose body is a loop over a row's elements that only
+    stores, each iteration its own element (the policy's layers: 64 units a row): one loop
+    over the block's points, a thread per (row, unit), not a thread per row; a loop whose
+    iterations meet (a store read back, a sum, a draw) stays on the row's thread."""
+    gen = _ppo()
+    text = gen.text
+    lk = next(lk for lk in gen.plan.kernels.loops if len(lk[0]) == 5)
+    assert lk and "tl_g = tl_rb * 64LL + threadIdx.x; tl_g < tl_re * 64LL" in text
+    x = kir.Load("x", kir.Ref("e"), "f32")
+    own = kir.Store("y", kir.Ref("e"), kir.Un("tanh", x, "f32"))
+    assert loops._independent_elements(kir.For("e", kir.i64(0), kir.i64(64), (own,)))
+    back = kir.Store("y", kir.i64(0), kir.Load("y", kir.Ref("e"), "f32"))
+    same = kir.Store("y", kir.i64(0), x)
+    acc = kir.Let("a", "f32", x)
+    for body in ((back,), (same,), (acc,), (own, back)):
+        assert not loops._independent_elements(kir.For("e", kir.i64(0), kir.i64(64), body))
