@@ -846,7 +846,11 @@ class DeviceRuntime(CpuRuntime):
                 self._release(ptr)
 
     def _set(self, sid: int, bufs, donor: int | None = None):
-        self._settle()  # (a buffer freed, donated or zeroed: a failed call's inputs kept)
+        if bufs is None or donor is not None:
+            # (a buffer freed or donated: a failed call's inputs kept). New arrays need no
+            # wait: the bytes they are zeroed in were freed, and a free waits, so no call
+            # still unread can have read them
+            self._settle()
         super()._set(sid, bufs, donor)
         if bufs is None:
             self._release_buffer(sid)
@@ -1313,8 +1317,9 @@ class DeviceRuntime(CpuRuntime):
         Kernels do not wait to be checked: a failure sets the record (``tl_failed``: the
         code, the statement, the call's loop values) and every launch after it returns at
         once, so the device's buffers stay as the failing call left them. The host waits
-        only before it reads the device's values, writes a buffer, or frees, donates or
-        zeroes one (each calls this first), so a failed call's inputs are intact here: the
+        only before it reads the device's values, writes a buffer, or frees or donates one
+        (each calls this first; a new buffer is zeroed in bytes a free released, after its
+        wait), so a failed call's inputs are intact here: the
         interpreter computes that call again to say what failed, as after a cpu kernel. A
         failure no pending call accounts for is a kernel the plan says cannot fail
         (``kernels.unfailing``; a crafted plan)."""
