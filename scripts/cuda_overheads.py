@@ -193,6 +193,9 @@ def _idle():
         def failure(self):
             return 0, 0, ()
 
+        def snapshot(self, ptr, nbytes):  # (no failure: its record is never zeroed here)
+            return np.zeros(max(nbytes, 1), np.uint8), np.zeros(10, np.int64), None
+
     return Idle()
 
 

@@ -568,28 +568,26 @@ class _Kernel:
                 continue
             fname = f"{self.k.name}_{j}" if out else self.k.name
             # a reduction and the step that combines its results: one function, whose last
-            # block to finish combines them
-            then = None
+            # block to finish combines them, and goes on with the small steps after it that
+            # cannot fail (one block does them: the bias gradient's cast and copy)
+            tail: list[int] = []
             if st.kind == "reduce" and j + 1 < len(steps) and _combines(steps[j + 1], st.number):
-                then = j + 1
-            at = (j,) if then is None else (j, then)
+                tail = [j + 1]
+                while (
+                    tail[-1] + 1 < len(steps)
+                    and not _fails(steps[tail[-1]])
+                    and _small(steps[tail[-1] + 1])
+                ):
+                    tail.append(tail[-1] + 1)
+            at = (j, *tail)
             loads = sorted(v for v in passed if any(v in used[q] or v in defined[q] for q in at))
             stores = sorted(v for v in passed if any(v in defined[q] for q in at))
             self.others = set().union(*(b for q, b in enumerate(bufs) if q != j))
-            others_then = None
-            if then is not None:
-                others_then = set().union(*(b for q, b in enumerate(bufs) if q != then))
-            out.append(
-                self.phase(
-                    fname,
-                    st,
-                    loads,
-                    stores,
-                    passed,
-                    None if then is None else (steps[then], others_then),
-                )
-            )
-            j += 1 if then is None else 2
+            then = [
+                (steps[t], set().union(*(b for q, b in enumerate(bufs) if q != t))) for t in tail
+            ]
+            out.append(self.phase(fname, st, loads, stores, passed, then or None))
+            j += 1 + len(tail)
         return "\n".join(out)
 
     def _steps(self) -> list[_Step]:
@@ -834,12 +832,12 @@ class _Kernel:
                 self.emit(1, "}")
                 # a temporary the reduction kept per thread or per block: the temporary
                 # itself for the combining step
-                wanted = _buffers(then[0].statements())
+                wanted = set().union(*(_buffers(t.statements()) for t, _ in then))
                 for t in self.k.temps:
                     if t.name in self.local_temps and t.name in wanted:
                         mt = MTYPE[t.dtype]
                         self.emit(1, f"{mt} *{buf(t.name)} = ({mt} *)(scratch + {t.offset});")
-                self.last_block(then[0], then[1], loads, stores, passed)
+                self.last_block(then, loads, stores, passed)
         else:
             threads = self.step_body(st, loads, stores, passed)
         self.phases.append((fname, max(1, min(threads, 1 << 31))))
@@ -858,7 +856,7 @@ class _Kernel:
         if kind == "perm":  # (its scratch; its output at the last step only)
             head += self.pointers([], [body.scratch] + ([body.out] if st.form[0] == "out" else []))
         else:
-            used = st.statements() + (then[0].statements() if then is not None else [])
+            used = st.statements() + [x for t, _ in then or () for x in t.statements()]
             head += self.pointers(used, extra if kind == "reduce" else ())
         for v in loads:
             dt, off = passed[v]
@@ -867,10 +865,11 @@ class _Kernel:
             head.append("  __syncthreads();")
         return "\n".join(head + self.lines + ["}"]) + "\n" + _emu_entry(fname, len(self.k.params))
 
-    def last_block(self, st: _Step, others: set, loads, stores, passed):
+    def last_block(self, then: list, loads, stores, passed):
         """After a reduction's partial results: each block takes a ticket, and the last to
-        finish (it sees every block's results) runs step ``st``, which combines them, as a
-        grid of one block."""
+        finish (it sees every block's results) runs the steps ``then`` (each with what the
+        other steps use), the first of which combines them, as a grid of one block, its
+        threads meeting between two."""
         self.emit(1, "__threadfence();  // (this block's partial results, then its ticket)")
         self.emit(1, "__shared__ int tl_last;")
         self.emit(
@@ -880,9 +879,13 @@ class _Kernel:
         self.emit(1, "if (!tl_last) return;  // the last block combines the results")
         self.emit(1, "__threadfence();")
         self.emit(1, "if (threadIdx.x == 0) *tl_count(err) = 0;")
-        outside, self.others = self.others, others
+        outside = self.others
         self.one_block = True
-        self.step_body(st, loads, stores, passed)
+        for k, (st, others) in enumerate(then):
+            if k:
+                self.emit(1, "__syncthreads();")
+            self.others = others
+            self.step_body(st, loads, stores, passed)
         self.one_block = False
         self.others = outside
 
@@ -1363,6 +1366,27 @@ def _pushed_in(s):
             return s
         return dataclasses.replace(loop, body=(If(s.cond, loop.body, ()),))
     return s
+
+
+TAIL_THREADS = 1024  # the most a step after a reduction's combination may ask to join it
+
+
+def _fails(st: _Step) -> bool:
+    return any(isinstance(s, Fail) for s in kir.walk_tree(st.statements()))
+
+
+def _small(st: _Step) -> bool:
+    """Whether step ``st`` may run in a reduction's last block: a run on one thread, or
+    parallel loops of at most ``TAIL_THREADS`` points, none able to fail."""
+    if _fails(st):
+        return False
+    if st.kind == "serial":
+        return True
+    if st.kind == "parallel":
+        return _grid_extent(st.body) <= TAIL_THREADS
+    if st.kind == "either":
+        return all(_grid_extent(loop) <= TAIL_THREADS for loop in st.body)
+    return False
 
 
 def _combines(st: _Step, number: int) -> bool:

@@ -1446,6 +1446,10 @@ class DeviceRuntime(CpuRuntime):
             if int(record[:1].view(np.int32)[0]):
                 if settle:
                     self._settle(final=True)  # (explains the failure: raises)
+                    raise RunError(
+                        "internal error: a metric's copy shows a failure the device's record "
+                        "does not"
+                    )
                 return
             self._metrics.popleft()
             got = values.view(dtype)
