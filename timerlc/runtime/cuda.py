@@ -771,7 +771,10 @@ class DeviceRuntime(CpuRuntime):
         fused_scratch = [n for n, _ in plan.kernels.fused_launches]
         # loop kernels (plan.kernels.loops): each a statement of its own to the tree, its id
         # LOOP + its index, standing for a loop whose function is named after it
-        self._loop_rows: dict[str, int] = {}  # function -> LOOP + index (while building)
+        # per loop kernel's function, its id (None: the loop runs as the tree's), and the
+        # rows of kernels.loops that found their loop (made at the first build of the tree)
+        self._loop_named: dict[str, int | None] | None = None
+        self._loop_used: set[int] = set()
         self._loop_parts: dict[int, tuple[int, ...]] = {}
         self._loop_scope: dict[int, tuple[str, ...]] = {}
         self.use_loops = loops and not profile and bool(plan.kernels.loops)
@@ -1078,17 +1081,16 @@ class DeviceRuntime(CpuRuntime):
             return list(items)
         from timerlc.cuda.loops import body_calls, function_name
 
-        top = not self._loop_rows
+        top = self._loop_named is None
         if top:  # (the whole tree, the first time: then every row must have found its loop)
-            self._loop_rows = {"": -1}
-            self._loop_named: dict[str, int | None] = {}
-            self._loop_used: set[int] = set()
+            self._loop_named = {}
         out = []
         for it in items:
             if isinstance(it, Loop):
                 name = function_name(scope, it)
-                lid = self._loop_named.get(name)
-                if lid is None:
+                if name in self._loop_named:
+                    lid = self._loop_named[name]
+                else:
                     lid = self._loop_kernel(name, it, scope, body_calls(it))
                 if lid is not None:
                     out.append(Call(lid, tuple(scope)))
