@@ -542,24 +542,30 @@ p[i] = permutation(N)
 q[i] = permutation(3)
 c[0] = 0
 c[i] = c[i-1] + sum(permutation(N)[0:7])
-out p, q, c
+d[0] = 0
+d[i] = d[i-1] + sum(permutation(5000)[0:9])
+out p, q, c, d
 """
 
 
 @needs_cxx
 def test_a_permutation_sorts_its_draws_on_the_grid():
-    """``permutation(1000)`` in a kernel of its own (not one per point): its keys, then the
-    10 passes of a merge sort by rank, then the indices, then their copy into the buffer,
-    each a step over 1000 threads; the same permutations as the cpu's and the reference's,
-    bit for bit."""
+    """``permutation(1000)`` in a kernel of its own (not one per point): its keys and the 10
+    passes of a merge sort by rank in one step (a block a tile of 2048 keys, its threads
+    meeting between two passes), then the indices, then their copy into the buffer, steps
+    over 1000 threads. ``permutation(5000)``: 3 tiles, 11 passes within them, then the 2
+    passes over the whole, each a step of its own. The same permutations as the cpu's and
+    the reference's, bit for bit."""
     graph = graph_of(PERMUTATIONS)
     rt, gen = compiled_run(graph, backend="cuda-emu")
     every = {_threads(phases) for _, phases in gen.plan.kernels.launches}
-    assert (1000,) * 13 in every
+    tile = render.THREADS
+    assert (tile, 1000, 1000) in every
+    assert (3 * tile, 5000, 5000, 5000, 5000) in every
     cpu, _ = compiled_run(graph, backend="cpu")
-    same_outputs(rt, cpu, ("p", "q", "c"))
+    same_outputs(rt, cpu, ("p", "q", "c", "d"))
     want = outputs(run_graph(graph))
-    for name in ("p", "q", "c"):
+    for name in ("p", "q", "c", "d"):
         np.testing.assert_array_equal(rt.value(name), want[name])
 
 

@@ -10,24 +10,27 @@ loop: a block of threads can run the whole loop for a few environments (its *row
 own, its threads meeting at ``__syncthreads`` between two steps, with no other block to
 wait for. The loop is then one launch (``render_loop``):
 
-- each block takes rows ``tl_rb ..< tl_re`` of the row dim (``ROWS_PER_BLOCK``: as many as
-  make a block's threads busy in the widest step), then the next ``gridDim.x`` blocks'
-  worth; for each it runs the loop, and at every iteration each call of the body: its loop
+- each block takes rows ``tl_rb ..< tl_re`` of the row dim (as many as make a block's
+  threads busy in the widest step: ``THREADS`` over its points a row), then the next
+  ``gridDim.x`` blocks' worth; for each it runs the loop, and at every iteration each call of the body: its loop
   values computed from the loop's variable and the values of the loops around (passed by
   value, as a launch's), checked against the statement's box (else the failure code
   ``LOOP_BOX``: the runtime says which call left its box), then the statement's steps, a
   parallel loop over the block's rows' points, a product computed element by element (its
   rows the block's: no cuBLAS), a run of checks on one thread;
-- every statement's temporaries have scratch memory of their own (``layout``): blocks run
-  different statements at once;
+- every temporary of every statement has scratch memory of its own (``layout``): blocks
+  run different statements at once; a row's element loop that only stores is spread over
+  the block's threads (``_spread``);
 - a failure sets the block's code, which it records (``tl_failed``) and stops; every block
   stops at its next iteration once the record is set.
 
-``analyze`` proves the rows independent on the kernel IR, or the loop is launched as before:
-every buffer the loop writes is written and read only at indices ``C * row + f`` with one
-``C`` for all of them, and ``f`` (over the ranges of the other loops' variables, the loop's
-own variable taking any of its values on either side) keeps two rows' elements apart
-(``|C|`` at least ``f``'s spread plus an element). The other buffers (the parameters) are
+``_RowKernel.analyze`` notes each call's accesses and ``_Facts.check`` proves the rows
+independent on the kernel IR, or the loop is launched as before: every buffer the loop
+writes is written and read only at byte offsets ``C * row + f`` with one ``C != 0`` for all
+of them, and no two rows' elements meet (``_rows_apart``: ``f``'s spread over the ranges of
+the other loops' variables, the loop's own variable taking any of its values on either
+side, narrowed by the conditions around the access; or, the terms that are multiples of a
+larger stride taken apart, only at the same step). The other buffers (the parameters) are
 read only. A product's operand that the loop writes is row-major with the row dim.
 """
 

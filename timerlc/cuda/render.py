@@ -379,6 +379,9 @@ def head() -> str:
 ARGS = 8  # the most loop values a kernel takes (``tl_args`` in PRELUDE)
 THREADS = 128  # of a block: the device runtime launches every function with blocks of them
 PARTS = 256  # the most blocks a reduction's step runs on (a partial result each)
+# a permutation's merge sort: the passes whose runs lie within a tile of 2^this keys run in
+# one step, a block a tile (its threads meeting between two passes)
+PERM_TILE_PASSES = 11
 # a reduction or a permutation of fewer terms stays on its serial step's thread (two or more
 # launches more would cost more than the terms)
 GRID_TERMS = 512
@@ -635,12 +638,16 @@ class _Kernel:
                 )
             elif isinstance(s, Permute) and s.n >= GRID_TERMS:
                 flush()
-                steps.append(_Step("perm", s, guard, ("keys",)))
-                passes = 0
-                while (1 << passes) < s.n:
+                total = 0
+                while (1 << total) < s.n:
+                    total += 1
+                # the keys and the passes whose runs lie within a tile: one step, a block a
+                # tile; then a step per pass over the whole
+                local = min(total, PERM_TILE_PASSES)
+                steps.append(_Step("perm", s, guard, ("tile", local)))
+                for passes in range(local, total):
                     steps.append(_Step("perm", s, guard, ("pass", passes)))
-                    passes += 1
-                steps.append(_Step("perm", s, guard, ("out", passes)))
+                steps.append(_Step("perm", s, guard, ("out", total)))
             elif isinstance(pushed, For) and pushed.parallel:
                 loop = _pushed_in(under(guard, pushed))
                 if serial and (combining or not _independent_of_run(loop, serial)):
@@ -1034,19 +1041,48 @@ class _Kernel:
 
     def permute(self, st: _Step) -> int:
         """A step of a permutation on the grid (``tl_perm_key``, ``tl_perm_merge``): its
-        keys into the first half of its scratch, a pass of the merge sort (from one half
-        into the other), or the indices out of the half the last pass wrote; the threads."""
+        keys into the first half of its scratch and the passes of the merge sort whose runs
+        lie within a tile (``PERM_TILE_PASSES``: a block a tile, its threads meeting between
+        two passes, each from one half into the other), a pass over the whole, or the
+        indices out of the half the last pass wrote; the threads."""
         s, what = st.body, st.form
         keys = f"(u64 *){buf(s.scratch)}"
         depth = self.open_guard(st)
+        if what[0] == "tile":  # a block a tile: its keys, then the passes within it
+            tile = 1 << PERM_TILE_PASSES
+            self.emit(
+                depth,
+                f"for (long long tl_t = blockIdx.x; tl_t * {tile}LL < {s.n}LL; "
+                "tl_t += gridDim.x) {",
+            )
+            self.emit(depth + 1, f"const long long lo = tl_t * {tile}LL;")
+            self.emit(
+                depth + 1,
+                f"const long long hi = lo + {tile}LL < {s.n}LL ? lo + {tile}LL : {s.n}LL;",
+            )
+            self.emit(depth + 1, "for (long long e = lo + threadIdx.x; e < hi; e += blockDim.x)")
+            self.emit(depth + 2, f"tl_perm_key({s.seed}, {s.site}, {self.expr(s.p)}, e, {keys});")
+            for p in range(what[1]):
+                src, dst = (s.n, 0) if p % 2 else (0, s.n)
+                self.emit(depth + 1, "__syncthreads();")
+                self.emit(
+                    depth + 1, "for (long long e = lo + threadIdx.x; e < hi; e += blockDim.x)"
+                )
+                self.emit(
+                    depth + 2,
+                    f"tl_perm_merge({keys} + {src}, {keys} + {dst}, {s.n}LL, {1 << p}LL, e);",
+                )
+            self.emit(depth + 1, "__syncthreads();")
+            self.emit(depth, "}")
+            if st.guard is not None:
+                self.emit(1, "}")
+            return -(-s.n // tile) * THREADS  # (a block a tile)
         self.emit(
             depth,
             f"for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {s.n}LL; "
             "e += (long long)gridDim.x * blockDim.x) {",
         )
-        if what[0] == "keys":
-            line = f"tl_perm_key({s.seed}, {s.site}, {self.expr(s.p)}, e, {keys});"
-        elif what[0] == "pass":
+        if what[0] == "pass":
             src, dst = (s.n, 0) if what[1] % 2 else (0, s.n)
             line = f"tl_perm_merge({keys} + {src}, {keys} + {dst}, {s.n}LL, {1 << what[1]}LL, e);"
         else:
