@@ -72,7 +72,8 @@ def check(name: str, device, graphs: bool = True) -> float:
     print(
         f"{name:14s} {rt.launches:6d} launches, {rt.blas_calls:4d} BLAS products, "
         f"device peak {rt.device_peak_bytes:9d} B (arena {rt.layout.size if rt.layout else 0} B), "
-        f"up {rt.uploaded:9d} B, down {rt.downloaded:9d} B, {rt.graph_replays} graph replays; "
+        f"up {rt.uploaded:9d} B, down {rt.downloaded:9d} B, {rt.graph_replays} graph replays, "
+        f"{len(rt._loop_parts)} loop kernels; "
         f"{dev_s:6.2f} s (cpu {cpu_s:5.2f} s); "
         f"metrics {len(got)}, largest relative difference {diff:.2e}",
         flush=True,
