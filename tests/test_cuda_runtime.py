@@ -446,18 +446,18 @@ out y
 @needs_cxx
 def test_a_kernel_s_steps_run_over_grids_of_several_blocks():
     """``y`` takes ``x``'s memory: its kernel computes the max and the mean once, each a
-    reduction over the grid (its first term on one thread, then 1000 threads, each block's
-    terms combined by a tree, the blocks' results combined by the last block to finish, in
-    the same launch), then every point into a temporary, then copies it into the buffer
-    (1000 threads each, over several blocks, the emulation's three, striding over the
-    points): those two small steps, which cannot fail, run in the mean's last block too
+    reduction over the grid (1000 threads, each block's terms combined by a tree; the
+    last block to finish computes the first term and combines the blocks' results, in the
+    same launch), then every point into a temporary, then copies it into the buffer (1000
+    threads each, over several blocks, the emulation's three, striding over the points):
+    those two small steps, which cannot fail, run in the mean's last block too
     (``render.TAIL_THREADS``)."""
     graph = graph_of(STEPS)
     rt, gen = compiled_run(graph, backend="cuda-emu")
     (sid,) = [s.id for s in gen.plan.statements if gen.plan.buffer(s.id).name == "y"]
     assert gen.plan.buffer(sid).donor is not None
     phases = dict(gen.plan.kernels.launches)[sid]
-    threads = (1, 1000, 1000)
+    threads = (1000, 1000)
     assert tuple(n for _, n in phases) == threads and phases[0][0] == f"s{sid}"
     assert "(long long)gridDim.x * blockDim.x" in gen.text
     assert gen.text.count("tl_last = atomicAdd(tl_count(err), 1u)") >= 2
@@ -514,9 +514,10 @@ def test_reductions_and_the_work_under_a_merge_s_conditions_run_on_the_grid():
     graph = graph_of(REDUCTIONS)
     rt, gen = compiled_run(graph, backend="cuda-emu")
     parts = render.PARTS * render.THREADS
-    # (the blocks' results, and the small step after them: by the last block)
-    assert _phases(gen, "s") == (1, 300)
-    assert _phases(gen, "k") == (1, 300)
+    # (the first value, the blocks' results and the small step after them: by the last
+    # block)
+    assert _phases(gen, "s") == (300,)
+    assert _phases(gen, "k") == (300,)
     # c: x @ m | its zeros | the rows of terms, then, by the last block, the copies added,
     # f32 and into c's buffer
     every = {_threads(phases) for _, phases in gen.plan.kernels.launches}
@@ -668,7 +669,8 @@ def test_a_loop_marked_as_a_reduction_that_is_not_one_runs_on_one_thread():
         return kir.Kernel("s0", 0, (), slots, (), stmts)
 
     _, _, ok = render.render_module([kernel([good])])
-    assert [n for _, n in ok["s0"].phases] == [1, 1000]  # (combined by the last block)
+    # (the first value and the combination: by the last block)
+    assert [n for _, n in ok["s0"].phases] == [1000]
     for body in ([good, leak], [bad_read]):
         _, _, launches = render.render_module([kernel(body)])
         assert [n for _, n in launches["s0"].phases] == [1]
@@ -875,7 +877,7 @@ def test_the_listing_shows_what_a_call_launches(tmp_path):
     for sid, phases in plan["kernels"]["launches"]:
         shown = ", ".join(f"{f} ({n} thread{'s' if n != 1 else ''})" for f, n in phases)
         assert f"  launched as: {shown}\n" in text, text
-    assert "(1 thread), " in text and "(1000 threads)" in text
+    assert "(1000 threads), " in text and "(1000 threads)\n" in text
 
 
 def _colmajor(ptr: int, dt, rows: int, cols: int, ld: int) -> np.ndarray:

@@ -570,16 +570,37 @@ class _Kernel:
                 j += 1
                 continue
             fname = f"{self.k.name}_{j}" if out else self.k.name
+            # a run on one thread before a reduction that touches nothing of its (the sums'
+            # first values, which only the combination reads): run by the reduction's last
+            # block, before it combines
+            head: list[int] = []
+            if (
+                st.kind == "serial"
+                and j + 2 < len(steps)
+                and steps[j + 1].kind == "reduce"
+                and _combines(steps[j + 2], steps[j + 1].number)
+                and steps[j + 2].kind == "serial"  # (thread 0: the run's locals its own)
+                and not _fails(st)
+                and _apart(st, steps[j + 1])
+            ):
+                head = [j]
+                j += 1
+                st = steps[j]
             # a reduction and the step that combines its results: one function, whose last
             # block to finish combines them, and goes on with the small steps after it that
             # cannot fail (one block does them: the bias gradient's cast and copy)
             tail: list[int] = []
             if st.kind == "reduce" and j + 1 < len(steps) and _combines(steps[j + 1], st.number):
-                tail = [j + 1]
+                tail = [*head, j + 1]
+                mine = set(_lets(steps[head[0]].statements())) if head else set()
                 while (
                     tail[-1] + 1 < len(steps)
                     and not _fails(steps[tail[-1]])
                     and _small(steps[tail[-1] + 1])
+                    and (  # (a local of the run is thread 0's: the grid's loops load theirs)
+                        steps[tail[-1] + 1].kind == "serial"
+                        or not _refs(steps[tail[-1] + 1].statements()) & mine
+                    )
                 ):
                     tail.append(tail[-1] + 1)
             at = (j, *tail)
@@ -590,7 +611,7 @@ class _Kernel:
                 (steps[t], set().union(*(b for q, b in enumerate(bufs) if q != t))) for t in tail
             ]
             out.append(self.phase(fname, st, loads, stores, passed, then or None))
-            j += 1 + len(tail)
+            j = (tail[-1] if tail else j) + 1
         return "\n".join(out)
 
     def _steps(self) -> list[_Step]:
@@ -1405,6 +1426,21 @@ def _pushed_in(s):
 
 
 TAIL_THREADS = 1024  # the most a step after a reduction's combination may ask to join it
+
+
+def _apart(run: _Step, red: _Step) -> bool:
+    """Whether the run on one thread ``run`` and the reduction ``red`` touch nothing of each
+    other's: neither writes what the other reads or writes, and the reduction reads no
+    local the run assigns."""
+    a, b = run.statements(), red.statements()
+    if _written(a) & _buffers(b) or _written(b) & _buffers(a):
+        return False
+    refs = _refs(b)
+    if red.form[0] == "scalar":  # (its accumulators: each thread's own, from the identity)
+        refs -= set(red.form[1])
+    if red.guard is not None:
+        refs |= _refs_of(red.guard)
+    return not refs & set(_lets(a))
 
 
 def _fails(st: _Step) -> bool:
