@@ -59,37 +59,14 @@ def parts(k: kir.Kernel) -> tuple[int, ...]:
 def fuse(a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
     """One kernel named ``name`` computing ``a``'s statements, then ``b``'s, their vector
     loops fused; None where that could compute other values (see the module's docstring)."""
-    if a.shared or b.shared or len(a.params) != len(b.params):
-        return None
-    if any(s.state for s in a.slots + b.slots):
-        return None
-    if not a.body or not b.body or not isinstance(a.body[-1], For):
+    if not _joinable(a, b) or not isinstance(a.body[-1], For):
         return None
     if not isinstance(b.body[-1], For):
         return None
-    slots = {s.name: s for s in a.slots}
-    for s in b.slots:
-        t = slots.get(s.name)
-        if t is not None and t.index != s.index:
-            return None
     fora = a.body[-1]
-    # b in a's names: its parameters are a's (the same loop values), its loop variable is
-    # a's, its locals and temporaries get a suffix of their own, its temporaries lie after
-    # a's in the scratch area, and its failures return its position in the kernel
-    n = len(parts(a))
     forb0 = b.body[-1]
-    refs: dict[str, object] = {p: Ref(q) for p, q in zip(b.params, a.params)}
-    refs[forb0.var] = Ref(fora.var)
-    names = {}
-    _locals(b.body[:-1], names)
-    _locals(forb0.body, names)
-    names.pop(forb0.var, None)
-    for v in names:
-        if v not in refs:
-            refs[v] = f"{v}.{n}"
-    base = -(-a.scratch_bytes // ALIGN) * ALIGN
-    temps = {t.name: f"{t.name}.{n}" for t in b.temps}
-    sub = _Subst(refs, temps, n + 1)
+    # (b's loop variable is a's)
+    sub = _in_names_of(a, b, {forb0.var: Ref(fora.var)})
     b_pre = tuple(sub.stmt(s) for s in b.body[:-1])
     forb = sub.stmt(forb0)
     if (fora.lo, fora.hi) != (forb.lo, forb.hi):
@@ -112,23 +89,10 @@ def fuse(a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
             return None
         if any(i != index for i, _ in rb[buf]):
             return None
-    merged = dict(slots)
-    for s in b.slots:
-        t = merged.get(s.name)
-        merged[s.name] = s if t is None else dataclasses.replace(t, write=t.write or s.write)
-    new_temps = tuple(kir.Temp(temps[t.name], t.dtype, base + t.offset, t.size) for t in b.temps)
     body = _join(fora.body, forb.body)
     par = fora.parallel and forb.parallel  # each iteration still computes its own points
-    return kir.Kernel(
-        name,
-        a.sid,
-        a.params,
-        tuple(sorted(merged.values(), key=lambda s: s.index)),
-        a.temps + new_temps,
-        a.body[:-1] + b_pre + (For(fora.var, fora.lo, fora.hi, body, par),),
-        (),
-        parts(a) + parts(b),
-    )
+    loop = For(fora.var, fora.lo, fora.hi, body, par)
+    return _kernel(name, a, b, sub, a.body[:-1] + b_pre + (loop,))
 
 
 def concat(a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
@@ -138,43 +102,61 @@ def concat(a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
     target, whose renderer runs consecutive independent parallel loops in one function
     (``cuda.render``): a step's 36 copies of the parameters and the moments, or its 12
     tensors' Adam updates, as one launch."""
-    if a.shared or b.shared or len(a.params) != len(b.params):
+    if not _joinable(a, b):
         return None
-    if any(s.state for s in a.slots + b.slots) or not a.body or not b.body:
-        return None
-    slots = {s.name: s for s in a.slots}
-    for s in b.slots:
-        t = slots.get(s.name)
-        if t is not None and t.index != s.index:
-            return None
-    n = len(parts(a))
-    refs: dict[str, object] = {p: Ref(q) for p, q in zip(b.params, a.params)}
-    names: dict = {}
-    _locals(b.body, names)
-    for v in names:
-        if v not in refs:
-            refs[v] = f"{v}.{n}"
-    base = -(-a.scratch_bytes // ALIGN) * ALIGN
-    temps = {t.name: f"{t.name}.{n}" for t in b.temps}
-    body_b = tuple(_Subst(refs, temps, n + 1).stmt(s) for s in b.body)
+    sub = _in_names_of(a, b, {})
+    body_b = tuple(sub.stmt(s) for s in b.body)
     if _has(body_b, (kir.Loop, kir.Launch, kir.Host)):
         return None
     ra, wa = _access(a.body)
     rb, wb = _access(body_b)
     if set(wb) & (set(ra) | set(wa)) or set(rb) & set(wa):
         return None
-    merged = dict(slots)
+    return _kernel(name, a, b, sub, a.body + body_b)
+
+
+def _joinable(a: kir.Kernel, b: kir.Kernel) -> bool:
+    """Whether one kernel may hold both: no donor's memory, no environment state, the same
+    number of loop values, both with a body, a slot of both at one table entry."""
+    if a.shared or b.shared or len(a.params) != len(b.params) or not a.body or not b.body:
+        return False
+    if any(s.state for s in a.slots + b.slots):
+        return False
+    slots = {s.name: s.index for s in a.slots}
+    return all(slots.get(s.name, s.index) == s.index for s in b.slots)
+
+
+def _in_names_of(a: kir.Kernel, b: kir.Kernel, refs: dict) -> _Subst:
+    """``b``'s statements in ``a``'s names: its parameters are ``a``'s (the same loop
+    values), ``refs`` as given, its other locals and its temporaries get a suffix of their
+    own, and its failures return its position in the kernel (after ``a``'s parts)."""
+    n = len(parts(a))
+    refs = {p: Ref(q) for p, q in zip(b.params, a.params)} | refs
+    names: dict = {}
+    _locals(b.body, names)
+    for v in names:
+        if v not in refs:
+            refs[v] = f"{v}.{n}"
+    return _Subst(refs, {t.name: f"{t.name}.{n}" for t in b.temps}, n + 1)
+
+
+def _kernel(name: str, a: kir.Kernel, b: kir.Kernel, sub: _Subst, body: tuple) -> kir.Kernel:
+    """The kernel of ``a`` and ``b`` (``sub``: ``b`` in ``a``'s names) with ``body``: the
+    slots of both (written where either writes), ``b``'s temporaries after ``a``'s in the
+    scratch area."""
+    merged = {s.name: s for s in a.slots}
     for s in b.slots:
         t = merged.get(s.name)
         merged[s.name] = s if t is None else dataclasses.replace(t, write=t.write or s.write)
-    new_temps = tuple(kir.Temp(temps[t.name], t.dtype, base + t.offset, t.size) for t in b.temps)
+    base = -(-a.scratch_bytes // ALIGN) * ALIGN
+    temps = tuple(kir.Temp(sub.temps[t.name], t.dtype, base + t.offset, t.size) for t in b.temps)
     return kir.Kernel(
         name,
         a.sid,
         a.params,
         tuple(sorted(merged.values(), key=lambda s: s.index)),
-        a.temps + new_temps,
-        a.body + body_b,
+        a.temps + temps,
+        body,
         (),
         parts(a) + parts(b),
     )
