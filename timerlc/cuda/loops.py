@@ -466,7 +466,7 @@ class _RowKernel(render._Kernel):
             f = facts.arg_form(plan_expr(a))
             if f is not None:
                 env[p] = f
-        self.sizes = {s.name: (("t", s.index), kir.SIZES[s.dtype]) for s in k.slots}
+        self.sizes = {s.name: (("t", s.index), kir.SIZES[s.dtype], 0) for s in k.slots}
         for t in k.temps:
             self.sizes[t.name] = (("s", k.sid, t.name), kir.SIZES[t.dtype], t.offset)
         where = f"statement {k.sid}"
@@ -527,16 +527,16 @@ class _RowKernel(render._Kernel):
     def _access(self, b, index, write, env, ranges, mine, where, row):
         if b in mine or b not in self.sizes:
             return  # (a thread's own temporary; a reduction's partial results are refused)
-        info = self.sizes[b]
-        key, size = info[0], info[1]
-        offset = info[2] if len(info) > 2 else 0
-        f = self._form(index, env, ranges)
-        if f is None:
-            f = {"?": 1}  # (unknown: fine for memory the loop only reads)
-        form = _add(_scale(f, size), {"": offset})
+        key, size, form = self._bytes(b, self._form(index, env, ranges))
         if not row:
             form = {s: c for s, c in form.items() if s != "R"} | {"?": 1}
         self.facts.accesses.append(_Access(key, form, size, write, dict(ranges), where))
+
+    def _bytes(self, b: str, f: dict | None) -> tuple:
+        """Buffer ``b``'s key, element size, and the byte offset of its element at index
+        form ``f`` (None, unknown: ``?``, fine for memory the loop only reads)."""
+        key, size, offset = self.sizes[b]
+        return key, size, {"?": 1} if f is None else _add(_scale(f, size), {"": offset})
 
     def _form(self, e, env, ranges) -> dict | None:
         if isinstance(e, Const):
@@ -713,10 +713,7 @@ class _RowKernel(render._Kernel):
             (s.c, at(s.coff, i, jj, s.ldc), True),
         ]
         for b, f, write in forms:
-            info = self.sizes[b]
-            key, size = info[0], info[1]
-            offset = info[2] if len(info) > 2 else 0
-            form = {"?": 1} if f is None else _add(_scale(f, size), {"": offset})
+            key, size, form = self._bytes(b, f)
             facts.accesses.append(_Access(key, form, size, write, rng, where))
 
     # ------------------------------------------------------------------ rendering
@@ -757,32 +754,13 @@ class _RowKernel(render._Kernel):
                     self.emit(depth, f"if ({self.expr(st.guard)}) {{")
                     inner += 1
                 first = f"(tl_rb * {s.n}LL) + threadIdx.x"
-                self.gemm_rows(s, inner, first)
+                self.gemm(s, inner, first, "blockDim.x", f"tl_re * {s.n}LL")
                 if st.guard is not None:
                     self.emit(depth, "}")
             self.shared_temps |= (self.step_bufs[j] & temps) - self.local_temps
             out += self.lines
             out.append("  " * depth + "__syncthreads();")
         return out
-
-    def gemm_rows(self, s: Gemm, depth: int, first: str):
-        t = render.CTYPE[s.dtype]
-        a = f"A[{'k * ' + str(s.lda) + ' + i' if s.ta else 'i * ' + str(s.lda) + ' + k'}]"
-        b = f"B[{'j * ' + str(s.ldb) + ' + k' if s.tb else 'k * ' + str(s.ldb) + ' + j'}]"
-        self.emit(depth, "{")
-        self.emit(depth + 1, f"const {t} *A = {render.buf(s.a)} + ({self.expr(s.aoff)});")
-        self.emit(depth + 1, f"const {t} *B = {render.buf(s.b)} + ({self.expr(s.boff)});")
-        self.emit(depth + 1, f"{t} *C = {render.buf(s.c)} + ({self.expr(s.coff)});")
-        self.emit(
-            depth + 1,
-            f"for (long long e = {first}; e < tl_re * {s.n}LL; e += blockDim.x) {{",
-        )
-        self.emit(depth + 2, f"long long i = e / {s.n}, j = e % {s.n};")
-        self.emit(depth + 2, f"{t} acc = 0;")
-        self.emit(depth + 2, f"for (long long k = 0; k < {s.k}; k++) acc += {a} * {b};")
-        self.emit(depth + 2, f"C[i * {s.ldc} + j] = acc;")
-        self.emit(depth + 1, "}")
-        self.emit(depth, "}")
 
 
 def _rows_apart(d: dict, ranges: dict, c: int, n: int, ww: int, wa: int) -> bool:

@@ -684,7 +684,7 @@ class _Kernel:
                     and prev.kind in ("parallel", "either")
                     and prev.form
                     and all(
-                        _exclusive(lits, other) or _independent(other_loop, loop)
+                        _exclusive(lits, other) or _independent([other_loop], [loop])
                         for other, other_loop in zip(prev.form, before)
                     )
                 ):  # (one of them runs at a call, or they touch nothing of each other's:
@@ -1206,9 +1206,10 @@ class _Kernel:
                 out.append(f"  {t} *{b} = ({t} *)(scratch + {off});")
         return out
 
-    def gemm(self, s: Gemm, depth: int, first: str, step: str):
+    def gemm(self, s: Gemm, depth: int, first: str, step: str, end: str | None = None):
         """``C = op(A) @ op(B)`` element by element, its terms summed in order: the elements
-        dealt to the grid's threads (``first``, ``step``), or all on one (``"0"``, ``"1"``)."""
+        dealt to the grid's threads (``first``, ``step``), or all on one (``"0"``, ``"1"``);
+        ``end``: the element to stop before (a loop kernel's block: its rows')."""
         t = CTYPE[s.dtype]
         a = f"A[{'k * ' + str(s.lda) + ' + i' if s.ta else 'i * ' + str(s.lda) + ' + k'}]"
         b = f"B[{'j * ' + str(s.ldb) + ' + k' if s.tb else 'k * ' + str(s.ldb) + ' + j'}]"
@@ -1216,7 +1217,8 @@ class _Kernel:
         self.emit(depth + 1, f"const {t} *A = {buf(s.a)} + ({self.expr(s.aoff)});")
         self.emit(depth + 1, f"const {t} *B = {buf(s.b)} + ({self.expr(s.boff)});")
         self.emit(depth + 1, f"{t} *C = {buf(s.c)} + ({self.expr(s.coff)});")
-        self.emit(depth + 1, f"for (long long e = {first}; e < {s.m}LL * {s.n}; e += {step}) {{")
+        end = end or f"{s.m}LL * {s.n}"
+        self.emit(depth + 1, f"for (long long e = {first}; e < {end}; e += {step}) {{")
         self.emit(depth + 2, f"long long i = e / {s.n}, j = e % {s.n};")
         self.emit(depth + 2, f"{t} acc = 0;")
         self.emit(depth + 2, f"for (long long k = 0; k < {s.k}; k++) acc += {a} * {b};")
@@ -1433,7 +1435,7 @@ def _apart(run: _Step, red: _Step) -> bool:
     other's: neither writes what the other reads or writes, and the reduction reads no
     local the run assigns."""
     a, b = run.statements(), red.statements()
-    if _written(a) & _buffers(b) or _written(b) & _buffers(a):
+    if not _independent(a, b):
         return False
     refs = _refs(b)
     if red.form[0] == "scalar":  # (its accumulators: each thread's own, from the identity)
@@ -1473,18 +1475,14 @@ def _combines(st: _Step, number: int) -> bool:
 def _independent_of_run(loop: For, run: list) -> bool:
     """Whether parallel ``loop`` and the statements ``run`` (on one thread) touch nothing
     of each other's, and the loop reads no local the run assigns."""
-    wl, wr = _written([loop]), _written(run)
-    if wl & _buffers(run) or wr & _buffers([loop]):
-        return False
-    return not _refs([loop]) & set(_lets(run))
+    return _independent([loop], run) and not _refs([loop]) & set(_lets(run))
 
 
-def _independent(a: For, b: For) -> bool:
-    """Whether parallel loops ``a`` and ``b`` touch nothing of each other's: neither writes
-    a buffer the other reads or writes (their iterations may then run in any order, on any
+def _independent(a: list, b: list) -> bool:
+    """Whether the statements ``a`` and ``b`` touch nothing of each other's: neither writes
+    a buffer the other reads or writes (parallel loops may then run in any order, on any
     threads)."""
-    wa, wb = _written([a]), _written([b])
-    return not (wa & _buffers([b]) or wb & _buffers([a]))
+    return not (_written(a) & _buffers(b) or _written(b) & _buffers(a))
 
 
 def _lets(body) -> dict:

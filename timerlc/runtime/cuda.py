@@ -1133,8 +1133,6 @@ class DeviceRuntime(CpuRuntime):
         self._statement_scratch[lid] = scratch
         self._loop_named[name] = lid
         self.statements[lid] = _LoopCall(self, lid, tuple(scope))
-        if hasattr(self, "_capturable"):
-            del self._capturable
         return lid
 
     def _fuse_calls(self, items) -> list:
@@ -1344,16 +1342,19 @@ class DeviceRuntime(CpuRuntime):
             if key is None:  # (a graph's call: the record says which)
                 key = tuple(values[: len(self.loops_of(psid))])
             if key == tuple(values[: len(key)]):
-                failed = parts[code - 1] if 1 <= code <= len(parts) else sid
-                # the interpreter needs the values as the kernel left them, and the
-                # environments' state
-                self._to_host(failed)
-                for host, ptr in self.state_dev:
-                    self.device.download(ptr, host)
-                self.statements[failed].rerun(key)
+                self._explain(parts[code - 1] if 1 <= code <= len(parts) else sid, key)
         raise PlanError(
             "the plan is not valid: a kernel it says cannot fail (kernels.unfailing) failed"
         )
+
+    def _explain(self, sid: int, key: tuple):
+        """Statement ``sid``'s kernel failed at ``key``: the interpreter computes the call
+        again, from the values as the kernel left them and the environments' state (raises
+        the error that names the failing op and point)."""
+        self._to_host(sid)
+        for host, ptr in self.state_dev:
+            self.device.download(ptr, host)
+        self.statements[sid].rerun(key)
 
     def _loop_failed(self, sid: int, code: int, values):
         """Statement ``sid``'s call at ``values`` failed inside a loop kernel: its call
@@ -1367,11 +1368,8 @@ class DeviceRuntime(CpuRuntime):
         st = self.statements[sid]
         if code == LOOP_BOX:
             st.run(key)  # (raises: a call outside its box)
-        self._to_host(sid)
-        for host, ptr in self.state_dev:
-            self.device.download(ptr, host)
         try:
-            st.rerun(key)
+            self._explain(sid, key)
         except RunError as e:
             if not str(e).startswith("internal error"):
                 raise
