@@ -207,3 +207,17 @@ def lit(v) -> str:
     if isinstance(v, float) and v == 0 and math.copysign(1, v) < 0:
         return "-0.0"
     return repr(v)
+
+
+def refuses_changed_plans(data: dict, cases, part=lambda d: d["kernels"]):
+    """Each ``(change, words)`` of ``cases`` applied to a copy of the plan JSON ``data``
+    (to ``part`` of it): the plan reader refuses it with a message matching ``words``."""
+    import json
+
+    from timerlc.plan import items
+
+    for change, words in cases:
+        bad = json.loads(json.dumps(data))
+        change(part(bad))
+        with pytest.raises(items.PlanError, match=words):
+            items.from_json(bad, "p")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rtl_helpers import compiled_run, src
+from rtl_helpers import compiled_run, refuses_changed_plans, src
 
 from timerlc.compiler import compile_plan, generate_code, run_passes
 from timerlc.cuda.emu import compiler
@@ -411,6 +411,19 @@ def test_fused_kernels_compute_what_their_statements_kernels_compute():
     assert got == want and rt.launches > plain.launches * 1.1
 
 
+def _fails_as_on_cpu(graph, gen, **options) -> str:
+    """The cpu backend's error for ``graph``, which the device runtime (with and without
+    graphs) gives word for word too."""
+    with pytest.raises(RunError) as want:
+        compiled_run(graph, backend="cpu")
+    for on in (False, True):
+        rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice(), graphs=on, **options)
+        with pytest.raises(RunError) as got:
+            rt.run()
+        assert str(got.value) == str(want.value)
+    return str(want.value)
+
+
 @needs_cxx
 def test_a_failure_in_a_fused_kernel_names_its_statement():
     """A fused kernel's failure records its first statement and, as its code, the failing
@@ -420,14 +433,8 @@ def test_a_failure_in_a_fused_kernel_names_its_statement():
     ((first, second),) = gen.plan.kernels.fused
     unfailing = set(gen.plan.kernels.unfailing)
     assert first not in unfailing and second in unfailing  # (the take: the first)
-    with pytest.raises(RunError) as want:
-        compiled_run(graph, backend="cpu")
-    assert "at t=4, k=0 (line 6): take: index 1000 is out of range" in str(want.value)
-    for on in (False, True):
-        rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice(), graphs=on)
-        with pytest.raises(RunError) as got:
-            rt.run()
-        assert str(got.value) == str(want.value)
+    want = _fails_as_on_cpu(graph, gen)
+    assert "at t=4, k=0 (line 6): take: index 1000 is out of range" in want
     graph, gen = cuda_gen(FUSED_FAILS, FAR=0)
     cpu, _ = compiled_run(graph, backend="cpu")
     rt, _ = _run(gen, True)
@@ -474,14 +481,8 @@ def test_independent_kernels_are_one_kernel_and_one_launch():
 @needs_cxx
 def test_a_failure_in_one_of_independent_kernels_names_its_statement():
     graph, gen = cuda_gen(CONCAT_FAILS)
-    with pytest.raises(RunError) as want:
-        compiled_run(graph, backend="cpu")
-    assert "at t=4, j=0 (line 9): take: index 1000 is out of range" in str(want.value)
-    for on in (False, True):
-        rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice(), graphs=on, loops=False)
-        with pytest.raises(RunError) as got:
-            rt.run()
-        assert str(got.value) == str(want.value)
+    want = _fails_as_on_cpu(graph, gen, loops=False)
+    assert "at t=4, j=0 (line 9): take: index 1000 is out of range" in want
     graph, gen = cuda_gen(CONCAT_FAILS, FAR=0)
     cpu, _ = compiled_run(graph, backend="cpu")
     rt, _ = _run(gen, True)
@@ -504,8 +505,4 @@ def test_plans_fused_launches_are_checked():
         (lambda k: k.__setitem__("fused", []), "only a CUDA kernel file's plan with fused"),
         (lambda k: k["fused"][0].append(k["launches"][0][0]), "numbers of loop dims"),
     ]
-    for change, words in cases:
-        bad = json.loads(json.dumps(data))
-        change(bad["kernels"])
-        with pytest.raises(items.PlanError, match=words):
-            items.from_json(bad, "p")
+    refuses_changed_plans(data, cases)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rtl_helpers import cli, compiled_run, src, timerlc_cmd
+from rtl_helpers import cli, compiled_run, refuses_changed_plans, src, timerlc_cmd
 from test_cuda import _nvcc
 
 from timerlc.codegen import kir
@@ -717,11 +717,7 @@ def test_plans_launches_are_checked():
         (lambda k: k["launches"][0].append("8"), r"launches\[0\]\[2\].*expected an integer"),
         (lambda k: k["launches"][0].extend([2, 2]), "and the times a call runs them"),
     ]
-    for change, words in cases:
-        bad = json.loads(json.dumps(data))
-        change(bad["kernels"])
-        with pytest.raises(items.PlanError, match=words):
-            items.from_json(bad, "p")
+    refuses_changed_plans(data, cases)
 
 
 @needs_cxx
@@ -846,11 +842,7 @@ def test_plans_products_are_checked():
         (lambda g: g.__setitem__("alpha", 2.0), "unknown field"),
         (lambda g: g.pop("k"), "missing k"),
     ]
-    for change, words in cases:
-        bad = json.loads(json.dumps(data))
-        change(_gemm_json(bad))
-        with pytest.raises(items.PlanError, match=words):
-            items.from_json(bad, "p")
+    refuses_changed_plans(data, cases, _gemm_json)
 
 
 @needs_cxx
