@@ -90,6 +90,27 @@ def test_simplify_drops_what_no_output_metric_or_environment_needs():
     same_outputs(g, s)
 
 
+def test_simplify_computes_only_the_branch_a_config_flag_picks():
+    """``where(flag, a, b)`` over a constant flag reads the branch it picks (PPO's
+    ``where(clip_vloss, ...)``: the unclipped value loss was computed at every step); a
+    branch that is broadcast to the where's shape is kept as a where."""
+    g = checked(
+        """
+        config T = 4, on = true, off = false
+        dim t < T
+        a[t] = where(on, tanh(f32(t)), exp(f32(t)))
+        b[t] = where(off, sin(f32(t)), cos(f32(t)) * 2.0)
+        c[t] = where(on, 2.0, ones([3]) * f32(t))
+        out a, b, c
+        """
+    )
+    s = simplify(g)
+    assert "exp" not in ops(s) and "sin" not in ops(s)
+    assert "tanh" in ops(s) and "cos" in ops(s)
+    assert ops(s).count("where") == 1  # c's: its picked branch is a scalar, c[t] a vector
+    same_outputs(g, s)
+
+
 def test_simplify_keeps_environment_calls_nobody_reads():
     g = checked(
         """

@@ -2,7 +2,8 @@
 
 In: a PDG after autodiff. Out: an equivalent PDG with fewer nodes:
 - **identities**: a read of a node that only passes its input on (``copy``, ``stop_grad``
-  after autodiff, a one-equation tensor's ``merge`` whose condition covers its domain)
+  after autodiff, a one-equation tensor's ``merge`` whose condition covers its domain, a
+  ``where`` whose condition is a constant: a config flag's branch not taken is not computed)
   reads that input directly, through the composed access (``y[t] = x[t+1]`` read at
   ``y[t-1]`` reads ``x[t]``). Defs, record fields and gradients leave many such chains.
 - **common subexpressions**: nodes with the same op, domain, attributes and inputs are one
@@ -44,7 +45,8 @@ def simplify(graph: Graph) -> Graph:
     roots = {graph.tensor(name).node for name in (*graph.outputs, *graph.metrics)}
     roots |= {n.id for n in graph.nodes if ops.is_env(n.op)}
     nodes = list(graph.nodes)
-    identities = {n.id: n.inputs[0] for n in nodes if _is_identity(graph, n)}
+    assert all(n.id == k for k, n in enumerate(nodes))
+    identities = _identities(graph, nodes)
     for _ in range(len(nodes)):
         changed = _bypass(graph, nodes, identities)
         changed |= _share(nodes, roots)
@@ -53,6 +55,33 @@ def simplify(graph: Graph) -> Graph:
     if _contract(nodes):
         _share(nodes, roots)
     return _drop_dead(graph, nodes, roots)
+
+
+def _identities(graph: Graph, nodes: list[Node]) -> dict[int, int]:
+    """Per node that passes one input on, which input: an identity's (below), or the branch
+    a ``where`` takes where its condition is a constant (a config flag:
+    ``where(clip_vloss, a, b)``) and that branch has the where's type."""
+    out = {n.id: 0 for n in nodes if _is_identity(graph, n)}
+    for n in nodes:
+        picked = _constant_choice(graph, n)
+        if picked is not None:
+            out[n.id] = picked
+    return out
+
+
+def _constant_choice(graph: Graph, n: Node) -> int | None:
+    if n.op != "where" or len(n.types) != 1:
+        return None
+    c = n.inputs[0]
+    src = graph.node(c.src)
+    value = src.attr("value")
+    if src.op != "const" or c.cond is not None or not isinstance(value, bool):
+        return None
+    k = 1 if value else 2
+    e = n.inputs[k]
+    if e.cond is not None or input_type(graph, e) != n.types[0]:
+        return None  # (a branch broadcast to the where's shape is not the where)
+    return k
 
 
 def _is_identity(graph: Graph, n: Node) -> bool:
@@ -91,14 +120,16 @@ def _compose(outer: Edge, inner: Edge, mid: Node) -> Edge | None:
     return Edge(inner.src, access, inner.out, outer.cond, outer.span)
 
 
-def _bypass(graph: Graph, nodes: list[Node], identities: dict[int, Edge]) -> bool:
+def _bypass(graph: Graph, nodes: list[Node], identities: dict[int, int]) -> bool:
+    """Each read of a node of ``identities`` (per node, the input it passes on) reads that
+    input instead (``nodes[k]`` is node ``k``, as it is now)."""
     changed = False
     for k, n in enumerate(nodes):
         inputs = list(n.inputs)
         for j, e in enumerate(inputs):
             seen = 0
             while e.src in identities and e.out == 0 and seen < len(nodes):
-                new = _compose(e, identities[e.src], graph.node(e.src))
+                new = _compose(e, nodes[e.src].inputs[identities[e.src]], graph.node(e.src))
                 if new is None:
                     break
                 e, seen = new, seen + 1
@@ -106,8 +137,6 @@ def _bypass(graph: Graph, nodes: list[Node], identities: dict[int, Edge]) -> boo
                 inputs[j] = e
         if inputs != list(n.inputs):
             nodes[k] = replace(n, inputs=tuple(inputs))
-            if n.id in identities:
-                identities[n.id] = nodes[k].inputs[0]
             changed = True
     return changed
 
