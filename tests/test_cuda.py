@@ -245,6 +245,32 @@ def test_a_statement_s_vector_loop_is_parallel_and_its_temporaries_its_own():
 
 
 @needs_cxx
+def test_a_row_s_independent_elements_get_a_thread_each(tmp_path):
+    """A statement over rows whose row loop only stores, each iteration its own element
+    (a layer's ``tanh(x @ w + b)`` over [n, 64]), runs a thread per element, not per row
+    (``render._spread``: 24x the threads here, a warp's stores side by side); a row loop
+    whose iterations meet (a softmax's sums) does not. Same values as the cpu."""
+    text = """
+    config N = 300, H = 24
+    dim k < 2
+    m[k] = f32(k) + reshape(f32(arange(N * H)), [N, H]) * 0.001
+    y[k] = tanh(m[k] * 2.0 + 0.5)
+    s[k] = softmax(m[k])
+    out y, s
+    """
+    _, gen = generated("p.rtl", src(text))
+    cu = cuda_gen(gen)
+    (y,) = [sid for sid, _, _ in cu.plan.kernels.statements if cu.plan.buffer(sid).name == "y"]
+    assert dict(cu.plan.kernels.launches)[y] == ((f"s{y}", 2 * 300 * 24),)
+    assert "tl_r % 24LL" in cu.text
+    (s,) = [sid for sid, _, _ in cu.plan.kernels.statements if cu.plan.buffer(sid).name == "s"]
+    assert dict(cu.plan.kernels.launches)[s][0][1] < 2 * 300  # (its rows' sums: per row)
+    ref, rt, _, _, _ = run_both(gen, tmp_path)
+    for k in ("y", "s"):
+        np.testing.assert_allclose(rt.value(k), ref.value(k), rtol=1e-6, atol=1e-6)
+
+
+@needs_cxx
 def test_random_draws_in_emulated_kernels_are_bit_identical(tmp_path):
     """Philox in C (``render._philox_c``): uniform, normal (f32 and f64), Gumbel noise (a
     categorical's), the glorot initializer, a ranged uniform, a permutation and bernoulli

@@ -20,7 +20,7 @@ wait for. The loop is then one launch (``render_loop``):
   rows the block's: no cuBLAS), a run of checks on one thread;
 - every temporary of every statement has scratch memory of its own (``layout``): blocks
   run different statements at once; a row's element loop that only stores is spread over
-  the block's threads (``_spread``);
+  the block's threads (``render._spread``);
 - a failure sets the block's code, which it records (``tl_failed``) and stops; every block
   stops at its next iteration once the record is set.
 
@@ -399,48 +399,11 @@ class _Facts:
         return False
 
 
-def _spread(body) -> tuple:
-    """``body`` with the element loop of a parallel loop over rows marked parallel where its
-    iterations are independent (its body only stores, each at an index that its variable
-    moves: ``t1[b * 64 + e] = tanh(...)``): a loop kernel's block has a few rows, and a
-    thread per row would leave most of its threads idle (the nest becomes one loop over the
-    block's points, ``render._nest``)."""
-    out = []
-    for s in body:
-        if isinstance(s, For) and s.parallel:
-            inner = s.body[0] if len(s.body) == 1 else None
-            if isinstance(inner, For) and not inner.parallel and _independent_elements(inner):
-                s = dataclasses.replace(s, body=(dataclasses.replace(inner, parallel=True),))
-        elif isinstance(s, If):
-            s = dataclasses.replace(s, then=_spread(s.then), orelse=_spread(s.orelse))
-        out.append(s)
-    return tuple(out)
-
-
-def _independent_elements(loop: For) -> bool:
-    from timerlc.codegen.fuse import _injective
-
-    if loop.reduce or not (isinstance(loop.lo, Const) and isinstance(loop.hi, Const)):
-        return False
-    if not loop.body or not all(isinstance(x, Store) for x in loop.body):
-        return False
-    stored = {x.buf for x in loop.body}
-    for x in loop.body:
-        if not _injective(x.index, loop.var):
-            return False
-        for e in kir.subexprs(x.value):
-            if isinstance(e, Load) and e.buf in stored:
-                return False
-            if isinstance(e, kir.Fn):  # (a draw: its own order)
-                return False
-    return True
-
-
 class _RowKernel(render._Kernel):
     """A statement's kernel as part of a loop kernel: its steps over the block's rows."""
 
     def __init__(self, k: kir.Kernel, facts: _Facts):
-        super().__init__(dataclasses.replace(k, body=_spread(k.body)), blas=False)
+        super().__init__(k, blas=False)  # (its element loops spread: render._spread)
         self.facts = facts
         self.rows = True
         self.step_list = self._steps()

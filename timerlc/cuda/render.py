@@ -494,7 +494,7 @@ def buf(b: str) -> str:
 
 class _Kernel:
     def __init__(self, k: kir.Kernel, blas: bool = True):
-        self.k = k
+        self.k = k = dataclasses.replace(k, body=_spread(k.body))
         self.blas = blas
         self.lines: list[str] = []
         self.labels = 0
@@ -1530,6 +1530,58 @@ def _extent(loop: For, otherwise: int = THREADS) -> int:
     if isinstance(hi, Bin) and hi.op == "add" and hi.a == loop.lo and isinstance(hi.b, Const):
         return max(int(hi.b.value), 1)  # (lo ..< lo + n: a block's points)
     return otherwise
+
+
+def _spread(body) -> tuple:
+    """``body`` with the element loop of a parallel loop over rows marked parallel where its
+    iterations are independent (its body only stores, each at an index that its variable
+    moves: ``t1[b * 64 + e] = tanh(...)``): the nest is one loop over the grid, a thread per
+    element (``_nest``), where a thread per row would leave most of a GPU idle and each
+    warp's accesses a row apart (PPO's [65536, 64] layers: 65,536 threads, each storing 64
+    floats 256 bytes from its neighbour's; now 4,194,304 threads, a warp's stores in one
+    stretch). A loop kernel's block has a few rows: the same, over its threads."""
+    out = []
+    for s in body:
+        if isinstance(s, For) and s.parallel:
+            s = _spread_nest(s)
+        elif isinstance(s, If):
+            s = dataclasses.replace(s, then=_spread(s.then), orelse=_spread(s.orelse))
+        out.append(s)
+    return tuple(out)
+
+
+def _spread_nest(s: For) -> For:
+    """The parallel loop ``s`` with the loop its nest of parallel loops (``_nest``) ends on
+    marked parallel where that loop's iterations are independent (``_spread``)."""
+    inner = s.body[0] if len(s.body) == 1 else None
+    if not isinstance(inner, For) or inner.reduce:
+        return s
+    if inner.parallel:
+        if not (isinstance(inner.lo, Const) and isinstance(inner.hi, Const)):
+            return s
+        return dataclasses.replace(s, body=(_spread_nest(inner),))
+    if _independent_elements(inner):
+        return dataclasses.replace(s, body=(dataclasses.replace(inner, parallel=True),))
+    return s
+
+
+def _independent_elements(loop: For) -> bool:
+    from timerlc.codegen.fuse import _injective
+
+    if loop.reduce or not (isinstance(loop.lo, Const) and isinstance(loop.hi, Const)):
+        return False
+    if not loop.body or not all(isinstance(x, Store) for x in loop.body):
+        return False
+    stored = {x.buf for x in loop.body}
+    for x in loop.body:
+        if not _injective(x.index, loop.var):
+            return False
+        for e in kir.subexprs(x.value):
+            if isinstance(e, Load) and e.buf in stored:
+                return False
+            if isinstance(e, kir.Fn):  # (a draw: its own order)
+                return False
+    return True
 
 
 def _nest(loop: For) -> list[For]:
