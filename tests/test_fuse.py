@@ -100,15 +100,16 @@ def test_a_failure_in_a_fused_kernel_names_its_own_statement():
 
 
 def test_the_step_of_an_rtl_environment_is_one_kernel():
-    """CartPole written in RTL: its step is some twenty statements (its stored values), run
-    as one fused kernel."""
+    """CartPole written in RTL: its step is some fifteen statements (its stored values; 21
+    before the reward's ``where(sutton_barto_reward, ...)`` over a config flag was folded),
+    run as one fused kernel."""
     graph = check_source(
         Source(str(PROGRAMS / "ppo.rtl"), (PROGRAMS / "ppo.rtl").read_text()),
         overrides={"B": "4", "T": "8", "total_steps": "64"},
         envs={"E": "rtl:cartpole"},
     )
     gen = generate_code(compile_plan(run_passes(graph)))
-    assert max(len(k.parts) for k in gen.fused) >= 15
+    assert max(len(k.parts) for k in gen.fused) >= 14
 
 
 # ----------------------------------------------------------------------------- fuse()

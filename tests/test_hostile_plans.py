@@ -161,6 +161,13 @@ def buffer(p: dict, sid: int) -> dict:
     return next(b for b in p["buffers"] if b["id"] == sid)
 
 
+def windowed(p: dict) -> dict:
+    """The first buffer stored as a window, over a dim other than ``t``."""
+    return next(
+        b for b in p["buffers"] if b["storage"]["kind"] == "window" and "t" not in b["dims"]
+    )
+
+
 def renamed(x, old: str, new: str):
     """``x`` with every string ``old`` (a dim, say) replaced by ``new``, keys too."""
     if isinstance(x, str):
@@ -537,19 +544,19 @@ CASES = [
     Case("call-negative", lambda p, c: set_in(call(p), "args", [-3]), "outside"),
     Case(
         "window-size-0",
-        lambda p, c: set_in(buffer(p, 12)["storage"], "size", 0),
+        lambda p, c: set_in(windowed(p)["storage"], "size", 0),
         "out of range",
         ENV,
     ),
     Case(
         "window-size-negative",
-        lambda p, c: set_in(buffer(p, 12)["storage"], "size", -1),
+        lambda p, c: set_in(windowed(p)["storage"], "size", -1),
         "out of range",
         ENV,
     ),
     Case(
         "window-unknown-dim",
-        lambda p, c: set_in(buffer(p, 12)["storage"], "dim", "t"),
+        lambda p, c: set_in(windowed(p)["storage"], "dim", "t"),
         "not a dim of the buffer",
         ENV,
     ),

@@ -61,22 +61,23 @@ def test_dump_ir_writes_each_pass_and_the_plan(tmp_path):
     r = cli("compile", PROGRAMS / "returns.rtl", "-o", build, "--dump-ir")
     assert r.exit_code == 0, r.output
     names = sorted(p.name for p in (build / "ir").iterdir())
-    assert names[:6] == [
+    assert names[:7] == [
         "00-frontend.pdg",
         "01-autodiff.pdg",
         "02-forward.pdg",
         "03-incremental.pdg",
         "04-noise.pdg",
         "05-simplify.pdg",
+        "06-narrow.pdg",
     ]
     plan = (build / "ir" / names[-2]).read_text()
-    assert names[-2] == "06-plan.txt" and plan.startswith("plan format ")
+    assert names[-2] == "07-plan.txt" and plan.startswith("plan format ")
     shown = cli("inspect", build / "ir" / names[-2])  # a dump inspect shows as it is
     assert shown.exit_code == 0 and shown.stdout == plan
     assert cli("inspect", build / "ir" / names[-2], "--format", "json").exit_code == 2
     # the kernel IR, and the LLVM IR rendered from it in the build's kernels/
     kernels = (build / "ir" / names[-1]).read_text()
-    assert names[-1] == "07-kernels.txt" and kernels.startswith("kernel IR: ")
+    assert names[-1] == "08-kernels.txt" and kernels.startswith("kernel IR: ")
     assert "\ntree tree" in kernels and "launch s" in kernels
     assert cli("inspect", build / "ir" / names[-1]).stdout == kernels
     ll = (build / "kernels" / "cpu.ll").read_text()

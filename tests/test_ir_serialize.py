@@ -404,7 +404,11 @@ def _replace_line(text: str, start: str, new: str) -> tuple[str, int]:
         ("r = %0", "r = %0 = merge(%7[t] if t >= 0) : f32[] over D77", "unknown domain D77"),
         ("r = %0", "r = %1 = merge(%7[t]) : f32[] over D0", "expected node %0"),
         ("r = %0", "r = %0 = merge(%700[t]) : f32[] over D0", "%700 is not a node"),
-        ("r = %0", "r = %0 = merge(%7[t] if t >=) : f32[] over D0", "expected an index expression"),
+        (
+            "r = %0",
+            "r = %0 = merge(%7[t] if t >=) : f32[] over D0",
+            "expected an index expression",
+        ),
         ("r = %0", "r = %0 = merge(%7[t]) : f33[] over D0", "unknown dtype 'f33'"),
         ("r = %0", "r = %0 = merge(%7[t]) {a=} : f32[] over D0", "expected a value"),
         ("r = %0", "r = %0 = merge(%7[t]) : f32[] over D0 $", "unexpected character '$'"),
@@ -491,7 +495,7 @@ def test_cli_dump_and_inspect(tmp_path):
     assert dump.read_text() == to_text(graph)
     # the build's program is the graph after the last pass
     last = sorted((build / "ir").glob("*.pdg"))[-1]
-    assert last.name == "05-simplify.pdg"
+    assert last.name == "06-narrow.pdg"
     assert to_text(from_json((build / "program.pdg.json").read_text())) == last.read_text()
     runner = CliRunner()
     result = runner.invoke(cli, ["inspect", str(dump)])

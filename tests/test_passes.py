@@ -9,8 +9,10 @@ from rtl_helpers import src
 from timerlc.compiler import run_passes
 from timerlc.diagnostics import Source
 from timerlc.frontend.check import check_source
+from timerlc.passes.narrow import narrow
 from timerlc.passes.pipeline import PASSES
 from timerlc.passes.simplify import simplify
+from timerlc.poly import isl as pisl
 from timerlc.reference.interpreter import outputs, run_graph
 
 
@@ -30,12 +32,13 @@ def same_outputs(before, after):
 
 
 def test_pipeline_names_are_the_dump_file_names():
-    assert [name for name, _ in PASSES][:5] == [
+    assert [name for name, _ in PASSES] == [
         "autodiff",
         "forward",
         "incremental",
         "noise",
         "simplify",
+        "narrow",
     ]
 
 
@@ -203,3 +206,78 @@ def test_schedule_draws_the_acting_noise_once_per_iteration():
     sched = build_schedule(graph)
     (noise,) = [s for nid, s in sched.statements.items() if graph.node(nid).op == "random_gumbel"]
     assert noise.loops == ("i",) and noise.vector == ("b", "t")
+
+
+def _domain_size(node) -> int:
+    return pisl.domain_set(node.domain).count_val().to_python()
+
+
+def _node(graph, op: str):
+    (n,) = [n for n in graph.nodes if n.op == op]
+    return n
+
+
+def test_narrow_computes_a_tensor_only_at_the_points_read():
+    """PPO's diagnostics: a per-step value read only at each iteration's last step (a
+    stride of K along ``j``) is computed there only, and so are its inputs that nothing
+    else reads; an output keeps its domain."""
+    g = checked(
+        """
+        config I = 5, K = 4
+        dim i < I
+        dim j < I * K
+        x[j] = sin(f32(j)) * 2.0
+        y[j] = exp(x[j])
+        z[j] = cos(f32(j))
+        last[i] = y[i * K + K - 1] + z[i * K]
+        out last, z
+        """
+    )
+    s = narrow(simplify(g))
+    assert _domain_size(_node(s, "exp")) == 5 and "% 4" in str(_node(s, "exp").domain)
+    assert _domain_size(_node(s, "sin")) == 5  # (read by y only)
+    assert _domain_size(_node(s, "cos")) == 20  # (an output)
+    same_outputs(g, s)
+
+
+def test_narrow_keeps_the_points_a_recurrence_needs():
+    """A recurrence read at its last point keeps every point (each reads the one before);
+    a tensor read at every other point is computed there."""
+    g = checked(
+        """
+        config T = 6, K = 3
+        dim t < T
+        dim k < K
+        x[0] = 1.0
+        x[t] = x[t-1] * 0.5 + f32(t)
+        h[t] = cos(f32(t))
+        s[k] = h[2 * k + 1] * 2.0
+        last = x[T-1] + s[0] + s[2]
+        out last
+        """
+    )
+    s = narrow(simplify(g))
+    assert _domain_size(_node(s, "cos")) == 3  # (t odd)
+    (step,) = [n for n in s.nodes if n.op == "mul" and n.dims == ("t",)]
+    assert _domain_size(step) == 5  # (x[t] for t >= 1: all of them)
+    same_outputs(g, s)
+
+
+def test_narrow_drops_a_merge_branch_that_holds_at_no_point_left():
+    """``x[0]``'s equation holds at no point that is read (only ``x[2]`` and ``x[4]``): the
+    merge loses that branch, and what only it read is dead."""
+    g = checked(
+        """
+        config T = 6, K = 2
+        dim t < T
+        dim k < K
+        x[0] = exp(3.0)
+        x[t] = sin(f32(t))
+        s[k] = x[2 * k + 2] * 2.0
+        out s
+        """
+    )
+    s = narrow(simplify(g))
+    assert "exp" in ops(simplify(g)) and "exp" not in ops(s)
+    assert _domain_size(_node(s, "sin")) == 2
+    same_outputs(g, s)

@@ -13,6 +13,7 @@ from timerlc.ir.pdg import Graph
 from timerlc.passes.autodiff import differentiate
 from timerlc.passes.forward import forward_merge_reads
 from timerlc.passes.incremental import incrementalize
+from timerlc.passes.narrow import narrow
 from timerlc.passes.noise import split_categorical
 from timerlc.passes.simplify import simplify
 
@@ -22,6 +23,7 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("incremental", incrementalize),
     ("noise", split_categorical),
     ("simplify", simplify),
+    ("narrow", narrow),
 ]
 LOWERING = ("autodiff",)  # what every backend needs; the rest optimizes for compiled ones
 

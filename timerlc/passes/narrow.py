@@ -1,0 +1,148 @@
+"""Narrowing: a tensor is computed only at the points something reads.
+
+In: a PDG after ``simplify``. Out: the same PDG where the domain of a node that nothing
+reads at some of its points leaves those points out. PPO's diagnostics are the case:
+``approx_kl[j]`` (a mean over the minibatch) is read only by ``last_kl[i] =
+approx_kl[i * K + K - 1]``, one minibatch step in 16, and the value loss's, policy loss's
+and entropy's means likewise, but each was computed at every step (a reduction over the
+65,536 samples of a minibatch at 2048 environments, a launch each on a GPU).
+
+The points a node's readers read (``_read``): for every edge that reads it, the image of the
+reader's domain (within the edge's condition) under the edge's access, by isl. Where they
+are strided along a dim (``j`` is 15 modulo 16), the node's new domain (``_narrowed``) is
+its domain with those strides and the read points' least and greatest values along each
+dim added to its condition: an over-approximation of the read points (it must hold them
+all: checked), kept where it leaves points out (checked). Bounds alone do not narrow: they
+leave out a few points at an end (the last minibatch step's gradient, which no parameter
+reads), and a domain that is no longer its neighbours' splits their fused kernels and
+windows. Outputs, metrics and environment calls keep their domains.
+A merge's branch that holds at none of the points left is dropped (``step[i] = step[i-1] +
+1`` where only ``i = 0`` is left), and so is what only such branches read.
+
+Readers first: a node narrowed reads less of its inputs, so the pass runs until nothing
+changes. It starts from the full domains and only removes points that no reader, as it is
+now, reads: a point that a recurrence needs is read by the recurrence's next point, which is
+kept, so it is kept (a cycle of points that only read each other is kept too: the pass is
+conservative there). The values at the points kept are those of before; a run-time failure
+at a point left out is not reported (as in dead code, ``simplify``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import islpy as isl
+import sympy
+
+from timerlc import ops
+from timerlc.ir import index as ix
+from timerlc.ir.pdg import Domain, Graph
+from timerlc.passes.simplify import _drop_dead
+from timerlc.poly import isl as pisl
+
+MAX_ROUNDS = 16  # passes over the graph (each narrows what the last one's narrowing allows)
+
+
+def narrow(graph: Graph) -> Graph:
+    keep = {graph.tensor(name).node for name in (*graph.outputs, *graph.metrics)}
+    keep |= {n.id for n in graph.nodes if ops.is_env(n.op)}
+    readers: dict[int, list] = {}
+    for n in graph.nodes:
+        for e in n.inputs:
+            readers.setdefault(e.src, []).append((n.id, e))
+    domains = {n.id: n.domain for n in graph.nodes}
+    for _ in range(MAX_ROUNDS):
+        changed = False
+        for n in reversed(graph.nodes):
+            if n.id in keep or not n.dims or n.id not in readers:
+                continue
+            read = _read(n, readers[n.id], domains)
+            if read is None:
+                continue
+            cond = _narrowed(n.dims, domains[n.id].cond, read)
+            if cond is not None:
+                domains[n.id] = Domain(n.dims, cond)
+                changed = True
+        if not changed:
+            break
+    if all(domains[n.id] is n.domain for n in graph.nodes):
+        return graph
+    nodes = []
+    for n in graph.nodes:
+        d = domains[n.id]
+        if d is n.domain:
+            nodes.append(n)
+            continue
+        inputs = n.inputs
+        if n.op == "merge":  # (a branch that holds at none of its points now: dropped)
+            live = tuple(e for e in inputs if e.cond is None or _meets(d, e.cond))
+            inputs = live or inputs
+        nodes.append(replace(n, domain=d, inputs=inputs))
+    return _drop_dead(graph, nodes, keep)
+
+
+def _meets(d: Domain, cond) -> bool:
+    return not pisl.cond_set(d.dims, d.cond & cond).is_empty()
+
+
+def _read(n, edges, domains) -> isl.Set | None:
+    """The points of ``n`` that ``edges`` (reader, edge) read, over ``[s_0, ...]``."""
+    read = None
+    for rid, e in edges:
+        d = domains[rid]
+        if e.cond is not None:
+            d = Domain(d.dims, d.cond & e.cond)
+        image = pisl.access_map(d, e.access, len(n.dims)).range()
+        read = image if read is None else read.union(image)
+    return None if read is None else read.coalesce()
+
+
+def _narrowed(dims: tuple[str, ...], cond, read: isl.Set):
+    """``cond`` (a domain's condition over ``dims``) and the strides and bounds of ``read``
+    (the points read, over ``[s_0, ...]``) along each dim, where that holds every point read
+    and leaves some of the domain's out; else None."""
+    if read.is_empty():
+        return None
+    whole = _renamed(pisl.cond_set(dims, cond), len(dims))
+    if whole.is_subset(read):
+        return None  # (every point is read)
+    extra, strided = [], False
+    for k, d in enumerate(dims):
+        x = ix.sym(d)
+        lo, hi = _constant(read.dim_min(k)), _constant(read.dim_max(k))
+        if lo is not None:
+            extra.append(x >= lo)
+        if hi is not None:
+            extra.append(x <= hi)
+        info = read.get_stride_info(k)
+        stride = info.get_stride().to_python()
+        offset = info.get_offset()
+        if stride > 1 and offset.is_cst():
+            c = offset.get_constant_val().to_python()
+            extra.append(sympy.Eq(ix.mod(x - c, stride), 0))
+            strided = True
+    if not strided:
+        # (bounds alone leave out a few points at an end, the last update's gradient: a
+        # domain that is no longer its neighbours' would split their fused kernels and
+        # windows for little)
+        return None
+    new = pisl.simplify(dims, ix.conj(cond, *extra))
+    narrowed = _renamed(pisl.cond_set(dims, new), len(dims))
+    if not read.is_subset(narrowed) or whole.is_subset(narrowed):
+        return None
+    return new
+
+
+def _constant(pa: isl.PwAff) -> int | None:
+    """The value of a piecewise affine function that is one constant, else None."""
+    pieces = pa.get_pieces()
+    if len(pieces) != 1 or not pieces[0][1].is_cst():
+        return None
+    return pieces[0][1].get_constant_val().to_python()
+
+
+def _renamed(s: isl.Set, n: int) -> isl.Set:
+    """``s`` over ``[s_0, ..., s_{n-1}]`` (the producer's side of ``pisl.access_map``)."""
+    for k in range(n):
+        s = s.set_dim_name(isl.dim_type.set, k, f"s_{k}")
+    return s.reset_tuple_id()
