@@ -23,6 +23,7 @@ from timerlc.cuda import nvrtc
 from timerlc.cuda.emu import compiler
 from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
+from timerlc.plan import items
 from timerlc.reference.interpreter import run_graph
 from timerlc.runtime.cpu import CpuRuntime
 from timerlc.runtime.cuda import DeviceRuntime, EmuDevice
@@ -354,3 +355,45 @@ def test_a_serial_step_passes_its_locals_to_the_steps_after_it(tmp_path):
     want[:307] = np.arange(307, dtype=np.float32) * np.float32(3.5)
     want[999] = 4.5
     np.testing.assert_array_equal(out, want)
+
+
+def test_a_fused_kernel_s_element_loops_merge_into_one_thread_each():
+    """A fused kernel's statements at a row (two element loops over one range, the second
+    reading the first's element as stored): one loop, a thread per element
+    (``render._merged_elements``); a read of the first's value at another element keeps
+    them apart."""
+    from timerlc.cuda import render
+
+    x = kir.Load("x", kir.Ref("e"), "f32")
+    a = For(
+        "e", kir.i64(0), kir.i64(64), (kir.Store("y", kir.Ref("e"), kir.Un("tanh", x, "f32")),)
+    )
+    same = kir.Store("z", kir.Ref("f"), kir.Un("exp", kir.Load("y", kir.Ref("f"), "f32"), "f32"))
+    b = For("f", kir.i64(0), kir.i64(64), (same,))
+    merged = render._merged_elements((a, b))
+    assert merged is not None and [s.buf for s in merged.body] == ["y", "z"]
+    assert merged.body[1].index == kir.Ref("e")  # (the second loop's variable renamed)
+    other = kir.Load("y", kir.add(kir.Ref("f"), kir.i64(1)), "f32")
+    c = For("f", kir.i64(0), kir.i64(64), (kir.Store("z", kir.Ref("f"), other),))
+    assert render._merged_elements((a, c)) is None
+    d = For("f", kir.i64(0), kir.i64(32), (same,))
+    assert render._merged_elements((a, d)) is None  # (another range)
+
+
+def test_the_cuda_build_orders_a_step_s_calls_by_level():
+    """Inside the loops, calls that only depend on earlier levels go first where that joins
+    more of them (``codegen.tree.by_level``): PPO's 24 Adam moments, then its 12 updates,
+    two kernels (the build for the cpu keeps the schedule's order)."""
+    path = Path(__file__).resolve().parent.parent / "programs" / "ppo.rtl"
+    _, gen = generated(path, B=8, T=16, total_steps=256)
+    cu = cuda_gen(gen)
+    sizes = sorted(len(p) for p in cu.plan.kernels.fused)
+    assert 24 in sizes and 12 in sizes
+    assert cu.plan.tree != gen.plan.tree  # (reordered for the cuda build only)
+
+    def calls(plan):
+        return sorted(
+            (c.statement, repr(c.args)) for c in items.walk(plan.tree) if isinstance(c, items.Call)
+        )
+
+    assert calls(cu.plan) == calls(gen.plan)  # (the same calls)

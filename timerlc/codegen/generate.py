@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from timerlc.codegen import kir
 from timerlc.codegen.lower import Unsupported, lower_statement
-from timerlc.codegen.tree import lower_tree
+from timerlc.codegen.tree import by_level, lower_tree
 from timerlc.llvm.render import render_module
 from timerlc.plan import expr as px
 from timerlc.plan.items import (
@@ -96,6 +96,8 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
     # or a metric's (the runtime records those after their calls)
     recorded = {sid for _, sid, _ in plan.outputs} | {sid for _, sid, _ in plan.metrics}
     eligible = {k.sid: k for k in kernels if k.repeat == 1 and k.sid not in recorded}
+    # (the calls inside its loops in the order that joins the most: codegen.tree.by_level)
+    plan = by_level(plan, eligible, recorded)
     fused: dict[tuple, kir.Kernel] = {}
     trees = lower_tree(plan, eligible, fused, horizontal=True)
     used = {s.kernel for t in trees for s in kir.walk_tree(t.body) if isinstance(s, kir.Launch)}

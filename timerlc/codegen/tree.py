@@ -14,6 +14,8 @@ and stream the metric's values.
 
 from __future__ import annotations
 
+import dataclasses
+
 from timerlc.codegen import kir
 from timerlc.codegen.fuse import concat, fuse
 from timerlc.codegen.kir import If, Launch, Loop
@@ -135,3 +137,81 @@ class _Tree:
         if sid in self.recorded:
             out.append(kir.Host(sid, 1, args))
         return out
+
+
+def by_level(plan: Plan, kernels: dict[int, kir.Kernel], recorded: set[int]) -> Plan:
+    """``plan`` with each run of consecutive calls inside its loops in an order that makes
+    fewer launches, where one does (for the cuda target, whose launches ``fuse.concat``
+    joins when independent): the calls by their level (a call's is one more than the
+    highest of the earlier calls of the run it must follow: that wrote what it reads or
+    writes, or read what it writes), in their order within a level. A minibatch step's Adam
+    updates came as six dependent pairs (a tensor's moments, then its update joined with the
+    next tensor's moments): now every moment, then every update, two launches.
+
+    A run holds only calls of statements with a kernel that neither record (an output's, a
+    metric's), nor take a donor's memory, nor touch an environment's state; the others, an
+    ``if`` and a loop keep their places. The top-level items keep their order (the memory
+    plan numbers them)."""
+
+    def touches(sid: int) -> tuple[set, set]:
+        reads = {r.src for n in plan.statement(sid).nodes for r in n.inputs if r.stored}
+        return reads, {sid}
+
+    def movable(it) -> bool:
+        if not isinstance(it, Call) or it.statement in recorded:
+            return False
+        k = kernels.get(it.statement)
+        return (
+            k is not None
+            and plan.buffer(it.statement).donor is None
+            and not k.shared
+            and not any(s.state for s in k.slots)
+        )
+
+    def launches(run: list) -> int:
+        low = _Tree(plan, kernels, recorded, {}, set(), horizontal=True)
+        return sum(isinstance(x, Launch) for x in low.items(tuple(run)))
+
+    def arrange(run: list) -> list:
+        if len(run) < 3:
+            return run
+        level: list[int] = []
+        seen: list[tuple[set, set]] = []
+        for it in run:
+            reads, writes = touches(it.statement)
+            lv = 0
+            for k, (r2, w2) in enumerate(seen):
+                if w2 & (reads | writes) or r2 & writes:
+                    lv = max(lv, level[k] + 1)
+            level.append(lv)
+            seen.append((reads, writes))
+        order = sorted(range(len(run)), key=lambda k: (level[k], k))
+        sorted_run = [run[k] for k in order]
+        if order == list(range(len(run))) or launches(sorted_run) >= launches(run):
+            return run
+        return sorted_run
+
+    def body(items) -> tuple:
+        out: list = []
+        run: list = []
+        for it in items:
+            if movable(it):
+                run.append(it)
+                continue
+            out += arrange(run)
+            run = []
+            if isinstance(it, PlanLoop):
+                it = PlanLoop(it.var, it.init, it.cond, it.inc, body(it.body))
+            elif isinstance(it, PlanIf):
+                it = PlanIf(it.cond, body(it.then), body(it.orelse))
+            out.append(it)
+        out += arrange(run)
+        return tuple(out)
+
+    tree = tuple(
+        PlanLoop(it.var, it.init, it.cond, it.inc, body(it.body))
+        if isinstance(it, PlanLoop)
+        else it
+        for it in plan.tree
+    )
+    return plan if tree == plan.tree else dataclasses.replace(plan, tree=tree)

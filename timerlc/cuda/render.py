@@ -1553,7 +1553,7 @@ def _spread(body) -> tuple:
 def _spread_nest(s: For) -> For:
     """The parallel loop ``s`` with the loop its nest of parallel loops (``_nest``) ends on
     marked parallel where that loop's iterations are independent (``_spread``)."""
-    inner = s.body[0] if len(s.body) == 1 else None
+    inner = s.body[0] if len(s.body) == 1 else _merged_elements(s.body)
     if not isinstance(inner, For) or inner.reduce:
         return s
     if inner.parallel:
@@ -1565,7 +1565,37 @@ def _spread_nest(s: For) -> For:
     return s
 
 
+def _merged_elements(body) -> For | None:
+    """The loops ``body`` (a fused kernel's statements at a row: PPO's first layers of the
+    actor and the critic, which read the same observations) as one loop, the later loops'
+    variables renamed to the first's, where they run over one constant range and the one
+    loop's iterations are independent (``_independent_elements``); else None."""
+    from timerlc.codegen.fuse import _Subst
+
+    first = body[0] if body else None
+    if len(body) < 2 or not isinstance(first, For):
+        return None
+    stmts: list = []
+    for x in body:
+        if not (
+            isinstance(x, For)
+            and not x.parallel
+            and not x.reduce
+            and isinstance(x.lo, Const)
+            and x.lo == first.lo
+            and x.hi == first.hi
+        ):
+            return None
+        sub = _Subst({x.var: first.var}, {}, 0)
+        stmts += [sub.stmt(y) for y in x.body] if x.var != first.var else list(x.body)
+    merged = dataclasses.replace(first, body=tuple(stmts))
+    return merged if _independent_elements(merged) else None
+
+
 def _independent_elements(loop: For) -> bool:
+    """Whether ``loop``'s iterations are independent: it only stores, each store at an
+    index its variable moves, no draw, and a buffer it stores is read only at an index the
+    same iteration stored before (a fused kernel's value passed on at its element)."""
     from timerlc.codegen.fuse import _injective
 
     if loop.reduce or not (isinstance(loop.lo, Const) and isinstance(loop.hi, Const)):
@@ -1573,14 +1603,16 @@ def _independent_elements(loop: For) -> bool:
     if not loop.body or not all(isinstance(x, Store) for x in loop.body):
         return False
     stored = {x.buf for x in loop.body}
+    before: set = set()  # (buffer, index) the iteration stored so far
     for x in loop.body:
         if not _injective(x.index, loop.var):
             return False
         for e in kir.subexprs(x.value):
-            if isinstance(e, Load) and e.buf in stored:
+            if isinstance(e, Load) and e.buf in stored and (e.buf, e.index) not in before:
                 return False
             if isinstance(e, kir.Fn):  # (a draw: its own order)
                 return False
+        before.add((x.buf, x.index))
     return True
 
 
