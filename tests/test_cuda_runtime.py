@@ -518,10 +518,10 @@ def test_reductions_and_the_work_under_a_merge_s_conditions_run_on_the_grid():
     # block)
     assert _phases(gen, "s") == (300,)
     assert _phases(gen, "k") == (300,)
-    # c: x @ m | its zeros | the rows of terms, then, by the last block, the copies added,
-    # f32 and into c's buffer
+    # c: x @ m | the rows of terms, then, by the last block, its zeros (render._first_values),
+    # the copies added, f32 and into c's buffer
     every = {_threads(phases) for _, phases in gen.plan.kernels.launches}
-    assert ("blas", 5, parts) in every
+    assert ("blas", parts) in every
     # q: zeros at i = 0, else x * c (one launch: the loops of an if's two branches), then
     # x.T @ (..) and the update
     assert _phases(gen, "q") == (300, "blas", 5)

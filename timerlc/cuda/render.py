@@ -573,15 +573,20 @@ class _Kernel:
             # a run on one thread before a reduction that touches nothing of its (the sums'
             # first values, which only the combination reads): run by the reduction's last
             # block, before it combines
+            # Likewise a small step that touches nothing of the reduction's but its
+            # accumulators' first values (``_first_values``)
             head: list[int] = []
             if (
-                st.kind == "serial"
-                and j + 2 < len(steps)
+                j + 2 < len(steps)
                 and steps[j + 1].kind == "reduce"
                 and _combines(steps[j + 2], steps[j + 1].number)
-                and steps[j + 2].kind == "serial"  # (thread 0: the run's locals its own)
-                and not _fails(st)
-                and _apart(st, steps[j + 1])
+                and (
+                    st.kind == "serial"
+                    and steps[j + 2].kind == "serial"  # (thread 0: the run's locals its own)
+                    and not _fails(st)
+                    and _apart(st, steps[j + 1])
+                    or _first_values(st, steps[j + 1])
+                )
             ):
                 head = [j]
                 j += 1
@@ -1443,6 +1448,26 @@ def _apart(run: _Step, red: _Step) -> bool:
     if red.guard is not None:
         refs |= _refs_of(red.guard)
     return not refs & set(_lets(a))
+
+
+def _first_values(st: _Step, red: _Step) -> bool:
+    """Whether the small step ``st`` (``_small``: parallel loops of a few points, or a run on
+    one thread, none able to fail) may run after the reduction ``red``, first in its last
+    block: of what ``red`` touches it writes only the accumulators that are temporaries (a
+    sum's zero, a bias gradient's zeros: each block of ``red`` sums into a copy of its own
+    from the identity, and only the combination, the last block's, reads them), it reads
+    nothing ``red`` writes, and it has no local. A weight gradient's copy out of the
+    product and the bias gradient's zeros before the bias gradient's sum: one launch less."""
+    if not _small(st) or st.kind not in ("serial", "parallel", "either"):
+        return False
+    accs = set(red.form[1]) if red.form[0] == "scalar" else {red.form[1]}
+    a, b = st.statements(), red.statements()
+    written = _written(a)
+    return (
+        not (written & _buffers(b)) - accs
+        and not (_buffers(a) - written) & _written(b)
+        and not _lets(a)
+    )
 
 
 def _fails(st: _Step) -> bool:
