@@ -17,7 +17,7 @@ import pytest
 from rtl_helpers import src, table
 
 from timerlc.codegen import kir
-from timerlc.codegen.kir import For
+from timerlc.codegen.kir import For, Store
 from timerlc.compiler import compile_plan, generate_code, run_passes
 from timerlc.cuda import nvrtc
 from timerlc.cuda.emu import compiler
@@ -397,3 +397,37 @@ def test_the_cuda_build_orders_a_step_s_calls_by_level():
         )
 
     assert calls(cu.plan) == calls(gen.plan)  # (the same calls)
+
+
+def test_loops_over_one_range_that_meet_only_at_their_row_are_one_step():
+    """A statement's ops over the rows of its value, each into a temporary (PPO's gradient
+    of the logits: six loops over 65,536 rows, five launches), are one loop, a thread per
+    row (``render._row_merged``), where of what one writes the others touch only their own
+    row's elements; a read of another row's keeps them apart, and the merged temporaries
+    stay global."""
+    from timerlc.cuda import render
+
+    r, e = kir.Ref("r"), kir.Ref("e")
+    row = kir.add(kir.mul(r, 2), e)
+    a = For(
+        "r",
+        kir.i64(0),
+        kir.i64(100),
+        (For("e", kir.i64(0), kir.i64(2), (Store("t1", row, kir.Load("x", row, "f32")),)),),
+        True,
+    )
+    q = kir.Ref("q")
+    two = [
+        kir.Load("t1", kir.mul(q, 2), "f32"),
+        kir.Load("t1", kir.add(kir.mul(q, 2), kir.i64(1)), "f32"),
+    ]
+    b = For("q", kir.i64(0), kir.i64(100), (Store("y", q, kir.Bin("add", *two, "f32")),), True)
+    body, shared = render._row_merged((a, b))
+    assert len(body) == 1 and shared == {"t1", "y"}
+    merged = body[0].body[1]
+    assert merged.buf == "y" and merged.index == r  # (the second loop's variable renamed)
+    far = kir.Load("t1", kir.add(kir.mul(q, 2), kir.i64(2)), "f32")
+    c = For("q", kir.i64(0), kir.i64(100), (Store("y", q, far),), True)
+    assert len(render._row_merged((a, c))[0]) == 2  # (row q + 1's element)
+    d = dataclasses.replace(b, hi=kir.i64(50))
+    assert len(render._row_merged((a, d))[0]) == 2  # (another range)

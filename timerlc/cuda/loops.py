@@ -403,7 +403,7 @@ class _RowKernel(render._Kernel):
     """A statement's kernel as part of a loop kernel: its steps over the block's rows."""
 
     def __init__(self, k: kir.Kernel, facts: _Facts):
-        super().__init__(k, blas=False)  # (its element loops spread: render._spread)
+        super().__init__(k, blas=False, merge_rows=False)  # (render._spread: yes)
         self.facts = facts
         self.rows = True
         self.step_list = self._steps()

@@ -493,8 +493,12 @@ def buf(b: str) -> str:
 
 
 class _Kernel:
-    def __init__(self, k: kir.Kernel, blas: bool = True):
-        self.k = k = dataclasses.replace(k, body=_spread(k.body))
+    def __init__(self, k: kir.Kernel, blas: bool = True, merge_rows: bool = True):
+        # (not where two of its buffers are one memory, a donation's: a loop reading the
+        # donor's at one row and another writing the statement's at another would meet)
+        merge_rows = merge_rows and not k.shared
+        body, self.row_shared = _row_merged(k.body) if merge_rows else (k.body, set())
+        self.k = k = dataclasses.replace(k, body=_spread(body))
         self.blas = blas
         self.lines: list[str] = []
         self.labels = 0
@@ -1131,7 +1135,7 @@ class _Kernel:
         perfectly nested in it (``_nest``) are one loop with it, a thread per point."""
         v = name(s.var)
         temps = {t.name for t in self.k.temps}
-        mine = temps & (_written(s.body) - self.others)
+        mine = temps & (_written(s.body) - self.others) - self.row_shared
         self.local_temps |= mine
         nest = _nest(s) if collapse else [s]
         step = step or "(long long)gridDim.x * blockDim.x"
@@ -1555,6 +1559,123 @@ def _extent(loop: For, otherwise: int = THREADS) -> int:
     if isinstance(hi, Bin) and hi.op == "add" and hi.a == loop.lo and isinstance(hi.b, Const):
         return max(int(hi.b.value), 1)  # (lo ..< lo + n: a block's points)
     return otherwise
+
+
+def _row_merged(body) -> tuple[tuple, set]:
+    """``body`` with each run of consecutive parallel loops over one constant range (a
+    statement's ops over the rows of its value, each into a temporary: PPO's gradient of
+    the logits, six loops over 65,536 rows, five launches) as one loop, each thread doing
+    every loop's iteration for its row in turn, where of what one loop of the run writes the
+    others touch only the element of their own row (``_rows_local``); and the temporaries
+    the merged loops write (global: a thread's row of them, not a copy of its own)."""
+    out: list = []
+    shared: set = set()
+    run: list = []
+
+    def flush():
+        if len(run) > 1:
+            var = run[0].var
+            stmts: list = []
+            for loop in run:
+                sub = _subst({loop.var: var})
+                stmts += [sub.stmt(x) for x in loop.body] if loop.var != var else loop.body
+            out.append(dataclasses.replace(run[0], body=tuple(stmts)))
+            shared.update(_written(run))
+        else:
+            out.extend(run)
+        run.clear()
+
+    for s in body:
+        if not _row_loop(s):
+            flush()
+            out.append(s)
+        elif run and (s.lo, s.hi) == (run[0].lo, run[0].hi) and _rows_local(run + [s]):
+            run.append(s)
+        else:
+            flush()
+            run.append(s)
+    flush()
+    return tuple(out), shared
+
+
+def _subst(refs: dict):
+    from timerlc.codegen.fuse import _Subst
+
+    return _Subst(refs, {}, 0)
+
+
+def _row_loop(s) -> bool:
+    """A parallel loop over a constant range with nothing in it that stops (a failure) or
+    needs the grid (a product, a permutation) or an order (a draw)."""
+    return (
+        isinstance(s, For)
+        and s.parallel
+        and not s.reduce
+        and isinstance(s.lo, Const)
+        and isinstance(s.hi, Const)
+        and not any(isinstance(x, (Fail, Gemm, Permute)) for x in kir.walk_tree(s.body))
+        and not any(isinstance(e, kir.Fn) for e in _exprs(s.body))
+    )
+
+
+def _rows_local(loops: list) -> bool:
+    """Whether each buffer one of ``loops`` (over one range) writes and another touches is
+    accessed, in all of them, only at ``C * row + f`` (the loop's variable ``row``, one
+    ``C`` per buffer, ``f`` within ``[0, C)`` over the inner loops' ranges): a thread doing
+    every loop's iteration for its row touches nothing another thread's row does."""
+    from timerlc.codegen.lower import _affine
+
+    accesses: dict = {}  # buffer -> [(loop number, index, inner ranges, written)]
+
+    def visit(stmts, k: int, ranges: dict):
+        for x in stmts:
+            if isinstance(x, For):
+                inner = dict(ranges)
+                if isinstance(x.lo, Const) and isinstance(x.hi, Const):
+                    inner[x.var] = (int(x.lo.value), int(x.hi.value) - 1)
+                else:
+                    inner[x.var] = None
+                visit(x.body, k, inner)
+                continue
+            if isinstance(x, If):
+                visit(x.then, k, ranges)
+                visit(x.orelse, k, ranges)
+            if isinstance(x, Store):
+                accesses.setdefault(x.buf, []).append((k, x.index, ranges, True))
+            for e in kir.own_exprs(x):
+                for y in kir.subexprs(e):
+                    if isinstance(y, Load):
+                        accesses.setdefault(y.buf, []).append((k, y.index, ranges, False))
+
+    for k, loop in enumerate(loops):
+        visit(loop.body, k, {loop.var: "row"})
+    for uses in accesses.values():
+        if not any(w for _, _, _, w in uses) or len({k for k, _, _, _ in uses}) < 2:
+            continue
+        stride = None
+        for k, index, ranges, _ in uses:
+            row = loops[k].var
+            names = set(ranges)
+            aff = _affine(index, names)
+            if aff is None or not isinstance(aff[0], Const):
+                return False
+            coef = aff[1]
+            c = coef.get(row, 0)
+            if c <= 0 or stride not in (None, c):
+                return False
+            stride = c
+            lo = hi = int(aff[0].value)
+            for v, a in coef.items():
+                if v == row:
+                    continue
+                r = ranges.get(v)
+                if r is None or r == "row":
+                    return False
+                lo += min(a * r[0], a * r[1])
+                hi += max(a * r[0], a * r[1])
+            if lo < 0 or hi >= c:
+                return False
+    return True
 
 
 def _spread(body) -> tuple:
