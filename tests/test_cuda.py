@@ -431,3 +431,43 @@ def test_loops_over_one_range_that_meet_only_at_their_row_are_one_step():
     assert len(render._row_merged((a, c))[0]) == 2  # (row q + 1's element)
     d = dataclasses.replace(b, hi=kir.i64(50))
     assert len(render._row_merged((a, d))[0]) == 2  # (another range)
+
+
+@needs_cxx
+def test_a_check_of_the_loop_values_is_made_before_the_loop_reads(tmp_path):
+    """A kernel built by hand: ``if 4 * j > 8: fail 1``, then a copy of ``src[4 * j + v]``.
+    The check reads only the call's loop values: each iteration of the loop makes it
+    first, one launch (it was a step of its own, launched after the loop, whose reads it
+    was there to allow); at j = 3 nothing is read or written and the code is 1."""
+    from timerlc.codegen.kir import Bin, Fail, If, Kernel, Load, Ref, Slot
+    from timerlc.cuda.emu import EmuModule
+    from timerlc.cuda.render import render_module
+
+    start = kir.mul(Ref("j"), 4)
+    check = If(Bin("gt", start, kir.i64(8), "bool"), (Fail(1),))
+    v = Ref("v")
+    copy = For(
+        "v",
+        kir.i64(0),
+        kir.i64(4),
+        (Store("out", v, Load("src", kir.add(start, v), "f32")),),
+        True,
+    )
+    slots = (Slot("out", "f32", 0, 0, 0, True), Slot("src", "f32", 1, 1, 0, False))
+    k = Kernel("hand", 0, ("j",), slots, (), (check, copy))
+    text, skipped, launches = render_module([k])
+    assert not skipped and [f for f, _ in launches["hand"].phases] == ["hand"]
+    emu = EmuModule(text, tmp_path)
+    src = np.arange(12, dtype=np.float32)
+    for j, code in ((2, 0), (3, 1)):
+        out = np.full(4, -1.0, np.float32)
+        table = np.array([out.ctypes.data, src.ctypes.data], np.uint64)
+        args = np.array([j], np.int64)
+        scratch = np.zeros(16, np.uint8)
+        err = np.zeros(11, np.int64)  # (the failure record and the tickets' counter)
+        emu.function("hand")(
+            table.ctypes.data, args.ctypes.data, scratch.ctypes.data, err.ctypes.data, 3, None
+        )
+        assert err.view(np.int32)[0] == code and err[2] == (j if code else 0)
+        want = src[8:12] if code == 0 else np.full(4, -1.0, np.float32)
+        np.testing.assert_array_equal(out, want)

@@ -680,7 +680,17 @@ class _Kernel:
                 steps.append(_Step("perm", s, guard, ("out", total)))
             elif isinstance(pushed, For) and pushed.parallel:
                 loop = _pushed_in(under(guard, pushed))
-                if serial and (combining or not _independent_of_run(loop, serial)):
+                checks = _uniform_checks(serial, set(self.k.params))
+                if checks and not combining and _runs(loop):
+                    # the run is checks of the call's loop values alone (a slice's start):
+                    # each iteration of the loop makes them first, where a step of their
+                    # own was a launch (and went after the loop, which touched nothing of
+                    # the run's, so the loop read before they had said it may)
+                    loop = dataclasses.replace(loop, body=tuple(checks) + loop.body)
+                    serial, last_guard = [], None
+                if serial and (
+                    combining or _fails_any(serial) or not _independent_of_run(loop, serial)
+                ):
                     flush()
                 # (else the run on one thread, which touches nothing of the loop's, runs
                 # after it: the loop may join the step before the run)
@@ -1795,6 +1805,33 @@ def _array_blocks(size: int) -> int:
     """The most blocks a reduction into a temporary of ``size`` elements runs on (each
     keeps a partial copy of it: at most ``PART_BYTES`` of them in all)."""
     return max(1, min(PARTS, PART_BYTES // (8 * max(size, 1))))
+
+
+def _uniform_checks(run: list, params: set) -> list:
+    """The statements of ``run`` where each is a check of the call's loop values alone
+    (``if c: fail k``, ``c`` the same on every thread), else []."""
+    ok = all(
+        isinstance(x, If)
+        and not x.orelse
+        and len(x.then) == 1
+        and isinstance(x.then[0], Fail)
+        and _uniform(x.cond, params)
+        for x in run
+    )
+    return list(run) if run and ok else []
+
+
+def _runs(loop: For) -> bool:
+    """Whether the parallel loop runs at least once at every call (constant bounds)."""
+    return (
+        isinstance(loop.lo, Const)
+        and isinstance(loop.hi, Const)
+        and int(loop.hi.value) > int(loop.lo.value)
+    )
+
+
+def _fails_any(run: list) -> bool:
+    return any(isinstance(x, Fail) for x in kir.walk_tree(run))
 
 
 def _uniform(e, params: set) -> bool:
