@@ -1442,11 +1442,22 @@ def _pushed_in(s):
         reads = {e.buf for e in kir.subexprs(s.cond) if isinstance(e, Load)}
         if reads & _written(loop.body) or _refs_of(s.cond) & set(_lets(loop.body)):
             return s
+        inner = loop.body[0] if len(loop.body) == 1 else None
+        if (
+            isinstance(inner, For)
+            and inner.parallel
+            and not inner.reduce
+            and isinstance(inner.lo, Const)
+            and isinstance(inner.hi, Const)
+        ):  # (below the parallel loops nested in it: the nest stays one loop, _nest)
+            return dataclasses.replace(loop, body=(_pushed_in(If(s.cond, (inner,), ())),))
         return dataclasses.replace(loop, body=(If(s.cond, loop.body, ()),))
     return s
 
 
-TAIL_THREADS = 1024  # the most a step after a reduction's combination may ask to join it
+# the most a step before or after a reduction's combination may ask to join it (a 64x64
+# weight gradient's copy: 32 points a thread of the last block)
+TAIL_THREADS = 4096
 
 
 def _apart(run: _Step, red: _Step) -> bool:
