@@ -252,6 +252,21 @@ def test_a_donation_hands_the_donor_s_device_memory_to_the_statement():
 
 
 @needs_cxx
+def test_a_planned_donation_that_does_not_happen_is_refused_in_the_arena():
+    """The arena gives a donee its donor's bytes: a donee allocated while its donor still
+    holds them (read before its statement's call, so without the donation) would have the
+    donor's values overwrite its own, and the donor's free poison them. Refused instead."""
+    graph = graph_of(DONATE)
+    gen = generate(compile_plan(run_passes(graph)), "cuda")
+    donee = next(b for b in gen.plan.buffers if b.donor is not None)
+    rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice())
+    assert rt.layout is not None
+    rt.written(donee.donor)
+    with pytest.raises(RunError, match="was to take the memory of buffer"):
+        rt.read(donee.id)
+
+
+@needs_cxx
 def test_the_device_s_memory_is_zeroed_where_no_statement_writes():
     """A GPU's fresh memory holds garbage (the emulated device's is poisoned): points
     outside an output's domain still read 0."""

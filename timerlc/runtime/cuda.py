@@ -871,6 +871,16 @@ class DeviceRuntime(CpuRuntime):
             if donor in self.dirty:
                 self.dirty[sid] = self.dirty.pop(donor)
         else:  # new arrays (zeros) or a swap's copies (``swap_in`` marks them)
+            planned = self.plan.buffer(sid).donor
+            if self.layout is not None and planned is not None and self.dev.get(planned):
+                # (the arena gives it its donor's bytes, which the donor still holds: the
+                # donation it was planned with did not happen, as where a function of the
+                # tree read it before its statement's call allocated it)
+                raise RunError(
+                    f"internal error: buffer {sid} ({self._name(sid)}) was to take the memory "
+                    f"of buffer {planned} ({self._name(planned)}), which still holds it (a "
+                    "bad plan)"
+                )
             ptrs = []
             # (a buffer whose values live within an iteration shares its bytes with others
             # in between, and every point is written before it is read: not zeroed, which
