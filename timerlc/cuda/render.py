@@ -1443,13 +1443,7 @@ def _pushed_in(s):
         if reads & _written(loop.body) or _refs_of(s.cond) & set(_lets(loop.body)):
             return s
         inner = loop.body[0] if len(loop.body) == 1 else None
-        if (
-            isinstance(inner, For)
-            and inner.parallel
-            and not inner.reduce
-            and isinstance(inner.lo, Const)
-            and isinstance(inner.hi, Const)
-        ):  # (below the parallel loops nested in it: the nest stays one loop, _nest)
+        if _nestable(inner):  # (below the parallel loops nested in it: the nest stays whole)
             return dataclasses.replace(loop, body=(_pushed_in(If(s.cond, (inner,), ())),))
         return dataclasses.replace(loop, body=(If(s.cond, loop.body, ()),))
     return s
@@ -1629,11 +1623,7 @@ def _row_loop(s) -> bool:
     """A parallel loop over a constant range with nothing in it that stops (a failure) or
     needs the grid (a product, a permutation) or an order (a draw)."""
     return (
-        isinstance(s, For)
-        and s.parallel
-        and not s.reduce
-        and isinstance(s.lo, Const)
-        and isinstance(s.hi, Const)
+        _nestable(s)
         and not any(isinstance(x, (Fail, Gemm, Permute)) for x in kir.walk_tree(s.body))
         and not any(isinstance(e, kir.Fn) for e in _exprs(s.body))
     )
@@ -1724,9 +1714,7 @@ def _spread_nest(s: For) -> For:
     if not isinstance(inner, For) or inner.reduce:
         return s
     if inner.parallel:
-        if not (isinstance(inner.lo, Const) and isinstance(inner.hi, Const)):
-            return s
-        return dataclasses.replace(s, body=(_spread_nest(inner),))
+        return dataclasses.replace(s, body=(_spread_nest(inner),)) if _nestable(inner) else s
     if _independent_elements(inner):
         return dataclasses.replace(s, body=(dataclasses.replace(inner, parallel=True),))
     return s
@@ -1783,18 +1771,23 @@ def _independent_elements(loop: For) -> bool:
     return True
 
 
+def _nestable(x) -> bool:
+    """Whether ``x`` is a parallel loop (not a reduction) whose bounds are constants: one
+    that joins a nest over the grid (``_nest``)."""
+    return (
+        isinstance(x, For)
+        and x.parallel
+        and not x.reduce
+        and isinstance(x.lo, Const)
+        and isinstance(x.hi, Const)
+    )
+
+
 def _nest(loop: For) -> list[For]:
     """``loop`` and the parallel loops perfectly nested in it whose bounds are constants
     (each the only statement of the one before): one loop over the grid (``grid_loop``)."""
     nest = [loop]
-    while (
-        len(nest[-1].body) == 1
-        and isinstance(nest[-1].body[0], For)
-        and nest[-1].body[0].parallel
-        and not nest[-1].body[0].reduce
-        and isinstance(nest[-1].body[0].lo, Const)
-        and isinstance(nest[-1].body[0].hi, Const)
-    ):
+    while len(nest[-1].body) == 1 and _nestable(nest[-1].body[0]):
         nest.append(nest[-1].body[0])
     return nest
 
