@@ -103,7 +103,7 @@ def _narrowed(dims: tuple[str, ...], cond, read: isl.Set):
     and leaves some of the domain's out; else None."""
     if read.is_empty():
         return None
-    whole = _renamed(pisl.cond_set(dims, cond), len(dims))
+    whole = pisl.producer_side(pisl.cond_set(dims, cond), len(dims))
     if whole.is_subset(read):
         return None  # (every point is read)
     extra, strided = [], False
@@ -127,7 +127,7 @@ def _narrowed(dims: tuple[str, ...], cond, read: isl.Set):
         # windows for little)
         return None
     new = pisl.simplify(dims, ix.conj(cond, *extra))
-    narrowed = _renamed(pisl.cond_set(dims, new), len(dims))
+    narrowed = pisl.producer_side(pisl.cond_set(dims, new), len(dims))
     if not read.is_subset(narrowed) or whole.is_subset(narrowed):
         return None
     return new
@@ -139,10 +139,3 @@ def _constant(pa: isl.PwAff) -> int | None:
     if len(pieces) != 1 or not pieces[0][1].is_cst():
         return None
     return pieces[0][1].get_constant_val().to_python()
-
-
-def _renamed(s: isl.Set, n: int) -> isl.Set:
-    """``s`` over ``[s_0, ..., s_{n-1}]`` (the producer's side of ``pisl.access_map``)."""
-    for k in range(n):
-        s = s.set_dim_name(isl.dim_type.set, k, f"s_{k}")
-    return s.reset_tuple_id()

@@ -65,7 +65,7 @@ def check_reads(graph: Graph):
             if not src.dims:
                 continue
             amap = pisl.access_map(n.domain, e.access, len(src.dims))
-            target = _rename(dom(src), len(src.dims))
+            target = pisl.producer_side(dom(src), len(src.dims))
             bad = amap.subtract_range(target)
             if bad.is_empty():
                 continue
@@ -83,13 +83,6 @@ def check_reads(graph: Graph):
                 "not defined",
                 e.span or n.span,
             )
-
-
-def _rename(s: isl.Set, n: int) -> isl.Set:
-    """The same set with its dims named s_0..s_{n-1} (the producer side of access maps)."""
-    for k in range(n):
-        s = s.set_dim_name(isl.dim_type.set, k, f"s_{k}")
-    return s.reset_tuple_id()
 
 
 def _check_spatial(graph: Graph, n: Node):

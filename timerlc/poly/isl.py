@@ -60,6 +60,13 @@ def _access_map(consumer: Domain, access, n_src: int) -> isl.Map:
     return isl.Map(text)
 
 
+def producer_side(s: isl.Set, n: int) -> isl.Set:
+    """The same set with its dims named s_0..s_{n-1} (the producer side of access maps)."""
+    for k in range(n):
+        s = s.set_dim_name(isl.dim_type.set, k, f"s_{k}")
+    return s.reset_tuple_id()
+
+
 def point_of(point: isl.Point, dims: tuple[str, ...]) -> dict[str, int]:
     return {
         d: point.get_coordinate_val(isl.dim_type.set, k).to_python() for k, d in enumerate(dims)
