@@ -6,6 +6,7 @@ barrier), runs the programs with the values the LLVM kernels give."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import shutil
@@ -355,6 +356,125 @@ def test_a_serial_step_passes_its_locals_to_the_steps_after_it(tmp_path):
     want[:307] = np.arange(307, dtype=np.float32) * np.float32(3.5)
     want[999] = 4.5
     np.testing.assert_array_equal(out, want)
+
+
+@needs_cxx
+def test_loops_that_touch_nothing_of_each_other_s_run_side_by_side(tmp_path):
+    """A kernel built by hand, as a fused kernel's statements over rows of one length that
+    touch nothing of each other's (Adam's moments of a bias and a weight over 64 rows), then
+    a store on one thread (a one-element bias's): a loop per statement
+    (``render._fissioned``), each over the grid (the weight's a thread per element), all in
+    one launch, each thread taking a point of one of them (``_packed``, ``tl_skew``), the
+    store a loop of one point in it (``_joins``): where there were a row loop of 64 threads,
+    each storing its row of each in turn, and a launch for the store. The same values on a
+    grid smaller than the points and on one larger."""
+    from timerlc.codegen.kir import Bin, Const, Kernel, Load, Ref, Slot
+    from timerlc.cuda import render
+    from timerlc.cuda.emu import EmuModule
+
+    r, e = Ref("r"), Ref("e")
+    at = kir.add(kir.mul(r, 64), e)
+    one = Const("f32", 1.0)
+    row = (
+        Store("a", r, Bin("mul", Load("x", r, "f32"), Const("f32", 2.0), "f32")),
+        For(
+            "e",
+            kir.i64(0),
+            kir.i64(64),
+            (Store("b", at, Bin("add", Load("y", at, "f32"), one, "f32")),),
+        ),
+        Store("c", r, Bin("sub", Load("x", r, "f32"), one, "f32")),
+    )
+    body = (
+        For("r", kir.i64(0), kir.i64(64), row, True),
+        Store("d", kir.i64(0), Bin("mul", Load("x", kir.i64(3), "f32"), Const("f32", 5.0), "f32")),
+    )
+    names = ("a", "b", "c", "d", "x", "y")
+    slots = tuple(Slot(n, "f32", q, q, 0, n in "abcd") for q, n in enumerate(names))
+    k = Kernel("hand", 0, ("j",), slots, (), body)
+    (step,) = render.steps(k)
+    assert step[0] == "either" and len(step[1]) == 4
+    text, skipped, launches = render.render_module([k])
+    assert not skipped and launches["hand"].phases == (("hand", 64 + 4096 + 64 + 1),)
+    emu = EmuModule(text, tmp_path)
+    x = np.arange(64, dtype=np.float32) * 0.25
+    y = np.arange(4096, dtype=np.float32) * 0.5
+    for blocks in (3, 40):  # (384 threads for 4,225 points; then 5,120)
+        outs = [np.full(n, -7.0, np.float32) for n in (64, 4096, 64, 1)]
+        table = np.array([a.ctypes.data for a in (*outs, x, y)], np.uint64)
+        args = np.array([0], np.int64)
+        err = np.zeros(11, np.int64)
+        scratch = np.zeros(8, np.uint8)
+        emu.function("hand")(
+            table.ctypes.data, args.ctypes.data, scratch.ctypes.data, err.ctypes.data, blocks, None
+        )
+        assert not err.any()
+        np.testing.assert_array_equal(outs[0], x * 2)
+        np.testing.assert_array_equal(outs[1], y + 1)
+        np.testing.assert_array_equal(outs[2], x - 1)
+        np.testing.assert_array_equal(outs[3], [x[3] * 5])
+
+
+def test_temporaries_a_function_uses_at_once_get_bytes_of_their_own():
+    """Lowering packs a kernel's temporaries by the order of its statements (two whose uses
+    do not overlap share bytes), but the renderer runs loops at once: rows merged
+    (``render._row_merged``), each thread at its own row's loops. The temporaries are placed
+    anew by the functions that use them (``_Kernel._repack``): where PPO's gradient of the
+    logits wrote ``t13`` into the bytes of ``t7``, which a thread at another row still read
+    (the emulation's threads raced: a metric's value changed from run to run)."""
+    from timerlc.codegen.kir import Bin, Const, Kernel, Load, Ref, Slot, Temp
+    from timerlc.cuda import render
+
+    r, e = Ref("r"), Ref("e")
+    two = kir.add(kir.mul(r, 2), e)
+
+    def rows(body):
+        return For("r", kir.i64(0), kir.i64(32), body, True)
+
+    def pair(buf, value):
+        return (For("e", kir.i64(0), kir.i64(2), (Store(buf, two, value),)),)
+
+    x2 = Load("x", two, "f32")
+    t7 = Load("t7", two, "f32")
+    both = Bin(
+        "add",
+        Load("t7", kir.mul(r, 2), "f32"),
+        Load("t7", kir.add(kir.mul(r, 2), kir.i64(1)), "f32"),
+        "f32",
+    )
+    body = (
+        rows(pair("t7", Bin("mul", x2, Const("f32", 3.0), "f32"))),
+        rows(pair("t10", Bin("add", t7, Const("f32", 1.0), "f32"))),
+        rows((Store("t13", r, both),)),
+        rows(pair("y", Bin("add", Load("t10", two, "f32"), Load("t13", r, "f32"), "f32"))),
+    )
+    # (as lowering packed them: t13 in t7's bytes, their uses apart in the statements' order)
+    temps = (Temp("t7", "f32", 512, 64), Temp("t10", "f32", 256, 64), Temp("t13", "f32", 512, 32))
+    slots = (Slot("y", "f32", 0, 0, 0, True), Slot("x", "f32", 1, 1, 0, False))
+    k = Kernel("hand", 0, ("j",), slots, temps, body)
+    r = render._Kernel(k)
+    r.render()
+    assert len(r.phases) == 1  # (one loop over the rows)
+    place = {t.name: (t.offset, t.offset + 4 * t.size) for t in r.k.temps}
+    spans = sorted(place.values())
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), place
+
+
+def test_loops_under_exclusive_guards_share_the_grid_s_threads():
+    """An ``either`` step's loops side by side (``render._packed``): two under the
+    branches of one ``if`` (only one does work at a call) take the same threads, a third
+    the threads after the longer of them."""
+    from timerlc.cuda import render
+
+    def loop(n):
+        return For(
+            "v", kir.i64(0), kir.i64(n), (Store("o", kir.Ref("v"), kir.Const("f32", 0.0)),), True
+        )
+
+    c = kir.Bin("lt", kir.Ref("j"), kir.i64(3), "bool")
+    form = (frozenset({(c, True)}), frozenset({(c, False)}), frozenset())
+    assert render._packed([loop(10), loop(20), loop(5)], form) == [0, 0, 20]
+    assert render._packed([loop(10), loop(20), loop(5)], (frozenset(),) * 3) == [0, 10, 30]
 
 
 def test_a_fused_kernel_s_element_loops_merge_into_one_thread_each():

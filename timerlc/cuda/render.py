@@ -75,6 +75,7 @@ from timerlc.codegen.kir import (
 )
 from timerlc.plan import expr as px
 from timerlc.plan import items
+from timerlc.plan.arena import first_fit
 from timerlc.plan.items import MAX_PHASES
 
 CTYPE = {"bool": "bool", "i32": "int", "i64": "long long", "f32": "float", "f64": "double"}
@@ -124,6 +125,14 @@ __device__ inline void tl_failed(int *err, int code, long long sid, const tl_arg
     record[1] = sid;
     for (int k = 0; k < 8; k++) record[2 + k] = args.v[k];
   }
+}
+
+/* a grid-stride loop's first point for thread ``f`` of a grid of ``step`` threads, where the
+   loop's point 0 goes to thread ``off`` (loops side by side over one grid): ``f - off``, or
+   for the threads before ``off`` the first of their points ``f - off + k * step`` >= 0 */
+__device__ inline long long tl_skew(long long f, long long off, long long step) {
+  long long g = f - off;
+  return g >= 0 ? g : g + ((-g + step - 1) / step) * step;
 }
 
 /* the blocks' tickets of a reduction whose last block combines the partial results (one
@@ -497,7 +506,8 @@ class _Kernel:
         # (not where two of its buffers are one memory, a donation's: a loop reading the
         # donor's at one row and another writing the statement's at another would meet)
         merge_rows = merge_rows and not k.shared
-        body, self.row_shared = _row_merged(k.body) if merge_rows else (k.body, set())
+        body = _fissioned(k.body) if merge_rows else k.body
+        body, self.row_shared = _row_merged(body) if merge_rows else (body, set())
         self.k = k = dataclasses.replace(k, body=_spread(body))
         self.blas = blas
         self.lines: list[str] = []
@@ -540,6 +550,8 @@ class _Kernel:
         memory after the temporaries; a failing step sets ``*err`` and the steps after it
         return at once."""
         steps = self._steps()
+        units = self._units(steps)
+        self._repack(steps, units)
         defined = [_lets(st.body) if st.kind == "serial" else {} for st in steps]
         used = []
         for st in steps:
@@ -566,14 +578,34 @@ class _Kernel:
         self.scratch = max(self.k.scratch_bytes, offset)
         bufs = [_buffers(st.statements()) for st in steps]
         out = []
-        j = 0
-        while j < len(steps):
+        for j, head, tail in units:
             st = steps[j]
             if st.kind == "blas":  # (the device's BLAS: no function of ours)
                 self.phases.append(st.body)
-                j += 1
                 continue
             fname = f"{self.k.name}_{j}" if out else self.k.name
+            at = (j, *tail)
+            loads = sorted(v for v in passed if any(v in used[q] or v in defined[q] for q in at))
+            stores = sorted(v for v in passed if any(v in defined[q] for q in at))
+            self.others = set().union(*(b for q, b in enumerate(bufs) if q != j))
+            then = [
+                (steps[t], set().union(*(b for q, b in enumerate(bufs) if q != t))) for t in tail
+            ]
+            out.append(self.phase(fname, st, loads, stores, passed, then or None))
+        return "\n".join(out)
+
+    def _units(self, steps: list[_Step]) -> list[tuple[int, list[int], list[int]]]:
+        """The functions the ``steps`` run as, in order: ``(j, head, tail)``, step ``j`` and
+        the steps ``tail`` (``head``'s among them) that its last block runs after it (a
+        ``blas`` step: a product of the device's BLAS, no function)."""
+        units = []
+        j = 0
+        while j < len(steps):
+            st = steps[j]
+            if st.kind == "blas":
+                units.append((j, [], []))
+                j += 1
+                continue
             # a run on one thread before a reduction that touches nothing of its (the sums'
             # first values, which only the combination reads): run by the reduction's last
             # block, before it combines
@@ -588,7 +620,7 @@ class _Kernel:
                     st.kind == "serial"
                     and steps[j + 2].kind == "serial"  # (thread 0: the run's locals its own)
                     and not _fails(st)
-                    and _apart(st, steps[j + 1])
+                    and _apart(st, steps[j + 1], self.k.shared)
                     or _first_values(st, steps[j + 1])
                 )
             ):
@@ -612,16 +644,44 @@ class _Kernel:
                     )
                 ):
                     tail.append(tail[-1] + 1)
-            at = (j, *tail)
-            loads = sorted(v for v in passed if any(v in used[q] or v in defined[q] for q in at))
-            stores = sorted(v for v in passed if any(v in defined[q] for q in at))
-            self.others = set().union(*(b for q, b in enumerate(bufs) if q != j))
-            then = [
-                (steps[t], set().union(*(b for q, b in enumerate(bufs) if q != t))) for t in tail
-            ]
-            out.append(self.phase(fname, st, loads, stores, passed, then or None))
+            units.append((j, head, tail))
             j = (tail[-1] if tail else j) + 1
-        return "\n".join(out)
+        return units
+
+    def _repack(self, steps: list[_Step], units: list):
+        """The temporaries placed anew in the scratch memory, two sharing bytes only where no
+        function (``units``) uses both: lowering packs them by the order of the kernel's
+        statements (``lower._packed_temps``), but a function runs its steps' loops at once
+        (side by side, rows merged: a thread at one row's last loop while another is at its
+        first) or out of that order (a run before a reduction, after it): PPO's gradient of
+        the logits wrote a temporary into the bytes of one another row still read."""
+        temps = {t.name: t for t in self.k.temps}
+        if len(temps) < 2:
+            return
+        span: dict[str, list[int]] = {}
+        for u, (j, _, tail) in enumerate(units):
+            for q in (j, *tail):
+                for n in _buffers(steps[q].statements()) & temps.keys():
+                    span.setdefault(n, [u, u])[1] = u
+        order = sorted(temps.values(), key=lambda t: (-t.size * kir.SIZES[t.dtype], t.name))
+        regions = []
+        for t in order:
+            first, last = span.get(t.name, (-1, -1))
+            regions.append((t.size * kir.SIZES[t.dtype], first, last + 1))
+        offsets = {t.name: at for t, at in zip(order, first_fit(regions, 8))}
+        placed = tuple(dataclasses.replace(t, offset=offsets[t.name]) for t in self.k.temps)
+        self.k = dataclasses.replace(self.k, temps=placed)
+
+        def moved(o, b: str):  # (a product's operand in the scratch memory: its new place)
+            return dataclasses.replace(o, at=offsets[b]) if o.space == "scratch" else o
+
+        for q, st in enumerate(steps):
+            if st.kind == "blas":
+                g, call = st.form, st.body
+                call = dataclasses.replace(
+                    call, a=moved(call.a, g.a), b=moved(call.b, g.b), c=moved(call.c, g.c)
+                )
+                steps[q] = dataclasses.replace(st, body=call)
 
     def _steps(self) -> list[_Step]:
         """The kernel's body as steps. An ``if`` whose condition is the same for every
@@ -635,12 +695,21 @@ class _Kernel:
         steps: list[_Step] = []
         serial: list = []
         last_guard = None
+        shared = frozenset(self.k.shared)
 
         combining = False  # (the run on one thread starts by combining a reduction's)
 
         def flush():
             nonlocal serial, last_guard, combining
-            if serial:
+            prev = steps[-1] if steps else None
+            if serial and not combining and not self.rows and _joins(serial, prev, shared):
+                # a run on one thread that touches nothing of the parallel step before it
+                # (a [1]-shaped parameter's Adam moments, after the others'): a loop of one
+                # point in that step's launch, where it was a launch of its own
+                one = For(f"tl_one{len(steps)}", kir.i64(0), kir.i64(1), tuple(serial), True)
+                loops = prev.body if prev.kind == "either" else (prev.body,)
+                steps[-1] = _Step("either", loops + (one,), form=prev.form + (frozenset(),))
+            elif serial:
                 steps.append(_Step("serial", serial))
             serial, last_guard, combining = [], None, False
 
@@ -689,7 +758,9 @@ class _Kernel:
                     loop = dataclasses.replace(loop, body=tuple(checks) + loop.body)
                     serial, last_guard = [], None
                 if serial and (
-                    combining or _fails_any(serial) or not _independent_of_run(loop, serial)
+                    combining
+                    or _fails_any(serial)
+                    or not _independent_of_run(loop, serial, shared)
                 ):
                     flush()
                 # (else the run on one thread, which touches nothing of the loop's, runs
@@ -703,7 +774,7 @@ class _Kernel:
                     and prev.kind in ("parallel", "either")
                     and prev.form
                     and all(
-                        _exclusive(lits, other) or _independent([other_loop], [loop])
+                        _exclusive(lits, other) or _independent([other_loop], [loop], shared)
                         for other, other_loop in zip(prev.form, before)
                     )
                 ):  # (one of them runs at a call, or they touch nothing of each other's:
@@ -960,12 +1031,16 @@ class _Kernel:
         elif kind == "parallel":
             threads = _grid_extent(body)
             self.grid_loop(body, 1, collapse=True)
-        elif kind == "either":  # loops under exclusive guards: only one does work
-            threads = max(_grid_extent(loop) for loop in body)
+        elif kind == "either":
+            # loops that touch nothing of each other's, or under exclusive guards (only one
+            # does work at a call): side by side over the grid, each thread a point of one
+            # (``_packed``), where each thread took a point of each in turn
+            offsets = _packed(body, st.form)
+            threads = max(o + _grid_extent(loop) for o, loop in zip(offsets, body))
             outside = self.others
-            for loop in body:
+            for loop, at in zip(body, offsets):
                 self.others = outside | _buffers([x for x in body if x is not loop])
-                self.grid_loop(loop, 1, collapse=True)
+                self.grid_loop(loop, 1, collapse=True, skew=at)
             self.others = outside
         elif kind == "perm":
             threads = self.permute(st)
@@ -1135,14 +1210,25 @@ class _Kernel:
         return s.n
 
     def grid_loop(
-        self, s: For, depth: int, first=None, step=None, epilogue=True, own=(), collapse=False
+        self,
+        s: For,
+        depth: int,
+        first=None,
+        step=None,
+        epilogue=True,
+        own=(),
+        collapse=False,
+        skew=0,
     ):
         """A parallel loop over the grid (or, given ``first`` and ``step``, over what they
         say): each thread its iterations, its own locals (but ``own``, declared before) and
         its own copy of the per-point temporaries (written in the loop, used by no other
         step); a failing iteration sets its block's code, which goes to ``*err`` once the
         block is done (``epilogue``; else the caller's). ``collapse``: the parallel loops
-        perfectly nested in it (``_nest``) are one loop with it, a thread per point."""
+        perfectly nested in it (``_nest``) are one loop with it, a thread per point.
+        ``skew``: the loop's first point goes to the grid's thread ``skew`` (``tl_skew``:
+        the threads before it take its last points, where the grid is smaller than the
+        loop and the others it shares the grid with)."""
         v = name(s.var)
         temps = {t.name for t in self.k.temps}
         mine = temps & (_written(s.body) - self.others) - self.row_shared
@@ -1162,6 +1248,8 @@ class _Kernel:
                 count, first = f"tl_re * {inner}LL", f"tl_rb * {inner}LL + threadIdx.x"
             elif self.one_block:
                 first = "(long long)threadIdx.x"
+            if skew and not self.rows:
+                first = f"tl_skew({first}, {skew}LL, {step})"
             self.emit(depth, f"for (long long tl_g = {first}; tl_g < {count}; tl_g += {step}) {{")
             self.emit(depth + 1, "long long tl_r = tl_g;")
             for x in reversed(nest[1:]):
@@ -1174,12 +1262,14 @@ class _Kernel:
             self.emit(depth + 1, f"const long long {v} = ({lo}) + tl_r;")
             body = nest[-1].body
         else:
-            first = (
-                first or f"({self.expr(s.lo)}) + (long long)blockIdx.x * blockDim.x + threadIdx.x"
-            )
+            if first is None or self.one_block:
+                thread = "(long long)blockIdx.x * blockDim.x + threadIdx.x"
+                if self.one_block:
+                    thread = "(long long)threadIdx.x"
+                if skew:
+                    thread = f"tl_skew({thread}, {skew}LL, {step})"
+                first = f"({self.expr(s.lo)}) + {thread}"
             hi = self.expr(s.hi)
-            if self.one_block:
-                first = f"({self.expr(s.lo)}) + threadIdx.x"
             if self.rows:
                 lo = self.expr(s.lo)
                 first, hi = f"({lo}) + tl_rb + threadIdx.x", f"({lo}) + tl_re"
@@ -1454,12 +1544,11 @@ def _pushed_in(s):
 TAIL_THREADS = 4096
 
 
-def _apart(run: _Step, red: _Step) -> bool:
+def _apart(run: _Step, red: _Step, shared=()) -> bool:
     """Whether the run on one thread ``run`` and the reduction ``red`` touch nothing of each
-    other's: neither writes what the other reads or writes, and the reduction reads no
-    local the run assigns."""
+    other's (``_independent``), and the reduction reads no local the run assigns."""
     a, b = run.statements(), red.statements()
-    if not _independent(a, b):
+    if not _independent(a, b, shared):
         return False
     refs = _refs(b)
     if red.form[0] == "scalar":  # (its accumulators: each thread's own, from the identity)
@@ -1516,17 +1605,23 @@ def _combines(st: _Step, number: int) -> bool:
     )
 
 
-def _independent_of_run(loop: For, run: list) -> bool:
+def _independent_of_run(loop: For, run: list, shared=()) -> bool:
     """Whether parallel ``loop`` and the statements ``run`` (on one thread) touch nothing
-    of each other's, and the loop reads no local the run assigns."""
-    return _independent([loop], run) and not _refs([loop]) & set(_lets(run))
+    of each other's (``_independent``), and the loop reads no local the run assigns."""
+    return _independent([loop], run, shared) and not _refs([loop]) & set(_lets(run))
 
 
-def _independent(a: list, b: list) -> bool:
+def _independent(a: list, b: list, shared=()) -> bool:
     """Whether the statements ``a`` and ``b`` touch nothing of each other's: neither writes
     a buffer the other reads or writes (parallel loops may then run in any order, on any
-    threads)."""
-    return not (_written(a) & _buffers(b) or _written(b) & _buffers(a))
+    threads); ``shared``: buffers that may be one memory (``kir.Kernel.shared``: a donor's
+    and its donee's), each standing for all of them."""
+
+    def of(names: set) -> set:
+        return {"\0shared" if x in shared else x for x in names} if shared else names
+
+    wa, wb = of(_written(a)), of(_written(b))
+    return not (wa & of(_buffers(b)) or wb & of(_buffers(a)))
 
 
 def _lets(body) -> dict:
@@ -1582,22 +1677,26 @@ def _row_merged(body) -> tuple[tuple, set]:
     the logits, six loops over 65,536 rows, five launches) as one loop, each thread doing
     every loop's iteration for its row in turn, where of what one loop of the run writes the
     others touch only the element of their own row (``_rows_local``); and the temporaries
-    the merged loops write (global: a thread's row of them, not a copy of its own)."""
+    the merged loops write (global: a thread's row of them, not a copy of its own). Loops
+    of a run that touch nothing of each other's (``_groups``) stay apart: they are one launch
+    anyway (an ``either`` step), each its own nest over the grid (Adam's moments of a 64x64
+    weight and a 64 bias merged were 64 threads, each a row of 64 in turn)."""
     out: list = []
     shared: set = set()
     run: list = []
 
     def flush():
-        if len(run) > 1:
-            var = run[0].var
+        for group in _groups(run):  # (loops that touch nothing of each other's: apart)
+            if len(group) == 1:
+                out.extend(group)
+                continue
+            var = group[0].var
             stmts: list = []
-            for loop in run:
+            for loop in group:
                 sub = _subst({loop.var: var})
                 stmts += [sub.stmt(x) for x in loop.body] if loop.var != var else loop.body
-            out.append(dataclasses.replace(run[0], body=tuple(stmts)))
-            shared.update(_written(run))
-        else:
-            out.extend(run)
+            out.append(dataclasses.replace(group[0], body=tuple(stmts)))
+            shared.update(_written(group))
         run.clear()
 
     for s in body:
@@ -1611,6 +1710,65 @@ def _row_merged(body) -> tuple[tuple, set]:
             run.append(s)
     flush()
     return tuple(out), shared
+
+
+def _fissioned(body) -> tuple:
+    """``body`` with each parallel loop over a constant range whose iterations cannot be
+    spread over the grid (``_spread_nest``: its statements are not one loop over elements)
+    as one loop per group of its statements that touch each other's buffers or locals
+    (``_groups``), where there are two or more: loops that touch nothing of each other's,
+    one launch (an ``either`` step), each spread over the grid. A fused kernel's statements
+    over rows of one length (Adam's moments of a 64-bias, a 64x64 weight and a 64x2 weight:
+    64 threads, each storing its row of each in turn) get a thread per element."""
+    out: list = []
+    for s in body:
+        if isinstance(s, If):
+            out.append(
+                dataclasses.replace(s, then=_fissioned(s.then), orelse=_fissioned(s.orelse))
+            )
+            continue
+        if (
+            _nestable(s)
+            and len(s.body) > 1
+            and _spread_nest(s) is s
+            and not any(isinstance(x, (Fail, Gemm, Permute)) for x in kir.walk_tree(s.body))
+            and not any(isinstance(e, kir.Fn) for e in _exprs(s.body))
+        ):
+            groups = _groups(s.body)
+            if len(groups) > 1:
+                out += [dataclasses.replace(s, body=tuple(g)) for g in groups]
+                continue
+        out.append(s)
+    return tuple(out)
+
+
+def _groups(stmts) -> list[list]:
+    """``stmts`` in groups, in order, two statements in one where one writes a buffer the
+    other touches or they share a local (one assigns what the other reads or assigns),
+    directly or through others."""
+    n = len(stmts)
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    info = [
+        (_written([x]), _buffers([x]), set(_lets([x])), _refs([x]) | set(_lets([x])))
+        for x in stmts
+    ]
+    for i in range(n):
+        for j in range(i):
+            wi, bi, li, ri = info[i]
+            wj, bj, lj, rj = info[j]
+            if wi & bj or wj & bi or li & rj or lj & ri:
+                parent[root(i)] = root(j)
+    groups: dict[int, list] = {}
+    for i, x in enumerate(stmts):
+        groups.setdefault(root(i), []).append(x)
+    return list(groups.values())
 
 
 def _subst(refs: dict):
@@ -1769,6 +1927,32 @@ def _independent_elements(loop: For) -> bool:
                 return False
         before.add((x.buf, x.index))
     return True
+
+
+def _joins(run: list, prev, shared=()) -> bool:
+    """Whether the run on one thread ``run`` may be a loop of one point in the parallel step
+    ``prev``'s launch (``_Kernel._steps``): it assigns no local (a later step would read it
+    from the scratch memory), cannot fail, and touches nothing of the step's loops'."""
+    if prev is None or prev.kind not in ("parallel", "either") or not prev.form:
+        return False
+    loops = prev.body if prev.kind == "either" else (prev.body,)
+    return not _lets(run) and not _fails_any(run) and _independent(list(loops), run, shared)
+
+
+def _packed(loops, form) -> list[int]:
+    """Each loop's first thread of an ``either`` step's grid: side by side, but where two
+    run under exclusive guards (``form``: each one's literals; only one of them does work at
+    a call), which may share threads: each loop at the first place where it meets no loop
+    before it that may run with it."""
+    at: list[tuple[int, int]] = []
+    for k, loop in enumerate(loops):
+        n = _grid_extent(loop)
+        meets = [at[q] for q in range(k) if not _exclusive(form[q], form[k])]
+        for start in sorted({0} | {end for _, end in at}):
+            if all(start + n <= lo or start >= hi for lo, hi in meets):
+                break
+        at.append((start, start + n))
+    return [lo for lo, _ in at]
 
 
 def _nestable(x) -> bool:
