@@ -510,6 +510,30 @@ def test_matmuls_without_a_blas_run_the_library_loops(monkeypatch):
         np.testing.assert_allclose(rt.value(name), want[name], rtol=1e-5, atol=1e-5)
 
 
+def test_a_product_in_a_branch_of_a_merge_computes_into_the_buffer():
+    """A tensor of two equations, one a product (a weight's gradient ``where(j < J,
+    x^T @ dy, 0)``): where the product's branch applies, the BLAS writes straight into the
+    buffer (``lower._direct_input``), where it wrote a temporary that a loop then copied."""
+    text = """
+    config I = 5
+    dim i < I
+    x[i] = reshape(f32(arange(256)) * f32(i) * 0.01, [8, 32])
+    w[0] = reshape(f32(arange(512)) * 0.002 - 0.5, [32, 16])
+    w[i+1] = w[i] * 0.5 + 0.0001 * sum(g[i])
+    g[0] = reshape(f32(arange(128)), [8, 16])
+    g[i] = x[i] @ w[i]
+    out g, w
+    """
+    rt, want, gen = native(text)
+    (k,) = [k for k in gen.kernels if gen.plan.buffer(k.sid).name == "g"]
+    listing = kir.text(k)
+    (line,) = [x for x in listing.splitlines() if "= gemm." in x]
+    assert line.strip().startswith(f"b{k.sid}_0["), listing  # (into the buffer)
+    assert not [t for t in k.temps if t.size == 8 * 16], listing  # (no product's temporary)
+    for name in ("g", "w"):
+        np.testing.assert_allclose(rt.value(name), want[name], rtol=1e-6, atol=1e-6)
+
+
 def test_kernels_of_the_same_shape_share_one_body():
     # the same ops on other buffers (each parameter's update) compile once: a body that
     # finds its buffers through a list of table entries, called by each kernel with its own

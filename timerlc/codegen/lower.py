@@ -251,6 +251,8 @@ class _Lowering:
         self.branch = False  # lowering an input of a merge (see _merge)
         self.batchable = False  # see kernel()
         self.dest = None  # where the statement's matmul may write, straight into its buffer
+        self.dest_node = None  # the node whose product that is (the statement's own, or a
+        # merge's input: ``_merge``)
         self.wrote_dest = False  # whether it did (else its value is stored as any other)
 
     # ------------------------------------------------------------------ naming and memory
@@ -304,6 +306,7 @@ class _Lowering:
                 self.slot(st.id, 0, write=True),
                 self.point_index(st.id, [Ref(d) for d in st.dims]),
             )
+            self.dest_node = own.id
             v = self.value(own.id)
             body = [] if self.wrote_dest else self._store(v)
         elif own.op == "merge":
@@ -427,6 +430,23 @@ class _Lowering:
             and self._inside_box(st.domain) is True
         )
 
+    def _direct_input(self, r) -> bool:
+        """Whether the merge input ``r`` is a product of the statement's own (a node read
+        nowhere else) that may compute into the statement's buffer where the input applies
+        (``_direct``'s conditions, but the domain's: the product runs inside its branch; and
+        no vector dims): a weight's gradient ``where(j < J, x^T @ dy, 0)`` was a product
+        into a temporary, then a copy."""
+        st = self.st
+        if r.stored or self.uses.get(r.src) != 1 or st.vector or self.target is not None:
+            return False
+        node = next((n for n in st.nodes if n.id == r.src), None)
+        if node is None or node.op != "matmul":
+            return False
+        out = self.plan.buffer(st.id).outputs[0]
+        if node.types[0].dtype != out.dtype or tuple(node.types[0].shape) != tuple(out.shape):
+            return False
+        return not any(q.stored and q.src == st.id for n in st.nodes for q in n.inputs)
+
     def _store(self, v: Val) -> list:
         """The statement's value at the point, into its buffer (or the temporary that
         stands for it, see ``kernel``)."""
@@ -459,8 +479,16 @@ class _Lowering:
             saved = self.point, self.vals
             self.point, self.vals, self.branch = [], {}, True
             batchable, self.batchable = self.batchable, False
+            if self._direct_input(r):  # (a weight's gradient where it is computed)
+                self.dest = (
+                    self.slot(self.st.id, 0, write=True),
+                    self.point_index(self.st.id, [Ref(d) for d in self.st.dims]),
+                )
+                self.dest_node, self.wrote_dest = r.src, False
             v = self.read(r)
-            branch = tuple(self.point) + tuple(self._store(v))
+            stored = [] if self.wrote_dest else self._store(v)
+            self.dest, self.dest_node, self.wrote_dest = None, None, False
+            branch = tuple(self.point) + tuple(stored)
             (self.point, self.vals), self.branch = saved, False
             self.batchable = batchable
             if r.cond is None:
@@ -740,7 +768,7 @@ class _Lowering:
         if op in ("argmax", "argmin"):
             return self._argreduce(op, attrs, ins[0], shape)
         if op == "matmul":
-            dest = self.dest if node.id == self.st.id else None
+            dest = self.dest if node.id == self.dest_node else None
             return self._matmul(ins[0], ins[1], dtype, shape, dest)
         if op == "index":
             return self._index(attrs["items"], ins, shape)
