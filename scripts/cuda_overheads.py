@@ -149,6 +149,9 @@ def program(
         "launches/iter": launches,
         "BLAS/iter": rt.blas_calls / max(1, len(rows)),
         "replayed/iter": rt.graph_launches / max(1, len(rows)),
+        # (launches and products one after another: outside graphs, and each replay's
+        # longest chain of waits, runtime/graphs.py's Order)
+        "chained/iter": rt.chained / max(1, len(rows)),
         "graphs": rt.graphs_made,
         # per run: the device's seconds in its replays an iteration, and replays an iteration
         "runs": {
@@ -228,7 +231,8 @@ def main() -> int:
             f"{args.program} {label:30s} {r['s/iter'] * 1e3:8.2f} ms/iter "
             f"({r['iterations']} iterations, {r['launches/iter']:.0f} launches and "
             f"{r['BLAS/iter']:.0f} BLAS products an iteration, {r['replayed/iter']:.0f} of "
-            f"them replayed in {r['graphs']} graphs)",
+            f"them replayed in {r['graphs']} graphs, {r['chained/iter']:.0f} one after "
+            "another)",
             flush=True,
         )
         for error in r["refused"][:1]:

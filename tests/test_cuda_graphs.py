@@ -265,8 +265,8 @@ def test_a_replay_runs_the_calls_in_any_order_their_waits_allow(monkeypatch):
     gen, (_, want) = _plain("ppo", tuple(sorted({"B": 4, "T": 16, "total_steps": 256}.items())))
     real = graphs.Order.call
 
-    def no_waits(self, reads, writes):
-        real(self, reads, writes)
+    def no_waits(self, reads, writes, weight=1):
+        real(self, reads, writes, weight)
         return set()
 
     monkeypatch.setattr(graphs.Order, "call", no_waits)
@@ -285,6 +285,19 @@ def test_the_waits_of_a_call_are_those_that_touch_its_bytes():
     assert order.call((), ("b",)) == {0, 1, 2}  # 3 writes b, a's bytes: after a's uses
     assert order.call(("c",), ("e",)) == {1}
     assert order.call((), ("c",)) == {1, 4}  # 5 writes c: after its writer and readers
+
+
+def test_a_graph_s_longest_chain_counts_the_launches_that_wait_for_each_other():
+    """``graphs.Order.chain``: the launches and products a GPU runs one after another (a
+    call's own in a row, then the longest chain of the calls it waits for); calls beside it
+    add nothing (``DeviceRuntime.chained``, a replay's share)."""
+    order = graphs.Order({})
+    order.call((), ("a",), 2)  # 0: two launches
+    order.call(("a",), ("b",), 3)  # 1 waits for 0: 5
+    order.call((), ("c",), 4)  # 2 beside them: 4
+    assert order.chain == 5
+    order.call(("b", "c"), ("d",), 1)  # 3 waits for 1 and 2: 6
+    assert order.chain == 6 and order.depth == [2, 5, 4, 6]
 
 
 def test_cupy_device_s_capture_puts_calls_on_streams_and_waits_for_events():

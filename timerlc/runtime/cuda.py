@@ -723,6 +723,10 @@ class DeviceRuntime(CpuRuntime):
         self.uploaded = self.downloaded = 0  # bytes copied each way
         self.launches = 0
         self.blas_calls = 0  # products handed to the device's BLAS
+        # the launches and products the device ran one after another: each outside a graph,
+        # and a graph's longest chain of waits per replay (``graphs.Order``: a GPU runs its
+        # other calls beside that chain); a measure of the device's side without a device
+        self.chained = 0
         # calls of kernels that can fail, unread: (statement, loop values), or (statement,
         # None) for any call of it (a graph's)
         self._pending: list[tuple[int, tuple | None]] = []
@@ -1242,7 +1246,8 @@ class DeviceRuntime(CpuRuntime):
             fresh = self.fresh
             device, table, scratch_ptr = self.device, self.dtable, self._scratch
             if self._capturing:  # (what the call waits for in the graph)
-                device.depend(self._order.call(*self._resources(sid)))
+                weight = len(fns) * repeat
+                device.depend(self._order.call(*self._resources(sid), weight))
             if self.profile:
                 start = device.mark()
             for r in range(repeat):
@@ -1255,6 +1260,7 @@ class DeviceRuntime(CpuRuntime):
                     if grid:  # (the loop values go by value, with the launch)
                         device.launch(fn, table, values, scratch_ptr, grid, self._shift)
                         self.launches += 1
+                        self.chained += 1
                     else:  # a product (GemmCall)
                         fn(values, scratch_ptr)
             if self.profile:
@@ -1317,6 +1323,7 @@ class DeviceRuntime(CpuRuntime):
                 call.dtype, call.m, call.n, call.k, at[0], a.ld, a.t, at[1], b.ld, b.t, at[2], c.ld
             )
             self.blas_calls += 1
+            self.chained += 1
 
         return run
 

@@ -250,9 +250,14 @@ class Order:
         self.writer: dict = {}  # resource -> the call that wrote it last
         self.readers: dict = {}  # resource -> the calls that read it since
         self.calls = 0
+        # per call, the launches and products on the longest chain of waits that ends with
+        # it (its own included); the longest of all: what a GPU must run one after another
+        self.depth: list[int] = []
+        self.chain = 0
 
-    def call(self, reads, writes) -> set[int]:
-        """The calls the next call waits for (calls are numbered from 0)."""
+    def call(self, reads, writes, weight: int = 1) -> set[int]:
+        """The calls the next call waits for (calls are numbered from 0); ``weight``: the
+        launches and products the call makes, one after another (``chain``)."""
         after: set[int] = set()
         for r in reads:
             for a in self.alias.get(r, (r,)):
@@ -265,6 +270,8 @@ class Order:
                 after.update(self.readers.get(a, ()))
         me = self.calls
         self.calls += 1
+        self.depth.append(weight + max((self.depth[p] for p in after), default=0))
+        self.chain = max(self.chain, self.depth[-1])
         for r in writes:
             self.writer[r] = me
             self.readers[r] = set()
@@ -307,6 +314,7 @@ class _Graph:
     steps: int = 0
     launches: int = 0
     blas: int = 0
+    chain: int = 0  # the launches and products on its longest chain of waits (``Order``)
     last: np.ndarray | None = None  # the shifts it holds now
     index: int = 0  # the device address of the shifts' indices (tl_set_shift's)
 
@@ -422,6 +430,8 @@ class GraphRun:
         g.steps = before[0] - rt.steps_left
         g.launches = rt.launches - before[1]
         g.blas = rt.blas_calls - before[2]
+        g.chain = rt._order.chain
+        rt.chained -= g.launches + g.blas  # (counted as launched: the replay's chain instead)
         rt.graphs_made += 1
         if len(self.shape.parts):  # the shifts' indices, on the device for tl_set_shift
             g.index = rt._alloc(max(self.index32.nbytes, 8))
@@ -505,3 +515,4 @@ class GraphRun:
         rt._pending.extend(self.failable)
         rt.graph_replays += 1
         rt.graph_launches += g.launches + g.blas
+        rt.chained += g.chain
