@@ -209,3 +209,23 @@ def test_fuse_refuses_memory_shared_with_a_donor():
     a = _producer()
     a = kir.Kernel(a.name, a.sid, a.params, a.slots, a.temps, a.body, ("x", "y"))
     assert fuse(a, _consumer(_same), "f1") is None
+
+
+def test_a_check_the_first_kernel_makes_is_made_once():
+    """Joined kernels (``fuse``, ``concat``): a check of the second's (a loop that only
+    fails) that the first makes already, but for its loop variable's name and its code, is
+    left out: the second reads nothing the first writes, so it would pass or fail as the
+    first's did, which comes first (PPO's minibatch step: five tensors gathered at the
+    permutation's indices, five checks of the same 65,536 indices; one). A check of other
+    values stays."""
+    from timerlc.codegen.fuse import _checked_once
+
+    def check(var: str, buf: str, code: int) -> For:
+        at = kir.Cast(Load(buf, Ref(var), "f32"), "i64")
+        bad = kir.Un("not", Bin("lt", at, Const("i64", 64), "bool"), "bool")
+        return For(var, Const("i64", 0), Const("i64", 512), (If(bad, (Fail(code),)),), True)
+
+    first = (check("e1", "idx", 1), Store("y", Const("i64", 0), Const("f32", 1.0)))
+    then = (check("e1.1", "idx", 2), check("e2.1", "other", 3))
+    assert _checked_once(first, then) == (then[1],)
+    assert _checked_once((), then) == then

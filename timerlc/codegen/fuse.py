@@ -68,6 +68,7 @@ def fuse(a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
     # (b's loop variable is a's)
     sub = _in_names_of(a, b, {forb0.var: Ref(fora.var)})
     b_pre = tuple(sub.stmt(s) for s in b.body[:-1])
+    b_pre = _checked_once(a.body, b_pre)
     forb = sub.stmt(forb0)
     if (fora.lo, fora.hi) != (forb.lo, forb.hi):
         return None
@@ -112,7 +113,50 @@ def concat(a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
     rb, wb = _access(body_b)
     if set(wb) & (set(ra) | set(wa)) or set(rb) & set(wa):
         return None
-    return _kernel(name, a, b, sub, a.body + body_b)
+    return _kernel(name, a, b, sub, a.body + _checked_once(a.body, body_b))
+
+
+def _checked_once(first, then) -> tuple:
+    """The statements ``then`` (the second kernel's, which read nothing the first's write)
+    without each check (a loop or ``if`` that only fails) that one of ``first``'s top-level
+    statements makes already, but for its failure's code: it would pass or fail as that one
+    did, and that one comes first (PPO's minibatch step gathers five tensors at the
+    permutation's indices, each checking the same 65,536 indices: one check)."""
+    made = {_canonical(s, {}) for s in first if _only_fails(s)}
+    return tuple(s for s in then if not (_only_fails(s) and _canonical(s, {}) in made))
+
+
+def _only_fails(s) -> bool:
+    """Whether statement ``s`` stores nothing, assigns no local and may fail."""
+    inside = list(kir.walk_tree([s]))
+    return (
+        isinstance(s, (For, If))
+        and any(isinstance(x, Fail) for x in inside)
+        and not any(
+            isinstance(x, (kir.Store, kir.Let, Gemm, Permute, kir.Loop, kir.Launch, kir.Host))
+            for x in inside
+        )
+    )
+
+
+def _canonical(x, names: dict):
+    """``x`` (a statement or an expression) as a value that two equal but for their loop
+    variables' names and their failures' codes share."""
+    if isinstance(x, For):
+        inner = names | {x.var: f"#{len(names)}"}
+        body = tuple(_canonical(s, inner) for s in x.body)
+        lo, hi = _canonical(x.lo, names), _canonical(x.hi, names)
+        return ("For", lo, hi, body, x.parallel, x.reduce)
+    if isinstance(x, Fail):
+        return ("Fail",)
+    if isinstance(x, Ref):
+        return ("Ref", names.get(x.name, x.name), x.dtype)
+    if dataclasses.is_dataclass(x):
+        fields = dataclasses.fields(x)
+        return (type(x).__name__, *(_canonical(getattr(x, f.name), names) for f in fields))
+    if isinstance(x, tuple):
+        return tuple(_canonical(e, names) for e in x)
+    return x
 
 
 def _joinable(a: kir.Kernel, b: kir.Kernel) -> bool:
