@@ -77,6 +77,26 @@ def test_simplify_shares_common_subexpressions():
     same_outputs(g, s)
 
 
+def test_a_normalization_sums_its_values_once():
+    """``(x - mean(x)) / std(x)`` (PPO's advantages): ``std`` over every axis takes the
+    scalar ``mean(x)``, so that the deviations and their mean are the numerator's (one mean,
+    one subtraction); over some axes it keeps its own (keepdims, broadcast back)."""
+    g = checked(
+        """
+        config T = 4
+        dim t < T
+        x[t] = f32(arange(6)) * f32(t) + 1.0
+        y[t] = (x[t] - mean(x[t])) / (std(x[t], ddof=1) + 1e-8)
+        m = reshape(f32(arange(6)), [2, 3])
+        z = (m - mean(m, axis=1, keepdims=true)) / std(m, axis=1, keepdims=true)
+        out y, z
+        """
+    )
+    s = simplify(g)
+    assert ops(s).count("mean") == 2 and ops(s).count("sub") == 2
+    same_outputs(g, s)
+
+
 def test_simplify_drops_what_no_output_metric_or_environment_needs():
     g = checked(
         """

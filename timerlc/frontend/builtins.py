@@ -382,7 +382,10 @@ def _moments(a: Args, root: bool):
     keep = a.bool_flag("keepdims")
     ddof = a.const_int("ddof", 0)
     n = math.prod(x.shape[k] for k in axes)
-    m = el.apply("mean", [x], a.span, axes=axes, keepdims=True)
+    # over every axis: the mean a scalar, the node ``mean(x)`` is (common subexpressions
+    # share it: a normalization's ``(x - mean(x)) / std(x)`` sums ``x`` once)
+    whole = sorted(axes) == list(range(x.type.rank))
+    m = el.apply("mean", [x], a.span, axes=axes, keepdims=None if whole else True)
     d = el.binary("-", x, m, a.span)
     s = el.apply("sum", [el.binary("*", d, d, a.span)], a.span, axes=axes, keepdims=keep or None)
     v = el.binary("/", s, el.const(float(n - ddof)), a.span)
