@@ -591,3 +591,16 @@ def test_a_check_of_the_loop_values_is_made_before_the_loop_reads(tmp_path):
         assert err.view(np.int32)[0] == code and err[2] == (j if code else 0)
         want = src[8:12] if code == 0 else np.full(4, -1.0, np.float32)
         np.testing.assert_array_equal(out, want)
+
+
+def test_a_fused_kernel_takes_no_more_scratch_than_a_statement_s():
+    """The cuda target's scratch is one block, the largest any kernel needs: a fused kernel,
+    its parts' temporaries side by side, may not grow it (``codegen.tree``: PPO's second
+    layers' two products, each [B * T / 4, 64], fused were twice the largest statement's,
+    at 2048 x 128 16 MiB more device memory than JAX's peak)."""
+    path = Path(__file__).resolve().parent.parent / "programs" / "ppo.rtl"
+    _, gen = generated(path, B=2048, T=128, total_steps=2048 * 128 * 2)
+    cu = cuda_gen(gen)
+    largest = max(scratch for _, _, scratch in cu.plan.kernels.statements)
+    fused = [scratch for scratch, _ in cu.plan.kernels.fused_launches]
+    assert fused and max(fused) <= largest

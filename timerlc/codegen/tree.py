@@ -67,6 +67,7 @@ class _Tree:
     ):
         self.plan, self.kernels, self.recorded = plan, kernels, recorded
         self.fused, self.refused, self.horizontal = fused, refused, horizontal
+        self._cap: int | None = None
         self.launched: dict[str, kir.Kernel] = {}  # by name
 
     def items(self, items) -> list:
@@ -92,6 +93,11 @@ class _Tree:
                     k = fuse(a, self.kernels[it.sid], name)
                     if k is None and self.horizontal:
                         k = concat(a, self.kernels[it.sid], name)
+                    if k is not None and self.horizontal and k.scratch_bytes > self.cap():
+                        # (the cuda target's scratch is one block, the largest any kernel
+                        # needs: a fused kernel's temporaries side by side must not grow it;
+                        # PPO's second layers' two products, 16 MiB each: 32 MiB)
+                        k = None
                     if k is None:
                         self.refused.add(sids)
                     else:
@@ -103,6 +109,12 @@ class _Tree:
                     continue
             out.append(it)
         return out
+
+    def cap(self) -> int:
+        """The most scratch one statement's kernel takes: what a fused kernel may take."""
+        if self._cap is None:
+            self._cap = max((k.scratch_bytes for k in self.kernels.values()), default=0)
+        return self._cap
 
     def lower(self, items) -> list:
         out = []
