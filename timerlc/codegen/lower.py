@@ -157,6 +157,59 @@ def lower_statement(plan: Plan, st: Statement, slot_of: dict, blocks: bool = Tru
 GPU_SCRATCH = 16 << 20  # the most scratch a cuda kernel over many points takes unblocked
 
 
+class IntRanges:
+    """Bounds of integer values from the ops that make them: a permutation of ``range(n)``
+    lies in ``[0, n)``, and an op that only moves elements (an index, a take, a view, a
+    copy, a merge of such) within its inputs' bounds; None where unknown (any other op, a
+    float, a recurrence through itself)."""
+
+    MOVES = {"index", "take", "take_along", "copy", "stop_grad", "concat", "stack"} | _VIEWS
+
+    def __init__(self, plan: Plan):
+        self.nodes = {n.id: n for st in plan.statements for n in st.nodes}
+        self.final = {st.id: st.node.id for st in plan.statements}
+        self.memo: dict[int, tuple[int, int] | None] = {}
+
+    def of_read(self, r) -> tuple[int, int] | None:
+        """The bounds of what the read ``r`` reads (a stored buffer's: its statement's)."""
+        nid = self.final.get(r.src) if r.stored else r.src
+        return None if nid is None else self.of(nid)
+
+    def of(self, nid: int) -> tuple[int, int] | None:
+        if nid in self.memo:
+            return self.memo[nid]
+        self.memo[nid] = None  # (while it is worked out: a cycle is unknown)
+        node = self.nodes.get(nid)
+        got = None if node is None else self._of(node)
+        self.memo[nid] = got
+        return got
+
+    def _of(self, node) -> tuple[int, int] | None:
+        if node.types[0].dtype not in ("i32", "i64"):
+            return None
+        if node.op == "random_permutation":
+            return (0, int(node.attr_dict()["n"]) - 1)
+        if node.op not in self.MOVES and node.op != "merge":
+            return None
+        ins = node.inputs[:1] if node.op in ("index", "take", "take_along") else node.inputs
+        bounds = [self.of_read(r) for r in ins]
+        if not bounds or any(b is None for b in bounds):
+            return None
+        return (min(b[0] for b in bounds), max(b[1] for b in bounds))
+
+
+_RANGES: list = []  # (plan, its IntRanges): the last few plans lowered
+
+
+def int_ranges(plan: Plan) -> IntRanges:
+    for p, r in _RANGES:
+        if p is plan:
+            return r
+    r = IntRanges(plan)
+    _RANGES[:] = [(plan, r)] + _RANGES[:3]
+    return r
+
+
 def _gpu_blocks(plan: Plan, st: Statement, slot_of: dict, k: kir.Kernel):
     """For the cuda target: ``st``'s layers over points whose temporaries (``k``'s, every
     point's rows) would take more than ``GPU_SCRATCH``, as a kernel whose call runs block
@@ -250,6 +303,7 @@ class _Lowering:
         self.target: str | None = None  # a temporary the values go to before the buffer
         self.branch = False  # lowering an input of a merge (see _merge)
         self.batchable = False  # see kernel()
+        self.known = None  # the range of a gather's indices, where known (int_ranges)
         self.dest = None  # where the statement's matmul may write, straight into its buffer
         self.dest_node = None  # the node whose product that is (the statement's own, or a
         # merge's input: ``_merge``)
@@ -703,6 +757,9 @@ class _Lowering:
         if op in _DYNAMIC and node.inputs and _dynamic_slice(node.inputs[0]):
             return self._dynamic_reduce(node, op, attrs, dtype, shape)
         ins = [self.read(r) for r in node.inputs] if op != "merge" else []
+        # (the gather indices' values, where their ops bound them: check_indices)
+        gathers = op in ("index", "index_add", "take", "take_along") and len(node.inputs) > 1
+        self.known = int_ranges(self.plan).of_read(node.inputs[1]) if gathers else None
         v = self._op(node, op, attrs, dtype, shape, ins)
         if any(x.local for x in ins):  # an op over a local value is local
             v.local = True
@@ -919,8 +976,26 @@ class _Lowering:
             return
         self.emit([If(Un("not", ok, "bool"), (kir.Fail(1),))], vdep)
 
+    def _bounded(self, n: int) -> bool:
+        """Whether the gather being lowered has indices its ops bound to ``[0, n)``."""
+        known = self.known
+        return known is not None and known[0] >= 0 and known[1] < n
+
+    def _gather_position(self, n: int):
+        """How the gather being lowered turns an index into a position in ``[0, n)``: from
+        the end where negative, after ``check_indices``; or, where its ops bound its values
+        to ``[0, n)`` (no check), clamped there, so that a wrong value (a bug elsewhere: a
+        replay that did not wait for the indices' writer) still reads inside the array."""
+        if self._bounded(n):
+            return lambda e, n: _clamp(e, n)
+        return _wrap
+
     def check_indices(self, g: Val, n: int):
-        """Every element of the index tensor ``g`` lies in ``[-n, n)`` (NumPy's rule)."""
+        """Every element of the index tensor ``g`` lies in ``[-n, n)`` (NumPy's rule); no
+        check where the ops that made its values bound them so (``self.known``,
+        ``int_ranges``: PPO's minibatch indices, slices of a permutation of the batch)."""
+        if self._bounded(n):
+            return
 
         def body(idx):
             v = Cast(g.at(idx), "i64")
@@ -1020,6 +1095,7 @@ class _Lowering:
             elif it[0] == "full":
                 out[pos[k]] = n
         self._index_shape = tuple(out)
+        gathered = self._gather_position(sx[items.index(("gather",))]) if g is not None else None
 
         def src_of(oidx):
             src = []
@@ -1032,7 +1108,7 @@ class _Lowering:
                     src.append(oidx[pos[k]])
                 else:
                     gv = Cast(g.at(oidx[group : group + len(sg)]), "i64")
-                    src.append(_wrap(gv, sx[k]))
+                    src.append(gathered(gv, sx[k]))
             return src
 
         return src_of, vdep
@@ -1053,9 +1129,10 @@ class _Lowering:
         n = x.shape[axis]
         self.check_indices(g, n)
         r = len(g.shape)
+        gathered = self._gather_position(n)
 
         def at(oidx):
-            gv = _wrap(Cast(g.at(oidx[axis : axis + r]), "i64"), n)
+            gv = gathered(Cast(g.at(oidx[axis : axis + r]), "i64"), n)
             return x.at(oidx[:axis] + [gv] + oidx[axis + r :])
 
         return Val(x.dtype, shape, at, x.vdep or g.vdep, x.cost + g.cost + 1)
@@ -1063,10 +1140,11 @@ class _Lowering:
     def _take_along(self, axis: int, x: Val, g: Val, shape: tuple) -> Val:
         n = x.shape[axis]
         self.check_indices(g, n)
+        gathered = self._gather_position(n)
 
         def at(oidx):
             gidx = [kir.i64(0) if g.shape[k] == 1 else oidx[k] for k in range(len(shape))]
-            gv = _wrap(Cast(g.at(gidx), "i64"), n)
+            gv = gathered(Cast(g.at(gidx), "i64"), n)
             xidx = [
                 gv if k == axis else (kir.i64(0) if x.shape[k] == 1 else oidx[k])
                 for k in range(len(shape))
@@ -1947,6 +2025,14 @@ def _round(v: float, dtype: str) -> float:
     import numpy as np
 
     return float(np.float32(v)) if dtype == "f32" else float(v)
+
+
+def _clamp(e: Expr, n: int) -> Expr:
+    """An index known to lie in ``[0, n)`` held there (no check, no failure)."""
+    if isinstance(e, Const):
+        return kir.i64(min(max(int(e.value), 0), n - 1))
+    low = Bin("maximum", e, kir.i64(0), "i64")
+    return Bin("minimum", low, kir.i64(n - 1), "i64")
 
 
 def _wrap(e: Expr, n: int) -> Expr:
