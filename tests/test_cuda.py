@@ -604,3 +604,29 @@ def test_a_fused_kernel_takes_no_more_scratch_than_a_statement_s():
     largest = max(scratch for _, _, scratch in cu.plan.kernels.statements)
     fused = [scratch for scratch, _ in cu.plan.kernels.fused_launches]
     assert fused and max(fused) <= largest
+
+
+@needs_cxx
+def test_sums_over_one_range_that_need_nothing_between_are_one_step(tmp_path):
+    """Two reductions into locals over a grid's worth of terms, over one range, the second
+    needing nothing computed between them (a gradient norm's sums of squares of two
+    weights): one loop, each thread adding to both accumulators, one launch
+    (``render._reductions_joined``); the same values as the cpu."""
+    text = """
+    config I = 3, N = 64
+    dim i < I
+    w[0] = reshape(f32(arange(N * N)) * 0.001, [N, N])
+    w[i+1] = w[i] * 0.5 + 0.001 * s[i]
+    u[0] = reshape(f32(arange(N * N)) * 0.002 - 1.0, [N, N])
+    u[i+1] = u[i] * 0.25 + 0.01 * s[i]
+    s[i] = sqrt(sum(w[i] * w[i]) + f32(i) * 0.5 + sum(u[i] * u[i]))
+    out s
+    """
+    _, gen = generated("p.rtl", src(text))
+    cu = cuda_gen(gen)
+    sums = [
+        k for k in cu.kernels if sum(1 for x in k.body if isinstance(x, For) and x.reduce) == 2
+    ]
+    assert len(sums) == 1 and len(dict(cu.plan.kernels.launches)[sums[0].sid]) == 1
+    ref, rt, _, _, _ = run_both(gen, tmp_path)
+    np.testing.assert_allclose(rt.value("s"), ref.value("s"), rtol=1e-6)

@@ -506,7 +506,7 @@ class _Kernel:
         # (not where two of its buffers are one memory, a donation's: a loop reading the
         # donor's at one row and another writing the statement's at another would meet)
         merge_rows = merge_rows and not k.shared
-        body = _fissioned(k.body) if merge_rows else k.body
+        body = _reductions_joined(_fissioned(k.body), k) if merge_rows else k.body
         body, self.row_shared = _row_merged(body) if merge_rows else (body, set())
         self.k = k = dataclasses.replace(k, body=_spread(body))
         self.blas = blas
@@ -1740,6 +1740,77 @@ def _fissioned(body) -> tuple:
                 continue
         out.append(s)
     return tuple(out)
+
+
+def _reductions_joined(body, k: kir.Kernel) -> tuple:
+    """``body`` with each reduction into locals over a grid's worth of terms (a step of its
+    own, ``_Kernel._reduction``) joined by the later ones over the same range that need
+    nothing computed between them: one loop, each thread adding its terms to every
+    accumulator, one launch (a gradient norm's sums of squares of two 64x64 weights, two
+    launches of one block each, one; each sum's terms and their order as before)."""
+    out = list(body)
+    i = 0
+    while i < len(out):
+        a = out[i]
+        if not _grid_sum(a, k):
+            i += 1
+            continue
+        j = i + 1
+        while j < len(out):
+            b, init = out[j], out[j - 1]
+            between = out[i + 1 : j - 1]
+            if (
+                _grid_sum(b, k)
+                and (b.lo, b.hi) == (a.lo, a.hi)
+                and isinstance(init, Let)
+                and isinstance(init.value, Const)
+                and {init.name} == {acc for acc, _ in b.reduce}
+                and j - 1 > i
+                and _apart_sums(a, b, init, between)
+            ):
+                sub = _subst({b.var: a.var})
+                moved = tuple(sub.stmt(x) for x in b.body)
+                joined = dataclasses.replace(a, body=a.body + moved, reduce=a.reduce + b.reduce)
+                out[i : j + 1] = [init, joined, *between]
+                a = joined
+                i += 1  # (the init now before it)
+                j = i + 1 + len(between)
+                continue
+            j += 1
+        i += 1
+    return tuple(out)
+
+
+def _grid_sum(s, k: kir.Kernel) -> bool:
+    """Whether ``s`` is a reduction into locals (not a temporary, no store) over at least
+    ``GRID_TERMS`` terms: a step of its own on the grid."""
+    if not (isinstance(s, For) and s.reduce and _terms(s) >= GRID_TERMS):
+        return False
+    named = {t.name for t in k.temps} | {x.name for x in k.slots}
+    return (
+        not any(acc in named for acc, _ in s.reduce)
+        and not any(isinstance(x, (Store, Fail, Gemm, Permute)) for x in kir.walk_tree(s.body))
+        and not any(isinstance(e, kir.Fn) for e in _exprs(s.body))
+    )
+
+
+def _apart_sums(a: For, b: For, init, between: list) -> bool:
+    """Whether the reduction ``b`` (its accumulator's first value ``init``) may run with
+    ``a``, before the statements ``between``: none of them can fail (a check may be what
+    allows ``b``'s reads), it reads nothing they or ``a`` write nor a local they assign,
+    and they touch nothing of its accumulator's."""
+    others = [a, *between]
+    if _fails_any(between):
+        return False
+    accs = {acc for acc, _ in b.reduce}
+    mine = accs | {x.var for x in kir.walk_tree(b.body) if isinstance(x, For)} | {b.var}
+    lets = set(_lets(others)) | {x.var for x in kir.walk_tree(others) if isinstance(x, For)}
+    return (
+        _independent([b], others)
+        and not (_refs([b]) - mine) & lets
+        and not accs & (_refs(others) | lets)
+        and not {acc for acc, _ in a.reduce} & _refs([b])
+    )
 
 
 def _groups(stmts) -> list[list]:
