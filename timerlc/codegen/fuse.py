@@ -128,14 +128,10 @@ def _checked_once(first, then) -> tuple:
 
 def _only_fails(s) -> bool:
     """Whether statement ``s`` stores nothing, assigns no local and may fail."""
-    inside = list(kir.walk_tree([s]))
     return (
         isinstance(s, (For, If))
-        and any(isinstance(x, Fail) for x in inside)
-        and not any(
-            isinstance(x, (kir.Store, kir.Let, Gemm, Permute, kir.Loop, kir.Launch, kir.Host))
-            for x in inside
-        )
+        and _has([s], (Fail,))
+        and not _has([s], (Store, Let, Gemm, Permute, kir.Loop, kir.Launch, kir.Host))
     )
 
 

@@ -476,13 +476,18 @@ class _Lowering:
         does where the product is computed for all points at once and the points' results
         lie one after another in the buffer (``_matmul_over_points``)."""
         st = self.st
-        reads_own = any(r.stored and r.src == st.id for n in st.nodes for r in n.inputs)
         return (
             (not st.vector or self.batchable)
             and self.target is None
-            and not reads_own
+            and not self._reads_own()
             and self._inside_box(st.domain) is True
         )
+
+    def _reads_own(self) -> bool:
+        """Whether the statement reads its own buffer (at other points: a window's slot may
+        be the one it writes)."""
+        st = self.st
+        return any(r.stored and r.src == st.id for n in st.nodes for r in n.inputs)
 
     def _direct_input(self, r) -> bool:
         """Whether the merge input ``r`` is a product of the statement's own (a node read
@@ -499,7 +504,7 @@ class _Lowering:
         out = self.plan.buffer(st.id).outputs[0]
         if node.types[0].dtype != out.dtype or tuple(node.types[0].shape) != tuple(out.shape):
             return False
-        return not any(q.stored and q.src == st.id for n in st.nodes for q in n.inputs)
+        return not self._reads_own()
 
     def _store(self, v: Val) -> list:
         """The statement's value at the point, into its buffer (or the temporary that
@@ -986,9 +991,7 @@ class _Lowering:
         the end where negative, after ``check_indices``; or, where its ops bound its values
         to ``[0, n)`` (no check), clamped there, so that a wrong value (a bug elsewhere: a
         replay that did not wait for the indices' writer) still reads inside the array."""
-        if self._bounded(n):
-            return lambda e, n: _clamp(e, n)
-        return _wrap
+        return _clamp if self._bounded(n) else _wrap
 
     def check_indices(self, g: Val, n: int):
         """Every element of the index tensor ``g`` lies in ``[-n, n)`` (NumPy's rule); no

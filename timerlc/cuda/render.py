@@ -1727,13 +1727,7 @@ def _fissioned(body) -> tuple:
                 dataclasses.replace(s, then=_fissioned(s.then), orelse=_fissioned(s.orelse))
             )
             continue
-        if (
-            _nestable(s)
-            and len(s.body) > 1
-            and _spread_nest(s) is s
-            and not any(isinstance(x, (Fail, Gemm, Permute)) for x in kir.walk_tree(s.body))
-            and not any(isinstance(e, kir.Fn) for e in _exprs(s.body))
-        ):
+        if _row_loop(s) and len(s.body) > 1 and _spread_nest(s) is s:
             groups = _groups(s.body)
             if len(groups) > 1:
                 out += [dataclasses.replace(s, body=tuple(g)) for g in groups]
@@ -1766,7 +1760,7 @@ def _reductions_joined(body, k: kir.Kernel) -> tuple:
                 and isinstance(init.value, Const)
                 and {init.name} == {acc for acc, _ in b.reduce}
                 and j - 1 > i
-                and _apart_sums(a, b, init, between)
+                and _apart_sums(a, b, between)
             ):
                 sub = _subst({b.var: a.var})
                 moved = tuple(sub.stmt(x) for x in b.body)
@@ -1794,9 +1788,8 @@ def _grid_sum(s, k: kir.Kernel) -> bool:
     )
 
 
-def _apart_sums(a: For, b: For, init, between: list) -> bool:
-    """Whether the reduction ``b`` (its accumulator's first value ``init``) may run with
-    ``a``, before the statements ``between``: none of them can fail (a check may be what
+def _apart_sums(a: For, b: For, between: list) -> bool:
+    """Whether the reduction ``b`` may run with ``a``, before the statements ``between``: none of them can fail (a check may be what
     allows ``b``'s reads), it reads nothing they or ``a`` write nor a local they assign,
     and they touch nothing of its accumulator's."""
     others = [a, *between]
