@@ -534,6 +534,41 @@ def test_a_product_in_a_branch_of_a_merge_computes_into_the_buffer():
         np.testing.assert_allclose(rt.value(name), want[name], rtol=1e-6, atol=1e-6)
 
 
+def test_the_ops_after_a_product_work_in_place_in_its_buffer():
+    """A layer ``tanh(h @ w + c)``: the product goes straight into the statement's buffer
+    and the bias and ``tanh`` are applied there in place (``lower._epilogue_product``), where
+    it went into a temporary the size of the output; the product of a point and over the
+    points of a vector dim. A product that the value reads twice, or at other elements (a
+    transpose), keeps its temporary. The values are the reference's."""
+    text = """
+    config I = 3, B = 6
+    dim i < I
+    dim b < B
+    w = reshape(f32(arange(64 * 32)) * 0.0005 - 0.5, [64, 32])
+    c = f32(arange(32)) * 0.01
+    h[i] = reshape(f32(arange(40 * 64)) * 0.001 * f32(i + 1), [40, 64])
+    y[i] = tanh(h[i] @ w + c)
+    v[i, b] = reshape(f32(arange(8 * 64)) * 0.002 - f32(b) * 0.1, [8, 64]) * f32(i + 1)
+    z[i, b] = (1.0 - v[i, b][:, 0:32] * 2.0) * (v[i, b] @ w)
+    p[i] = h[i][0:32] @ w
+    q[i] = transpose(p[i]) + 1.0
+    r[i] = tanh(h[i] @ (w * 2.0)) * (h[i] @ (w * 2.0))
+    out y, z, q, r, h, v
+    """
+    rt, want, gen = native(text)
+    by_name = {gen.plan.buffer(k.sid).name: k for k in gen.kernels}
+    for name in ("y", "z"):
+        k = by_name[name]
+        listing = kir.text(k)
+        (line,) = [x for x in listing.splitlines() if "= gemm." in x]
+        assert line.strip().startswith(f"b{k.sid}_0["), listing  # (into the buffer)
+        assert not [t for t in k.temps if t.size >= 8 * 32], listing  # (no temporary)
+    for name in ("q", "r"):
+        assert [t for t in by_name[name].temps if t.size >= 32 * 32]
+    for name in ("y", "z", "q", "r"):
+        np.testing.assert_allclose(rt.value(name), want[name], rtol=1e-5, atol=1e-6)
+
+
 def test_a_gather_at_a_permutation_s_indices_needs_no_check():
     """Indices that are a permutation of ``range(n)`` (or a slice of one, as PPO's
     minibatches are) lie in range: a take at them makes no check of them

@@ -607,6 +607,40 @@ def test_a_fused_kernel_takes_no_more_scratch_than_a_statement_s():
 
 
 @needs_cxx
+def test_bias_gradients_after_their_products_are_one_step(tmp_path):
+    """A weight's gradient (a product of the device's BLAS) and its bias's (a sum over the
+    rows into a temporary), twice: the second product moves ahead of the first sum (it
+    touches nothing of it: ``render._Kernel._products_early``), and the two sums over the
+    same rows are one loop, each block adding to its copy of both (``_arrays_joined``): one
+    function after the two products, where there were two. A layer's bias and ``tanh`` work
+    in place after its product, a thread per element (``render._spread``). The values are
+    the cpu's."""
+    text = """
+    config I = 3, N = 600
+    dim i < I
+    s[0] = 1.0
+    s[i+1] = s[i] * 0.5 + sum(g[i]) * 0.0001
+    x[i] = reshape(f32(arange(N * 8)) * 0.001, [N, 8]) * s[i]
+    dy[i] = (reshape(f32(arange(N * 16)) * 0.0005, [N, 16]) - 1.0) * s[i]
+    dz[i] = reshape(f32(arange(N * 16)) * 0.0002, [N, 16]) + s[i]
+    g[i] = concat([reshape(x[i].T @ dy[i], [128]), sum(dy[i], 0),
+                   reshape(x[i].T @ dz[i], [128]), sum(dz[i], 0)], 0)
+    w = reshape(f32(arange(8 * 16)) * 0.01 - 0.6, [8, 16])
+    h[i] = tanh(x[i] @ w + f32(arange(16)) * 0.1)
+    out g, h, s, x, dy, dz
+    """
+    _, gen = generated("p.rtl", src(text))
+    cu = cuda_gen(gen)
+    launches = dict(cu.plan.kernels.launches)
+    (g,) = [f for f in launches.values() if sum(isinstance(x, items.GemmCall) for x in f) == 2]
+    assert [isinstance(f, items.GemmCall) for f in g] == [True, True, False], g
+    (h,) = [f for f in launches.values() if sum(isinstance(x, items.GemmCall) for x in f) == 1]
+    assert h[1][1] == 3 * 600 * 16, h  # (a thread per element)
+    ref, rt, _, _, _ = run_both(gen, tmp_path)
+    for name in ("g", "h", "s"):
+        np.testing.assert_allclose(rt.value(name), ref.value(name), rtol=1e-6, atol=1e-6)
+
+
 def test_sums_over_one_range_that_need_nothing_between_are_one_step(tmp_path):
     """Two reductions into locals over a grid's worth of terms, over one range, the second
     needing nothing computed between them (a gradient norm's sums of squares of two

@@ -799,7 +799,9 @@ def test_a_failure_is_read_late_and_explained_with_the_values_it_saw():
 
 
 @needs_cxx
-@pytest.mark.parametrize("program", ["ppo", "rnn_reinforce", "reinforce_td"])
+# (rnn_reinforce's layers compute in place since lower._epilogue_product: no scratch over
+# its points is left to run block after block)
+@pytest.mark.parametrize("program", ["ppo", "reinforce_td"])
 def test_a_kernel_over_many_points_runs_block_after_block(program, monkeypatch):
     """Where a statement's layers over points would need more scratch than GPU_SCRATCH,
     its kernel runs its launches once per block of the points (``repeats`` in the plan,

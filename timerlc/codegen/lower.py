@@ -83,6 +83,7 @@ _BINARY = {op: op for op in kir.BINARY if op not in ("and", "or", "rem")} | {
     "logical_or": "or",
 }
 _VIEWS = {"reshape", "transpose", "expand_dims", "squeeze", "broadcast_to"}
+_SAME = {"where", "cast", "copy", "stop_grad"}  # elementwise ops besides _UNARY and _BINARY
 _REDUCE = {"sum", "mean", "prod", "max", "min", "logsumexp"}
 # a reduction's scalar op and its first value (None: the first element)
 _COMBINE = {
@@ -366,6 +367,7 @@ class _Lowering:
         elif own.op == "merge":
             body = self._merge(own)
         else:
+            self._in_place(own)
             v = self.value(own.id)
             body = self._store(v)
         point = tuple(self.point) + tuple(body)
@@ -483,6 +485,49 @@ class _Lowering:
             and self._inside_box(st.domain) is True
         )
 
+    def _in_place(self, top) -> None:
+        """Where the statement's value, node ``top``, is elementwise ops of a product
+        (``_epilogue_product``) and the product may go straight into the buffer
+        (``_direct``): it goes there, and the ops after it (a layer's bias and tanh) work
+        there in place, each element reading only its own."""
+        if top.op == "matmul" or not self._direct():
+            return
+        product = self._epilogue_product(top)
+        if product is not None:
+            self.dest = (
+                self.slot(self.st.id, 0, write=True),
+                self.point_index(self.st.id, [Ref(d) for d in self.st.dims]),
+            )
+            self.dest_node = product
+
+    def _epilogue_product(self, top) -> int | None:
+        """The product (a matmul node) that node ``top`` is elementwise ops of, where it may
+        compute into the statement's buffer with those ops then applied in place:
+        ``tanh(h @ w + b)``. Every node from ``top`` down to the product has the output's
+        shape and is read once, by the next (so element ``idx`` of the value reads element
+        ``idx`` of the product and nothing else does), and the product has the output's
+        dtype. None where there is none."""
+        out = self.plan.buffer(self.st.id).outputs[0]
+        shape = tuple(out.shape)
+        if not shape:
+            return None
+
+        def find(node):
+            if tuple(node.types[0].shape) != shape:
+                return None
+            if node.op == "matmul":
+                return node.id if node.types[0].dtype == out.dtype else None
+            if node.op not in _UNARY and node.op not in _BINARY and node.op not in _SAME:
+                return None
+            for r in node.inputs:
+                if not r.stored and self.uses.get(r.src) == 1:
+                    got = find(self.nodes[r.src])
+                    if got is not None:
+                        return got
+            return None
+
+        return find(top)
+
     def _reads_own(self) -> bool:
         """Whether the statement reads its own buffer (at other points: a window's slot may
         be the one it writes)."""
@@ -531,6 +576,8 @@ class _Lowering:
         the vector dims (``max(x[0:K])`` in ``y[k] = x[k] - max(x[0:K])``) is computed once
         per call, not at every point."""
         if len(node.inputs) == 1 and (node.inputs[0].cond is None or node.inputs[0].cond is True):
+            if not node.inputs[0].stored:
+                self._in_place(self.nodes[node.inputs[0].src])
             return self._store(self.read(node.inputs[0]))
         out: tuple = ()
         for k in reversed(range(len(node.inputs))):

@@ -716,7 +716,8 @@ class _Kernel:
         def under(guard, s):
             return s if guard is None else If(guard, (s,))
 
-        for guard, lits, s in self._guarded(self.k.body, None, frozenset()):
+        items = self._products_early(self._guarded(self.k.body, None, frozenset()))
+        for guard, lits, s in self._arrays_joined(items):
             big = isinstance(s, For) and s.reduce and _terms(s) >= GRID_TERMS
             form = self._reduction(s) if big else None
             pushed = s if isinstance(s, For) and s.parallel else _pushed_in(s)
@@ -793,6 +794,101 @@ class _Kernel:
             steps.append(_Step("serial", []))
         return steps
 
+    def _products_early(self, items: list) -> list:
+        """``items`` (``_guarded``'s) with each product of the device's BLAS moved ahead of
+        the statements before it that touch nothing of its and cannot fail, up to another
+        product: the loops on either side of it may then join one launch (the second layers'
+        bias and tanh after both products; each bias gradient's sum after every weight's)."""
+        out: list = []
+        shared = frozenset(self.k.shared)
+        for item in items:
+            guard, _, s = item
+            k = len(out)
+            if isinstance(s, Gemm) and self.blas and self._gemm_call(s, guard) is not None:
+                while k > 0:
+                    p = out[k - 1][2]
+                    if (
+                        isinstance(p, (Gemm, Permute))
+                        or _fails_any([p])
+                        or not _independent([p], [s], shared)
+                    ):
+                        break
+                    k -= 1
+            out.insert(k, item)
+        return out
+
+    def _arrays_joined(self, items: list) -> list:
+        """``items`` (``_guarded``'s) with each reduction into a temporary over a grid's
+        worth of rows (``_reduction``'s array form) joined by the later ones under the same
+        guard, over the same rows and elements, into temporaries of the same size, that
+        need nothing computed between them (``_apart_sums``) and whose first values (a loop
+        storing the identity, just before) touch nothing between either: one loop, each
+        block adding a row's terms to its copy of every temporary, one launch (a minibatch
+        step's four bias gradients, four launches, one; each sum's terms and their order as
+        before)."""
+        out = list(items)
+        temps = {t.name: t for t in self.k.temps}
+
+        def array(s):  # (the reduction's accumulator and its loop over elements, or None)
+            if not (isinstance(s, For) and len(s.reduce) == 1 and _terms(s) >= GRID_TERMS):
+                return None
+            form = self._reduction(s)
+            if form is None or form[0] != "array" or form[2] is not s.body[0]:
+                return None
+            return form[1][0], form[2]
+
+        def init(item, acc: str, inner: For) -> bool:  # (``acc[e] = identity`` over inner's)
+            _, _, s = item
+            if not (
+                isinstance(s, For)
+                and s.parallel
+                and (s.lo, s.hi) == (inner.lo, inner.hi)
+                and len(s.body) == 1
+                and isinstance(s.body[0], Store)
+            ):
+                return False
+            st = s.body[0]
+            return st.buf == acc and st.index == Ref(s.var) and isinstance(st.value, Const)
+
+        i = 0
+        while i < len(out):
+            guard, lits, a = out[i]
+            got = array(a)
+            if got is None:
+                i += 1
+                continue
+            acc_a, inner_a = got
+            j = i + 2
+            while j < len(out):
+                gb, _, b = out[j]
+                got_b = array(b) if gb == guard else None
+                if (
+                    got_b is not None
+                    and (b.lo, b.hi) == (a.lo, a.hi)
+                    and (got_b[1].lo, got_b[1].hi) == (inner_a.lo, inner_a.hi)
+                    and temps[got_b[0]].size == temps[acc_a].size
+                    and out[j - 1][0] == guard
+                    and init(out[j - 1], *got_b)
+                ):
+                    between = [x[2] for x in out[i + 1 : j - 1]]
+                    first = out[j - 1][2]
+                    if _apart_sums(a, b, between) and _independent(
+                        [first], [a, *between], self.k.shared
+                    ):
+                        inner_b = got_b[1]
+                        sub = _subst({b.var: a.var, inner_b.var: inner_a.var})
+                        moved = tuple(sub.stmt(x) for x in inner_b.body)
+                        inner = dataclasses.replace(inner_a, body=inner_a.body + moved)
+                        joined = dataclasses.replace(a, body=(inner,), reduce=a.reduce + b.reduce)
+                        out[i : j + 1] = [out[j - 1], (guard, lits, joined), *out[i + 1 : j - 1]]
+                        i += 1  # (the first values now before it)
+                        a, inner_a = joined, inner
+                        j = i + 2
+                        continue
+                j += 1
+            i += 1
+        return out
+
     def _guarded(self, body, guard, lits: frozenset) -> list:
         """``(guard, literals, statement)`` for the statements of ``body``: an ``if`` that is
         the same on every thread and holds work for the grid taken apart (``_steps``); the
@@ -813,9 +909,10 @@ class _Kernel:
         """How the reduction ``loop`` runs on the grid, or None where it does not (it then
         runs on one thread): ``("scalar", {acc: dtype})``, its iterations dealt to the
         grid's threads, each block's accumulators combined by a tree in shared memory, or
-        ``("array", acc, inner)``: a temporary's elements updated in ``inner`` (the one
-        parallel loop inside), the iterations of ``loop`` dealt to the blocks, those of
-        ``inner`` to a block's threads, each block accumulating into a partial copy of the
+        ``("array", accs, inner)``: temporaries' elements updated in ``inner`` (the one
+        parallel loop inside; several temporaries of one size where reductions were joined,
+        ``_arrays_joined``), the iterations of ``loop`` dealt to the blocks, those of
+        ``inner`` to a block's threads, each block accumulating into a partial copy of each
         temporary of its own."""
         accs = dict(loop.reduce)
         temps = {t.name: t for t in self.k.temps}
@@ -847,15 +944,17 @@ class _Kernel:
             if any(dt not in _SIZE or dt == "bool" for dt in dtypes.values()):
                 return None
             return ("scalar", dtypes)
-        if len(accs) != 1:
+        if any(a not in temps or temps[a].dtype == "bool" for a in accs):
             return None
-        ((acc, op),) = accs.items()
-        if acc not in temps or temps[acc].dtype == "bool":
+        if len({temps[a].size for a in accs}) != 1:  # (several: joined, _arrays_joined)
             return None
-        t = temps[acc]
-        if t.size == 1 and not any(isinstance(s, For) and s.parallel for s in stmts):
-            # one element (a column sum of one column): as a local
-            return ("scalar", {acc: t.dtype}) if _updates(loop.body, acc, op, t.dtype) else None
+        if len(accs) == 1:
+            ((acc, op),) = accs.items()
+            t = temps[acc]
+            if t.size == 1 and not any(isinstance(s, For) and s.parallel for s in stmts):
+                # one element (a column sum of one column): as a local
+                ok = _updates(loop.body, {acc: (op, t.dtype)})
+                return ("scalar", {acc: t.dtype}) if ok else None
         inner = loop
         while True:  # loops of one statement each, down to the parallel one
             if len(inner.body) != 1 or not isinstance(inner.body[0], For):
@@ -863,9 +962,9 @@ class _Kernel:
             inner = inner.body[0]
             if inner.parallel:
                 break
-        if not _updates(inner.body, acc, op, t.dtype):
+        if not _updates(inner.body, {a: (op, temps[a].dtype) for a, op in accs.items()}):
             return None
-        return ("array", acc, inner)
+        return ("array", tuple(accs), inner)
 
     def _gemm_call(self, s: Gemm, guard):
         """The gemm ``s`` (under ``guard``) as a call of the device's BLAS
@@ -922,17 +1021,20 @@ class _Kernel:
                 else:
                     lets.append(Let(acc, dt, Bin(op, Ref(acc, dt), term, dt)))
             return For(b, kir.i64(0), nparts, tuple(lets)), n
-        _, acc, _ = form
-        t = next(t for t in self.k.temps if t.name == acc)
-        part = f"tl_part{n}_0"
-        self.parts[part] = [t.dtype, _array_blocks(t.size) * t.size, 0]
-        self.bufs[part] = t.dtype
+        temps = {t.name: t for t in self.k.temps}
+        size = temps[form[1][0]].size
         q = f"tl_q{n}"
-        op = dict(loop.reduce)[acc]
-        at = kir.add(kir.mul(Ref(b), t.size), Ref(q))
-        total = Bin(op, Load(acc, Ref(q), t.dtype), Load(part, at, t.dtype), t.dtype)
-        body = (For(b, kir.i64(0), nparts, (Store(acc, Ref(q), total),)),)
-        return For(q, kir.i64(0), kir.i64(t.size), body, True), n
+        body = []
+        for j, acc in enumerate(form[1]):
+            t = temps[acc]
+            part = f"tl_part{n}_{j}"
+            self.parts[part] = [t.dtype, _array_blocks(size) * size, 0]
+            self.bufs[part] = t.dtype
+            op = dict(loop.reduce)[acc]
+            at = kir.add(kir.mul(Ref(b), size), Ref(q))
+            total = Bin(op, Load(acc, Ref(q), t.dtype), Load(part, at, t.dtype), t.dtype)
+            body.append(For(b, kir.i64(0), nparts, (Store(acc, Ref(q), total),)))
+        return For(q, kir.i64(0), kir.i64(size), tuple(body), True), n
 
     def phase(self, fname: str, st: _Step, loads, stores, passed, then=None) -> str:
         """One step as a function (``then``: the step that combines a reduction's results
@@ -1098,17 +1200,20 @@ class _Kernel:
                 self.emit(2, f"{buf(f'tl_part{count}_{j}')}[blockIdx.x] = tl_red_{name(acc)}[0];")
             threads = min(_extent(loop, PARTS * THREADS), PARTS * THREADS)
         else:
-            _, acc, inner = form
-            t = next(t for t in self.k.temps if t.name == acc)
-            mt = MTYPE[t.dtype]
-            self.local_temps.add(acc)  # (its pointer is the block's partial copy)
-            part = buf(f"tl_part{count}_0")
-            self.emit(1, f"{mt} *{buf(acc)} = {part} + (long long)blockIdx.x * {t.size};")
-            self.emit(
-                1,
-                f"for (long long tl_q = threadIdx.x; tl_q < {t.size}; tl_q += blockDim.x) "
-                f"{buf(acc)}[tl_q] = {identity(ops[acc], t.dtype)};",
-            )
+            _, accs, inner = form
+            temps = {t.name: t for t in self.k.temps}
+            for j, acc in enumerate(accs):
+                t = temps[acc]
+                mt = MTYPE[t.dtype]
+                self.local_temps.add(acc)  # (its pointer is the block's partial copy)
+                part = buf(f"tl_part{count}_{j}")
+                self.emit(1, f"{mt} *{buf(acc)} = {part} + (long long)blockIdx.x * {t.size};")
+                self.emit(
+                    1,
+                    f"for (long long tl_q = threadIdx.x; tl_q < {t.size}; tl_q += blockDim.x) "
+                    f"{buf(acc)}[tl_q] = {identity(ops[acc], t.dtype)};",
+                )
+            t = temps[accs[0]]
             self.emit(1, "__syncthreads();")
             depth = self.open_guard(st)
             v = name(loop.var)
@@ -1568,7 +1673,7 @@ def _first_values(st: _Step, red: _Step) -> bool:
     product and the bias gradient's zeros before the bias gradient's sum: one launch less."""
     if not _small(st) or st.kind not in ("serial", "parallel", "either"):
         return False
-    accs = set(red.form[1]) if red.form[0] == "scalar" else {red.form[1]}
+    accs = set(red.form[1])
     a, b = st.statements(), red.statements()
     written = _written(a)
     return (
@@ -1972,7 +2077,8 @@ def _merged_elements(body) -> For | None:
 def _independent_elements(loop: For) -> bool:
     """Whether ``loop``'s iterations are independent: it only stores, each store at an
     index its variable moves, no draw, and a buffer it stores is read only at an index the
-    same iteration stored before (a fused kernel's value passed on at its element)."""
+    same iteration stored before (a fused kernel's value passed on at its element) or, where
+    the loop stores it at that index alone, the one it stores (in place)."""
     from timerlc.codegen.fuse import _injective
 
     if loop.reduce or not (isinstance(loop.lo, Const) and isinstance(loop.hi, Const)):
@@ -1980,17 +2086,45 @@ def _independent_elements(loop: For) -> bool:
     if not loop.body or not all(isinstance(x, Store) for x in loop.body):
         return False
     stored = {x.buf for x in loop.body}
+    # where each store of a buffer is at one index, an iteration may read that element
+    # before it stores it (an epilogue in place: ``b[e] = tanh(b[e] + c[e])``)
+    at: dict = {}
+    for x in loop.body:
+        at.setdefault(x.buf, []).append(x.index)
     before: set = set()  # (buffer, index) the iteration stored so far
     for x in loop.body:
         if not _injective(x.index, loop.var):
             return False
         for e in kir.subexprs(x.value):
-            if isinstance(e, Load) and e.buf in stored and (e.buf, e.index) not in before:
+            if (
+                isinstance(e, Load)
+                and e.buf in stored
+                and (e.buf, e.index) not in before
+                and not all(_same_index(e.index, i) for i in at[e.buf])
+            ):
                 return False
             if isinstance(e, kir.Fn):  # (a draw: its own order)
                 return False
         before.add((x.buf, x.index))
     return True
+
+
+def _same_index(a, b) -> bool:
+    """Whether the i64 expressions ``a`` and ``b`` are one value: the same, or the same sum
+    of its variables times constants plus a constant (``(t * 2) + ((b * 256) + e)`` and
+    ``((t * 2) + (b * 256)) + e``)."""
+    if a == b:
+        return True
+    from timerlc.codegen.lower import _affine
+
+    names = {e.name for x in (a, b) for e in kir.subexprs(x) if isinstance(e, Ref)}
+    fa, fb = _affine(a, names), _affine(b, names)
+    if fa is None or fb is None:
+        return False
+    (ra, ca), (rb, cb) = fa, fb
+    if not (isinstance(ra, Const) and isinstance(rb, Const)) or ra.value != rb.value:
+        return False
+    return {v: c for v, c in ca.items() if c} == {v: c for v, c in cb.items() if c}
 
 
 def _joins(run: list, prev, shared=()) -> bool:
@@ -2103,22 +2237,25 @@ def _grid_work(s: If) -> bool:
     )
 
 
-def _updates(body, acc: str, op: str, dt: str) -> bool:
-    """Whether ``body`` stores only into temporary ``acc``, each store ``acc[i] = op(acc[i],
-    x)`` (``x`` not reading ``acc``), and reads ``acc`` nowhere else."""
+def _updates(body, accs: dict) -> bool:
+    """Whether ``body`` stores only into the temporaries ``accs`` (name -> (op, dtype)),
+    each store ``acc[i] = op(acc[i], x)`` (``x`` reading no accumulator), and reads them
+    nowhere else; each is stored."""
     stores = [s for s in kir.walk_tree(body) if isinstance(s, Store)]
-    loads = [e for e in _exprs(body) if isinstance(e, Load) and e.buf == acc]
+    loads = [e for e in _exprs(body) if isinstance(e, Load) and e.buf in accs]
     for s in stores:
         v = s.value
+        if s.buf not in accs:
+            return False
+        op, dt = accs[s.buf]
         if not (
-            s.buf == acc
-            and isinstance(v, Bin)
+            isinstance(v, Bin)
             and v.op == op
-            and v.a == Load(acc, s.index, dt)
-            and acc not in {e.buf for e in kir.subexprs(v.b) if isinstance(e, Load)}
+            and v.a == Load(s.buf, s.index, dt)
+            and not accs.keys() & {e.buf for e in kir.subexprs(v.b) if isinstance(e, Load)}
         ):
             return False
-    return bool(stores) and len(loads) == len(stores)
+    return {s.buf for s in stores} == set(accs) and len(loads) == len(stores)
 
 
 _PLAN_OPS = {
