@@ -569,6 +569,27 @@ def test_the_ops_after_a_product_work_in_place_in_its_buffer():
         np.testing.assert_allclose(rt.value(name), want[name], rtol=1e-5, atol=1e-6)
 
 
+def test_a_check_that_cannot_fail_is_not_made():
+    """A slice whose start its ops bound inside the array (PPO's minibatch at
+    ``MBS * (j % MB)``) makes no check (``lower._holds``); one whose start only the loop's
+    range bounds keeps its check."""
+    text = """
+    config J = 8
+    dim j < J
+    x = f32(arange(20))
+    y[j] = x[(j % 4) * 5 : (j % 4) * 5 + 5] * f32(j)
+    z[j] = x[j * 2 : j * 2 + 5] * f32(j)
+    out y, z
+    """
+    graph = check_source(Source("p.rtl", src(text)))
+    gen = generate_code(compile_plan(run_passes(graph)))
+    fails = {
+        gen.plan.buffer(k.sid).name: any(isinstance(x, kir.Fail) for x in kir.walk_tree(k.body))
+        for k in gen.kernels
+    }
+    assert fails["y"] is False and fails["z"] is True
+
+
 def test_a_gather_at_a_permutation_s_indices_needs_no_check():
     """Indices that are a permutation of ``range(n)`` (or a slice of one, as PPO's
     minibatches are) lie in range: a take at them makes no check of them

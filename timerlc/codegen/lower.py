@@ -1024,7 +1024,7 @@ class _Lowering:
     # ------------------------------------------------------------------ indexing
     def check(self, ok: Expr, vdep: bool):
         """Fail the call where ``ok`` does not hold (the runtime then names the point)."""
-        if isinstance(ok, Const) and ok.value is True:
+        if isinstance(ok, Const) and ok.value is True or _holds(ok):
             return
         self.emit([If(Un("not", ok, "bool"), (kir.Fail(1),))], vdep)
 
@@ -1880,6 +1880,53 @@ def _affine(e: Expr, names: set) -> tuple[Expr, dict] | None:
             return None
         return kir.mul(x[0], k.value), {v: c * k.value for v, c in x[1].items()}
     return None
+
+
+def _interval(e: Expr) -> tuple[int, int] | None:
+    """The least and greatest values of the i64 expression ``e`` whatever its variables
+    are, where its constants and its ops bound them (``mod(j, 4) * 65536`` lies in
+    ``[0, 196608]``); None where they do not."""
+    if isinstance(e, Const):
+        ok = e.dtype == "i64" and not isinstance(e.value, bool)
+        return (int(e.value), int(e.value)) if ok else None
+    if not (isinstance(e, Bin) and e.dtype == "i64"):
+        return None
+    if e.op == "mod" and isinstance(e.b, Const) and _interval(e.b) is not None and e.b.value > 0:
+        return 0, int(e.b.value) - 1  # (a floor modulo: the divisor's sign)
+    a, b = _interval(e.a), _interval(e.b)
+    if a is None or b is None:
+        return None
+    if e.op == "add":
+        return a[0] + b[0], a[1] + b[1]
+    if e.op == "sub":
+        return a[0] - b[1], a[1] - b[0]
+    if e.op == "mul":
+        ends = [x * y for x in a for y in b]
+        return min(ends), max(ends)
+    return None
+
+
+def _holds(c: Expr) -> bool:
+    """Whether the condition ``c`` holds whatever its variables are (``_interval``): a
+    slice of a minibatch at ``65536 * mod(j, 4)`` starts inside its array, a check that
+    cannot fail."""
+    if isinstance(c, Const):
+        return c.value is True
+    if not isinstance(c, Bin):
+        return False
+    if c.op == "and":
+        return _holds(c.a) and _holds(c.b)
+    if c.op not in ("lt", "le", "gt", "ge"):
+        return False
+    a, b = _interval(c.a), _interval(c.b)
+    if a is None or b is None:
+        return False
+    return {
+        "lt": a[1] < b[0],
+        "le": a[1] <= b[0],
+        "gt": a[0] > b[1],
+        "ge": a[0] >= b[1],
+    }[c.op]
 
 
 def _mentions(e: Expr, names: set) -> bool:
