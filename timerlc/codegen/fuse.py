@@ -116,6 +116,22 @@ def concat(a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
     return _kernel(name, a, b, sub, a.body + _checked_once(a.body, body_b))
 
 
+def seq(a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
+    """One kernel named ``name`` computing ``a``'s statements, then ``b``'s, each as it
+    was, whatever they touch of each other's (statements one after another compute what
+    they did apart); None where one kernel may not hold both (``_joinable``). For the cuda
+    target, whose renderer merges the loops over one range that meet only at their row
+    (``cuda.render._row_merged``): a gradient's loops after the loss's, one launch, where
+    it saves one (``codegen.tree``)."""
+    if not _joinable(a, b):
+        return None
+    sub = _in_names_of(a, b, {})
+    body_b = tuple(sub.stmt(s) for s in b.body)
+    if _has(body_b, (kir.Loop, kir.Launch, kir.Host)):
+        return None
+    return _kernel(name, a, b, sub, a.body + _checked_once(a.body, body_b))
+
+
 def _checked_once(first, then) -> tuple:
     """The statements ``then`` (the second kernel's, which read nothing the first's write)
     without each check (a loop or ``if`` that only fails) that one of ``first``'s top-level

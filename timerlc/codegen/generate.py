@@ -84,7 +84,7 @@ def generate(plan: Plan, target: str = "cpu") -> Generated:
 
 def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
     from timerlc.cuda.loops import render_loops
-    from timerlc.cuda.render import render_kernels, render_module
+    from timerlc.cuda.render import functions, render_kernels, render_module
 
     body, skipped, launches = render_module(kernels)
     for k in kernels:
@@ -97,9 +97,9 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
     recorded = {sid for _, sid, _ in plan.outputs} | {sid for _, sid, _ in plan.metrics}
     eligible = {k.sid: k for k in kernels if k.repeat == 1 and k.sid not in recorded}
     # (the calls inside its loops in the order that joins the most: codegen.tree.by_level)
-    plan = by_level(plan, eligible, recorded)
+    plan = by_level(plan, eligible, recorded, functions)
     fused: dict[tuple, kir.Kernel] = {}
-    trees = lower_tree(plan, eligible, fused, horizontal=True)
+    trees = lower_tree(plan, eligible, fused, horizontal=True, cost=functions)
     used = {s.kernel for t in trees for s in kir.walk_tree(t.body) if isinstance(s, kir.Launch)}
     more, refused, fused_launches = render_kernels([k for k in fused.values() if k.name in used])
     fused_ok = [k for k in fused.values() if k.name in used and k.name not in refused]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from timerlc.codegen import kir
-from timerlc.codegen.fuse import concat, fuse
+from timerlc.codegen.fuse import concat, fuse, seq
 from timerlc.codegen.kir import If, Launch, Loop
 from timerlc.codegen.lower import plan_expr as _expr
 from timerlc.plan.items import Call, Free, Plan, SwapIn, SwapOut
@@ -30,12 +30,14 @@ def lower_tree(
     kernels: dict[int, kir.Kernel],
     fused: dict | None = None,
     horizontal: bool = False,
+    cost=None,
 ) -> list[kir.Tree]:
     """The tree functions of ``plan`` (``kernels``: by statement, the kernels there are).
     Calls one after another at the same loop values launch one fused kernel where
     ``codegen.fuse`` can make one (``horizontal``: also where it can only put independent
-    kernels one after the other, ``fuse.concat``); ``fused`` collects them (by their
-    statements)."""
+    kernels one after the other, ``fuse.concat``, or, with ``cost``, what a kernel's
+    launch costs, any two one after the other where that costs less, ``fuse.seq``);
+    ``fused`` collects them (by their statements)."""
     recorded = {sid for _, sid, _ in plan.outputs + plan.metrics}
     fused = {} if fused is None else fused
     refused: set[tuple] = set()  # the runs fuse() refused (a run recurs in the tree)
@@ -43,7 +45,7 @@ def lower_tree(
     for k, item in enumerate(plan.tree):
         if isinstance(item, (Free, SwapIn, SwapOut)):
             continue
-        low = _Tree(plan, kernels, recorded, fused, refused, horizontal)
+        low = _Tree(plan, kernels, recorded, fused, refused, horizontal, cost)
         if isinstance(item, PlanLoop):
             params = (item.var,)
             body = low.items(item.body)
@@ -64,9 +66,12 @@ class _Tree:
         fused: dict,
         refused: set,
         horizontal: bool = False,
+        cost=None,
     ):
         self.plan, self.kernels, self.recorded = plan, kernels, recorded
         self.fused, self.refused, self.horizontal = fused, refused, horizontal
+        self.cost = cost  # what a kernel's launch costs (lower_tree), with a cache
+        self.costs: dict[str, int] = {}
         self._cap: int | None = None
         self.launched: dict[str, kir.Kernel] = {}  # by name
 
@@ -93,6 +98,11 @@ class _Tree:
                     k = fuse(a, self.kernels[it.sid], name)
                     if k is None and self.horizontal:
                         k = concat(a, self.kernels[it.sid], name)
+                    if k is None and self.horizontal and self.cost is not None:
+                        k = seq(a, self.kernels[it.sid], name)
+                        b = self.kernels[it.sid]
+                        if k is not None and self.cost_of(k) >= self.cost_of(a) + self.cost_of(b):
+                            k = None
                     if k is not None and self.horizontal and k.scratch_bytes > self.cap():
                         # (the cuda target's scratch is one block, the largest any kernel
                         # needs: a fused kernel's temporaries side by side must not grow it;
@@ -109,6 +119,14 @@ class _Tree:
                     continue
             out.append(it)
         return out
+
+    def cost_of(self, k: kir.Kernel) -> int:
+        """What a launch of kernel ``k`` costs (``cost``; one without it)."""
+        if self.cost is None:
+            return 1
+        if k.name not in self.costs:
+            self.costs[k.name] = self.cost(k)
+        return self.costs[k.name]
 
     def cap(self) -> int:
         """The most scratch one statement's kernel takes: what a fused kernel may take."""
@@ -151,23 +169,119 @@ class _Tree:
         return out
 
 
-def by_level(plan: Plan, kernels: dict[int, kir.Kernel], recorded: set[int]) -> Plan:
-    """``plan`` with each run of consecutive calls inside its loops in an order that makes
-    fewer launches, where one does (for the cuda target, whose launches ``fuse.concat``
-    joins when independent): the calls by their level (a call's is one more than the
-    highest of the earlier calls of the run it must follow: that wrote what it reads or
-    writes, or read what it writes), in their order within a level. A minibatch step's Adam
-    updates came as six dependent pairs (a tensor's moments, then its update joined with the
-    next tensor's moments): now every moment, then every update, two launches.
+def by_level(plan: Plan, kernels: dict[int, kir.Kernel], recorded: set[int], cost=None) -> Plan:
+    """``plan`` with the items of each body inside its loops in an order that makes fewer
+    launches (for the cuda target, whose launches ``fuse.concat`` and ``fuse.seq`` join),
+    where one does without its own buffers holding more bytes at once (``peak``):
 
-    A run holds only calls of statements with a kernel that neither record (an output's, a
-    metric's), nor take a donor's memory, nor touch an environment's state; the others, an
-    ``if`` and a loop keep their places. The top-level items keep their order (the memory
-    plan numbers them)."""
+    - two ``if``s of one condition with only calls between them are one, the calls in
+      both branches (``joined``: the schedule parts a minibatch step into several
+      ``if c1 <= 31`` blocks, the weight gradients between them, unconditional: zeros at
+      the last step);
+    - of the schedule's order and three others, among those whose own buffers (the ones
+      only the body uses) hold no more bytes at once than the schedule's order's or the
+      one by level's (give or take ``PEAK_SLACK``), the one that lowers to the fewest
+      launches (``cost``: what a kernel's launch costs, the cuda renderer's functions,
+      ``render.functions``; default one), then the fewest bytes. The others: each run of consecutive movable calls by level (``arrange``: a
+      call's level is one more than the highest of the earlier calls of the run it must
+      follow; a minibatch step's Adam moments, then its updates, two launches), and the
+      whole body as a list schedule, twice (``scheduled``): each next item one whose
+      predecessors are placed, first a movable call that joins the launch before it at no
+      cost, else the one that frees the most bytes (``careful``; else none counts), else
+      an item that is not a movable call (they part runs of calls anyway), else the first
+      by the schedule's order. A call moves across an ``if`` it touches nothing of (the
+      learning rate's calls join the minibatch indices' slice).
 
-    def touches(sid: int) -> tuple[set, set]:
-        reads = {r.src for n in plan.statement(sid).nodes for r in n.inputs if r.stored}
-        return reads, {sid}
+    A movable call is a call of a statement with a kernel that neither records (an
+    output's, a metric's), nor takes a donor's memory, nor touches an environment's state;
+    the other items (those, an ``if``, a loop) keep their order among themselves. The
+    top-level items keep their order (the memory plan numbers them)."""
+    from collections import Counter
+
+    from timerlc.plan.arena import output_bytes
+    from timerlc.plan.items import walk
+
+    low = _Tree(plan, kernels, recorded, {}, set(), True, cost)
+    uses_of: dict[int, frozenset] = {}
+
+    def statement_uses(sid: int) -> frozenset:
+        """The buffers a call of statement ``sid`` writes or reads."""
+        if sid not in uses_of:
+            st = plan.statement(sid)
+            uses_of[sid] = frozenset(
+                {sid} | {r.src for n in st.nodes for r in n.inputs if r.stored}
+            )
+        return uses_of[sid]
+
+    def used(items) -> Counter:
+        """The buffers the calls of ``items`` use, each as often as one of them does."""
+        got: Counter = Counter()
+        for c in walk(items):
+            if isinstance(c, Call):
+                got.update(statement_uses(c.statement))
+        return got
+
+    everywhere = used(plan.tree)
+    size: dict[int, int] = {}
+
+    def nbytes(b: int) -> int:
+        if b not in size:
+            size[b] = sum(output_bytes(plan, b))
+        return size[b]
+
+    def launched_uses(x) -> set:
+        """The buffers a lowered item uses (a fused launch: each of its statements')."""
+        if isinstance(x, Launch):
+            return set().union(*(statement_uses(sid) for sid in (x.sids or (x.sid,))))
+        if isinstance(x, kir.Host):
+            return set(statement_uses(x.sid))
+        inner = x.then + x.orelse if isinstance(x, kir.If) else getattr(x, "body", ())
+        return set().union(set(), *(launched_uses(y) for y in inner))
+
+    def peak(order: list) -> int:
+        """The most bytes the buffers that only the calls of ``order`` use hold at once,
+        each from the first launch that uses it to the last, as ``order`` lowers (a fused
+        kernel's calls at once, as ``plan.arena`` has them)."""
+        mine = used(order)
+        inside = {b for b in mine if mine[b] == everywhere[b]}
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        steps = low.items(tuple(order))
+        for k, x in enumerate(steps):
+            for b in launched_uses(x) & inside:
+                first.setdefault(b, k)
+                last[b] = k
+        return max(
+            (sum(nbytes(b) for b in first if first[b] <= k <= last[b]) for k in range(len(steps))),
+            default=0,
+        )
+
+    def cost_of(name: str) -> int:
+        return low.cost_of(low.launched[name])
+
+    def launches(items: list) -> int:
+        return sum(
+            cost_of(x.kernel)
+            for x in kir.walk_tree(low.items(tuple(items)))
+            if isinstance(x, Launch)
+        )
+
+    def one(items: list) -> int | None:
+        """What the calls ``items`` cost as one launch; None where they are not one."""
+        got = low.items(tuple(items))
+        return cost_of(got[0].kernel) if len(got) == 1 and isinstance(got[0], Launch) else None
+
+    def touches(it) -> tuple[set, set]:
+        """The buffers item ``it`` reads, and those it writes (a donor's among them)."""
+        reads, writes = set(), set()
+        for c in walk((it,)):
+            if isinstance(c, Call):
+                reads |= statement_uses(c.statement) - {c.statement}
+                writes.add(c.statement)
+                donor = plan.buffer(c.statement).donor
+                if donor is not None:
+                    writes.add(donor)
+        return reads, writes
 
     def movable(it) -> bool:
         if not isinstance(it, Call) or it.statement in recorded:
@@ -180,9 +294,11 @@ def by_level(plan: Plan, kernels: dict[int, kir.Kernel], recorded: set[int]) -> 
             and not any(s.state for s in k.slots)
         )
 
-    def launches(run: list) -> int:
-        low = _Tree(plan, kernels, recorded, {}, set(), horizontal=True)
-        return sum(isinstance(x, Launch) for x in low.items(tuple(run)))
+    def after(seen: list, it) -> list[int]:
+        """The indices of the items of ``seen`` (their ``touches``) that ``it`` must
+        follow: that wrote what it reads or writes, or read what it writes."""
+        reads, writes = touches(it)
+        return [k for k, (r2, w2) in enumerate(seen) if w2 & (reads | writes) or r2 & writes]
 
     def arrange(run: list) -> list:
         if len(run) < 3:
@@ -190,20 +306,12 @@ def by_level(plan: Plan, kernels: dict[int, kir.Kernel], recorded: set[int]) -> 
         level: list[int] = []
         seen: list[tuple[set, set]] = []
         for it in run:
-            reads, writes = touches(it.statement)
-            lv = 0
-            for k, (r2, w2) in enumerate(seen):
-                if w2 & (reads | writes) or r2 & writes:
-                    lv = max(lv, level[k] + 1)
-            level.append(lv)
-            seen.append((reads, writes))
+            level.append(max((level[k] + 1 for k in after(seen, it)), default=0))
+            seen.append(touches(it))
         order = sorted(range(len(run)), key=lambda k: (level[k], k))
-        sorted_run = [run[k] for k in order]
-        if order == list(range(len(run))) or launches(sorted_run) >= launches(run):
-            return run
-        return sorted_run
+        return [run[k] for k in order]
 
-    def body(items) -> tuple:
+    def by_runs(items: list) -> list:
         out: list = []
         run: list = []
         for it in items:
@@ -212,13 +320,134 @@ def by_level(plan: Plan, kernels: dict[int, kir.Kernel], recorded: set[int]) -> 
                 continue
             out += arrange(run)
             run = []
+            out.append(it)
+        return out + arrange(run)
+
+    def scheduled(items: list, careful: bool) -> list:
+        n = len(items)
+        seen = [touches(it) for it in items]
+        fixed = [not movable(it) for it in items]
+        preds: list[set[int]] = []
+        last_fixed = None
+        for k, it in enumerate(items):
+            p = set(after(seen[:k], it))
+            if fixed[k]:
+                if last_fixed is not None:
+                    p.add(last_fixed)
+                last_fixed = k
+            preds.append(p)
+        uses = [used((it,)) for it in items]
+        left = used(items)  # (a buffer only these items use: its uses not placed yet)
+        inside = {b for b in left if left[b] == everywhere[b]}
+        # (what counts: a quarter of the largest such buffer, at least a MiB)
+        unit = max([1 << 20] + [nbytes(b) // 4 for b in inside])
+
+        def freed(k: int) -> int:
+            """What placing item ``k`` frees of the bytes the body's own buffers hold, in
+            ``unit``s: a buffer's share for each of its uses left; a new one's taken."""
+            got = 0.0
+            for b, n in uses[k].items():
+                if b not in inside:
+                    continue
+                if left[b] == everywhere[b] and n < left[b]:  # (its first use)
+                    got -= nbytes(b)
+                elif left[b] != everywhere[b]:
+                    got += nbytes(b) * n / left[b]
+            return int(got / unit)
+
+        placed: list[int] = []
+        done: set[int] = set()
+        group: list = []  # the movable calls the last launch holds, and what it costs
+        paid = 0
+        while len(placed) < n:
+            ready = [k for k in range(n) if k not in done and preds[k] <= done]
+            pick = None
+            if group:  # (a call that joins the launch at no cost)
+                for k in [k for k in ready if not fixed[k]][:SCHEDULE_TRIES]:
+                    got = one(group + [items[k]])
+                    if got is not None and got <= paid:
+                        pick = k
+                        break
+            if pick is None:
+                pick = max(ready, key=lambda k: (freed(k) if careful else 0, fixed[k], -k))
+            placed.append(pick)
+            done.add(pick)
+            left.subtract(uses[pick])
+            if fixed[pick]:
+                group, paid = [], 0
+                continue
+            got = one(group + [items[pick]]) if group else None
+            if got is not None:
+                group, paid = group + [items[pick]], got
+            else:
+                group, paid = [items[pick]], one([items[pick]]) or 0
+        return [items[k] for k in placed]
+
+    def copied(it):
+        """``it`` anew, its calls other objects (the arena tells calls apart by identity)."""
+        if isinstance(it, Call):
+            return Call(it.statement, it.args)
+        if isinstance(it, PlanLoop):
+            return PlanLoop(it.var, it.init, it.cond, it.inc, tuple(map(copied, it.body)))
+        if isinstance(it, PlanIf):
+            return PlanIf(it.cond, tuple(map(copied, it.then)), tuple(map(copied, it.orelse)))
+        return it
+
+    def merged(items) -> tuple[list, set[int]]:
+        """``items`` with each two ``if``s of one condition with only calls between them as
+        one, the calls in both branches (a condition reads only the loop values, which
+        nothing in a body changes: ``if c: A else: B; X; if c: C else: D`` is
+        ``if c: A X C else: B X D``), and the positions of the ``if``s made so."""
+        out = list(items)
+        made: set[int] = set()
+        k = 0
+        while k < len(out):
+            first = out[k]
+            j = k + 1
+            while j < len(out) and isinstance(out[j], Call):
+                j += 1
+            if not (
+                isinstance(first, PlanIf)
+                and j < len(out)
+                and isinstance(out[j], PlanIf)
+                and out[j].cond == first.cond
+            ):
+                k += 1
+                continue
+            between, last = tuple(out[k + 1 : j]), out[j]
+            then = first.then + between + last.then
+            orelse = first.orelse + tuple(map(copied, between)) + last.orelse
+            out[k : j + 1] = [PlanIf(first.cond, then, orelse)]
+            made.add(k)
+        return out, made
+
+    def joined(order: list) -> list:
+        """``order`` with its ``if``s of one condition joined (``merged``), the branches of
+        each made so arranged anew (``body``)."""
+        out, made = merged(order)
+        for k in made:
+            out[k] = PlanIf(out[k].cond, body(out[k].then), body(out[k].orelse))
+        return out
+
+    def body(items) -> tuple:
+        inner: list = []
+        for it in merged(items)[0]:
             if isinstance(it, PlanLoop):
                 it = PlanLoop(it.var, it.init, it.cond, it.inc, body(it.body))
             elif isinstance(it, PlanIf):
                 it = PlanIf(it.cond, body(it.then), body(it.orelse))
-            out.append(it)
-        out += arrange(run)
-        return tuple(out)
+            inner.append(it)
+        candidates = [inner]
+        for order in (by_runs(inner), scheduled(inner, True), scheduled(inner, False)):
+            candidates.append(inner if order == inner else joined(order))
+        costs = [(peak(c), launches(c)) for c in candidates]
+        # (no more than the schedule's order's or the one by level's, give or take a MiB)
+        budget = min(costs[0][0], costs[1][0]) + PEAK_SLACK
+        best = min(
+            (k for k in range(len(candidates)) if costs[k][0] <= budget),
+            key=lambda k: (costs[k][1], costs[k][0], k),
+        )
+        return tuple(candidates[best])
 
     tree = tuple(
         PlanLoop(it.var, it.init, it.cond, it.inc, body(it.body))
@@ -227,3 +456,7 @@ def by_level(plan: Plan, kernels: dict[int, kir.Kernel], recorded: set[int]) -> 
         for it in plan.tree
     )
     return plan if tree == plan.tree else dataclasses.replace(plan, tree=tree)
+
+
+PEAK_SLACK = 1 << 20  # bytes an order's own buffers may hold at once above the budget
+SCHEDULE_TRIES = 8  # the ready calls a list schedule tries to join to the launch before

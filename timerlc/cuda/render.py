@@ -473,6 +473,7 @@ def render_kernels(kernels, blas: bool = True) -> tuple[list[str], dict[str, str
     """``render_module``'s kernels without the module's head: the text of each it renders,
     why it renders none of the others, how each it renders runs."""
     parts, skipped, launches = [], {}, {}
+    _TOUCHED.clear()  # (a build's statements: they go)
     for k in kernels:
         try:
             r = _Kernel(k, blas)
@@ -491,6 +492,73 @@ def steps(k: kir.Kernel, blas: bool = True) -> list[tuple[str, object]]:
     return [(st.kind, st.body) for st in _Kernel(k, blas)._steps()]
 
 
+def _blas_call(k: kir.Kernel, s: Gemm, guard=None):
+    """Kernel ``k``'s gemm ``s`` (under ``guard``) as a call of the device's BLAS
+    (``items.GemmCall``), or None where an offset or the guard is not a plan expression
+    (it then runs as a step of ours)."""
+    params = tuple(k.params)
+    slots = {x.name: x.index for x in k.slots}
+    temps = {t.name: t.offset for t in k.temps}
+
+    def operand(b: str, off, ld: int, t: bool):
+        e = _plan_expr(off, params)
+        if e is None or (b not in slots and b not in temps):
+            return None
+        space, at = ("table", slots[b]) if b in slots else ("scratch", temps[b])
+        return items.Operand(space, at, e, ld, t)
+
+    a = operand(s.a, s.aoff, s.lda, s.ta)
+    b = operand(s.b, s.boff, s.ldb, s.tb)
+    c = operand(s.c, s.coff, s.ldc, False)
+    when = True if guard is None else _plan_expr(guard, params)
+    if a is None or b is None or c is None or when is None or s.dtype not in ("f32", "f64"):
+        return None
+    try:  # (as the plan's reader will check them)
+        for o in (a, b, c):
+            px.check(o.offset, params)
+        px.check(when, params, "bool")
+    except px.ExprError:
+        return None
+    return items.GemmCall(s.dtype, s.m, s.n, s.k, a, b, c, when)
+
+
+def _gemms_first(body, k: kir.Kernel) -> tuple:
+    """``body`` with each product of the device's BLAS (``_blas_call``) among its
+    statements moved ahead of those before it that touch nothing of its and cannot fail,
+    up to another product (``_Kernel._products_early`` for the products under a guard): the
+    loops on either side of it may then be one (the logits' log-sum-exp over their rows and
+    their normalization after the value head's product, one loop a row)."""
+    out: list = []
+    shared = frozenset(k.shared)
+    for s in body:
+        at = len(out)
+        if isinstance(s, Gemm) and _blas_call(k, s) is not None:
+            while at > 0:
+                p = out[at - 1]
+                if (
+                    isinstance(p, (Gemm, Permute))
+                    or _fails_any([p])
+                    or not _independent([p], [s], shared)
+                ):
+                    break
+                at -= 1
+        out.insert(at, s)
+    return tuple(out)
+
+
+def functions(k: kir.Kernel, blas: bool = True) -> int:
+    """The functions a call of kernel ``k`` launches (its products by the device's BLAS
+    aside); one more than its statements' where it renders none (``Unsupported``: they are
+    launched one by one then)."""
+    try:
+        r = _Kernel(k, blas)
+        _check_supported(r.k.body)
+        steps = r._steps()
+        return sum(1 for j, _, _ in r._units(steps) if steps[j].kind != "blas")
+    except Unsupported:
+        return len(k.parts or (k.sid,)) + 1
+
+
 def name(v: str) -> str:
     """A local's C name (kernel IR names may hold ``.`` and ``$``)."""
     return "v_" + v.replace(".", "_").replace("$", "_")
@@ -506,7 +574,8 @@ class _Kernel:
         # (not where two of its buffers are one memory, a donation's: a loop reading the
         # donor's at one row and another writing the statement's at another would meet)
         merge_rows = merge_rows and not k.shared
-        body = _reductions_joined(_fissioned(k.body), k) if merge_rows else k.body
+        body = _gemms_first(k.body, k) if blas else k.body
+        body = _reductions_joined(_fissioned(body), k) if merge_rows else body
         body, self.row_shared = _row_merged(body) if merge_rows else (body, set())
         self.k = k = dataclasses.replace(k, body=_spread(body))
         self.blas = blas
@@ -638,6 +707,7 @@ class _Kernel:
                     tail[-1] + 1 < len(steps)
                     and not _fails(steps[tail[-1]])
                     and _small(steps[tail[-1] + 1])
+                    and sum(_points(steps[q]) for q in [*tail, tail[-1] + 1]) <= TAIL_THREADS
                     and (  # (a local of the run is thread 0's: the grid's loops load theirs)
                         steps[tail[-1] + 1].kind == "serial"
                         or not _refs(steps[tail[-1] + 1].statements()) & mine
@@ -970,30 +1040,7 @@ class _Kernel:
         """The gemm ``s`` (under ``guard``) as a call of the device's BLAS
         (``items.GemmCall``), or None where an offset or the guard is not a plan
         expression (it then runs as a step of ours)."""
-        params = tuple(self.k.params)
-        slots = {x.name: x.index for x in self.k.slots}
-        temps = {t.name: t.offset for t in self.k.temps}
-
-        def operand(b: str, off, ld: int, t: bool):
-            e = _plan_expr(off, params)
-            if e is None or (b not in slots and b not in temps):
-                return None
-            space, at = ("table", slots[b]) if b in slots else ("scratch", temps[b])
-            return items.Operand(space, at, e, ld, t)
-
-        a = operand(s.a, s.aoff, s.lda, s.ta)
-        b = operand(s.b, s.boff, s.ldb, s.tb)
-        c = operand(s.c, s.coff, s.ldc, False)
-        when = True if guard is None else _plan_expr(guard, params)
-        if a is None or b is None or c is None or when is None or s.dtype not in ("f32", "f64"):
-            return None
-        try:  # (as the plan's reader will check them)
-            for o in (a, b, c):
-                px.check(o.offset, params)
-            px.check(when, params, "bool")
-        except px.ExprError:
-            return None
-        return items.GemmCall(s.dtype, s.m, s.n, s.k, a, b, c, when)
+        return _blas_call(self.k, s, guard)
 
     def _combine(self, loop: For, form):
         """The statement that combines a reduction's partial results (one per block, in
@@ -1690,15 +1737,19 @@ def _fails(st: _Step) -> bool:
 def _small(st: _Step) -> bool:
     """Whether step ``st`` may run in a reduction's last block: a run on one thread, or
     parallel loops of at most ``TAIL_THREADS`` points, none able to fail."""
-    if _fails(st):
-        return False
+    return not _fails(st) and _points(st) <= TAIL_THREADS
+
+
+def _points(st: _Step) -> int:
+    """The points of step ``st`` a block runs where it runs in a reduction's last block (a
+    run on one thread: one); more than ``TAIL_THREADS`` for any other kind of step."""
     if st.kind == "serial":
-        return True
+        return 1
     if st.kind == "parallel":
-        return _grid_extent(st.body) <= TAIL_THREADS
+        return _grid_extent(st.body)
     if st.kind == "either":
-        return all(_grid_extent(loop) <= TAIL_THREADS for loop in st.body)
-    return False
+        return sum(_grid_extent(loop) for loop in st.body)
+    return TAIL_THREADS + 1
 
 
 def _combines(st: _Step, number: int) -> bool:
@@ -1750,18 +1801,35 @@ def _refs(body) -> set[str]:
     return {e.name for e in _exprs(body) if isinstance(e, Ref)}
 
 
+# a statement's buffers (``_touched``), by its identity: the statement kept with them, so
+# that its id is not another's while it is here (emptied by each ``render_kernels``: a
+# build's fused kernels share their parts' statements)
+_TOUCHED: dict[int, tuple] = {}
+
+
+def _touched(s) -> tuple[frozenset, frozenset]:
+    """The buffers statement ``s`` reads or writes, and those it writes."""
+    got = _TOUCHED.get(id(s))
+    if got is None or got[0] is not s:
+        both = {e.buf for e in _exprs((s,)) if isinstance(e, Load)}
+        written = set()
+        for x in kir.walk_tree((s,)):
+            read, wrote = kir.own_buffers(x)
+            both.update(read + wrote)
+            written.update(wrote)
+        got = (s, frozenset(both), frozenset(written))
+        _TOUCHED[id(s)] = got
+    return got[1], got[2]
+
+
 def _buffers(body) -> set[str]:
     """Every buffer (slot or temporary) the statements of ``body`` read or write."""
-    out = {e.buf for e in _exprs(body) if isinstance(e, Load)}
-    for s in kir.walk_tree(body):
-        read, written = kir.own_buffers(s)
-        out.update(read + written)
-    return out
+    return set().union(*(_touched(s)[0] for s in body))
 
 
 def _written(body) -> set[str]:
     """Every buffer the statements of ``body`` write."""
-    return {b for s in kir.walk_tree(body) for b in kir.own_buffers(s)[1]}
+    return set().union(*(_touched(s)[1] for s in body))
 
 
 def _extent(loop: For, otherwise: int = THREADS) -> int:

@@ -63,22 +63,30 @@ def _aligned(n: int) -> int:
 
 def first_fit(regions, align: int) -> list[int]:
     """Offsets for ``regions`` (``(bytes, start, stop)``: in use from ``start`` up to, not
-    including, ``stop``), placed in the order given, each at the lowest ``align``-aligned
-    offset where it meets no region placed before it that is in use at the same time (the
-    arena's buffers; a cuda kernel's temporaries, ``codegen.lower._packed_temps``)."""
-    placed: list[tuple[int, int, int, int]] = []  # (offset, bytes, start, stop)
+    including, ``stop``; or ``(bytes, spans)``, in use in each ``(start, stop)`` of
+    ``spans``), placed in the order given, each at the lowest ``align``-aligned offset
+    where it meets no region placed before it that is in use at the same time (the arena's
+    buffers; a cuda kernel's temporaries, ``codegen.lower._packed_temps``)."""
+    placed: list[tuple[int, int, tuple]] = []  # (offset, bytes, spans)
     out = []
-    for n, start, stop in regions:
+    for region in regions:
+        n, spans = (region[0], ((region[1], region[2]),)) if len(region) == 3 else region
+
         at = 0
         for lo, hi in sorted(
-            (o, o + m) for o, m, s, t in placed if s < stop and start < t and m > 0
+            (o, o + m) for o, m, other in placed if m > 0 and _meet(spans, other)
         ):
             if at + n <= lo:
                 break
             at = max(at, (hi + align - 1) // align * align)
-        placed.append((at, n, start, stop))
+        placed.append((at, n, spans))
         out.append(at)
     return out
+
+
+def _meet(spans: tuple, other: tuple) -> bool:
+    """Whether two sets of ``(start, stop)`` spans share a position."""
+    return any(s < stop and start < t for start, stop in spans for s, t in other)
 
 
 def output_bytes(plan: Plan, sid: int) -> list[int]:
@@ -148,26 +156,78 @@ def layout(plan: Plan) -> Layout | None:
             at += _aligned(max(n, 1))
         offsets_in[sid] = tuple(outs)
         r = root(sid)
-        if sid in local:  # (from its first use to its last in an iteration of the loop)
-            spans = [at_call[id(c)] for c in local[sid]]
-            life = [min(s for _, s, _ in spans), max(t for _, _, t in spans)]
+        if sid in local:  # (from its first use to its last in an iteration of the loop,
+            # along each way through its ifs)
+            ids = {id(c) for c in local[sid]}
+            loop = next(it for it in top if isinstance(it, Loop) and _uses(it, ids))
+            own = {id(c) for c in local[sid] if c.statement == sid}
+            ways = _path_lives(loop.body, ids, own, at_call)
+            life = [(f, t) for f, t, wrote in ways if wrote]
         else:
-            life = [first.get(sid, pos), last.get(sid, end)]
-        if r in lives:
-            lives[r] = [min(lives[r][0], life[0]), max(lives[r][1], life[1])]
-        else:
-            lives[r] = life
+            life = [(first.get(sid, pos), last.get(sid, end))]
+        lives[r] = _merged(lives.get(r, []) + life)
         sizes[r] = max(sizes.get(r, 0), at)
-    order = sorted(lives, key=lambda r: (-sizes[r], lives[r][0], r))
-    at = first_fit([(sizes[r], *lives[r]) for r in order], ALIGN)
+    order = sorted(lives, key=lambda r: (-sizes[r], lives[r][0][0], r))
+    at = first_fit([(sizes[r], tuple(lives[r])) for r in order], ALIGN)
     where = dict(zip(order, at))
     size = max((where[r] + sizes[r] for r in order), default=0)
     # the peak: the most bytes live at one position
     peak = 0
     for j in range(end + 1):
-        peak = max(peak, sum(sizes[r] for r in order if lives[r][0] <= j < lives[r][1]))
+        peak = max(
+            peak,
+            sum(sizes[r] for r in order if any(s <= j < t for s, t in lives[r])),
+        )
     offsets = {b.id: tuple(where[root(b.id)] + o for o in offsets_in[b.id]) for b in plan.buffers}
     return Layout(size, offsets, peak, frozenset(local))
+
+
+def _uses(item, ids: set) -> bool:
+    return any(isinstance(c, Call) and id(c) in ids for c in walk([item]))
+
+
+def _path_lives(items, ids: set, own: set, at_call: dict) -> set[tuple]:
+    """``(first, stop, written)`` of the uses of the calls ``ids`` along each way an
+    iteration may take through ``items`` (an ``if``: either branch), from the spans in
+    ``at_call``, and whether a call of ``own`` (the buffer's writer) is among them;
+    ``(None, None, False)`` for a way without one. A buffer that both branches use (a
+    weight's gradient, zeros at the last step) lives in each from its uses there only; on a
+    way that does not write it (an iteration-local buffer: the iteration writes it before
+    it reads it), its reads are not made (each lies in a branch of a merge that does not
+    apply there) and it does not live."""
+    paths: set[tuple] = {(None, None, False)}
+
+    def met(path: tuple, lo, hi, wrote: bool) -> tuple:
+        f, t, w = path
+        if lo is None:
+            return path
+        return (lo if f is None else min(f, lo), hi if t is None else max(t, hi), w or wrote)
+
+    for it in items:
+        if isinstance(it, If):
+            branches = _path_lives(it.then, ids, own, at_call)
+            branches |= _path_lives(it.orelse, ids, own, at_call)
+            if branches != {(None, None, False)}:
+                paths = {met(p, *q) for p in paths for q in branches}
+            continue
+        mine = [c for c in walk([it]) if isinstance(c, Call) and id(c) in ids]
+        if mine:
+            spans = [at_call[id(c)] for c in mine]
+            lo, hi = min(s for _, s, _ in spans), max(t for _, _, t in spans)
+            wrote = any(id(c) in own for c in mine)
+            paths = {met(p, lo, hi, wrote) for p in paths}
+    return paths
+
+
+def _merged(spans: list) -> list:
+    """``spans`` (``(start, stop)``) with those that meet or touch as one, in order."""
+    out: list = []
+    for s, t in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], t))
+        else:
+            out.append((s, t))
+    return out
 
 
 def _fused_spans(plan: Plan, top, at_call: dict):
@@ -210,9 +270,9 @@ def _fused_spans(plan: Plan, top, at_call: dict):
 
 def _positions(items, pos: int, at_call: dict, span: list | None = None) -> int:
     """Number the calls of ``items`` from ``pos`` in the order an iteration makes them
-    (both branches of an ``if``); each call's span is its own position, or, inside a loop
-    of the body, that loop's positions (a value can live from one of its iterations to the
-    next). Returns the next position."""
+    (both branches of an ``if``, one after the other); each call's span is its own
+    position, or, inside a loop of the body, that loop's positions (a value can live from
+    one of its iterations to the next). Returns the next position."""
     for it in items:
         if isinstance(it, Call):
             at_call[id(it)] = (pos, pos, pos + 1) if span is None else (pos, *span)
