@@ -103,17 +103,7 @@ def concat(a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
     target, whose renderer runs consecutive independent parallel loops in one function
     (``cuda.render``): a step's 36 copies of the parameters and the moments, or its 12
     tensors' Adam updates, as one launch."""
-    if not _joinable(a, b):
-        return None
-    sub = _in_names_of(a, b, {})
-    body_b = tuple(sub.stmt(s) for s in b.body)
-    if _has(body_b, (kir.Loop, kir.Launch, kir.Host)):
-        return None
-    ra, wa = _access(a.body)
-    rb, wb = _access(body_b)
-    if set(wb) & (set(ra) | set(wa)) or set(rb) & set(wa):
-        return None
-    return _kernel(name, a, b, sub, a.body + _checked_once(a.body, body_b))
+    return _one_after(a, b, name, apart=True)
 
 
 def seq(a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
@@ -123,12 +113,23 @@ def seq(a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
     target, whose renderer merges the loops over one range that meet only at their row
     (``cuda.render._row_merged``): a gradient's loops after the loss's, one launch, where
     it saves one (``codegen.tree``)."""
+    return _one_after(a, b, name, apart=False)
+
+
+def _one_after(a: kir.Kernel, b: kir.Kernel, name: str, apart: bool) -> kir.Kernel | None:
+    """``a``'s statements then ``b``'s as one kernel (``concat``, ``seq``); ``apart``: only
+    where they touch nothing of each other's."""
     if not _joinable(a, b):
         return None
     sub = _in_names_of(a, b, {})
     body_b = tuple(sub.stmt(s) for s in b.body)
     if _has(body_b, (kir.Loop, kir.Launch, kir.Host)):
         return None
+    if apart:
+        ra, wa = _access(a.body)
+        rb, wb = _access(body_b)
+        if set(wb) & (set(ra) | set(wa)) or set(rb) & set(wa):
+            return None
     return _kernel(name, a, b, sub, a.body + _checked_once(a.body, body_b))
 
 

@@ -383,11 +383,31 @@ def walk_tree(body):
             yield from walk_tree(s.orelse)
 
 
+_LEAVES = (Const, Ref)  # (expressions without operands)
+
+
 def subexprs(e):
-    """``e`` and every expression inside it."""
-    yield e
-    for x in children(e):
-        yield from subexprs(x)
+    """``e`` and every expression inside it, each before its operands, left to right."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        yield x
+        t = type(x)
+        if t is Bin:
+            stack.append(x.b)
+            stack.append(x.a)
+        elif t is Load:
+            stack.append(x.index)
+        elif t is Un or t is Cast:
+            stack.append(x.x)
+        elif t is Sel:
+            stack.append(x.b)
+            stack.append(x.a)
+            stack.append(x.cond)
+        elif t is Fn:
+            stack.extend(reversed(x.args))
+        elif t not in _LEAVES:  # (any other kind: what ``children`` says)
+            stack.extend(reversed(children(x)))
 
 
 def own_exprs(s) -> tuple:

@@ -1882,18 +1882,22 @@ def _affine(e: Expr, names: set) -> tuple[Expr, dict] | None:
     return None
 
 
-def _interval(e: Expr) -> tuple[int, int] | None:
-    """The least and greatest values of the i64 expression ``e`` whatever its variables
-    are, where its constants and its ops bound them (``mod(j, 4) * 65536`` lies in
-    ``[0, 196608]``); None where they do not."""
+def interval(e: Expr, ranges: dict | None = None) -> tuple[int, int] | None:
+    """The least and greatest values of the integer expression ``e`` where its variables
+    lie in ``ranges`` (name -> (least, greatest); a variable not there: any value) and its
+    constants and ops bound it (``mod(j, 4) * 65536`` lies in ``[0, 196608]`` whatever
+    ``j`` is); None where they do not."""
     if isinstance(e, Const):
-        ok = e.dtype == "i64" and not isinstance(e.value, bool)
+        ok = not isinstance(e.value, (bool, float))
         return (int(e.value), int(e.value)) if ok else None
-    if not (isinstance(e, Bin) and e.dtype == "i64"):
+    if isinstance(e, Ref):
+        return (ranges or {}).get(e.name)
+    if not (isinstance(e, Bin) and e.op in ("add", "sub", "mul", "floordiv", "mod")):
         return None
-    if e.op == "mod" and isinstance(e.b, Const) and _interval(e.b) is not None and e.b.value > 0:
-        return 0, int(e.b.value) - 1  # (a floor modulo: the divisor's sign)
-    a, b = _interval(e.a), _interval(e.b)
+    b = interval(e.b, ranges)
+    if e.op == "mod" and b is not None and b[0] == b[1] and b[0] > 0:
+        return 0, b[0] - 1  # (a floor modulo: the divisor's sign)
+    a = interval(e.a, ranges)
     if a is None or b is None:
         return None
     if e.op == "add":
@@ -1903,11 +1907,13 @@ def _interval(e: Expr) -> tuple[int, int] | None:
     if e.op == "mul":
         ends = [x * y for x in a for y in b]
         return min(ends), max(ends)
+    if e.op == "floordiv" and b[0] == b[1] and b[0] > 0:
+        return a[0] // b[0], a[1] // b[0]
     return None
 
 
 def _holds(c: Expr) -> bool:
-    """Whether the condition ``c`` holds whatever its variables are (``_interval``): a
+    """Whether the condition ``c`` holds whatever its variables are (``interval``): a
     slice of a minibatch at ``65536 * mod(j, 4)`` starts inside its array, a check that
     cannot fail."""
     if isinstance(c, Const):
@@ -1918,7 +1924,7 @@ def _holds(c: Expr) -> bool:
         return _holds(c.a) and _holds(c.b)
     if c.op not in ("lt", "le", "gt", "ge"):
         return False
-    a, b = _interval(c.a), _interval(c.b)
+    a, b = interval(c.a), interval(c.b)
     if a is None or b is None:
         return False
     return {

@@ -188,8 +188,10 @@ def by_level(plan: Plan, kernels: dict[int, kir.Kernel], recorded: set[int], cos
       whole body as a list schedule, twice (``scheduled``): each next item one whose
       predecessors are placed, first a movable call that joins the launch before it at no
       cost, else the one that frees the most bytes (``careful``; else none counts), else
-      an item that is not a movable call (they part runs of calls anyway), else the first
-      by the schedule's order. A call moves across an ``if`` it touches nothing of (the
+      an item that is not a movable call that a movable call waits for (it parts runs of
+      calls anyway), else a movable call, else the first by the schedule's order (an item
+      nothing waits for stays late: a metric's ``if`` at the step's end, which would part
+      its CUDA graph). A call moves across an ``if`` it touches nothing of (the
       learning rate's calls join the minibatch indices' slice).
 
     A movable call is a call of a statement with a kernel that neither records (an
@@ -369,7 +371,20 @@ def by_level(plan: Plan, kernels: dict[int, kir.Kernel], recorded: set[int], cos
                         pick = k
                         break
             if pick is None:
-                pick = max(ready, key=lambda k: (freed(k) if careful else 0, fixed[k], -k))
+                # (the one that frees the most; else an item that is not a movable call
+                # and that one is waiting for: it parts runs anyway; else a movable call;
+                # the others last, as the schedule has them, so that a run does not part
+                # where nothing waits: a metric's if, at the step's end)
+                waited = {k for j in range(n) if j not in done and not fixed[j] for k in preds[j]}
+                pick = max(
+                    ready,
+                    key=lambda k, waited=waited: (
+                        freed(k) if careful else 0,
+                        fixed[k] and k in waited,
+                        not fixed[k],
+                        -k,
+                    ),
+                )
             placed.append(pick)
             done.add(pick)
             left.subtract(uses[pick])

@@ -55,6 +55,7 @@ from timerlc.codegen.kir import (
     Sel,
     Store,
 )
+from timerlc.codegen.lower import interval as _interval
 from timerlc.codegen.lower import plan_expr
 from timerlc.cuda import render
 from timerlc.cuda.render import (
@@ -738,31 +739,6 @@ def _rows_apart(d: dict, ranges: dict, c: int, n: int, ww: int, wa: int) -> bool
     first, last = lo // c + 1, -(-hi // c) - 1  # the multiples strictly inside
     first, last = max(first, -(n - 1)), min(last, n - 1)
     return first > last or (first == last == 0)
-
-
-def _interval(e, ranges: dict) -> tuple[int, int] | None:
-    """The least and greatest value of integer expression ``e`` over ``ranges``."""
-    if isinstance(e, Const):
-        return (int(e.value), int(e.value)) if not isinstance(e.value, float) else None
-    if isinstance(e, Ref):
-        return ranges.get(e.name)
-    if isinstance(e, Bin) and e.op in ("add", "sub", "mul", "floordiv", "mod"):
-        a, b = _interval(e.a, ranges), _interval(e.b, ranges)
-        if a is None or b is None:
-            return None
-        if e.op == "add":
-            return a[0] + b[0], a[1] + b[1]
-        if e.op == "sub":
-            return a[0] - b[1], a[1] - b[0]
-        if e.op == "mul":
-            xs = [x * y for x in a for y in b]
-            return min(xs), max(xs)
-        if b[0] != b[1] or b[0] <= 0:
-            return None
-        if e.op == "floordiv":
-            return a[0] // b[0], a[1] // b[0]
-        return 0, b[0] - 1
-    return None
 
 
 _FLIP = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}

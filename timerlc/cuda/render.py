@@ -100,6 +100,11 @@ PRELUDE = r"""
 #include <string.h>
 #endif
 #define TL_F __host__ __device__ inline
+#ifdef TL_EMU
+#define TL_UNROLL4
+#else /* (a loop's next loads go out before its sums wait for the first) */
+#define TL_UNROLL4 _Pragma("unroll 4")
+#endif
 typedef long long i64;
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -529,21 +534,27 @@ def _gemms_first(body, k: kir.Kernel) -> tuple:
     loops on either side of it may then be one (the logits' log-sum-exp over their rows and
     their normalization after the value head's product, one loop a row)."""
     out: list = []
-    shared = frozenset(k.shared)
     for s in body:
-        at = len(out)
-        if isinstance(s, Gemm) and _blas_call(k, s) is not None:
-            while at > 0:
-                p = out[at - 1]
-                if (
-                    isinstance(p, (Gemm, Permute))
-                    or _fails_any([p])
-                    or not _independent([p], [s], shared)
-                ):
-                    break
-                at -= 1
-        out.insert(at, s)
+        ahead = isinstance(s, Gemm) and _blas_call(k, s) is not None
+        out.insert(_ahead(out, s, k.shared) if ahead else len(out), s)
     return tuple(out)
+
+
+def _ahead(before: list, s, shared=(), statement=lambda x: x) -> int:
+    """Where product ``s`` goes among the statements ``before`` it (``statement``: an
+    item's statement): ahead of the last of them that it touches nothing of and that cannot
+    fail, up to another product or a permutation."""
+    at = len(before)
+    while at > 0:
+        p = statement(before[at - 1])
+        if (
+            isinstance(p, (Gemm, Permute))
+            or _fails_any([p])
+            or not _independent([p], [s], frozenset(shared))
+        ):
+            break
+        at -= 1
+    return at
 
 
 def functions(k: kir.Kernel, blas: bool = True) -> int:
@@ -870,21 +881,11 @@ class _Kernel:
         product: the loops on either side of it may then join one launch (the second layers'
         bias and tanh after both products; each bias gradient's sum after every weight's)."""
         out: list = []
-        shared = frozenset(self.k.shared)
         for item in items:
             guard, _, s = item
-            k = len(out)
-            if isinstance(s, Gemm) and self.blas and self._gemm_call(s, guard) is not None:
-                while k > 0:
-                    p = out[k - 1][2]
-                    if (
-                        isinstance(p, (Gemm, Permute))
-                        or _fails_any([p])
-                        or not _independent([p], [s], shared)
-                    ):
-                        break
-                    k -= 1
-            out.insert(k, item)
+            ahead = isinstance(s, Gemm) and self.blas and self._gemm_call(s, guard) is not None
+            at = _ahead(out, s, self.k.shared, lambda x: x[2]) if ahead else len(out)
+            out.insert(at, item)
         return out
 
     def _arrays_joined(self, items: list) -> list:
@@ -1163,6 +1164,8 @@ class _Kernel:
             threads = 1
             mine = _lets(body)
             skip = self.label()
+            if self.one_block and body:
+                body = self.combined_by_block(body)
             who = "threadIdx.x == 0" if self.one_block else "blockIdx.x == 0 && threadIdx.x == 0"
             self.emit(1, f"if ({who}) {{")
             for v, dt in mine.items():
@@ -1205,6 +1208,194 @@ class _Kernel:
             if st.guard is not None:
                 self.emit(1, "}")
         return threads
+
+    def array_in_registers(self, st, loop: For, inner: For, accs: tuple, held):
+        """An array reduction's sums in registers (``_in_registers``): each thread an
+        element of a row and a *lane*, the block's threads as many lanes of the row as fit
+        (a power of two: at 128 threads a 64-wide bias gradient 2, a 2-wide one 64; one
+        where the row is wider than the block, each thread then taking elements
+        ``blockDim.x`` apart), each lane the rows ``blockIdx.x * lanes + lane`` on,
+        ``gridDim.x * lanes`` apart, in order, summing into a register; then the lanes'
+        sums by a tree in shared memory into the block's copy (fixed: a build gives the same
+        bits every run). A row at a time each thread added into the copy in the device's
+        memory, each add waiting for the one before, and half the block's threads (a 64-wide
+        row) idle."""
+        regs, body = held
+        temps = {t.name: t for t in self.k.temps}
+        ops = dict(loop.reduce)
+        e, v = name(inner.var), name(loop.var)
+        lo = self.expr(inner.lo)
+        width = f"(({self.expr(inner.hi)}) - ({lo}))"
+        lanes = {acc: f"tl_lanes_{name(r)}" for acc, r in zip(accs, regs)}
+        for acc in accs:
+            self.emit(1, f"__shared__ {MTYPE[temps[acc].dtype]} {lanes[acc]}[{THREADS}];")
+        self.emit(1, "long long tl_lanes = 1;")
+        self.emit(
+            1,
+            f"while (tl_lanes * 2 * {width} <= blockDim.x && tl_lanes * 2 <= {THREADS}) "
+            "tl_lanes *= 2;",
+        )
+        depth = self.open_guard(st)
+        self.emit(
+            depth,
+            f"for (long long tl_t = threadIdx.x; tl_t < tl_lanes * {width}; "
+            "tl_t += blockDim.x) {",
+        )
+        inside = depth + 1
+        self.emit(inside, f"const long long {e} = ({lo}) + tl_t % {width};")
+        self.emit(inside, f"const long long tl_lane = tl_t / {width};")
+        for acc, r in zip(accs, regs):
+            dt = temps[acc].dtype
+            self.emit(inside, f"{CTYPE[dt]} {name(r)} = {identity(ops[acc], dt)};")
+        for lv, dt in _lets(inner.body).items():
+            self.emit(inside, f"{CTYPE[dt]} {name(lv)};")
+        self.emit(inside, "TL_UNROLL4")
+        self.emit(
+            inside,
+            f"for (long long {v} = ({self.expr(loop.lo)}) + (long long)blockIdx.x * tl_lanes "
+            f"+ tl_lane; {v} < {self.expr(loop.hi)}; {v} += (long long)gridDim.x * tl_lanes) {{",
+        )
+        skip = self.label()
+        self.stmts(body, inside + 1, skip)
+        self.end(inside + 1, skip)
+        self.emit(inside, "}")
+        self.emit(inside, "if (tl_lanes == 1) {")
+        for acc, r in zip(accs, regs):
+            self.emit(inside + 1, f"{buf(acc)}[{e}] = {name(r)};")
+        self.emit(inside, "} else {")
+        for acc, r in zip(accs, regs):
+            self.emit(inside + 1, f"{lanes[acc]}[tl_t] = {name(r)};")
+        self.emit(inside, "}")
+        self.emit(depth, "}")
+        if st.guard is not None:
+            self.emit(1, "}")
+        # the lanes' sums, a tree (every thread meets at each barrier, outside the guard)
+        self.emit(1, "__syncthreads();")
+        self.emit(1, "for (long long tl_s = 1; tl_s < tl_lanes; tl_s *= 2) {")
+        cond = (
+            f"threadIdx.x < tl_lanes * {width} && (threadIdx.x / {width}) % (2 * tl_s) == 0 "
+            f"&& threadIdx.x / {width} + tl_s < tl_lanes"
+        )
+        self.emit(2, f"if ({cond}) {{")
+        for acc in accs:
+            sh = lanes[acc]
+            both = binary(
+                ops[acc],
+                f"{sh}[threadIdx.x]",
+                f"{sh}[threadIdx.x + tl_s * {width}]",
+                temps[acc].dtype,
+            )
+            self.emit(3, f"{sh}[threadIdx.x] = {both};")
+        self.emit(2, "}")
+        self.emit(2, "__syncthreads();")
+        self.emit(1, "}")
+        guard = f"{self.expr(st.guard)} && " if st.guard is not None else ""
+        self.emit(1, f"if ({guard}tl_lanes > 1 && threadIdx.x < {width}) {{")
+        for acc in accs:
+            self.emit(2, f"{buf(acc)}[({lo}) + threadIdx.x] = {lanes[acc]}[threadIdx.x];")
+        self.emit(1, "}")
+        self.emit(1, "__syncthreads();")
+        self.emit(1, "if (threadIdx.x == 0) {")
+
+    def _in_registers(self, loop: For, inner: For, accs: tuple, count: int):
+        """Where the sums of an array reduction (``loop`` over the rows, ``inner`` over a
+        row's elements, straight inside it) may each be a register of the thread that
+        takes an element: ``(registers, inner's body adding to them)``; None where the body
+        stores elsewhere or at another index, writes a temporary, or can fail (or in a loop
+        kernel's block)."""
+        if self.rows or self.one_block or loop.body != (inner,) or _fails_any(inner.body):
+            return None
+        if not _written(inner.body) <= set(accs):
+            return None
+        at = Ref(inner.var)
+        regs = {acc: f"tl_acc{count}_{j}" for j, acc in enumerate(accs)}
+        body = []
+        for x in inner.body:
+            if isinstance(x, Let):
+                body.append(x)
+                continue
+            if not (
+                isinstance(x, Store)
+                and x.buf in regs
+                and x.index == at
+                and isinstance(x.value, Bin)
+                and x.value.a == Load(x.buf, at, x.value.dtype)
+            ):
+                return None
+            r = Ref(regs[x.buf], x.value.dtype)
+            body.append(Let(regs[x.buf], x.value.dtype, dataclasses.replace(x.value, a=r)))
+        return [regs[a] for a in accs], body
+
+    def combined_by_block(self, body: list) -> list:
+        """``body`` (a run the last block of a reduction makes, on its thread 0), where it
+        starts by combining the blocks' results into locals (``_combine``'s loop over them
+        in block order, under the reduction's guard), with the results combined first by
+        every thread of the block: each its share of them in order, then a tree in shared
+        memory (fixed: a build gives the same bits on every run); the loop then takes the
+        tree's result. Up to 256 results one after another were as many loads from the
+        device's memory, each waiting for the one before (some 30 us on a GPU)."""
+        first, guard = body[0], None
+        if isinstance(first, If) and not first.orelse and len(first.then) == 1:
+            guard, first = first.cond, first.then[0]
+        if not (
+            isinstance(first, For)
+            and first.var.startswith("tl_b")
+            and isinstance(first.hi, Load)
+            and first.hi.buf.startswith("tl_nparts")
+        ):
+            return body
+        terms = []  # (accumulator: a local or a one-element temporary, op, results, dtype)
+        for x in first.body:
+            v = x.value if isinstance(x, (Let, Store)) else None
+            if not (isinstance(v, Bin) and isinstance(v.b, Load) and v.b.index == Ref(first.var)):
+                return body
+            terms.append((x, v.op, v.b.buf, v.b.dtype))
+        if not terms or any(dt not in _SIZE or dt == "bool" for _, _, _, dt in terms):
+            return body
+        n = first.var.removeprefix("tl_b")
+        for j, (_, _, _, dt) in enumerate(terms):  # (outside the guard: thread 0 reads them)
+            self.bufs[f"tl_cmb{n}_{j}"] = dt
+            self.emit(1, f"__shared__ {MTYPE[dt]} {buf(f'tl_cmb{n}_{j}')}[{THREADS}];")
+        depth = 1
+        if guard is not None:
+            self.emit(1, f"if ({self.expr(guard)}) {{")
+            depth = 2
+        self.emit(depth, f"const long long tl_nb{n} = {self.expr(first.hi)};")
+        combined = []
+        for j, (x, op, part, dt) in enumerate(terms):
+            red = f"tl_cmb{n}_{j}"
+            self.emit(depth, "{")
+            self.emit(depth + 1, f"{CTYPE[dt]} tl_v = {identity(op, dt)};")
+            self.emit(
+                depth + 1,
+                f"for (long long tl_q = threadIdx.x; tl_q < tl_nb{n}; tl_q += blockDim.x) "
+                f"tl_v = {binary(op, 'tl_v', f'{buf(part)}[tl_q]', dt)};",
+            )
+            self.emit(depth + 1, f"{buf(red)}[threadIdx.x] = tl_v;")
+            self.emit(depth, "}")
+            total = Load(red, kir.i64(0), dt)
+            if isinstance(x, Let):
+                combined.append(Let(x.name, x.dtype, dataclasses.replace(x.value, b=total)))
+            else:
+                combined.append(
+                    dataclasses.replace(x, value=dataclasses.replace(x.value, b=total))
+                )
+        self.emit(depth, "__syncthreads();")
+        self.emit(depth, "for (unsigned tl_s = 1; tl_s < blockDim.x; tl_s *= 2) {")
+        self.emit(
+            depth + 1, "if (threadIdx.x % (2 * tl_s) == 0 && threadIdx.x + tl_s < blockDim.x) {"
+        )
+        for j, (_, op, _, dt) in enumerate(terms):
+            r = buf(f"tl_cmb{n}_{j}")
+            both = binary(op, f"{r}[threadIdx.x]", f"{r}[threadIdx.x + tl_s]", dt)
+            self.emit(depth + 2, f"{r}[threadIdx.x] = {both};")
+        self.emit(depth + 1, "}")
+        self.emit(depth + 1, "__syncthreads();")
+        self.emit(depth, "}")
+        if guard is not None:
+            self.emit(1, "}")
+        step = tuple(combined) if guard is None else (If(guard, tuple(combined)),)
+        return list(step) + list(body[1:])
 
     def reduction(self, st: _Step) -> int:
         """A reduction's step (``_reduction``); the threads it asks for. Each block leaves
@@ -1262,6 +1453,15 @@ class _Kernel:
                 )
             t = temps[accs[0]]
             self.emit(1, "__syncthreads();")
+            held = self._in_registers(loop, inner, accs, count)
+            if held is not None:
+                self.array_in_registers(st, loop, inner, accs, held)
+                blocks = _array_blocks(t.size)
+                threads = min(_extent(loop, blocks), blocks) * THREADS
+                self.emit(2, f"if (blockIdx.x == 0) {buf(f'tl_nparts{count}')}[0] = gridDim.x;")
+                self.emit(2, f"if (tl_fail) tl_failed(err, tl_fail, {self.k.sid}, args);")
+                self.emit(1, "}")
+                return threads
             depth = self.open_guard(st)
             v = name(loop.var)
             self.emit(
