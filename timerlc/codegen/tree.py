@@ -178,21 +178,21 @@ def by_level(plan: Plan, kernels: dict[int, kir.Kernel], recorded: set[int], cos
       both branches (``joined``: the schedule parts a minibatch step into several
       ``if c1 <= 31`` blocks, the weight gradients between them, unconditional: zeros at
       the last step);
-    - of the schedule's order and three others, among those whose own buffers (the ones
+    - of the schedule's order and two others, among those whose own buffers (the ones
       only the body uses) hold no more bytes at once than the schedule's order's or the
       one by level's (give or take ``PEAK_SLACK``), the one that lowers to the fewest
       launches (``cost``: what a kernel's launch costs, the cuda renderer's functions,
-      ``render.functions``; default one), then the fewest bytes. The others: each run of consecutive movable calls by level (``arrange``: a
-      call's level is one more than the highest of the earlier calls of the run it must
-      follow; a minibatch step's Adam moments, then its updates, two launches), and the
-      whole body as a list schedule, twice (``scheduled``): each next item one whose
-      predecessors are placed, first a movable call that joins the launch before it at no
-      cost, else the one that frees the most bytes (``careful``; else none counts), else
-      an item that is not a movable call that a movable call waits for (it parts runs of
-      calls anyway), else a movable call, else the first by the schedule's order (an item
-      nothing waits for stays late: a metric's ``if`` at the step's end, which would part
-      its CUDA graph). A call moves across an ``if`` it touches nothing of (the
-      learning rate's calls join the minibatch indices' slice).
+      ``render.functions``; default one), then the fewest bytes. The others: each run of
+      consecutive movable calls by level (``arrange``: a call's level is one more than
+      the highest of the earlier calls of the run it must follow; a minibatch step's Adam
+      moments, then its updates, two launches), and the whole body as a list schedule
+      (``scheduled``): each next item one whose predecessors are placed, first a movable
+      call that joins the launch before it at no cost, else the one that frees the most
+      bytes, else an item that is not a movable call that a movable call waits for (it
+      parts runs of calls anyway), else a movable call, else the first by the schedule's
+      order (an item nothing waits for stays late: a metric's ``if`` at the step's end,
+      which would part its CUDA graph). A call moves across an ``if`` it touches nothing
+      of (the learning rate's calls join the minibatch indices' slice).
 
     A movable call is a call of a statement with a kernel that neither records (an
     output's, a metric's), nor takes a donor's memory, nor touches an environment's state;
@@ -325,7 +325,7 @@ def by_level(plan: Plan, kernels: dict[int, kir.Kernel], recorded: set[int], cos
             out.append(it)
         return out + arrange(run)
 
-    def scheduled(items: list, careful: bool) -> list:
+    def scheduled(items: list) -> list:
         n = len(items)
         seen = [touches(it) for it in items]
         fixed = [not movable(it) for it in items]
@@ -379,7 +379,7 @@ def by_level(plan: Plan, kernels: dict[int, kir.Kernel], recorded: set[int], cos
                 pick = max(
                     ready,
                     key=lambda k, waited=waited: (
-                        freed(k) if careful else 0,
+                        freed(k),
                         fixed[k] and k in waited,
                         not fixed[k],
                         -k,
@@ -453,7 +453,7 @@ def by_level(plan: Plan, kernels: dict[int, kir.Kernel], recorded: set[int], cos
                 it = PlanIf(it.cond, body(it.then), body(it.orelse))
             inner.append(it)
         candidates = [inner]
-        for order in (by_runs(inner), scheduled(inner, True), scheduled(inner, False)):
+        for order in (by_runs(inner), scheduled(inner)):
             candidates.append(inner if order == inner else joined(order))
         costs = [(peak(c), launches(c)) for c in candidates]
         # (no more than the schedule's order's or the one by level's, give or take a MiB)
