@@ -667,7 +667,8 @@ def test_bias_gradients_after_their_products_are_one_step(tmp_path):
     same rows are one loop, each block adding to its copy of both (``_arrays_joined``): one
     function after the two products, where there were two. Each block sums its rows of an
     element in a register, the block's threads as lanes of the rows where a row is narrow
-    (``render._Kernel.array_in_registers``: a 2-wide sum). A layer's bias and ``tanh`` work
+    (``render._Kernel.array_in_registers``: a 2-wide sum), and the last block combines the
+    blocks' copies likewise (``copies_by_lanes``). A layer's bias and ``tanh`` work
     in place after its product, a thread per element (``render._spread``). The values are
     the cpu's."""
     text = """
@@ -693,8 +694,9 @@ def test_bias_gradients_after_their_products_are_one_step(tmp_path):
     assert [isinstance(f, items.GemmCall) for f in g] == [True, True, False], g
     (h,) = [f for f in launches.values() if sum(isinstance(x, items.GemmCall) for x in f) == 1]
     assert h[1][1] == 3 * 600 * 16, h  # (a thread per element)
-    # (each sum in a register of its thread; a 2-wide row's, the block's threads in lanes)
-    assert "tl_lanes" in cu.text and "tl_acc" in cu.text
+    # (each sum in a register of its thread; a 2-wide row's, the block's threads in lanes;
+    # the blocks' copies combined by the last block's threads in lanes too)
+    assert "tl_lanes" in cu.text and "tl_acc" in cu.text and "tl_cl" in cu.text
     ref, rt, _, _, _ = run_both(gen, tmp_path)
     for name in ("g", "h", "s", "gn"):
         np.testing.assert_allclose(rt.value(name), ref.value(name), rtol=1e-6, atol=1e-6)

@@ -1182,7 +1182,8 @@ class _Kernel:
             self.emit(1, "}")
         elif kind == "parallel":
             threads = _grid_extent(body)
-            self.grid_loop(body, 1, collapse=True)
+            if not (self.one_block and self.copies_by_lanes(body)):
+                self.grid_loop(body, 1, collapse=True)
         elif kind == "either":
             # loops that touch nothing of each other's, or under exclusive guards (only one
             # does work at a call): side by side over the grid, each thread a point of one
@@ -1325,6 +1326,101 @@ class _Kernel:
             r = Ref(regs[x.buf], x.value.dtype)
             body.append(Let(regs[x.buf], x.value.dtype, dataclasses.replace(x.value, a=r)))
         return [regs[a] for a in accs], body
+
+    def copies_by_lanes(self, loop: For) -> bool:
+        """The last block's combination of an array reduction's copies (``_combine``: each
+        element ``q`` of the temporaries, the blocks' copies in block order, under the
+        reduction's guard) with the block's threads as lanes of the copies: each thread an
+        element and a lane (as many lanes as fit, a power of two), summing every
+        ``lanes``-th copy in a register, then a tree over the lanes (fixed order), the
+        element's first value added last; where each thread summed one element's up to 256
+        copies one after another, each a load waiting for the one before. False (nothing
+        written) where ``loop`` is not such a combination."""
+        guard, inner = None, loop.body
+        if len(inner) == 1 and isinstance(inner[0], If) and not inner[0].orelse:
+            guard, inner = inner[0].cond, inner[0].then
+        q = loop.var
+        if not (
+            q.startswith("tl_q")
+            and isinstance(loop.lo, Const)
+            and isinstance(loop.hi, Const)
+            and inner
+            and all(
+                isinstance(f, For)
+                and f.var == f"tl_b{q.removeprefix('tl_q')}"
+                and isinstance(f.hi, Load)
+                and len(f.body) == 1
+                and isinstance(f.body[0], Store)
+                and f.body[0].index == Ref(q)
+                and isinstance(f.body[0].value, Bin)
+                and isinstance(f.body[0].value.b, Load)
+                for f in inner
+            )
+        ):
+            return False
+        n = q.removeprefix("tl_q")
+        size = int(loop.hi.value) - int(loop.lo.value)
+        terms = [(f.body[0], f.body[0].value.op, f.body[0].value.b) for f in inner]
+        for j, (st, _, _) in enumerate(terms):
+            self.emit(1, f"__shared__ {MTYPE[st.value.dtype]} tl_lanes{n}_{j}[{THREADS}];")
+        self.emit(1, "long long tl_cl = 1;")
+        self.emit(
+            1, f"while (tl_cl * 2 * {size} <= blockDim.x && tl_cl * 2 <= {THREADS}) tl_cl *= 2;"
+        )
+        depth = 1
+        if guard is not None:
+            self.emit(1, f"if ({self.expr(guard)}) {{")
+            depth = 2
+        self.emit(
+            depth,
+            f"for (long long tl_t = threadIdx.x; tl_t < tl_cl * {size}; tl_t += blockDim.x) {{",
+        )
+        self.emit(depth + 1, f"const long long {name(q)} = {int(loop.lo.value)} + tl_t % {size};")
+        self.emit(depth + 1, f"const long long {name(inner[0].var)} = tl_t / {size};")
+        for j, (st, op, part) in enumerate(terms):
+            dt = st.value.dtype
+            b = name(inner[j].var)
+            self.emit(depth + 1, "{")
+            self.emit(depth + 2, f"{CTYPE[dt]} tl_v = {identity(op, dt)};")
+            self.emit(depth + 2, "TL_UNROLL4")
+            self.emit(
+                depth + 2,
+                f"for (long long tl_c = {b}; tl_c < {self.expr(inner[j].hi)}; tl_c += tl_cl) {{",
+            )
+            self.emit(depth + 3, f"const long long {b} = tl_c;  (void){b};")
+            self.emit(depth + 3, f"tl_v = {binary(op, 'tl_v', self.expr(part), dt)};")
+            self.emit(depth + 2, "}")
+            own = f"{buf(st.buf)}[{name(q)}]"
+            self.emit(depth + 2, f"if (tl_cl == 1) {own} = {binary(op, own, 'tl_v', dt)};")
+            self.emit(depth + 2, f"else tl_lanes{n}_{j}[tl_t] = tl_v;")
+            self.emit(depth + 1, "}")
+        self.emit(depth, "}")
+        if guard is not None:
+            self.emit(1, "}")
+        self.emit(1, "__syncthreads();")
+        self.emit(1, "for (long long tl_s = 1; tl_s < tl_cl; tl_s *= 2) {")
+        self.emit(
+            2,
+            f"if (threadIdx.x < tl_cl * {size} && (threadIdx.x / {size}) % (2 * tl_s) == 0 "
+            f"&& threadIdx.x / {size} + tl_s < tl_cl) {{",
+        )
+        for j, (st, op, _) in enumerate(terms):
+            sh = f"tl_lanes{n}_{j}"
+            both = binary(
+                op, f"{sh}[threadIdx.x]", f"{sh}[threadIdx.x + tl_s * {size}]", st.value.dtype
+            )
+            self.emit(3, f"{sh}[threadIdx.x] = {both};")
+        self.emit(2, "}")
+        self.emit(2, "__syncthreads();")
+        self.emit(1, "}")
+        cond = f"{self.expr(guard)} && " if guard is not None else ""
+        self.emit(1, f"if ({cond}tl_cl > 1 && threadIdx.x < {size}) {{")
+        for j, (st, op, _) in enumerate(terms):
+            own = f"{buf(st.buf)}[{int(loop.lo.value)} + threadIdx.x]"
+            both = binary(op, own, f"tl_lanes{n}_{j}[threadIdx.x]", st.value.dtype)
+            self.emit(2, f"{own} = {both};")
+        self.emit(1, "}")
+        return True
 
     def combined_by_block(self, body: list) -> list:
         """``body`` (a run the last block of a reduction makes, on its thread 0), where it
