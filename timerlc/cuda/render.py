@@ -1230,12 +1230,7 @@ class _Kernel:
         lanes = {acc: f"tl_lanes_{name(r)}" for acc, r in zip(accs, regs)}
         for acc in accs:
             self.emit(1, f"__shared__ {MTYPE[temps[acc].dtype]} {lanes[acc]}[{THREADS}];")
-        self.emit(1, "long long tl_lanes = 1;")
-        self.emit(
-            1,
-            f"while (tl_lanes * 2 * {width} <= blockDim.x && tl_lanes * 2 <= {THREADS}) "
-            "tl_lanes *= 2;",
-        )
+        self.lanes_count("tl_lanes", width)
         depth = self.open_guard(st)
         self.emit(
             depth,
@@ -1270,26 +1265,8 @@ class _Kernel:
         self.emit(depth, "}")
         if st.guard is not None:
             self.emit(1, "}")
-        # the lanes' sums, a tree (every thread meets at each barrier, outside the guard)
-        self.emit(1, "__syncthreads();")
-        self.emit(1, "for (long long tl_s = 1; tl_s < tl_lanes; tl_s *= 2) {")
-        cond = (
-            f"threadIdx.x < tl_lanes * {width} && (threadIdx.x / {width}) % (2 * tl_s) == 0 "
-            f"&& threadIdx.x / {width} + tl_s < tl_lanes"
-        )
-        self.emit(2, f"if ({cond}) {{")
-        for acc in accs:
-            sh = lanes[acc]
-            both = binary(
-                ops[acc],
-                f"{sh}[threadIdx.x]",
-                f"{sh}[threadIdx.x + tl_s * {width}]",
-                temps[acc].dtype,
-            )
-            self.emit(3, f"{sh}[threadIdx.x] = {both};")
-        self.emit(2, "}")
-        self.emit(2, "__syncthreads();")
-        self.emit(1, "}")
+        # (outside the guard: every thread meets at each barrier)
+        self.lanes_tree("tl_lanes", width, [(lanes[a], ops[a], temps[a].dtype) for a in accs])
         guard = f"{self.expr(st.guard)} && " if st.guard is not None else ""
         self.emit(1, f"if ({guard}tl_lanes > 1 && threadIdx.x < {width}) {{")
         for acc in accs:
@@ -1327,6 +1304,34 @@ class _Kernel:
             body.append(Let(regs[x.buf], x.value.dtype, dataclasses.replace(x.value, a=r)))
         return [regs[a] for a in accs], body
 
+    def lanes_count(self, lanes: str, width):
+        """``long long lanes``: as many lanes of ``width`` threads as the block holds, a
+        power of two (at most ``THREADS``; one where a lane is wider than the block)."""
+        self.emit(1, f"long long {lanes} = 1;")
+        self.emit(
+            1,
+            f"while ({lanes} * 2 * {width} <= blockDim.x && {lanes} * 2 <= {THREADS}) "
+            f"{lanes} *= 2;",
+        )
+
+    def lanes_tree(self, lanes: str, width, shared: list):
+        """The lanes' values in each shared array of ``shared`` (``(name, op, dtype)``:
+        thread ``lane * width + element``'s at that index) combined by a tree into lane 0's,
+        every thread meeting at each barrier."""
+        self.emit(1, "__syncthreads();")
+        self.emit(1, f"for (long long tl_s = 1; tl_s < {lanes}; tl_s *= 2) {{")
+        self.emit(
+            2,
+            f"if (threadIdx.x < {lanes} * {width} && (threadIdx.x / {width}) % (2 * tl_s) == 0 "
+            f"&& threadIdx.x / {width} + tl_s < {lanes}) {{",
+        )
+        for sh, op, dt in shared:
+            both = binary(op, f"{sh}[threadIdx.x]", f"{sh}[threadIdx.x + tl_s * {width}]", dt)
+            self.emit(3, f"{sh}[threadIdx.x] = {both};")
+        self.emit(2, "}")
+        self.emit(2, "__syncthreads();")
+        self.emit(1, "}")
+
     def copies_by_lanes(self, loop: For) -> bool:
         """The last block's combination of an array reduction's copies (``_combine``: each
         element ``q`` of the temporaries, the blocks' copies in block order, under the
@@ -1363,10 +1368,7 @@ class _Kernel:
         terms = [(f.body[0], f.body[0].value.op, f.body[0].value.b) for f in inner]
         for j, (st, _, _) in enumerate(terms):
             self.emit(1, f"__shared__ {MTYPE[st.value.dtype]} tl_lanes{n}_{j}[{THREADS}];")
-        self.emit(1, "long long tl_cl = 1;")
-        self.emit(
-            1, f"while (tl_cl * 2 * {size} <= blockDim.x && tl_cl * 2 <= {THREADS}) tl_cl *= 2;"
-        )
+        self.lanes_count("tl_cl", size)
         depth = 1
         if guard is not None:
             self.emit(1, f"if ({self.expr(guard)}) {{")
@@ -1397,22 +1399,8 @@ class _Kernel:
         self.emit(depth, "}")
         if guard is not None:
             self.emit(1, "}")
-        self.emit(1, "__syncthreads();")
-        self.emit(1, "for (long long tl_s = 1; tl_s < tl_cl; tl_s *= 2) {")
-        self.emit(
-            2,
-            f"if (threadIdx.x < tl_cl * {size} && (threadIdx.x / {size}) % (2 * tl_s) == 0 "
-            f"&& threadIdx.x / {size} + tl_s < tl_cl) {{",
-        )
-        for j, (st, op, _) in enumerate(terms):
-            sh = f"tl_lanes{n}_{j}"
-            both = binary(
-                op, f"{sh}[threadIdx.x]", f"{sh}[threadIdx.x + tl_s * {size}]", st.value.dtype
-            )
-            self.emit(3, f"{sh}[threadIdx.x] = {both};")
-        self.emit(2, "}")
-        self.emit(2, "__syncthreads();")
-        self.emit(1, "}")
+        shared = [(f"tl_lanes{n}_{j}", op, st.value.dtype) for j, (st, op, _) in enumerate(terms)]
+        self.lanes_tree("tl_cl", size, shared)
         cond = f"{self.expr(guard)} && " if guard is not None else ""
         self.emit(1, f"if ({cond}tl_cl > 1 && threadIdx.x < {size}) {{")
         for j, (st, op, _) in enumerate(terms):
