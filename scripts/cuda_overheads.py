@@ -18,10 +18,13 @@ on the device (``--emu``: the emulated one, for the plumbing only):
   nothing: the interpreter's floor); each with the runs of the tree replayed as CUDA graphs
   and without, and with its loops run as launches instead of loop kernels
   (``cuda/loops.py``); once with each replay between two CUDA events: the device's
-  milliseconds an iteration in the runs that took it longest.
+  milliseconds an iteration in the runs that took it longest. ``--kernels``: only the
+  program without graphs, each launch and product between two events (``Timed``): the
+  functions and product shapes the device's time an iteration goes to.
 
     python scripts/cuda_overheads.py --set B=2048 --set T=128 --set total_steps=2621440
     python scripts/cuda_overheads.py --emu --set B=16 --set T=16 --set total_steps=1280
+    python scripts/cuda_overheads.py --kernels --program reinforce --set B=2048 --set T=128
 """
 
 from __future__ import annotations
@@ -162,6 +165,59 @@ def program(
     }
 
 
+class Timed:
+    """The device with each launch and product between two of its marks (``mark``,
+    ``elapsed``: CUDA events on a GPU): the device's seconds of each function (by its name and
+    blocks) and of each product (by its shape), read ``BATCH`` pairs at a time. Run without
+    graphs (a captured launch is not timed), it says which kernels an iteration's device time
+    goes to; a kernel's figure includes what the GPU waits between the two events (about a
+    microsecond)."""
+
+    BATCH = 256
+
+    def __init__(self, device):
+        self._device = device
+        self._names: dict = {}
+        self._marks: list = []
+        self.seconds: dict[tuple, list] = {}  # (kind, what) -> [seconds, count]
+
+    def __getattr__(self, name):
+        return getattr(self._device, name)
+
+    def function(self, module, name):
+        fn = self._device.function(module, name)
+        self._names[id(fn)] = (fn, name)  # (kept: its id stays its own)
+        return fn
+
+    def _timed(self, what, run):
+        start = self._device.mark()
+        run()
+        self._marks.append((what, start, self._device.mark()))
+        if len(self._marks) >= self.BATCH:
+            self.read()
+
+    def launch(self, fn, table, values, scratch, grid, shift=0):
+        name = self._names.get(id(fn), (None, repr(fn)))[1]
+        self._timed(
+            ("launch", f"{name} ({grid} blocks)"),
+            lambda: self._device.launch(fn, table, values, scratch, grid, shift),
+        )
+
+    def gemm(self, dtype, m, n, k, a, lda, ta, b, ldb, tb, c, ldc):
+        shape = f"{dtype} {m}x{n}x{k}{' A^T' if ta else ''}{' B^T' if tb else ''}"
+        self._timed(
+            ("gemm", shape),
+            lambda: self._device.gemm(dtype, m, n, k, a, lda, ta, b, ldb, tb, c, ldc),
+        )
+
+    def read(self):
+        for what, start, end in self._marks:
+            got = self.seconds.setdefault(what, [0.0, 0])
+            got[0] += self._device.elapsed(start, end)
+            got[1] += 1
+        self._marks = []
+
+
 def _idle():
     """A device that runs nothing (its memory the emulation's): the host's work alone."""
     from timerlc.runtime.cuda import EmuDevice
@@ -202,12 +258,41 @@ def _idle():
     return Idle()
 
 
+def kernels(timed: Timed, iterations: int, top: int = 30):
+    """The device's time an iteration by function and by product shape (``Timed``): the
+    ``top`` largest, and the sums of each kind."""
+    timed.read()
+    per = max(1, iterations)
+    total = {"launch": 0.0, "gemm": 0.0}
+    for (kind, _), (seconds, _) in timed.seconds.items():
+        total[kind] += seconds / per
+    print(
+        f"  device time an iteration: {total['launch'] * 1e3:.3f} ms in launches, "
+        f"{total['gemm'] * 1e3:.3f} ms in products (each between two events: the device's "
+        "own time, one after another; over all iterations, the first's too)",
+        flush=True,
+    )
+    ranked = sorted(timed.seconds.items(), key=lambda kv: -kv[1][0])[:top]
+    for (kind, what), (seconds, count) in ranked:
+        print(
+            f"  {seconds / per * 1e3:8.3f} ms/iter {count / per:7.1f} x "
+            f"{seconds / count * 1e6:9.1f} us  {kind:6s} {what}",
+            flush=True,
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--emu", action="store_true", help="the emulated device (cuda-emu)")
     ap.add_argument("--program", default="ppo")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("-n", type=int, default=4000, help="launches for the primitives")
+    ap.add_argument(
+        "--kernels",
+        action="store_true",
+        help="only the program without graphs, each launch and product timed (where the "
+        "device's time goes)",
+    )
     args = ap.parse_args()
     from cuda_gpu_check import open_device
 
@@ -215,6 +300,16 @@ def main() -> int:
     if device is None:
         return 2
     sets = dict(s.split("=", 1) for s in args.set)
+    if args.kernels:
+        timed = Timed(device)
+        r = program(timed, args.program, sets, False, False, True)
+        print(
+            f"{args.program} without graphs, each launch and product timed: "
+            f"{r['s/iter'] * 1e3:.2f} ms/iter ({r['iterations']} iterations)",
+            flush=True,
+        )
+        kernels(timed, r["iterations"])
+        return 0
     for what, us in primitives(device, args.n).items():
         print(f"  {what:24s} {us:9.2f} us", flush=True)
     for label, dev, graphs in (

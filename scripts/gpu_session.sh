@@ -9,9 +9,12 @@
 # limit of its own and writes its whole output to $OUT/STAGE.log (the tool brings $OUT
 # back); the last lines of each are printed. A stage that fails or runs out of time does not
 # stop the next. Stages: the device; scripts/cuda_gpu_check.py (every program on the device
-# against the cpu backend); the cuda tests and one conformance file on the device; PPO at
-# 2048 environments with --profile; scripts/cuda_overheads.py (the host's costs);
-# scripts/bench.py at 2048x128 against jax on the GPU.
+# against the cpu backend); the cuda tests and one conformance file on the device (8
+# processes); scripts/cuda_overheads.py (the host's costs, the graphs' device time);
+# "kernels": PPO's and REINFORCE's device time by function and product shape
+# (cuda_overheads.py --kernels); scripts/bench.py at 2048x128 against jax on the GPU.
+# "profile" (not by default): PPO at 2048 environments with --profile (each statement
+# launched alone).
 #
 #   bash scripts/gpu_session.sh --emu     # the same plumbing here, on cuda-emu and the CPU
 #
@@ -19,10 +22,11 @@
 # BENCH_CONFIGS the bench's grid (default ppo and reinforce at 2048x128, against JAX: N = 2
 # was too noisy, 10 gives steady figures): a first call can look for
 # failures (STAGES="check tests profile") and a second, after the fixes, measure.
-# (the stage limits sum to 540 s: a call of 600 s leaves time for the wheels and the start)
+# (the default stages' limits sum to 540 s: a call of 600 s leaves time for the wheels and
+# the start)
 set -u
 export PYTHONUNBUFFERED=1
-STAGES=" ${STAGES:-check tests profile overheads bench} "
+STAGES=" ${STAGES:-check tests overheads kernels bench} "
 BENCH_ALGOS=${BENCH_ALGOS:-ppo,reinforce}
 BENCH_CONFIGS=${BENCH_CONFIGS:-2048x128}
 OUT=${OUT:-gpu-out}
@@ -56,14 +60,17 @@ if [ "$DEVICE" = cuda ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
   cat "$OUT/gpu.txt"
 fi
-stage check 90 $PY scripts/cuda_gpu_check.py "${CHECK[@]}"
-stage tests 120 env TIMERLC_TEST_BACKEND=$BACKEND TIMERLC_REQUIRE_NVCC=0 \
-  $PY -m pytest -q --maxfail=10 -p no:cacheprovider tests/test_cuda_graphs.py tests/test_cuda.py \
+stage check 120 $PY scripts/cuda_gpu_check.py "${CHECK[@]}"
+stage tests 90 env TIMERLC_TEST_BACKEND=$BACKEND TIMERLC_REQUIRE_NVCC=0 \
+  $PY -m pytest -q -n 8 --maxfail=10 -p no:cacheprovider tests/test_cuda_graphs.py tests/test_cuda.py \
   tests/test_cuda_runtime.py tests/test_language_operators.py
 stage profile 60 $PY -m timerlc.cli run programs/ppo.rtl --backend $BACKEND --set B=2048 \
   --set T=128 --set total_steps=786432 --no-progress --profile
 stage overheads 90 $PY scripts/cuda_overheads.py "${CHECK[@]}" --set B=2048 --set T=128 \
   --set total_steps=1572864
+stage kernels 60 bash -c "$PY scripts/cuda_overheads.py ${CHECK[*]} --kernels --set B=2048 \
+  --set T=128 --set total_steps=1572864 && $PY scripts/cuda_overheads.py ${CHECK[*]} \
+  --kernels --program reinforce --set B=2048 --set T=128 --set I=6"
 stage bench 180 $PY scripts/bench.py --device $DEVICE --backend $BACKEND --algos "$BENCH_ALGOS" \
   --configs "$BENCH_CONFIGS" --iters 10 --repeats 1 --min-diff-seconds 0 --baselines jax \
   --json "$OUT/bench.json"

@@ -1019,6 +1019,68 @@ def test_cupy_device_s_product_is_cublas_s_gemm_on_the_plan_s_matrices(
     fake.device = types.SimpleNamespace(get_cublas_handle=lambda: 77)
     monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
     monkeypatch.setitem(sys.modules, "cupy.cuda", fake)
+    monkeypatch.setattr(cuda, "_cublas_library", lambda cp: None)  # CuPy's wrappers
+    _check_gemm(blas, ta, tb, ldc_extra, dtype)
+
+
+class _FakeLibcublas:
+    """libcublas's C functions (a ``ctypes.CDLL``'s attributes: plain functions, which take
+    ``argtypes``) over ``_FakeCublas``: a handle made by ``cublasCreate_v2`` (written where
+    its argument points), statuses 0."""
+
+    def __init__(self):
+        import ctypes
+
+        blas = self.blas = _FakeCublas()
+        self.created, self.sets = 0, []
+
+        def create(at):
+            self.created += 1
+            ctypes.c_void_p.from_address(at).value = 4096 + self.created
+            return 0
+
+        def set_stream(handle, stream):
+            self.sets.append(stream)
+            blas.setStream(handle, stream)
+            return 0
+
+        self.cublasCreate_v2 = create
+        self.cublasSetStream_v2 = set_stream
+        self.cublasSetPointerMode_v2 = lambda handle, mode: blas.setPointerMode(handle, mode) or 0
+        self.cublasSgemm_v2 = lambda *args: blas.sgemm(*args) or 0
+        self.cublasDgemm_v2 = lambda *args: blas.dgemm(*args) or 0
+
+
+@pytest.mark.parametrize(
+    "ta, tb, ldc_extra, dtype", [(False, True, 2, "f32"), (True, False, 0, "f64")]
+)
+def test_cupy_device_s_product_through_libcublas_is_the_same_gemm(
+    ta, tb, ldc_extra, dtype, monkeypatch
+):
+    """Where the process has libcublas, the products go through a handle of our own
+    (``Cublas``: CuPy's wrappers refuse a captured stream): one handle, pointer mode host,
+    the stream set when it changes."""
+    import types
+
+    lib = _FakeLibcublas()
+    monkeypatch.setattr(cuda, "_cublas_library", lambda cp: lib)
+    dev = _check_gemm(lib.blas, ta, tb, ldc_extra, dtype, cp=types.SimpleNamespace())
+    assert lib.created == 1 and lib.blas.mode == (4097, 0)
+    _check_gemm(lib.blas, tb, ta, 0, dtype, dev=dev)
+    assert lib.created == 1 and lib.sets == [0]  # (the same stream: not set again)
+
+
+def test_cublas_refuses_a_failed_status_with_its_name():
+    lib = _FakeLibcublas()
+    lib.cublasSgemm_v2 = lambda *args: 13  # CUBLAS_STATUS_EXECUTION_FAILED
+    blas = cuda.Cublas(lib)
+    with pytest.raises(RunError, match=r"cuBLAS's cublasSgemm failed \(status 13\)"):
+        blas.sgemm(blas.create(), *([0] * 13))
+
+
+def _check_gemm(blas, ta, tb, ldc_extra, dtype, cp=None, dev=None):
+    """``CupyDevice.gemm`` of random matrices (rows further apart than they are long)
+    through ``blas`` (a ``_FakeCublas``) equals numpy's product; the device used."""
     dt = np.float32 if dtype == "f32" else np.float64
     m, n, k = 3, 4, 5
     rng = np.random.default_rng(0)
@@ -1030,13 +1092,16 @@ def test_cupy_device_s_product_is_cublas_s_gemm_on_the_plan_s_matrices(
     A[:, : a.shape[1]], B[:, : b.shape[1]] = a, b
     ldc = n + ldc_extra
     C = np.full((m, ldc), 7.0, dt)
-    dev = object.__new__(cuda.CupyDevice)
-    dev._blas, dev._stream = None, 0
+    if dev is None:
+        dev = object.__new__(cuda.CupyDevice)
+        dev._blas, dev._stream, dev.cp = None, 0, cp
+    calls = len(blas.calls)
     dev.gemm(dtype, m, n, k, A.ctypes.data, lda, ta, B.ctypes.data, ldb, tb, C.ctypes.data, ldc)
     want = (a.T if ta else a) @ (b.T if tb else b)
     np.testing.assert_allclose(C[:, :n], want, rtol=1e-6)
     assert (C[:, n:] == 7.0).all()  # the gap between rows untouched
-    assert blas.calls == [np.dtype(dt)]
+    assert blas.calls[calls:] == [np.dtype(dt)]
+    return dev
 
 
 def test_cupy_device_s_launch_passes_the_loop_values_as_the_module_s_struct():

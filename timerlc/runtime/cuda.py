@@ -314,6 +314,117 @@ def _host(array: np.ndarray) -> ctypes.c_void_p:
     return ctypes.c_void_p(array.ctypes.data)
 
 
+def _blas_scalars():
+    """alpha = 1 and beta = 0 of each dtype, in host memory (pointer mode host: cuBLAS reads
+    them at the call, and a graph keeps their values)."""
+    return {
+        d: (np.ones(1, t), np.zeros(1, t)) for d, t in (("f32", np.float32), ("f64", np.float64))
+    }
+
+
+def _blas_of(cp):
+    """(the BLAS, its handle) and the scalars: a ``Cublas`` over the process's libcublas,
+    else CuPy's wrappers over CuPy's handle (whose stream capture refuses them)."""
+    lib = _cublas_library(cp)
+    if lib is not None:
+        blas = Cublas(lib)
+        return (blas, blas.create()), _blas_scalars()
+    from cupy.cuda import cublas, device
+
+    return (_CupyCublas(cublas), device.get_cublas_handle()), _blas_scalars()
+
+
+def _cublas_library(cp):
+    """The libcublas this process has (the copy CuPy loaded, read off /proc/self/maps; else
+    the one cuda-pathfinder finds; else the loader's by name), as a ``ctypes.CDLL``; None
+    where none is found."""
+    import os
+
+    names = []
+    with contextlib.suppress(Exception):
+        from cupy.cuda import device
+
+        device.get_cublas_handle()  # (CuPy loads its libcublas)
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split()
+                path = fields[5] if len(fields) > 5 else ""
+                if os.path.basename(path).startswith("libcublas.so"):
+                    names.append(path)
+                    break
+    with contextlib.suppress(Exception):
+        from cuda import pathfinder
+
+        names.append(pathfinder.load_nvidia_dynamic_lib("cublas").abs_path)
+    names += ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        if hasattr(lib, "cublasSgemm_v2"):
+            return lib
+    return None
+
+
+class _CupyCublas:
+    """CuPy's cuBLAS wrappers over CuPy's handle, which CuPy's own routines use too: the
+    stream and pointer mode host set at each call (a captured stream refuses them)."""
+
+    def __init__(self, cublas):
+        self.cublas, self.sgemm, self.dgemm = cublas, cublas.sgemm, cublas.dgemm
+
+    def setStream(self, handle: int, stream: int):
+        self.cublas.setStream(handle, stream)
+        self.cublas.setPointerMode(handle, 0)  # CUBLAS_POINTER_MODE_HOST
+
+
+class Cublas:
+    """cuBLAS's gemm through ``ctypes`` over the library itself (``lib``: a ``CDLL``), on a
+    handle of its own in pointer mode host: the same calls as CuPy's ``cupy.cuda.cublas``
+    (``setStream``, ``sgemm``, ``dgemm``), without its refusal to run while a stream is
+    captured. cuBLAS itself is capturable: with scalars in host memory a graph keeps their
+    values, and since CUDA 12.2 its workspace comes from stream-ordered allocations."""
+
+    def __init__(self, lib):
+        self.lib = lib
+        c = ctypes
+        ptr = c.c_void_p
+        gemm = [ptr, c.c_int, c.c_int, c.c_int, c.c_int, c.c_int, ptr, ptr, c.c_int]
+        gemm += [ptr, c.c_int, ptr, ptr, c.c_int]
+        for name, args in (
+            ("cublasCreate_v2", [ptr]),
+            ("cublasSetStream_v2", [ptr, ptr]),
+            ("cublasSetPointerMode_v2", [ptr, c.c_int]),
+            ("cublasSgemm_v2", gemm),
+            ("cublasDgemm_v2", gemm),
+        ):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, c.c_int
+        self._stream = {}  # per handle: the stream last set
+
+    def _check(self, name: str, status: int):
+        if status != 0:
+            raise RunError(f"cuBLAS's {name} failed (status {status})")
+
+    def create(self) -> int:
+        handle = ctypes.c_void_p()
+        self._check("cublasCreate", self.lib.cublasCreate_v2(ctypes.addressof(handle)))
+        self._check("cublasSetPointerMode", self.lib.cublasSetPointerMode_v2(handle.value, 0))
+        return handle.value
+
+    def setStream(self, handle: int, stream: int):
+        if self._stream.get(handle) != stream:
+            self._check("cublasSetStream", self.lib.cublasSetStream_v2(handle, stream))
+            self._stream[handle] = stream
+
+    def sgemm(self, handle, *args):
+        self._check("cublasSgemm", self.lib.cublasSgemm_v2(handle, *args))
+
+    def dgemm(self, handle, *args):
+        self._check("cublasDgemm", self.lib.cublasDgemm_v2(handle, *args))
+
+
 class CupyDevice:
     """A GPU through CuPy: memory from CuPy's pool, the module compiled by NVRTC
     (``RawModule``, which caches the compiled module by its text, options and the GPU's
@@ -544,22 +655,15 @@ class CupyDevice:
 
         cuBLAS's matrices are column-major: a row-major ``X`` (rows ``ld`` apart) is its
         transpose there, so ``C`` is computed as ``C^T = op(B)^T op(A)^T``: B first, each
-        operand transposed where the plan's is not."""
+        operand transposed where the plan's is not. cuBLAS is called through a handle of our
+        own (``Cublas``), so that a graph captures the products too: CuPy's own wrappers
+        refuse any cuBLAS call while a stream is captured (its ``setStream`` raises
+        NotImplementedError), which left every graph holding a product uncaptured (seen on
+        the H100). Where the library cannot be found, CuPy's wrappers (and no such graph)."""
         if self._blas is None:
-            from cupy.cuda import cublas, device
-
-            handle = (cublas, device.get_cublas_handle())
-            self._blas = (
-                handle,
-                {
-                    d: (np.ones(1, t), np.zeros(1, t))
-                    for d, t in (("f32", np.float32), ("f64", np.float64))
-                },
-            )
+            self._blas = _blas_of(self.cp)
         (blas, handle), scalars = self._blas
-        # (the handle is CuPy's: set its stream, and host scalars, at each call)
         blas.setStream(handle, self._stream)
-        blas.setPointerMode(handle, 0)  # CUBLAS_POINTER_MODE_HOST
         one, zero = scalars[dtype]
         fn = blas.sgemm if dtype == "f32" else blas.dgemm
         fn(
