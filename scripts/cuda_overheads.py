@@ -12,7 +12,9 @@ on the device (``--emu``: the emulated one, for the plumbing only):
   microseconds per launch and read;
 - ``launch in a graph``: a CUDA graph of 100 such launches replayed (``runtime/graphs.py``):
   microseconds per launch;
-- ``gemm``: a 2048x64 @ 64x64 product by the device's BLAS, as the runtime calls it;
+- ``gemm``: a 2048x64 @ 64x64 product by the device's BLAS, as the runtime calls it; a
+  minibatch step's weight gradients (65,536 terms), the device's time each, split into
+  parts (``CupyDevice.splits``) and as one product;
 - ``program``: PPO (or ``--program``) at ``--set`` sizes, timed per iteration (from the
   metrics' rows) as it runs, and with the host's work alone (a device that launches
   nothing: the interpreter's floor); each with the runs of the tree replayed as CUDA graphs
@@ -97,6 +99,41 @@ def primitives(device, n: int) -> dict[str, float]:
         device.gemm("f32", m, c, k, a, k, False, b, c, False, d, c)
     device.code()
     out["gemm 2048x64x64"] = (time.perf_counter() - started) / (n // 4) * 1e6
+    out.update(weight_gradients(device))
+    return out
+
+
+def weight_gradients(device, reps: int = 20) -> dict[str, float]:
+    """A minibatch step's weight gradients (``x^T @ dy``: 65,536 terms, 64 x 64 and 4 x 64
+    results), the device's microseconds each (between two of its marks, ``reps`` in a
+    row): as the runtime runs them (split into parts where the device splits them,
+    ``CupyDevice.splits``) and as one product (C's rows one element further apart than its
+    length: a layout no split takes)."""
+    out = {}
+    k = 65536
+    for m in (64, 4):
+        n = 64
+        a, b = device.alloc(k * m * 4), device.alloc(k * n * 4)
+        d = device.alloc(m * (n + 1) * 4)
+        for p, nbytes in ((a, k * m * 4), (b, k * n * 4), (d, m * (n + 1) * 4)):
+            device.zero(p, nbytes)
+        splits = getattr(device, "splits", lambda *a: 1)(m, n, k, n)
+        space = None
+        if splits > 1:
+            space = device.alloc(splits * m * n * 4)
+            device.split_space(space, splits * m * n * 4)
+        for label, ldc in (
+            (f"split in {splits}" if splits > 1 else "one product", n),
+            ("one product", n + 1),
+        ):
+            device.gemm("f32", m, n, k, a, m, True, b, n, False, d, ldc)  # (a first call)
+            start = device.mark()
+            for _ in range(reps):
+                device.gemm("f32", m, n, k, a, m, True, b, n, False, d, ldc)
+            seconds = device.elapsed(start, device.mark())
+            out[f"gemm {m}x{n}x{k} A^T, {label} (device)"] = seconds / reps * 1e6
+            if splits == 1:
+                break
     return out
 
 
