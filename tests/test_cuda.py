@@ -21,7 +21,7 @@ from rtl_helpers import src, table
 from timerlc.codegen import kir
 from timerlc.codegen.kir import For, Store
 from timerlc.compiler import compile_plan, generate_code, run_passes
-from timerlc.cuda import nvrtc
+from timerlc.cuda import nvrtc, render
 from timerlc.cuda.emu import compiler
 from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
@@ -735,3 +735,30 @@ def test_sums_over_one_range_that_need_nothing_between_are_one_step(tmp_path):
     np.testing.assert_allclose(rt.value("s"), ref.value("s"), rtol=1e-6)
     # (a sum in a branch of a merge: its combination under the branch's guard)
     np.testing.assert_allclose(rt.value("r"), ref.value("r"), rtol=1e-6)
+
+
+def test_sums_of_a_run_on_one_thread_are_its_block_s(tmp_path):
+    """Sums of fewer terms than a grid's worth (``render.GRID_TERMS``) in a run on one
+    thread, of at least ``render.BLOCK_TERMS`` terms over loops of constant bounds (a
+    gradient norm's sums of squares of small weights): the block's threads take the terms,
+    a tree in shared memory combines them, thread 0 goes on (``_Kernel.block_sum``); one
+    of 8 terms stays thread 0's. The same values as the cpu."""
+    text = """
+    config I = 3, N = 10
+    dim i < I
+    w[0] = reshape(f32(arange(N * N)) * 0.01, [N, N])
+    w[i+1] = w[i] * 0.5 + 0.001 * s[i]
+    u[0] = f32(arange(80)) * 0.02 - 0.7
+    u[i+1] = u[i] * 0.25 + 0.01 * s[i]
+    v[0] = f32(arange(8)) * 0.1
+    v[i+1] = v[i] * 0.5
+    s[i] = sqrt(sum(w[i] * w[i]) + sum(u[i] * u[i]) + sum(v[i] * v[i]))
+    out s
+    """
+    _, gen = generated("p.rtl", src(text))
+    cu = cuda_gen(gen)
+    assert render.BLOCK_TERMS <= 80 < render.GRID_TERMS
+    assert "tl_bs0_0" in cu.text and "tl_bs1_0" in cu.text and "tl_bs2_0" not in cu.text
+    assert re.search(r"tl_g < 100LL; tl_g \+= blockDim\.x", cu.text)  # (w's nest: one loop)
+    ref, rt, _, _, _ = run_both(gen, tmp_path)
+    np.testing.assert_allclose(rt.value("s"), ref.value("s"), rtol=1e-6)

@@ -399,6 +399,9 @@ PERM_TILE_PASSES = 11
 # a reduction or a permutation of fewer terms stays on its serial step's thread (two or more
 # launches more would cost more than the terms)
 GRID_TERMS = 512
+# a sum of fewer terms in a run on one thread, of at least this many, is the run's block's
+# (its threads take the terms, a tree combines them: no launch more)
+BLOCK_TERMS = 64
 PART_BYTES = 1 << 20  # the most scratch a reduction into a temporary keeps partial copies in
 _SIZE = {"bool": 1, "i32": 4, "i64": 8, "f32": 4, "f64": 8}
 
@@ -601,6 +604,7 @@ class _Kernel:
         self.scratch = k.scratch_bytes
         self.rows = False  # (a statement of a loop kernel: cuda/loops.py)
         self.one_block = False  # (a step run by one block, the last of a reduction's)
+        self.block_sums = 0  # (the sums of runs on one thread the block takes: block_sum)
 
     def emit(self, depth: int, line: str):
         self.lines.append("  " * depth + line)
@@ -1167,6 +1171,10 @@ class _Kernel:
             if self.one_block and body:
                 body = self.combined_by_block(body)
             who = "threadIdx.x == 0" if self.one_block else "blockIdx.x == 0 && threadIdx.x == 0"
+            segments = self._block_sums(body)
+            if len(segments) > 1:
+                self.serial_with_sums(segments, mine, who, skip, loads, stores, passed)
+                return threads
             self.emit(1, f"if ({who}) {{")
             for v, dt in mine.items():
                 if v not in loads:
@@ -1209,6 +1217,141 @@ class _Kernel:
             if st.guard is not None:
                 self.emit(1, "}")
         return threads
+
+    def _block_sums(self, body: list) -> list[tuple[list, list | None]]:
+        """``body`` (a run on one thread) cut at each sum the block's threads can take
+        (``_block_sum``): ``[(statements before it, its nest of loops), ..., (the rest,
+        None)]``; one segment where there is none, or where the run can fail (a failure
+        jumps to the run's end, past the block's barriers)."""
+        if self.rows or _fails_any(body):
+            return [(body, None)]
+        out, run = [], []
+        for s in body:
+            nest = self._block_sum(s)
+            if nest is None:
+                run.append(s)
+            else:
+                out.append((run, nest))
+                run = []
+        return out + [(run, None)]
+
+    def _block_sum(self, s) -> list | None:
+        """The nest of loops of ``s``, where ``s`` is a sum (``For.reduce``, into locals) of
+        at least ``BLOCK_TERMS`` terms over loops of constant bounds, one inside the other,
+        whose terms read memory, constants and the call's loop values only (a local of the
+        run is thread 0's alone): the block's threads can then take its terms, where thread
+        0 took them one after another (a gradient's norm: nine sums of up to 256 squares,
+        some 900 loads, each a wait on the device's memory). Else None."""
+        if not (isinstance(s, For) and s.reduce and not s.parallel):
+            return None
+        form = self._reduction(s)
+        if form is None or form[0] != "scalar" or any(a in self.bufs for a in form[1]):
+            return None
+        nest = [s]
+        while len(nest[-1].body) == 1 and isinstance(nest[-1].body[0], For):
+            nest.append(nest[-1].body[0])
+        inner = nest[-1].body
+        if any(isinstance(x, (For, Store, Fail, Gemm, Permute)) for x in kir.walk_tree(inner)):
+            return None
+        if any(
+            x.parallel
+            or not (isinstance(x.lo, Const) and isinstance(x.hi, Const))
+            or int(x.hi.value) <= int(x.lo.value)
+            for x in nest
+        ):
+            return None
+        if math.prod(_extent(x) for x in nest) < BLOCK_TERMS:
+            return None
+        own = {x.var for x in nest} | set(form[1]) | set(_lets(inner)) | set(self.k.params)
+        if _refs(nest) - own:
+            return None
+        return nest
+
+    def serial_with_sums(self, segments, mine: dict, who: str, skip: str, loads, stores, passed):
+        """A run on one thread with sums the block's threads take (``_block_sums``): the
+        run's locals declared for every thread (thread 0's are the run's), each piece of
+        the run on thread 0, then each sum by the block (``block_sum``), which thread 0
+        adds into its accumulators at the start of the next piece."""
+        self.emit(1, "{")
+        for v, dt in mine.items():
+            if v not in loads:
+                self.emit(1, f"{CTYPE[dt]} {name(v)};")
+        pending: list[str] = []
+        for j, (run, nest) in enumerate(segments):
+            self.emit(1, f"if ({who}) {{")
+            for line in pending:
+                self.emit(2, line)
+            self.stmts(run, 2, skip)
+            if nest is None:
+                self.end(2, skip)
+                self.emit(
+                    2, f"if (tl_fail) {{ tl_failed(err, tl_fail, {self.k.sid}, args); return; }}"
+                )
+                for v in stores:
+                    dt, off = passed[v]
+                    self.emit(2, f"*({CTYPE[dt]} *)(scratch + {off}) = {name(v)};")
+            self.emit(1, "}")
+            if nest is not None:
+                pending = self.block_sum(nest)
+        self.emit(1, "}")
+
+    def block_sum(self, nest: list) -> list[str]:
+        """The sum ``nest`` (``_block_sum``) by the threads of the block that runs the run
+        on one thread: each thread the terms ``threadIdx.x``, ``blockDim.x`` apart (the
+        loops' points numbered, the innermost fastest), into its own accumulators, then a
+        tree in shared memory (fixed: a build gives the same bits every run); the lines by
+        which thread 0 then adds the block's sums into its accumulators."""
+        ops = dict(nest[0].reduce)
+        dtypes = self._reduction(nest[0])[1]
+        n = self.block_sums
+        self.block_sums += 1
+        owner = "true" if self.one_block else "blockIdx.x == 0"
+        total = math.prod(_extent(x) for x in nest)
+        shared = {acc: f"tl_bs{n}_{j}" for j, acc in enumerate(ops)}
+        for acc, dt in dtypes.items():
+            self.emit(1, f"__shared__ {MTYPE[dt]} {shared[acc]}[{THREADS}];")
+        self.emit(1, "__syncthreads();  // (thread 0's writes before the sum's terms)")
+        self.emit(1, f"if ({owner}) {{")
+        for acc, dt in dtypes.items():
+            self.emit(2, f"{CTYPE[dt]} {name(acc)} = {identity(ops[acc], dt)};")
+        self.emit(
+            2, f"for (long long tl_g = threadIdx.x; tl_g < {total}LL; tl_g += blockDim.x) {{"
+        )
+        self.emit(3, "long long tl_r = tl_g;")
+        for x in reversed(nest[1:]):
+            self.emit(
+                3,
+                f"const long long {name(x.var)} = ({self.expr(x.lo)}) + tl_r % "
+                f"{_extent(x)}LL;  tl_r /= {_extent(x)}LL;",
+            )
+        self.emit(3, f"const long long {name(nest[0].var)} = ({self.expr(nest[0].lo)}) + tl_r;")
+        for lv, dt in _lets(nest[-1].body).items():
+            if lv not in ops:
+                self.emit(3, f"{CTYPE[dt]} {name(lv)};")
+        skip = self.label()
+        self.stmts(nest[-1].body, 3, skip)
+        self.end(3, skip)
+        self.emit(2, "}")
+        for acc in ops:
+            self.emit(2, f"{shared[acc]}[threadIdx.x] = {name(acc)};")
+        self.emit(1, "}")
+        self.emit(1, "__syncthreads();")
+        self.emit(1, "for (unsigned tl_s = 1; tl_s < blockDim.x; tl_s *= 2) {")
+        self.emit(
+            2,
+            f"if ({owner} && threadIdx.x % (2 * tl_s) == 0 && threadIdx.x + tl_s < blockDim.x) {{",
+        )
+        for acc, dt in dtypes.items():
+            r = shared[acc]
+            both = binary(ops[acc], f"{r}[threadIdx.x]", f"{r}[threadIdx.x + tl_s]", dt)
+            self.emit(3, f"{r}[threadIdx.x] = {both};")
+        self.emit(2, "}")
+        self.emit(2, "__syncthreads();")
+        self.emit(1, "}")
+        return [
+            f"{name(acc)} = {binary(ops[acc], name(acc), f'{shared[acc]}[0]', dt)};"
+            for acc, dt in dtypes.items()
+        ]
 
     def array_in_registers(self, st, loop: For, inner: For, accs: tuple, held):
         """An array reduction's sums in registers (``_in_registers``): each thread an
