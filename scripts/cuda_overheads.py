@@ -108,32 +108,40 @@ def weight_gradients(device, reps: int = 20) -> dict[str, float]:
     results), the device's microseconds each (between two of its marks, ``reps`` in a
     row): as the runtime runs them (split into parts where the device splits them,
     ``CupyDevice.splits``) and as one product (C's rows one element further apart than its
-    length: a layout no split takes)."""
+    length: a layout no split takes); and the largest relative difference between the
+    two's results, of random operands (a split that computes something else shows here
+    first)."""
     out = {}
-    k = 65536
+    k, n = 65536, 64
+    rng = np.random.default_rng(0)
     for m in (64, 4):
-        n = 64
-        a, b = device.alloc(k * m * 4), device.alloc(k * n * 4)
+        x = rng.standard_normal((k, m)).astype(np.float32)
+        dy = rng.standard_normal((k, n)).astype(np.float32)
+        a, b = device.alloc(x.nbytes), device.alloc(dy.nbytes)
+        device.upload(a, x)
+        device.upload(b, dy)
         d = device.alloc(m * (n + 1) * 4)
-        for p, nbytes in ((a, k * m * 4), (b, k * n * 4), (d, m * (n + 1) * 4)):
-            device.zero(p, nbytes)
         splits = getattr(device, "splits", lambda *a: 1)(m, n, k, n)
-        space = None
         if splits > 1:
-            space = device.alloc(splits * m * n * 4)
-            device.split_space(space, splits * m * n * 4)
-        for label, ldc in (
-            (f"split in {splits}" if splits > 1 else "one product", n),
-            ("one product", n + 1),
-        ):
+            device.split_space(device.alloc(splits * m * n * 4), splits * m * n * 4)
+        got = {}
+        ways = [("one product", n + 1)]
+        if splits > 1:
+            ways.insert(0, (f"split in {splits}", n))
+        for label, ldc in ways:
             device.gemm("f32", m, n, k, a, m, True, b, n, False, d, ldc)  # (a first call)
+            c = np.zeros((m, ldc), np.float32)
+            device.download(d, c)
+            got[label] = c[:, :n]
             start = device.mark()
             for _ in range(reps):
                 device.gemm("f32", m, n, k, a, m, True, b, n, False, d, ldc)
             seconds = device.elapsed(start, device.mark())
             out[f"gemm {m}x{n}x{k} A^T, {label} (device)"] = seconds / reps * 1e6
-            if splits == 1:
-                break
+        want = x.astype(np.float64).T @ dy.astype(np.float64)
+        for label, c in got.items():
+            err = float(np.max(np.abs(c - want)) / np.max(np.abs(want)))
+            out[f"gemm {m}x{n}x{k} A^T, {label}: largest error / largest value"] = err
     return out
 
 
@@ -347,8 +355,9 @@ def main() -> int:
         )
         kernels(timed, r["iterations"])
         return 0
-    for what, us in primitives(device, args.n).items():
-        print(f"  {what:24s} {us:9.2f} us", flush=True)
+    for what, value in primitives(device, args.n).items():
+        unit = "" if "error" in what else " us"
+        print(f"  {what:24s} {value:9.3g}{unit}", flush=True)
     for label, dev, graphs in (
         ("as it runs", device, True),
         ("as it runs, replays timed", device, True),
