@@ -13,7 +13,11 @@ its own), alternating:
   * torch:   scripts/baselines/torch_<algo>.py: eager PyTorch in CleanRL's structure, on
              timerlc's NumPy CartPole (timerlc.envs);
   * jax:     scripts/baselines/jax_<algo>.py: PureJaxRL's structure, the whole run under one
-             jax.jit, CartPole in jax.numpy with timerlc's dynamics (pip install -e .[bench]).
+             jax.jit, CartPole in jax.numpy with timerlc's dynamics (pip install -e .[bench]);
+             its float32 products as JAX computes them by default (TF32 on recent NVIDIA
+             GPUs: 10 bits of mantissa; timerlc's are float32);
+  * jax-f32: the same with --matmul-precision float32 (true float32 products, as timerlc's:
+             the like-for-like comparison on a GPU; on a CPU the same as jax). Not by default.
 
 What is measured. Every system runs N and 2N iterations; a time per iteration is
 (time(2N) - time(N)) / N, so that what every run does once (interpreter start-up, imports,
@@ -80,7 +84,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINES = ROOT / "scripts" / "baselines"
-KNOWN_BASELINES = {"torch": "torch", "jax": "jax"}  # baseline -> the module it needs
+# baseline -> the module it needs; its script is scripts/baselines/<SCRIPT>_<algo>.py
+KNOWN_BASELINES = {"torch": "torch", "jax": "jax", "jax-f32": "jax"}
+SCRIPT = {"torch": "torch", "jax": "jax", "jax-f32": "jax"}
+# a baseline's own arguments: jax-f32 is the jax baseline with true float32 products (JAX's
+# default on recent NVIDIA GPUs computes float32 products with TF32: 10 bits of mantissa)
+EXTRA_ARGS = {"jax-f32": ["--matmul-precision", "float32"]}
 
 DEFAULT_CONFIGS = [(16, 128), (64, 128), (256, 128), (16, 512)]
 DEFAULT_GRID = {"reinforce": DEFAULT_CONFIGS, "ppo": DEFAULT_CONFIGS}
@@ -194,8 +203,9 @@ def finish(child: dict, iters: int) -> dict:
 
 
 def run_baseline(impl: str, algo: str, B: int, T: int, iters: int, args) -> dict:
-    cmd = [sys.executable, str(BASELINES / f"{impl}_{algo}.py")]
+    cmd = [sys.executable, str(BASELINES / f"{SCRIPT[impl]}_{algo}.py")]
     cmd += ["--iters", str(iters), "--envs", str(B), "--steps", str(T), "--seed", str(args.seed)]
+    cmd += EXTRA_ARGS.get(impl, [])
     if args.threads and impl == "torch":
         cmd += ["--threads", str(args.threads)]
     if impl == "torch":
@@ -211,7 +221,7 @@ def run_baseline(impl: str, algo: str, B: int, T: int, iters: int, args) -> dict
     res.update(
         in_run_seconds_per_iter=report["seconds_per_iter"],
         # the window over the iterations: jax's compiled run, torch's training loop
-        timed_s=report["run_seconds"] if impl == "jax" else report["total_seconds"],
+        timed_s=report["run_seconds"] if SCRIPT[impl] == "jax" else report["total_seconds"],
         final_ep_ret=report.get("final_ep_ret"),
         compile_seconds=report.get("compile_seconds"),
         peak_device_mb=report.get("peak_device_mb"),

@@ -18,9 +18,11 @@
 #
 #   bash scripts/gpu_session.sh --emu     # the same plumbing here, on cuda-emu and the CPU
 #
-# STAGES picks stages (default "check tests profile overheads bench"), BENCH_ALGOS and
-# BENCH_CONFIGS the bench's grid (default ppo and reinforce at 2048x128, against JAX: N = 2
-# was too noisy, 10 gives steady figures): a first call can look for
+# STAGES picks stages (default "check tests overheads kernels bench"), BENCH_ALGOS and
+# BENCH_CONFIGS the bench's grid (default ppo and reinforce at 2048x128), BENCH_BASELINES
+# its baselines (default jax, whose float32 products are TF32 on an H100, and jax-f32, true
+# float32 as timerlc's: N = 2 was too noisy, 10 gives steadier figures): a first call can
+# look for
 # failures (STAGES="check tests profile") and a second, after the fixes, measure.
 # (the default stages' limits sum to 540 s: a call of 600 s leaves time for the wheels and
 # the start)
@@ -29,6 +31,7 @@ export PYTHONUNBUFFERED=1
 STAGES=" ${STAGES:-check tests overheads kernels bench} "
 BENCH_ALGOS=${BENCH_ALGOS:-ppo,reinforce}
 BENCH_CONFIGS=${BENCH_CONFIGS:-2048x128}
+BENCH_BASELINES=${BENCH_BASELINES:-jax,jax-f32}
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 BACKEND=cuda DEVICE=cuda CHECK=()
@@ -60,17 +63,18 @@ if [ "$DEVICE" = cuda ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
   cat "$OUT/gpu.txt"
 fi
-stage check 120 $PY scripts/cuda_gpu_check.py "${CHECK[@]}"
-stage tests 90 env TIMERLC_TEST_BACKEND=$BACKEND TIMERLC_REQUIRE_NVCC=0 \
+stage check 100 $PY scripts/cuda_gpu_check.py "${CHECK[@]}"
+stage tests 60 env TIMERLC_TEST_BACKEND=$BACKEND TIMERLC_REQUIRE_NVCC=0 \
   $PY -m pytest -q -n 8 --maxfail=10 -p no:cacheprovider tests/test_cuda_graphs.py tests/test_cuda.py \
   tests/test_cuda_runtime.py tests/test_language_operators.py
 stage profile 60 $PY -m timerlc.cli run programs/ppo.rtl --backend $BACKEND --set B=2048 \
   --set T=128 --set total_steps=786432 --no-progress --profile
-stage overheads 90 $PY scripts/cuda_overheads.py "${CHECK[@]}" --set B=2048 --set T=128 \
+stage overheads 80 $PY scripts/cuda_overheads.py "${CHECK[@]}" --set B=2048 --set T=128 \
   --set total_steps=1572864
 stage kernels 60 bash -c "$PY scripts/cuda_overheads.py ${CHECK[*]} --kernels --set B=2048 \
   --set T=128 --set total_steps=1572864 && $PY scripts/cuda_overheads.py ${CHECK[*]} \
   --kernels --program reinforce --set B=2048 --set T=128 --set I=6"
-stage bench 180 $PY scripts/bench.py --device $DEVICE --backend $BACKEND --algos "$BENCH_ALGOS" \
-  --configs "$BENCH_CONFIGS" --iters 10 --repeats 1 --min-diff-seconds 0 --baselines jax \
+stage bench 240 $PY scripts/bench.py --device $DEVICE --backend $BACKEND --algos "$BENCH_ALGOS" \
+  --configs "$BENCH_CONFIGS" --iters 10 --repeats 1 --min-diff-seconds 0 \
+  --baselines "$BENCH_BASELINES" \
   --json "$OUT/bench.json"

@@ -71,6 +71,12 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--no-baseline", action="store_true", help="config baseline = false")
     p.add_argument("--log", action="store_true", help="print each iteration's metrics to stderr")
+    p.add_argument(
+        "--matmul-precision",
+        default=None,
+        help="jax_default_matmul_precision for the run (e.g. float32: true float32 products; "
+        "default: JAX's own, which on recent NVIDIA GPUs computes float32 products with TF32)",
+    )
     return p.parse_args(argv)
 
 
@@ -152,6 +158,8 @@ def make_train(args, iters: int):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.matmul_precision:
+        jax.config.update("jax_default_matmul_precision", args.matmul_precision)
     B, T, iters = args.envs, args.steps, args.iters
     key = jax.random.key(args.seed)
 
@@ -181,6 +189,7 @@ def main(argv=None) -> dict:
         "final_ep_ret": history[-1]["ep_ret"] if history else None,
         "final_episodes": history[-1]["episodes"] if history else None,
         "jax": jax.__version__,
+        "matmul_precision": jax.config.jax_default_matmul_precision,
         "device": str(jax.devices()[0]),
         "peak_device_mb": peak_device_mb(),
         "total_seconds": finished_at - started,
