@@ -606,6 +606,46 @@ def test_loops_over_one_range_that_meet_only_at_their_row_are_one_step():
     assert len(render._row_merged((a, d))[0]) == 2  # (another range)
 
 
+def test_a_wide_loop_over_many_rows_stays_out_of_the_merged_rows():
+    """Of loops over one range that meet only at their row (``render._row_merged``), one
+    over at least ``WIDE_ROWS`` rows whose elements a thread each can take, ``WIDE`` or
+    more a row (a layer's tanh after a minibatch's gathered observations), stays a loop of
+    its own (``render._wide``): merged, each thread would store down a row, a warp's stores
+    a row apart; fewer rows, or narrower rows, merge as before."""
+    from timerlc.cuda import render
+
+    def loops(rows: int, width: int):
+        r, e, q, c = (kir.Ref(v) for v in "reqc")
+        four = kir.add(kir.mul(r, 4), e)
+        a = For(
+            "r",
+            kir.i64(0),
+            kir.i64(rows),
+            (For("e", kir.i64(0), kir.i64(4), (Store("t1", four, kir.Load("x", four, "f32")),)),),
+            True,
+        )
+        at = kir.add(kir.mul(q, width), c)
+        value = kir.Bin(
+            "mul", kir.Load("t1", kir.mul(q, 4), "f32"), kir.Load("w", c, "f32"), "f32"
+        )
+        b = For(
+            "q",
+            kir.i64(0),
+            kir.i64(rows),
+            (For("c", kir.i64(0), kir.i64(width), (Store("y", at, value),)),),
+            True,
+        )
+        return a, b
+
+    rows, wide = render.WIDE_ROWS, render.WIDE
+    body, _ = render._row_merged(loops(rows, wide))
+    assert len(body) == 2
+    (spread,) = render._spread(body[1:])
+    assert render._nest(spread)[1].parallel  # (a thread per element)
+    assert len(render._row_merged(loops(rows - 1, wide))[0]) == 1
+    assert len(render._row_merged(loops(rows, wide - 1))[0]) == 1
+
+
 @needs_cxx
 def test_a_check_of_the_loop_values_is_made_before_the_loop_reads(tmp_path):
     """A kernel built by hand: ``if 4 * j > 8: fail 1``, then a copy of ``src[4 * j + v]``.

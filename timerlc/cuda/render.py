@@ -399,6 +399,9 @@ PERM_TILE_PASSES = 11
 # a reduction or a permutation of fewer terms stays on its serial step's thread (two or more
 # launches more would cost more than the terms)
 GRID_TERMS = 512
+# a loop over at least WIDE_ROWS rows of at least WIDE points each stays out of the rows
+# merged into one loop (``_wide``)
+WIDE, WIDE_ROWS = 32, 8192
 # a sum of fewer terms in a run on one thread, of at least this many, is the run's block's
 # (its threads take the terms, a tree combines them: no launch more)
 BLOCK_TERMS = 64
@@ -2271,6 +2274,20 @@ def _extent(loop: For, otherwise: int = THREADS) -> int:
     return otherwise
 
 
+def _wide(s: For) -> bool:
+    """Whether row loop ``s`` is at least ``WIDE_ROWS`` rows of an element loop that
+    ``_spread`` spreads over the grid, of at least ``WIDE`` elements (a warp's worth).
+    Merged with the loops around it (``_row_merged``), each thread would run down a row of
+    it, a warp's stores each to 32 rows ``4 * WIDE`` bytes and more apart (PPO at 2048 x
+    128: the first layers' tanh over a minibatch, 65,536 rows of 64, each 128 bytes a warp
+    stores in 32 pieces of 4); apart, a thread per element, a warp's stores are one row's
+    neighbours: a launch more, where the rows are many enough that the stores cost more."""
+    if _extent(s) < WIDE_ROWS:
+        return False
+    spread = _spread_nest(s)
+    return spread is not s and math.prod(_extent(x) for x in _nest(spread)[1:]) >= WIDE
+
+
 def _row_merged(body) -> tuple[tuple, set]:
     """``body`` with each run of consecutive parallel loops over one constant range (a
     statement's ops over the rows of its value, each into a temporary: PPO's gradient of
@@ -2280,7 +2297,8 @@ def _row_merged(body) -> tuple[tuple, set]:
     the merged loops write (global: a thread's row of them, not a copy of its own). Loops
     of a run that touch nothing of each other's (``_groups``) stay apart: they are one launch
     anyway (an ``either`` step), each its own nest over the grid (Adam's moments of a 64x64
-    weight and a 64 bias merged were 64 threads, each a row of 64 in turn)."""
+    weight and a 64 bias merged were 64 threads, each a row of 64 in turn). A wide loop over
+    many rows stays apart too (``_wide``)."""
     out: list = []
     shared: set = set()
     run: list = []
@@ -2300,7 +2318,7 @@ def _row_merged(body) -> tuple[tuple, set]:
         run.clear()
 
     for s in body:
-        if not _row_loop(s):
+        if not _row_loop(s) or _wide(s):
             flush()
             out.append(s)
         elif run and (s.lo, s.hi) == (run[0].lo, run[0].hi) and _rows_local(run + [s]):
