@@ -646,6 +646,38 @@ def test_a_wide_loop_over_many_rows_stays_out_of_the_merged_rows():
     assert len(render._row_merged(loops(rows, wide - 1))[0]) == 1
 
 
+def test_a_wide_element_loop_of_a_fused_row_is_cut_out_of_it():
+    """A fused kernel's row loop (over ``WIDE_ROWS`` rows) that stores a value per row and
+    then a row of ``WIDE`` elements from it (the value head's gradient over h2 after the
+    value loss's per row) is two loops (``render._wide_pieces``): the row's value passes
+    through its buffer; where it passes through a local, or a temporary, one loop."""
+    from timerlc.cuda import render
+
+    r, c = kir.Ref("r"), kir.Ref("c")
+    rows, wide = render.WIDE_ROWS, render.WIDE
+    per_row = Store("g", r, kir.Bin("mul", kir.Load("x", r, "f32"), kir.Const("f32", 2.0), "f32"))
+    at = kir.add(kir.mul(r, wide), c)
+    elements = For(
+        "c",
+        kir.i64(0),
+        kir.i64(wide),
+        (Store("y", at, kir.Bin("mul", kir.Load("g", r, "f32"), kir.Load("w", c, "f32"), "f32")),),
+    )
+    loop = For("r", kir.i64(0), kir.i64(rows), (per_row, elements), True)
+    pieces = render._fissioned((loop,))
+    assert [len(p.body) for p in pieces] == [1, 1]
+    assert render._fissioned((loop,), frozenset({"g"})) == (loop,)  # (g a temporary)
+    local = kir.Let("v", "f32", kir.Load("x", r, "f32"))
+    use = dataclasses.replace(
+        elements,
+        body=(Store("y", at, kir.Bin("mul", kir.Ref("v"), kir.Load("w", c, "f32"), "f32")),),
+    )
+    through = For("r", kir.i64(0), kir.i64(rows), (local, use), True)
+    assert render._fissioned((through,)) == (through,)
+    few = dataclasses.replace(loop, hi=kir.i64(rows - 1))
+    assert render._fissioned((few,)) == (few,)
+
+
 @needs_cxx
 def test_a_check_of_the_loop_values_is_made_before_the_loop_reads(tmp_path):
     """A kernel built by hand: ``if 4 * j > 8: fail 1``, then a copy of ``src[4 * j + v]``.

@@ -592,7 +592,8 @@ class _Kernel:
         # donor's at one row and another writing the statement's at another would meet)
         merge_rows = merge_rows and not k.shared
         body = _gemms_first(k.body, k) if blas else k.body
-        body = _reductions_joined(_fissioned(body), k) if merge_rows else body
+        temps = frozenset(t.name for t in k.temps)
+        body = _reductions_joined(_fissioned(body, temps), k) if merge_rows else body
         body, self.row_shared = _row_merged(body) if merge_rows else (body, set())
         self.k = k = dataclasses.replace(k, body=_spread(body))
         self.blas = blas
@@ -2330,7 +2331,7 @@ def _row_merged(body) -> tuple[tuple, set]:
     return tuple(out), shared
 
 
-def _fissioned(body) -> tuple:
+def _fissioned(body, temps: frozenset = frozenset()) -> tuple:
     """``body`` with each parallel loop over a constant range whose iterations cannot be
     spread over the grid (``_spread_nest``: its statements are not one loop over elements)
     as one loop per group of its statements that touch each other's buffers or locals
@@ -2342,16 +2343,49 @@ def _fissioned(body) -> tuple:
     for s in body:
         if isinstance(s, If):
             out.append(
-                dataclasses.replace(s, then=_fissioned(s.then), orelse=_fissioned(s.orelse))
+                dataclasses.replace(
+                    s, then=_fissioned(s.then, temps), orelse=_fissioned(s.orelse, temps)
+                )
             )
             continue
         if _row_loop(s) and len(s.body) > 1 and _spread_nest(s) is s:
             groups = _groups(s.body)
+            if len(groups) == 1:
+                groups = _wide_pieces(s, temps)
             if len(groups) > 1:
                 out += [dataclasses.replace(s, body=tuple(g)) for g in groups]
                 continue
         out.append(s)
     return tuple(out)
+
+
+def _wide_pieces(s: For, temps: frozenset) -> list[list]:
+    """The statements of row loop ``s`` cut before and after each element loop that makes
+    it ``_wide`` (over at least ``WIDE_ROWS`` rows, at least ``WIDE`` elements a thread each
+    can take), where no local or temporary of one piece is another's (the row's values
+    pass through the buffers: ``s``'s iterations are independent, so the pieces may run
+    one after another over all the rows); else the statements as one piece. A fused
+    kernel's value head gradient over h2 (65,536 rows of 64) after the value loss's
+    gradient per row, which it reads (``_row_merged`` keeps the wide piece apart)."""
+
+    def wide(x) -> bool:
+        return isinstance(x, For) and _wide(dataclasses.replace(s, body=(x,)))
+
+    if not any(wide(x) for x in s.body):
+        return [list(s.body)]
+    pieces: list[list] = [[]]
+    for x in s.body:
+        if pieces[-1] and (wide(x) or wide(pieces[-1][-1])):
+            pieces.append([])
+        pieces[-1].append(x)
+    if len(pieces) < 2:
+        return [list(s.body)]
+    for j, p in enumerate(pieces):
+        mine = set(_lets(p)) | (_written(p) & temps)
+        others = [x for q, piece in enumerate(pieces) if q != j for x in piece]
+        if mine & (_refs(others) | set(_lets(others)) | _buffers(others)):
+            return [list(s.body)]
+    return pieces
 
 
 def _reductions_joined(body, k: kir.Kernel) -> tuple:
