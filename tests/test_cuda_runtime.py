@@ -1146,6 +1146,11 @@ def test_split_k_splits_few_results_of_many_terms_into_whole_parts():
     assert cuda.split_k(64, 64, 3 * 65536, 64) == 256  # at most 256 parts, dividing k
 
 
+def test_split_k_is_off_where_the_environment_says_so(monkeypatch):
+    monkeypatch.setenv("TIMERLC_NO_SPLIT", "1")
+    assert cuda.split_k(64, 64, 65536, 64) == 1
+
+
 @pytest.mark.parametrize(
     "ta, tb, dtype", [(True, False, "f32"), (False, True, "f32"), (True, True, "f64")]
 )

@@ -31,6 +31,7 @@ import contextlib
 import ctypes
 import dataclasses
 import heapq
+import os
 import sys
 import time
 
@@ -461,6 +462,8 @@ def split_k(m: int, n: int, k: int, ldc: int) -> int:
     one vector)."""
     parts = k // SPLIT_ROWS
     if m * n > SPLIT_OUT or parts < SPLIT_PARTS[0] or ldc != n:
+        return 1
+    if os.environ.get("TIMERLC_NO_SPLIT") == "1":  # (a diagnostic switch: docs/cuda.md)
         return 1
     parts = min(parts, SPLIT_PARTS[1])
     while k % parts:
