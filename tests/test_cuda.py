@@ -678,6 +678,53 @@ def test_a_wide_element_loop_of_a_fused_row_is_cut_out_of_it():
     assert render._fissioned((few,)) == (few,)
 
 
+def test_a_sum_s_nest_is_one_loop_over_its_points():
+    """A sum into locals over a nest of loops of constant bounds (a 64 x 64 weight's
+    squares; the joined sums of two weights' rows, ``_reductions_joined``) is one loop over
+    the nest's points (``render._flat_sum``: the grid deals points, not rows); not where an
+    inner iteration passes a local on to the next (``render._carried``)."""
+    from timerlc.cuda import render
+
+    r, c, acc = kir.Ref("r"), kir.Ref("c"), kir.Ref("acc")
+    at = kir.add(kir.mul(r, 64), c)
+    term = kir.Load("w", at, "f32")
+    add = kir.Let("acc", "f32", kir.Bin("add", acc, term, "f32"))
+    inner = For("c", kir.i64(0), kir.i64(64), (add,))
+    other = For(
+        "d",
+        kir.i64(0),
+        kir.i64(64),
+        (
+            kir.Let(
+                "acc2",
+                "f32",
+                kir.Bin(
+                    "add",
+                    kir.Ref("acc2"),
+                    kir.Load("u", kir.add(kir.mul(r, 64), kir.Ref("d")), "f32"),
+                    "f32",
+                ),
+            ),
+        ),
+    )
+    loop = For(
+        "r", kir.i64(0), kir.i64(64), (inner, other), False, (("acc", "add"), ("acc2", "add"))
+    )
+    flat = render._flat_sum(loop)
+    assert flat.var == "r.flat" and flat.hi == kir.i64(4096) and flat.reduce == loop.reduce
+    assert [x.name for x in flat.body] == ["r", "c", "acc", "acc2"]  # (d renamed to c)
+    carry = kir.Let("t", "f32", kir.Bin("add", kir.Ref("t"), term, "f32"))
+    passes = For(
+        "c",
+        kir.i64(0),
+        kir.i64(64),
+        (carry, dataclasses.replace(add, value=kir.Bin("add", acc, kir.Ref("t"), "f32"))),
+    )
+    assert render._carried(passes.body, {"acc": "add"})
+    kept = dataclasses.replace(loop, body=(passes,), reduce=(("acc", "add"),))
+    assert render._flat_sum(kept) is kept
+
+
 @needs_cxx
 def test_a_check_of_the_loop_values_is_made_before_the_loop_reads(tmp_path):
     """A kernel built by hand: ``if 4 * j > 8: fail 1``, then a copy of ``src[4 * j + v]``.

@@ -591,9 +591,9 @@ def test_reductions_and_the_work_under_a_merge_s_conditions_run_on_the_grid():
     rt, gen = compiled_run(graph, backend="cuda-emu")
     parts = render.PARTS * render.THREADS
     # (the first value, the blocks' results and the small step after them: by the last
-    # block)
-    assert _phases(gen, "s") == (300,)
-    assert _phases(gen, "k") == (300,)
+    # block; a thread per point of the nest, 300 x 5: render._flat_sum)
+    assert _phases(gen, "s") == (1500,)
+    assert _phases(gen, "k") == (1500,)
     # c: x @ m | the rows of terms, then, by the last block, its zeros (render._first_values),
     # the copies added, f32 and into c's buffer
     every = {_threads(phases) for _, phases in gen.plan.kernels.launches}
