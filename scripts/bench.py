@@ -144,6 +144,13 @@ def parse_args(argv=None):
         help="raise N for a system until N iterations take this long (default 1; quick 0.3)",
     )
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per subprocess")
+    p.add_argument(
+        "--matmul-precision",
+        default="float32",
+        choices=("float32", "tensorfloat32"),
+        help="timerlc's --matmul-precision (the cuda backends; tensorfloat32: as the jax "
+        "baseline's products on a recent NVIDIA GPU)",
+    )
     p.add_argument("--json", dest="json_path", default=None, help="save raw results to this file")
     return p.parse_args(argv)
 
@@ -300,6 +307,8 @@ def run_timerlc(algo: str, B: int, T: int, iters: int, args) -> dict:
         for s in sets:
             cmd += ["--set", s]
         cmd += ["--no-progress", "--metrics", str(metrics)]
+        if args.matmul_precision != "float32":
+            cmd += ["--matmul-precision", args.matmul_precision]
         device = args.backend in ("cuda", "cuda-emu")
         clock = IterationClock(metrics)
         clock.start()
@@ -538,7 +547,8 @@ def main(argv=None) -> list[dict]:
             results.append({"algo": algo, "B": B, "T": T, "systems": sy})
 
     print(
-        f"\ntimerlc backend: {args.backend}; baselines on: {args.device}; N = {args.n} (raised "
+        f"\ntimerlc backend: {args.backend} (float32 products: {args.matmul_precision}); "
+        f"baselines on: {args.device}; N = {args.n} (raised "
         f"per system below {args.min_diff_seconds:g} s); repeats: {args.repeats}; "
         f"seed: {args.seed}; "
         f"threads: {args.threads or 'default'}\n"

@@ -32,6 +32,7 @@ STAGES=" ${STAGES:-check tests overheads kernels bench} "
 BENCH_ALGOS=${BENCH_ALGOS:-ppo,reinforce}
 BENCH_CONFIGS=${BENCH_CONFIGS:-2048x128}
 BENCH_BASELINES=${BENCH_BASELINES:-jax,jax-f32}
+BENCH_MATMUL=${BENCH_MATMUL:-float32}  # timerlc's --matmul-precision in the bench
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 BACKEND=cuda DEVICE=cuda CHECK=()
@@ -76,5 +77,5 @@ stage kernels 60 bash -c "$PY scripts/cuda_overheads.py ${CHECK[*]} --kernels --
   --kernels --program reinforce --set B=2048 --set T=128 --set I=6"
 stage bench 240 $PY scripts/bench.py --device $DEVICE --backend $BACKEND --algos "$BENCH_ALGOS" \
   --configs "$BENCH_CONFIGS" --iters 10 --repeats 1 --min-diff-seconds 0 \
-  --baselines "$BENCH_BASELINES" \
+  --baselines "$BENCH_BASELINES" --matmul-precision "$BENCH_MATMUL" \
   --json "$OUT/bench.json"

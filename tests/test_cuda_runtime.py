@@ -102,7 +102,7 @@ def test_compile_for_cuda_writes_the_cuda_kernels_of_the_build(tmp_path):
 
 
 def test_run_on_cuda_where_it_cannot_run_is_one_line_and_exit_2(tmp_path, monkeypatch):
-    def no_gpu(self):
+    def no_gpu(self, matmul="float32"):
         raise DeviceUnavailable("no CUDA device (cudaErrorNoDevice)")
 
     monkeypatch.setattr(cuda.CupyDevice, "__init__", no_gpu)
@@ -979,6 +979,9 @@ class _FakeCublas:
     def setPointerMode(self, handle, mode):
         self.mode = (handle, mode)
 
+    def setMathMode(self, handle, math):
+        self.math = (handle, math)
+
     def _gemm(self, dt, handle, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):
         import ctypes
 
@@ -1098,6 +1101,7 @@ class _FakeLibcublas:
         self.cublasCreate_v2 = create
         self.cublasSetStream_v2 = set_stream
         self.cublasSetPointerMode_v2 = lambda handle, mode: blas.setPointerMode(handle, mode) or 0
+        self.cublasSetMathMode = lambda handle, math: blas.setMathMode(handle, math) or 0
         self.cublasSgemm_v2 = lambda *args: blas.sgemm(*args) or 0
         self.cublasDgemm_v2 = lambda *args: blas.dgemm(*args) or 0
         self.cublasSgemmStridedBatched = lambda *args: blas.sgemmStridedBatched(*args) or 0
@@ -1120,9 +1124,20 @@ def test_cupy_device_s_product_through_libcublas_is_the_same_gemm(
     lib = _FakeLibcublas()
     monkeypatch.setattr(cuda, "_cublas_library", lambda cp: lib)
     dev = _check_gemm(lib.blas, ta, tb, ldc_extra, dtype, cp=types.SimpleNamespace())
-    assert lib.created == 1 and lib.blas.mode == (4097, 0)
+    assert lib.created == 1 and lib.blas.mode == (4097, 0) and lib.blas.math == (4097, 0)
     _check_gemm(lib.blas, tb, ta, 0, dtype, dev=dev)
     assert lib.created == 1 and lib.sets == [0]  # (the same stream: not set again)
+
+
+def test_cupy_device_s_tensorfloat32_products_are_cublas_s_tf32_math_mode(monkeypatch):
+    import types
+
+    lib = _FakeLibcublas()
+    monkeypatch.setattr(cuda, "_cublas_library", lambda cp: lib)
+    _check_gemm(
+        lib.blas, False, False, 0, "f32", cp=types.SimpleNamespace(), matmul="tensorfloat32"
+    )
+    assert lib.blas.math == (4097, 3)  # CUBLAS_TF32_TENSOR_OP_MATH
 
 
 def test_cublas_refuses_a_failed_status_with_its_name():
@@ -1168,7 +1183,7 @@ def test_cupy_device_s_split_product_is_the_same_product(ta, tb, dtype, monkeypa
     m, n, k = 3, 2, 24
     assert cuda.split_k(m, n, k, n) == 8
     dev = object.__new__(cuda.CupyDevice)
-    dev._blas, dev._stream, dev.cp = None, 0, types.SimpleNamespace()
+    dev._blas, dev._stream, dev.cp, dev.matmul = None, 0, types.SimpleNamespace(), "float32"
     space = np.zeros(8 * m * n, dt)
     ones = {
         d: np.ones(cuda.SPLIT_PARTS[1], t) for d, t in (("f32", np.float32), ("f64", np.float64))
@@ -1221,7 +1236,7 @@ def test_device_runtime_keeps_the_split_products_parts_in_memory_it_counts():
     assert Splitting.got == want and rt.device_peak_bytes >= want
 
 
-def _check_gemm(blas, ta, tb, ldc_extra, dtype, cp=None, dev=None):
+def _check_gemm(blas, ta, tb, ldc_extra, dtype, cp=None, dev=None, matmul="float32"):
     """``CupyDevice.gemm`` of random matrices (rows further apart than they are long)
     through ``blas`` (a ``_FakeCublas``) equals numpy's product; the device used."""
     dt = np.float32 if dtype == "f32" else np.float64
@@ -1238,6 +1253,7 @@ def _check_gemm(blas, ta, tb, ldc_extra, dtype, cp=None, dev=None):
     if dev is None:
         dev = object.__new__(cuda.CupyDevice)
         dev._blas, dev._stream, dev.cp, dev._split = None, 0, cp, None
+        dev.matmul = matmul
     calls = len(blas.calls)
     dev.gemm(dtype, m, n, k, A.ctypes.data, lda, ta, B.ctypes.data, ldb, tb, C.ctypes.data, ldc)
     want = (a.T if ta else a) @ (b.T if tb else b)
@@ -1463,3 +1479,68 @@ def test_cupy_device_s_snapshot_copies_in_the_launches_stream_without_waiting():
     assert dev.ready(snap) is False
     dev.wait(snap)
     assert log[-1] == ("synchronize",)
+
+
+def test_tf32_rounds_to_ten_bits_of_mantissa_to_the_nearest_even():
+    one = np.float32(1.0)
+    ulp = np.float32(2.0**-10)  # (TF32's last bit at 1)
+    x = np.array(
+        [1.0, 1 + 2.0**-11, 1 + 3 * 2.0**-11, 1 + 2.0**-11 + 2.0**-20, -(1 + 3 * 2.0**-11)],
+        np.float32,
+    )
+    got = cuda.tf32(x)
+    want = [one, one, one + 2 * ulp, one + ulp, -(one + 2 * ulp)]
+    np.testing.assert_array_equal(got, np.array(want, np.float32))
+    special = np.array([np.inf, -np.inf, np.nan, 0.0], np.float32)
+    got = cuda.tf32(special)
+    assert np.isinf(got[:2]).all() and np.isnan(got[2]) and got[3] == 0
+    assert got.dtype == np.float32
+
+
+PRODUCT = """
+config N = 300, H = 64
+dim i < 3
+x[n] = sin(f32(n) * 0.37 + f32(arange(H)) * 0.0137)
+dim n < N
+m[0] = reshape(f32(arange(H * H)) * 0.0291 - 0.31, [H, H])
+m[i+1] = m[i] * 0.75 + expand(sum(y[i], 0), 0) * 0.0001
+y[i] = x[0:N] @ m[i]
+out x, m, y
+"""
+
+
+@needs_cxx
+def test_matmul_precision_tensorfloat32_rounds_the_products_operands(tmp_path):
+    """``--matmul-precision tensorfloat32`` (the cuda backends): a BLAS product's float32
+    operands are TF32 (on the emulated device, rounded to 10 bits of mantissa, ``tf32``);
+    float32 by default; refused with exit 2 on another backend."""
+    prog = tmp_path / "p.rtl"
+    prog.write_text(src(PRODUCT))
+    graph = graph_of(PRODUCT)
+    gen = generate(compile_plan(run_passes(graph)), "cuda")
+    assert any(
+        isinstance(f, items.GemmCall)
+        for _, ph in list(gen.plan.kernels.launches) + list(gen.plan.kernels.fused_launches)
+        for f in ph
+    )
+    got = {}
+    for precision in ("float32", "tensorfloat32"):
+        out = tmp_path / f"{precision}.npz"
+        r = cli(
+            "run", prog, "--backend", "cuda-emu", "--matmul-precision", precision,
+            "--outputs", out, "--no-progress",
+        )  # fmt: skip
+        assert r.exit_code == 0, r.stderr
+        got[precision] = dict(np.load(out))
+    for precision, operand in (("float32", lambda a: a), ("tensorfloat32", cuda.tf32)):
+        x, m = got[precision]["x"], got[precision]["m"][:3]  # (each run's own m: y feeds it)
+        want = np.einsum(
+            "nh,ihk->ink", operand(x).astype(np.float64), operand(m).astype(np.float64)
+        )
+        np.testing.assert_allclose(got[precision]["y"], want, rtol=1e-5, atol=1e-5)
+    x, m = got["tensorfloat32"]["x"], got["tensorfloat32"]["m"][:3]
+    exact = np.einsum("nh,ihk->ink", x.astype(np.float64), m.astype(np.float64))
+    assert not np.allclose(got["tensorfloat32"]["y"], exact, rtol=1e-5, atol=1e-5)
+    r = cli("run", prog, "--matmul-precision", "tensorfloat32", "--no-progress")
+    assert r.exit_code == 2
+    assert "--matmul-precision tensorfloat32 is for the cuda backends" in r.stderr

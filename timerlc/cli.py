@@ -153,7 +153,17 @@ def _backend(backend: str | None) -> str:
     return backend or "cpu"
 
 
-def _device(backend: str):
+def _check_matmul(matmul: str, backend: str):
+    """``--matmul-precision``: anything but float32 is the cuda backends' (exit 2)."""
+    if matmul != "float32" and backend not in DEVICE_BACKENDS:
+        raise _Fail(
+            2,
+            f"timerlc: error: --matmul-precision {matmul} is for the cuda backends (the "
+            f"{backend} backend computes float32 products in float32)",
+        )
+
+
+def _device(backend: str, matmul: str = "float32"):
     """The device of a device backend (``runtime.cuda``), or None for the others; a device
     that is not here is a usage error (exit 2) in one line."""
     if backend not in DEVICE_BACKENDS:
@@ -161,7 +171,7 @@ def _device(backend: str):
     from timerlc.runtime.cuda import DeviceUnavailable, device_for
 
     try:
-        return device_for(backend)
+        return device_for(backend, matmul)
     except DeviceUnavailable as e:
         raise _Fail(2, f"timerlc: error: the {backend} backend cannot run here: {e}") from None
 
@@ -503,7 +513,14 @@ def _load_build(path: Path):
 
 
 def _run_build(
-    path: Path, backend, outputs_path, metrics_path, progress, profile, allow_nonfinite
+    path: Path,
+    backend,
+    outputs_path,
+    metrics_path,
+    progress,
+    profile,
+    allow_nonfinite,
+    matmul="float32",
 ):
     """Run a build folder: its plan on the cpu runtime, or its checked program on the
     reference interpreter (``--backend reference``, or a build for that backend, which has
@@ -541,7 +558,8 @@ def _run_build(
             f"timerlc: error: {path} was compiled for the {built} backend; compile the program "
             f"again with --backend {backend}",
         )
-    device = _device(backend)
+    _check_matmul(matmul, backend)
+    device = _device(backend, matmul)
     try:
         cache = path / "kernels" if code is not None and device is None else None
         run_plan(
@@ -594,6 +612,16 @@ def _run_build(
     help="Accept NaN and infinite observations and rewards from environments (by default "
     "they stop the run with exit 3).",
 )
+@click.option(
+    "--matmul-precision",
+    "matmul",
+    type=click.Choice(["float32", "tensorfloat32"]),
+    default="float32",
+    show_default=True,
+    help="How the cuda backends' BLAS products compute float32: float32, or tensorfloat32 "
+    "(TF32 tensor cores, from NVIDIA Ampere on: operands rounded to 10 bits of mantissa, "
+    "as JAX's default there; faster, less exact).",
+)
 @click.option("--no-progress", is_flag=True, help="Do not show the progress line.")
 @click.option("--profile", is_flag=True, help="Print where the run spent its time.")
 @click.option("--debug", is_flag=True, help="Show tracebacks of failures.")
@@ -607,6 +635,7 @@ def run(
     metrics_path,
     memory_budget,
     allow_nonfinite,
+    matmul,
     no_progress,
     profile,
     debug,
@@ -619,7 +648,9 @@ def run(
         path = Path(target)
         chosen = _backend(backend)
         _check_budget(memory_budget, chosen)
-        device = _device(chosen) if not path.is_dir() else None
+        if not path.is_dir():
+            _check_matmul(matmul, chosen)
+        device = _device(chosen, matmul) if not path.is_dir() else None
         if metrics_path and not metrics_path.endswith((".csv", ".jsonl")):
             raise click.BadParameter(
                 "the metrics file must end in .csv or .jsonl", param_hint="--metrics"
@@ -646,7 +677,14 @@ def run(
                     "with it instead (timerlc compile FILE.rtl --memory-budget SIZE)",
                 )
             _run_build(
-                path, backend, outputs_path, metrics_path, progress, profile, allow_nonfinite
+                path,
+                backend,
+                outputs_path,
+                metrics_path,
+                progress,
+                profile,
+                allow_nonfinite,
+                matmul,
             )
             return
         source = _read_source(target)

@@ -70,13 +70,32 @@ class DeviceUnavailable(Exception):
     """The device a backend needs is not here (no GPU, no CuPy, no host compiler)."""
 
 
-def device_for(backend: str):
-    """The device of ``backend`` (``cuda`` or ``cuda-emu``), or ``DeviceUnavailable``."""
+# how a device's BLAS computes float32 products: float32 (the default), or tensorfloat32
+# (TF32 tensor cores on NVIDIA GPUs from Ampere on: the operands rounded to 10 bits of
+# mantissa, float32 sums; JAX's default on those GPUs). float64 products are float64.
+MATMUL = ("float32", "tensorfloat32")
+
+
+def device_for(backend: str, matmul: str = "float32"):
+    """The device of ``backend`` (``cuda`` or ``cuda-emu``), its float32 products as
+    ``matmul`` says (``MATMUL``), or ``DeviceUnavailable``."""
+    if matmul not in MATMUL:
+        raise ValueError(f"no matmul precision {matmul!r}")
     if backend == "cuda-emu":
-        return EmuDevice()
+        return EmuDevice(matmul)
     if backend == "cuda":
-        return CupyDevice()
+        return CupyDevice(matmul)
     raise ValueError(f"no device for backend {backend!r}")
+
+
+def tf32(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to TF32, as float32: 10 bits of mantissa, to the nearest, ties
+    to even (the emulation's stand-in for the tensor cores' input rounding, which NVIDIA does
+    not document bit for bit); infinities and NaNs as they are."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    keep = (u + 0xFFF + ((u >> 13) & 1)) & 0xFFFFE000
+    finite = (u & 0x7F800000) != 0x7F800000
+    return np.where(finite, keep, u).astype(np.uint32).view(np.float32)
 
 
 class EmuDevice:
@@ -92,9 +111,10 @@ class EmuDevice:
     # the emulation runs them one after another
     MAX_BLOCKS = 3
 
-    def __init__(self):
+    def __init__(self, matmul: str = "float32"):
         from timerlc.cuda.emu import compiler
 
+        self.matmul = matmul
         if compiler() is None:
             raise DeviceUnavailable("no host C++ compiler (c++, g++ or clang++) for cuda-emu")
         self._blocks: dict[int, np.ndarray] = {}
@@ -106,7 +126,8 @@ class EmuDevice:
         self.zero(self._err, 8 * (RECORD + 1))
 
     def describe(self) -> str:
-        return "the host, emulating the grids of blocks (timerlc/cuda/emu.h)"
+        tf = ", float32 products in TF32" if self.matmul == "tensorfloat32" else ""
+        return f"the host, emulating the grids of blocks (timerlc/cuda/emu.h){tf}"
 
     def load(self, text: str, cache=None):
         from timerlc.cuda.emu import EmuModule
@@ -284,7 +305,10 @@ class EmuDevice:
         C = self._matrix(c, dt, (m, n), ldc)
 
         def product():
-            C[...] = (A.T if ta else A) @ (B.T if tb else B)
+            a, b = (A.T if ta else A), (B.T if tb else B)
+            if self.matmul == "tensorfloat32" and dt == np.float32:
+                a, b = tf32(a), tf32(b)
+            C[...] = a @ b
 
         self._issue(product)
 
@@ -323,16 +347,21 @@ def _blas_scalars():
     }
 
 
-def _blas_of(cp):
+# cuBLAS's math modes: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
+MATH_MODE = {"float32": 0, "tensorfloat32": 3}
+
+
+def _blas_of(cp, matmul: str = "float32"):
     """(the BLAS, its handle) and the scalars: a ``Cublas`` over the process's libcublas,
-    else CuPy's wrappers over CuPy's handle (whose stream capture refuses them)."""
+    else CuPy's wrappers over CuPy's handle (whose stream capture refuses them); float32
+    products in cuBLAS's math mode for ``matmul``."""
     lib = _cublas_library(cp)
     if lib is not None:
         blas = Cublas(lib)
-        return (blas, blas.create()), _blas_scalars()
+        return (blas, blas.create(MATH_MODE[matmul])), _blas_scalars()
     from cupy.cuda import cublas, device
 
-    return (_CupyCublas(cublas), device.get_cublas_handle()), _blas_scalars()
+    return (_CupyCublas(cublas, MATH_MODE[matmul]), device.get_cublas_handle()), _blas_scalars()
 
 
 def _cublas_library(cp):
@@ -372,12 +401,14 @@ class _CupyCublas:
     """CuPy's cuBLAS wrappers over CuPy's handle, which CuPy's own routines use too: the
     stream and pointer mode host set at each call (a captured stream refuses them)."""
 
-    def __init__(self, cublas):
+    def __init__(self, cublas, math: int = 0):
         self.cublas, self.sgemm, self.dgemm = cublas, cublas.sgemm, cublas.dgemm
+        self.math = math
 
     def setStream(self, handle: int, stream: int):
         self.cublas.setStream(handle, stream)
         self.cublas.setPointerMode(handle, 0)  # CUBLAS_POINTER_MODE_HOST
+        self.cublas.setMathMode(handle, self.math)
 
 
 class Cublas:
@@ -400,6 +431,7 @@ class Cublas:
             ("cublasCreate_v2", [ptr]),
             ("cublasSetStream_v2", [ptr, ptr]),
             ("cublasSetPointerMode_v2", [ptr, i32]),
+            ("cublasSetMathMode", [ptr, i32]),
             ("cublasSgemm_v2", gemm),
             ("cublasDgemm_v2", gemm),
             ("cublasSgemmStridedBatched", batched),
@@ -415,10 +447,12 @@ class Cublas:
         if status != 0:
             raise RunError(f"cuBLAS's {name} failed (status {status})")
 
-    def create(self) -> int:
+    def create(self, math: int = 0) -> int:
+        """A handle in pointer mode host and math mode ``math`` (``MATH_MODE``)."""
         handle = ctypes.c_void_p()
         self._check("cublasCreate", self.lib.cublasCreate_v2(ctypes.addressof(handle)))
         self._check("cublasSetPointerMode", self.lib.cublasSetPointerMode_v2(handle.value, 0))
+        self._check("cublasSetMathMode", self.lib.cublasSetMathMode(handle.value, math))
         return handle.value
 
     def setStream(self, handle: int, stream: int):
@@ -484,7 +518,8 @@ class CupyDevice:
     MAX_BLOCKS = 65535
     SIDE_STREAMS = 3  # streams besides the launches' own that a graph's branches use
 
-    def __init__(self):
+    def __init__(self, matmul: str = "float32"):
+        self.matmul = matmul
         try:
             import cupy
         except ImportError as e:
@@ -542,7 +577,8 @@ class CupyDevice:
     def describe(self) -> str:
         props = self.cp.cuda.runtime.getDeviceProperties(self.cp.cuda.Device().id)
         name = props["name"]
-        return name.decode() if isinstance(name, bytes) else str(name)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        return name + (", float32 products in TF32" if self.matmul == "tensorfloat32" else "")
 
     def load(self, text: str, cache=None):
         from timerlc.cuda.nvrtc import OPTIONS  # (as the tests compile the module)
@@ -708,7 +744,7 @@ class CupyDevice:
         NotImplementedError), which left every graph holding a product uncaptured (seen on
         the H100). Where the library cannot be found, CuPy's wrappers (and no such graph)."""
         if self._blas is None:
-            self._blas = _blas_of(self.cp)
+            self._blas = _blas_of(self.cp, self.matmul)
         (blas, handle), scalars = self._blas
         blas.setStream(handle, self._stream)
         one, zero = scalars[dtype]
@@ -774,7 +810,7 @@ class CupyDevice:
         """The parts ``gemm`` splits such a product's terms into (``split_k``; 1 where the
         products go through CuPy's wrappers)."""
         if self._blas is None:
-            self._blas = _blas_of(self.cp)
+            self._blas = _blas_of(self.cp, self.matmul)
         return split_k(m, n, k, ldc) if isinstance(self._blas[0][0], Cublas) else 1
 
     def split_space(self, ptr: int, nbytes: int):
