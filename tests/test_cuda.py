@@ -646,6 +646,33 @@ def test_a_wide_loop_over_many_rows_stays_out_of_the_merged_rows():
     assert len(render._row_merged(loops(rows, wide - 1))[0]) == 1
 
 
+@needs_cxx
+def test_a_wide_layer_after_a_gather_over_many_rows_runs_a_thread_per_element(tmp_path):
+    """A minibatch's gathered rows, then a layer's tanh over them, ``WIDE_ROWS`` rows of
+    ``WIDE`` (PPO's first layers at 2048 environments, smaller): the layer is a loop of a
+    thread per element (``render._wide``), not each thread down a row after its gather;
+    the same values as the cpu."""
+    text = """
+    config N = 8192, H = 32, J = 3
+    dim j < J
+    obs = reshape(sin(f32(arange(N * 4)) * 0.01), [N, 4])
+    perm[j] = permutation(N)
+    w[0] = reshape(f32(arange(4 * H)) * 0.01 - 0.5, [4, H])
+    w[j+1] = w[j] * 0.5 + expand(sum(h[j], 0)[0:4], 1) * 0.0001
+    xb[j] = take(obs, perm[j], 0)
+    h[j] = tanh(xb[j] @ w[j] + 0.1)
+    out h
+    """
+    from timerlc.cuda import render
+
+    assert (render.WIDE_ROWS, render.WIDE) == (8192, 32)
+    _, gen = generated("p.rtl", src(text))
+    cu = cuda_gen(gen)
+    assert "tl_g < (((8192LL)) - ((0LL))) * 32LL" in cu.text
+    ref, rt, _, _, _ = run_both(gen, tmp_path)
+    np.testing.assert_allclose(rt.value("h"), ref.value("h"), rtol=1e-6, atol=1e-6)
+
+
 def test_a_wide_element_loop_of_a_fused_row_is_cut_out_of_it():
     """A fused kernel's row loop (over ``WIDE_ROWS`` rows) that stores a value per row and
     then a row of ``WIDE`` elements from it (the value head's gradient over h2 after the
