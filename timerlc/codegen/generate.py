@@ -97,9 +97,19 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
     recorded = {sid for _, sid, _ in plan.outputs} | {sid for _, sid, _ in plan.metrics}
     eligible = {k.sid: k for k in kernels if k.repeat == 1 and k.sid not in recorded}
     # (the calls inside its loops in the order that joins the most: codegen.tree.by_level)
-    plan = by_level(plan, eligible, recorded, functions)
+    # (each fused kernel's functions counted once: the orders by level and the lowering
+    # after them fuse the same runs of statements into the same kernels, under other names)
+    counted: dict[tuple, int] = {}
+
+    def cost(k: kir.Kernel) -> int:
+        key = (k.parts or (k.sid,), k.params, k.body, k.temps, k.slots, k.shared, k.repeat)
+        if key not in counted:
+            counted[key] = functions(k)
+        return counted[key]
+
+    plan = by_level(plan, eligible, recorded, cost)
     fused: dict[tuple, kir.Kernel] = {}
-    trees = lower_tree(plan, eligible, fused, horizontal=True, cost=functions)
+    trees = lower_tree(plan, eligible, fused, horizontal=True, cost=cost)
     used = {s.kernel for t in trees for s in kir.walk_tree(t.body) if isinstance(s, kir.Launch)}
     more, refused, fused_launches = render_kernels([k for k in fused.values() if k.name in used])
     fused_ok = [k for k in fused.values() if k.name in used and k.name not in refused]
