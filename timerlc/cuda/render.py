@@ -1186,13 +1186,7 @@ class _Kernel:
                 if v not in loads:
                     self.emit(2, f"{CTYPE[dt]} {name(v)};")
             self.stmts(body, 2, skip)
-            self.end(2, skip)
-            self.emit(
-                2, f"if (tl_fail) {{ tl_failed(err, tl_fail, {self.k.sid}, args); return; }}"
-            )
-            for v in stores:
-                dt, off = passed[v]
-                self.emit(2, f"*({CTYPE[dt]} *)(scratch + {off}) = {name(v)};")
+            self.serial_end(skip, stores, passed)
             self.emit(1, "}")
         elif kind == "parallel":
             threads = _grid_extent(body)
@@ -1223,6 +1217,15 @@ class _Kernel:
             if st.guard is not None:
                 self.emit(1, "}")
         return threads
+
+    def serial_end(self, skip: str, stores, passed):
+        """The end of a run on thread 0: the label its failures jump to, its failure
+        reported, the values it passes on stored in the scratch memory."""
+        self.end(2, skip)
+        self.emit(2, f"if (tl_fail) {{ tl_failed(err, tl_fail, {self.k.sid}, args); return; }}")
+        for v in stores:
+            dt, off = passed[v]
+            self.emit(2, f"*({CTYPE[dt]} *)(scratch + {off}) = {name(v)};")
 
     def _block_sums(self, body: list) -> list[tuple[list, list | None]]:
         """``body`` (a run on one thread) cut at each sum the block's threads can take
@@ -1291,13 +1294,7 @@ class _Kernel:
                 self.emit(2, line)
             self.stmts(run, 2, skip)
             if nest is None:
-                self.end(2, skip)
-                self.emit(
-                    2, f"if (tl_fail) {{ tl_failed(err, tl_fail, {self.k.sid}, args); return; }}"
-                )
-                for v in stores:
-                    dt, off = passed[v]
-                    self.emit(2, f"*({CTYPE[dt]} *)(scratch + {off}) = {name(v)};")
+                self.serial_end(skip, stores, passed)
             self.emit(1, "}")
             if nest is not None:
                 pending = self.block_sum(nest)
