@@ -1184,6 +1184,7 @@ def test_cupy_device_s_split_product_is_the_same_product(ta, tb, dtype, monkeypa
     assert cuda.split_k(m, n, k, n) == 8
     dev = object.__new__(cuda.CupyDevice)
     dev._blas, dev._stream, dev.cp, dev.matmul = None, 0, types.SimpleNamespace(), "float32"
+    dev._parts = {}
     space = np.zeros(8 * m * n, dt)
     ones = {
         d: np.ones(cuda.SPLIT_PARTS[1], t) for d, t in (("f32", np.float32), ("f64", np.float64))
@@ -1252,6 +1253,7 @@ def _check_gemm(blas, ta, tb, ldc_extra, dtype, cp=None, dev=None, matmul="float
     C = np.full((m, ldc), 7.0, dt)
     if dev is None:
         dev = object.__new__(cuda.CupyDevice)
+        dev._parts = {}
         dev._blas, dev._stream, dev.cp, dev._split = None, 0, cp, None
         dev.matmul = matmul
     calls = len(blas.calls)

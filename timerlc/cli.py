@@ -153,20 +153,17 @@ def _backend(backend: str | None) -> str:
     return backend or "cpu"
 
 
-def _check_matmul(matmul: str, backend: str):
-    """``--matmul-precision``: anything but float32 is the cuda backends' (exit 2)."""
-    if matmul != "float32" and backend not in DEVICE_BACKENDS:
-        raise _Fail(
-            2,
-            f"timerlc: error: --matmul-precision {matmul} is for the cuda backends (the "
-            f"{backend} backend computes float32 products in float32)",
-        )
-
-
 def _device(backend: str, matmul: str = "float32"):
-    """The device of a device backend (``runtime.cuda``), or None for the others; a device
-    that is not here is a usage error (exit 2) in one line."""
+    """The device of a device backend (``runtime.cuda``), its float32 products as
+    ``--matmul-precision`` says, or None for the others (where anything but float32 is a
+    usage error, exit 2); a device that is not here is a usage error (exit 2) in one line."""
     if backend not in DEVICE_BACKENDS:
+        if matmul != "float32":
+            raise _Fail(
+                2,
+                f"timerlc: error: --matmul-precision {matmul} is for the cuda backends (the "
+                f"{backend} backend computes float32 products in float32)",
+            )
         return None
     from timerlc.runtime.cuda import DeviceUnavailable, device_for
 
@@ -558,7 +555,6 @@ def _run_build(
             f"timerlc: error: {path} was compiled for the {built} backend; compile the program "
             f"again with --backend {backend}",
         )
-    _check_matmul(matmul, backend)
     device = _device(backend, matmul)
     try:
         cache = path / "kernels" if code is not None and device is None else None
@@ -648,8 +644,6 @@ def run(
         path = Path(target)
         chosen = _backend(backend)
         _check_budget(memory_budget, chosen)
-        if not path.is_dir():
-            _check_matmul(matmul, chosen)
         device = _device(chosen, matmul) if not path.is_dir() else None
         if metrics_path and not metrics_path.endswith((".csv", ".jsonl")):
             raise click.BadParameter(

@@ -74,6 +74,12 @@ class DeviceUnavailable(Exception):
 # (TF32 tensor cores on NVIDIA GPUs from Ampere on: the operands rounded to 10 bits of
 # mantissa, float32 sums; JAX's default on those GPUs). float64 products are float64.
 MATMUL = ("float32", "tensorfloat32")
+FLOATS = (("f32", np.float32), ("f64", np.float64))  # the plan's float dtypes, NumPy's
+
+
+def matmul_note(matmul: str) -> str:
+    """What a device's description says of its float32 products (nothing for float32)."""
+    return ", float32 products in TF32" if matmul == "tensorfloat32" else ""
 
 
 def device_for(backend: str, matmul: str = "float32"):
@@ -126,8 +132,8 @@ class EmuDevice:
         self.zero(self._err, 8 * (RECORD + 1))
 
     def describe(self) -> str:
-        tf = ", float32 products in TF32" if self.matmul == "tensorfloat32" else ""
-        return f"the host, emulating the grids of blocks (timerlc/cuda/emu.h){tf}"
+        note = matmul_note(self.matmul)
+        return f"the host, emulating the grids of blocks (timerlc/cuda/emu.h){note}"
 
     def load(self, text: str, cache=None):
         from timerlc.cuda.emu import EmuModule
@@ -342,9 +348,7 @@ def _host(array: np.ndarray) -> ctypes.c_void_p:
 def _blas_scalars():
     """alpha = 1 and beta = 0 of each dtype, in host memory (pointer mode host: cuBLAS reads
     them at the call, and a graph keeps their values)."""
-    return {
-        d: (np.ones(1, t), np.zeros(1, t)) for d, t in (("f32", np.float32), ("f64", np.float64))
-    }
+    return {d: (np.ones(1, t), np.zeros(1, t)) for d, t in FLOATS}
 
 
 # cuBLAS's math modes: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
@@ -368,8 +372,6 @@ def _cublas_library(cp):
     """The libcublas this process has (the copy CuPy loaded, read off /proc/self/maps; else
     the one cuda-pathfinder finds; else the loader's by name), as a ``ctypes.CDLL``; None
     where none is found."""
-    import os
-
     names = []
     with contextlib.suppress(Exception):
         from cupy.cuda import device
@@ -556,6 +558,7 @@ class CupyDevice:
         self._launch_params(self._err.data.ptr)
         self._blas = None  # (cuBLAS's handle, and alpha = 1, beta = 0 of each dtype)
         self._split = None  # (the split products' space, its bytes, the ones: split_space)
+        self._parts: dict[tuple, int] = {}  # (m, n, k, ldc) -> splits'
 
     def _launch_params(self, err: int):
         """The buffer a launch's parameters are written to (cuLaunchKernel reads them when
@@ -578,7 +581,7 @@ class CupyDevice:
         props = self.cp.cuda.runtime.getDeviceProperties(self.cp.cuda.Device().id)
         name = props["name"]
         name = name.decode() if isinstance(name, bytes) else str(name)
-        return name + (", float32 products in TF32" if self.matmul == "tensorfloat32" else "")
+        return name + matmul_note(self.matmul)
 
     def load(self, text: str, cache=None):
         from timerlc.cuda.nvrtc import OPTIONS  # (as the tests compile the module)
@@ -774,9 +777,8 @@ class CupyDevice:
         """``gemm`` with its terms in ``parts`` (``split_k``): ``P_s = op(A_s) @ op(B_s)``
         over the ``s``-th ``k / parts`` terms (a strided batch, into ``_split_space``), then
         ``C = sum_s P_s`` in order (``P^T`` as a matrix of ``parts`` columns times ones)."""
-        size = 4 if dtype == "f32" else 8
         kc = k // parts
-        space, ones = self._split_space(dtype, parts * m * n * size, parts)
+        space, ones = self._split_space(dtype, parts * m * n * DTYPES[dtype], parts)
         one, zero = self._blas[1][dtype]
         # (cuBLAS's column-major view, as ``gemm``: C^T = op(B)^T op(A)^T; a part's terms
         # are rows of a stored [k x .] operand, columns of a stored [. x k] one)
@@ -807,20 +809,22 @@ class CupyDevice:
         )
 
     def splits(self, m: int, n: int, k: int, ldc: int) -> int:
-        """The parts ``gemm`` splits such a product's terms into (``split_k``; 1 where the
-        products go through CuPy's wrappers)."""
-        if self._blas is None:
-            self._blas = _blas_of(self.cp, self.matmul)
-        return split_k(m, n, k, ldc) if isinstance(self._blas[0][0], Cublas) else 1
+        """The parts ``gemm`` splits such a product's terms into (``split_k``, once per
+        shape: ``gemm`` asks at every product; 1 where the products go through CuPy's
+        wrappers)."""
+        shape = (m, n, k, ldc)
+        if shape not in self._parts:
+            if self._blas is None:
+                self._blas = _blas_of(self.cp, self.matmul)
+            cublas = isinstance(self._blas[0][0], Cublas)
+            self._parts[shape] = split_k(m, n, k, ldc) if cublas else 1
+        return self._parts[shape]
 
     def split_space(self, ptr: int, nbytes: int):
         """The device memory (``nbytes`` at ``ptr``, the runtime's) that the split products
         keep their parts in (``splits``), and a vector of ``SPLIT_PARTS[1]`` ones of each
         dtype (made here, before any capture)."""
-        ones = {
-            d: self.cp.ones(SPLIT_PARTS[1], t)
-            for d, t in (("f32", np.float32), ("f64", np.float64))
-        }
+        ones = {d: self.cp.ones(SPLIT_PARTS[1], t) for d, t in FLOATS}
         self._split = (ptr, nbytes, ones)
 
     def _split_space(self, dtype: str, nbytes: int, parts: int) -> tuple[int, int]:
@@ -1046,15 +1050,12 @@ class DeviceRuntime(CpuRuntime):
         # the device memory the products split over their terms keep their parts in (one
         # space: products run one at a time), counted as the run's
         splits = getattr(device, "splits", None)
-        space = max(
-            [0]
-            + [
-                splits(f.m, f.n, f.k, f.c.ld) * f.m * f.n * DTYPES[f.dtype]
-                for fphases in phases.values()
-                for f in fphases
-                if isinstance(f, GemmCall) and splits is not None
-            ]
-        )
+        space = 0
+        if splits is not None:
+            gemms = [f for fph in phases.values() for f in fph if isinstance(f, GemmCall)]
+            space = max(
+                [0] + [splits(f.m, f.n, f.k, f.c.ld) * f.m * f.n * DTYPES[f.dtype] for f in gemms]
+            )
         if space:
             device.split_space(self._alloc(space), space)
         self._repeats = dict(plan.kernels.repeats)
