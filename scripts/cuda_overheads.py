@@ -13,8 +13,7 @@ on the device (``--emu``: the emulated one, for the plumbing only):
 - ``launch in a graph``: a CUDA graph of 100 such launches replayed (``runtime/graphs.py``):
   microseconds per launch;
 - ``gemm``: a 2048x64 @ 64x64 product by the device's BLAS, as the runtime calls it; a
-  minibatch step's weight gradients (65,536 terms), the device's time each, split into
-  parts (``CupyDevice.splits``) and as one product;
+  minibatch step's weight gradients (65,536 terms), the device's time each;
 - ``program``: PPO (or ``--program``) at ``--set`` sizes, timed per iteration (from the
   metrics' rows) as it runs, and with the host's work alone (a device that launches
   nothing: the interpreter's floor); each with the runs of the tree replayed as CUDA graphs
@@ -105,12 +104,10 @@ def primitives(device, n: int) -> dict[str, float]:
 
 def weight_gradients(device, reps: int = 20) -> dict[str, float]:
     """A minibatch step's weight gradients (``x^T @ dy``: 65,536 terms, 64 x 64 and 4 x 64
-    results), the device's microseconds each (between two of its marks, ``reps`` in a
-    row): as the runtime runs them (split into parts where the device splits them,
-    ``CupyDevice.splits``) and as one product (C's rows one element further apart than its
-    length: a layout no split takes); and the largest relative difference between the
-    two's results, of random operands (a split that computes something else shows here
-    first)."""
+    results), the device's microseconds each (between two of its marks, ``reps`` in a row),
+    and the largest relative difference from float64's product, of random operands. (Split
+    over their terms, a strided batch of 128 products and a sum, they took 33 and 34.7 us on
+    the H100 against 30.4 and 25 as one product: docs/performance.md.)"""
     out = {}
     k, n = 65536, 64
     rng = np.random.default_rng(0)
@@ -120,28 +117,18 @@ def weight_gradients(device, reps: int = 20) -> dict[str, float]:
         a, b = device.alloc(x.nbytes), device.alloc(dy.nbytes)
         device.upload(a, x)
         device.upload(b, dy)
-        d = device.alloc(m * (n + 1) * 4)
-        splits = getattr(device, "splits", lambda *a: 1)(m, n, k, n)
-        if splits > 1:
-            device.split_space(device.alloc(splits * m * n * 4), splits * m * n * 4)
-        got = {}
-        ways = [("one product", n + 1)]
-        if splits > 1:
-            ways.insert(0, (f"split in {splits}", n))
-        for label, ldc in ways:
-            device.gemm("f32", m, n, k, a, m, True, b, n, False, d, ldc)  # (a first call)
-            c = np.zeros((m, ldc), np.float32)
-            device.download(d, c)
-            got[label] = c[:, :n]
-            start = device.mark()
-            for _ in range(reps):
-                device.gemm("f32", m, n, k, a, m, True, b, n, False, d, ldc)
-            seconds = device.elapsed(start, device.mark())
-            out[f"gemm {m}x{n}x{k} A^T, {label} (device)"] = seconds / reps * 1e6
+        d = device.alloc(m * n * 4)
+        device.gemm("f32", m, n, k, a, m, True, b, n, False, d, n)  # (a first call)
+        c = np.zeros((m, n), np.float32)
+        device.download(d, c)
+        start = device.mark()
+        for _ in range(reps):
+            device.gemm("f32", m, n, k, a, m, True, b, n, False, d, n)
+        seconds = device.elapsed(start, device.mark())
+        out[f"gemm {m}x{n}x{k} A^T (device)"] = seconds / reps * 1e6
         want = x.astype(np.float64).T @ dy.astype(np.float64)
-        for label, c in got.items():
-            err = float(np.max(np.abs(c - want)) / np.max(np.abs(want)))
-            out[f"gemm {m}x{n}x{k} A^T, {label}: largest error / largest value"] = err
+        err = float(np.max(np.abs(c - want)) / np.max(np.abs(want)))
+        out[f"gemm {m}x{n}x{k} A^T: largest error / largest value"] = err
     return out
 
 
@@ -210,21 +197,39 @@ def program(
     }
 
 
+SPIN = r"""
+extern "C" __global__ void tl_spin(long long cycles) {
+  long long start = clock64();
+  while (clock64() - start < cycles) {}
+}
+"""
+
+
 class Timed:
     """The device with each launch and product between two of its marks (``mark``,
     ``elapsed``: CUDA events on a GPU): the device's seconds of each function (by its name and
     blocks) and of each product (by its shape), read ``BATCH`` pairs at a time. Run without
     graphs (a captured launch is not timed), it says which kernels an iteration's device time
-    goes to; a kernel's figure includes what the GPU waits between the two events (about a
-    microsecond)."""
+    goes to. On a GPU a busy wait of ``SPIN_US`` runs before each first mark, so that the call
+    is in the device's queue before the mark is reached: what the GPU would wait for the
+    host between the two is not counted (the figures are the device's own work); each
+    call's figure is its median (a first call's loading of cuBLAS's kernels is not)."""
 
     BATCH = 256
+    SPIN_US = 30
 
     def __init__(self, device):
         self._device = device
         self._names: dict = {}
         self._marks: list = []
-        self.seconds: dict[tuple, list] = {}  # (kind, what) -> [seconds, count]
+        self.seconds: dict[tuple, list] = {}  # (kind, what) -> [seconds of each call]
+        self._spin = None
+        cp = getattr(device, "cp", None)
+        if cp is not None:  # (a GPU: its clock rate in kHz)
+            fn = cp.RawModule(code=SPIN).get_function("tl_spin")
+            khz = cp.cuda.Device().attributes["ClockRate"]
+            cycles = np.int64(khz * self.SPIN_US // 1000)
+            self._spin = lambda: fn((1,), (1,), (cycles,))
 
     def __getattr__(self, name):
         return getattr(self._device, name)
@@ -235,6 +240,8 @@ class Timed:
         return fn
 
     def _timed(self, what, run):
+        if self._spin is not None:
+            self._spin()
         start = self._device.mark()
         run()
         self._marks.append((what, start, self._device.mark()))
@@ -257,9 +264,7 @@ class Timed:
 
     def read(self):
         for what, start, end in self._marks:
-            got = self.seconds.setdefault(what, [0.0, 0])
-            got[0] += self._device.elapsed(start, end)
-            got[1] += 1
+            self.seconds.setdefault(what, []).append(self._device.elapsed(start, end))
         self._marks = []
 
 
@@ -304,24 +309,26 @@ def _idle():
 
 
 def kernels(timed: Timed, iterations: int, top: int = 30):
-    """The device's time an iteration by function and by product shape (``Timed``): the
-    ``top`` largest, and the sums of each kind."""
+    """The device's time an iteration by function and by product shape (``Timed``: each
+    call's median): the ``top`` largest, and the sums of each kind."""
     timed.read()
     per = max(1, iterations)
     total = {"launch": 0.0, "gemm": 0.0}
-    for (kind, _), (seconds, _) in timed.seconds.items():
-        total[kind] += seconds / per
+    rows = []
+    for (kind, what), seconds in timed.seconds.items():
+        median = float(np.median(seconds))
+        total[kind] += median * len(seconds) / per
+        rows.append((median * len(seconds) / per, len(seconds) / per, median, kind, what))
     print(
         f"  device time an iteration: {total['launch'] * 1e3:.3f} ms in launches, "
-        f"{total['gemm'] * 1e3:.3f} ms in products (each between two events: the device's "
-        "own time, one after another; over all iterations, the first's too)",
+        f"{total['gemm'] * 1e3:.3f} ms in products (each call's median, its own work on the "
+        "device: the host's time between the two marks not counted)",
         flush=True,
     )
-    ranked = sorted(timed.seconds.items(), key=lambda kv: -kv[1][0])[:top]
-    for (kind, what), (seconds, count) in ranked:
+    for per_iter, count, median, kind, what in sorted(rows, key=lambda r: -r[0])[:top]:
         print(
-            f"  {seconds / per * 1e3:8.3f} ms/iter {count / per:7.1f} x "
-            f"{seconds / count * 1e6:9.1f} us  {kind:6s} {what}",
+            f"  {per_iter * 1e3:8.3f} ms/iter {count:7.1f} x {median * 1e6:9.1f} us  "
+            f"{kind:6s} {what}",
             flush=True,
         )
 

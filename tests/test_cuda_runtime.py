@@ -13,6 +13,7 @@ import math
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -1000,57 +1001,6 @@ class _FakeCublas:
     def dgemm(self, *args):
         self._gemm(np.dtype(np.float64), *args)
 
-    def _batched(
-        self, dt, handle, ta, tb, m, n, k, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, count
-    ):
-        """``C_i = alpha op(A_i) op(B_i) + beta C_i``, ``X_i`` at ``X + i * stride``."""
-        for i in range(count):
-            step = dt.itemsize
-            self._gemm(
-                dt,
-                handle,
-                ta,
-                tb,
-                m,
-                n,
-                k,
-                alpha,
-                A + i * sa * step,
-                lda,
-                B + i * sb * step,
-                ldb,
-                beta,
-                C + i * sc * step,
-                ldc,
-            )
-        self.calls[-count:] = [("batched", dt, count)]
-
-    def sgemmStridedBatched(self, *args):
-        self._batched(np.dtype(np.float32), *args)
-
-    def dgemmStridedBatched(self, *args):
-        self._batched(np.dtype(np.float64), *args)
-
-    def _gemv(self, dt, handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy):
-        """``y = alpha op(A) x + beta y``, ``A`` column-major ``m x n``; here N, unit
-        steps, beta 0."""
-        import ctypes
-
-        assert trans == 0 and incx == incy == 1 and self.mode == (handle, 0)
-        al = np.frombuffer((ctypes.c_char * dt.itemsize).from_address(alpha), dt)[0]
-        be = np.frombuffer((ctypes.c_char * dt.itemsize).from_address(beta), dt)[0]
-        assert (al, be) == (1, 0)
-        xs = np.frombuffer((ctypes.c_char * (n * dt.itemsize)).from_address(x), dt)
-        ys = np.frombuffer((ctypes.c_char * (m * dt.itemsize)).from_address(y), dt)
-        ys[...] = _colmajor(A, dt, m, n, lda) @ xs
-        self.calls.append(("gemv", dt))
-
-    def sgemv(self, *args):
-        self._gemv(np.dtype(np.float32), *args)
-
-    def dgemv(self, *args):
-        self._gemv(np.dtype(np.float64), *args)
-
 
 @pytest.mark.parametrize(
     "ta, tb, ldc_extra, dtype",
@@ -1064,7 +1014,6 @@ class _FakeCublas:
 def test_cupy_device_s_product_is_cublas_s_gemm_on_the_plan_s_matrices(
     ta, tb, ldc_extra, dtype, monkeypatch
 ):
-    import sys
     import types
 
     blas = _FakeCublas()
@@ -1104,10 +1053,6 @@ class _FakeLibcublas:
         self.cublasSetMathMode = lambda handle, math: blas.setMathMode(handle, math) or 0
         self.cublasSgemm_v2 = lambda *args: blas.sgemm(*args) or 0
         self.cublasDgemm_v2 = lambda *args: blas.dgemm(*args) or 0
-        self.cublasSgemmStridedBatched = lambda *args: blas.sgemmStridedBatched(*args) or 0
-        self.cublasDgemmStridedBatched = lambda *args: blas.dgemmStridedBatched(*args) or 0
-        self.cublasSgemv_v2 = lambda *args: blas.sgemv(*args) or 0
-        self.cublasDgemv_v2 = lambda *args: blas.dgemv(*args) or 0
 
 
 @pytest.mark.parametrize(
@@ -1148,93 +1093,48 @@ def test_cublas_refuses_a_failed_status_with_its_name():
         blas.sgemm(blas.create(), *([0] * 13))
 
 
-def test_split_k_splits_few_results_of_many_terms_into_whole_parts():
-    rows = cuda.SPLIT_ROWS
-    assert cuda.split_k(64, 64, 65536, 64) == 65536 // rows  # a weight's gradient
-    assert cuda.split_k(4, 64, 65536, 64) == 65536 // rows
-    assert cuda.split_k(65536, 64, 64, 64) == 1  # a layer's forward: few terms
-    assert cuda.split_k(64, 64, 65536, 65) == 1  # rows of C apart: one sum cannot write it
-    assert cuda.split_k(256, 128, 65536, 128) == 1  # many results: the tiles cover the GPU
-    assert cuda.split_k(64, 64, 8 * rows, 64) == 8
-    assert cuda.split_k(64, 64, 8 * rows - 1, 64) == 1  # too few parts
-    assert cuda.split_k(64, 64, 9 * rows + 7, 64) == 1  # 9 parts do not divide it, nor 8
-    assert cuda.split_k(64, 64, 3 * 65536, 64) == 256  # at most 256 parts, dividing k
+def test_a_gpu_s_grids_are_the_blocks_it_holds_at_once():
+    """A launch's grid is at most the blocks the GPU runs at once (each thread strides over
+    the rest of its points): 16 blocks of 128 threads a multiprocessor of 2048."""
+    assert cuda.resident_blocks(132, 2048) == 132 * 16  # an H100
+    assert cuda.resident_blocks(80, 1024) == 80 * 8
+    assert cuda.resident_blocks(1, 64) == 1  # (a multiprocessor of fewer threads: one block)
+    assert cuda.resident_blocks(10**5, 2048) == 65535
 
 
-def test_split_k_is_off_where_the_environment_says_so(monkeypatch):
-    monkeypatch.setenv("TIMERLC_NO_SPLIT", "1")
-    assert cuda.split_k(64, 64, 65536, 64) == 1
-
-
-@pytest.mark.parametrize(
-    "ta, tb, dtype", [(True, False, "f32"), (False, True, "f32"), (True, True, "f64")]
-)
-def test_cupy_device_s_split_product_is_the_same_product(ta, tb, dtype, monkeypatch):
-    """A product of few results and many terms (``split_k``) runs as a strided batch of
-    products over the parts of its terms and a sum of the parts (cuBLAS's contracts, as
-    ``_FakeCublas`` follows them): numpy's product, each operand's parts where its layout
-    puts them."""
+def test_cupy_device_takes_its_grid_limit_from_the_gpu_s_multiprocessors(monkeypatch):
+    """``CupyDevice`` reads the GPU's multiprocessors and threads each (a stand-in for
+    CuPy here) and launches grids of at most ``resident_blocks`` of them."""
     import types
 
-    lib = _FakeLibcublas()
-    monkeypatch.setattr(cuda, "_cublas_library", lambda cp: lib)
-    monkeypatch.setattr(cuda, "SPLIT_ROWS", 3)  # (a small product still split: 8 parts)
-    dt = np.float32 if dtype == "f32" else np.float64
-    m, n, k = 3, 2, 24
-    assert cuda.split_k(m, n, k, n) == 8
-    dev = object.__new__(cuda.CupyDevice)
-    dev._blas, dev._stream, dev.cp, dev.matmul = None, 0, types.SimpleNamespace(), "float32"
-    dev._parts = {}
-    space = np.zeros(8 * m * n, dt)
-    ones = {
-        d: np.ones(cuda.SPLIT_PARTS[1], t) for d, t in (("f32", np.float32), ("f64", np.float64))
-    }
-    dev._split = (
-        space.ctypes.data,
-        space.nbytes,
-        {
-            d: types.SimpleNamespace(data=types.SimpleNamespace(ptr=o.ctypes.data))
-            for d, o in ones.items()
-        },
+    class Stream:
+        ptr = 5
+
+        def __init__(self, non_blocking=False):
+            pass
+
+        def use(self):
+            pass
+
+    attrs = {"MultiProcessorCount": 114, "MaxThreadsPerMultiProcessor": 2048}
+    fake = types.ModuleType("cupy")
+    fake.int64 = np.int64
+    fake.zeros = lambda n, dt: types.SimpleNamespace(data=types.SimpleNamespace(ptr=64))
+    fake.cuda = types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1),
+        Device=lambda: types.SimpleNamespace(attributes=attrs),
+        Stream=Stream,
     )
-    rng = np.random.default_rng(1)
-    a = rng.standard_normal((k, m) if ta else (m, k)).astype(dt)
-    b = rng.standard_normal((n, k) if tb else (k, n)).astype(dt)
-    lda, ldb = a.shape[1] + 1, b.shape[1] + 2
-    A = np.zeros((a.shape[0], lda), dt)
-    B = np.zeros((b.shape[0], ldb), dt)
-    A[:, : a.shape[1]], B[:, : b.shape[1]] = a, b
-    C = np.full((m, n), 7.0, dt)
-    dev.gemm(dtype, m, n, k, A.ctypes.data, lda, ta, B.ctypes.data, ldb, tb, C.ctypes.data, n)
-    want = (a.T if ta else a) @ (b.T if tb else b)
-    np.testing.assert_allclose(C, want, rtol=1e-5)
-    assert lib.blas.calls == [("batched", np.dtype(dt), 8), ("gemv", np.dtype(dt))]
-
-
-def test_device_runtime_keeps_the_split_products_parts_in_memory_it_counts():
-    """The runtime gives a device that splits products (``splits``) the space for the
-    largest's parts before it runs (counted in its peak), never during a capture."""
-
-    class Splitting(EmuDevice):
-        got = None
-
-        def splits(self, m, n, k, ldc):
-            return 4 if k >= 8 else 1
-
-        def split_space(self, ptr, nbytes):
-            Splitting.got = nbytes
-
-    gen = generate(compile_plan(run_passes(graph_of(REDUCTIONS))), "cuda")
-    gemms = [
-        f
-        for _, ph in list(gen.plan.kernels.launches) + list(gen.plan.kernels.fused_launches)
-        for f in ph
-        if isinstance(f, items.GemmCall)
-    ]
-    assert any(f.k >= 8 for f in gemms)
-    want = max((4 if f.k >= 8 else 1) * f.m * f.n * (4 if f.dtype == "f32" else 8) for f in gemms)
-    rt = DeviceRuntime(gen.plan, lambda *a: None, text=gen.text, device=Splitting())
-    assert Splitting.got == want and rt.device_peak_bytes >= want
+    launched = []
+    driver = types.SimpleNamespace(launchKernel=lambda fn, gx, *rest: launched.append(gx))
+    fake_cuda = types.ModuleType("cupy.cuda")
+    fake_cuda.driver = driver
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", fake_cuda)
+    dev = cuda.CupyDevice()
+    assert dev.MAX_BLOCKS == 114 * 16
+    dev.set_shift(1, 0, 0, 10**7, np.zeros(1, np.int64))  # (10 M shifts: capped)
+    assert launched == [114 * 16]
 
 
 def _check_gemm(blas, ta, tb, ldc_extra, dtype, cp=None, dev=None, matmul="float32"):
@@ -1253,8 +1153,7 @@ def _check_gemm(blas, ta, tb, ldc_extra, dtype, cp=None, dev=None, matmul="float
     C = np.full((m, ldc), 7.0, dt)
     if dev is None:
         dev = object.__new__(cuda.CupyDevice)
-        dev._parts = {}
-        dev._blas, dev._stream, dev.cp, dev._split = None, 0, cp, None
+        dev._blas, dev._stream, dev.cp = None, 0, cp
         dev.matmul = matmul
     calls = len(blas.calls)
     dev.gemm(dtype, m, n, k, A.ctypes.data, lda, ta, B.ctypes.data, ldb, tb, C.ctypes.data, ldc)

@@ -416,19 +416,15 @@ class _CupyCublas:
 class Cublas:
     """cuBLAS's gemm through ``ctypes`` over the library itself (``lib``: a ``CDLL``), on a
     handle of its own in pointer mode host: the same calls as CuPy's ``cupy.cuda.cublas``
-    (``setStream``, ``sgemm``, ``dgemm``, ``sgemmStridedBatched``, ``dgemmStridedBatched``,
-    ``sgemv``, ``dgemv``), without its refusal to run while a stream is captured. cuBLAS
+    (``setStream``, ``sgemm``, ``dgemm``), without its refusal to run while a stream is captured. cuBLAS
     itself is capturable: with scalars in host memory a graph keeps their values, and since
     CUDA 12.2 its workspace comes from stream-ordered allocations."""
 
     def __init__(self, lib):
         self.lib = lib
         c = ctypes
-        ptr, i32, i64 = c.c_void_p, c.c_int, c.c_longlong
+        ptr, i32 = c.c_void_p, c.c_int
         gemm = [ptr, i32, i32, i32, i32, i32, ptr, ptr, i32, ptr, i32, ptr, ptr, i32]
-        batched = [ptr, i32, i32, i32, i32, i32, ptr, ptr, i32, i64, ptr, i32, i64, ptr, ptr]
-        batched += [i32, i64, i32]
-        gemv = [ptr, i32, i32, i32, ptr, ptr, i32, ptr, i32, ptr, ptr, i32]
         for name, args in (
             ("cublasCreate_v2", [ptr]),
             ("cublasSetStream_v2", [ptr, ptr]),
@@ -436,10 +432,6 @@ class Cublas:
             ("cublasSetMathMode", [ptr, i32]),
             ("cublasSgemm_v2", gemm),
             ("cublasDgemm_v2", gemm),
-            ("cublasSgemmStridedBatched", batched),
-            ("cublasDgemmStridedBatched", batched),
-            ("cublasSgemv_v2", gemv),
-            ("cublasDgemv_v2", gemv),
         ):
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, c.c_int
@@ -468,43 +460,15 @@ class Cublas:
     def dgemm(self, handle, *args):
         self._check("cublasDgemm", self.lib.cublasDgemm_v2(handle, *args))
 
-    def sgemmStridedBatched(self, handle, *args):
-        self._check("cublasSgemmStridedBatched", self.lib.cublasSgemmStridedBatched(handle, *args))
 
-    def dgemmStridedBatched(self, handle, *args):
-        self._check("cublasDgemmStridedBatched", self.lib.cublasDgemmStridedBatched(handle, *args))
-
-    def sgemv(self, handle, *args):
-        self._check("cublasSgemv", self.lib.cublasSgemv_v2(handle, *args))
-
-    def dgemv(self, handle, *args):
-        self._check("cublasDgemv", self.lib.cublasDgemv_v2(handle, *args))
-
-
-SPLIT_ROWS = 512  # the terms of a split product's part (``split_k``)
-SPLIT_OUT = 16384  # the most elements a product's result has where its terms are split
-SPLIT_PARTS = (8, 256)  # the fewest and the most parts a split product has
-
-
-def split_k(m: int, n: int, k: int, ldc: int) -> int:
-    """The parts a product ``C[m x n] = op(A) @ op(B)`` with ``k`` terms an element is split
-    into (1: not split). A weight's gradient over a minibatch (``64 x 64`` elements, 65,536
-    terms each) is few elements of many terms: the BLAS's tiles of the result then cover a
-    few of a GPU's 132 multiprocessors, each running down all the terms. Split, the terms
-    come in parts of ``SPLIT_ROWS`` (a strided batch of products, a partial result each),
-    then the parts are summed in order (a product by a vector of ones): parts enough to
-    spread over the device, a pass over ``parts * m * n`` elements more. Only where ``k``
-    divides into whole parts, and ``C``'s rows lie one after another (the sum writes it as
-    one vector)."""
-    parts = k // SPLIT_ROWS
-    if m * n > SPLIT_OUT or parts < SPLIT_PARTS[0] or ldc != n:
-        return 1
-    if os.environ.get("TIMERLC_NO_SPLIT") == "1":  # (a diagnostic switch: docs/cuda.md)
-        return 1
-    parts = min(parts, SPLIT_PARTS[1])
-    while k % parts:
-        parts -= 1
-    return parts if parts >= SPLIT_PARTS[0] else 1
+def resident_blocks(sms: int, threads_per_sm: int) -> int:
+    """The blocks of ``THREADS`` threads a GPU of ``sms`` multiprocessors holds at once
+    (``threads_per_sm`` threads each): the grid a launch gets at most, each thread striding
+    over the points its loops have beyond it. Measured on an H100 (132 of 2048 threads), a
+    kernel of 4.2 M points one point a thread (32,768 blocks) took 47 us, on 2,112 blocks
+    11.5 us (4,224: 14.4; 1,056: 13.3): each block's own work (the failure check, the loop
+    values, its barriers) costs more than its point; docs/performance.md."""
+    return max(1, min(65535, sms * max(1, threads_per_sm // THREADS)))
 
 
 class CupyDevice:
@@ -517,7 +481,7 @@ class CupyDevice:
     a call that need not wait for the one before it may go to a side stream (``depend``)."""
 
     kind = "cuda"
-    MAX_BLOCKS = 65535
+    MAX_BLOCKS = 65535  # (until the GPU's own is known: resident_blocks)
     SIDE_STREAMS = 3  # streams besides the launches' own that a graph's branches use
 
     def __init__(self, matmul: str = "float32"):
@@ -538,6 +502,10 @@ class CupyDevice:
         from cupy.cuda import driver
 
         self.cp, self._driver = cupy, driver
+        attrs = cupy.cuda.Device().attributes
+        self.MAX_BLOCKS = resident_blocks(
+            attrs["MultiProcessorCount"], attrs["MaxThreadsPerMultiProcessor"]
+        )
         self._mem: dict[int, object] = {}
         self._arenas: dict[int, object] = {}
         # the failure record (tl_failed), then a reduction's ticket counter (tl_count)
@@ -557,8 +525,6 @@ class CupyDevice:
         self._capture: dict | None = None
         self._launch_params(self._err.data.ptr)
         self._blas = None  # (cuBLAS's handle, and alpha = 1, beta = 0 of each dtype)
-        self._split = None  # (the split products' space, its bytes, the ones: split_space)
-        self._parts: dict[tuple, int] = {}  # (m, n, k, ldc) -> splits'
 
     def _launch_params(self, err: int):
         """The buffer a launch's parameters are written to (cuLaunchKernel reads them when
@@ -751,10 +717,6 @@ class CupyDevice:
         (blas, handle), scalars = self._blas
         blas.setStream(handle, self._stream)
         one, zero = scalars[dtype]
-        parts = self.splits(m, n, k, ldc) if self._split is not None else 1
-        if parts > 1:
-            self._split_gemm(blas, handle, dtype, parts, m, n, k, a, lda, ta, b, ldb, tb, c)
-            return
         fn = blas.sgemm if dtype == "f32" else blas.dgemm
         fn(
             handle,
@@ -772,67 +734,6 @@ class CupyDevice:
             c,
             ldc,
         )
-
-    def _split_gemm(self, blas, handle, dtype, parts, m, n, k, a, lda, ta, b, ldb, tb, c):
-        """``gemm`` with its terms in ``parts`` (``split_k``): ``P_s = op(A_s) @ op(B_s)``
-        over the ``s``-th ``k / parts`` terms (a strided batch, into ``_split_space``), then
-        ``C = sum_s P_s`` in order (``P^T`` as a matrix of ``parts`` columns times ones)."""
-        kc = k // parts
-        space, ones = self._split_space(dtype, parts * m * n * DTYPES[dtype], parts)
-        one, zero = self._blas[1][dtype]
-        # (cuBLAS's column-major view, as ``gemm``: C^T = op(B)^T op(A)^T; a part's terms
-        # are rows of a stored [k x .] operand, columns of a stored [. x k] one)
-        batched = blas.sgemmStridedBatched if dtype == "f32" else blas.dgemmStridedBatched
-        batched(
-            handle,
-            1 if tb else 0,
-            1 if ta else 0,
-            n,
-            m,
-            kc,
-            one.ctypes.data,
-            b,
-            ldb,
-            kc if tb else kc * ldb,
-            a,
-            lda,
-            kc * lda if ta else kc,
-            zero.ctypes.data,
-            space,
-            n,
-            m * n,
-            parts,
-        )
-        gemv = blas.sgemv if dtype == "f32" else blas.dgemv
-        gemv(
-            handle, 0, m * n, parts, one.ctypes.data, space, m * n, ones, 1, zero.ctypes.data, c, 1
-        )
-
-    def splits(self, m: int, n: int, k: int, ldc: int) -> int:
-        """The parts ``gemm`` splits such a product's terms into (``split_k``, once per
-        shape: ``gemm`` asks at every product; 1 where the products go through CuPy's
-        wrappers)."""
-        shape = (m, n, k, ldc)
-        if shape not in self._parts:
-            if self._blas is None:
-                self._blas = _blas_of(self.cp, self.matmul)
-            cublas = isinstance(self._blas[0][0], Cublas)
-            self._parts[shape] = split_k(m, n, k, ldc) if cublas else 1
-        return self._parts[shape]
-
-    def split_space(self, ptr: int, nbytes: int):
-        """The device memory (``nbytes`` at ``ptr``, the runtime's) that the split products
-        keep their parts in (``splits``), and a vector of ``SPLIT_PARTS[1]`` ones of each
-        dtype (made here, before any capture)."""
-        ones = {d: self.cp.ones(SPLIT_PARTS[1], t) for d, t in FLOATS}
-        self._split = (ptr, nbytes, ones)
-
-    def _split_space(self, dtype: str, nbytes: int, parts: int) -> tuple[int, int]:
-        """The split products' space (``split_space``; it holds ``nbytes``) and the ones."""
-        ptr, room, ones = self._split
-        if nbytes > room or parts > SPLIT_PARTS[1]:
-            raise RunError(f"internal error: a split product needs {nbytes} bytes, has {room}")
-        return ptr, ones[dtype].data.ptr
 
     def snapshot(self, ptr: int, nbytes: int):
         """Copies of ``nbytes`` at ``ptr`` and of the failure record into pinned host
@@ -1047,17 +948,6 @@ class DeviceRuntime(CpuRuntime):
         phases = self.phases = dict(plan.kernels.launches)
         for k, (_, fphases) in enumerate(plan.kernels.fused_launches):
             phases[FUSED + k] = fphases
-        # the device memory the products split over their terms keep their parts in (one
-        # space: products run one at a time), counted as the run's
-        splits = getattr(device, "splits", None)
-        space = 0
-        if splits is not None:
-            gemms = [f for fph in phases.values() for f in fph if isinstance(f, GemmCall)]
-            space = max(
-                [0] + [splits(f.m, f.n, f.k, f.c.ld) * f.m * f.n * DTYPES[f.dtype] for f in gemms]
-            )
-        if space:
-            device.split_space(self._alloc(space), space)
         self._repeats = dict(plan.kernels.repeats)
         for sid, _, _ in plan.kernels.statements:
             n = len(launch_loops(plan.statement(sid).loops, sid in self._repeats))
