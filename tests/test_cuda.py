@@ -368,7 +368,8 @@ def test_loops_that_touch_nothing_of_each_other_s_run_side_by_side(tmp_path):
     one launch, each thread taking a point of one of them (``_packed``, ``tl_skew``), the
     store a loop of one point in it (``_joins``): where there were a row loop of 64 threads,
     each storing its row of each in turn, and a launch for the store. The same values on a
-    grid smaller than the points and on one larger."""
+    grid smaller than the points and on one larger. One barrier after the last loop, none
+    between two (each waited for nothing)."""
     from timerlc.codegen.kir import Bin, Const, Kernel, Load, Ref, Slot
     from timerlc.cuda import render
     from timerlc.cuda.emu import EmuModule
@@ -397,6 +398,12 @@ def test_loops_that_touch_nothing_of_each_other_s_run_side_by_side(tmp_path):
     assert step[0] == "either" and len(step[1]) == 4
     text, skipped, launches = render.render_module([k])
     assert not skipped and launches["hand"].phases == (("hand", 64 + 4096 + 64 + 1),)
+    # (one barrier and one look at the failures after the four loops, none between two)
+    fn = text[text.index("void hand(") :]
+    fn = fn[: fn.index("\n}\n")]
+    assert fn.count("tl_skew(") == 3 and fn.count("tl_failed(err, tl_fail") == 1
+    assert fn.rindex("__syncthreads();") > fn.rindex("tl_skew(")
+    assert fn.count("__syncthreads();") == 2  # (and the one after the block's code is set)
     emu = EmuModule(text, tmp_path)
     x = np.arange(64, dtype=np.float32) * 0.25
     y = np.arange(4096, dtype=np.float32) * 0.5
@@ -750,6 +757,60 @@ def test_a_sum_s_nest_is_one_loop_over_its_points():
     assert render._carried(passes.body, {"acc": "add"})
     kept = dataclasses.replace(loop, body=(passes,), reduce=(("acc", "add"),))
     assert render._flat_sum(kept) is kept
+
+
+def test_an_array_sum_s_rows_over_a_nest_are_one_loop_over_its_points():
+    """An array reduction whose rows are a nest of loops of constant bounds (a bias's
+    gradient over environments x steps) is one loop over the nest's points, the loops'
+    variables from the point at the top of the row's loop (``render._flat_rows``: the
+    blocks deal points, and the sums go to registers); not where the row's bounds read
+    the nest's variables."""
+    from timerlc.cuda import render
+
+    b, t, h = kir.Ref("b"), kir.Ref("t"), kir.Ref("h")
+    at = kir.add(kir.add(kir.mul(b, 8 * 16), kir.mul(t, 16)), h)
+    update = Store(
+        "g", h, kir.Bin("add", kir.Load("g", h, "f32"), kir.Load("x", at, "f32"), "f32")
+    )
+    row = For("h", kir.i64(0), kir.i64(16), (update,), True)
+    steps = For("t", kir.i64(0), kir.i64(8), (row,), False, (("g", "add"),))
+    loop = For("b", kir.i64(0), kir.i64(300), (steps,), False, (("g", "add"),))
+    flat, form = render._flat_rows(loop, ("array", ("g",), row))
+    assert flat.var == "b.flat" and flat.hi == kir.i64(2400) and flat.reduce == loop.reduce
+    (inner,) = flat.body
+    assert form == ("array", ("g",), inner) and inner.var == "h" and inner.parallel
+    assert [x.name for x in inner.body[:2]] == ["b", "t"] and inner.body[2] == update
+    ragged = dataclasses.replace(row, hi=kir.add(t, 1))
+    steps = dataclasses.replace(steps, body=(ragged,))
+    kept = dataclasses.replace(loop, body=(steps,))
+    assert render._flat_rows(kept, ("array", ("g",), ragged)) == (
+        kept,
+        ("array", ("g",), ragged),
+    )
+
+
+@needs_cxx
+def test_an_array_sum_over_two_dims_sums_in_registers(tmp_path):
+    """``sum(x, [0, 1])`` of a [300, 8, 16] value: one loop over the 2,400 rows, each
+    thread an element's sum in a register (``_flat_rows``, ``array_in_registers``); the
+    cpu's values."""
+    text = """
+    config I = 3
+    dim i < I
+    s[0] = 1.0
+    s[i+1] = s[i] * 0.5 + sum(g[i]) * 0.0001
+    x[i] = reshape(sin(f32(arange(300 * 8 * 16)) * 0.01), [300, 8, 16]) * s[i]
+    g[i] = sum(x[i], [0, 1])
+    out g, s
+    """
+    _, gen = generated("p.rtl", src(text))
+    cu = cuda_gen(gen)
+    assert re.search(
+        r"_flat < \(2400LL\); v_\w+_flat \+= \(long long\)gridDim.x \* tl_lanes", cu.text
+    )
+    ref, rt, _, _, _ = run_both(gen, tmp_path)
+    for name in ("g", "s"):
+        np.testing.assert_allclose(rt.value(name), ref.value(name), rtol=1e-5, atol=1e-5)
 
 
 @needs_cxx

@@ -811,6 +811,8 @@ class _Kernel:
             form = self._reduction(s) if big else None
             if form is not None and form[0] == "scalar":
                 s = _flat_sum(s)
+            elif form is not None:
+                s, form = _flat_rows(s, form)
             pushed = s if isinstance(s, For) and s.parallel else _pushed_in(s)
             if form is not None:
                 flush()
@@ -1195,13 +1197,17 @@ class _Kernel:
         elif kind == "either":
             # loops that touch nothing of each other's, or under exclusive guards (only one
             # does work at a call): side by side over the grid, each thread a point of one
-            # (``_packed``), where each thread took a point of each in turn
+            # (``_packed``), where each thread took a point of each in turn; one barrier
+            # and one look at the block's failure after the last (none of them reads what
+            # another writes: a barrier between two waited for nothing, and each cost the
+            # H100's blocks about a microsecond: a step of 30 copies of weights, 27 us)
             offsets = _packed(body, st.form)
             threads = max(o + _grid_extent(loop) for o, loop in zip(offsets, body))
             outside = self.others
-            for loop, at in zip(body, offsets):
+            for k, (loop, at) in enumerate(zip(body, offsets)):
                 self.others = outside | _buffers([x for x in body if x is not loop])
-                self.grid_loop(loop, 1, collapse=True, skew=at)
+                last = k == len(body) - 1
+                self.grid_loop(loop, 1, collapse=True, skew=at, epilogue=last)
             self.others = outside
         elif kind == "perm":
             threads = self.permute(st)
@@ -2274,6 +2280,42 @@ def _extent(loop: For, otherwise: int = THREADS) -> int:
     if isinstance(hi, Bin) and hi.op == "add" and hi.a == loop.lo and isinstance(hi.b, Const):
         return max(int(hi.b.value), 1)  # (lo ..< lo + n: a block's points)
     return otherwise
+
+
+def _flat_rows(s: For, form: tuple) -> tuple[For, tuple]:
+    """An array reduction ``s`` (``form``: ``("array", accs, inner)``) whose rows are a nest
+    of loops of constant bounds, one loop in each, down to ``inner`` (the parallel loop
+    over a row's elements): the nest as one loop over its points, the loops' variables
+    from the point's number at the top of ``inner``'s body (the innermost fastest). The
+    blocks then deal points, and a row's sums go to registers (``array_in_registers``):
+    REINFORCE's bias gradient over 2,048 environments x 128 steps was 2,048 rows dealt to
+    256 blocks, each thread adding 128 steps one after another into the block's copy in the
+    device's memory, each add waiting for the one before (476 us on the H100). ``(s,
+    form)`` where the rows are not such a nest."""
+    _, accs, inner = form
+    nest = [s]
+    while nest[-1].body[0] is not inner:
+        nest.append(nest[-1].body[0])
+    if len(nest) < 2 or any(
+        not (isinstance(x.lo, Const) and isinstance(x.hi, Const))
+        or int(x.hi.value) <= int(x.lo.value)
+        for x in nest
+    ):
+        return s, form
+    if {x.var for x in nest} & (_refs_of(inner.lo) | _refs_of(inner.hi)):
+        return s, form
+    total = math.prod(_extent(x) for x in nest)
+    point = Ref(f"{s.var}.flat")
+    lets: list = []
+    rest = point
+    for x in reversed(nest[1:]):
+        n = kir.i64(_extent(x))
+        lets.append(Let(x.var, "i64", kir.add(x.lo, Bin("mod", rest, n, "i64"))))
+        rest = Bin("floordiv", rest, n, "i64")
+    lets.append(Let(s.var, "i64", kir.add(s.lo, rest)))
+    inner = dataclasses.replace(inner, body=tuple(reversed(lets)) + tuple(inner.body))
+    flat = dataclasses.replace(s, var=point.name, lo=kir.i64(0), hi=kir.i64(total), body=(inner,))
+    return flat, ("array", accs, inner)
 
 
 def _flat_sum(s: For) -> For:
