@@ -14,7 +14,9 @@
 # "kernels": PPO's and REINFORCE's device time by function and product shape
 # (cuda_overheads.py --kernels); scripts/bench.py at 2048x128 against jax on the GPU.
 # "profile" (not by default): PPO at 2048 environments with --profile (each statement
-# launched alone).
+# launched alone). "ncu" (not by default, a GPU only): Nsight Compute's sections for the
+# kernels NCU_KERNELS names (a regex), in PPO at the kernels stage's sizes (the names
+# depend on them: at other sizes the plan and its functions differ).
 #
 #   bash scripts/gpu_session.sh --emu     # the same plumbing here, on cuda-emu and the CPU
 #
@@ -95,6 +97,17 @@ stage overheads 80 $PY scripts/cuda_overheads.py "${CHECK[@]}" --set B=2048 --se
 stage kernels 60 bash -c "$PY scripts/cuda_overheads.py ${CHECK[*]} --kernels --set B=2048 \
   --set T=128 --set total_steps=1572864 && $PY scripts/cuda_overheads.py ${CHECK[*]} \
   --kernels --program reinforce --set B=2048 --set T=128 --set I=6"
+# Nsight Compute (on the device image's PATH) over the kernels NCU_KERNELS names (a regex of
+# function names, which depend on the program's sizes: these are the kernels stage's PPO's),
+# the first call of each: where a kernel's time goes (memory, occupancy, stalls)
+NCU_KERNELS=${NCU_KERNELS:-f470_43_5|f530_39_5|f139_19_5}
+if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
+  stage ncu 90 ncu --kernel-name "regex:^(${NCU_KERNELS})\$" --launch-count 3 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --section WarpStateStats --section SchedulerStats --section LaunchStats \
+    $PY -m timerlc.cli run programs/ppo.rtl --backend cuda --set B=2048 --set T=128 \
+    --set total_steps=1572864 --no-progress
+fi
 stage bench 240 $PY scripts/bench.py --device $DEVICE --backend $BACKEND --algos "$BENCH_ALGOS" \
   --configs "$BENCH_CONFIGS" --iters 10 --repeats 1 --min-diff-seconds 0 \
   --baselines "$BENCH_BASELINES" --matmul-precision "$BENCH_MATMUL" \
