@@ -35,6 +35,10 @@ BENCH_ALGOS=${BENCH_ALGOS:-ppo,reinforce}
 BENCH_CONFIGS=${BENCH_CONFIGS:-2048x128}
 BENCH_BASELINES=${BENCH_BASELINES:-jax,jax-f32}
 BENCH_MATMUL=${BENCH_MATMUL:-float32}  # timerlc's --matmul-precision in the bench
+# N raised until N iterations take this long (bench.py --min-diff-seconds): with N = 10
+# JAX's PPO took 2.7 ms an iteration in one call and 8.6 in another (an N run's window of
+# 30-90 ms, its noise tens of ms); 0.5 s costs each system one more run
+BENCH_MIN_SECONDS=${BENCH_MIN_SECONDS:-0.5}
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 BACKEND=cuda DEVICE=cuda CHECK=()
@@ -109,6 +113,6 @@ if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
     --set total_steps=1572864 --no-progress
 fi
 stage bench 240 $PY scripts/bench.py --device $DEVICE --backend $BACKEND --algos "$BENCH_ALGOS" \
-  --configs "$BENCH_CONFIGS" --iters 10 --repeats 1 --min-diff-seconds 0 \
+  --configs "$BENCH_CONFIGS" --iters 10 --repeats 1 --min-diff-seconds "$BENCH_MIN_SECONDS" \
   --baselines "$BENCH_BASELINES" --matmul-precision "$BENCH_MATMUL" \
   --json "$OUT/bench.json"
