@@ -15,7 +15,11 @@ on the device (``--emu``: the emulated one, for the plumbing only):
 - ``gemm``: a 2048x64 @ 64x64 product by the device's BLAS, as the runtime calls it; a
   minibatch step's weight gradients (65,536 terms), the device's time each;
 - ``program``: PPO (or ``--program``) at ``--set`` sizes, timed per iteration (from the
-  metrics' rows) as it runs, and with the host's work alone (a device that launches
+  metrics' rows: they come down when the device gets there and the host next looks, so
+  where the host runs ahead of a busy device, as graphs let it, the rows of a short run
+  arrive together at its end and the figure says nothing: on the H100, 0.06 ms an
+  iteration for PPO, whose iteration takes 11; ``scripts/bench.py`` measures that) as it
+  runs, and with the host's work alone (a device that launches
   nothing: the interpreter's floor); each with the runs of the tree replayed as CUDA graphs
   and without, and with its loops run as launches instead of loop kernels
   (``cuda/loops.py``); once with each replay between two CUDA events: the device's
