@@ -880,9 +880,9 @@ def test_bias_gradients_after_their_products_are_one_step(tmp_path):
     function after the two products, where there were two. Each block sums its rows of an
     element in a register, the block's threads as lanes of the rows where a row is narrow
     (``render._Kernel.array_in_registers``: a 2-wide sum), and the last block combines the
-    blocks' copies likewise (``copies_by_lanes``). A layer's bias and ``tanh`` work
-    in place after its product, a thread per element (``render._spread``). The values are
-    the cpu's."""
+    blocks' copies likewise (``copies_by_lanes``: both sums' copies in one loop). A
+    layer's bias and ``tanh`` work in place after its product, a thread per element
+    (``render._spread``). The values are the cpu's."""
     text = """
     config I = 3, N = 600
     dim i < I
@@ -909,6 +909,8 @@ def test_bias_gradients_after_their_products_are_one_step(tmp_path):
     # (each sum in a register of its thread; a 2-wide row's, the block's threads in lanes;
     # the blocks' copies combined by the last block's threads in lanes too)
     assert "tl_lanes" in cu.text and "tl_acc" in cu.text and "tl_cl" in cu.text
+    # (the two sums' copies in one loop, an accumulator each: their loads go out together)
+    assert re.search(r"tl_c \+= tl_cl\) \{\n.*\n\s*tl_v0 = .*\n\s*tl_v1 = ", cu.text)
     ref, rt, _, _, _ = run_both(gen, tmp_path)
     for name in ("g", "h", "s", "gn"):
         np.testing.assert_allclose(rt.value(name), ref.value(name), rtol=1e-6, atol=1e-6)
