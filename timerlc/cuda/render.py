@@ -2322,18 +2322,24 @@ def _flat_rows(s: For, form: tuple) -> tuple[For, tuple]:
         return s, form
     if {x.var for x in nest} & (_refs_of(inner.lo) | _refs_of(inner.hi)):
         return s, form
-    total = math.prod(_extent(x) for x in nest)
     point = Ref(f"{s.var}.flat")
+    inner = dataclasses.replace(inner, body=_nest_lets(point, nest) + tuple(inner.body))
+    total = kir.i64(math.prod(_extent(x) for x in nest))
+    flat = dataclasses.replace(s, var=point.name, lo=kir.i64(0), hi=total, body=(inner,))
+    return flat, ("array", accs, inner)
+
+
+def _nest_lets(point: Ref, nest: list) -> tuple:
+    """The variables of a nest of loops of constant bounds from ``point``, the number of a
+    point of the nest (the innermost fastest), the outermost first."""
     lets: list = []
     rest = point
     for x in reversed(nest[1:]):
         n = kir.i64(_extent(x))
         lets.append(Let(x.var, "i64", kir.add(x.lo, Bin("mod", rest, n, "i64"))))
         rest = Bin("floordiv", rest, n, "i64")
-    lets.append(Let(s.var, "i64", kir.add(s.lo, rest)))
-    inner = dataclasses.replace(inner, body=tuple(reversed(lets)) + tuple(inner.body))
-    flat = dataclasses.replace(s, var=point.name, lo=kir.i64(0), hi=kir.i64(total), body=(inner,))
-    return flat, ("array", accs, inner)
+    lets.append(Let(nest[0].var, "i64", kir.add(nest[0].lo, rest)))
+    return tuple(reversed(lets))
 
 
 def _flat_sum(s: For) -> For:
@@ -2378,14 +2384,7 @@ def _flat_sum(s: For) -> For:
         return s
     total = math.prod(_extent(x) for x in nest)
     point = Ref(f"{s.var}.flat")
-    lets: list = []
-    rest = point
-    for x in reversed(nest[1:]):
-        n = kir.i64(_extent(x))
-        lets.append(Let(x.var, "i64", kir.add(x.lo, Bin("mod", rest, n, "i64"))))
-        rest = Bin("floordiv", rest, n, "i64")
-    lets.append(Let(s.var, "i64", kir.add(s.lo, rest)))
-    body = tuple(reversed(lets)) + tuple(nest[-1].body)
+    body = _nest_lets(point, nest) + tuple(nest[-1].body)
     return dataclasses.replace(s, var=point.name, lo=kir.i64(0), hi=kir.i64(total), body=body)
 
 

@@ -416,9 +416,9 @@ class _CupyCublas:
 class Cublas:
     """cuBLAS's gemm through ``ctypes`` over the library itself (``lib``: a ``CDLL``), on a
     handle of its own in pointer mode host: the same calls as CuPy's ``cupy.cuda.cublas``
-    (``setStream``, ``sgemm``, ``dgemm``), without its refusal to run while a stream is captured. cuBLAS
-    itself is capturable: with scalars in host memory a graph keeps their values, and since
-    CUDA 12.2 its workspace comes from stream-ordered allocations."""
+    (``setStream``, ``sgemm``, ``dgemm``), without its refusal to run while a stream is
+    captured. cuBLAS itself is capturable: with scalars in host memory a graph keeps their
+    values, and since CUDA 12.2 its workspace comes from stream-ordered allocations."""
 
     def __init__(self, lib):
         self.lib = lib
