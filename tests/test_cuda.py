@@ -764,6 +764,18 @@ def test_a_sum_s_nest_is_one_loop_over_its_points():
     assert render._flat_sum(kept) is kept
 
 
+def test_the_reductions_unroll_is_the_module_s_head(monkeypatch):
+    """``TL_UNROLL`` (a reduction's loop over its terms) unrolls ``render.UNROLL`` times on
+    the GPU's compilers (``scripts/cuda_sweep.py`` sets it), not at all in the emulation."""
+    from timerlc.cuda import render
+
+    assert '#define TL_UNROLL _Pragma("unroll 8")' in render.head()
+    monkeypatch.setattr(render, "UNROLL", 3)
+    text = render.head()
+    assert '#define TL_UNROLL _Pragma("unroll 3")' in text and "@UNROLL@" not in text
+    assert "#ifdef TL_EMU\n#define TL_UNROLL\n" in text
+
+
 def test_an_array_sum_s_rows_over_a_nest_are_one_loop_over_its_points():
     """An array reduction whose rows are a nest of loops of constant bounds (a bias's
     gradient over environments x steps) is one loop over the nest's points, the loops'

@@ -102,9 +102,8 @@ PRELUDE = r"""
 #define TL_F __host__ __device__ inline
 #ifdef TL_EMU
 #define TL_UNROLL
-#else /* (a loop's next loads go out before its sums wait for the first; on the H100 PPO's
-   minibatch step took 11.47 ms an iteration at 4, 11.27 at 8, 11.23 at 16) */
-#define TL_UNROLL _Pragma("unroll 8")
+#else /* (a loop's next loads go out before its sums wait for the first: UNROLL) */
+#define TL_UNROLL _Pragma("unroll @UNROLL@")
 #endif
 typedef long long i64;
 typedef unsigned long long u64;
@@ -388,11 +387,15 @@ TL_F double tl_rng_gumbel_f64(int seed, int site, i64 p, i64 e) {
 def head() -> str:
     """The text every module starts with (the scalar helpers and the Philox library): the
     emulation compiles it once, as a precompiled header (``timerlc.cuda.emu``)."""
-    return PRELUDE + "\n" + _philox_c()
+    return PRELUDE.replace("@UNROLL@", str(UNROLL)) + "\n" + _philox_c()
 
 
 ARGS = 8  # the most loop values a kernel takes (``tl_args`` in PRELUDE)
 THREADS = 128  # of a block: the device runtime launches every function with blocks of them
+# the times the GPU's compilers unroll a reduction's loop over its terms (``TL_UNROLL``): on
+# the H100 PPO's minibatch step took 11.47 ms an iteration at 4, 11.27 at 8, 11.23 at 16
+# (``scripts/cuda_sweep.py``)
+UNROLL = 8
 PARTS = 256  # the most blocks a reduction's step runs on (a partial result each)
 # a permutation's merge sort: the passes whose runs lie within a tile of 2^this keys run in
 # one step, a block a tile (its threads meeting between two passes)

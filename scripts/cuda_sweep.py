@@ -1,0 +1,89 @@
+"""A program's device time under the CUDA backend's knobs (a benchmark, never a test).
+
+Each combination of the knobs given is a build and a run of the program (graphs on, each
+replay between two CUDA events: ``scripts/cuda_overheads.py``'s "replays timed"), and a line
+of the device's milliseconds an iteration in the runs of graphs that took it longest, and in
+all of them. The knobs:
+
+- ``--parts``: ``cuda.render.PARTS``, the most blocks (each a partial copy) a reduction's
+  first pass runs on; the last block combines the copies;
+- ``--unroll``: ``cuda.render.UNROLL``, the times the GPU's compilers unroll a reduction's
+  loop over its terms (``TL_UNROLL``);
+- ``--blocks``: the device's ``MAX_BLOCKS``, the largest grid a launch gets (0: the GPU's
+  own, ``runtime.cuda.resident_blocks``).
+
+On the H100 (2026-11-27) it chose the grid (65,535 blocks: 13.2 ms an iteration in PPO's
+minibatch step; 4,224: 9.3; 2,112, the GPU's own: 9.2-9.3; 1,056: 9.5) and the unroll (4:
+11.47 ms in the step's two graphs, 8: 11.27, 16: 11.23), and kept 256 copies (128: 10.2 in
+the step's forward and backward, 64: 12.6, 1,024 at 4,224 blocks: 9.8). docs/performance.md.
+
+    python scripts/cuda_sweep.py --parts 256,512,1024 --unroll 8 --set B=2048 --set T=128 \\
+        --set total_steps=1572864
+    python scripts/cuda_sweep.py --emu --parts 256,64 --set B=16 --set T=8 --set total_steps=512
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def numbers(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--emu", action="store_true", help="the emulated device (cuda-emu)")
+    ap.add_argument("--program", default="ppo")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--parts", default="256", help="comma-separated PARTS values")
+    ap.add_argument("--unroll", default="8", help="comma-separated UNROLL values")
+    ap.add_argument("--blocks", default="0", help="comma-separated grid caps (0: the GPU's own)")
+    ap.add_argument("--top", type=int, default=3, help="the runs of graphs shown per line")
+    args = ap.parse_args()
+    import cuda_overheads as co
+    from cuda_gpu_check import open_device
+
+    from timerlc.cuda import render
+
+    device = open_device(args.emu, "cuda_sweep")
+    if device is None:
+        return 2
+    own = device.MAX_BLOCKS
+    sets = dict(s.split("=", 1) for s in args.set)
+    knobs = itertools.product(numbers(args.parts), numbers(args.unroll), numbers(args.blocks))
+    for parts, unroll, blocks in knobs:
+        render.PARTS, render.UNROLL = parts, unroll
+        device.MAX_BLOCKS = blocks or own
+        co._GENERATED.clear()  # (a build of its own: the knobs change the kernels)
+        started = time.perf_counter()
+        label = f"PARTS {parts:5d} UNROLL {unroll:3d} blocks {device.MAX_BLOCKS:6d}"
+        try:
+            r = co.program(device, args.program, sets, True, True, True)
+        except Exception as e:  # noqa: BLE001 - one combination's failure, the rest run
+            print(f"{label}: {type(e).__name__}: {e}"[:400], flush=True)
+            continue
+        runs = sorted(r["runs"].items(), key=lambda kv: -kv[1][0])
+        total = sum(seconds for seconds, _ in r["runs"].values())
+        shown = "; ".join(
+            f"{seconds * 1e3:.3f} in {count:.1f} x {run[:24]}"
+            for run, (seconds, count) in runs[: args.top]
+        )
+        print(
+            f"{label}: {total * 1e3:8.3f} ms/iter in the graphs' replays "
+            f"({time.perf_counter() - started:.0f} s); {shown}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
