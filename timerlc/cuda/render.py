@@ -2317,11 +2317,7 @@ def _flat_rows(s: For, form: tuple) -> tuple[For, tuple]:
     nest = [s]
     while nest[-1].body[0] is not inner:
         nest.append(nest[-1].body[0])
-    if len(nest) < 2 or any(
-        not (isinstance(x.lo, Const) and isinstance(x.hi, Const))
-        or int(x.hi.value) <= int(x.lo.value)
-        for x in nest
-    ):
+    if not _constant_nest(nest):
         return s, form
     if {x.var for x in nest} & (_refs_of(inner.lo) | _refs_of(inner.hi)):
         return s, form
@@ -2330,6 +2326,15 @@ def _flat_rows(s: For, form: tuple) -> tuple[For, tuple]:
     total = kir.i64(math.prod(_extent(x) for x in nest))
     flat = dataclasses.replace(s, var=point.name, lo=kir.i64(0), hi=total, body=(inner,))
     return flat, ("array", accs, inner)
+
+
+def _constant_nest(nest: list) -> bool:
+    """Whether ``nest`` is two loops or more, each of constant bounds and some iterations
+    (a nest ``_nest_lets`` numbers the points of)."""
+    return len(nest) >= 2 and all(
+        isinstance(x.lo, Const) and isinstance(x.hi, Const) and int(x.hi.value) > int(x.lo.value)
+        for x in nest
+    )
 
 
 def _nest_lets(point: Ref, nest: list) -> tuple:
@@ -2375,11 +2380,7 @@ def _flat_sum(s: For) -> For:
             stmts += [sub.stmt(y) for y in x.body] if x.var != first.var else list(x.body)
         reduce = tuple(dict.fromkeys(r for x in inner for r in x.reduce))
         nest.append(dataclasses.replace(first, body=tuple(stmts), reduce=reduce))
-    if len(nest) < 2 or any(
-        not (isinstance(x.lo, Const) and isinstance(x.hi, Const))
-        or int(x.hi.value) <= int(x.lo.value)
-        for x in nest
-    ):
+    if not _constant_nest(nest):
         return s
     if not all(isinstance(x, Let) for x in nest[-1].body) or _carried(
         nest[-1].body, dict(s.reduce)

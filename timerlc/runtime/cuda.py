@@ -74,7 +74,6 @@ class DeviceUnavailable(Exception):
 # (TF32 tensor cores on NVIDIA GPUs from Ampere on: the operands rounded to 10 bits of
 # mantissa, float32 sums; JAX's default on those GPUs). float64 products are float64.
 MATMUL = ("float32", "tensorfloat32")
-FLOATS = (("f32", np.float32), ("f64", np.float64))  # the plan's float dtypes, NumPy's
 
 
 def matmul_note(matmul: str) -> str:
@@ -348,7 +347,9 @@ def _host(array: np.ndarray) -> ctypes.c_void_p:
 def _blas_scalars():
     """alpha = 1 and beta = 0 of each dtype, in host memory (pointer mode host: cuBLAS reads
     them at the call, and a graph keeps their values)."""
-    return {d: (np.ones(1, t), np.zeros(1, t)) for d, t in FLOATS}
+    return {
+        d: (np.ones(1, t), np.zeros(1, t)) for d, t in (("f32", np.float32), ("f64", np.float64))
+    }
 
 
 # cuBLAS's math modes: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
