@@ -80,6 +80,17 @@ def test_split_gives_the_outer_part_and_the_rest():
         assert graphs.split(mixed, outer) is None
 
 
+def test_whether_an_item_can_be_captured_is_its_own_answer_not_a_freed_one_s():
+    """``capturable_fn`` remembers its answers by the items' ids, each item kept with its
+    answer: an item built for one question and freed (the runtime's ``_fuse_calls`` builds
+    loops anew) left its id to the next, which got its answer: a loop holding a metric's
+    call was captured, once in a few runs of PPO on cuda-emu."""
+    ok = graphs.capturable_fn({1})
+    for _ in range(200):
+        assert ok(Loop("t", 0, True, 1, (Call(1, ("t",)),)))
+        assert not ok(Loop("t", 0, True, 1, (Call(2, ("t",)),)))
+
+
 def test_a_run_s_key_holds_what_the_host_computes_from_the_outer_loops():
     class _Plan:  # (statements 1 and 2, over (i, t) and (i,))
         @staticmethod

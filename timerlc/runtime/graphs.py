@@ -217,10 +217,13 @@ def runs(items, capturable) -> list:
 def capturable_fn(launch_only: set[int]):
     """Whether an item of the tree can be in a run: ``launch_only`` holds the statements
     whose calls are launches and nothing else on the host."""
-    memo: dict[int, bool] = {}
+    # (by id, each item kept with its answer: a tree built anew, ``_fuse_calls``'s, freed
+    # items whose ids later items took, and those got the answers of the freed ones: a loop
+    # holding a metric's call captured, once in a few runs)
+    memo: dict[int, tuple[object, bool]] = {}
 
     def ok(it) -> bool:
-        got = memo.get(id(it))
+        got = memo.get(id(it), (None, None))[1]
         if got is None:
             if isinstance(it, Call):
                 got = it.statement in launch_only
@@ -231,7 +234,7 @@ def capturable_fn(launch_only: set[int]):
             else:
                 assert isinstance(it, (Free, SwapIn, SwapOut))
                 got = False
-            memo[id(it)] = got
+            memo[id(it)] = (it, got)
         return got
 
     return ok
