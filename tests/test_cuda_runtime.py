@@ -541,9 +541,9 @@ def test_a_kernel_s_steps_run_over_grids_of_several_blocks():
     cpu, _ = compiled_run(graph, backend="cpu")
     same_outputs(rt, cpu, ("y",))
     # (the last block set the tickets back to 0)
-    record = np.zeros(cuda.RECORD + 1, np.int64)
+    record = np.zeros(cuda.ERR_WORDS, np.int64)
     rt.device.download(rt.device._err, record)
-    assert record[cuda.RECORD] == 0
+    assert not record[cuda.RECORD :].any()
     want = outputs(run_graph(graph))["y"]
     np.testing.assert_allclose(rt.value("y"), want, rtol=1e-5, atol=1e-6)
 
@@ -583,14 +583,15 @@ def _threads(phases) -> tuple:
 def test_reductions_and_the_work_under_a_merge_s_conditions_run_on_the_grid():
     """A sum over all terms: its first value on one thread, the terms over the grid (a tree
     per block), the blocks' results added on one thread. A column sum (``sum(.., 0)``)
-    into a temporary: the rows dealt to the blocks (as many as ``PARTS``), the columns to a
-    block's threads, each block into a copy of its own, then the copies added per column.
+    into a temporary: the rows dealt to the blocks (a block a row, up to ``ARRAY_PARTS``),
+    the columns to a block's threads, each block into a copy of its own, then the copies
+    added per column (in groups of blocks first: the emulation's three, two groups).
     The gemm and the loops of a merge's branch (``q[i]`` at ``i >= 1``) are steps of their
     own under the branch's condition, not a serial run. Integer max, float min, prod: each
     with its identity. Same values as the cpu and the reference."""
     graph = graph_of(REDUCTIONS)
     rt, gen = compiled_run(graph, backend="cuda-emu")
-    parts = render.PARTS * render.THREADS
+    parts = 300 * render.THREADS
     # (the first value, the blocks' results and the small step after them: by the last
     # block; a thread per point of the nest, 300 x 5: render._flat_sum)
     assert _phases(gen, "s") == (1500,)
@@ -611,6 +612,49 @@ def test_reductions_and_the_work_under_a_merge_s_conditions_run_on_the_grid():
     want = outputs(run_graph(graph))
     for name in names:
         np.testing.assert_allclose(rt.value(name), want[name], rtol=1e-5, atol=1e-6)
+
+
+COLUMNS = """
+config I = 3, N = 5000, H = 70
+dim i < I
+dim n < N
+x[n] = sin(f32(n) * 0.37 + f32(arange(H)) * 0.11)
+y[n] = cos(f32(n) * 0.21 + f32(arange(2)))
+c[0] = ones([H])
+c[i] = sum(sin(x[0:N] * c[i-1]), 0) * 0.001
+d[0] = ones([2])
+d[i] = sum(y[0:N] * d[i-1], 0) * 0.001 + sum(y[0:N] * y[0:N] * d[i-1], 0) * 0.002
+out c, d
+"""
+
+
+@needs_cxx
+@pytest.mark.parametrize("blocks", [1, 2, 3, 4, 10, 17])
+def test_an_array_reduction_s_copies_are_combined_in_groups_of_blocks(monkeypatch, blocks):
+    """A column sum's blocks (a copy of the sums each) in groups of about the square root
+    of their number (``tl_group_size``: 3 blocks in groups of 2 and 1, 4 of 2 and 2, 10 of
+    4, 4 and 2, 17 of 5, 5, 5 and 2; 1 and 2 blocks in none):
+    the last block of each group to finish adds its group's copies into the group's
+    first, and the last of those adds the groups' (``copies_by_lanes``). A
+    70-wide row (wider than the emulation's blocks: a thread more than one column) and a
+    2-wide one (lanes of the copies), two joined sums. The values of the cpu backend, the
+    counters back at 0."""
+    monkeypatch.setattr(EmuDevice, "MAX_BLOCKS", blocks)
+    graph = graph_of(COLUMNS)
+    rt, gen = compiled_run(graph, backend="cuda-emu")
+    assert gen.text.count("tl_groups(err)") >= 2 * 2
+    # (the 2-wide sums on ARRAY_PARTS blocks; the 70-wide on as many as PART_BYTES holds)
+    every = {_threads(phases) for _, phases in gen.plan.kernels.launches}
+    assert (4, render.ARRAY_PARTS * render.THREADS) in every  # (2 joined: 2 x 2)
+    assert (70, render.PART_BYTES // (8 * 70) * render.THREADS) in every
+    cpu, _ = compiled_run(graph, backend="cpu")
+    same_outputs(rt, cpu, ("c", "d"))
+    record = np.zeros(cuda.ERR_WORDS, np.int64)
+    rt.device.download(rt.device._err, record)
+    assert not record[cuda.RECORD :].any()
+    want = outputs(run_graph(graph))
+    for name in ("c", "d"):
+        np.testing.assert_allclose(rt.value(name), want[name], rtol=1e-5, atol=1e-5)
 
 
 PERMUTATIONS = """
@@ -1104,7 +1148,9 @@ def test_a_gpu_s_grids_are_the_blocks_it_holds_at_once():
 
 def test_cupy_device_takes_its_grid_limit_from_the_gpu_s_multiprocessors(monkeypatch):
     """``CupyDevice`` reads the GPU's multiprocessors and threads each (a stand-in for
-    CuPy here) and launches grids of at most ``resident_blocks`` of them."""
+    CuPy here) and launches grids of at most ``resident_blocks`` of them; a function's
+    launches at most as many as its occupancy lets each multiprocessor hold (12 blocks of
+    a function of 40 registers a thread), never more than ``resident_blocks``."""
     import types
 
     class Stream:
@@ -1126,7 +1172,13 @@ def test_cupy_device_takes_its_grid_limit_from_the_gpu_s_multiprocessors(monkeyp
         Stream=Stream,
     )
     launched = []
-    driver = types.SimpleNamespace(launchKernel=lambda fn, gx, *rest: launched.append(gx))
+    occupancy = {1: 12, 2: 16, 3: 40, 4: 0}  # (blocks of 128 threads an SM, each function)
+    driver = types.SimpleNamespace(
+        launchKernel=lambda fn, gx, *rest: launched.append(gx),
+        occupancyMaxActiveBlocksPerMultiprocessor=lambda fn, threads, smem: (
+            occupancy[fn] if (threads, smem) == (cuda.THREADS, 0) else -1
+        ),
+    )
     fake_cuda = types.ModuleType("cupy.cuda")
     fake_cuda.driver = driver
     monkeypatch.setitem(sys.modules, "cupy", fake)
@@ -1135,6 +1187,7 @@ def test_cupy_device_takes_its_grid_limit_from_the_gpu_s_multiprocessors(monkeyp
     assert dev.MAX_BLOCKS == 114 * 16
     dev.set_shift(1, 0, 0, 10**7, np.zeros(1, np.int64))  # (10 M shifts: capped)
     assert launched == [114 * 16]
+    assert [dev.grid_limit(fn) for fn in (1, 2, 3, 4)] == [114 * 12, 114 * 16, 114 * 16, 1]
 
 
 def _check_gemm(blas, ta, tb, ldc_extra, dtype, cp=None, dev=None, matmul="float32"):

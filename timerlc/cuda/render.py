@@ -145,6 +145,19 @@ __device__ inline long long tl_skew(long long f, long long off, long long step) 
    once, and the last block sets it back to 0) */
 __device__ inline unsigned *tl_count(int *err) { return (unsigned *)((long long *)err + 10); }
 
+/* an array reduction's blocks in groups of tl_group_size(blocks), about the square root of
+   their number: the last block of each group to finish combines the group's partial copies
+   into its first, with a counter a group after tl_count (at most 256 groups: runtime/cuda.py's
+   ERR_WORDS); then the last of those combines the groups' (a last block alone read all the
+   copies, one after another: 2,048 of them were as many loads a thread); 1 where one group
+   would hold them all (no groups: the last block combines the copies) */
+__device__ inline unsigned *tl_groups(int *err) { return (unsigned *)((long long *)err + 11); }
+__device__ inline unsigned tl_group_size(unsigned blocks) {
+  unsigned g = (unsigned)sqrtf((float)blocks);
+  while (g * g < blocks) g++;
+  return g < blocks ? g : 1;
+}
+
 /* integers wrap (two's complement), as LLVM's add/sub/mul and NumPy's do */
 TL_F int tl_add_i32(int a, int b) { return (int)((u32)a + (u32)b); }
 TL_F int tl_sub_i32(int a, int b) { return (int)((u32)a - (u32)b); }
@@ -410,6 +423,12 @@ WIDE, WIDE_ROWS = 32, 8192
 # (its threads take the terms, a tree combines them: no launch more)
 BLOCK_TERMS = 64
 PART_BYTES = 1 << 20  # the most scratch a reduction into a temporary keeps partial copies in
+# the most blocks an array reduction runs on (``_array_blocks``), its last blocks combining
+# the copies in groups (``_Kernel.group_combine``): all of them at once on an H100 (2,112
+# blocks of 128 threads); at 256 blocks PPO's bias gradients of 65,536 rows were 4 warps
+# an SM, each thread's loads 128 rows one after another (56-77 us for 33.5 MB, 11 us at the
+# H100's bandwidth)
+ARRAY_PARTS = 2048
 _SIZE = {"bool": 1, "i32": 4, "i64": 8, "f32": 4, "f64": 8}
 
 
@@ -612,6 +631,8 @@ class _Kernel:
         self.scratch = k.scratch_bytes
         self.rows = False  # (a statement of a loop kernel: cuda/loops.py)
         self.one_block = False  # (a step run by one block, the last of a reduction's)
+        self.grouped = False  # (an array reduction's copies combined in groups first)
+        self.groups_of = None  # (the number of the reduction whose groups' copies are combined)
         self.block_sums = 0  # (the sums of runs on one thread the block takes: block_sum)
 
     def emit(self, depth: int, line: str):
@@ -1089,10 +1110,11 @@ class _Kernel:
         size = temps[form[1][0]].size
         q = f"tl_q{n}"
         body = []
+        blocks = min(_extent(loop, _array_blocks(size)), _array_blocks(size))  # (reduction's)
         for j, acc in enumerate(form[1]):
             t = temps[acc]
             part = f"tl_part{n}_{j}"
-            self.parts[part] = [t.dtype, _array_blocks(size) * size, 0]
+            self.parts[part] = [t.dtype, blocks * size, 0]
             self.bufs[part] = t.dtype
             op = dict(loop.reduce)[acc]
             at = kir.add(kir.mul(Ref(b), size), Ref(q))
@@ -1111,6 +1133,7 @@ class _Kernel:
         if kind == "reduce":
             if then is not None:  # (its own accumulators, apart from the values passed on)
                 self.emit(1, "{")
+            self.grouped = self._grouped(st, then)
             threads = self.reduction(st)
             if then is not None:
                 self.emit(1, "}")
@@ -1121,7 +1144,8 @@ class _Kernel:
                     if t.name in self.local_temps and t.name in wanted:
                         mt = MTYPE[t.dtype]
                         self.emit(1, f"{mt} *{buf(t.name)} = ({mt} *)(scratch + {t.offset});")
-                self.last_block(then, loads, stores, passed)
+                self.last_block(then, loads, stores, passed, st if self.grouped else None)
+            self.grouped = False
         else:
             threads = self.step_body(st, loads, stores, passed)
         self.phases.append((fname, max(1, min(threads, 1 << 31))))
@@ -1149,15 +1173,20 @@ class _Kernel:
             head.append("  __syncthreads();")
         return "\n".join(head + self.lines + ["}"]) + "\n" + _emu_entry(fname, len(self.k.params))
 
-    def last_block(self, then: list, loads, stores, passed):
+    def last_block(self, then: list, loads, stores, passed, grouped=None):
         """After a reduction's partial results: each block takes a ticket, and the last to
         finish (it sees every block's results) runs the steps ``then`` (each with what the
         other steps use), the first of which combines them, as a grid of one block, its
-        threads meeting between two."""
+        threads meeting between two. Where the reduction is ``grouped`` (an array
+        reduction's step, ``_grouped``), the last block of each group of blocks combines
+        the group's copies first (``group_combine``), and those blocks take the tickets."""
         self.emit(1, "__threadfence();  // (this block's partial results, then its ticket)")
         self.emit(1, "__shared__ int tl_last;")
+        if grouped is not None:
+            self.group_combine(grouped)
+        blocks = "tl_ng" if grouped is not None else "gridDim.x"
         self.emit(
-            1, "if (threadIdx.x == 0) tl_last = atomicAdd(tl_count(err), 1u) == gridDim.x - 1;"
+            1, f"if (threadIdx.x == 0) tl_last = atomicAdd(tl_count(err), 1u) == {blocks} - 1;"
         )
         self.emit(1, "__syncthreads();")
         self.emit(1, "if (!tl_last) return;  // the last block combines the results")
@@ -1165,13 +1194,91 @@ class _Kernel:
         self.emit(1, "if (threadIdx.x == 0) *tl_count(err) = 0;")
         outside = self.others
         self.one_block = True
+        self.groups_of = grouped.number if grouped is not None else None
         for k, (st, others) in enumerate(then):
             if k:
                 self.emit(1, "__syncthreads();")
             self.others = others
             self.step_body(st, loads, stores, passed)
         self.one_block = False
+        self.groups_of = None
         self.others = outside
+
+    def _grouped(self, st: _Step, then) -> bool:
+        """Whether the blocks of reduction step ``st`` combine its copies in groups before
+        its last block combines the groups' (``group_combine``): an array reduction's, whose
+        last block then combines them by lanes (``copies_by_lanes``)."""
+        if st.form[0] != "array" or not then:
+            return False
+        return any(
+            t.kind == "parallel" and _combines(t, st.number) and _lanes_combine(t.body)
+            for t, _ in then
+        )
+
+    def group_combine(self, st: _Step):
+        """An array reduction's blocks in groups of ``tl_gs`` (``tl_group_size``: about the
+        square root of their number; ``tl_ng`` groups): each block takes a ticket of its
+        group's, and the group's last to finish combines the group's copies (block order,
+        its threads as lanes of the copies: ``copies_by_lanes``) into the group's first
+        copy, then takes a ticket of ``tl_count``'s (``last_block``), whose last combines
+        the groups' first copies. Groups of one block (fewer than 3 blocks): none of it."""
+        n = st.number
+        temps = {t.name: t for t in self.k.temps}
+        ops = dict(st.body.reduce)
+        accs = st.form[1]
+        size = temps[accs[0]].size
+        self.emit(1, "const unsigned tl_gs = tl_group_size(gridDim.x);")
+        self.emit(1, "const unsigned tl_ng = (gridDim.x + tl_gs - 1) / tl_gs;")
+        self.emit(1, "if (tl_gs > 1) {")
+        self.emit(2, "const unsigned tl_first = blockIdx.x / tl_gs * tl_gs;")
+        self.emit(
+            2,
+            "const unsigned tl_in = gridDim.x - tl_first < tl_gs ? gridDim.x - tl_first : tl_gs;",
+        )
+        self.emit(
+            2,
+            "if (threadIdx.x == 0) "
+            "tl_last = atomicAdd(tl_groups(err) + blockIdx.x / tl_gs, 1u) == tl_in - 1;",
+        )
+        self.emit(2, "__syncthreads();")
+        self.emit(2, "if (!tl_last) return;  // the group's last block combines its copies")
+        self.emit(2, "__threadfence();")
+        self.emit(2, "if (threadIdx.x == 0) tl_groups(err)[blockIdx.x / tl_gs] = 0;")
+        parts = []
+        for j, acc in enumerate(accs):
+            dt = temps[acc].dtype
+            parts.append((buf(f"tl_part{n}_{j}"), ops[acc], dt, f"tl_glanes{n}_{j}"))
+            self.emit(2, f"__shared__ {MTYPE[dt]} tl_glanes{n}_{j}[{THREADS}];")
+        self.lanes_count("tl_gl", size)
+        self.emit(
+            2, f"for (long long tl_t = threadIdx.x; tl_t < tl_gl * {size}; tl_t += blockDim.x) {{"
+        )
+        self.emit(3, f"const long long tl_e = tl_t % {size};")
+        for j, (_, op, dt, _) in enumerate(parts):
+            self.emit(3, f"{CTYPE[dt]} tl_v{j} = {identity(op, dt)};")
+        self.emit(3, "TL_UNROLL")
+        self.emit(
+            3,
+            f"for (long long tl_c = tl_first + tl_t / {size}; tl_c < tl_first + tl_in; "
+            "tl_c += tl_gl) {",
+        )
+        for j, (part, op, dt, _) in enumerate(parts):
+            self.emit(
+                4, f"tl_v{j} = {binary(op, f'tl_v{j}', f'{part}[tl_c * {size} + tl_e]', dt)};"
+            )
+        self.emit(3, "}")
+        for j, (part, _, _, lanes) in enumerate(parts):
+            self.emit(3, f"if (tl_gl == 1) {part}[tl_first * {size} + tl_e] = tl_v{j};")
+            self.emit(3, f"else {lanes}[tl_t] = tl_v{j};")
+        self.emit(2, "}")
+        self.lanes_tree("tl_gl", size, [(lanes, op, dt) for _, op, dt, lanes in parts])
+        self.emit(2, f"if (tl_gl > 1 && threadIdx.x < {size}) {{")
+        for part, _, _, lanes in parts:
+            self.emit(3, f"{part}[tl_first * {size} + threadIdx.x] = {lanes}[threadIdx.x];")
+        self.emit(2, "}")
+        self.emit(2, "__syncthreads();")
+        self.emit(2, "__threadfence();  // (the group's sums, then the ticket)")
+        self.emit(1, "}")
 
     def step_body(self, st: _Step, loads, stores, passed) -> int:
         """The lines of a step that is not a reduction; the threads it asks for."""
@@ -1499,29 +1606,14 @@ class _Kernel:
         element's first value added last; where each thread summed one element's up to 256
         copies one after another, each a load waiting for the one before. False (nothing
         written) where ``loop`` is not such a combination."""
-        guard, inner = None, loop.body
-        if len(inner) == 1 and isinstance(inner[0], If) and not inner[0].orelse:
-            guard, inner = inner[0].cond, inner[0].then
-        q = loop.var
-        if not (
-            q.startswith("tl_q")
-            and isinstance(loop.lo, Const)
-            and isinstance(loop.hi, Const)
-            and inner
-            and all(
-                isinstance(f, For)
-                and f.var == f"tl_b{q.removeprefix('tl_q')}"
-                and isinstance(f.hi, Load)
-                and len(f.body) == 1
-                and isinstance(f.body[0], Store)
-                and f.body[0].index == Ref(q)
-                and isinstance(f.body[0].value, Bin)
-                and isinstance(f.body[0].value.b, Load)
-                for f in inner
-            )
-        ):
+        form = _lanes_combine(loop)
+        if form is None:
             return False
+        guard, inner = form
+        q = loop.var
         n = q.removeprefix("tl_q")
+        # (grouped: the groups' sums, in each group's first copy: group_combine)
+        grouped = self.groups_of is not None and n == str(self.groups_of)
         size = int(loop.hi.value) - int(loop.lo.value)
         terms = [(f.body[0], f.body[0].value.op, f.body[0].value.b) for f in inner]
         for j, (st, _, _) in enumerate(terms):
@@ -1549,6 +1641,7 @@ class _Kernel:
                 groups.append([j])
         for group in groups:
             b, hi = name(inner[group[0]].var), self.expr(inner[group[0]].hi)
+            hi, at = ("(long long)tl_ng", "tl_c * tl_gs") if grouped else (hi, "tl_c")
             self.emit(depth + 1, "{")
             for j in group:
                 st, op, _ = terms[j]
@@ -1557,7 +1650,7 @@ class _Kernel:
                 )
             self.emit(depth + 2, "TL_UNROLL")
             self.emit(depth + 2, f"for (long long tl_c = {b}; tl_c < {hi}; tl_c += tl_cl) {{")
-            self.emit(depth + 3, f"const long long {b} = tl_c;  (void){b};")
+            self.emit(depth + 3, f"const long long {b} = {at};  (void){b};")
             for j in group:
                 st, op, part = terms[j]
                 v = f"tl_v{j}"
@@ -1715,7 +1808,7 @@ class _Kernel:
             held = self._in_registers(loop, inner, accs, count)
             if held is not None:
                 self.array_in_registers(st, loop, inner, accs, held)
-                blocks = _array_blocks(t.size)
+                blocks = _array_blocks(t.size, self.grouped)
                 threads = min(_extent(loop, blocks), blocks) * THREADS
                 self.emit(2, f"if (blockIdx.x == 0) {buf(f'tl_nparts{count}')}[0] = gridDim.x;")
                 self.emit(2, f"if (tl_fail) tl_failed(err, tl_fail, {self.k.sid}, args);")
@@ -1752,7 +1845,8 @@ class _Kernel:
                 self.emit(1, "}")
             self.emit(1, "__syncthreads();")
             self.emit(1, "if (threadIdx.x == 0) {")
-            threads = min(_extent(loop, _array_blocks(t.size)), _array_blocks(t.size)) * THREADS
+            blocks = _array_blocks(t.size, self.grouped)
+            threads = min(_extent(loop, blocks), blocks) * THREADS
         self.emit(2, f"if (blockIdx.x == 0) {buf(f'tl_nparts{count}')}[0] = gridDim.x;")
         self.emit(2, f"if (tl_fail) tl_failed(err, tl_fail, {self.k.sid}, args);")
         self.emit(1, "}")
@@ -2864,10 +2958,43 @@ def _terms(loop: For) -> int:
     return n * max([1] + [_terms(s) for s in inner])
 
 
-def _array_blocks(size: int) -> int:
+def _lanes_combine(loop) -> tuple | None:
+    """``(guard, loops)`` where ``loop`` combines an array reduction's copies
+    (``_Kernel._combine``: each element ``q`` of the temporaries, a loop over the blocks'
+    copies in block order for each, under the reduction's guard), else None."""
+    if not isinstance(loop, For):
+        return None
+    guard, inner = None, loop.body
+    if len(inner) == 1 and isinstance(inner[0], If) and not inner[0].orelse:
+        guard, inner = inner[0].cond, inner[0].then
+    q = loop.var
+    if not (
+        q.startswith("tl_q")
+        and isinstance(loop.lo, Const)
+        and isinstance(loop.hi, Const)
+        and inner
+        and all(
+            isinstance(f, For)
+            and f.var == f"tl_b{q.removeprefix('tl_q')}"
+            and isinstance(f.hi, Load)
+            and len(f.body) == 1
+            and isinstance(f.body[0], Store)
+            and f.body[0].index == Ref(q)
+            and isinstance(f.body[0].value, Bin)
+            and isinstance(f.body[0].value.b, Load)
+            for f in inner
+        )
+    ):
+        return None
+    return guard, inner
+
+
+def _array_blocks(size: int, grouped: bool = True) -> int:
     """The most blocks a reduction into a temporary of ``size`` elements runs on (each
-    keeps a partial copy of it: at most ``PART_BYTES`` of them in all)."""
-    return max(1, min(PARTS, PART_BYTES // (8 * max(size, 1))))
+    keeps a partial copy of it: at most ``PART_BYTES`` of them in all): ``ARRAY_PARTS``
+    where its last blocks combine the copies in groups (``grouped``), else ``PARTS``."""
+    most = ARRAY_PARTS if grouped else PARTS
+    return max(1, min(most, PART_BYTES // (8 * max(size, 1))))
 
 
 def _uniform_checks(run: list, params: set) -> list:

@@ -62,6 +62,10 @@ ARGS = 8  # the loop values a launch passes (cuda.render.ARGS: the module's stru
 # the failure record (cuda.render's tl_failed): the code, then the statement and the loop
 # values of the call that failed, as long longs
 RECORD = 2 + ARGS
+# after the record: a reduction's ticket counter (tl_count), then one counter for each group
+# of its blocks (tl_groups: at most 256 groups, the square root of 65,536 blocks), as
+# unsigned ints; the failure record's buffer is ERR_WORDS long longs in all
+ERR_WORDS = RECORD + 1 + 128
 FUSED = 1 << 40  # the ids of fused kernels as statements of the tree: FUSED + their index
 LOOP = 1 << 41  # the ids of loop kernels as statements of the tree: LOOP + their index
 
@@ -126,9 +130,9 @@ class EmuDevice:
         self._arenas: dict[int, np.ndarray] = {}
         self._freed: collections.deque = collections.deque(maxlen=self.QUARANTINE)
         self._recording: list | None = None  # a graph's work while it is captured
-        # the launches' failure record (code 0: none), then a reduction's ticket counter
-        self._err = self.alloc(8 * (RECORD + 1))
-        self.zero(self._err, 8 * (RECORD + 1))
+        # the launches' failure record (code 0: none), then a reduction's ticket counters
+        self._err = self.alloc(8 * ERR_WORDS)
+        self.zero(self._err, 8 * ERR_WORDS)
 
     def describe(self) -> str:
         note = matmul_note(self.matmul)
@@ -144,6 +148,10 @@ class EmuDevice:
 
     def function(self, module, name: str):
         return module.function(name)
+
+    def grid_limit(self, fn) -> int:
+        """The most blocks a launch of ``fn`` gets (``CupyDevice.grid_limit``)."""
+        return self.MAX_BLOCKS
 
     def alloc(self, nbytes: int) -> int:
         block = np.full(max(nbytes, 8), self.POISON, np.uint8)
@@ -295,7 +303,7 @@ class EmuDevice:
         record = tuple((ctypes.c_int64 * RECORD).from_address(self._err))
         code = ctypes.c_int32.from_address(self._err).value
         if code:
-            self.zero(self._err, 8 * (RECORD + 1))
+            self.zero(self._err, 8 * ERR_WORDS)
         return code, record[1], record[2:]
 
     def code(self) -> int:
@@ -507,10 +515,12 @@ class CupyDevice:
         self.MAX_BLOCKS = resident_blocks(
             attrs["MultiProcessorCount"], attrs["MaxThreadsPerMultiProcessor"]
         )
+        self._sms = attrs["MultiProcessorCount"]
         self._mem: dict[int, object] = {}
         self._arenas: dict[int, object] = {}
-        # the failure record (tl_failed), then a reduction's ticket counter (tl_count)
-        self._err = cupy.zeros(RECORD + 1, cupy.int64)
+        # the failure record (tl_failed), then a reduction's ticket counters (tl_count,
+        # tl_groups)
+        self._err = cupy.zeros(ERR_WORDS, cupy.int64)
         self._code = np.zeros(RECORD, np.int64)
         # a stream of its own (a graph is captured from a stream other than the legacy
         # default one), made current, and synchronizing with the default stream (CuPy's
@@ -566,6 +576,15 @@ class CupyDevice:
             raise RunError(
                 f"the GPU's compiler refused the kernels ({type(e).__name__}): {e}"
             ) from None
+
+    def grid_limit(self, fn: int) -> int:
+        """The most blocks a launch of function ``fn`` gets: as many as the GPU holds at once
+        of its (``MAX_BLOCKS`` at most), by the driver's occupancy of it (its registers and
+        shared memory). A function of 40 registers a thread fits 12 blocks of 128 threads
+        an SM, not 16: on a grid of 16 an SM, a quarter of the blocks waited for the others,
+        each with the same points to stride over (a second wave)."""
+        per_sm = self._driver.occupancyMaxActiveBlocksPerMultiprocessor(fn, THREADS, 0)
+        return max(1, min(self.MAX_BLOCKS, self._sms * per_sm))
 
     def alloc(self, nbytes: int) -> int:
         mem = self.cp.cuda.alloc(max(nbytes, 8))
@@ -1372,23 +1391,22 @@ class DeviceRuntime(CpuRuntime):
     def _launcher(self, sid: int, phases, scratch: int):
         """The function the statement calls for its kernel (``CpuRuntime``'s signature:
         the host's table, args and scratch, unused here): its phases run one after
-        another, a function launched over the blocks its threads need (at most the
-        device's ``MAX_BLOCKS``: each strides over its grid) or a product handed to the
-        device's BLAS (``_gemm``), then the failure code read (where a function ran)."""
+        another, a function launched over the blocks its threads need (at most as many as
+        the device holds at once, ``grid_limit``: each strides over its grid) or a product
+        handed to the device's BLAS (``_gemm``), then the failure code read (where a
+        function ran)."""
         state: list = []  # (set at the first call) functions, whether to read the code, ...
 
         def launch(_table, _args, _scratch) -> int:
             if not state:
-                limit = self.device.MAX_BLOCKS
-                fns = tuple(
-                    (self._gemm(sid, f, scratch), 0)
-                    if isinstance(f, GemmCall)
-                    else (
-                        self.device.function(self._module, f[0]),
-                        min(-(-f[1] // THREADS), limit),
-                    )
-                    for f in phases
-                )
+                fns = []
+                for f in phases:
+                    if isinstance(f, GemmCall):
+                        fns.append((self._gemm(sid, f, scratch), 0))
+                        continue
+                    fn = self.device.function(self._module, f[0])
+                    fns.append((fn, min(-(-f[1] // THREADS), self.device.grid_limit(fn))))
+                fns = tuple(fns)
                 # (a kernel that cannot fail leaves the code 0: not read, no wait)
                 reads = self.can_fail(sid) and any(b for _, b in fns)
                 touched = tuple(s for s, _ in self.touched_of((sid,)))
