@@ -31,7 +31,8 @@ from timerlc.reference.interpreter import run_graph
 from timerlc.runtime.cpu import CpuRuntime
 from timerlc.runtime.cuda import DeviceRuntime, EmuDevice
 
-PROGRAMS = Path(__file__).resolve().parent.parent / "programs"
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAMS = ROOT / "programs"
 SMALL = {  # a quick run of each program
     "ppo": {"B": 4, "T": 16, "total_steps": 128},
     "reinforce": {"I": 3, "B": 4, "T": 16},
@@ -967,7 +968,7 @@ def test_sums_of_a_run_on_one_thread_are_its_block_s(tmp_path):
     """Sums of fewer terms than a grid's worth (``render.GRID_TERMS``) in a run on one
     thread, of at least ``render.BLOCK_TERMS`` terms over loops of constant bounds (a
     gradient norm's sums of squares of small weights): the block's threads take the terms,
-    a tree in shared memory combines them, thread 0 goes on (``_Kernel.block_sum``); one
+    a tree in shared memory combines them, thread 0 goes on (``_Kernel.block_sums``); one
     of 8 terms stays thread 0's. The same values as the cpu."""
     text = """
     config I = 3, N = 10

@@ -732,6 +732,34 @@ def test_a_condition_that_reads_what_its_loop_writes_keeps_the_loop_under_it():
     assert [n for _, n in launches["s0"].phases] == [1000]
 
 
+def test_a_run_s_sums_whose_terms_read_nothing_it_writes_between_them_share_one_tree():
+    """A run on one thread with three sums the block takes (``_Kernel.block_sums``): the
+    second's terms read ``x`` (nothing the run writes between the sums): one pass and one
+    tree for both; the third's read ``y``, which the run writes after the second: a tree of
+    its own after that write."""
+    f64 = "f64"
+    slots = (kir.Slot("x", f64, 0, 0, 0, False), kir.Slot("y", f64, 1, 1, 0, True))
+    zero = kir.i64(0)
+
+    def total(acc: str, buf: str):
+        term = kir.Bin("mul", kir.Load(buf, kir.Ref("e"), f64), kir.Const(f64, 2.0), f64)
+        let = kir.Let(acc, f64, kir.Bin("add", kir.Ref(acc, f64), term, f64))
+        return kir.For("e", zero, kir.i64(100), (let,), False, (((acc, "add"),)))
+
+    body = []
+    for acc, buf, at in (("a", "x", 1), ("b", "x", 2), ("c", "y", 3)):
+        body += [kir.Let(acc, f64, kir.Const(f64, 0.0)), total(acc, buf)]
+        body.append(kir.Store("y", kir.i64(at), kir.Ref(acc, f64)))
+    text, _, launches = render.render_module([kir.Kernel("s0", 0, (), slots, (), tuple(body))])
+    assert [n for _, n in launches["s0"].phases] == [1]
+    assert text.count("before the sums' terms") == 2
+    assert "tl_bs0_0" in text and "tl_bs1_0" in text and "tl_bs2_0" in text
+    first, second = text.split("before the sums' terms")[1:]
+    assert "tl_bs1_0[threadIdx.x] = v_b" in first and "tl_bs2_0[threadIdx.x] = v_c" in second
+    # (y[2] = b, thread 0's, before the third sum's pass reads y)
+    assert "m_y[(2LL)] = v_b" in first and "m_y[(2LL)]" not in second
+
+
 def test_a_gpu_kernel_s_temporaries_share_bytes_where_their_uses_do_not_overlap():
     """``lower._packed_temps`` (the cuda target's kernels, whose temporaries hold every
     point's values): t1 is read for the last time where t2 is written, t3 written after:

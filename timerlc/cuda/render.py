@@ -633,7 +633,7 @@ class _Kernel:
         self.one_block = False  # (a step run by one block, the last of a reduction's)
         self.grouped = False  # (an array reduction's copies combined in groups first)
         self.groups_of = None  # (the number of the reduction whose groups' copies are combined)
-        self.block_sums = 0  # (the sums of runs on one thread the block takes: block_sum)
+        self.block_sums_made = 0  # (the sums of runs on one thread the block takes: block_sums)
 
     def emit(self, depth: int, line: str):
         self.lines.append("  " * depth + line)
@@ -1398,64 +1398,88 @@ class _Kernel:
     def serial_with_sums(self, segments, mine: dict, who: str, skip: str, loads, stores, passed):
         """A run on one thread with sums the block's threads take (``_block_sums``): the
         run's locals declared for every thread (thread 0's are the run's), each piece of
-        the run on thread 0, then each sum by the block (``block_sum``), which thread 0
-        adds into its accumulators at the start of the next piece."""
+        the run on thread 0, then each sum by the block (``block_sums``), which thread 0
+        adds into its accumulators at the start of the next piece. The sums after it whose
+        terms read nothing the pieces before them write go with it (one pass, one tree):
+        a gradient norm's 15 small sums of squares were 15 trees of 7 barriers each, one
+        after another in a reduction's last block."""
         self.emit(1, "{")
         for v, dt in mine.items():
             if v not in loads:
                 self.emit(1, f"{CTYPE[dt]} {name(v)};")
-        pending: list[str] = []
+        pending: dict[int, list[str]] = {}  # segment -> thread 0's adds of a sum's total
+        done: set[int] = set()  # the segments whose sums went with an earlier one's
         for j, (run, nest) in enumerate(segments):
             self.emit(1, f"if ({who}) {{")
-            for line in pending:
+            for line in pending.get(j, ()):
                 self.emit(2, line)
             self.stmts(run, 2, skip)
             if nest is None:
                 self.serial_end(skip, stores, passed)
             self.emit(1, "}")
-            if nest is not None:
-                pending = self.block_sum(nest)
+            if nest is None or j in done:
+                continue
+            batch, written = [j], set()
+            for q in range(j + 1, len(segments)):
+                run_q, nest_q = segments[q]
+                written |= _written(run_q)
+                if nest_q is None or _buffers(nest_q) & written:
+                    break
+                batch.append(q)
+            for q, lines in zip(batch, self.block_sums([segments[q][1] for q in batch])):
+                pending[q + 1] = lines
+                done.add(q)
         self.emit(1, "}")
 
-    def block_sum(self, nest: list) -> list[str]:
-        """The sum ``nest`` (``_block_sum``) by the threads of the block that runs the run
-        on one thread: each thread the terms ``threadIdx.x``, ``blockDim.x`` apart (the
-        loops' points numbered, the innermost fastest), into its own accumulators, then a
-        tree in shared memory (fixed: a build gives the same bits every run); the lines by
-        which thread 0 then adds the block's sums into its accumulators."""
-        ops = dict(nest[0].reduce)
-        dtypes = self._reduction(nest[0])[1]
-        n = self.block_sums
-        self.block_sums += 1
+    def block_sums(self, nests: list) -> list[list[str]]:
+        """The sums ``nests`` (``_block_sum``'s, whose terms read nothing the run writes
+        between them) by the threads of the block that runs the run on one thread: each
+        thread the terms ``threadIdx.x``, ``blockDim.x`` apart (the loops' points numbered,
+        the innermost fastest), into its own accumulators, each sum's after the one
+        before, then one tree in shared memory for all of them (fixed: a build gives the
+        same bits every run); for each sum, the lines by which thread 0 then adds the
+        block's sums into its accumulators."""
         owner = "true" if self.one_block else "blockIdx.x == 0"
-        total = math.prod(_extent(x) for x in nest)
-        shared = {acc: f"tl_bs{n}_{j}" for j, acc in enumerate(ops)}
-        for acc, dt in dtypes.items():
-            self.emit(1, f"__shared__ {MTYPE[dt]} {shared[acc]}[{THREADS}];")
-        self.emit(1, "__syncthreads();  // (thread 0's writes before the sum's terms)")
+        sums = []  # (nest, ops, dtypes, shared arrays)
+        for nest in nests:
+            ops = dict(nest[0].reduce)
+            n = self.block_sums_made
+            self.block_sums_made += 1
+            shared = {acc: f"tl_bs{n}_{j}" for j, acc in enumerate(ops)}
+            sums.append((nest, ops, self._reduction(nest[0])[1], shared))
+        for _, _, dtypes, shared in sums:
+            for acc, dt in dtypes.items():
+                self.emit(1, f"__shared__ {MTYPE[dt]} {shared[acc]}[{THREADS}];")
+        self.emit(1, "__syncthreads();  // (thread 0's writes before the sums' terms)")
         self.emit(1, f"if ({owner}) {{")
-        for acc, dt in dtypes.items():
-            self.emit(2, f"{CTYPE[dt]} {name(acc)} = {identity(ops[acc], dt)};")
-        self.emit(
-            2, f"for (long long tl_g = threadIdx.x; tl_g < {total}LL; tl_g += blockDim.x) {{"
-        )
-        self.emit(3, "long long tl_r = tl_g;")
-        for x in reversed(nest[1:]):
+        for nest, ops, dtypes, shared in sums:
+            total = math.prod(_extent(x) for x in nest)
+            self.emit(2, "{")
+            for acc, dt in dtypes.items():
+                self.emit(3, f"{CTYPE[dt]} {name(acc)} = {identity(ops[acc], dt)};")
             self.emit(
-                3,
-                f"const long long {name(x.var)} = ({self.expr(x.lo)}) + tl_r % "
-                f"{_extent(x)}LL;  tl_r /= {_extent(x)}LL;",
+                3, f"for (long long tl_g = threadIdx.x; tl_g < {total}LL; tl_g += blockDim.x) {{"
             )
-        self.emit(3, f"const long long {name(nest[0].var)} = ({self.expr(nest[0].lo)}) + tl_r;")
-        for lv, dt in _lets(nest[-1].body).items():
-            if lv not in ops:
-                self.emit(3, f"{CTYPE[dt]} {name(lv)};")
-        skip = self.label()
-        self.stmts(nest[-1].body, 3, skip)
-        self.end(3, skip)
-        self.emit(2, "}")
-        for acc in ops:
-            self.emit(2, f"{shared[acc]}[threadIdx.x] = {name(acc)};")
+            self.emit(4, "long long tl_r = tl_g;")
+            for x in reversed(nest[1:]):
+                self.emit(
+                    4,
+                    f"const long long {name(x.var)} = ({self.expr(x.lo)}) + tl_r % "
+                    f"{_extent(x)}LL;  tl_r /= {_extent(x)}LL;",
+                )
+            self.emit(
+                4, f"const long long {name(nest[0].var)} = ({self.expr(nest[0].lo)}) + tl_r;"
+            )
+            for lv, dt in _lets(nest[-1].body).items():
+                if lv not in ops:
+                    self.emit(4, f"{CTYPE[dt]} {name(lv)};")
+            skip = self.label()
+            self.stmts(nest[-1].body, 4, skip)
+            self.end(4, skip)
+            self.emit(3, "}")
+            for acc in ops:
+                self.emit(3, f"{shared[acc]}[threadIdx.x] = {name(acc)};")
+            self.emit(2, "}")
         self.emit(1, "}")
         self.emit(1, "__syncthreads();")
         self.emit(1, "for (unsigned tl_s = 1; tl_s < blockDim.x; tl_s *= 2) {")
@@ -1463,16 +1487,20 @@ class _Kernel:
             2,
             f"if ({owner} && threadIdx.x % (2 * tl_s) == 0 && threadIdx.x + tl_s < blockDim.x) {{",
         )
-        for acc, dt in dtypes.items():
-            r = shared[acc]
-            both = binary(ops[acc], f"{r}[threadIdx.x]", f"{r}[threadIdx.x + tl_s]", dt)
-            self.emit(3, f"{r}[threadIdx.x] = {both};")
+        for _, ops, dtypes, shared in sums:
+            for acc, dt in dtypes.items():
+                r = shared[acc]
+                both = binary(ops[acc], f"{r}[threadIdx.x]", f"{r}[threadIdx.x + tl_s]", dt)
+                self.emit(3, f"{r}[threadIdx.x] = {both};")
         self.emit(2, "}")
         self.emit(2, "__syncthreads();")
         self.emit(1, "}")
         return [
-            f"{name(acc)} = {binary(ops[acc], name(acc), f'{shared[acc]}[0]', dt)};"
-            for acc, dt in dtypes.items()
+            [
+                f"{name(acc)} = {binary(ops[acc], name(acc), f'{shared[acc]}[0]', dt)};"
+                for acc, dt in dtypes.items()
+            ]
+            for _, ops, dtypes, shared in sums
         ]
 
     def array_in_registers(self, st, loop: For, inner: For, accs: tuple, held):
