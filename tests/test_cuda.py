@@ -777,6 +777,54 @@ def test_the_reductions_unroll_is_the_module_s_head(monkeypatch):
     assert "#ifdef TL_EMU\n#define TL_UNROLL\n" in text
 
 
+@needs_cxx
+def test_the_head_s_skew_and_group_size_on_the_host(tmp_path):
+    """``tl_skew`` (a thread's first point of a loop side by side over the grid: the
+    smallest ``f - off + k * step >= 0``, one step on without a division where the grid
+    spans the offset) and ``tl_group_size`` (about the square root of a reduction's blocks,
+    1 where one group would hold them all), compiled by the host's C++ compiler with the
+    emulation's header, against their definitions here."""
+    import math
+    import subprocess
+
+    from timerlc.cuda import emu, render
+
+    cases = [
+        (f, off, step)
+        for f in range(0, 40, 3)
+        for off in range(0, 90, 7)
+        for step in (1, 5, 13, 64)
+    ]
+    blocks = list(range(1, 300)) + [1188, 2048, 2112, 65535]
+    main = ["int main() {"]
+    main += [f'  printf("%lld\\n", tl_skew({f}LL, {o}LL, {s}LL));' for f, o, s in cases]
+    main += [f'  printf("%u\\n", tl_group_size({n}u));' for n in blocks]
+    main += ["  return 0;", "}"]
+    src = tmp_path / "head.cc"
+    src.write_text(render.head() + "\n#include <stdio.h>\n" + "\n".join(main) + "\n")
+    exe = tmp_path / "head"
+    include = Path(emu.__file__).with_name("emu.h")
+    cmd = [compiler(), *emu.FLAGS, "-include", str(include), "-x", "c++", str(src), "-o", str(exe)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    got = [
+        int(x) for x in subprocess.run([str(exe)], check=True, capture_output=True).stdout.split()
+    ]
+
+    def skew(f, off, step):
+        k = 0
+        while f - off + k * step < 0:
+            k += 1
+        return f - off + k * step
+
+    def group(n):
+        g = math.isqrt(n)
+        g += g * g < n
+        return g if g < n else 1
+
+    assert got == [skew(*c) for c in cases] + [group(n) for n in blocks]
+    assert [group(n) for n in (1, 2, 3, 4, 10, 17, 1188)] == [1, 1, 2, 2, 4, 5, 35]
+
+
 def test_an_array_sum_s_rows_over_a_nest_are_one_loop_over_its_points():
     """An array reduction whose rows are a nest of loops of constant bounds (a bias's
     gradient over environments x steps) is one loop over the nest's points, the loops'

@@ -134,10 +134,15 @@ __device__ inline void tl_failed(int *err, int code, long long sid, const tl_arg
 
 /* a grid-stride loop's first point for thread ``f`` of a grid of ``step`` threads, where the
    loop's point 0 goes to thread ``off`` (loops side by side over one grid): ``f - off``, or
-   for the threads before ``off`` the first of their points ``f - off + k * step`` >= 0 */
+   for the threads before ``off`` the first of their points ``f - off + k * step`` >= 0: one
+   step on where the grid spans the loop's offset, as it mostly does (a division of 64-bit
+   values is a call of some hundred instructions: PPO's copies of the weights, 60 loops side
+   by side, made one each a thread) */
 __device__ inline long long tl_skew(long long f, long long off, long long step) {
   long long g = f - off;
-  return g >= 0 ? g : g + ((-g + step - 1) / step) * step;
+  if (g >= 0) return g;
+  if (g + step >= 0) return g + step;
+  return g + ((-g + step - 1) / step) * step;
 }
 
 /* the blocks' tickets of a reduction whose last block combines the partial results (one
