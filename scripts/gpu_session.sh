@@ -12,7 +12,8 @@
 # against the cpu backend); the cuda tests and one conformance file on the device (8
 # processes); scripts/cuda_overheads.py (the host's costs, the graphs' device time);
 # "kernels": PPO's and REINFORCE's device time by function and product shape
-# (cuda_overheads.py --kernels); scripts/bench.py at 2048x128 against jax on the GPU.
+# (cuda_overheads.py --kernels); "skinny": scripts/cuda_skinny.py (PPO's products by cuBLAS
+# and by a candidate kernel of ours); scripts/bench.py at 2048x128 against jax on the GPU.
 # "profile" (not by default): PPO at 2048 environments with --profile (each statement
 # launched alone). "ncu" (not by default, a GPU only): Nsight Compute's sections for the
 # kernels NCU_KERNELS names (a regex), in PPO at the kernels stage's sizes (the names
@@ -20,21 +21,21 @@
 #
 #   bash scripts/gpu_session.sh --emu     # the same plumbing here, on cuda-emu and the CPU
 #
-# STAGES picks stages (default "check tests overheads kernels bench"), BENCH_ALGOS and
+# STAGES picks stages (default "check tests overheads kernels skinny bench"), BENCH_ALGOS and
 # BENCH_CONFIGS the bench's grid (default ppo and reinforce at 2048x128), BENCH_BASELINES
 # its baselines (default jax, whose float32 products are TF32 on an H100, and jax-f32, true
 # float32 as timerlc's: N = 2 was too noisy, 10 gives steadier figures): a first call can
 # look for
 # failures (STAGES="check tests profile") and a second, after the fixes, measure.
-# (the default stages' limits sum to 540 s: a call of 600 s leaves time for the wheels and
-# the start)
+# (the default stages' limits sum to 580 s: a call of 600 s leaves little for the wheels
+# and the start; a second call for the bench where the first runs long)
 set -u
 export PYTHONUNBUFFERED=1
-STAGES=" ${STAGES:-check tests overheads kernels bench} "
+STAGES=" ${STAGES:-check tests overheads kernels skinny bench} "
 BENCH_ALGOS=${BENCH_ALGOS:-ppo,reinforce}
 BENCH_CONFIGS=${BENCH_CONFIGS:-2048x128}
 BENCH_BASELINES=${BENCH_BASELINES:-jax,jax-f32}
-BENCH_MATMUL=${BENCH_MATMUL:-float32}  # timerlc's --matmul-precision in the bench
+BENCH_MATMUL=${BENCH_MATMUL:-float32}  # timerlc's --matmul-precision in the bench (or both)
 # N raised until N iterations take this long (bench.py --min-diff-seconds): with N = 10
 # JAX's PPO took 2.7 ms an iteration in one call and 8.6 in another (an N run's window of
 # 30-90 ms, its noise tens of ms); 0.5 s costs each system one more run
@@ -101,6 +102,8 @@ stage overheads 80 $PY scripts/cuda_overheads.py "${CHECK[@]}" --set B=2048 --se
 stage kernels 60 bash -c "$PY scripts/cuda_overheads.py ${CHECK[*]} --kernels --set B=2048 \
   --set T=128 --set total_steps=1572864 && $PY scripts/cuda_overheads.py ${CHECK[*]} \
   --kernels --program reinforce --set B=2048 --set T=128 --set I=6"
+# PPO's skinny products: cuBLAS (float32, TF32) against a candidate kernel of ours
+stage skinny 40 $PY scripts/cuda_skinny.py "${CHECK[@]}"
 # Nsight Compute (on the device image's PATH) over the kernels NCU_KERNELS names (a regex of
 # function names, which depend on the program's sizes: these are the kernels stage's PPO's),
 # the first call of each: where a kernel's time goes (memory, occupancy, stalls)
@@ -112,7 +115,15 @@ if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
     $PY -m timerlc.cli run programs/ppo.rtl --backend cuda --set B=2048 --set T=128 \
     --set total_steps=1572864 --no-progress
 fi
-stage bench 240 $PY scripts/bench.py --device $DEVICE --backend $BACKEND --algos "$BENCH_ALGOS" \
-  --configs "$BENCH_CONFIGS" --iters 10 --repeats 1 --min-diff-seconds "$BENCH_MIN_SECONDS" \
-  --baselines "$BENCH_BASELINES" --matmul-precision "$BENCH_MATMUL" \
-  --json "$OUT/bench.json"
+# (BENCH_MATMUL may name both precisions, "float32,tensorfloat32": a bench each, the second
+# as the stage bench-tensorfloat32, its own log and json; each up to the stage's 240 s)
+first=1
+for mm in ${BENCH_MATMUL//,/ }; do
+  name=bench
+  [ $first = 1 ] || name=bench-$mm
+  case "$STAGES" in *" bench "*) STAGES="$STAGES $name " ;; esac
+  stage $name 240 $PY scripts/bench.py --device $DEVICE --backend $BACKEND --algos "$BENCH_ALGOS" \
+    --configs "$BENCH_CONFIGS" --iters 10 --repeats 1 --min-diff-seconds "$BENCH_MIN_SECONDS" \
+    --baselines "$BENCH_BASELINES" --matmul-precision "$mm" --json "$OUT/$name.json"
+  first=0
+done

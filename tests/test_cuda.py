@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +146,37 @@ def test_every_program_s_build_compiles_with_nvrtc(name):
         # (a product is the BLAS's; a loop kernel's function is one; and tl_set_shift, the
         # graphs' shifts)
         assert ptx.count(".entry") == len(functions) + len(cu.plan.kernels.loops) + 1
+
+
+def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_products():
+    """``scripts/cuda_skinny.py`` (a candidate kernel for PPO's skinny products against
+    cuBLAS, on a GPU): its module compiles with NVRTC for compute_90 without a word, and on
+    cuda-emu each of its kernels computes NumPy's product (and bias and tanh) of 130 rows
+    (two blocks of 64 and a short third)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cuda_skinny", ROOT / "scripts/cuda_skinny.py")
+    skinny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(skinny)
+    lib = nvrtc.library()
+    if lib is not None:
+        ptx, log = nvrtc.compile_ptx(skinny.module_text(), "compute_90", lib)
+        assert log.strip() == "", log[-3000:]
+        assert ptx.count(".entry") == 2 * len(skinny.SHAPES)
+    elif os.environ.get("TIMERLC_REQUIRE_NVCC") == "1":
+        pytest.fail("no libnvrtc (the test extra's nvidia-cuda-nvrtc) and TIMERLC_REQUIRE_NVCC=1")
+    if compiler() is None:
+        pytest.skip("no host C++ compiler for cuda-emu")
+    script = ROOT / "scripts" / "cuda_skinny.py"
+    r = subprocess.run(
+        [sys.executable, str(script), "--emu", "--rows", "130"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("| - | - | - |") == len(skinny.SHAPES)
 
 
 # ----------------------------------------------------------------------------- emulation
