@@ -6,7 +6,11 @@ for each in float32 where the bytes take 10 and the arithmetic 9 (docs/performan
 the bias and tanh after a forward product were a launch of their own (13.9 us). The
 candidate: the weight in shared memory, each block 64 rows of A (in shared memory too), each
 thread a 4 x 8 tile of C summed over k in registers, then the bias and tanh in the same
-kernel (what the renderer would make of a product and the loop that consumes it). Before
+kernel (what the renderer would make of a product and the loop that consumes it). The
+weight gradients (``x^T @ dy`` over the 65,536 rows, 32 and 27 us, and the bias's
+``sum(dy, 0)``, a reduction of its own, 56-77 us before 2026-11-27): a candidate of two
+launches, each of ``PARTS`` blocks a partial dW and db of a chunk of rows (a tile a thread,
+in registers), then the copies added in a fixed order, ``LANES`` threads an element. Before
 the renderer makes such kernels, this measures whether they pay: per shape, the device time
 (median of ``--repeats`` calls) of cuBLAS in float32 and in TF32 (with the bias and tanh as
 a kernel of their own where the shape has them) and of the candidate; each result checked
@@ -106,6 +110,108 @@ extern "C" __global__ void @NAME@_epi(void **table, const tl_args args_in, char 
 """
 
 
+# the weight gradients: (name, k, n): dW = x^T @ dy (k x n over the rows) and db = sum(dy, 0)
+GRADIENTS = [
+    ("x^T @ dy, sum(dy, 0) (64 x 64)", 64, 64),
+    ("x^T @ dy, sum(dy, 0) (4 x 64)", 4, 64),
+]
+PARTS = 264  # the gradient's blocks, each a partial dW and db of its rows (2 an H100 SM)
+LANES = 4  # the combination's threads an element (each every LANES-th partial copy)
+
+GRADIENT = r"""
+/* partial dW = X^T @ D and db = sum(D, 0) of the block's rows (a chunk of them), into its
+   copy of part (K * N + N floats a block): each thread a TM x TN tile of dW, summed in
+   registers over the rows, 64 rows of X and D at a time in shared memory */
+extern "C" __global__ void @NAME@_part(void **table, const tl_args args_in, char *scratch,
+                                        int *err, const long long *shift) {
+  const float *X = (const float *)table[0];
+  const float *D = (const float *)table[1];
+  float *part = (float *)table[4];
+  const long long m = args_in.v[0];
+  __shared__ float Xs[64][@K@];
+  __shared__ float Ds[64][@N@];
+  const long long rows = (m + gridDim.x - 1) / gridDim.x;
+  const long long lo = (long long)blockIdx.x * rows, hi = lo + rows < m ? lo + rows : m;
+  const int tcols = @N@ / @TN@, tiles = (@K@ / @TM@) * tcols;
+  for (int t0 = 0; t0 < tiles; t0 += blockDim.x) {  /* (the same turns on every thread) */
+    const int t = t0 + threadIdx.x;
+    const bool mine = t < tiles;
+    const int ty = mine ? t / tcols : 0, tx = mine ? t % tcols : 0;
+    float acc[@TM@][@TN@], dsum[@TN@];
+#pragma unroll
+    for (int j = 0; j < @TN@; j++) {
+      dsum[j] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < @TM@; i++) acc[i][j] = 0.0f;
+    }
+    for (long long r0 = lo; r0 < hi; r0 += 64) {
+      __syncthreads();
+      for (int q = threadIdx.x; q < 64 * @K@; q += blockDim.x)
+        Xs[q / @K@][q % @K@] = r0 + q / @K@ < hi ? X[r0 * @K@ + q] : 0.0f;
+      for (int q = threadIdx.x; q < 64 * @N@; q += blockDim.x)
+        Ds[q / @N@][q % @N@] = r0 + q / @N@ < hi ? D[r0 * @N@ + q] : 0.0f;
+      __syncthreads();
+      if (mine) {
+#pragma unroll 4
+        for (int r = 0; r < 64; r++) {
+          float a[@TM@], b[@TN@];
+#pragma unroll
+          for (int i = 0; i < @TM@; i++) a[i] = Xs[r][ty * @TM@ + i];
+#pragma unroll
+          for (int j = 0; j < @TN@; j++) b[j] = Ds[r][tx * @TN@ + j];
+#pragma unroll
+          for (int i = 0; i < @TM@; i++)
+#pragma unroll
+            for (int j = 0; j < @TN@; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+          if (ty == 0)
+#pragma unroll
+            for (int j = 0; j < @TN@; j++) dsum[j] += b[j];
+        }
+      }
+    }
+    if (mine) {
+      float *own = part + (long long)blockIdx.x * (@K@ * @N@ + @N@);
+#pragma unroll
+      for (int i = 0; i < @TM@; i++)
+#pragma unroll
+        for (int j = 0; j < @TN@; j++) own[(ty * @TM@ + i) * @N@ + tx * @TN@ + j] = acc[i][j];
+      if (ty == 0)
+#pragma unroll
+        for (int j = 0; j < @TN@; j++) own[@K@ * @N@ + tx * @TN@ + j] = dsum[j];
+    }
+  }
+}
+
+/* the blocks' copies added, in a fixed order: each element by LANES threads (each every
+   LANES-th copy), then the lanes in order; dW into table[2], db into table[3] */
+extern "C" __global__ void @NAME@_sum(void **table, const tl_args args_in, char *scratch,
+                                       int *err, const long long *shift) {
+  float *dW = (float *)table[2];
+  float *db = (float *)table[3];
+  const float *part = (const float *)table[4];
+  const long long copies = args_in.v[1], E = @K@ * @N@ + @N@;
+  __shared__ float red[@THREADS@];
+  const int lanes = blockDim.x % @LANES@ == 0 ? @LANES@ : 1, per = blockDim.x / lanes;
+  for (long long e0 = (long long)blockIdx.x * per; e0 < E; e0 += (long long)gridDim.x * per) {
+    const long long e = e0 + threadIdx.x % per;
+    const int lane = threadIdx.x / per;
+    float v = 0.0f;
+    if (e < E)
+#pragma unroll 8
+      for (long long p = lane; p < copies; p += lanes) v += part[p * E + e];
+    red[threadIdx.x] = v;
+    __syncthreads();
+    if (lane == 0 && e < E) {
+      float total = 0.0f;
+      for (int l = 0; l < lanes; l++) total += red[threadIdx.x + l * per];
+      if (e < @K@ * @N@) dW[e] = total; else db[e - @K@ * @N@] = total;
+    }
+    __syncthreads();
+  }
+}
+"""
+
+
 def module_text() -> str:
     """The module: the renderer's head, then each shape's two kernels (and their entries
     for the emulation)."""
@@ -121,6 +227,15 @@ def module_text() -> str:
         parts.append(text)
         parts.append(render._emu_entry(f"skinny{s}", 1))
         parts.append(render._emu_entry(f"skinny{s}_epi", 1))
+    for g, (_, k, n) in enumerate(GRADIENTS):
+        text = GRADIENT
+        subst = {"NAME": f"grad{g}", "TM": TM, "TN": min(TN, n), "K": k, "N": n}
+        subst |= {"THREADS": render.THREADS, "LANES": LANES}
+        for key, value in subst.items():
+            text = text.replace(f"@{key}@", str(value))
+        parts.append(text)
+        parts.append(render._emu_entry(f"grad{g}_part", 2))
+        parts.append(render._emu_entry(f"grad{g}_sum", 2))
     return "\n".join(parts)
 
 
@@ -163,15 +278,6 @@ def measure(device, tf32, module, s: int, shape: tuple, args, rng) -> float:
 
         return run
 
-    def timed(run, dev=device) -> float:
-        run()  # (a first call: loads, warms)
-        times = []
-        for _ in range(args.repeats):
-            start = dev.mark()
-            run()
-            times.append(dev.elapsed(start, dev.mark()))
-        return statistics.median(times) * 1e6
-
     got = np.empty((m, n), np.float32)
     candidate()
     device.download(ptrs[3], got)
@@ -179,9 +285,71 @@ def measure(device, tf32, module, s: int, shape: tuple, args, rng) -> float:
     if tf32 is None:  # (the emulation: values only)
         print(f"| {label} | - | - | - | {err:.2e} |", flush=True)
         return err
-    f32_us, tf32_us, ours_us = timed(blas(device)), timed(blas(tf32), tf32), timed(candidate)
+    f32_us, tf32_us = _timed(blas(device), device, args), _timed(blas(tf32), tf32, args)
+    ours_us = _timed(candidate, device, args)
     print(f"| {label} | {f32_us:.1f} | {tf32_us:.1f} | {ours_us:.1f} | {err:.2e} |", flush=True)
     return err
+
+
+def measure_gradient(device, tf32, module, g: int, shape: tuple, args, rng) -> float:
+    """Weight gradient ``g``'s line: cuBLAS's ``x^T @ dy`` (the bias gradient not counted:
+    PPO's is a reduction of its own) against ours (both, two launches); the candidate's
+    largest error relative to the largest value."""
+    from timerlc.runtime.cuda import THREADS
+
+    label, k, n = shape
+    m = args.rows
+    x = rng.standard_normal((m, k), np.float32)
+    dy = (rng.standard_normal((m, n)) * 0.1).astype(np.float32)
+    want = np.concatenate(
+        [(x.astype(np.float64).T @ dy.astype(np.float64)).ravel(), dy.sum(0, dtype=np.float64)]
+    )
+    part_fn = device.function(module, f"grad{g}_part")
+    sum_fn = device.function(module, f"grad{g}_sum")
+    copies = max(1, min(args.parts, -(-m // 64), device.grid_limit(part_fn)))
+    elements = k * n + n
+    ptrs = [device.alloc(x.nbytes), device.alloc(dy.nbytes), device.alloc(k * n * 4)]
+    ptrs += [device.alloc(n * 4), device.alloc(copies * elements * 4)]
+    device.upload(ptrs[0], x)
+    device.upload(ptrs[1], dy)
+    table = device.alloc(8 * 5)
+    device.upload(table, np.array(ptrs, np.uint64))
+    values = np.array([m, copies], np.int64)
+    per = THREADS // LANES
+    sum_blocks = min(-(-elements // per), device.grid_limit(sum_fn))
+
+    def candidate():
+        device.launch(part_fn, table, values, 0, copies)
+        device.launch(sum_fn, table, values, 0, sum_blocks)
+
+    def blas(dev):
+        return lambda: dev.gemm("f32", k, n, m, ptrs[0], k, True, ptrs[1], n, False, ptrs[2], n)
+
+    candidate()
+    dw, db = np.empty(k * n, np.float32), np.empty(n, np.float32)
+    device.download(ptrs[2], dw)
+    device.download(ptrs[3], db)
+    got = np.concatenate([dw, db])
+    err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
+    if tf32 is None:
+        print(f"| {label} | - | - | - | {err:.2e} |", flush=True)
+        return err
+    f32_us, tf32_us = _timed(blas(device), device, args), _timed(blas(tf32), tf32, args)
+    ours_us = _timed(candidate, device, args)
+    print(f"| {label} | {f32_us:.1f} | {tf32_us:.1f} | {ours_us:.1f} | {err:.2e} |", flush=True)
+    return err
+
+
+def _timed(run, dev, args) -> float:
+    """Microseconds of the device's time for ``run`` (median of ``args.repeats`` calls,
+    after a first)."""
+    run()
+    times = []
+    for _ in range(args.repeats):
+        start = dev.mark()
+        run()
+        times.append(dev.elapsed(start, dev.mark()))
+    return statistics.median(times) * 1e6
 
 
 def main() -> int:
@@ -189,6 +357,9 @@ def main() -> int:
     ap.add_argument("--emu", action="store_true", help="the emulated device (values only)")
     ap.add_argument("--rows", type=int, default=65536, help="rows of A (default PPO's 65,536)")
     ap.add_argument("--repeats", type=int, default=20, help="timed calls of each (median)")
+    ap.add_argument(
+        "--parts", type=int, default=PARTS, help=f"a gradient's blocks (default {PARTS})"
+    )
     args = ap.parse_args()
     from cuda_gpu_check import open_device
 
@@ -208,6 +379,8 @@ def main() -> int:
     worst = 0.0
     for s, shape in enumerate(SHAPES):
         worst = max(worst, measure(device, tf32, module, s, shape, args, rng))
+    for g, shape in enumerate(GRADIENTS):
+        worst = max(worst, measure_gradient(device, tf32, module, g, shape, args, rng))
     print(f"largest error / largest value over all: {worst:.2e}")
     return 0 if worst < 1e-4 else 1
 
