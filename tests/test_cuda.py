@@ -180,6 +180,45 @@ def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_product
     assert r.stdout.count("| - | - | - |") == len(skinny.SHAPES) + len(skinny.GRADIENTS)
 
 
+def test_the_resources_script_reads_ptxas_and_counts_an_sm_s_blocks():
+    """``scripts/cuda_resources.py``: each function's registers, shared memory and spills
+    from ptxas's report (no smem on the line where there is none), and the blocks of 128
+    threads an H100 multiprocessor holds (32 registers: 16, by its threads; 40: 12; 56: 9;
+    128: 4; 60,000 bytes of shared memory: 3); the module of ``returns`` through nvcc."""
+    import importlib.util
+
+    path = ROOT / "scripts" / "cuda_resources.py"
+    spec = importlib.util.spec_from_file_location("cuda_resources", path)
+    res = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(res)
+    assert res.blocks_per_sm(32, 0) == (16, "threads")
+    assert [res.blocks_per_sm(r, 0)[0] for r in (40, 56, 64, 128)] == [12, 9, 8, 4]
+    assert res.blocks_per_sm(32, 60000) == (3, "shared")
+    text = """ptxas info    : Compiling entry function 'f1' for 'sm_90'
+ptxas info    : Function properties for f1
+    0 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
+ptxas info    : Used 56 registers, used 1 barriers, 6152 bytes smem, 624 bytes cmem[0]
+ptxas info    : Compiling entry function 's2' for 'sm_90'
+ptxas info    : Function properties for s2
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 30 registers, used 1 barriers, 624 bytes cmem[0]
+"""
+    rows = {r["name"]: r for r in res.report(text)}
+    assert (rows["f1"]["registers"], rows["f1"]["smem"], rows["f1"]["spill"]) == (56, 6152, 16)
+    assert (rows["s2"]["smem"], rows["s2"]["blocks"]) == (0, 16)
+    if _nvcc() is None:
+        pytest.skip("nvcc is not on PATH (TIMERLC_REQUIRE_NVCC=1 makes this a failure)")
+    r = subprocess.run(
+        [sys.executable, str(path), "returns", "--all"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^\| tl_loop_\w+ \| \d+ \|", r.stdout, re.MULTILINE), r.stdout
+
+
 # ----------------------------------------------------------------------------- emulation
 needs_cxx = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler")
 
