@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -502,6 +503,42 @@ def test_buffers_are_carved_from_one_arena_and_poisoned_when_freed(monkeypatch):
     with pytest.raises((AssertionError, RunError, items.PlanError)):  # wrong values, or a
         bad, _ = compiled_run(graph, backend="cuda-emu")  # kernel that fails on them
         same_outputs(bad, cpu, ("c", "s", "m", "q"))
+
+
+@needs_cxx
+def test_the_emulation_s_syncthreads_or_tells_every_thread_whether_any_said_so():
+    """``__syncthreads_or`` on cuda-emu (a launch's first barrier: whether an earlier step
+    failed, the block's threads agreeing): each round, every thread of each block gets 1
+    where one thread passed a value not 0, else 0; rounds one after another (the
+    emulation's slots by turns)."""
+    text = (
+        render.head()
+        + """
+extern "C" __global__ void k(void **table, const tl_args args_in, char *scratch, int *err,
+                             const long long *shift) {
+  int *out = (int *)table[0];
+  for (int round = 0; round < 12; round++) {
+    const long long who = (args_in.v[0] + round) % (blockDim.x + 2);
+    const int any = __syncthreads_or(threadIdx.x == (unsigned)who);
+    out[(blockIdx.x * 12 + round) * blockDim.x + threadIdx.x] = any;
+  }
+}
+"""
+        + render._emu_entry("k", 1)
+    )
+    dev = EmuDevice()
+    fn = dev.function(dev.load(text), "k")
+    threads = int(os.environ.get("TIMERLC_EMU_THREADS", "4"))
+    out = dev.alloc(4 * 3 * 12 * threads)
+    table = dev.alloc(8)
+    dev.upload(table, np.array([out], np.uint64))
+    first = max(threads - 3, 0)  # (rounds on both sides of the block's last thread)
+    dev.launch(fn, table, np.array([first], np.int64), 0, 3)
+    got = np.empty((3, 12, threads), np.int32)
+    dev.download(out, got)
+    want = [1 if (first + r) % (threads + 2) < threads else 0 for r in range(12)]
+    assert (got == np.array(want, np.int32)[None, :, None]).all(), got[:, :, 0]
+    assert 0 in want and 1 in want
 
 
 def test_no_host_compiler_makes_cuda_emu_unavailable(monkeypatch):

@@ -4,7 +4,7 @@
 // library compiled once and loaded before any module): a block's threads are std::threads
 // that meet at a std::barrier for __syncthreads(), threadIdx and blockIdx their own; the
 // blocks of a grid run one after another. __shared__ variables are static, so shared by a
-// block's threads. Only what the renderer uses is here: x dimensions, __syncthreads,
+// block's threads. Only what the renderer uses is here: x dimensions, __syncthreads(_or),
 // atomicCAS, atomicAdd, __threadfence. The header includes no C++ library header, so that a
 // module compiles fast.
 #pragma once
@@ -21,10 +21,12 @@ extern __thread tl_dim3 threadIdx; // each thread's own (emu_rt.cc)
 extern __thread tl_dim3 blockIdx;
 extern tl_dim3 blockDim, gridDim;
 extern "C" void tl_emu_sync();
+extern "C" int tl_emu_sync_or(int value);
 extern "C" unsigned tl_emu_threads();
 extern "C" void tl_emu_run(unsigned blocks, unsigned threads, void (*fn)(void *), void *ctx);
 
 inline void __syncthreads() { tl_emu_sync(); }
+inline int __syncthreads_or(int value) { return tl_emu_sync_or(value); }
 
 inline unsigned atomicAdd(unsigned *at, unsigned value) {
   return __atomic_fetch_add(at, value, __ATOMIC_SEQ_CST); // the old value

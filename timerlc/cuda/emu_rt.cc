@@ -22,6 +22,21 @@ static std::barrier<> *tl_barrier = nullptr;
 
 extern "C" void tl_emu_sync() { tl_barrier->arrive_and_wait(); }
 
+// __syncthreads_or: the block's threads meet, each with a value, and each gets whether any
+// was not 0; three slots by turns (each thread index counts its calls: every thread of a
+// block makes the same ones; by index, not by the system's thread, as thread 0 is whichever
+// thread launches), thread 0 clearing the next call's before the barrier, when every thread
+// has read it (two calls ago) and none has yet set it (after this call's barrier)
+static int tl_or_slots[3];
+static unsigned tl_or_calls[64];
+extern "C" int tl_emu_sync_or(int value) {
+  const unsigned k = tl_or_calls[threadIdx.x]++ % 3;
+  if (threadIdx.x == 0) __atomic_store_n(&tl_or_slots[(k + 1) % 3], 0, __ATOMIC_RELAXED);
+  if (value) __atomic_store_n(&tl_or_slots[k], 1, __ATOMIC_RELAXED);
+  tl_barrier->arrive_and_wait();
+  return __atomic_load_n(&tl_or_slots[k], __ATOMIC_RELAXED);
+}
+
 // the block's threads: TIMERLC_EMU_THREADS (default 4)
 extern "C" unsigned tl_emu_threads() {
   static unsigned n = [] {

@@ -1158,11 +1158,19 @@ class _Kernel:
             (
                 f'extern "C" __global__ void {fname}(void **table, const tl_args args_in, '
                 "char *scratch, int *err, const long long *shift) {"
-            ),
-            "  if (*(volatile int *)err) return;  // an earlier step failed",
-            "  const tl_args args = tl_shifted(args_in, shift);",
+            )
         ]
-        if kind not in ("gemm", "perm"):  # (a product or a permutation cannot fail)
+        # an earlier step's failure: read first, looked at with the block's first barrier
+        # (the block's threads agree), so that the loads of the call's loop values and of
+        # the buffers' addresses go out with it, where they waited for it (a round trip to
+        # the device's memory more at the start of every launch)
+        barrier = kind not in ("gemm", "perm")  # (a product or a permutation cannot fail)
+        if barrier:
+            head.append("  const int tl_stop = *(volatile int *)err;")
+        else:
+            head.append("  if (*(volatile int *)err) return;  // an earlier step failed")
+        head.append("  const tl_args args = tl_shifted(args_in, shift);")
+        if barrier:
             head += ["  __shared__ int tl_fail;", "  if (threadIdx.x == 0) tl_fail = 0;"]
         extra = [p for p in self.parts if p == f"tl_nparts{st.number}"]
         extra += [p for p in self.parts if p.startswith(f"tl_part{st.number}_")]
@@ -1174,8 +1182,8 @@ class _Kernel:
         for v in loads:
             dt, off = passed[v]
             head.append(f"  {CTYPE[dt]} {name(v)} = *({CTYPE[dt]} *)(scratch + {off});")
-        if kind not in ("gemm", "perm"):
-            head.append("  __syncthreads();")
+        if barrier:
+            head.append("  if (__syncthreads_or(tl_stop)) return;  // an earlier step failed")
         return "\n".join(head + self.lines + ["}"]) + "\n" + _emu_entry(fname, len(self.k.params))
 
     def last_block(self, then: list, loads, stores, passed, grouped=None):
