@@ -7,6 +7,8 @@ all of them. The knobs:
 
 - ``--parts``: ``cuda.render.PARTS``, the most blocks (each a partial copy) a reduction's
   first pass runs on; the last block combines the copies;
+- ``--array-parts``: ``cuda.render.ARRAY_PARTS``, the most blocks an array reduction (a
+  column sum: the bias gradients) runs on, its copies combined in groups of blocks first;
 - ``--unroll``: ``cuda.render.UNROLL``, the times the GPU's compilers unroll a reduction's
   loop over its terms (``TL_UNROLL``);
 - ``--blocks``: the device's ``MAX_BLOCKS``, the largest grid a launch gets (0: the GPU's
@@ -18,6 +20,8 @@ minibatch step; 4,224: 9.3; 2,112, the GPU's own: 9.2-9.3; 1,056: 9.5) and the u
 the step's forward and backward, 64: 12.6, 1,024 at 4,224 blocks: 9.8). docs/performance.md.
 
     python scripts/cuda_sweep.py --parts 256,512,1024 --unroll 8 --set B=2048 --set T=128 \\
+        --set total_steps=1572864
+    python scripts/cuda_sweep.py --array-parts 256,1024,2048 --set B=2048 --set T=128 \\
         --set total_steps=1572864
     python scripts/cuda_sweep.py --emu --parts 256,64 --set B=16 --set T=8 --set total_steps=512
 """
@@ -45,6 +49,7 @@ def main() -> int:
     ap.add_argument("--program", default="ppo")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--parts", default="256", help="comma-separated PARTS values")
+    ap.add_argument("--array-parts", default="2048", help="comma-separated ARRAY_PARTS values")
     ap.add_argument("--unroll", default="8", help="comma-separated UNROLL values")
     ap.add_argument("--blocks", default="0", help="comma-separated grid caps (0: the GPU's own)")
     ap.add_argument("--top", type=int, default=3, help="the runs of graphs shown per line")
@@ -59,13 +64,18 @@ def main() -> int:
         return 2
     own = device.MAX_BLOCKS
     sets = dict(s.split("=", 1) for s in args.set)
-    knobs = itertools.product(numbers(args.parts), numbers(args.unroll), numbers(args.blocks))
-    for parts, unroll, blocks in knobs:
-        render.PARTS, render.UNROLL = parts, unroll
+    knobs = itertools.product(
+        numbers(args.parts), numbers(args.array_parts), numbers(args.unroll), numbers(args.blocks)
+    )
+    for parts, array_parts, unroll, blocks in knobs:
+        render.PARTS, render.ARRAY_PARTS, render.UNROLL = parts, array_parts, unroll
         device.MAX_BLOCKS = blocks or own
         co._GENERATED.clear()  # (a build of its own: the knobs change the kernels)
         started = time.perf_counter()
-        label = f"PARTS {parts:5d} UNROLL {unroll:3d} blocks {device.MAX_BLOCKS:6d}"
+        label = (
+            f"PARTS {parts:5d} ARRAY_PARTS {array_parts:5d} UNROLL {unroll:3d} "
+            f"blocks {device.MAX_BLOCKS:6d}"
+        )
         try:
             r = co.program(device, args.program, sets, True, True, True)
         except Exception as e:  # noqa: BLE001 - one combination's failure, the rest run
