@@ -33,7 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-BM, TM, TN = 64, 4, 8  # a block's rows of A; a thread's tile of C
+BM, TM, TN = 64, 4, 8  # a block's rows of A; a thread's tile of C (the gradients': TM x TN)
+# the candidate's tilings, each a kernel: (a block's rows of A, a thread's rows, its columns),
+# 128 tiles a block of 64 columns
+TILINGS = [(64, 4, 8), (64, 8, 4), (32, 2, 8)]
 # (name, k, n, B transposed (dy @ W^T: W is n x k), bias and tanh after the product)
 SHAPES = [
     ("x @ W + b, tanh (64 x 64)", 64, 64, False, True),
@@ -115,7 +118,7 @@ GRADIENTS = [
     ("x^T @ dy, sum(dy, 0) (64 x 64)", 64, 64),
     ("x^T @ dy, sum(dy, 0) (4 x 64)", 4, 64),
 ]
-PARTS = 264  # the gradient's blocks, each a partial dW and db of its rows (2 an H100 SM)
+PARTS = (132, 264, 528)  # the gradient's blocks, each a partial dW and db of its rows (1-4 an SM)
 LANES = 4  # the combination's threads an element (each every LANES-th partial copy)
 
 GRADIENT = r"""
@@ -219,14 +222,15 @@ def module_text() -> str:
 
     parts = [render.head()]
     for s, (_, k, n, trans, epi) in enumerate(SHAPES):
-        text = KERNEL
-        subst = {"NAME": f"skinny{s}", "BM": BM, "TM": TM, "TN": min(TN, n), "K": k, "N": n}
-        subst |= {"TRANS": int(trans), "EPI": int(epi)}
-        for key, value in subst.items():
-            text = text.replace(f"@{key}@", str(value))
-        parts.append(text)
-        parts.append(render._emu_entry(f"skinny{s}", 1))
-        parts.append(render._emu_entry(f"skinny{s}_epi", 1))
+        for v, (bm, tm, tn) in enumerate(TILINGS):
+            text = KERNEL if v == 0 else KERNEL[: KERNEL.index("/* the bias and tanh after")]
+            subst = {"NAME": f"skinny{s}_{v}", "BM": bm, "TM": tm, "TN": min(tn, n), "K": k}
+            subst |= {"N": n, "TRANS": int(trans), "EPI": int(epi)}
+            for key, value in subst.items():
+                text = text.replace(f"@{key}@", str(value))
+            parts.append(text)
+            parts.append(render._emu_entry(f"skinny{s}_{v}", 1))
+        parts.append(render._emu_entry(f"skinny{s}_0_epi", 1))
     for g, (_, k, n) in enumerate(GRADIENTS):
         text = GRADIENT
         subst = {"NAME": f"grad{g}", "TM": TM, "TN": min(TN, n), "K": k, "N": n}
@@ -261,13 +265,13 @@ def measure(device, tf32, module, s: int, shape: tuple, args, rng) -> float:
     table = device.alloc(8 * 4)
     device.upload(table, np.array(ptrs, np.uint64))
     values = np.array([m], np.int64)
-    ours = device.function(module, f"skinny{s}")
-    epi_fn = device.function(module, f"skinny{s}_epi")
-    blocks = min(-(-m // BM), device.grid_limit(ours))
+    epi_fn = device.function(module, f"skinny{s}_0_epi")
     epi_blocks = min(-(-m * n // THREADS), device.grid_limit(epi_fn))
 
-    def candidate():
-        device.launch(ours, table, values, 0, blocks)
+    def candidate(v: int):
+        fn = device.function(module, f"skinny{s}_{v}")
+        blocks = min(-(-m // TILINGS[v][0]), device.grid_limit(fn))
+        return lambda: device.launch(fn, table, values, 0, blocks)
 
     def blas(dev):  # (the product and the epilogue in ``dev``'s stream, one after another)
         def run():
@@ -278,16 +282,19 @@ def measure(device, tf32, module, s: int, shape: tuple, args, rng) -> float:
 
         return run
 
-    got = np.empty((m, n), np.float32)
-    candidate()
-    device.download(ptrs[3], got)
-    err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
+    err = 0.0
+    for v in range(len(TILINGS)):
+        got = np.full((m, n), np.nan, np.float32)
+        device.upload(ptrs[3], got)
+        candidate(v)()
+        device.download(ptrs[3], got)
+        err = max(err, float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want))))))
     if tf32 is None:  # (the emulation: values only)
-        print(f"| {label} | - | - | - | {err:.2e} |", flush=True)
+        print(f"| {label} | - | - | {' | '.join('-' for _ in TILINGS)} | {err:.2e} |", flush=True)
         return err
     f32_us, tf32_us = _timed(blas(device), device, args), _timed(blas(tf32), tf32, args)
-    ours_us = _timed(candidate, device, args)
-    print(f"| {label} | {f32_us:.1f} | {tf32_us:.1f} | {ours_us:.1f} | {err:.2e} |", flush=True)
+    ours = " | ".join(f"{_timed(candidate(v), device, args):.1f}" for v in range(len(TILINGS)))
+    print(f"| {label} | {f32_us:.1f} | {tf32_us:.1f} | {ours} | {err:.2e} |", flush=True)
     return err
 
 
@@ -306,37 +313,43 @@ def measure_gradient(device, tf32, module, g: int, shape: tuple, args, rng) -> f
     )
     part_fn = device.function(module, f"grad{g}_part")
     sum_fn = device.function(module, f"grad{g}_sum")
-    copies = max(1, min(args.parts, -(-m // 64), device.grid_limit(part_fn)))
+    counts = [max(1, min(p, -(-m // 64), device.grid_limit(part_fn))) for p in args.parts]
     elements = k * n + n
     ptrs = [device.alloc(x.nbytes), device.alloc(dy.nbytes), device.alloc(k * n * 4)]
-    ptrs += [device.alloc(n * 4), device.alloc(copies * elements * 4)]
+    ptrs += [device.alloc(n * 4), device.alloc(max(counts) * elements * 4)]
     device.upload(ptrs[0], x)
     device.upload(ptrs[1], dy)
     table = device.alloc(8 * 5)
     device.upload(table, np.array(ptrs, np.uint64))
-    values = np.array([m, copies], np.int64)
     per = THREADS // LANES
     sum_blocks = min(-(-elements // per), device.grid_limit(sum_fn))
 
-    def candidate():
-        device.launch(part_fn, table, values, 0, copies)
-        device.launch(sum_fn, table, values, 0, sum_blocks)
+    def candidate(copies: int):
+        values = np.array([m, copies], np.int64)
+
+        def run():
+            device.launch(part_fn, table, values, 0, copies)
+            device.launch(sum_fn, table, values, 0, sum_blocks)
+
+        return run
 
     def blas(dev):
         return lambda: dev.gemm("f32", k, n, m, ptrs[0], k, True, ptrs[1], n, False, ptrs[2], n)
 
-    candidate()
-    dw, db = np.empty(k * n, np.float32), np.empty(n, np.float32)
-    device.download(ptrs[2], dw)
-    device.download(ptrs[3], db)
-    got = np.concatenate([dw, db])
-    err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
+    err = 0.0
+    for copies in counts:
+        candidate(copies)()
+        dw, db = np.empty(k * n, np.float32), np.empty(n, np.float32)
+        device.download(ptrs[2], dw)
+        device.download(ptrs[3], db)
+        got = np.concatenate([dw, db])
+        err = max(err, float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want))))))
     if tf32 is None:
-        print(f"| {label} | - | - | - | {err:.2e} |", flush=True)
+        print(f"| {label} | - | - | {' | '.join('-' for _ in counts)} | {err:.2e} |", flush=True)
         return err
     f32_us, tf32_us = _timed(blas(device), device, args), _timed(blas(tf32), tf32, args)
-    ours_us = _timed(candidate, device, args)
-    print(f"| {label} | {f32_us:.1f} | {tf32_us:.1f} | {ours_us:.1f} | {err:.2e} |", flush=True)
+    ours = " | ".join(f"{_timed(candidate(c), device, args):.1f}" for c in counts)
+    print(f"| {label} | {f32_us:.1f} | {tf32_us:.1f} | {ours} | {err:.2e} |", flush=True)
     return err
 
 
@@ -358,9 +371,12 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=65536, help="rows of A (default PPO's 65,536)")
     ap.add_argument("--repeats", type=int, default=20, help="timed calls of each (median)")
     ap.add_argument(
-        "--parts", type=int, default=PARTS, help=f"a gradient's blocks (default {PARTS})"
+        "--parts",
+        default=",".join(str(p) for p in PARTS),
+        help="a gradient's blocks, each a column of its table (comma-separated)",
     )
     args = ap.parse_args()
+    args.parts = [int(p) for p in args.parts.split(",") if p.strip()]
     from cuda_gpu_check import open_device
 
     from timerlc.runtime.cuda import device_for
@@ -371,14 +387,15 @@ def main() -> int:
     tf32 = None if args.emu else device_for("cuda", matmul="tensorfloat32")
     module = device.load(module_text())
     rng = np.random.default_rng(0)
-    print(
-        f"| product ({args.rows} rows) | cuBLAS f32 us | cuBLAS TF32 us | ours us "
-        "| ours: largest error |"
-    )
-    print("|---|---|---|---|---|")
+    tilings = " | ".join(f"ours {bm}x{tm}x{tn} us" for bm, tm, tn in TILINGS)
+    print(f"| product ({args.rows} rows) | cuBLAS f32 us | cuBLAS TF32 us | {tilings} | error |")
+    print("|---|---|---|" + "---|" * len(TILINGS) + "---|")
     worst = 0.0
     for s, shape in enumerate(SHAPES):
         worst = max(worst, measure(device, tf32, module, s, shape, args, rng))
+    parts = " | ".join(f"ours on {p} blocks us" for p in args.parts)
+    print(f"\n| gradient ({args.rows} rows) | cuBLAS f32 us | cuBLAS TF32 us | {parts} | error |")
+    print("|---|---|---|" + "---|" * len(args.parts) + "---|")
     for g, shape in enumerate(GRADIENTS):
         worst = max(worst, measure_gradient(device, tf32, module, g, shape, args, rng))
     print(f"largest error / largest value over all: {worst:.2e}")

@@ -151,9 +151,9 @@ def test_every_program_s_build_compiles_with_nvrtc(name):
 def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_products():
     """``scripts/cuda_skinny.py`` (a candidate kernel for PPO's skinny products against
     cuBLAS, on a GPU): its module compiles with NVRTC for compute_90 without a word, and on
-    cuda-emu each of its kernels computes NumPy's product (and bias and tanh) of 130 rows
-    (two blocks of 64 and a short third), and each weight gradient NumPy's ``x^T @ dy``
-    and ``sum(dy, 0)`` (the blocks' partial copies added in a fixed order)."""
+    cuda-emu each of its kernels (each tiling) computes NumPy's product (and bias and tanh)
+    of 130 rows (blocks of 64 or 32 rows, the last short), and each weight gradient NumPy's
+    ``x^T @ dy`` and ``sum(dy, 0)`` (the blocks' partial copies added in a fixed order)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("cuda_skinny", ROOT / "scripts/cuda_skinny.py")
@@ -163,7 +163,8 @@ def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_product
     if lib is not None:
         ptx, log = nvrtc.compile_ptx(skinny.module_text(), "compute_90", lib)
         assert log.strip() == "", log[-3000:]
-        assert ptx.count(".entry") == 2 * len(skinny.SHAPES) + 2 * len(skinny.GRADIENTS)
+        kernels = len(skinny.SHAPES) * (len(skinny.TILINGS) + 1) + 2 * len(skinny.GRADIENTS)
+        assert ptx.count(".entry") == kernels
     elif os.environ.get("TIMERLC_REQUIRE_NVCC") == "1":
         pytest.fail("no libnvrtc (the test extra's nvidia-cuda-nvrtc) and TIMERLC_REQUIRE_NVCC=1")
     if compiler() is None:
