@@ -28,7 +28,7 @@ extern "C" void tl_emu_sync() { tl_barrier->arrive_and_wait(); }
 // thread launches), thread 0 clearing the next call's before the barrier, when every thread
 // has read it (two calls ago) and none has yet set it (after this call's barrier)
 static int tl_or_slots[3];
-static unsigned tl_or_calls[64];
+static unsigned tl_or_calls[128];
 extern "C" int tl_emu_sync_or(int value) {
   const unsigned k = tl_or_calls[threadIdx.x]++ % 3;
   if (threadIdx.x == 0) __atomic_store_n(&tl_or_slots[(k + 1) % 3], 0, __ATOMIC_RELAXED);
@@ -37,12 +37,13 @@ extern "C" int tl_emu_sync_or(int value) {
   return __atomic_load_n(&tl_or_slots[k], __ATOMIC_RELAXED);
 }
 
-// the block's threads: TIMERLC_EMU_THREADS (default 4)
+// the block's threads: TIMERLC_EMU_THREADS (default 4; at most 128, the GPU's blocks' threads,
+// for which the kernels' shared arrays are sized)
 extern "C" unsigned tl_emu_threads() {
   static unsigned n = [] {
     const char *s = std::getenv("TIMERLC_EMU_THREADS");
     int v = s ? std::atoi(s) : 4;
-    return (unsigned)(v >= 1 && v <= 64 ? v : 4);
+    return (unsigned)(v >= 1 && v <= 128 ? v : 4);
   }();
   return n;
 }
