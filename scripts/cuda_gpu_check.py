@@ -61,14 +61,17 @@ def check(name: str, device, graphs: bool = True) -> float:
     diff = 0.0
     assert [m[:2] for m in got] == [m[:2] for m in want], name
     for (_, _, a), (_, _, b) in zip(got, want):
-        if not (math.isnan(a) and math.isnan(b)):
+        if math.isnan(a) != math.isnan(b):  # (a nan on one side only: max() would skip it)
+            diff = math.inf
+        elif not math.isnan(a):
             diff = max(diff, abs(a - b) / max(1.0, abs(b)))
     for out, _, _ in plan.outputs:
         x, y = rt.value(out).astype(np.float64), ref.value(out).astype(np.float64)
         if x.size:
             both = np.isnan(x) & np.isnan(y)
             d = np.abs(x - y) / np.maximum(1.0, np.abs(y))
-            diff = max(diff, float(np.max(np.where(both, 0.0, d))))
+            d = np.where(both, 0.0, np.where(np.isnan(d), np.inf, d))  # (one side's nan)
+            diff = max(diff, float(np.max(d)))
     print(
         f"{name:14s} {rt.launches:6d} launches, {rt.blas_calls:4d} BLAS products, "
         f"device peak {rt.device_peak_bytes:9d} B (arena {rt.layout.size if rt.layout else 0} B), "

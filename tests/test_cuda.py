@@ -29,6 +29,7 @@ from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
 from timerlc.plan import items
 from timerlc.reference.interpreter import run_graph
+from timerlc.runtime import cuda as cuda_runtime
 from timerlc.runtime.cpu import CpuRuntime
 from timerlc.runtime.cuda import DeviceRuntime, EmuDevice
 
@@ -480,7 +481,8 @@ def test_loops_that_touch_nothing_of_each_other_s_run_side_by_side(tmp_path):
     # (one barrier and one look at the failures after the four loops, none between two)
     fn = text[text.index("void hand(") :]
     fn = fn[: fn.index("\n}\n")]
-    assert fn.count("tl_skew(") == 3 and fn.count("tl_failed(err, tl_fail") == 1
+    # (three loops skewed, the weight's nest two ways: its column's and its point's)
+    assert fn.count("tl_skew(") == 4 and fn.count("tl_failed(err, tl_fail") == 1
     assert fn.rindex("__syncthreads();") > fn.rindex("tl_skew(")
     # (and the first, after the block's code is set: whether an earlier step failed)
     assert fn.count("__syncthreads();") == 1 and fn.count("__syncthreads_or(tl_stop)") == 1
@@ -501,6 +503,80 @@ def test_loops_that_touch_nothing_of_each_other_s_run_side_by_side(tmp_path):
         np.testing.assert_array_equal(outs[1], y + 1)
         np.testing.assert_array_equal(outs[2], x - 1)
         np.testing.assert_array_equal(outs[3], [x[3] * 5])
+
+
+@needs_cxx
+def test_a_thread_whose_column_is_fixed_reads_the_column_s_values_once(tmp_path):
+    """A nest of two parallel loops over the grid (rows, 8 columns): where the grid's
+    stride is a whole number of rows, each thread's column is the same at each of its
+    points, so the weight and the bias it reads by the column alone are read once before
+    the loop (``_Kernel.column_loop``), the thread stepping through the rows; not ``z``,
+    which the loop writes, nor a load under an ``if``. The same values on a grid of 8
+    threads (2 blocks of the emulation's 4: the column's way) and of 12 (the point's)."""
+    from timerlc.codegen.kir import Bin, Const, If, Kernel, Load, Ref, Slot, Un
+    from timerlc.cuda import render
+    from timerlc.cuda.emu import EmuModule
+
+    r, c = Ref("r"), Ref("c")
+    at = kir.add(kir.mul(r, 8), c)
+    f32 = "f32"
+    xw = Bin("mul", Load("x", r, f32), Load("w", c, f32), f32)
+    cond = Bin("gt", Load("x", r, f32), Const(f32, 5.0), "bool")
+    col = (
+        Store("y", at, Un("tanh", Bin("add", xw, Load("b", c, f32), f32), f32)),
+        Store("z", at, Bin("mul", Load("z", at, f32), Load("w", c, f32), f32)),
+        If(cond, (Store("z", at, Bin("add", Load("z", at, f32), Load("u", c, f32), f32)),)),
+    )
+    body = (
+        For("r", kir.i64(0), kir.i64(50), (For("c", kir.i64(0), kir.i64(8), col, True),), True),
+    )
+    names = ("y", "z", "x", "w", "b", "u")
+    slots = tuple(Slot(n, f32, q, q, 0, n in "yz") for q, n in enumerate(names))
+    text, skipped, _ = render.render_module([Kernel("cols", 0, (), slots, (), body)])
+    assert not skipped
+    fn = text[text.index("void cols(") :]
+    fn = fn[: fn.index("\n}\n")]
+    assert "% 8LL == 0) {" in fn and "} else {" in fn
+    hoisted = re.findall(r"const float (tl_h\d+) = (m_\w+)\[", fn)
+    assert sorted(b for _, b in hoisted) == ["m_b", "m_w"], hoisted
+    emu = EmuModule(text, tmp_path)
+    x = np.linspace(0.0, 10.0, 50, dtype=np.float32)
+    w, b, u = (np.arange(8, dtype=np.float32) * k for k in (0.5, 0.1, 3.0))
+    for blocks in (2, 3):
+        y = np.full(400, -7.0, np.float32)
+        z = np.arange(400, dtype=np.float32)
+        table = np.array([a.ctypes.data for a in (y, z, x, w, b, u)], np.uint64)
+        err = np.zeros(cuda_runtime.ERR_WORDS, np.int64)
+        args, scratch = np.zeros(1, np.int64), np.zeros(8, np.uint8)
+        emu.function("cols")(
+            table.ctypes.data, args.ctypes.data, scratch.ctypes.data, err.ctypes.data, blocks, None
+        )
+        assert not err.any()
+        want_z = np.arange(400, dtype=np.float32).reshape(50, 8) * w
+        want_z = np.where((x > 5)[:, None], want_z + u, want_z)
+        np.testing.assert_allclose(y.reshape(50, 8), np.tanh(x[:, None] * w + b), rtol=1e-6)
+        np.testing.assert_array_equal(z.reshape(50, 8), want_z)
+
+
+@needs_cxx
+def test_ppo_on_blocks_of_a_gpu_s_128_threads_matches_the_cpu():
+    """PPO on cuda-emu with blocks of 128 threads (``TIMERLC_EMU_THREADS``), a GPU's: its
+    64-wide rows' loops take the column's way (the grid's stride a whole number of rows,
+    ``column_loop``), its bias gradients' lanes are two, as on a GPU (the emulation's 4
+    threads take neither); the cpu backend's metrics and outputs
+    (``scripts/cuda_gpu_check.py``, a process of its own: the emulation's threads are
+    made once)."""
+    env = dict(os.environ, TIMERLC_EMU_THREADS="128")
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "cuda_gpu_check.py"), "--emu", "ppo"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        env=env,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "largest relative difference over all" in r.stdout
 
 
 def test_temporaries_a_function_uses_at_once_get_bytes_of_their_own():
