@@ -1415,7 +1415,7 @@ class _Kernel:
         the run on thread 0, then each sum by the block (``block_sums``), which thread 0
         adds into its accumulators at the start of the next piece. The sums after it whose
         terms read nothing the pieces before them write go with it (one pass, one tree):
-        a gradient norm's 15 small sums of squares were 15 trees of 7 barriers each, one
+        a gradient norm's 8 small sums of squares (PPO's) were 8 trees of 7 barriers each, one
         after another in a reduction's last block."""
         self.emit(1, "{")
         for v, dt in mine.items():
