@@ -2058,7 +2058,9 @@ class _Kernel:
         same at each of its points, so the loads whose index reads only the column (and
         the call's loop values) of buffers the loop does not write, outside any part of an
         expression that may not run, are read once before the loop (``self.hoisted``),
-        and the thread steps through the rows (no division a point). A forward layer's
+        and the thread steps through the rows (no division a point); where the rows are a
+        constant, positive number (else a call's values might leave none, and the loads
+        none to read). A forward layer's
         ``tanh(x @ W + b)`` with W 4 x 64: its 4 weights and the bias, 5 of a point's 9
         loads and their addresses, were each point's (PPO's f139_19_5 took 29.6 us for
         two loops of 4.2 M points on the H100, about the count of its instructions)."""
@@ -2069,6 +2071,8 @@ class _Kernel:
         )
         params = set(self.k.params)
         loads = _column_loads(col.body, col.var, params, _written(s.body), set(self.k.shared))
+        if not (isinstance(s.lo, Const) and isinstance(s.hi, Const) and s.hi.value > s.lo.value):
+            loads = []  # (rows the call's values bound may be none: no load before the loop)
         outer = self.hoisted
         self.hoisted = dict(outer)
         for ld in loads:
