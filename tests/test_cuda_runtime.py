@@ -694,6 +694,27 @@ def test_an_array_reduction_s_copies_are_combined_in_groups_of_blocks(monkeypatc
         np.testing.assert_allclose(rt.value(name), want[name], rtol=1e-5, atol=1e-5)
 
 
+@needs_cxx
+def test_ppo_s_bias_gradients_on_groups_of_many_blocks_match_the_cpu(monkeypatch):
+    """PPO (a quick run) on cuda-emu grids of 17 blocks: its array reductions (the bias
+    gradients, joined in pairs) combined in groups of 5, 5, 5 and 2 blocks, then the groups'
+    (``group_combine``), where the emulation's 3 blocks make groups of 2 and 1: the cpu
+    backend's metrics, and the counters back at 0."""
+    monkeypatch.setattr(EmuDevice, "MAX_BLOCKS", 17)
+    path = Path(__file__).resolve().parent.parent / "programs" / "ppo.rtl"
+    sets = {"B": "4", "T": "16", "total_steps": "128"}
+    graph = check_source(Source(str(path), path.read_text()), overrides=sets)
+    got, want = [], []
+    rt, gen = compiled_run(graph, lambda *m: got.append(m), backend="cuda-emu")
+    assert "tl_groups(err) + blockIdx.x / tl_gs" in gen.text
+    compiled_run(graph, lambda *m: want.append(m), backend="cpu")
+    assert [m[:2] for m in got] == [m[:2] for m in want]
+    np.testing.assert_allclose([m[2] for m in got], [m[2] for m in want], rtol=1e-5, atol=1e-6)
+    record = np.zeros(cuda.ERR_WORDS, np.int64)
+    rt.device.download(rt.device._err, record)
+    assert not record[cuda.RECORD :].any()
+
+
 PERMUTATIONS = """
 config I = 3, N = 1000
 dim i < I
