@@ -636,7 +636,6 @@ class _Kernel:
         self.scratch = k.scratch_bytes
         self.rows = False  # (a statement of a loop kernel: cuda/loops.py)
         self.one_block = False  # (a step run by one block, the last of a reduction's)
-        self.grouped = False  # (an array reduction's copies combined in groups first)
         self.groups_of = None  # (the number of the reduction whose groups' copies are combined)
         self.hoisted: dict = {}  # a load -> the local it was read into (column_loop)
         self.block_sums_made = 0  # (the sums of runs on one thread the block takes: block_sums)
@@ -1139,8 +1138,8 @@ class _Kernel:
         if kind == "reduce":
             if then is not None:  # (its own accumulators, apart from the values passed on)
                 self.emit(1, "{")
-            self.grouped = self._grouped(st, then)
-            threads = self.reduction(st)
+            grouped = self._grouped(st, then)
+            threads = self.reduction(st, grouped)
             if then is not None:
                 self.emit(1, "}")
                 # a temporary the reduction kept per thread or per block: the temporary
@@ -1150,8 +1149,7 @@ class _Kernel:
                     if t.name in self.local_temps and t.name in wanted:
                         mt = MTYPE[t.dtype]
                         self.emit(1, f"{mt} *{buf(t.name)} = ({mt} *)(scratch + {t.offset});")
-                self.last_block(then, loads, stores, passed, st if self.grouped else None)
-            self.grouped = False
+                self.last_block(then, loads, stores, passed, st if grouped else None)
         else:
             threads = self.step_body(st, loads, stores, passed)
         self.phases.append((fname, max(1, min(threads, 1 << 31))))
@@ -1791,10 +1789,11 @@ class _Kernel:
         step = tuple(combined) if guard is None else (If(guard, tuple(combined)),)
         return list(step) + list(body[1:])
 
-    def reduction(self, st: _Step) -> int:
+    def reduction(self, st: _Step, grouped: bool = False) -> int:
         """A reduction's step (``_reduction``); the threads it asks for. Each block leaves
         its partial results in ``self.parts`` (and block 0 the number of blocks), which
-        ``_combine``'s statement, the next step's, adds up in block order."""
+        ``_combine``'s statement, the next step's, adds up in block order (an array
+        reduction's ``grouped``: on up to ``ARRAY_PARTS`` blocks, ``_array_blocks``)."""
         loop, form = st.body, st.form
         count = st.number
         ops = dict(loop.reduce)
@@ -1850,7 +1849,7 @@ class _Kernel:
             held = self._in_registers(loop, inner, accs, count)
             if held is not None:
                 self.array_in_registers(st, loop, inner, accs, held)
-                blocks = _array_blocks(t.size, self.grouped)
+                blocks = _array_blocks(t.size, grouped)
                 threads = min(_extent(loop, blocks), blocks) * THREADS
                 self.emit(2, f"if (blockIdx.x == 0) {buf(f'tl_nparts{count}')}[0] = gridDim.x;")
                 self.emit(2, f"if (tl_fail) tl_failed(err, tl_fail, {self.k.sid}, args);")
@@ -1887,7 +1886,7 @@ class _Kernel:
                 self.emit(1, "}")
             self.emit(1, "__syncthreads();")
             self.emit(1, "if (threadIdx.x == 0) {")
-            blocks = _array_blocks(t.size, self.grouped)
+            blocks = _array_blocks(t.size, grouped)
             threads = min(_extent(loop, blocks), blocks) * THREADS
         self.emit(2, f"if (blockIdx.x == 0) {buf(f'tl_nparts{count}')}[0] = gridDim.x;")
         self.emit(2, f"if (tl_fail) tl_failed(err, tl_fail, {self.k.sid}, args);")
@@ -2069,10 +2068,10 @@ class _Kernel:
         self.emit(
             depth, f"const long long {name(col.var)} = ({self.expr(col.lo)}) + tl_g0 % {w}LL;"
         )
-        params = set(self.k.params)
-        loads = _column_loads(col.body, col.var, params, _written(s.body), set(self.k.shared))
-        if not (isinstance(s.lo, Const) and isinstance(s.hi, Const) and s.hi.value > s.lo.value):
-            loads = []  # (rows the call's values bound may be none: no load before the loop)
+        loads = []  # (rows the call's values bound may be none: no load before the loop)
+        if _constant_nest([s, col]):
+            params, written = set(self.k.params), _written(s.body)
+            loads = _column_loads(col.body, col.var, params, written, set(self.k.shared))
         outer = self.hoisted
         self.hoisted = dict(outer)
         for ld in loads:
@@ -3067,7 +3066,7 @@ def _column_loads(body, var: str, params: set, written: set, shared: set) -> lis
             idx = list(kir.subexprs(e.index))
             if (
                 e.buf not in written
-                and not (shared and e.buf in shared)
+                and e.buf not in shared
                 and e.dtype != "bool"
                 and not any(isinstance(x, (Load, Fn)) for x in idx)
                 and _refs_of(e.index) <= {var} | params
