@@ -288,7 +288,7 @@ def measure(device, tf32, module, s: int, shape: tuple, args, rng) -> float:
         device.upload(ptrs[3], got)
         candidate(v)()
         device.download(ptrs[3], got)
-        err = max(err, float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want))))))
+        err = max(err, _error(got, want))
     if tf32 is None:  # (the emulation: values only)
         print(f"| {label} | - | - | {' | '.join('-' for _ in TILINGS)} | {err:.2e} |", flush=True)
         return err
@@ -343,7 +343,7 @@ def measure_gradient(device, tf32, module, g: int, shape: tuple, args, rng) -> f
         device.download(ptrs[2], dw)
         device.download(ptrs[3], db)
         got = np.concatenate([dw, db])
-        err = max(err, float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want))))))
+        err = max(err, _error(got, want))
     if tf32 is None:
         print(f"| {label} | - | - | {' | '.join('-' for _ in counts)} | {err:.2e} |", flush=True)
         return err
@@ -351,6 +351,12 @@ def measure_gradient(device, tf32, module, g: int, shape: tuple, args, rng) -> f
     ours = " | ".join(f"{_timed(candidate(c), device, args):.1f}" for c in counts)
     print(f"| {label} | {f32_us:.1f} | {tf32_us:.1f} | {ours} | {err:.2e} |", flush=True)
     return err
+
+
+def _error(got, want) -> float:
+    """The largest difference of ``got`` from ``want``, relative to want's largest value (at
+    least 1)."""
+    return float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
 
 
 def _timed(run, dev, args) -> float:

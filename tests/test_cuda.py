@@ -149,17 +149,23 @@ def test_every_program_s_build_compiles_with_nvrtc(name):
         assert ptx.count(".entry") == len(functions) + len(cu.plan.kernels.loops) + 1
 
 
+def _script(name: str):
+    """The module of ``scripts/NAME.py`` (a script, not a package's module)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_products():
     """``scripts/cuda_skinny.py`` (a candidate kernel for PPO's skinny products against
     cuBLAS, on a GPU): its module compiles with NVRTC for compute_90 without a word, and on
     cuda-emu each of its kernels (each tiling) computes NumPy's product (and bias and tanh)
     of 130 rows (blocks of 64 or 32 rows, the last short), and each weight gradient NumPy's
     ``x^T @ dy`` and ``sum(dy, 0)`` (the blocks' partial copies added in a fixed order)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("cuda_skinny", ROOT / "scripts/cuda_skinny.py")
-    skinny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(skinny)
+    skinny = _script("cuda_skinny")
     lib = nvrtc.library()
     if lib is not None:
         ptx, log = nvrtc.compile_ptx(skinny.module_text(), "compute_90", lib)
@@ -187,12 +193,8 @@ def test_the_resources_script_reads_ptxas_and_counts_an_sm_s_blocks():
     from ptxas's report (no smem on the line where there is none), and the blocks of 128
     threads an H100 multiprocessor holds (32 registers: 16, by its threads; 40: 12; 56: 9;
     128: 4; 60,000 bytes of shared memory: 3); the module of ``returns`` through nvcc."""
-    import importlib.util
-
     path = ROOT / "scripts" / "cuda_resources.py"
-    spec = importlib.util.spec_from_file_location("cuda_resources", path)
-    res = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(res)
+    res = _script("cuda_resources")
     assert res.blocks_per_sm(32, 0) == (16, "threads")
     assert [res.blocks_per_sm(r, 0)[0] for r in (40, 56, 64, 128)] == [12, 9, 8, 4]
     assert res.blocks_per_sm(32, 60000) == (3, "shared")
