@@ -17,6 +17,7 @@ others still run) or its values differ by more than 1e-4.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 import time
@@ -39,6 +40,7 @@ def check(name: str, device, graphs: bool = True) -> float:
     from timerlc.compiler import compile_plan, generate_code, run_passes
     from timerlc.diagnostics import Source
     from timerlc.frontend.check import check_source
+    from timerlc.runner import _print_products
     from timerlc.runtime.cpu import CpuRuntime
     from timerlc.runtime.cuda import DeviceRuntime
 
@@ -81,6 +83,8 @@ def check(name: str, device, graphs: bool = True) -> float:
         f"metrics {len(got)}, largest relative difference {diff:.2e}",
         flush=True,
     )
+    with contextlib.redirect_stderr(sys.stdout):  # (which products ran as ours, timed)
+        _print_products(rt)
     for error in rt.graph_refusals[:1]:  # (the run went on as launches)
         print(f"  {name}: the GPU refused a CUDA graph: {error[:400]}", flush=True)
     rt.envs.close()

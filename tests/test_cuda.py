@@ -140,12 +140,13 @@ def test_every_program_s_build_compiles_with_nvrtc(name):
     for arch in ("compute_90",):
         ptx, log = nvrtc.compile_ptx(cu.text, arch, lib)
         assert log.strip() == "", log[-3000:]
-        functions = [f for _, p in cu.plan.kernels.launches for f in p if isinstance(f, tuple)]
-        functions += [
-            f for _, p in cu.plan.kernels.fused_launches for f in p if isinstance(f, tuple)
-        ]
-        # (a product is the BLAS's; a loop kernel's function is one; and tl_set_shift, the
-        # graphs' shifts)
+        phases = [f for _, p in cu.plan.kernels.launches for f in p]
+        phases += [f for _, p in cu.plan.kernels.fused_launches for f in p]
+        functions = [f for f in phases if isinstance(f, tuple)]
+        # (a product is the BLAS's, and its kernels of ours where its shape has them:
+        # cuda/products.py; a loop kernel's function is one; and tl_set_shift, the graphs'
+        # shifts)
+        functions += [f for g in phases if isinstance(g, items.GemmCall) for f in g.own]
         assert ptx.count(".entry") == len(functions) + len(cu.plan.kernels.loops) + 1
 
 
@@ -1125,8 +1126,10 @@ def test_bias_gradients_after_their_products_are_one_step(tmp_path):
     # (the two sums' copies in one loop, an accumulator each: their loads go out together)
     assert re.search(r"tl_c \+= tl_cl\) \{\n.*\n\s*tl_v0 = .*\n\s*tl_v1 = ", cu.text)
     ref, rt, _, _, _ = run_both(gen, tmp_path)
+    # (the products' terms summed in another order than the cpu's BLAS: our kernels' on
+    # the emulation, cuda/products.py; float32 sums of 600 terms near 1e7)
     for name in ("g", "h", "s", "gn"):
-        np.testing.assert_allclose(rt.value(name), ref.value(name), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(rt.value(name), ref.value(name), rtol=4e-6, atol=1e-6)
 
 
 def test_sums_over_one_range_that_need_nothing_between_are_one_step(tmp_path):

@@ -77,19 +77,28 @@ def test_compile_for_cuda_writes_the_cuda_kernels_of_the_build(tmp_path):
     launches = plan["kernels"]["launches"]
     assert [r[0] for r in launches] == [r[0] for r in plan["kernels"]["statements"]]
     functions = [f for _, phases in launches for f in phases if isinstance(f, list)]
+    # (and a product's kernels of ours, cuda/products.py)
+    functions += [
+        f
+        for _, ph in launches
+        for g in ph
+        if isinstance(g, dict)
+        for f in g["gemm"].get("own", [])
+    ]
     # fused kernels (codegen.fuse: calls one after another at the same loop values)
     fused = plan["kernels"]["fused"]
     assert len(fused) >= 10 and len(plan["kernels"]["fused_launches"]) == len(fused)
-    functions += [
-        f for _, phases in plan["kernels"]["fused_launches"] for f in phases if isinstance(f, list)
-    ]
+    for _, phases in plan["kernels"]["fused_launches"]:
+        functions += [f for f in phases if isinstance(f, list)]
+        functions += [f for g in phases if isinstance(g, dict) for f in g["gemm"].get("own", [])]
     # loop kernels (cuda/loops.py): the rollout's loop, GAE's and the returns' each one
     loops = plan["kernels"]["loops"]
     assert len(loops) == 3 and [71, 72, 73] == [s for s in loops[0][0] if s in (71, 72, 73)]
     assert text.count("__global__ void tl_loop_") == len(loops)
     assert text.count("__global__ void") == len(functions) + len(loops) + 1  # (and tl_set_shift)
     calls = [f["gemm"] for _, phases in launches for f in phases if isinstance(f, dict)]
-    assert calls and all(c["dtype"] == "f32" for c in calls)  # the products: the BLAS's
+    # the products: the BLAS's, every one with kernels of ours too (all skinny)
+    assert calls and all(c["dtype"] == "f32" and c["own"] for c in calls)
     # no machine code: the device's compiler makes it where the build runs
     assert sorted(p.name for p in (out / "kernels").iterdir()) == ["cuda.cu"]
     nvcc = _nvcc()
@@ -158,10 +167,16 @@ def test_cuda_emu_runs_a_build_as_the_cpu_backend_does(tmp_path):
     assert "device runtime:" in r.stderr and "launches" in r.stderr
     # the device's seconds per statement (the emulation's: its launches' own time)
     assert "s in the statements' launches" in r.stderr and "  device s " in r.stderr
-    # without --profile: one line, with the calls replayed from CUDA graphs
+    # without --profile: one line, with the calls replayed from CUDA graphs; then which
+    # products ran as our kernels (the emulation's policy: all of them)
     r = cli("run", out, "--backend", "cuda-emu", "--no-progress")
     assert r.exit_code == 0, r.stderr
-    (line,) = r.stderr.splitlines()
+    line, products = r.stderr.splitlines()
+    assert re.fullmatch(
+        r"  products of (\d+) shapes with kernels of ours: \1 ran as ours, 0 as the BLAS's "
+        r"\(ours\)",
+        products,
+    )
     assert re.search(r"device runtime: .* launches .* \(\d+ of them replayed from \d+ CUDA", line)
     assert re.search(r"device peak .* \(\d+ bytes\)", line)  # (what bench.py reads)
     r = cli("run", PROGRAMS / "reinforce.rtl", *SMALL_REINFORCE, "--metrics", tmp_path / "cpu.csv")
@@ -641,7 +656,8 @@ def test_reductions_and_the_work_under_a_merge_s_conditions_run_on_the_grid():
     # x.T @ (..) and the update
     assert _phases(gen, "q") == (1500, "blas", 5)  # (x * c: a thread per element)
     (call,) = [f for _, ph in gen.plan.kernels.launches for f in ph if _guarded_call(f)]
-    assert call.c.space == "scratch" and rt.blas_calls > 0
+    # (its kernels of ours ran: the emulation's policy)
+    assert call.c.space == "scratch" and call.own and rt.product_choices[_key(call)][2]
     assert gen.text.count("tl_red_") and "% (2 * tl_s) == 0" in gen.text
     cpu, _ = compiled_run(graph, backend="cpu")
     names = ("c", "s", "k", "lo", "pr", "m", "q")
@@ -747,6 +763,11 @@ def test_a_permutation_sorts_its_draws_on_the_grid():
     want = outputs(run_graph(graph))
     for name in ("p", "q", "c", "d"):
         np.testing.assert_array_equal(rt.value(name), want[name])
+
+
+def _key(c: items.GemmCall) -> tuple:
+    """A product's shape as ``DeviceRuntime.product_choices`` keys it."""
+    return (c.dtype, c.m, c.n, c.k, c.a.ld, c.a.t, c.b.ld, c.b.t, c.c.ld)
 
 
 def _guarded_call(f) -> bool:

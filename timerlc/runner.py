@@ -214,6 +214,33 @@ def _print_device_summary(rt, wall: float):
         f"{arena}",
         file=sys.stderr,
     )
+    _print_products(rt)
+
+
+def _print_products(rt):
+    """Which products with kernels of ours ran as ours and which as the BLAS's, by shape
+    (``DeviceRuntime.product_choices``), with the times where they were timed."""
+    choices = getattr(rt, "product_choices", None)
+    if not choices:
+        return
+    ours = sum(1 for *_, o in choices.values() if o)
+    timed = any(b is not None for b, _, _ in choices.values())
+    how = ": each timed at its first call" if timed else f" ({rt.device.products})"
+    print(
+        f"  products of {len(choices)} shapes with kernels of ours: {ours} ran as ours, "
+        f"{len(choices) - ours} as the BLAS's{how}",
+        file=sys.stderr,
+    )
+    for key, (blas, own, mine) in sorted(choices.items()):
+        if blas is None:
+            continue
+        dtype, m, n, k, _, ta, _, tb, _ = key
+        shape = f"{m}x{n}x{k}{' A^T' if ta else ''}{' B^T' if tb else ''} {dtype}"
+        print(
+            f"    {shape}: ours {1e6 * own:.1f} us, the BLAS's {1e6 * blas:.1f} us -> "
+            f"{'ours' if mine else 'the BLAS'}",
+            file=sys.stderr,
+        )
 
 
 def _print_plan_profile(plan: Plan, rt, wall: float):
@@ -237,6 +264,7 @@ def _print_plan_profile(plan: Plan, rt, wall: float):
         f"statement calls; peak buffers {format_bytes(rt.peak_bytes)}",
         file=sys.stderr,
     )
+    _print_products(rt)
     # the device runtime: the device's seconds too (between marks around each call's
     # launches), and the statements sorted by the larger of the two
     device = getattr(rt, "device_seconds", None) or {}

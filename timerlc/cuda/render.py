@@ -73,6 +73,7 @@ from timerlc.codegen.kir import (
     Store,
     Un,
 )
+from timerlc.cuda import products
 from timerlc.plan import expr as px
 from timerlc.plan import items
 from timerlc.plan.arena import first_fit
@@ -695,11 +696,11 @@ class _Kernel:
             offset += (part[1] * _SIZE[part[0]] + 7) // 8 * 8
         self.scratch = max(self.k.scratch_bytes, offset)
         bufs = [_buffers(st.statements()) for st in steps]
-        out = []
+        out, own = [], []
         for j, head, tail in units:
             st = steps[j]
-            if st.kind == "blas":  # (the device's BLAS: no function of ours)
-                self.phases.append(st.body)
+            if st.kind == "blas":  # (the device's BLAS; and the functions of ours, if any)
+                self.phases.append(self.own_product(j, st, own))
                 continue
             fname = f"{self.k.name}_{j}" if out else self.k.name
             at = (j, *tail)
@@ -710,7 +711,26 @@ class _Kernel:
                 (steps[t], set().union(*(b for q, b in enumerate(bufs) if q != t))) for t in tail
             ]
             out.append(self.phase(fname, st, loads, stores, passed, then or None))
-        return "\n".join(out)
+        return "\n".join(out + own)
+
+    def own_product(self, j: int, st: _Step, out: list) -> items.GemmCall:
+        """The ``GemmCall`` of blas step ``j`` (``st``) with the functions of ours that
+        compute its product too (``products``: their text onto ``out``), where its shape
+        has them; a gram's copies in the scratch memory after everything else's."""
+        s, call = st.form, st.body
+        what = products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb)
+        if what is None:
+            return call
+        at = (self.scratch + 7) // 8 * 8
+        self.scratch = max(self.scratch, at + products.scratch_bytes(s.m, s.n, s.k, s.ta, s.tb))
+        kinds = products.launches(s.m, s.n, s.k, s.ta, s.tb)
+        mine = []
+        for kind in kinds:
+            fname = f"{self.k.name}_{j}{kind[0]}"
+            step = _Step("gemm", s, st.guard, form=(kind, at))
+            out.append(self.phase(fname, step, [], [], {}))
+            mine.append(self.phases.pop())
+        return dataclasses.replace(call, own=tuple(mine))
 
     def _units(self, steps: list[_Step]) -> list[tuple[int, list[int], list[int]]]:
         """The functions the ``steps`` run as, in order: ``(j, head, tail)``, step ``j`` and
@@ -1177,6 +1197,12 @@ class _Kernel:
             head += self.pointers([], [body.scratch] + ([body.out] if st.form[0] == "out" else []))
         else:
             used = st.statements() + [x for t, _ in then or () for x in t.statements()]
+            if kind == "gemm" and st.form is not None:  # (a gram's launches: no C; C alone)
+                one = products.launches(body.m, body.n, body.k, body.ta, body.tb) == ("part",)
+                if st.form[0] == "part" and not one:
+                    used = [dataclasses.replace(body, c=body.a)]
+                elif st.form[0] == "sum":
+                    used = [dataclasses.replace(body, a=body.c, b=body.c)]
             head += self.pointers(used, extra if kind == "reduce" else ())
         for v in loads:
             dt, off = passed[v]
@@ -1334,6 +1360,11 @@ class _Kernel:
             self.others = outside
         elif kind == "perm":
             threads = self.permute(st)
+        elif st.form is not None:  # a product's function of ours (own_product)
+            depth = self.open_guard(st)
+            threads = self.own_lines(body, *st.form, depth)
+            if st.guard is not None:
+                self.emit(1, "}")
         else:
             threads = body.m * body.n
             depth = self.open_guard(st)
@@ -1345,6 +1376,26 @@ class _Kernel:
             )
             if st.guard is not None:
                 self.emit(1, "}")
+        return threads
+
+    def own_lines(self, s: Gemm, kind: str, at: int, depth: int) -> int:
+        """The lines of a function of ours for gemm ``s`` (``products``: ``rows``, or a
+        gram's ``part`` or ``sum``, its copies at byte ``at`` of the scratch memory); the
+        threads it asks for."""
+        a = f"{buf(s.a)} + ({self.expr(s.aoff)})"
+        b = f"{buf(s.b)} + ({self.expr(s.boff)})"
+        c = f"{buf(s.c)} + ({self.expr(s.coff)})"
+        copies = f"(float *)(scratch + {at})"
+        if kind == "rows":
+            lines, threads = products.rows_lines(s, a, b, c), products.rows_threads(s.m, s.n, s.k)
+        elif kind == "part":
+            lines = products.gram_part_lines(s, a, b, copies, c)
+            threads = products.gram_part_threads(s.k)
+        else:
+            lines = products.gram_sum_lines(s, c, copies)
+            threads = products.gram_sum_threads(s.m, s.n, s.k)
+        for line in lines:
+            self.emit(0 if line.startswith("#") else depth, line)
         return threads
 
     def serial_end(self, skip: str, stores, passed):

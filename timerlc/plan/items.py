@@ -252,7 +252,9 @@ class Operand:
 class GemmCall:
     """A step of a statement's CUDA kernel that the device's BLAS computes (``docs/cuda.md``):
     ``c = op(a) @ op(b)`` in ``dtype``, ``m x k`` times ``k x n``, row-major, at a call
-    where ``when`` holds (a condition over the statement's loop dims)."""
+    where ``when`` holds (a condition over the statement's loop dims). ``own``: functions
+    of the module that compute the same product, one after another (``cuda.products``:
+    each a function and the threads it asks for), which the runtime may run instead."""
 
     dtype: str
     m: int
@@ -262,6 +264,7 @@ class GemmCall:
     b: Operand
     c: Operand
     when: Any = True
+    own: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,6 +490,7 @@ def _phase_json(f) -> list | dict:
             "c": operand(f.c),
             "when": px.to_json(f.when),
         }
+        | ({"own": [list(x) for x in f.own]} if f.own else {})
     }
 
 
@@ -920,7 +924,7 @@ class _Reader:
         return scratch, self.phases(v[1], tuple(loops))
 
     def gemm_call(self, v, loops: tuple) -> GemmCall:
-        d = self.field(self.obj(v, ("gemm",)), "gemm", self.obj, GEMM_KEYS)
+        d = self.field(self.obj(v, ("gemm",)), "gemm", self.obj, GEMM_KEYS, ("own",))
         dtype = self.field(d, "dtype", self.text, 8)
         if dtype not in ("f32", "f64"):
             self.path.append(".dtype")
@@ -930,7 +934,18 @@ class _Reader:
         b = self.field(d, "b", self.operand, loops, (n, k), (k, n))
         c = self.field(d, "c", self.operand, loops, None, (m, n))
         when = self.field(d, "when", self.expr, loops, "bool")
-        return GemmCall(dtype, m, n, k, a, b, c, when)
+        own = ()
+        if "own" in d:
+            self.path.append(".own")
+            v = d["own"]
+            if not isinstance(v, list) or not 1 <= len(v) <= MAX_PHASES:
+                self.fail(f"expected 1 to {MAX_PHASES} [function, threads], got {_short(v)}")
+            for f in v:
+                if not isinstance(f, list) or len(f) != 2:
+                    self.fail(f"expected [function, threads], got {_short(f)}")
+            own = tuple((self.ident(f[0]), self.int_(f[1], 1, MAX_THREADS)) for f in v)
+            self.path.pop()
+        return GemmCall(dtype, m, n, k, a, b, c, when, own)
 
     def operand(self, v, loops: tuple, transposed, plain) -> Operand:
         d = self.obj(v, ("in", "at", "offset", "ld", "t"))

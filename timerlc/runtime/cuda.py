@@ -70,6 +70,24 @@ FUSED = 1 << 40  # the ids of fused kernels as statements of the tree: FUSED + t
 LOOP = 1 << 41  # the ids of loop kernels as statements of the tree: LOOP + their index
 
 
+# which computes a product that has functions of ours too (``GemmCall.own``,
+# cuda/products.py): ``fastest`` (each shape timed against the device's BLAS at its first
+# call, the faster kept: a GPU's default), ``ours`` (the emulated device's, in float32) or
+# ``blas``; ``TIMERLC_PRODUCTS`` sets it for a run (docs/cuda.md)
+PRODUCTS = ("fastest", "ours", "blas")
+PRODUCT_TRIALS = 3  # timed calls of each, at a shape's first call (the least of each counts)
+
+
+def products_policy(default: str) -> str:
+    """``TIMERLC_PRODUCTS`` where it is set (one of ``PRODUCTS``), else ``default``."""
+    got = os.environ.get("TIMERLC_PRODUCTS", "").strip()
+    if not got:
+        return default
+    if got not in PRODUCTS:
+        raise DeviceUnavailable(f"TIMERLC_PRODUCTS={got!r} is not one of {', '.join(PRODUCTS)}")
+    return got
+
+
 class DeviceUnavailable(Exception):
     """The device a backend needs is not here (no GPU, no CuPy, no host compiler)."""
 
@@ -126,6 +144,9 @@ class EmuDevice:
         self.matmul = matmul
         if compiler() is None:
             raise DeviceUnavailable("no host C++ compiler (c++, g++ or clang++) for cuda-emu")
+        # (its times say nothing of a GPU's: our products, so that the suite runs them;
+        # the BLAS's where TF32 is asked for, whose rounding only it emulates)
+        self.products = products_policy("ours" if matmul == "float32" else "blas")
         self._blocks: dict[int, np.ndarray] = {}
         self._arenas: dict[int, np.ndarray] = {}
         self._freed: collections.deque = collections.deque(maxlen=self.QUARANTINE)
@@ -495,6 +516,7 @@ class CupyDevice:
 
     def __init__(self, matmul: str = "float32"):
         self.matmul = matmul
+        self.products = products_policy("fastest")
         try:
             import cupy
         except ImportError as e:
@@ -899,6 +921,9 @@ class DeviceRuntime(CpuRuntime):
         self.uploaded = self.downloaded = 0  # bytes copied each way
         self.launches = 0
         self.blas_calls = 0  # products handed to the device's BLAS
+        # per shape of a product with functions of ours (``_gemm``'s key): the seconds of
+        # the BLAS and of ours where they were timed (None: not), and whether ours runs
+        self.product_choices: dict[tuple, tuple[float | None, float | None, bool]] = {}
         # the launches and products the device ran one after another: each outside a graph,
         # and a graph's longest chain of waits per replay (``graphs.Order``: a GPU runs its
         # other calls beside that chain); a measure of the device's side without a device
@@ -1479,8 +1504,23 @@ class DeviceRuntime(CpuRuntime):
                 )
             return ptrs[key[1]], self._dev_bytes[key[0]][key[1]]  # (current: the launch's)
 
-        def run(values, scratch_ptr: int):
-            values = tuple(int(v) for v in values)
+        own = [self.device.function(self._module, f) for f, _ in call.own]
+        own = [
+            (fn, min(-(-t // THREADS), self.device.grid_limit(fn)))
+            for fn, (_, t) in zip(own, call.own)
+        ]
+        key = (call.dtype, call.m, call.n, call.k, call.a.ld, call.a.t, call.b.ld, call.b.t)
+        key += (call.c.ld,)
+        chosen: list = []  # (whether ours runs, once chosen)
+
+        def ours(args, scratch_ptr: int):
+            for fn, grid in own:
+                self.device.launch(fn, self.dtable, args, scratch_ptr, grid, self._shift)
+                self.launches += 1
+                self.chained += 1
+
+        def run(args, scratch_ptr: int):
+            values = tuple(int(v) for v in args)
             if not when(values):
                 return
             at = []
@@ -1494,13 +1534,63 @@ class DeviceRuntime(CpuRuntime):
                     )
                 at.append(base + first * size)
             a, b, c = call.a, call.b, call.c
-            self.device.gemm(
-                call.dtype, call.m, call.n, call.k, at[0], a.ld, a.t, at[1], b.ld, b.t, at[2], c.ld
-            )
-            self.blas_calls += 1
-            self.chained += 1
+
+            def blas():
+                self.device.gemm(
+                    call.dtype,
+                    call.m,
+                    call.n,
+                    call.k,
+                    at[0],
+                    a.ld,
+                    a.t,
+                    at[1],
+                    b.ld,
+                    b.t,
+                    at[2],
+                    c.ld,
+                )
+                self.blas_calls += 1
+                self.chained += 1
+
+            if own and not chosen:
+                got = self._product_choice(key, blas, lambda: ours(args, scratch_ptr))
+                if got is None:  # (not chosen while a graph is captured: the BLAS's, now)
+                    blas()
+                    return
+                chosen.append(got)
+            if chosen and chosen[0]:
+                ours(args, scratch_ptr)
+            else:
+                blas()
 
         return run
+
+    def _product_choice(self, key: tuple, blas, ours) -> bool | None:
+        """Whether a product of shape ``key`` runs as our functions (``ours``) rather than
+        the device's BLAS (``blas``): as the device's policy says (``products_policy``);
+        where it says ``fastest``, each timed ``PRODUCT_TRIALS`` times at the shape's first
+        call (their least time), once a run (``product_choices``); None while a graph is
+        captured and the shape was not yet timed (no wait there)."""
+        got = self.product_choices.get(key)
+        if got is not None:
+            return got[2]
+        policy = self.device.products
+        if policy != "fastest":
+            self.product_choices[key] = (None, None, policy == "ours")
+            return policy == "ours"
+        if self._capturing:
+            return None
+        device = self.device
+        times: tuple[list, list] = ([], [])
+        for _ in range(PRODUCT_TRIALS):
+            for j, f in enumerate((blas, ours)):
+                start = device.mark()
+                f()
+                times[j].append(device.elapsed(start, device.mark()))
+        got = (min(times[0]), min(times[1]), min(times[1]) < min(times[0]))
+        self.product_choices[key] = got
+        return got[2]
 
     def _settle(self, final: bool = False):
         """Wait for the device and read its failure record, where a kernel that can fail

@@ -1,0 +1,241 @@
+"""Our own kernels for skinny products (``timerlc/cuda/products.py``): each form computes
+NumPy's product on the emulated device, at odd shapes, strides and offsets, with the
+block's threads as the GPU has them and fewer; NVRTC compiles them; the plan carries them
+as data; the runtime picks them or the BLAS as its policy says."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rtl_helpers import refuses_changed_plans
+from test_cuda_runtime import REDUCTIONS, _gemm_json, _key, graph_of, same_outputs
+
+from timerlc.codegen import kir
+from timerlc.codegen.generate import generate
+from timerlc.compiler import compile_plan, run_passes
+from timerlc.cuda import nvrtc, products, render
+from timerlc.cuda.emu import compiler
+from timerlc.plan import items
+from timerlc.runtime import cuda
+from timerlc.runtime.cpu import CpuRuntime
+from timerlc.runtime.cuda import DeviceRuntime, DeviceUnavailable, EmuDevice
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_cxx = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler")
+
+# (m, n, k, ta, tb, lda pad, ldb pad, ldc pad): the rows form's, then the gram form's
+SHAPES = [
+    (100, 64, 64, False, False, 0, 0, 0),  # x @ W, 64 x 64 (blocks of 64 rows, the last short)
+    (70, 64, 64, False, True, 3, 1, 2),  # dy @ W^T, rows apart more than their columns
+    (37, 2, 4, False, False, 0, 0, 0),
+    (16, 1, 3, False, True, 0, 0, 0),  # tiles of one column, rows of 3
+    (53, 6, 5, False, False, 1, 0, 0),  # columns of 2-wide tiles, 5 terms
+    (64, 64, 700, True, False, 0, 0, 0),  # x^T @ dy over 700 rows (2 copies, a short stage)
+    (4, 64, 1000, False, False, 5, 0, 0),  # the first layer's: x stored transposed
+    (64, 2, 513, True, False, 0, 0, 3),  # 16 tiles: groups of the block's threads
+    (3, 5, 16, True, True, 0, 2, 0),  # both read transposed, odd sides, one copy
+    (64, 1, 300, True, False, 1, 0, 0),
+]
+
+
+def _gemm(m, n, k, ta, tb, pa, pb, pc) -> kir.Gemm:
+    lda = (m if ta else k) + pa
+    ldb = (k if tb else n) + pb
+    return kir.Gemm("f32", ta, tb, m, n, k, "a", 0, lda, "b", 0, ldb, "c", 0, n + pc)
+
+
+def _module(gemms) -> str:
+    """A module of each gemm's functions of ours (its operands: the table's entries 0, 1,
+    2 from elements 3, 1 and 2; a gram's copies at the scratch memory)."""
+    parts = [render.head()]
+    for i, s in enumerate(gemms):
+        a, b = "(const float *)table[0] + 3", "(const float *)table[1] + 1"
+        c, copies = "(float *)table[2] + 2", "(float *)scratch"
+        what = products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb)
+        if what == "rows":
+            bodies = [("r", products.rows_lines(s, a, b, c))]
+        else:
+            bodies = [("p", products.gram_part_lines(s, a, b, copies, c))]
+            if products.launches(s.m, s.n, s.k, s.ta, s.tb) == ("part", "sum"):
+                bodies.append(("s", products.gram_sum_lines(s, c, copies)))
+        for suffix, lines in bodies:
+            name = f"t{i}{suffix}"
+            parts.append(
+                f'extern "C" __global__ void {name}(void **table, const tl_args args_in, '
+                "char *scratch, int *err, const long long *shift) {\n"
+                + "\n".join("  " + x for x in lines)
+                + "\n}\n"
+                + render._emu_entry(name, 1)
+            )
+    return "\n".join(parts)
+
+
+def _check_shapes(shapes) -> float:
+    """Each shape's functions run on the emulated device against NumPy (float64): the
+    largest difference relative to the product's largest value."""
+    gemms = [_gemm(*x) for x in shapes]
+    device = EmuDevice()
+    module = device.load(_module(gemms))
+    rng = np.random.default_rng(7)
+    worst = 0.0
+    for i, (s, shape) in enumerate(zip(gemms, shapes)):
+        m, n, k, ta, tb = shape[:5]
+        a = rng.standard_normal(3 + (k if ta else m) * s.lda).astype(np.float32)
+        b = rng.standard_normal(1 + (n if tb else k) * s.ldb).astype(np.float32)
+        c = np.full(2 + m * s.ldc, np.nan, np.float32)
+
+        def matrix(x, at, rows, cols, ld):
+            return np.lib.stride_tricks.as_strided(x[at:], (rows, cols), (ld * 4, 4))
+
+        am = matrix(a, 3, *((k, m) if ta else (m, k)), s.lda).astype(np.float64)
+        bm = matrix(b, 1, *((n, k) if tb else (k, n)), s.ldb).astype(np.float64)
+        want = (am.T if ta else am) @ (bm.T if tb else bm)
+        ptrs = [device.alloc(x.nbytes) for x in (a, b, c)]
+        for p, x in zip(ptrs, (a, b, c)):
+            device.upload(p, x)
+        table = device.alloc(8 * 3)
+        device.upload(table, np.array(ptrs, np.uint64))
+        scratch = device.alloc(max(8, products.scratch_bytes(m, n, k, ta, tb)))
+        values = np.zeros(1, np.int64)
+        for suffix in [x[0] for x in products.launches(m, n, k, ta, tb)]:
+            fn = device.function(module, f"t{i}{suffix}")
+            device.launch(fn, table, values, scratch, EmuDevice.MAX_BLOCKS)
+        device.download(ptrs[2], c)
+        got = matrix(c, 2, m, n, s.ldc)
+        assert not np.isnan(got).any(), shape
+        pad = np.delete(c[2:], [r * s.ldc + j for r in range(m) for j in range(n)])
+        assert np.isnan(pad).all(), f"{shape}: wrote between C's rows"
+        err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
+        assert err < 1e-5, (shape, err)
+        worst = max(worst, err)
+    return worst
+
+
+def test_the_forms_of_our_products():
+    assert [products.form("f32", *x[:5]) for x in SHAPES] == ["rows"] * 5 + ["gram"] * 5
+    assert products.form("f64", 100, 64, 64, False, False) is None  # (float32 only)
+    assert products.form("f32", 100, 65, 64, False, False) is None  # (a side past 64)
+    assert products.form("f32", 100, 64, 64, True, False) is None  # (100 columns of A)
+    assert products.form("f32", 8, 64, 8, False, False) is None  # (too few rows either way)
+    # PPO's gradients over 65,536 rows: 256 copies, 8 lanes an element of a 64 x 64; a
+    # 64 x 1's 32 lanes; 100 rows: one copy
+    assert (products.parts(65536), products.lanes(64, 64, 65536)) == (256, 8)
+    assert products.lanes(64, 1, 65536) == 32
+    assert products.parts(100) == products.lanes(3, 5, 100) == 1
+    assert products.scratch_bytes(64, 64, 65536, True, False) == 256 * 64 * 64 * 4
+
+
+@needs_cxx
+def test_our_products_compute_numpy_s_on_the_emulated_device():
+    """Every form at the shapes of ``SHAPES`` (strided, offset operands; three blocks of
+    the emulation's threads, each striding over the grid; nothing written between C's
+    rows)."""
+    assert _check_shapes(SHAPES) < 1e-5
+
+
+@needs_cxx
+@pytest.mark.parametrize("threads", [24, 128])
+def test_our_products_with_the_block_s_threads_as_the_gpu_s(threads):
+    """The same with blocks of 128 threads (as the GPU's: a gram's tiles then take every
+    G-th row, the groups added in order; its copies added by lanes) and of 24 (3 groups of
+    a 4 x 64's 8 tiles; lanes that do not divide the block: one a thread)."""
+    env = dict(os.environ, TIMERLC_EMU_THREADS=str(threads), PYTHONPATH=str(ROOT))
+    code = (
+        "import sys; sys.path.insert(0, 'tests'); import test_cuda_products as t; "
+        "print(t._check_shapes(t.SHAPES))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        check=False,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert float(r.stdout.split()[-1]) < 1e-5
+
+
+def test_nvrtc_compiles_our_products_for_the_h100():
+    lib = nvrtc.library()
+    if lib is None:
+        if os.environ.get("TIMERLC_REQUIRE_NVCC") == "1":
+            pytest.fail("no libnvrtc (the test extra's nvidia-cuda-nvrtc)")
+        pytest.skip("no libnvrtc")
+    ptx, log = nvrtc.compile_ptx(_module([_gemm(*x) for x in SHAPES]), "compute_90", lib)
+    assert log.strip() == "", log[-3000:]
+    assert ptx.count(".entry") == sum(len(products.launches(*x[:5])) for x in SHAPES)
+
+
+def _plan_with_products():
+    gen = generate(compile_plan(run_passes(graph_of(REDUCTIONS))), "cuda")
+    calls = [
+        f
+        for _, phases in gen.plan.kernels.launches
+        for f in phases
+        if isinstance(f, items.GemmCall) and f.own
+    ]
+    return gen, calls
+
+
+def test_a_plan_s_product_carries_our_functions_as_data():
+    """The renderer gives a product of a form ours its functions (``own``), which the
+    module defines; the plan's JSON keeps them, and a bad entry is a clear error."""
+    gen, calls = _plan_with_products()
+    assert calls, "no product of REDUCTIONS has functions of ours"
+    for call in calls:
+        for fname, threads in call.own:
+            assert f"void {fname}(void **table" in gen.text
+            assert threads >= 1
+    data = items.to_json(gen.plan)
+    assert items.from_json(json.loads(json.dumps(data)), "p") == gen.plan
+    cases = [
+        (lambda g: g.__setitem__("own", "f1"), "expected 1 to"),
+        (lambda g: g.__setitem__("own", [["f1"]]), "expected \\[function, threads\\]"),
+        (lambda g: g.__setitem__("own", [["f1", 0]]), "out of range"),
+        (lambda g: g.__setitem__("own", [["f 1", 4]]), "f 1"),
+    ]
+    refuses_changed_plans(data, cases, _gemm_json)
+
+
+def test_the_products_policy_is_read_from_the_environment(monkeypatch):
+    monkeypatch.delenv("TIMERLC_PRODUCTS", raising=False)
+    assert cuda.products_policy("fastest") == "fastest"
+    monkeypatch.setenv("TIMERLC_PRODUCTS", "blas")
+    assert cuda.products_policy("fastest") == "blas"
+    monkeypatch.setenv("TIMERLC_PRODUCTS", "quickest")
+    with pytest.raises(DeviceUnavailable, match="'quickest' is not one of fastest, ours, blas"):
+        cuda.products_policy("fastest")
+
+
+@needs_cxx
+@pytest.mark.parametrize("policy", ["ours", "blas", "fastest"])
+def test_a_run_s_products_are_ours_or_the_blas_s_as_the_policy_says(policy, monkeypatch):
+    """The same values either way; ``ours`` launches our functions for every product of a
+    form ours, ``blas`` none, ``fastest`` times both at each shape's first call and keeps
+    the faster (its times recorded)."""
+    monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
+    gen, calls = _plan_with_products()
+    rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice())
+    rt.run()
+    plan = compile_plan(run_passes(graph_of(REDUCTIONS)))
+    cg = generate(plan, "cpu")
+    ref = CpuRuntime(cg.plan, native=cg.text)
+    ref.run()
+    same_outputs(rt, ref, [o for o, _, _ in plan.outputs])
+    choices = rt.product_choices
+    assert choices and len(choices) == len({_key(c) for c in calls})
+    if policy == "fastest":
+        assert all(b is not None and o is not None for b, o, _ in choices.values())
+        assert all(ours == (o < b) for b, o, ours in choices.values())
+    else:
+        assert all(b is None and ours == (policy == "ours") for b, _, ours in choices.values())
+    if policy == "blas":
+        assert rt.blas_calls > 0

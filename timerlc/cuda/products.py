@@ -1,0 +1,332 @@
+"""Our own kernels for skinny float32 products: the alternative to the device's BLAS that a
+``GemmCall`` carries (``own``, docs/cuda.md "Products of ours").
+
+PPO's minibatch step makes products of 65,536 rows by 64 columns or fewer: ``x @ W`` and
+``dy @ W^T`` (a 64 x 64 or 4 x 64 weight) and the weights' gradients ``x^T @ dy`` (the rows
+summed). On an H100 cuBLAS took 25-32 us for each in float32 where their bytes take about 10
+(docs/performance.md, eleventh session). Two forms:
+
+- ``rows``: ``C[m x n] = A[m x k] @ op(B)`` with k and n at most ``MAX_SIDE``: the weight
+  in shared memory once a block; the block's rows of A a tile at a time in shared memory
+  (transposed: a thread's rows side by side); each thread a ``TM x TN`` tile of C summed
+  over k in registers, in k's order: its rows side by side, its columns every CT-th (the
+  tiles across n), so that a warp's threads store a row's consecutive columns together
+  (side by side, each store of a warp touched 32 sectors of 32 bytes, a float of each).
+- ``gram``: ``C[m x n] = op(A) @ op(B)`` summed over k, the rows, with m and n at most
+  ``MAX_SIDE`` (``x^T @ dy``: A is rows x m, read transposed), two launches:
+  ``parts(rows)`` copies, each the sum over its chunk of rows (a block a copy at a time; each thread a tile of C, or a tile and every G-th row of
+  the chunk where C has fewer tiles than the block has threads, its groups then added in
+  order), into the statement's scratch memory; then the copies added in a fixed order
+  (``LANES`` threads an element, each every LANES-th copy, then the lanes in order).
+
+Each sum's order is fixed by the shapes (and the block's threads): the same values whatever
+the grid. The runtime times each against the device's BLAS at its first call and keeps the
+faster (``runtime.cuda``); the emulated device runs ours.
+"""
+
+from __future__ import annotations
+
+MAX_SIDE = 64  # the most columns of a product's narrow sides (k and n; m and n for gram)
+MIN_ROWS = 16  # the fewest rows (m for rows, k for gram) a product of ours is made for
+MAX_THREADS = 128  # of a block (render.THREADS; the emulation's at most)
+SMEM_FLOATS = 12000  # the shared memory a function of ours uses (48 KB static at most)
+STAGE_ROWS = 64  # gram: the rows of A and B a block holds in shared memory at a time
+PART_ROWS = 256  # gram: the fewest rows a copy sums
+MAX_PARTS = 256  # gram: the most copies
+MAX_LANES = 32  # gram: the most threads that add an element's copies
+COPY_BATCH = 8  # the loads into shared memory a thread issues before it waits for them
+
+
+def _divisor(n: int, options) -> int:
+    return next(d for d in options if n % d == 0)
+
+
+def form(dtype: str, m: int, n: int, k: int, ta: bool, tb: bool) -> str | None:
+    """Which kernel of ours computes the product (``rows`` or ``gram``), or None (the
+    device's BLAS alone)."""
+    if dtype != "f32":
+        return None
+    if not ta and k <= MAX_SIDE and n <= MAX_SIDE and m >= MIN_ROWS:
+        return "rows"
+    if m <= MAX_SIDE and n <= MAX_SIDE and k >= MIN_ROWS:
+        return "gram"
+    return None
+
+
+def parts(rows: int) -> int:
+    """A gram product's copies (each the sum over ``PART_ROWS`` rows or more)."""
+    return max(1, min(MAX_PARTS, rows // PART_ROWS))
+
+
+def scratch_bytes(m: int, n: int, k: int, ta: bool, tb: bool) -> int:
+    """The scratch memory the product's kernels of ours need (a gram's copies, where it
+    has more than one)."""
+    if form("f32", m, n, k, ta, tb) != "gram" or parts(k) == 1:
+        return 0
+    return parts(k) * m * n * 4
+
+
+def launches(m: int, n: int, k: int, ta: bool, tb: bool) -> tuple[str, ...]:
+    """The functions of ours a product launches one after another: ``rows``; a gram's
+    ``part`` and ``sum`` (its one copy C itself where it has one: ``part`` alone)."""
+    what = form("f32", m, n, k, ta, tb)
+    if what == "rows":
+        return ("rows",)
+    return ("part",) if parts(k) == 1 else ("part", "sum")
+
+
+def _rows_tiling(n: int, k: int) -> tuple[int, int, int, int, int]:
+    """``(TM, TN, CT, BM, BMP)``: a thread's tile; the tiles across n; a block's rows of A
+    at a time, and their stride in shared memory (BMP = 1 mod 32: a column's writes and a
+    warp's reads in distinct banks)."""
+    tn = _divisor(n, (8, 4, 2, 1))
+    ct = n // tn
+    rt = max(1, MAX_THREADS // ct)
+    for tm in (4, 2, 1):
+        bm = rt * tm
+        bmp = bm + (1 - bm) % 32
+        if k * n + k * bmp <= SMEM_FLOATS:
+            return tm, tn, ct, bm, bmp
+    raise AssertionError("no tiling fits")  # pragma: no cover - k, n <= MAX_SIDE fit
+
+
+def rows_threads(m: int, n: int, k: int) -> int:
+    """The threads a rows product asks for: a block a tile of rows."""
+    bm = _rows_tiling(n, k)[3]
+    return -(-m // bm) * MAX_THREADS
+
+
+def rows_lines(s, a: str, b: str, c: str) -> list[str]:
+    """The lines (indented from depth 0) of ``C = A @ op(B)`` for gemm ``s`` (``form``
+    rows), A, B and C the C expressions of the operands' first elements."""
+    m, n, k = s.m, s.n, s.k
+    tm, tn, ct, bm, bmp = _rows_tiling(n, k)
+    tiles = (bm // tm) * ct
+    bel = f"B[j * {s.ldb} + kk]" if s.tb else f"B[kk * {s.ldb} + j]"
+    fma = []
+    for i in range(tm):
+        for j in range(tn):
+            fma.append(f"tl_c[{i}][{j}] = fmaf(tl_a[{i}], tl_b[{j}], tl_c[{i}][{j}]);")
+    return [
+        "{",
+        f"  const float *A = {a};",
+        f"  const float *B = {b};",
+        f"  float *C = {c};",
+        f"  __shared__ float tl_bs[{k * n}];  // op(B), k x n",
+        f"  __shared__ float tl_as[{k * bmp}];  // a tile of A's rows, transposed",
+        f"  for (int q = threadIdx.x; q < {k * n}; q += blockDim.x) {{",
+        f"    const int kk = q / {n}, j = q % {n};",
+        f"    tl_bs[q] = {bel};",
+        "  }",
+        (
+            f"  for (long long r0 = (long long)blockIdx.x * {bm}; r0 < {m}LL;"
+            f" r0 += (long long)gridDim.x * {bm}) {{"
+        ),
+        "    __syncthreads();  // (op(B) written; the last tile read)",
+        *_copy(
+            bm * k,
+            f"tl_as[q % {k} * {bmp} + q / {k}]",
+            f"r0 + q / {k} < {m}LL",
+            f"A[(r0 + q / {k}) * {s.lda} + q % {k}]",
+            "    ",
+        ),
+        "    __syncthreads();",
+        f"    for (int t = threadIdx.x; t < {tiles}; t += blockDim.x) {{",
+        f"      const int ty = t / {ct}, tx = t % {ct};",
+        f"      float tl_c[{tm}][{tn}] = {{}};",
+        "#pragma unroll 8",
+        f"      for (int kk = 0; kk < {k}; kk++) {{",
+        f"        float tl_a[{tm}], tl_b[{tn}];",
+        "#pragma unroll",
+        f"        for (int i = 0; i < {tm}; i++) tl_a[i] = tl_as[kk * {bmp} + ty * {tm} + i];",
+        "#pragma unroll",
+        f"        for (int j = 0; j < {tn}; j++) tl_b[j] = tl_bs[kk * {n} + tx + j * {ct}];",
+        *("        " + x for x in fma),
+        "      }",
+        "#pragma unroll",
+        f"      for (int i = 0; i < {tm}; i++) {{",
+        f"        const long long r = r0 + ty * {tm} + i;",
+        f"        if (r >= {m}LL) break;",
+        "#pragma unroll",
+        f"        for (int j = 0; j < {tn}; j++) C[r * {s.ldc} + tx + j * {ct}] = tl_c[i][j];",
+        "      }",
+        "    }",
+        "  }",
+        "}",
+    ]
+
+
+def _gram_tiling(m: int, n: int) -> tuple[int, int, int, int]:
+    """``(TM, TN, CT, TILES)`` of a gram product: a thread's tile, the tiles across n, all."""
+    tm = _divisor(m, (4, 2, 1))
+    tn = _divisor(n, (8, 4, 2, 1))
+    return tm, tn, n // tn, (m // tm) * (n // tn)
+
+
+def gram_part_threads(k: int) -> int:
+    return parts(k) * MAX_THREADS
+
+
+def gram_part_lines(s, a: str, b: str, copies: str, c: str) -> list[str]:
+    """The first launch of gram ``s``: each copy (of ``parts(k)``, at ``copies``, m x n
+    floats each) the sum of its chunk of rows; C itself (at ``c``) where it has one."""
+    m, n, k = s.m, s.n, s.k
+    tm, tn, ct, tiles = _gram_tiling(m, n)
+    p = parts(k)
+    chunk = -(-k // p)
+    sr = STAGE_ROWS
+    size = max(sr * (m + n), MAX_THREADS * tm * tn)
+    ld = s.ldc if p == 1 else n  # (C's rows, or a copy's)
+    fma = []
+    for i in range(tm):
+        for j in range(tn):
+            fma.append(f"tl_c[{i}][{j}] = fmaf(tl_a[{i}], tl_b[{j}], tl_c[{i}][{j}]);")
+    return [
+        "{",
+        f"  const float *A = {a};",
+        f"  const float *B = {b};",
+        f"  float *tl_pp = {c if p == 1 else copies};",
+        f"  __shared__ float tl_sm[{size}];  // the rows of A and B; then the groups' sums",
+        f"  const int tl_g = blockDim.x >= {tiles} ? blockDim.x / {tiles} : 1;  // row groups",
+        f"  for (long long p = blockIdx.x; p < {p}; p += gridDim.x) {{",
+        f"    const long long lo = p * {chunk}, hi = lo + {chunk} < {k}LL ? lo + {chunk} : {k}LL;",
+        f"    for (int t0 = 0; t0 < {tiles} * tl_g; t0 += blockDim.x) {{  // (same on every thread)",
+        "      const int t = t0 + threadIdx.x;",
+        f"      const bool mine = t < {tiles} * tl_g;",
+        f"      const int tile = t % {tiles}, g = t / {tiles};",
+        f"      const int ty = tile / {ct}, tx = tile % {ct};",
+        f"      float tl_c[{tm}][{tn}] = {{}};",
+        f"      for (long long r0 = lo; r0 < hi; r0 += {sr}) {{",
+        "        __syncthreads();",
+        *_stage(s.ta, "A", s.lda, m, sr, "0"),
+        *_stage(not s.tb, "B", s.ldb, n, sr, str(sr * m)),
+        "        __syncthreads();",
+        "        if (mine) {",
+        "#pragma unroll 4",
+        f"          for (int r = g; r < {sr}; r += tl_g) {{",
+        f"            float tl_a[{tm}], tl_b[{tn}];",
+        "#pragma unroll",
+        f"            for (int i = 0; i < {tm}; i++) tl_a[i] = tl_sm[r * {m} + ty * {tm} + i];",
+        "#pragma unroll",
+        (
+            f"            for (int j = 0; j < {tn}; j++)"
+            f" tl_b[j] = tl_sm[{sr * m} + r * {n} + tx * {tn} + j];"
+        ),
+        *("            " + x for x in fma),
+        "          }",
+        "        }",
+        "      }",
+        "      __syncthreads();  // (the rows read: the groups' sums in their place)",
+        "      if (mine && tl_g > 1)",
+        "#pragma unroll",
+        (
+            f"        for (int e = 0; e < {tm * tn}; e++)"
+            f" tl_sm[threadIdx.x * {tm * tn} + e] = tl_c[e / {tn}][e % {tn}];"
+        ),
+        "      __syncthreads();",
+        "      if (mine && g == 0) {",
+        "#pragma unroll",
+        f"        for (int e = 0; e < {tm * tn}; e++) {{",
+        f"          float v = tl_c[e / {tn}][e % {tn}];",
+        (
+            "          for (int h = 1; h < tl_g; h++)"
+            f" v += tl_sm[(h * {tiles} + tile) * {tm * tn} + e];"
+        ),
+        f"          tl_pp[p * {m * n} + (ty * {tm} + e / {tn}) * {ld} + tx * {tn} + e % {tn}] = v;",
+        "        }",
+        "      }",
+        "    }",
+        "  }",
+        "}",
+    ]
+
+
+def _stage(rows_first: bool, x: str, ld: int, w: int, sr: int, at: str) -> list[str]:
+    """The lines that copy the stage's rows of operand ``x`` (``w`` columns of it a row of
+    the sum; stored a row of the sum a row of ``x`` where ``rows_first``, else a column)
+    into ``tl_sm`` from ``at``, a row after another; zeros past the chunk's rows. The
+    threads take consecutive elements of ``x``'s memory."""
+    if rows_first:
+        row, col, el = f"q / {w}", f"q % {w}", f"(r0 + q / {w}) * {ld} + q % {w}"
+    else:
+        row, col, el = f"q % {sr}", f"q / {sr}", f"q / {sr} * {ld} + r0 + q % {sr}"
+    dst = f"tl_sm[{at} + ({row}) * {w} + {col}]"
+    return _copy(sr * w, dst, f"r0 + {row} < hi", f"{x}[{el}]", "        ")
+
+
+def _copy(total: int, dst: str, cond: str, src: str, indent: str) -> list[str]:
+    """The lines that set ``dst`` to ``src`` where ``cond`` holds, else 0, for each ``q`` of
+    ``total`` (C expressions over ``q``), the block's threads taking every blockDim-th. With
+    the GPU's blocks (``MAX_THREADS``) each thread issues all its loads before it stores
+    the first: the SASS of sm_90 for a loop over ``q`` had each load wait for the one
+    before it (a round trip to the device's memory each, 32 a tile), even unrolled; all
+    32 at once took 255 registers a thread: ``COPY_BATCH`` at a time."""
+    turns = -(-total // MAX_THREADS)
+    batch = min(turns, COPY_BATCH)
+    return [
+        f"{indent}if (blockDim.x == {MAX_THREADS}) {{",
+        "#pragma unroll 1",
+        f"{indent}  for (int u0 = 0; u0 < {turns}; u0 += {batch}) {{",
+        f"{indent}    float tl_v[{batch}];",
+        "#pragma unroll",
+        f"{indent}    for (int u = 0; u < {batch}; u++) {{",
+        f"{indent}      const int q = threadIdx.x + (u0 + u) * {MAX_THREADS};",
+        f"{indent}      tl_v[u] = q < {total} && {cond} ? {src} : 0.0f;",
+        f"{indent}    }}",
+        "#pragma unroll",
+        f"{indent}    for (int u = 0; u < {batch}; u++) {{",
+        f"{indent}      const int q = threadIdx.x + (u0 + u) * {MAX_THREADS};",
+        f"{indent}      if (q < {total}) {dst} = tl_v[u];",
+        f"{indent}    }}",
+        f"{indent}  }}",
+        f"{indent}}} else {{",
+        f"{indent}  for (int q = threadIdx.x; q < {total}; q += blockDim.x)",
+        f"{indent}    {dst} = {cond} ? {src} : 0.0f;",
+        f"{indent}}}",
+    ]
+
+
+def lanes(m: int, n: int, k: int) -> int:
+    """The threads that add each element's copies in a gram's second launch (a power of
+    two, at most the copies)."""
+    want = max(1, min(MAX_LANES, parts(k), 32768 // (m * n)))
+    return 1 << (want.bit_length() - 1)
+
+
+def gram_sum_threads(m: int, n: int, k: int) -> int:
+    return m * n * lanes(m, n, k)
+
+
+def gram_sum_lines(s, c: str, copies: str) -> list[str]:
+    """The second launch of gram ``s``: each element of C the sum of its copies, in a fixed
+    order: ``lanes`` threads an element (where the block's threads divide into them), each
+    every lanes-th copy, then the lanes in order."""
+    m, n, k = s.m, s.n, s.k
+    p, e_all, ln = parts(k), m * n, lanes(m, n, k)
+    return [
+        "{",
+        f"  float *C = {c};",
+        f"  const float *tl_pp = {copies};",
+        f"  __shared__ float tl_red[{MAX_THREADS}];",
+        f"  const int lanes = blockDim.x % {ln} == 0 ? {ln} : 1, per = blockDim.x / lanes;",
+        (
+            f"  for (long long e0 = (long long)blockIdx.x * per; e0 < {e_all}LL;"
+            " e0 += (long long)gridDim.x * per) {"
+        ),
+        "    const long long e = e0 + threadIdx.x % per;",
+        "    const int lane = threadIdx.x / per;",
+        "    float v = 0.0f;",
+        f"    if (e < {e_all}LL)",
+        "#pragma unroll 8",
+        f"      for (long long c = lane; c < {p}; c += lanes) v += tl_pp[c * {e_all} + e];",
+        "    tl_red[threadIdx.x] = v;",
+        "    __syncthreads();",
+        f"    if (lane == 0 && e < {e_all}LL) {{",
+        "      float total = 0.0f;",
+        "      for (int l = 0; l < lanes; l++) total += tl_red[threadIdx.x + l * per];",
+        f"      C[e / {n} * {s.ldc} + e % {n}] = total;",
+        "    }",
+        "    __syncthreads();",
+        "  }",
+        "}",
+    ]
