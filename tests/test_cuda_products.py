@@ -41,6 +41,8 @@ SHAPES = [
     (64, 2, 513, True, False, 0, 0, 3),  # 16 tiles: groups of the block's threads
     (3, 5, 16, True, True, 0, 2, 0),  # both read transposed, odd sides, one copy
     (64, 1, 300, True, False, 1, 0, 0),
+    (8, 16, 1030, False, False, 2, 0, 0),  # A's rows along the sum's: a last load of 2
+    (12, 8, 1030, False, True, 2, 2, 0),  # both: their memory past the last row not read
 ]
 
 
@@ -50,13 +52,17 @@ def _gemm(m, n, k, ta, tb, pa, pb, pc) -> kir.Gemm:
     return kir.Gemm("f32", ta, tb, m, n, k, "a", 0, lda, "b", 0, ldb, "c", 0, n + pc)
 
 
-def _module(gemms) -> str:
+OFFSETS = (3, 1, 2)  # (A, B and C from these elements of their memory: not 16 bytes aligned)
+
+
+def _module(gemms, offsets=OFFSETS) -> str:
     """A module of each gemm's functions of ours (its operands: the table's entries 0, 1,
-    2 from elements 3, 1 and 2; a gram's copies at the scratch memory)."""
+    2 from elements ``offsets``; a gram's copies at the scratch memory)."""
     parts = [render.head()]
+    oa, ob, oc = offsets
     for i, s in enumerate(gemms):
-        a, b = "(const float *)table[0] + 3", "(const float *)table[1] + 1"
-        c, copies = "(float *)table[2] + 2", "(float *)scratch"
+        a, b = f"(const float *)table[0] + {oa}", f"(const float *)table[1] + {ob}"
+        c, copies = f"(float *)table[2] + {oc}", "(float *)scratch"
         what = products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb)
         if what == "rows":
             bodies = [("r", products.rows_lines(s, a, b, c))]
@@ -76,25 +82,27 @@ def _module(gemms) -> str:
     return "\n".join(parts)
 
 
-def _check_shapes(shapes) -> float:
-    """Each shape's functions run on the emulated device against NumPy (float64): the
-    largest difference relative to the product's largest value."""
+def _check_shapes(shapes, offsets=OFFSETS) -> float:
+    """Each shape's functions run on the emulated device against NumPy (float64), A, B and
+    C from elements ``offsets`` of their memory: the largest difference relative to the
+    product's largest value."""
     gemms = [_gemm(*x) for x in shapes]
     device = EmuDevice()
-    module = device.load(_module(gemms))
+    module = device.load(_module(gemms, offsets))
+    oa, ob, oc = offsets
     rng = np.random.default_rng(7)
     worst = 0.0
     for i, (s, shape) in enumerate(zip(gemms, shapes)):
         m, n, k, ta, tb = shape[:5]
-        a = rng.standard_normal(3 + (k if ta else m) * s.lda).astype(np.float32)
-        b = rng.standard_normal(1 + (n if tb else k) * s.ldb).astype(np.float32)
-        c = np.full(2 + m * s.ldc, np.nan, np.float32)
+        a = rng.standard_normal(oa + (k if ta else m) * s.lda).astype(np.float32)
+        b = rng.standard_normal(ob + (n if tb else k) * s.ldb).astype(np.float32)
+        c = np.full(oc + m * s.ldc, np.nan, np.float32)
 
         def matrix(x, at, rows, cols, ld):
             return np.lib.stride_tricks.as_strided(x[at:], (rows, cols), (ld * 4, 4))
 
-        am = matrix(a, 3, *((k, m) if ta else (m, k)), s.lda).astype(np.float64)
-        bm = matrix(b, 1, *((n, k) if tb else (k, n)), s.ldb).astype(np.float64)
+        am = matrix(a, oa, *((k, m) if ta else (m, k)), s.lda).astype(np.float64)
+        bm = matrix(b, ob, *((n, k) if tb else (k, n)), s.ldb).astype(np.float64)
         want = (am.T if ta else am) @ (bm.T if tb else bm)
         ptrs = [device.alloc(x.nbytes) for x in (a, b, c)]
         for p, x in zip(ptrs, (a, b, c)):
@@ -107,9 +115,9 @@ def _check_shapes(shapes) -> float:
             fn = device.function(module, f"t{i}{suffix}")
             device.launch(fn, table, values, scratch, EmuDevice.MAX_BLOCKS)
         device.download(ptrs[2], c)
-        got = matrix(c, 2, m, n, s.ldc)
+        got = matrix(c, oc, m, n, s.ldc)
         assert not np.isnan(got).any(), shape
-        pad = np.delete(c[2:], [r * s.ldc + j for r in range(m) for j in range(n)])
+        pad = np.delete(c[oc:], [r * s.ldc + j for r in range(m) for j in range(n)])
         assert np.isnan(pad).all(), f"{shape}: wrote between C's rows"
         err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
         assert err < 1e-5, (shape, err)
@@ -118,7 +126,7 @@ def _check_shapes(shapes) -> float:
 
 
 def test_the_forms_of_our_products():
-    assert [products.form("f32", *x[:5]) for x in SHAPES] == ["rows"] * 5 + ["gram"] * 5
+    assert [products.form("f32", *x[:5]) for x in SHAPES] == ["rows"] * 5 + ["gram"] * 7
     assert products.form("f64", 100, 64, 64, False, False) is None  # (float32 only)
     assert products.form("f32", 100, 65, 64, False, False) is None  # (a side past 64)
     assert products.form("f32", 100, 64, 64, True, False) is None  # (100 columns of A)
@@ -137,18 +145,20 @@ def test_our_products_compute_numpy_s_on_the_emulated_device():
     the emulation's threads, each striding over the grid; nothing written between C's
     rows)."""
     assert _check_shapes(SHAPES) < 1e-5
+    assert _check_shapes(SHAPES, (0, 0, 0)) < 1e-5
 
 
 @needs_cxx
 @pytest.mark.parametrize("threads", [24, 128])
 def test_our_products_with_the_block_s_threads_as_the_gpu_s(threads):
     """The same with blocks of 128 threads (as the GPU's: a gram's tiles then take every
-    G-th row, the groups added in order; its copies added by lanes) and of 24 (3 groups of
-    a 4 x 64's 8 tiles; lanes that do not divide the block: one a thread)."""
+    G-th row, the groups added in order; its copies added by lanes; each thread's loads 8
+    at a time, 16 bytes each where the operands are aligned, ``products._copy``) and of 24
+    (3 groups of a 4 x 64's 8 tiles; lanes that do not divide the block: one a thread)."""
     env = dict(os.environ, TIMERLC_EMU_THREADS=str(threads), PYTHONPATH=str(ROOT))
     code = (
         "import sys; sys.path.insert(0, 'tests'); import test_cuda_products as t; "
-        "print(t._check_shapes(t.SHAPES))"
+        "print(max(t._check_shapes(t.SHAPES), t._check_shapes(t.SHAPES, (0, 0, 0))))"
     )
     r = subprocess.run(
         [sys.executable, "-c", code],
@@ -170,6 +180,7 @@ def test_nvrtc_compiles_our_products_for_the_h100():
             pytest.fail("no libnvrtc (the test extra's nvidia-cuda-nvrtc)")
         pytest.skip("no libnvrtc")
     ptx, log = nvrtc.compile_ptx(_module([_gemm(*x) for x in SHAPES]), "compute_90", lib)
+    assert "ld.v4.f32" in ptx  # (the loads of 16 bytes)
     assert log.strip() == "", log[-3000:]
     assert ptx.count(".entry") == sum(len(products.launches(*x[:5])) for x in SHAPES)
 

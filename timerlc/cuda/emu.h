@@ -5,14 +5,18 @@
 // that meet at a std::barrier for __syncthreads(), threadIdx and blockIdx their own; the
 // blocks of a grid run one after another. __shared__ variables are static, so shared by a
 // block's threads. Only what the renderer uses is here: x dimensions, __syncthreads(_or),
-// atomicCAS, atomicAdd, __threadfence. The header includes no C++ library header, so that a
-// module compiles fast.
+// atomicCAS, atomicAdd, __threadfence, float4. The header includes no C++ library header, so
+// that a module compiles fast.
 #pragma once
 
 #define __global__
 #define __host__
 #define __device__
 #define __shared__ static
+
+struct alignas(16) float4 { // (CUDA's vector type: the products' loads of 16 bytes)
+  float x, y, z, w;
+};
 
 struct tl_dim3 {
   unsigned int x, y, z;

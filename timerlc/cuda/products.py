@@ -14,10 +14,15 @@ summed). On an H100 cuBLAS took 25-32 us for each in float32 where their bytes t
   (side by side, each store of a warp touched 32 sectors of 32 bytes, a float of each).
 - ``gram``: ``C[m x n] = op(A) @ op(B)`` summed over k, the rows, with m and n at most
   ``MAX_SIDE`` (``x^T @ dy``: A is rows x m, read transposed), two launches:
-  ``parts(rows)`` copies, each the sum over its chunk of rows (a block a copy at a time; each thread a tile of C, or a tile and every G-th row of
-  the chunk where C has fewer tiles than the block has threads, its groups then added in
-  order), into the statement's scratch memory; then the copies added in a fixed order
-  (``LANES`` threads an element, each every LANES-th copy, then the lanes in order).
+  ``parts(rows)`` copies, each the sum over its chunk of rows (whole stages of
+  ``STAGE_ROWS``; a block a copy at a time; each thread a tile of C, or a tile and every
+  G-th row of the chunk where C has fewer tiles than the block has threads, its groups
+  then added in order), into the statement's scratch memory (C itself where there is one
+  copy: one launch); then the copies added in a fixed order (``lanes`` threads an
+  element, each every lanes-th copy, then the lanes in order).
+
+Both copy their operands into shared memory 8 loads of a thread at a time, 16 bytes each
+where the operands are aligned (``_copy``).
 
 Each sum's order is fixed by the shapes (and the block's threads): the same values whatever
 the grid. The runtime times each against the device's BLAS at its first call and keeps the
@@ -25,6 +30,9 @@ faster (``runtime.cuda``); the emulated device runs ours.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 MAX_SIDE = 64  # the most columns of a product's narrow sides (k and n; m and n for gram)
 MIN_ROWS = 16  # the fewest rows (m for rows, k for gram) a product of ours is made for
@@ -124,11 +132,10 @@ def rows_lines(s, a: str, b: str, c: str) -> list[str]:
         ),
         "    __syncthreads();  // (op(B) written; the last tile read)",
         *_copy(
-            bm * k,
-            f"tl_as[q % {k} * {bmp} + q / {k}]",
-            f"r0 + q / {k} < {m}LL",
-            f"A[(r0 + q / {k}) * {s.lda} + q % {k}]",
-            "    ",
+            Lines(bm, k, lambda o: f"A + (r0 + {o}) * {s.lda}", s.lda),
+            lambda o, i: f"tl_as[({i}) * {bmp} + {o}]",
+            line_ok=lambda o: f"r0 + {o} < {m}LL",
+            indent="    ",
         ),
         "    __syncthreads();",
         f"    for (int t = threadIdx.x; t < {tiles}; t += blockDim.x) {{",
@@ -173,8 +180,8 @@ def gram_part_lines(s, a: str, b: str, copies: str, c: str) -> list[str]:
     m, n, k = s.m, s.n, s.k
     tm, tn, ct, tiles = _gram_tiling(m, n)
     p = parts(k)
-    chunk = -(-k // p)
     sr = STAGE_ROWS
+    chunk = -(-k // p // sr) * sr  # (whole stages: a stage's first row 16 bytes aligned)
     size = max(sr * (m + n), MAX_THREADS * tm * tn)
     ld = s.ldc if p == 1 else n  # (C's rows, or a copy's)
     fma = []
@@ -228,6 +235,7 @@ def gram_part_lines(s, a: str, b: str, copies: str, c: str) -> list[str]:
         "#pragma unroll",
         f"        for (int e = 0; e < {tm * tn}; e++) {{",
         f"          float v = tl_c[e / {tn}][e % {tn}];",
+        "#pragma unroll 1",
         (
             "          for (int h = 1; h < tl_g; h++)"
             f" v += tl_sm[(h * {tiles} + tile) * {tm * tn} + e];"
@@ -246,44 +254,117 @@ def _stage(rows_first: bool, x: str, ld: int, w: int, sr: int, at: str) -> list[
     the sum; stored a row of the sum a row of ``x`` where ``rows_first``, else a column)
     into ``tl_sm`` from ``at``, a row after another; zeros past the chunk's rows. The
     threads take consecutive elements of ``x``'s memory."""
-    if rows_first:
-        row, col, el = f"q / {w}", f"q % {w}", f"(r0 + q / {w}) * {ld} + q % {w}"
-    else:
-        row, col, el = f"q % {sr}", f"q / {sr}", f"q / {sr} * {ld} + r0 + q % {sr}"
-    dst = f"tl_sm[{at} + ({row}) * {w} + {col}]"
-    return _copy(sr * w, dst, f"r0 + {row} < hi", f"{x}[{el}]", "        ")
+    if rows_first:  # (lines: the stage's rows, w elements each)
+        return _copy(
+            Lines(sr, w, lambda o: f"{x} + (r0 + {o}) * {ld}", ld),
+            lambda o, i: f"tl_sm[{at} + ({o}) * {w} + {i}]",
+            line_ok=lambda o: f"r0 + {o} < hi",
+            indent="        ",
+        )
+    return _copy(  # (lines: the columns, sr rows each)
+        Lines(w, sr, lambda o: f"{x} + ({o}) * {ld} + r0", ld),
+        lambda o, i: f"tl_sm[{at} + ({i}) * {w} + {o}]",
+        inner_ok=lambda i: f"r0 + {i} < hi",
+        indent="        ",
+    )
 
 
-def _copy(total: int, dst: str, cond: str, src: str, indent: str) -> list[str]:
-    """The lines that set ``dst`` to ``src`` where ``cond`` holds, else 0, for each ``q`` of
-    ``total`` (C expressions over ``q``), the block's threads taking every blockDim-th. With
-    the GPU's blocks (``MAX_THREADS``) each thread issues all its loads before it stores
-    the first: the SASS of sm_90 for a loop over ``q`` had each load wait for the one
-    before it (a round trip to the device's memory each, 32 a tile), even unrolled; all
-    32 at once took 255 registers a thread: ``COPY_BATCH`` at a time."""
+@dataclass(frozen=True)
+class Lines:
+    """What ``_copy`` copies: ``count`` lines of ``width`` consecutive floats, line ``o``
+    from ``start(o)`` (a C pointer expression), lines ``ld`` floats apart."""
+
+    count: int
+    width: int
+    start: Callable[[str], str]
+    ld: int
+
+
+def _copy(
+    src: Lines, dst, line_ok=lambda o: "1", inner_ok=lambda i: "1", indent: str = ""
+) -> list[str]:
+    """The lines that set ``dst(o, i)`` (a C lvalue) to element ``i`` of line ``o`` of
+    ``src`` where ``line_ok(o)`` and ``inner_ok(i)`` hold, else 0, the block's threads
+    taking consecutive elements. With the GPU's blocks (``MAX_THREADS``) each thread issues
+    ``COPY_BATCH`` loads before it stores the first (in the SASS of sm_90 a loop over the
+    elements had each load wait for the one before it, even unrolled: 32 round trips to
+    the device's memory a tile; all 32 at once took 255 registers a thread), 16 bytes each
+    where the lines' starts are (``float4``: four times the bytes in flight a thread, where
+    a block's copies were a quarter of what keeps the memory busy)."""
+    w, total = src.width, src.count * src.width
     turns = -(-total // MAX_THREADS)
     batch = min(turns, COPY_BATCH)
-    return [
-        f"{indent}if (blockDim.x == {MAX_THREADS}) {{",
+    q_oi = f"const int o = q / {w}, i = q % {w};"
+    lines = []
+    if w % 4 == 0:
+        total4 = total // 4
+        turns4 = -(-total4 // MAX_THREADS)
+        batch4 = min(turns4, COPY_BATCH)
+        part = " ".join(
+            f"if ({inner_ok(f'i + {e}')}) tl_w.{f} = tl_s[{e}];" for e, f in enumerate("xyz")
+        )
+        partial = [] if inner_ok("i") == "1" else [f"else {{ {part} }}"]
+        stores = " ".join(f"{dst('o', f'i + {e}')} = tl_v[u].{f};" for e, f in enumerate("xyzw"))
+        lines += [
+            (
+                f"if (blockDim.x == {MAX_THREADS} && (((unsigned long long)({src.start('0')})"
+                f" | {4 * src.ld}ULL) & 15) == 0) {{"
+            ),
+            "#pragma unroll 1",
+            f"  for (int u0 = 0; u0 < {turns4}; u0 += {batch4}) {{",
+            f"    float4 tl_v[{batch4}];",
+            "#pragma unroll",
+            f"    for (int u = 0; u < {batch4}; u++) {{",
+            f"      const int q = threadIdx.x + (u0 + u) * {MAX_THREADS};",
+            f"      const int o = q / {w // 4}, i = q % {w // 4} * 4;",
+            "      float4 tl_w = {0.0f, 0.0f, 0.0f, 0.0f};",
+            f"      if (q < {total4} && {line_ok('o')}) {{",
+            f"        const float *tl_s = {src.start('o')} + i;",
+            f"        if ({inner_ok('i + 3')}) tl_w = *(const float4 *)tl_s;",
+            *("        " + x for x in partial),
+            "      }",
+            "      tl_v[u] = tl_w;",
+            "    }",
+            "#pragma unroll",
+            f"    for (int u = 0; u < {batch4}; u++) {{",
+            f"      const int q = threadIdx.x + (u0 + u) * {MAX_THREADS};",
+            f"      const int o = q / {w // 4}, i = q % {w // 4} * 4;",
+            f"      if (q < {total4}) {{ {stores} }}",
+            "    }",
+            "  }",
+            "} else ",
+        ]
+    ok = f"{line_ok('o')} && {inner_ok('i')}"
+    lines += [
+        f"if (blockDim.x == {MAX_THREADS}) {{",
         "#pragma unroll 1",
-        f"{indent}  for (int u0 = 0; u0 < {turns}; u0 += {batch}) {{",
-        f"{indent}    float tl_v[{batch}];",
+        f"  for (int u0 = 0; u0 < {turns}; u0 += {batch}) {{",
+        f"    float tl_v[{batch}];",
         "#pragma unroll",
-        f"{indent}    for (int u = 0; u < {batch}; u++) {{",
-        f"{indent}      const int q = threadIdx.x + (u0 + u) * {MAX_THREADS};",
-        f"{indent}      tl_v[u] = q < {total} && {cond} ? {src} : 0.0f;",
-        f"{indent}    }}",
+        f"    for (int u = 0; u < {batch}; u++) {{",
+        f"      const int q = threadIdx.x + (u0 + u) * {MAX_THREADS};",
+        f"      {q_oi}",
+        f"      tl_v[u] = q < {total} && {ok} ? ({src.start('o')})[i] : 0.0f;",
+        "    }",
         "#pragma unroll",
-        f"{indent}    for (int u = 0; u < {batch}; u++) {{",
-        f"{indent}      const int q = threadIdx.x + (u0 + u) * {MAX_THREADS};",
-        f"{indent}      if (q < {total}) {dst} = tl_v[u];",
-        f"{indent}    }}",
-        f"{indent}  }}",
-        f"{indent}}} else {{",
-        f"{indent}  for (int q = threadIdx.x; q < {total}; q += blockDim.x)",
-        f"{indent}    {dst} = {cond} ? {src} : 0.0f;",
-        f"{indent}}}",
+        f"    for (int u = 0; u < {batch}; u++) {{",
+        f"      const int q = threadIdx.x + (u0 + u) * {MAX_THREADS};",
+        f"      {q_oi}",
+        f"      if (q < {total}) {dst('o', 'i')} = tl_v[u];",
+        "    }",
+        "  }",
+        "} else {",
+        f"  for (int q = threadIdx.x; q < {total}; q += blockDim.x) {{",
+        f"    {q_oi}",
+        f"    {dst('o', 'i')} = {ok} ? ({src.start('o')})[i] : 0.0f;",
+        "  }",
+        "}",
     ]
+    if w % 4 == 0:  # (the else of the first if joined to the second)
+        at = lines.index("} else ")
+        lines[at : at + 2] = ["} else " + lines[at + 1]]
+    block = ["{", *(x if x.startswith("#") else "  " + x for x in lines), "}"]
+    return [x if x.startswith("#") else indent + x for x in block]
 
 
 def lanes(m: int, n: int, k: int) -> int:
