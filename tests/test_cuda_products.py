@@ -36,6 +36,7 @@ SHAPES = [
     (37, 2, 4, False, False, 0, 0, 0),
     (16, 1, 3, False, True, 0, 0, 0),  # tiles of one column, rows of 3
     (53, 6, 5, False, False, 1, 0, 0),  # columns of 2-wide tiles, 5 terms
+    (40, 8, 16, False, True, 0, 0, 0),  # W^T's rows 16 bytes apart: loads of 16 where aligned
     (64, 64, 700, True, False, 0, 0, 0),  # x^T @ dy over 700 rows (2 copies, a short stage)
     (4, 64, 1000, False, False, 5, 0, 0),  # the first layer's: x stored transposed
     (64, 2, 513, True, False, 0, 0, 3),  # 16 tiles: groups of the block's threads
@@ -126,7 +127,7 @@ def _check_shapes(shapes, offsets=OFFSETS) -> float:
 
 
 def test_the_forms_of_our_products():
-    assert [products.form("f32", *x[:5]) for x in SHAPES] == ["rows"] * 5 + ["gram"] * 7
+    assert [products.form("f32", *x[:5]) for x in SHAPES] == ["rows"] * 6 + ["gram"] * 7
     assert products.form("f64", 100, 64, 64, False, False) is None  # (float32 only)
     assert products.form("f32", 100, 65, 64, False, False) is None  # (a side past 64)
     assert products.form("f32", 100, 64, 64, True, False) is None  # (100 columns of A)

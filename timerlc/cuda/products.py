@@ -110,11 +110,18 @@ def rows_lines(s, a: str, b: str, c: str) -> list[str]:
     m, n, k = s.m, s.n, s.k
     tm, tn, ct, bm, bmp = _rows_tiling(n, k)
     tiles = (bm // tm) * ct
-    bel = f"B[j * {s.ldb} + kk]" if s.tb else f"B[kk * {s.ldb} + j]"
     fma = []
     for i in range(tm):
         for j in range(tn):
             fma.append(f"tl_c[{i}][{j}] = fmaf(tl_a[{i}], tl_b[{j}], tl_c[{i}][{j}]);")
+    # op(B) once a block, by ``_copy`` too (one load at a time, each a round trip to memory,
+    # were some 10 us before a block's first tile): a line a row of B, or a column of op(B)
+    # where B is stored transposed
+    b_lines = Lines(n if s.tb else k, k if s.tb else n, lambda o: f"B + ({o}) * {s.ldb}", s.ldb)
+    if s.tb:
+        b_dst = lambda o, i: f"tl_bs[({i}) * {n} + {o}]"
+    else:
+        b_dst = lambda o, i: f"tl_bs[({o}) * {n} + {i}]"
     return [
         "{",
         f"  const float *A = {a};",
@@ -122,10 +129,7 @@ def rows_lines(s, a: str, b: str, c: str) -> list[str]:
         f"  float *C = {c};",
         f"  __shared__ float tl_bs[{k * n}];  // op(B), k x n",
         f"  __shared__ float tl_as[{k * bmp}];  // a tile of A's rows, transposed",
-        f"  for (int q = threadIdx.x; q < {k * n}; q += blockDim.x) {{",
-        f"    const int kk = q / {n}, j = q % {n};",
-        f"    tl_bs[q] = {bel};",
-        "  }",
+        *_copy(b_lines, b_dst, indent="  "),
         (
             f"  for (long long r0 = (long long)blockIdx.x * {bm}; r0 < {m}LL;"
             f" r0 += (long long)gridDim.x * {bm}) {{"
