@@ -1085,35 +1085,38 @@ def test_a_fused_kernel_takes_no_more_scratch_than_a_statement_s():
     assert fused and max(fused) <= largest
 
 
+BIAS_GRADIENTS = """
+config I = 3, N = 600, W = 80
+dim i < I
+s[0] = 1.0
+s[i+1] = s[i] * 0.5 + sum(g[i]) * 0.0001
+x[i] = reshape(f32(arange(N * 8)) * 0.001, [N, 8]) * s[i]
+dy[i] = (reshape(f32(arange(N * W)) * 0.0005, [N, W]) - 1.0) * s[i]
+dz[i] = reshape(f32(arange(N * W)) * 0.0002, [N, W]) + s[i]
+g[i] = concat([reshape(x[i].T @ dy[i], [8 * W]), sum(dy[i], 0),
+               reshape(x[i].T @ dz[i], [8 * W]), sum(dz[i], 0)], 0)
+w = reshape(f32(arange(8 * 16)) * 0.01 - 0.6, [8, 16])
+h[i] = tanh(x[i] @ w + f32(arange(16)) * 0.1)
+dn[i] = reshape(f32(arange(N * 2)) * 0.001, [N, 2]) - s[i]
+gn[i] = sum(dn[i], 0) * 2.0
+out g, h, s, x, dy, dz, gn, dn
+"""
+
+
 @needs_cxx
 def test_bias_gradients_after_their_products_are_one_step(tmp_path):
-    """A weight's gradient (a product of the device's BLAS) and its bias's (a sum over the
-    rows into a temporary), twice: the second product moves ahead of the first sum (it
-    touches nothing of it: ``render._Kernel._products_early``), and the two sums over the
-    same rows are one loop, each block adding to its copy of both (``_arrays_joined``): one
-    function after the two products, where there were two. Each block sums its rows of an
-    element in a register, the block's threads as lanes of the rows where a row is narrow
+    """A weight's gradient (a product of the device's BLAS: 80 columns, too wide for ours,
+    ``cuda/products.py``) and its bias's (a sum over the rows into a temporary), twice: the
+    second product moves ahead of the first sum (it touches nothing of it:
+    ``render._Kernel._products_early``), and the two sums over the same rows are one loop,
+    each block adding to its copy of both (``_arrays_joined``): one function after the two
+    products, where there were two. Each block sums its rows of an element in a register,
+    the block's threads as lanes of the rows where a row is narrow
     (``render._Kernel.array_in_registers``: a 2-wide sum), and the last block combines the
     blocks' copies likewise (``copies_by_lanes``: both sums' copies in one loop). A
     layer's bias and ``tanh`` work in place after its product, a thread per element
     (``render._spread``). The values are the cpu's."""
-    text = """
-    config I = 3, N = 600
-    dim i < I
-    s[0] = 1.0
-    s[i+1] = s[i] * 0.5 + sum(g[i]) * 0.0001
-    x[i] = reshape(f32(arange(N * 8)) * 0.001, [N, 8]) * s[i]
-    dy[i] = (reshape(f32(arange(N * 16)) * 0.0005, [N, 16]) - 1.0) * s[i]
-    dz[i] = reshape(f32(arange(N * 16)) * 0.0002, [N, 16]) + s[i]
-    g[i] = concat([reshape(x[i].T @ dy[i], [128]), sum(dy[i], 0),
-                   reshape(x[i].T @ dz[i], [128]), sum(dz[i], 0)], 0)
-    w = reshape(f32(arange(8 * 16)) * 0.01 - 0.6, [8, 16])
-    h[i] = tanh(x[i] @ w + f32(arange(16)) * 0.1)
-    dn[i] = reshape(f32(arange(N * 2)) * 0.001, [N, 2]) - s[i]
-    gn[i] = sum(dn[i], 0) * 2.0
-    out g, h, s, x, dy, dz, gn, dn
-    """
-    _, gen = generated("p.rtl", src(text))
+    _, gen = generated("p.rtl", src(BIAS_GRADIENTS))
     cu = cuda_gen(gen)
     launches = dict(cu.plan.kernels.launches)
     (g,) = [f for f in launches.values() if sum(isinstance(x, items.GemmCall) for x in f) == 2]
@@ -1128,6 +1131,31 @@ def test_bias_gradients_after_their_products_are_one_step(tmp_path):
     ref, rt, _, _, _ = run_both(gen, tmp_path)
     # (the products' terms summed in another order than the cpu's BLAS: our kernels' on
     # the emulation, cuda/products.py; float32 sums of 600 terms near 1e7)
+    for name in ("g", "h", "s", "gn"):
+        np.testing.assert_allclose(rt.value(name), ref.value(name), rtol=4e-6, atol=1e-6)
+
+
+@needs_cxx
+def test_bias_gradients_ride_on_their_weight_gradients_products(tmp_path):
+    """Where the weight's gradient is a gram of ours (16 columns: ``x^T @ dy`` over 600
+    rows, two copies), its bias's gradient (``sum(dy, 0)``: float64 sums into a temporary,
+    its zeros before it) is made by the same pass (``render._Kernel._gram_sums``): the
+    threads of the first row of tiles add the dy they read, in float64; no BLAS call and
+    no reduction of its own. The values are the cpu's."""
+    text = src(BIAS_GRADIENTS).replace("W = 80", "W = 16")
+    _, gen = generated("p.rtl", text)
+    cu = cuda_gen(gen)
+    # (each gram with its column sums, and the sum it stands for, its reduce step, gone)
+    grams = []
+    for k in cu.kernels:
+        steps = render._Kernel(k)._steps()
+        got = [st.form[2] for st in steps if st.kind == "gemm" and st.form and len(st.form) > 2]
+        if got:
+            assert [st.kind for st in steps if st.kind in ("blas", "reduce")] == [], k.name
+            grams += got
+    assert len(grams) == 2 * 2, grams  # (dy's and dz's: two launches each, two copies)
+    assert "tl_s[j] += (double)tl_b[j];" in cu.text and "tl_pd" in cu.text
+    ref, rt, _, _, _ = run_both(gen, tmp_path)
     for name in ("g", "h", "s", "gn"):
         np.testing.assert_allclose(rt.value(name), ref.value(name), rtol=4e-6, atol=1e-6)
 

@@ -63,14 +63,17 @@ def _module(gemms, offsets=OFFSETS) -> str:
     oa, ob, oc = offsets
     for i, s in enumerate(gemms):
         a, b = f"(const float *)table[0] + {oa}", f"(const float *)table[1] + {ob}"
-        c, copies = f"(float *)table[2] + {oc}", "(float *)scratch"
+        c, copies = f"(float *)table[2] + {oc}", "scratch"
         what = products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb)
         if what == "rows":
             bodies = [("r", products.rows_lines(s, a, b, c))]
-        else:
+        else:  # (and with B's column sums into table[3], float64: P, S)
+            sums = "(double *)table[3]"
             bodies = [("p", products.gram_part_lines(s, a, b, copies, c))]
+            bodies.append(("P", products.gram_part_lines(s, a, b, copies, c, sums)))
             if products.launches(s.m, s.n, s.k, s.ta, s.tb) == ("part", "sum"):
                 bodies.append(("s", products.gram_sum_lines(s, c, copies)))
+                bodies.append(("S", products.gram_sum_lines(s, c, copies, sums)))
         for suffix, lines in bodies:
             name = f"t{i}{suffix}"
             parts.append(
@@ -85,8 +88,8 @@ def _module(gemms, offsets=OFFSETS) -> str:
 
 def _check_shapes(shapes, offsets=OFFSETS) -> float:
     """Each shape's functions run on the emulated device against NumPy (float64), A, B and
-    C from elements ``offsets`` of their memory: the largest difference relative to the
-    product's largest value."""
+    C from elements ``offsets`` of their memory (a gram's also with B's column sums,
+    ``_gram_sums``): the largest difference relative to the product's largest value."""
     gemms = [_gemm(*x) for x in shapes]
     device = EmuDevice()
     module = device.load(_module(gemms, offsets))
@@ -105,24 +108,33 @@ def _check_shapes(shapes, offsets=OFFSETS) -> float:
         am = matrix(a, oa, *((k, m) if ta else (m, k)), s.lda).astype(np.float64)
         bm = matrix(b, ob, *((n, k) if tb else (k, n)), s.ldb).astype(np.float64)
         want = (am.T if ta else am) @ (bm.T if tb else bm)
-        ptrs = [device.alloc(x.nbytes) for x in (a, b, c)]
-        for p, x in zip(ptrs, (a, b, c)):
-            device.upload(p, x)
-        table = device.alloc(8 * 3)
+        sums = np.full(n, np.nan)
+        ptrs = [device.alloc(x.nbytes) for x in (a, b, c, sums)]
+        table = device.alloc(8 * 4)
         device.upload(table, np.array(ptrs, np.uint64))
-        scratch = device.alloc(max(8, products.scratch_bytes(m, n, k, ta, tb)))
+        scratch = device.alloc(max(8, products.scratch_bytes(m, n, k, ta, tb, sums=True)))
         values = np.zeros(1, np.int64)
-        for suffix in [x[0] for x in products.launches(m, n, k, ta, tb)]:
-            fn = device.function(module, f"t{i}{suffix}")
-            device.launch(fn, table, values, scratch, EmuDevice.MAX_BLOCKS)
-        device.download(ptrs[2], c)
-        got = matrix(c, oc, m, n, s.ldc)
-        assert not np.isnan(got).any(), shape
-        pad = np.delete(c[oc:], [r * s.ldc + j for r in range(m) for j in range(n)])
-        assert np.isnan(pad).all(), f"{shape}: wrote between C's rows"
-        err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
-        assert err < 1e-5, (shape, err)
-        worst = max(worst, err)
+        kinds = [x[0] for x in products.launches(m, n, k, ta, tb)]
+        for with_sums in [False] + [True] * (kinds != ["r"]):
+            for p, x in zip(ptrs, (a, b, c, sums)):
+                device.upload(p, x)
+            for suffix in kinds:
+                fn = device.function(module, f"t{i}{suffix.upper() if with_sums else suffix}")
+                device.launch(fn, table, values, scratch, EmuDevice.MAX_BLOCKS)
+            got_c = np.empty_like(c)
+            device.download(ptrs[2], got_c)
+            got = matrix(got_c, oc, m, n, s.ldc)
+            assert not np.isnan(got).any(), shape
+            pad = np.delete(got_c[oc:], [r * s.ldc + j for r in range(m) for j in range(n)])
+            assert np.isnan(pad).all(), f"{shape}: wrote between C's rows"
+            err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
+            assert err < 1e-5, (shape, err)
+            worst = max(worst, err)
+            if with_sums:  # (float64 sums of the float32 B: NumPy's up to their order)
+                got_sums = np.empty_like(sums)
+                device.download(ptrs[3], got_sums)
+                want_sums = (bm.T if tb else bm).sum(0)
+                np.testing.assert_allclose(got_sums, want_sums, rtol=1e-12, atol=1e-12)
     return worst
 
 
@@ -138,6 +150,10 @@ def test_the_forms_of_our_products():
     assert products.lanes(64, 1, 65536) == 32
     assert products.parts(100) == products.lanes(3, 5, 100) == 1
     assert products.scratch_bytes(64, 64, 65536, True, False) == 256 * 64 * 64 * 4
+    assert (
+        products.scratch_bytes(64, 64, 65536, True, False, sums=True)
+        == 256 * 64 * 65 * 4 + 256 * 64 * 4
+    )
 
 
 @needs_cxx
@@ -183,7 +199,8 @@ def test_nvrtc_compiles_our_products_for_the_h100():
     ptx, log = nvrtc.compile_ptx(_module([_gemm(*x) for x in SHAPES]), "compute_90", lib)
     assert "ld.v4.f32" in ptx  # (the loads of 16 bytes)
     assert log.strip() == "", log[-3000:]
-    assert ptx.count(".entry") == sum(len(products.launches(*x[:5])) for x in SHAPES)
+    launches = [products.launches(*x[:5]) for x in SHAPES]
+    assert ptx.count(".entry") == sum(len(x) * (1 if x == ("rows",) else 2) for x in launches)
 
 
 def _plan_with_products():

@@ -66,12 +66,12 @@ def parts(rows: int) -> int:
     return max(1, min(MAX_PARTS, rows // PART_ROWS))
 
 
-def scratch_bytes(m: int, n: int, k: int, ta: bool, tb: bool) -> int:
+def scratch_bytes(m: int, n: int, k: int, ta: bool, tb: bool, sums: bool = False) -> int:
     """The scratch memory the product's kernels of ours need (a gram's copies, where it
-    has more than one)."""
+    has more than one; with ``sums``, its B's column sums' too, float64)."""
     if form("f32", m, n, k, ta, tb) != "gram" or parts(k) == 1:
         return 0
-    return parts(k) * m * n * 4
+    return parts(k) * (m * n * 4 + (n * 8 if sums else 0))
 
 
 def launches(m: int, n: int, k: int, ta: bool, tb: bool) -> tuple[str, ...]:
@@ -178,9 +178,26 @@ def gram_part_threads(k: int) -> int:
     return parts(k) * MAX_THREADS
 
 
-def gram_part_lines(s, a: str, b: str, copies: str, c: str) -> list[str]:
+def _copies(s, copies: str, c: str, sums: str | None) -> list[str]:
+    """The lines that point ``tl_pp`` at a gram's copies of C (floats) and, with ``sums``,
+    ``tl_pd`` at its copies of B's column sums (doubles, first: aligned): in the scratch
+    memory at ``copies`` (a ``char *``), or C and the sums themselves where it has one."""
+    p = parts(s.k)
+    if p == 1:
+        return [f"  float *tl_pp = {c};"] + ([f"  double *tl_pd = {sums};"] if sums else [])
+    if sums is None:
+        return [f"  float *tl_pp = (float *)({copies});"]
+    return [
+        f"  double *tl_pd = (double *)({copies});",
+        f"  float *tl_pp = (float *)({copies} + {p * s.n * 8});",
+    ]
+
+
+def gram_part_lines(s, a: str, b: str, copies: str, c: str, sums: str | None = None) -> list[str]:
     """The first launch of gram ``s``: each copy (of ``parts(k)``, at ``copies``, m x n
-    floats each) the sum of its chunk of rows; C itself (at ``c``) where it has one."""
+    floats each) the sum of its chunk of rows; C itself (at ``c``) where it has one. With
+    ``sums`` (a float64 array of n), B's column sums too, in float64: the threads of the
+    first row of tiles add the B values they read (``_copies``)."""
     m, n, k = s.m, s.n, s.k
     tm, tn, ct, tiles = _gram_tiling(m, n)
     p = parts(k)
@@ -192,11 +209,38 @@ def gram_part_lines(s, a: str, b: str, copies: str, c: str) -> list[str]:
     for i in range(tm):
         for j in range(tn):
             fma.append(f"tl_c[{i}][{j}] = fmaf(tl_a[{i}], tl_b[{j}], tl_c[{i}][{j}]);")
+    with_sums, keep, group, total = [], [], [], []
+    if sums is not None:
+        with_sums = [
+            f"  __shared__ double tl_sd[{MAX_THREADS * tn}];  // the groups' column sums",
+        ]
+        keep = [
+            "            if (ty == 0)",
+            "#pragma unroll",
+            f"              for (int j = 0; j < {tn}; j++) tl_s[j] += (double)tl_b[j];",
+        ]
+        group = [
+            "      if (mine && tl_g > 1 && ty == 0)",
+            "#pragma unroll",
+            f"        for (int j = 0; j < {tn}; j++) tl_sd[threadIdx.x * {tn} + j] = tl_s[j];",
+        ]
+        total = [
+            "      if (mine && g == 0 && ty == 0) {",
+            "#pragma unroll",
+            f"        for (int j = 0; j < {tn}; j++) {{",
+            "          double v = tl_s[j];",
+            "#pragma unroll 1",
+            f"          for (int h = 1; h < tl_g; h++) v += tl_sd[(h * {tiles} + tile) * {tn} + j];",
+            f"          tl_pd[p * {n} + tx * {tn} + j] = v;",
+            "        }",
+            "      }",
+        ]
     return [
         "{",
         f"  const float *A = {a};",
         f"  const float *B = {b};",
-        f"  float *tl_pp = {c if p == 1 else copies};",
+        *_copies(s, copies, c, sums),
+        *with_sums,
         f"  __shared__ float tl_sm[{size}];  // the rows of A and B; then the groups' sums",
         f"  const int tl_g = blockDim.x >= {tiles} ? blockDim.x / {tiles} : 1;  // row groups",
         f"  for (long long p = blockIdx.x; p < {p}; p += gridDim.x) {{",
@@ -207,6 +251,7 @@ def gram_part_lines(s, a: str, b: str, copies: str, c: str) -> list[str]:
         f"      const int tile = t % {tiles}, g = t / {tiles};",
         f"      const int ty = tile / {ct}, tx = tile % {ct};",
         f"      float tl_c[{tm}][{tn}] = {{}};",
+        *([f"      double tl_s[{tn}] = {{}};"] if sums is not None else []),
         f"      for (long long r0 = lo; r0 < hi; r0 += {sr}) {{",
         "        __syncthreads();",
         *_stage(s.ta, "A", s.lda, m, sr, "0"),
@@ -224,10 +269,12 @@ def gram_part_lines(s, a: str, b: str, copies: str, c: str) -> list[str]:
             f" tl_b[j] = tl_sm[{sr * m} + r * {n} + tx * {tn} + j];"
         ),
         *("            " + x for x in fma),
+        *keep,
         "          }",
         "        }",
         "      }",
         "      __syncthreads();  // (the rows read: the groups' sums in their place)",
+        *group,
         "      if (mine && tl_g > 1)",
         "#pragma unroll",
         (
@@ -247,6 +294,7 @@ def gram_part_lines(s, a: str, b: str, copies: str, c: str) -> list[str]:
         f"          tl_pp[p * {m * n} + (ty * {tm} + e / {tn}) * {ld} + tx * {tn} + e % {tn}] = v;",
         "        }",
         "      }",
+        *total,
         "    }",
         "  }",
         "}",
@@ -382,36 +430,51 @@ def gram_sum_threads(m: int, n: int, k: int) -> int:
     return m * n * lanes(m, n, k)
 
 
-def gram_sum_lines(s, c: str, copies: str) -> list[str]:
+def gram_sum_lines(s, c: str, copies: str, sums: str | None = None) -> list[str]:
     """The second launch of gram ``s``: each element of C the sum of its copies, in a fixed
     order: ``lanes`` threads an element (where the block's threads divide into them), each
-    every lanes-th copy, then the lanes in order."""
+    every lanes-th copy, then the lanes in order; with ``sums``, each of B's column sums
+    likewise, in float64."""
     m, n, k = s.m, s.n, s.k
-    p, e_all, ln = parts(k), m * n, lanes(m, n, k)
-    return [
+    p, ln = parts(k), lanes(m, n, k)
+    out = [
         "{",
         f"  float *C = {c};",
-        f"  const float *tl_pp = {copies};",
-        f"  __shared__ float tl_red[{MAX_THREADS}];",
+        *_copies(s, copies, c, sums),
         f"  const int lanes = blockDim.x % {ln} == 0 ? {ln} : 1, per = blockDim.x / lanes;",
+    ]
+    out += _lanes_sum("float", m * n, p, "tl_pp", f"C[e / {n} * {s.ldc} + e % {n}]")
+    if sums is not None:
+        out += _lanes_sum("double", n, p, "tl_pd", f"({sums})[e]")
+    return out + ["}"]
+
+
+def _lanes_sum(t: str, count: int, p: int, copies: str, dst: str) -> list[str]:
+    """The lines that set ``dst`` (over ``e``) to the sum of element ``e``'s ``p`` copies of
+    ``count`` (``copies[c * count + e]``), in ``t``: ``lanes`` threads an element, each
+    every lanes-th copy, then the lanes in order."""
+    red = f"tl_red_{t}"
+    return [
+        "  {",
+        f"    __shared__ {t} {red}[{MAX_THREADS}];",
         (
-            f"  for (long long e0 = (long long)blockIdx.x * per; e0 < {e_all}LL;"
+            f"    for (long long e0 = (long long)blockIdx.x * per; e0 < {count}LL;"
             " e0 += (long long)gridDim.x * per) {"
         ),
-        "    const long long e = e0 + threadIdx.x % per;",
-        "    const int lane = threadIdx.x / per;",
-        "    float v = 0.0f;",
-        f"    if (e < {e_all}LL)",
+        "      const long long e = e0 + threadIdx.x % per;",
+        "      const int lane = threadIdx.x / per;",
+        f"      {t} v = 0;",
+        f"      if (e < {count}LL)",
         "#pragma unroll 8",
-        f"      for (long long c = lane; c < {p}; c += lanes) v += tl_pp[c * {e_all} + e];",
-        "    tl_red[threadIdx.x] = v;",
-        "    __syncthreads();",
-        f"    if (lane == 0 && e < {e_all}LL) {{",
-        "      float total = 0.0f;",
-        "      for (int l = 0; l < lanes; l++) total += tl_red[threadIdx.x + l * per];",
-        f"      C[e / {n} * {s.ldc} + e % {n}] = total;",
+        f"        for (long long c = lane; c < {p}; c += lanes) v += {copies}[c * {count} + e];",
+        f"      {red}[threadIdx.x] = v;",
+        "      __syncthreads();",
+        f"      if (lane == 0 && e < {count}LL) {{",
+        f"        {t} total = 0;",
+        f"        for (int l = 0; l < lanes; l++) total += {red}[threadIdx.x + l * per];",
+        f"        {dst} = total;",
+        "      }",
+        "      __syncthreads();",
         "    }",
-        "    __syncthreads();",
         "  }",
-        "}",
     ]

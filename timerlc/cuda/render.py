@@ -461,6 +461,8 @@ class _Step:
             return self.body
         if self.kind == "blas":
             return [self.form]
+        if self.kind == "gemm" and self.form is not None and len(self.form) > 2:
+            return [self.body, *self.form[3]]  # (a gram with its B's column sums)
         if self.kind == "either":
             return list(self.body)
         return [self.body]
@@ -640,6 +642,7 @@ class _Kernel:
         self.groups_of = None  # (the number of the reduction whose groups' copies are combined)
         self.hoisted: dict = {}  # a load -> the local it was read into (column_loop)
         self.block_sums_made = 0  # (the sums of runs on one thread the block takes: block_sums)
+        self.gram_sums: list = []  # (the bundles of a gram and its column sums: _gram_sums)
 
     def emit(self, depth: int, line: str):
         self.lines.append("  " * depth + line)
@@ -695,6 +698,14 @@ class _Kernel:
             part[2] = offset
             offset += (part[1] * _SIZE[part[0]] + 7) // 8 * 8
         self.scratch = max(self.k.scratch_bytes, offset)
+        # a gram with its column sums (_gram_sums): its copies after everything else's
+        at = (self.scratch + 7) // 8 * 8
+        for j, st in enumerate(steps):
+            if st.kind == "gemm" and st.form is not None and len(st.form) > 2:
+                g = st.body
+                need = products.scratch_bytes(g.m, g.n, g.k, g.ta, g.tb, sums=True)
+                self.scratch = max(self.scratch, at + need)
+                steps[j] = dataclasses.replace(st, form=(st.form[0], at, *st.form[2:]))
         bufs = [_buffers(st.statements()) for st in steps]
         out, own = [], []
         for j, head, tail in units:
@@ -856,6 +867,7 @@ class _Kernel:
             return s if guard is None else If(guard, (s,))
 
         items = self._products_early(self._guarded(self.k.body, None, frozenset()))
+        items = self._gram_sums(items)
         for guard, lits, s in self._arrays_joined(items):
             big = isinstance(s, For) and s.reduce and _terms(s) >= GRID_TERMS
             form = self._reduction(s) if big else None
@@ -873,6 +885,12 @@ class _Kernel:
                     combining = True
                 else:
                     steps.append(_Step("parallel", _pushed_in(under(guard, combine))))
+            elif any(s is b for b in self.gram_sums):  # a gram and its B's column sums
+                flush()
+                gemm, init, red = s.then
+                acc = red.reduce[0][0]
+                for kind in products.launches(gemm.m, gemm.n, gemm.k, gemm.ta, gemm.tb):
+                    steps.append(_Step("gemm", gemm, guard, form=(kind, None, acc, (init, red))))
             elif isinstance(s, Gemm):
                 flush()
                 call = self._gemm_call(s, guard) if self.blas else None
@@ -948,6 +966,46 @@ class _Kernel:
             ahead = isinstance(s, Gemm) and self.blas and self._gemm_call(s, guard) is not None
             at = _ahead(out, s, self.k.shared, lambda x: x[2]) if ahead else len(out)
             out.insert(at, item)
+        return out
+
+    def _gram_sums(self, items: list) -> list:
+        """``items`` (``_guarded``'s) with each float32 gram product (``products``: a
+        weight's gradient ``x^T @ dy``) whose B's column sums a later reduction makes (a
+        bias's gradient ``sum(dy, 0)``: into a float64 temporary of n elements, its first
+        values zeros just before it, under the same guard, nothing between touching what
+        they touch) bundled with that reduction and its first values (an ``If`` of a true
+        condition, ``gram_sums``): one pass of our gram over x and dy makes both (its
+        column sums in float64, ``products.gram_part_lines``), where cuBLAS's product and
+        the reduction each read dy. Not where the renderer is told to make no BLAS call
+        (its gemms then stay steps of one thread an element)."""
+        self.gram_sums = []
+        if not self.blas:
+            return items
+        temps = {t.name: t for t in self.k.temps}
+        shared = frozenset(self.k.shared)
+        out = list(items)
+        for i, (guard, lits, s) in enumerate(out):
+            if not (
+                isinstance(s, Gemm)
+                and products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb) == "gram"
+                and s.c != s.b
+            ):
+                continue
+            for j in range(i + 1, len(out) - 1):
+                (g1, _, init), (g2, _, red) = out[j], out[j + 1]
+                acc = _column_sum(red, s) if g1 == guard == g2 else None
+                t = temps.get(acc)
+                if t is None or t.dtype != "f64" or t.size != s.n or acc == s.c:
+                    continue
+                if not _zeros(init, acc, s.n):
+                    continue
+                between = [x[2] for x in out[i + 1 : j]]
+                if _independent(between, [init, red], shared):
+                    bundle = If(Const("bool", True), (s, init, red))
+                    self.gram_sums.append(bundle)
+                    out[i] = (guard, lits, bundle)
+                    del out[j : j + 2]
+                break
         return out
 
     def _arrays_joined(self, items: list) -> list:
@@ -1199,10 +1257,13 @@ class _Kernel:
             used = st.statements() + [x for t, _ in then or () for x in t.statements()]
             if kind == "gemm" and st.form is not None:  # (a gram's launches: no C; C alone)
                 one = products.launches(body.m, body.n, body.k, body.ta, body.tb) == ("part",)
+                sums = list(st.form[3][:1]) if len(st.form) > 2 else []  # (its column sums')
                 if st.form[0] == "part" and not one:
                     used = [dataclasses.replace(body, c=body.a)]
+                elif st.form[0] == "part":
+                    used = [body, *sums]
                 elif st.form[0] == "sum":
-                    used = [dataclasses.replace(body, a=body.c, b=body.c)]
+                    used = [dataclasses.replace(body, a=body.c, b=body.c), *sums]
             head += self.pointers(used, extra if kind == "reduce" else ())
         for v in loads:
             dt, off = passed[v]
@@ -1360,9 +1421,9 @@ class _Kernel:
             self.others = outside
         elif kind == "perm":
             threads = self.permute(st)
-        elif st.form is not None:  # a product's function of ours (own_product)
+        elif st.form is not None:  # a product's function of ours (own_product, _gram_sums)
             depth = self.open_guard(st)
-            threads = self.own_lines(body, *st.form, depth)
+            threads = self.own_lines(body, st.form, depth)
             if st.guard is not None:
                 self.emit(1, "}")
         else:
@@ -1378,21 +1439,24 @@ class _Kernel:
                 self.emit(1, "}")
         return threads
 
-    def own_lines(self, s: Gemm, kind: str, at: int, depth: int) -> int:
-        """The lines of a function of ours for gemm ``s`` (``products``: ``rows``, or a
-        gram's ``part`` or ``sum``, its copies at byte ``at`` of the scratch memory); the
+    def own_lines(self, s: Gemm, form: tuple, depth: int) -> int:
+        """The lines of a function of ours for gemm ``s`` (``products``; ``form``: ``rows``,
+        or a gram's ``part`` or ``sum``, then the byte of the scratch memory its copies
+        start at, then, with its B's column sums, their temporary: ``_gram_sums``); the
         threads it asks for."""
+        kind, at = form[:2]
         a = f"{buf(s.a)} + ({self.expr(s.aoff)})"
         b = f"{buf(s.b)} + ({self.expr(s.boff)})"
         c = f"{buf(s.c)} + ({self.expr(s.coff)})"
-        copies = f"(float *)(scratch + {at})"
+        copies = f"(scratch + {at})"
+        sums = buf(form[2]) if len(form) > 2 else None
         if kind == "rows":
             lines, threads = products.rows_lines(s, a, b, c), products.rows_threads(s.m, s.n, s.k)
         elif kind == "part":
-            lines = products.gram_part_lines(s, a, b, copies, c)
+            lines = products.gram_part_lines(s, a, b, copies, c, sums)
             threads = products.gram_part_threads(s.k)
         else:
-            lines = products.gram_sum_lines(s, c, copies)
+            lines = products.gram_sum_lines(s, c, copies, sums)
             threads = products.gram_sum_threads(s.m, s.n, s.k)
         for line in lines:
             self.emit(0 if line.startswith("#") else depth, line)
@@ -2456,6 +2520,69 @@ def _combines(st: _Step, number: int) -> bool:
     first = st.statements()[:1]
     return st.kind in ("serial", "parallel") and any(
         isinstance(s, For) and s.var == f"tl_b{number}" for s in kir.walk_tree(first)
+    )
+
+
+def _column_sum(red, s: Gemm) -> str | None:
+    """The float64 temporary that reduction ``red`` sums the columns of gemm ``s``'s B
+    into (``t[e] = t[e] + f64(B[r, e])`` over B's k rows r and n columns e), or None."""
+    if not (
+        isinstance(red, For)
+        and len(red.reduce) == 1
+        and red.reduce[0][1] == "add"
+        and (red.lo, red.hi) == (kir.i64(0), kir.i64(s.k))
+        and len(red.body) == 1
+    ):
+        return None
+    acc, inner = red.reduce[0][0], red.body[0]
+    if not (
+        isinstance(inner, For)
+        and inner.parallel
+        and (inner.lo, inner.hi) == (kir.i64(0), kir.i64(s.n))
+        and len(inner.body) == 1
+        and isinstance(inner.body[0], Store)
+    ):
+        return None
+    st, e = inner.body[0], Ref(inner.var)
+    v = st.value
+    if not (
+        st.buf == acc
+        and st.index == e
+        and isinstance(v, Bin)
+        and v.op == "add"
+        and v.a == Load(acc, e, "f64")
+        and isinstance(v.b, Cast)
+        and v.b.dtype == "f64"
+        and isinstance(v.b.x, Load)
+        and v.b.x.buf == s.b
+        and v.b.x.dtype == "f32"
+    ):
+        return None
+    from timerlc.codegen.lower import _affine
+
+    got = _affine(v.b.x.index, {red.var, inner.var})
+    want = {red.var: 1, inner.var: s.ldb} if s.tb else {red.var: s.ldb, inner.var: 1}
+    if got is None or got[0] != s.boff or got[1] != want:
+        return None
+    return acc
+
+
+def _zeros(init, acc: str, n: int) -> bool:
+    """Whether ``init`` is a parallel loop that sets the ``n`` elements of ``acc`` to 0."""
+    if not (
+        isinstance(init, For)
+        and init.parallel
+        and (init.lo, init.hi) == (kir.i64(0), kir.i64(n))
+        and len(init.body) == 1
+        and isinstance(init.body[0], Store)
+    ):
+        return False
+    st = init.body[0]
+    return (
+        st.buf == acc
+        and st.index == Ref(init.var)
+        and isinstance(st.value, Const)
+        and st.value.value == 0
     )
 
 
