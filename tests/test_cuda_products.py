@@ -268,3 +268,39 @@ def test_a_run_s_products_are_ours_or_the_blas_s_as_the_policy_says(policy, monk
         assert all(b is None and ours == (policy == "ours") for b, _, ours in choices.values())
     if policy == "blas":
         assert rt.blas_calls > 0
+
+
+def _column_sum_nest(rows, stride_of, k=64, n=2):
+    """A reduction ``t[e] += f64(b[index])`` over the row loops ``rows`` ((var, extent),
+    outer first) and e < n, ``index`` = sum of each row var times ``stride_of[var]``, + e;
+    and the gram ``a^T @ b`` (64 x n over k rows) it may ride on."""
+    e = kir.Ref("e")
+    index = e
+    for var, _ in rows:
+        index = kir.add(kir.mul(kir.Ref(var), stride_of[var]), index)
+    term = kir.Cast(kir.Load("b", index, "f32"), "f64")
+    store = kir.Store("t", e, kir.Bin("add", kir.Load("t", e, "f64"), term, "f64"))
+    body = kir.For("e", kir.i64(0), kir.i64(n), (store,), True)
+    for j, (var, extent) in enumerate(reversed(rows)):
+        last = j == len(rows) - 1
+        body = kir.For(
+            var, kir.i64(0), kir.i64(extent), (body,), reduce=(("t", "add"),) if last else ()
+        )
+    zero = kir.i64(0)
+    return body, kir.Gemm("f32", True, False, 64, n, k, "a", zero, 64, "b", zero, n, "c", zero, n)
+
+
+def test_a_bias_gradient_rides_on_its_gram_where_its_rows_are_the_gram_s():
+    """``render._column_sum``: the column sums of a gram's B over its rows, one loop of them
+    or a nest (REINFORCE's environments and steps: r = b * 16 + t), in B's row-major
+    order; not over other rows, strides or a B of another shape."""
+    red, gemm = _column_sum_nest([("r", 64)], {"r": 2})
+    assert render._column_sum(red, gemm) == "t"
+    red, gemm = _column_sum_nest([("b", 4), ("t", 16)], {"b": 32, "t": 2})
+    assert render._column_sum(red, gemm) == "t"
+    red, gemm = _column_sum_nest([("b", 4), ("t", 16)], {"b": 2, "t": 8})  # (t's outer)
+    assert render._column_sum(red, gemm) is None
+    red, gemm = _column_sum_nest([("b", 4), ("t", 16)], {"b": 32, "t": 2}, k=128)
+    assert render._column_sum(red, gemm) is None
+    red, gemm = _column_sum_nest([("r", 64)], {"r": 3})  # (rows 3 apart: not B's)
+    assert render._column_sum(red, gemm) is None

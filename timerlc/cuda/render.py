@@ -2525,19 +2525,25 @@ def _combines(st: _Step, number: int) -> bool:
 
 def _column_sum(red, s: Gemm) -> str | None:
     """The float64 temporary that reduction ``red`` sums the columns of gemm ``s``'s B
-    into (``t[e] = t[e] + f64(B[r, e])`` over B's k rows r and n columns e), or None."""
-    if not (
-        isinstance(red, For)
-        and len(red.reduce) == 1
-        and red.reduce[0][1] == "add"
-        and (red.lo, red.hi) == (kir.i64(0), kir.i64(s.k))
-        and len(red.body) == 1
-    ):
+    into (``t[e] = t[e] + f64(B[r, e])`` over B's k rows r and n columns e; r may be a
+    nest of loops, ``r = (r1 * n2 + r2) * n3 + ...``, as REINFORCE's environments and
+    steps), or None."""
+    if not (isinstance(red, For) and len(red.reduce) == 1 and red.reduce[0][1] == "add"):
         return None
-    acc, inner = red.reduce[0][0], red.body[0]
+    acc, rows, inner = red.reduce[0][0], [], red
+    while not inner.parallel or inner is red:  # (the row loops, down to the parallel one)
+        if not (
+            isinstance(inner, For)
+            and inner.lo == kir.i64(0)
+            and isinstance(inner.hi, Const)
+            and len(inner.body) == 1
+            and isinstance(inner.body[0], For)
+        ):
+            return None
+        rows.append((inner.var, inner.hi.value))
+        inner = inner.body[0]
     if not (
-        isinstance(inner, For)
-        and inner.parallel
+        math.prod(extent for _, extent in rows) == s.k
         and (inner.lo, inner.hi) == (kir.i64(0), kir.i64(s.n))
         and len(inner.body) == 1
         and isinstance(inner.body[0], Store)
@@ -2560,8 +2566,12 @@ def _column_sum(red, s: Gemm) -> str | None:
         return None
     from timerlc.codegen.lower import _affine
 
-    got = _affine(v.b.x.index, {red.var, inner.var})
-    want = {red.var: 1, inner.var: s.ldb} if s.tb else {red.var: s.ldb, inner.var: 1}
+    stride = 1 if s.tb else s.ldb  # (a row's step in B's memory)
+    want = {inner.var: s.ldb if s.tb else 1}
+    for var, extent in reversed(rows):
+        want[var] = stride
+        stride *= extent
+    got = _affine(v.b.x.index, {inner.var, *(var for var, _ in rows)})
     if got is None or got[0] != s.boff or got[1] != want:
         return None
     return acc
