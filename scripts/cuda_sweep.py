@@ -12,7 +12,14 @@ all of them. The knobs:
 - ``--unroll``: ``cuda.render.UNROLL``, the times the GPU's compilers unroll a reduction's
   loop over its terms (``TL_UNROLL``);
 - ``--blocks``: the device's ``MAX_BLOCKS``, the largest grid a launch gets (0: the GPU's
-  own, ``runtime.cuda.resident_blocks``).
+  own, ``runtime.cuda.resident_blocks``);
+- ``--products``: the device's products policy (``runtime.cuda.PRODUCTS``: ``fastest``,
+  ``ours``, ``blas``) for the products with kernels of ours;
+- ``--gram-sums``: ``cuda.render.GRAM_SUMS`` (1: a bias gradient rides on its weight
+  gradient's gram; 0: a reduction of its own);
+- ``--product-parts``: ``cuda.products.MAX_PARTS``, the most copies a gram sums into;
+- ``--copy-batch``: ``cuda.products.COPY_BATCH``, the loads a thread issues at a time into
+  shared memory.
 
 On the H100 (2026-11-27) it chose the grid (65,535 blocks: 13.2 ms an iteration in PPO's
 minibatch step; 4,224: 9.3; 2,112, the GPU's own: 9.2-9.3; 1,056: 9.5) and the unroll (4:
@@ -23,6 +30,8 @@ the step's forward and backward, 64: 12.6, 1,024 at 4,224 blocks: 9.8). docs/per
         --set total_steps=1572864
     python scripts/cuda_sweep.py --array-parts 256,1024,2048 --set B=2048 --set T=128 \\
         --set total_steps=1572864
+    python scripts/cuda_sweep.py --products blas,ours --gram-sums 0,1 --set B=2048 \\
+        --set T=128 --set total_steps=1572864
     python scripts/cuda_sweep.py --emu --parts 256,64 --set B=16 --set T=8 --set total_steps=512
 """
 
@@ -52,29 +61,44 @@ def main() -> int:
     ap.add_argument("--array-parts", default="2048", help="comma-separated ARRAY_PARTS values")
     ap.add_argument("--unroll", default="8", help="comma-separated UNROLL values")
     ap.add_argument("--blocks", default="0", help="comma-separated grid caps (0: the GPU's own)")
+    ap.add_argument("--products", default="", help="comma-separated products policies")
+    ap.add_argument("--gram-sums", default="1", help="comma-separated GRAM_SUMS values (0, 1)")
+    ap.add_argument("--product-parts", default="256", help="comma-separated MAX_PARTS values")
+    ap.add_argument("--copy-batch", default="8", help="comma-separated COPY_BATCH values")
     ap.add_argument("--top", type=int, default=3, help="the runs of graphs shown per line")
     args = ap.parse_args()
     import cuda_overheads as co
     from cuda_gpu_check import open_device
 
-    from timerlc.cuda import render
+    from timerlc.cuda import products, render
 
     device = open_device(args.emu, "cuda_sweep")
     if device is None:
         return 2
     own = device.MAX_BLOCKS
     sets = dict(s.split("=", 1) for s in args.set)
+    policies = [p.strip() for p in args.products.split(",") if p.strip()] or [device.products]
     knobs = itertools.product(
-        numbers(args.parts), numbers(args.array_parts), numbers(args.unroll), numbers(args.blocks)
+        numbers(args.parts),
+        numbers(args.array_parts),
+        numbers(args.unroll),
+        numbers(args.blocks),
+        policies,
+        numbers(args.gram_sums),
+        numbers(args.product_parts),
+        numbers(args.copy_batch),
     )
-    for parts, array_parts, unroll, blocks in knobs:
+    for parts, array_parts, unroll, blocks, policy, sums, pparts, batch in knobs:
         render.PARTS, render.ARRAY_PARTS, render.UNROLL = parts, array_parts, unroll
+        render.GRAM_SUMS, products.MAX_PARTS, products.COPY_BATCH = bool(sums), pparts, batch
         device.MAX_BLOCKS = blocks or own
+        device.products = policy
         co._GENERATED.clear()  # (a build of its own: the knobs change the kernels)
         started = time.perf_counter()
         label = (
             f"PARTS {parts:5d} ARRAY_PARTS {array_parts:5d} UNROLL {unroll:3d} "
-            f"blocks {device.MAX_BLOCKS:6d}"
+            f"blocks {device.MAX_BLOCKS:6d} products {policy} GRAM_SUMS {sums} "
+            f"MAX_PARTS {pparts} COPY_BATCH {batch}"
         )
         try:
             r = co.program(device, args.program, sets, True, True, True)

@@ -15,7 +15,9 @@
 # (cuda_overheads.py --kernels); "skinny": scripts/cuda_skinny.py (PPO's products by cuBLAS
 # and by a candidate kernel of ours); scripts/bench.py at 2048x128 against jax on the GPU.
 # "profile" (not by default): PPO at 2048 environments with --profile (each statement
-# launched alone). "ncu" (not by default, a GPU only): Nsight Compute's sections for the
+# launched alone). "products" (not by default): scripts/cuda_sweep.py over PPO 2048 with
+# its products as cuBLAS's or timed against ours, and its bias gradients riding on their
+# grams or not (cuda/products.py). "ncu" (not by default, a GPU only): Nsight Compute's sections for the
 # kernels NCU_KERNELS names (a regex), in PPO at the kernels stage's sizes (the names
 # depend on them: at other sizes the plan and its functions differ).
 #
@@ -104,6 +106,10 @@ stage kernels 60 bash -c "$PY scripts/cuda_overheads.py ${CHECK[*]} --kernels --
   --kernels --program reinforce --set B=2048 --set T=128 --set I=6"
 # PPO's skinny products: cuBLAS (float32, TF32) against a candidate kernel of ours
 stage skinny 40 $PY scripts/cuda_skinny.py "${CHECK[@]}"
+# PPO 2048's minibatch step with cuBLAS's products only, with ours where faster, and with
+# the bias gradients on the grams or not (a build and a run each)
+stage products 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --products blas,fastest \
+  --gram-sums 0,1 --set B=2048 --set T=128 --set total_steps=1572864
 # Nsight Compute (on the device image's PATH) over the kernels NCU_KERNELS names (a regex of
 # function names, which depend on the program's sizes: these are the kernels stage's PPO's),
 # the first call of each: where a kernel's time goes (memory, occupancy, stalls)

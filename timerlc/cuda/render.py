@@ -435,6 +435,9 @@ PART_BYTES = 1 << 20  # the most scratch a reduction into a temporary keeps part
 # an SM, each thread's loads 128 rows one after another (56-77 us for 33.5 MB, 11 us at the
 # H100's bandwidth)
 ARRAY_PARTS = 2048
+# a bias gradient rides on its weight gradient's gram of ours (``_Kernel._gram_sums``); off:
+# a reduction of its own (``scripts/cuda_sweep.py --gram-sums`` compares them)
+GRAM_SUMS = True
 _SIZE = {"bool": 1, "i32": 4, "i64": 8, "f32": 4, "f64": 8}
 
 
@@ -979,7 +982,7 @@ class _Kernel:
         the reduction each read dy. Not where the renderer is told to make no BLAS call
         (its gemms then stay steps of one thread an element)."""
         self.gram_sums = []
-        if not self.blas:
+        if not (self.blas and GRAM_SUMS):
             return items
         temps = {t.name: t for t in self.k.temps}
         shared = frozenset(self.k.shared)
