@@ -17,7 +17,7 @@ from rtl_helpers import refuses_changed_plans
 from test_cuda_runtime import REDUCTIONS, _gemm_json, _key, graph_of, same_outputs
 
 from timerlc.codegen import kir
-from timerlc.codegen.generate import generate
+from timerlc.codegen.generate import _with_launches, generate
 from timerlc.compiler import compile_plan, run_passes
 from timerlc.cuda import nvrtc, products, render
 from timerlc.cuda.emu import compiler
@@ -223,6 +223,9 @@ def test_a_plan_s_product_carries_our_functions_as_data():
         for fname, threads in call.own:
             assert f"void {fname}(void **table" in gen.text
             assert threads >= 1
+    call = calls[0]
+    names = " then ".join(f for f, _ in call.own)
+    assert f"or ours ({names})" in _with_launches("k", (call,))  # (--dump-ir's listing)
     data = items.to_json(gen.plan)
     assert items.from_json(json.loads(json.dumps(data)), "p") == gen.plan
     cases = [
