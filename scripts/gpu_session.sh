@@ -13,7 +13,7 @@
 # processes); scripts/cuda_overheads.py (the host's costs, the graphs' device time);
 # "kernels": PPO's and REINFORCE's device time by function and product shape
 # (cuda_overheads.py --kernels); "skinny": scripts/cuda_skinny.py (PPO's products by cuBLAS
-# and by a candidate kernel of ours); scripts/bench.py at 2048x128 against jax on the GPU.
+# and by our kernels, cuda/products.py, apart from the program); scripts/bench.py at 2048x128 against jax on the GPU.
 # "profile" (not by default): PPO at 2048 environments with --profile (each statement
 # launched alone). "products" (not by default): scripts/cuda_sweep.py over PPO 2048 with
 # its products as cuBLAS's or timed against ours, and its bias gradients riding on their
@@ -104,7 +104,7 @@ stage overheads 80 $PY scripts/cuda_overheads.py "${CHECK[@]}" --set B=2048 --se
 stage kernels 60 bash -c "$PY scripts/cuda_overheads.py ${CHECK[*]} --kernels --set B=2048 \
   --set T=128 --set total_steps=1572864 && $PY scripts/cuda_overheads.py ${CHECK[*]} \
   --kernels --program reinforce --set B=2048 --set T=128 --set I=6"
-# PPO's skinny products: cuBLAS (float32, TF32) against a candidate kernel of ours
+# PPO's skinny products: cuBLAS (float32, TF32) against ours (cuda/products.py)
 stage skinny 40 $PY scripts/cuda_skinny.py "${CHECK[@]}"
 # PPO 2048's minibatch step with cuBLAS's products only, with ours where faster, and with
 # the bias gradients on the grams or not (a build and a run each)

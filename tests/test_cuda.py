@@ -161,18 +161,19 @@ def _script(name: str):
 
 
 def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_products():
-    """``scripts/cuda_skinny.py`` (a candidate kernel for PPO's skinny products against
-    cuBLAS, on a GPU): its module compiles with NVRTC for compute_90 without a word, and on
-    cuda-emu each of its kernels (each tiling) computes NumPy's product (and bias and tanh)
-    of 130 rows (blocks of 64 or 32 rows, the last short), and each weight gradient NumPy's
-    ``x^T @ dy`` and ``sum(dy, 0)`` (the blocks' partial copies added in a fixed order)."""
+    """``scripts/cuda_skinny.py`` (PPO's skinny products, cuBLAS against ours,
+    ``cuda/products.py``, on a GPU): its module compiles with NVRTC for compute_90 without a
+    word, and on cuda-emu each of its products of 130 rows (blocks of 64 rows, the last
+    short; a gram's two copies) is NumPy's, a gram's with and without B's column sums."""
+    from timerlc.cuda import products
+
     skinny = _script("cuda_skinny")
     lib = nvrtc.library()
     if lib is not None:
-        ptx, log = nvrtc.compile_ptx(skinny.module_text(), "compute_90", lib)
+        ptx, log = nvrtc.compile_ptx(skinny.module_text(130), "compute_90", lib)
         assert log.strip() == "", log[-3000:]
-        kernels = len(skinny.SHAPES) * (len(skinny.TILINGS) + 1) + 2 * len(skinny.GRADIENTS)
-        assert ptx.count(".entry") == kernels
+        launches = [products.launches(s.m, s.n, s.k, s.ta, s.tb) for s in skinny.gemms(130)]
+        assert ptx.count(".entry") == sum(len(x) * (1 if x == ("rows",) else 2) for x in launches)
     elif os.environ.get("TIMERLC_REQUIRE_NVCC") == "1":
         pytest.fail("no libnvrtc (the test extra's nvidia-cuda-nvrtc) and TIMERLC_REQUIRE_NVCC=1")
     if compiler() is None:
@@ -186,7 +187,7 @@ def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_product
         timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("| - | - | - |") == len(skinny.SHAPES) + len(skinny.GRADIENTS)
+    assert r.stdout.count("| - | - | - | - |") == len(skinny.SHAPES)
 
 
 def test_the_resources_script_reads_ptxas_and_counts_an_sm_s_blocks():

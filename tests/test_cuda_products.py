@@ -57,32 +57,16 @@ OFFSETS = (3, 1, 2)  # (A, B and C from these elements of their memory: not 16 b
 
 
 def _module(gemms, offsets=OFFSETS) -> str:
-    """A module of each gemm's functions of ours (its operands: the table's entries 0, 1,
-    2 from elements ``offsets``; a gram's copies at the scratch memory)."""
+    """A module of each gemm's functions of ours (``products.standalone``: its operands at
+    the table's entries 0, 1, 2 from elements ``offsets``; a gram's copies at the scratch
+    memory), named ``t{i}``; a gram's with B's column sums too (``t{i}x``, at entry 3)."""
     parts = [render.head()]
-    oa, ob, oc = offsets
     for i, s in enumerate(gemms):
-        a, b = f"(const float *)table[0] + {oa}", f"(const float *)table[1] + {ob}"
-        c, copies = f"(float *)table[2] + {oc}", "scratch"
-        what = products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb)
-        if what == "rows":
-            bodies = [("r", products.rows_lines(s, a, b, c))]
-        else:  # (and with B's column sums into table[3], float64: P, S)
-            sums = "(double *)table[3]"
-            bodies = [("p", products.gram_part_lines(s, a, b, copies, c))]
-            bodies.append(("P", products.gram_part_lines(s, a, b, copies, c, sums)))
-            if products.launches(s.m, s.n, s.k, s.ta, s.tb) == ("part", "sum"):
-                bodies.append(("s", products.gram_sum_lines(s, c, copies)))
-                bodies.append(("S", products.gram_sum_lines(s, c, copies, sums)))
-        for suffix, lines in bodies:
-            name = f"t{i}{suffix}"
-            parts.append(
-                f'extern "C" __global__ void {name}(void **table, const tl_args args_in, '
-                "char *scratch, int *err, const long long *shift) {\n"
-                + "\n".join("  " + x for x in lines)
-                + "\n}\n"
-                + render._emu_entry(name, 1)
-            )
+        fns = products.standalone(s, f"t{i}", offsets)
+        if products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb) == "gram":
+            fns += products.standalone(s, f"t{i}x", offsets, sums=True)
+        for name, text in fns:
+            parts += [text, render._emu_entry(name, 1)]
     return "\n".join(parts)
 
 
@@ -119,7 +103,7 @@ def _check_shapes(shapes, offsets=OFFSETS) -> float:
             for p, x in zip(ptrs, (a, b, c, sums)):
                 device.upload(p, x)
             for suffix in kinds:
-                fn = device.function(module, f"t{i}{suffix.upper() if with_sums else suffix}")
+                fn = device.function(module, f"t{i}{'x' if with_sums else ''}{suffix}")
                 device.launch(fn, table, values, scratch, EmuDevice.MAX_BLOCKS)
             got_c = np.empty_like(c)
             device.download(ptrs[2], got_c)

@@ -478,3 +478,31 @@ def _lanes_sum(t: str, count: int, p: int, copies: str, dst: str) -> list[str]:
         "    }",
         "  }",
     ]
+
+
+def standalone(s, name: str, offsets=(0, 0, 0), sums: bool = False) -> list[tuple[str, str]]:
+    """Gemm ``s``'s functions of ours as functions of a module of their own (a benchmark's
+    or a test's; the caller adds the emulation's entries): A, B and C at the table's entries
+    0, 1 and 2, from elements ``offsets``; a gram's copies at the scratch memory
+    (``scratch_bytes``); with ``sums``, B's column sums (float64) at entry 3. Each
+    ``(name, text)``, named ``name`` and its launch's first letter (``launches``)."""
+    oa, ob, oc = offsets
+    a, b = f"(const float *)table[0] + {oa}", f"(const float *)table[1] + {ob}"
+    c, copies = f"(float *)table[2] + {oc}", "scratch"
+    d = "(double *)table[3]" if sums else None
+    out = []
+    for kind in launches(s.m, s.n, s.k, s.ta, s.tb):
+        if kind == "rows":
+            lines = rows_lines(s, a, b, c)
+        elif kind == "part":
+            lines = gram_part_lines(s, a, b, copies, c, d)
+        else:
+            lines = gram_sum_lines(s, c, copies, d)
+        fname = f"{name}{kind[0]}"
+        body = "\n".join(x if x.startswith("#") else "  " + x for x in lines)
+        head = (
+            f'extern "C" __global__ void {fname}(void **table, const tl_args args_in, '
+            "char *scratch, int *err, const long long *shift) {"
+        )
+        out.append((fname, f"{head}\n{body}\n}}\n"))
+    return out
