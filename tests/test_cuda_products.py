@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rtl_helpers import refuses_changed_plans
+from rtl_helpers import cli, refuses_changed_plans, src
 from test_cuda_runtime import REDUCTIONS, _gemm_json, _key, graph_of, same_outputs
 
 from timerlc.codegen import kir
@@ -229,6 +229,18 @@ def test_the_products_policy_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("TIMERLC_PRODUCTS", "quickest")
     with pytest.raises(DeviceUnavailable, match="'quickest' is not one of fastest, ours, blas"):
         cuda.products_policy("fastest")
+
+
+@needs_cxx
+def test_a_bad_products_policy_is_one_line_and_exit_2(monkeypatch, tmp_path):
+    monkeypatch.setenv("TIMERLC_PRODUCTS", "bogus")
+    (tmp_path / "p.rtl").write_text(src(REDUCTIONS))
+    r = cli("run", tmp_path / "p.rtl", "--backend", "cuda-emu", "--no-progress")
+    assert r.exit_code == 2
+    assert r.stderr.strip() == (
+        "timerlc: error: the cuda-emu backend cannot run here: TIMERLC_PRODUCTS='bogus' is "
+        "not one of fastest, ours, blas"
+    )
 
 
 @needs_cxx
