@@ -112,8 +112,10 @@ stage products 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --products blas,faste
   --gram-sums 0,1 --set B=2048 --set T=128 --set total_steps=1572864
 # Nsight Compute (on the device image's PATH) over the kernels NCU_KERNELS names (a regex of
 # function names, which depend on the program's sizes: these are the kernels stage's PPO's),
-# the first call of each: where a kernel's time goes (memory, occupancy, stalls)
-NCU_KERNELS=${NCU_KERNELS:-f470_43_5|f530_39_5|f139_19_5}
+# the first call of each: where a kernel's time goes (memory, occupancy, stalls); by
+# default two grams of ours with their bias gradients' column sums and two rows products
+# (the names of 2026-11-27's thirteenth session: cuda/products.py)
+NCU_KERNELS=${NCU_KERNELS:-f459_41|f530_36|f146_22_1r|f530_36_0r}
 if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
   stage ncu 90 ncu --kernel-name "regex:^(${NCU_KERNELS})\$" --launch-count 3 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
