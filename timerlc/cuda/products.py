@@ -254,8 +254,9 @@ def gram_part_lines(s, a: str, b: str, copies: str, c: str, sums: str | None = N
         *([f"      double tl_s[{tn}] = {{}};"] if sums is not None else []),
         f"      for (long long r0 = lo; r0 < hi; r0 += {sr}) {{",
         "        __syncthreads();",
-        *_stage(s.ta, "A", s.lda, m, sr, "0"),
-        *_stage(not s.tb, "B", s.ldb, n, sr, str(sr * m)),
+        *_stage_pair(
+            (s.ta, "A", s.lda, m, sr, "0"), (not s.tb, "B", s.ldb, n, sr, str(sr * m)), "        "
+        ),
         "        __syncthreads();",
         "        if (mine) {",
         "#pragma unroll 4",
@@ -306,18 +307,24 @@ def _stage(rows_first: bool, x: str, ld: int, w: int, sr: int, at: str) -> list[
     the sum; stored a row of the sum a row of ``x`` where ``rows_first``, else a column)
     into ``tl_sm`` from ``at``, a row after another; zeros past the chunk's rows. The
     threads take consecutive elements of ``x``'s memory."""
+    src, dst, line_ok, inner_ok = _stage_args(rows_first, x, ld, w, sr, at)
+    return _copy(src, dst, line_ok, inner_ok, indent="        ")
+
+
+def _stage_args(rows_first: bool, x: str, ld: int, w: int, sr: int, at: str) -> tuple:
+    """``_copy``'s arguments for ``_stage``: the lines, the destination, the conditions."""
     if rows_first:  # (lines: the stage's rows, w elements each)
-        return _copy(
+        return (
             Lines(sr, w, lambda o: f"{x} + (r0 + {o}) * {ld}", ld),
             lambda o, i: f"tl_sm[{at} + ({o}) * {w} + {i}]",
-            line_ok=lambda o: f"r0 + {o} < hi",
-            indent="        ",
+            lambda o: f"r0 + {o} < hi",
+            lambda i: "1",
         )
-    return _copy(  # (lines: the columns, sr rows each)
+    return (  # (lines: the columns, sr rows each)
         Lines(w, sr, lambda o: f"{x} + ({o}) * {ld} + r0", ld),
         lambda o, i: f"tl_sm[{at} + ({i}) * {w} + {o}]",
-        inner_ok=lambda i: f"r0 + {i} < hi",
-        indent="        ",
+        lambda o: "1",
+        lambda i: f"r0 + {i} < hi",
     )
 
 
@@ -349,39 +356,21 @@ def _copy(
     q_oi = f"const int o = q / {w}, i = q % {w};"
     lines = []
     if w % 4 == 0:
-        total4 = total // 4
-        turns4 = -(-total4 // MAX_THREADS)
+        turns4 = -(-total // 4 // MAX_THREADS)
         batch4 = min(turns4, COPY_BATCH)
-        part = " ".join(
-            f"if ({inner_ok(f'i + {e}')}) tl_w.{f} = tl_s[{e}];" for e, f in enumerate("xyz")
-        )
-        partial = [] if inner_ok("i") == "1" else [f"else {{ {part} }}"]
-        stores = " ".join(f"{dst('o', f'i + {e}')} = tl_v[u].{f};" for e, f in enumerate("xyzw"))
+        load, store = _vector_bodies(src, dst, line_ok, inner_ok, "tl_v", "u0 + u")
         lines += [
-            (
-                f"if (blockDim.x == {MAX_THREADS} && (((unsigned long long)({src.start('0')})"
-                f" | {4 * src.ld}ULL) & 15) == 0) {{"
-            ),
+            f"if (blockDim.x == {MAX_THREADS} && {_aligned(src)}) {{",
             "#pragma unroll 1",
             f"  for (int u0 = 0; u0 < {turns4}; u0 += {batch4}) {{",
             f"    float4 tl_v[{batch4}];",
             "#pragma unroll",
             f"    for (int u = 0; u < {batch4}; u++) {{",
-            f"      const int q = threadIdx.x + (u0 + u) * {MAX_THREADS};",
-            f"      const int o = q / {w // 4}, i = q % {w // 4} * 4;",
-            "      float4 tl_w = {0.0f, 0.0f, 0.0f, 0.0f};",
-            f"      if (q < {total4} && {line_ok('o')}) {{",
-            f"        const float *tl_s = {src.start('o')} + i;",
-            f"        if ({inner_ok('i + 3')}) tl_w = *(const float4 *)tl_s;",
-            *("        " + x for x in partial),
-            "      }",
-            "      tl_v[u] = tl_w;",
+            *("      " + x for x in load),
             "    }",
             "#pragma unroll",
             f"    for (int u = 0; u < {batch4}; u++) {{",
-            f"      const int q = threadIdx.x + (u0 + u) * {MAX_THREADS};",
-            f"      const int o = q / {w // 4}, i = q % {w // 4} * 4;",
-            f"      if (q < {total4}) {{ {stores} }}",
+            *("      " + x for x in store),
             "    }",
             "  }",
             "} else ",
@@ -417,6 +406,62 @@ def _copy(
         lines[at : at + 2] = ["} else " + lines[at + 1]]
     block = ["{", *(x if x.startswith("#") else "  " + x for x in lines), "}"]
     return [x if x.startswith("#") else indent + x for x in block]
+
+
+def _aligned(src: Lines) -> str:
+    """The C condition that every line of ``src`` starts 16 bytes aligned."""
+    return f"(((unsigned long long)({src.start('0')}) | {4 * src.ld}ULL) & 15) == 0"
+
+
+def _vector_bodies(src: Lines, dst, line_ok, inner_ok, var: str, turn: str):
+    """The body of the loop that loads a thread's ``turn``-th 16 bytes of ``src`` into
+    ``var[u]`` (zeros where ``line_ok``/``inner_ok`` do not hold; elementwise where only
+    some of the four do), and of the loop that stores them (``_copy``'s)."""
+    w, total4 = src.width, src.count * src.width // 4
+    where = [
+        f"const int q = threadIdx.x + ({turn}) * {MAX_THREADS};",
+        f"const int o = q / {w // 4}, i = q % {w // 4} * 4;",
+    ]
+    part = " ".join(
+        f"if ({inner_ok(f'i + {e}')}) tl_w.{f} = tl_s[{e}];" for e, f in enumerate("xyz")
+    )
+    partial = [] if inner_ok("i") == "1" else [f"else {{ {part} }}"]
+    stores = " ".join(f"{dst('o', f'i + {e}')} = {var}[u].{f};" for e, f in enumerate("xyzw"))
+    load = [
+        *where,
+        "float4 tl_w = {0.0f, 0.0f, 0.0f, 0.0f};",
+        f"if (q < {total4} && {line_ok('o')}) {{",
+        f"  const float *tl_s = {src.start('o')} + i;",
+        f"  if ({inner_ok('i + 3')}) tl_w = *(const float4 *)tl_s;",
+        *("  " + x for x in partial),
+        "}",
+        f"{var}[u] = tl_w;",
+    ]
+    return load, [*where, f"if (q < {total4}) {{ {stores} }}"]
+
+
+def _stage_pair(a: tuple, b: tuple, indent: str) -> list[str]:
+    """A stage's copies of two operands (``_stage``'s arguments each): where both are
+    aligned and each is one batch of 16-byte loads a thread, every load of both issued
+    before the first store (one round trip to memory a stage, where the two copies one
+    after another were two); else one copy after the other."""
+    both = [_stage_args(*x) for x in (a, b)]
+    separate = [*_stage(*a), *_stage(*b)]
+    turns = [-(-src.count * src.width // 4 // MAX_THREADS) for src, *_ in both]
+    if any(src.width % 4 for src, *_ in both) or max(turns) > COPY_BATCH:
+        return separate
+    aligned = " && ".join(_aligned(src) for src, *_ in both)
+    lines = [f"if (blockDim.x == {MAX_THREADS} && {aligned}) {{"]
+    loads, stores = [], []
+    for j, ((src, dst, line_ok, inner_ok), n) in enumerate(zip(both, turns)):
+        var = f"tl_v{j}"
+        load, store = _vector_bodies(src, dst, line_ok, inner_ok, var, "u")
+        lines.append(f"  float4 {var}[{n}];")
+        for out, body in ((loads, load), (stores, store)):
+            out += ["#pragma unroll", f"  for (int u = 0; u < {n}; u++) {{"]
+            out += ["    " + x for x in body] + ["  }"]
+    lines += [*loads, *stores, "} else {"]
+    return [x if x.startswith("#") else indent + x for x in lines] + separate + [indent + "}"]
 
 
 def lanes(m: int, n: int, k: int) -> int:
