@@ -640,6 +640,7 @@ class _Kernel:
         self.parts: dict[str, list] = {}  # a reduction's scratch: name -> [dtype, n, offset]
         self.others: set[str] = set()  # the buffers the other steps use
         self.scratch = k.scratch_bytes
+        self.copies_at = 0  # (the scratch byte our products' copies start at: _copies)
         self.rows = False  # (a statement of a loop kernel: cuda/loops.py)
         self.one_block = False  # (a step run by one block, the last of a reduction's)
         self.groups_of = None  # (the number of the reduction whose groups' copies are combined)
@@ -701,13 +702,11 @@ class _Kernel:
             part[2] = offset
             offset += (part[1] * _SIZE[part[0]] + 7) // 8 * 8
         self.scratch = max(self.k.scratch_bytes, offset)
-        # a gram with its column sums (_gram_sums): its copies after everything else's
-        at = (self.scratch + 7) // 8 * 8
-        for j, st in enumerate(steps):
+        self.copies_at = (self.scratch + 7) // 8 * 8  # (our products' copies: _copies)
+        for j, st in enumerate(steps):  # (a gram with its column sums: _gram_sums)
             if st.kind == "gemm" and st.form is not None and len(st.form) > 2:
                 g = st.body
-                need = products.scratch_bytes(g.m, g.n, g.k, g.ta, g.tb, sums=True)
-                self.scratch = max(self.scratch, at + need)
+                at = self._copies(products.scratch_bytes(g.m, g.n, g.k, g.ta, g.tb, sums=True))
                 steps[j] = dataclasses.replace(st, form=(st.form[0], at, *st.form[2:]))
         bufs = [_buffers(st.statements()) for st in steps]
         out, own = [], []
@@ -727,19 +726,25 @@ class _Kernel:
             out.append(self.phase(fname, st, loads, stores, passed, then or None))
         return "\n".join(out + own)
 
+    def _copies(self, nbytes: int) -> int:
+        """The byte of the scratch memory a product of ours keeps its ``nbytes`` of copies
+        from: one region after everything else's for all of the kernel's products (they run
+        one after another, each done with its copies before the next), as large as the
+        largest needs."""
+        self.scratch = max(self.scratch, self.copies_at + nbytes)
+        return self.copies_at
+
     def own_product(self, j: int, st: _Step, out: list) -> items.GemmCall:
         """The ``GemmCall`` of blas step ``j`` (``st``) with the functions of ours that
         compute its product too (``products``: their text onto ``out``), where its shape
-        has them; a gram's copies in the scratch memory after everything else's."""
+        has them; a gram's copies in the scratch memory (``_copies``)."""
         s, call = st.form, st.body
         what = products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb)
         if what is None:
             return call
-        at = (self.scratch + 7) // 8 * 8
-        self.scratch = max(self.scratch, at + products.scratch_bytes(s.m, s.n, s.k, s.ta, s.tb))
-        kinds = products.launches(s.m, s.n, s.k, s.ta, s.tb)
+        at = self._copies(products.scratch_bytes(s.m, s.n, s.k, s.ta, s.tb))
         mine = []
-        for kind in kinds:
+        for kind in products.launches(s.m, s.n, s.k, s.ta, s.tb):
             fname = f"{self.k.name}_{j}{kind[0]}"
             step = _Step("gemm", s, st.guard, form=(kind, at))
             out.append(self.phase(fname, step, [], [], {}))
