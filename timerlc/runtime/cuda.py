@@ -1429,8 +1429,7 @@ class DeviceRuntime(CpuRuntime):
                     if isinstance(f, GemmCall):
                         fns.append((self._gemm(sid, f, scratch), 0))
                         continue
-                    fn = self.device.function(self._module, f[0])
-                    fns.append((fn, min(-(-f[1] // THREADS), self.device.grid_limit(fn))))
+                    fns.append(self._function(*f))
                 fns = tuple(fns)
                 # (a kernel that cannot fail leaves the code 0: not read, no wait)
                 reads = self.can_fail(sid) and any(b for _, b in fns)
@@ -1475,6 +1474,13 @@ class DeviceRuntime(CpuRuntime):
 
         return launch
 
+    def _function(self, name: str, threads: int) -> tuple:
+        """A function of the module and the blocks a launch of it gets: as many as its
+        ``threads`` ask for, at most as many as the device holds at once (``grid_limit``:
+        each strides over its grid)."""
+        fn = self.device.function(self._module, name)
+        return fn, min(-(-threads // THREADS), self.device.grid_limit(fn))
+
     def _gemm(self, sid: int, call: GemmCall, scratch: int):
         """A ``GemmCall`` of statement ``sid``'s kernel as a function of the call's loop
         values and the scratch memory's address: where ``when`` holds, each operand's
@@ -1504,13 +1510,9 @@ class DeviceRuntime(CpuRuntime):
                 )
             return ptrs[key[1]], self._dev_bytes[key[0]][key[1]]  # (current: the launch's)
 
-        own = [self.device.function(self._module, f) for f, _ in call.own]
-        own = [
-            (fn, min(-(-t // THREADS), self.device.grid_limit(fn)))
-            for fn, (_, t) in zip(own, call.own)
-        ]
-        key = (call.dtype, call.m, call.n, call.k, call.a.ld, call.a.t, call.b.ld, call.b.t)
-        key += (call.c.ld,)
+        own = [self._function(*f) for f in call.own]
+        a, b, c = call.a, call.b, call.c
+        key = (call.dtype, call.m, call.n, call.k, a.ld, a.t, b.ld, b.t, c.ld)
         chosen: list = []  # (whether ours runs, once chosen)
 
         def ours(args, scratch_ptr: int):
@@ -1533,7 +1535,6 @@ class DeviceRuntime(CpuRuntime):
                         f"or writes outside its memory at {dict(zip(loops, values))}"
                     )
                 at.append(base + first * size)
-            a, b, c = call.a, call.b, call.c
 
             def blas():
                 self.device.gemm(
