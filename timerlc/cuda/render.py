@@ -640,7 +640,7 @@ class _Kernel:
         self.parts: dict[str, list] = {}  # a reduction's scratch: name -> [dtype, n, offset]
         self.others: set[str] = set()  # the buffers the other steps use
         self.scratch = k.scratch_bytes
-        self.copies_at = 0  # (the scratch byte our products' copies start at: _copies)
+        self.copies_at = 0  # (the scratch byte our products' copies start at: _copies_region)
         self.rows = False  # (a statement of a loop kernel: cuda/loops.py)
         self.one_block = False  # (a step run by one block, the last of a reduction's)
         self.groups_of = None  # (the number of the reduction whose groups' copies are combined)
@@ -702,11 +702,13 @@ class _Kernel:
             part[2] = offset
             offset += (part[1] * _SIZE[part[0]] + 7) // 8 * 8
         self.scratch = max(self.k.scratch_bytes, offset)
-        self.copies_at = (self.scratch + 7) // 8 * 8  # (our products' copies: _copies)
+        self.copies_at = (self.scratch + 7) // 8 * 8  # (our products' copies: _copies_region)
         for j, st in enumerate(steps):  # (a gram with its column sums: _gram_sums)
             if st.kind == "gemm" and st.form is not None and len(st.form) > 2:
                 g = st.body
-                at = self._copies(products.scratch_bytes(g.m, g.n, g.k, g.ta, g.tb, sums=True))
+                at = self._copies_region(
+                    products.scratch_bytes(g.m, g.n, g.k, g.ta, g.tb, sums=True)
+                )
                 steps[j] = dataclasses.replace(st, form=(st.form[0], at, *st.form[2:]))
         bufs = [_buffers(st.statements()) for st in steps]
         out, own = [], []
@@ -726,7 +728,7 @@ class _Kernel:
             out.append(self.phase(fname, st, loads, stores, passed, then or None))
         return "\n".join(out + own)
 
-    def _copies(self, nbytes: int) -> int:
+    def _copies_region(self, nbytes: int) -> int:
         """The byte of the scratch memory a product of ours keeps its ``nbytes`` of copies
         from: one region after everything else's for all of the kernel's products (they run
         one after another, each done with its copies before the next), as large as the
@@ -737,12 +739,12 @@ class _Kernel:
     def own_product(self, j: int, st: _Step, out: list) -> items.GemmCall:
         """The ``GemmCall`` of blas step ``j`` (``st``) with the functions of ours that
         compute its product too (``products``: their text onto ``out``), where its shape
-        has them; a gram's copies in the scratch memory (``_copies``)."""
+        has them; a gram's copies in the scratch memory (``_copies_region``)."""
         s, call = st.form, st.body
         what = products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb)
         if what is None:
             return call
-        at = self._copies(products.scratch_bytes(s.m, s.n, s.k, s.ta, s.tb))
+        at = self._copies_region(products.scratch_bytes(s.m, s.n, s.k, s.ta, s.tb))
         mine = []
         for kind in products.launches(s.m, s.n, s.k, s.ta, s.tb):
             fname = f"{self.k.name}_{j}{kind[0]}"
