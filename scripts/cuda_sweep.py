@@ -17,6 +17,8 @@ all of them. The knobs:
   ``ours``, ``blas``) for the products with kernels of ours;
 - ``--gram-sums``: ``cuda.render.GRAM_SUMS`` (1: a bias gradient rides on its weight
   gradient's gram; 0: a reduction of its own);
+- ``--epilogues``: ``cuda.render.ROWS_EPILOGUES`` (1: a layer's elementwise loop after its
+  rows product made by the product's function of ours; 0: a launch of its own after it);
 - ``--product-parts``: ``cuda.products.MAX_PARTS``, the most copies a gram sums into;
 - ``--copy-batch``: ``cuda.products.COPY_BATCH``, the loads a thread issues at a time into
   shared memory.
@@ -31,6 +33,8 @@ the step's forward and backward, 64: 12.6, 1,024 at 4,224 blocks: 9.8). docs/per
     python scripts/cuda_sweep.py --array-parts 256,1024,2048 --set B=2048 --set T=128 \\
         --set total_steps=1572864
     python scripts/cuda_sweep.py --products blas,ours --gram-sums 0,1 --set B=2048 \\
+        --set T=128 --set total_steps=1572864
+    python scripts/cuda_sweep.py --products fastest --epilogues 0,1 --set B=2048 \\
         --set T=128 --set total_steps=1572864
     python scripts/cuda_sweep.py --emu --parts 256,64 --set B=16 --set T=8 --set total_steps=512
 """
@@ -63,6 +67,7 @@ def main() -> int:
     ap.add_argument("--blocks", default="0", help="comma-separated grid caps (0: the GPU's own)")
     ap.add_argument("--products", default="", help="comma-separated products policies")
     ap.add_argument("--gram-sums", default="1", help="comma-separated GRAM_SUMS values (0, 1)")
+    ap.add_argument("--epilogues", default="1", help="comma-separated ROWS_EPILOGUES (0, 1)")
     ap.add_argument("--product-parts", default="256", help="comma-separated MAX_PARTS values")
     ap.add_argument("--copy-batch", default="8", help="comma-separated COPY_BATCH values")
     ap.add_argument("--top", type=int, default=3, help="the runs of graphs shown per line")
@@ -85,19 +90,21 @@ def main() -> int:
         numbers(args.blocks),
         policies,
         numbers(args.gram_sums),
+        numbers(args.epilogues),
         numbers(args.product_parts),
         numbers(args.copy_batch),
     )
-    for parts, array_parts, unroll, blocks, policy, sums, pparts, batch in knobs:
+    for parts, array_parts, unroll, blocks, policy, sums, epi, pparts, batch in knobs:
         render.PARTS, render.ARRAY_PARTS, render.UNROLL = parts, array_parts, unroll
         render.GRAM_SUMS, products.MAX_PARTS, products.COPY_BATCH = bool(sums), pparts, batch
+        render.ROWS_EPILOGUES = bool(epi)
         device.MAX_BLOCKS = blocks or own
         device.products = policy
         co._GENERATED.clear()  # (a build of its own: the knobs change the kernels)
         started = time.perf_counter()
         label = (
             f"PARTS {parts:5d} ARRAY_PARTS {array_parts:5d} UNROLL {unroll:3d} "
-            f"blocks {device.MAX_BLOCKS:6d} products {policy} GRAM_SUMS {sums} "
+            f"blocks {device.MAX_BLOCKS:6d} products {policy} GRAM_SUMS {sums} EPILOGUES {epi} "
             f"MAX_PARTS {pparts} COPY_BATCH {batch}"
         )
         try:

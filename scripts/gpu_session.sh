@@ -106,16 +106,20 @@ stage kernels 60 bash -c "$PY scripts/cuda_overheads.py ${CHECK[*]} --kernels --
   --kernels --program reinforce --set B=2048 --set T=128 --set I=6"
 # PPO's skinny products: cuBLAS (float32, TF32) against ours (cuda/products.py)
 stage skinny 40 $PY scripts/cuda_skinny.py "${CHECK[@]}"
-# PPO 2048's minibatch step with cuBLAS's products only, with ours where faster, and with
-# the bias gradients on the grams or not (a build and a run each)
-stage products 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --products blas,fastest \
-  --gram-sums 0,1 --set B=2048 --set T=128 --set total_steps=1572864
+# PPO 2048's minibatch step with cuBLAS's products only (no gram sums, no epilogues), then
+# with ours where faster, the bias gradients on the grams or not, the layers' epilogues in
+# the rows products or not (a build and a run each)
+stage products 200 bash -c "$PY scripts/cuda_sweep.py ${CHECK[*]} --products blas \
+  --gram-sums 0 --epilogues 0 --set B=2048 --set T=128 --set total_steps=1572864 && \
+  $PY scripts/cuda_sweep.py ${CHECK[*]} --products fastest --gram-sums 0,1 --epilogues 0,1 \
+  --set B=2048 --set T=128 --set total_steps=1572864"
 # Nsight Compute (on the device image's PATH) over the kernels NCU_KERNELS names (a regex of
 # function names, which depend on the program's sizes: these are the kernels stage's PPO's),
 # the first call of each: where a kernel's time goes (memory, occupancy, stalls); by
-# default two grams of ours with their bias gradients' column sums and two rows products
-# (the names of 2026-11-27's thirteenth session: cuda/products.py)
-NCU_KERNELS=${NCU_KERNELS:-f459_41|f530_36|f146_22_1r|f530_36_0r}
+# default a gram of ours with its bias gradient's column sums (two launches), a rows product
+# with its epilogue (`1 - h^2`: f530_36; `tanh`: s142) and one without (the names of
+# 2026-11-27's fourteenth session: cuda/products.py)
+NCU_KERNELS=${NCU_KERNELS:-f530_36_1|f530_36_2|f530_36|s142|f146_22_0r}
 if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
   stage ncu 90 ncu --kernel-name "regex:^(${NCU_KERNELS})\$" --launch-count 3 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \

@@ -21,7 +21,7 @@ import pytest
 from rtl_helpers import src, table
 
 from timerlc.codegen import kir
-from timerlc.codegen.kir import For, Store
+from timerlc.codegen.kir import For, Gemm, Store
 from timerlc.compiler import compile_plan, generate_code, run_passes
 from timerlc.cuda import nvrtc, render
 from timerlc.cuda.emu import compiler
@@ -1115,15 +1115,19 @@ def test_bias_gradients_after_their_products_are_one_step(tmp_path):
     the block's threads as lanes of the rows where a row is narrow
     (``render._Kernel.array_in_registers``: a 2-wide sum), and the last block combines the
     blocks' copies likewise (``copies_by_lanes``: both sums' copies in one loop). A
-    layer's bias and ``tanh`` work in place after its product, a thread per element
-    (``render._spread``). The values are the cpu's."""
+    layer's bias and ``tanh`` are made by its product's function of ours as it stores C
+    (``render._Kernel._rows_epilogues``: its rows a nest, ``i`` and ``n``). The values
+    are the cpu's."""
     _, gen = generated("p.rtl", src(BIAS_GRADIENTS))
     cu = cuda_gen(gen)
     launches = dict(cu.plan.kernels.launches)
     (g,) = [f for f in launches.values() if sum(isinstance(x, items.GemmCall) for x in f) == 2]
     assert [isinstance(f, items.GemmCall) for f in g] == [True, True, False], g
-    (h,) = [f for f in launches.values() if sum(isinstance(x, items.GemmCall) for x in f) == 1]
-    assert h[1][1] == 3 * 600 * 16, h  # (a thread per element)
+    (layer,) = [
+        k for k in cu.kernels if any(isinstance(x, Gemm) and x.k == 8 for x in k.body)
+    ]
+    assert [isinstance(f, items.GemmCall) for f in launches[layer.sid]] == [False]
+    assert "v_i = (r / 600LL), v_e1 = r % 600LL;" in cu.text
     # (each sum in a register of its thread; a 2-wide row's, the block's threads in lanes;
     # the blocks' copies combined by the last block's threads in lanes too)
     assert "tl_lanes" in cu.text and "tl_acc" in cu.text and "tl_cl" in cu.text
@@ -1150,7 +1154,7 @@ def test_bias_gradients_ride_on_their_weight_gradients_products(tmp_path):
     grams = []
     for k in cu.kernels:
         steps = render._Kernel(k)._steps()
-        got = [st.form[2] for st in steps if st.kind == "gemm" and st.form and len(st.form) > 2]
+        got = [st.form.acc for st in steps if st.kind == "gemm" and st.form and st.form.acc]
         if got:
             assert [st.kind for st in steps if st.kind in ("blas", "reduce")] == [], k.name
             grams += got

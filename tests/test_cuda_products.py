@@ -303,3 +303,107 @@ def test_a_bias_gradient_rides_on_its_gram_where_its_rows_are_the_gram_s():
     assert render._column_sum(red, gemm) is None
     red, gemm = _column_sum_nest([("r", 64)], {"r": 3})  # (rows 3 apart: not B's)
     assert render._column_sum(red, gemm) is None
+
+
+def _epilogue_nest(rows, n=16, value=None, index=None, c="c"):
+    """A nest over C's rows ``rows`` ((var, extent), outer first) and n columns storing
+    ``value`` (default: ``tanh(C + bias[col])``) at ``index`` (default C's element); and
+    the rows product ``a @ w`` (8 wide) whose C it may follow."""
+    e = kir.Ref("e")
+    row = None
+    for var, extent in rows:
+        row = kir.Ref(var) if row is None else kir.add(kir.mul(row, extent), kir.Ref(var))
+    at = kir.add(kir.mul(row, n), e)
+    here = kir.Load(c, at, "f32")
+    if value is None:
+        value = kir.Un("tanh", kir.Bin("add", here, kir.Load("bias", e, "f32"), "f32"), "f32")
+    body = kir.For(
+        "e", kir.i64(0), kir.i64(n), (kir.Store(c, at if index is None else index, value),)
+    )
+    for var, extent in reversed(rows):
+        body = kir.For(var, kir.i64(0), kir.i64(extent), (body,), True)
+    m = 1
+    for _, extent in rows:
+        m *= extent
+    zero = kir.i64(0)
+    gemm = kir.Gemm("f32", False, False, m, n, 8, "a", zero, 8, "w", zero, n, "c", zero, n)
+    return body, gemm, here
+
+
+def test_the_elementwise_epilogues_a_rows_product_makes_as_it_stores_c():
+    """``render._epilogue``: a loop (or a nest of loops over the rows in order) around one
+    over C's columns, storing C's element from C's element (read at that element alone),
+    other buffers and the loop values; not one that reads C elsewhere, stores elsewhere,
+    reads a local, or spans other rows."""
+    nest, gemm, here = _epilogue_nest([("r", 64)])
+    assert render._epilogue(nest, gemm, ()) == ([("r", 64)], "e")
+    nest, gemm, _ = _epilogue_nest([("b", 4), ("t", 16)])  # (REINFORCE's [b, t])
+    assert render._epilogue(nest, gemm, ("j",)) == ([("b", 4), ("t", 16)], "e")
+    nest, gemm, _ = _epilogue_nest([("t", 16), ("b", 4)])
+    bad = gemm.__class__(**{**{f: getattr(gemm, f) for f in gemm.__slots__}, "m": 128})
+    assert render._epilogue(nest, bad, ()) is None  # (not C's rows)
+    moved = kir.Load("c", kir.add(here.index, kir.i64(1)), "f32")  # (C's next element)
+    nest, gemm, _ = _epilogue_nest([("r", 64)], value=kir.Bin("add", here, moved, "f32"))
+    assert render._epilogue(nest, gemm, ()) is None
+    nest, gemm, _ = _epilogue_nest([("r", 64)], index=kir.mul(kir.Ref("e"), 64))
+    assert render._epilogue(nest, gemm, ()) is None  # (stores another element)
+    local = kir.Bin("add", here, kir.Ref("x", "f32"), "f32")
+    nest, gemm, _ = _epilogue_nest([("r", 64)], value=local)
+    assert render._epilogue(nest, gemm, ()) is None
+    assert render._epilogue(nest, gemm, ("x",)) is not None  # (a loop value of the call)
+    # merged with another loop over the rows (``_row_merged``), even in one column loop:
+    # the epilogue's store apart, the rest as it was; not where the rest reads C
+    nest, gemm, here = _epilogue_nest([("r", 64)])
+    (col,) = nest.body
+    other = kir.Store("g", col.body[0].index, kir.Load("h", col.body[0].index, "f32"))
+    merged = kir.For(
+        "r", nest.lo, nest.hi, (kir.For("e", col.lo, col.hi, (other, *col.body)),), True
+    )
+    mine, rest = render._epilogue_apart(merged, gemm, ())
+    assert mine == nest and rest.body[0].body == (other,)
+    reads_c = kir.Store("g", col.body[0].index, here)
+    merged = kir.For(
+        "r", nest.lo, nest.hi, (kir.For("e", col.lo, col.hi, (reads_c, *col.body)),), True
+    )
+    assert render._epilogue_apart(merged, gemm, ()) == (None, None)
+    writes_bias = kir.Store("bias", kir.Ref("e"), kir.Load("h", col.body[0].index, "f32"))
+    merged = kir.For(
+        "r", nest.lo, nest.hi, (kir.For("e", col.lo, col.hi, (writes_bias, *col.body)),), True
+    )
+    assert render._epilogue_apart(merged, gemm, ()) == (None, None)
+
+
+EPILOGUES = """
+config I = 3, N = 40
+dim i < I
+s[0] = 1.0
+s[i+1] = s[i] * 0.5 + sum(h[i]) * 0.001 + sum(d[i]) * 0.001
+x[i] = reshape(f32(arange(N * 8)) * 0.01 - 1.0, [N, 8]) * s[i]
+w = reshape(f32(arange(8 * 16)) * 0.01 - 0.6, [8, 16])
+v = reshape(f32(arange(16 * 16)) * 0.002 - 0.2, [16, 16])
+h[i] = tanh(x[i] @ w + f32(arange(16)) * 0.1)
+d[i] = (h[i] @ v.T) * (1.0 - h[i] * h[i])
+out h, d, s
+"""
+
+
+@needs_cxx
+def test_a_layer_s_bias_and_tanh_are_made_by_its_rows_product():
+    """A layer's ``tanh(x @ W + b)`` and a gradient's ``(dz @ W) * (1 - h^2)``: the
+    elementwise loop after each rows product of ours is made by the product's function as
+    it stores C (``render._Kernel._rows_epilogues``): no BLAS call, none timed against the
+    BLAS; the values are the cpu's."""
+    gen = generate(compile_plan(run_passes(graph_of(EPILOGUES))), "cuda")
+    assert gen.text.count("const float tl_v = tl_c[i][j];") >= 2
+    launches = dict(gen.plan.kernels.launches)
+    for k in gen.kernels:
+        if any(isinstance(x, kir.Gemm) for x in k.body):
+            assert not any(isinstance(f, items.GemmCall) for f in launches[k.sid]), k.name
+    rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice())
+    rt.run()
+    plan = compile_plan(run_passes(graph_of(EPILOGUES)))
+    cg = generate(plan, "cpu")
+    ref = CpuRuntime(cg.plan, native=cg.text)
+    ref.run()
+    same_outputs(rt, ref, ["h", "d", "s"], rtol=2e-6)
+    assert rt.product_choices == {}

@@ -104,9 +104,13 @@ def rows_threads(m: int, n: int, k: int) -> int:
     return -(-m // bm) * MAX_THREADS
 
 
-def rows_lines(s, a: str, b: str, c: str) -> list[str]:
+def rows_lines(s, a: str, b: str, c: str, store: tuple[str, str, str] | None = None) -> list[str]:
     """The lines (indented from depth 0) of ``C = A @ op(B)`` for gemm ``s`` (``form``
-    rows), A, B and C the C expressions of the operands' first elements."""
+    rows), A, B and C the C expressions of the operands' first elements. With ``store``
+    (``(rows, column, value)``: an epilogue's, ``render._Kernel._rows_epilogues``), each
+    element of C is ``value`` instead, a C expression of the product's value ``tl_v``, of
+    the long long ``column`` (the element's column, which the lines define) and of what
+    the C line ``rows`` defines from the element's row ``r``."""
     m, n, k = s.m, s.n, s.k
     tm, tn, ct, bm, bmp = _rows_tiling(n, k)
     tiles = (bm // tm) * ct
@@ -154,6 +158,7 @@ def rows_lines(s, a: str, b: str, c: str) -> list[str]:
         f"        for (int j = 0; j < {tn}; j++) tl_b[j] = tl_bs[kk * {n} + tx + j * {ct}];",
         *("        " + x for x in fma),
         "      }",
+        *_epilogue(s, tm, tn, ct, store),
         "#pragma unroll",
         f"      for (int i = 0; i < {tm}; i++) {{",
         f"        const long long r = r0 + ty * {tm} + i;",
@@ -164,6 +169,30 @@ def rows_lines(s, a: str, b: str, c: str) -> list[str]:
         "    }",
         "  }",
         "}",
+    ]
+
+
+def _epilogue(s, tm: int, tn: int, ct: int, store: tuple[str, str, str] | None) -> list[str]:
+    """A rows thread's tile made an epilogue's values in its registers (``rows_lines``),
+    before any is stored: every load the epilogue makes (a ``1 - h^2``'s h) issued before
+    the first is waited for, where a load after each store (which may write what it reads,
+    for all the compiler knows) waited for the one before."""
+    if store is None:
+        return []
+    rows, col, value = store
+    return [
+        "#pragma unroll",
+        f"      for (int i = 0; i < {tm}; i++) {{",
+        f"        const long long r = r0 + ty * {tm} + i;",
+        f"        if (r >= {s.m}LL) break;",
+        f"        {rows}",
+        "#pragma unroll",
+        f"        for (int j = 0; j < {tn}; j++) {{",
+        f"          const long long {col} = tx + j * {ct};",
+        "          const float tl_v = tl_c[i][j];",
+        f"          tl_c[i][j] = {value};",
+        "        }",
+        "      }",
     ]
 
 

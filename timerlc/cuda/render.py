@@ -438,7 +438,26 @@ ARRAY_PARTS = 2048
 # a bias gradient rides on its weight gradient's gram of ours (``_Kernel._gram_sums``); off:
 # a reduction of its own (``scripts/cuda_sweep.py --gram-sums`` compares them)
 GRAM_SUMS = True
+# a layer's elementwise loop after its rows product (``tanh(x @ W + b)``; ``dz * (1 - h^2)``
+# after ``dz @ W^T``) made by the product's kernel of ours as it stores C
+# (``_Kernel._rows_epilogues``); off: ``scripts/cuda_sweep.py --epilogues 0``
+ROWS_EPILOGUES = True
 _SIZE = {"bool": 1, "i32": 4, "i64": 8, "f32": 4, "f64": 8}
+
+
+@dataclass(frozen=True)
+class _Own:
+    """How a ``gemm`` step runs as a function of ours (``products``): ``kind`` rows, or a
+    gram's part or sum; ``at``, the byte of the scratch memory its copies start at; with
+    ``acc``, B's column sums into that float64 temporary too, ``sums`` the reduction's
+    first values and the reduction (``_gram_sums``); with ``epilogue``, the loop nest over
+    C's elements that the rows function makes as it stores them (``_rows_epilogues``)."""
+
+    kind: str
+    at: int | None = None
+    acc: str | None = None
+    sums: tuple = ()
+    epilogue: object = None
 
 
 @dataclass(frozen=True)
@@ -464,8 +483,10 @@ class _Step:
             return self.body
         if self.kind == "blas":
             return [self.form]
-        if self.kind == "gemm" and self.form is not None and len(self.form) > 2:
-            return [self.body, *self.form[3]]  # (a gram with its B's column sums)
+        if self.kind == "gemm" and self.form is not None:
+            # (a gram with its B's column sums; a rows product with its epilogue)
+            extra = [self.form.epilogue] if self.form.epilogue is not None else []
+            return [self.body, *self.form.sums, *extra]
         if self.kind == "either":
             return list(self.body)
         return [self.body]
@@ -602,7 +623,12 @@ def functions(k: kir.Kernel, blas: bool = True) -> int:
     aside); one more than its statements' where it renders none (``Unsupported``: they are
     launched one by one then)."""
     try:
-        r = _Kernel(k, blas)
+        # (counted as if each product's epilogue were a loop of its own, which may join
+        # others: the fused kernels chosen by this count are those of loops joined, where a
+        # product with its epilogue joins nothing and fusion around it stalled, PPO at
+        # B=4 T=16 making 5 launches a minibatch step more; the epilogues go into the
+        # products after: ``_rows_epilogues``)
+        r = _Kernel(k, blas, epilogues=False)
         _check_supported(r.k.body)
         steps = r._steps()
         return sum(1 for j, _, _ in r._units(steps) if steps[j].kind != "blas")
@@ -621,7 +647,9 @@ def buf(b: str) -> str:
 
 
 class _Kernel:
-    def __init__(self, k: kir.Kernel, blas: bool = True, merge_rows: bool = True):
+    def __init__(
+        self, k: kir.Kernel, blas: bool = True, merge_rows: bool = True, epilogues: bool = True
+    ):
         # (not where two of its buffers are one memory, a donation's: a loop reading the
         # donor's at one row and another writing the statement's at another would meet)
         merge_rows = merge_rows and not k.shared
@@ -647,6 +675,8 @@ class _Kernel:
         self.hoisted: dict = {}  # a load -> the local it was read into (column_loop)
         self.block_sums_made = 0  # (the sums of runs on one thread the block takes: block_sums)
         self.gram_sums: list = []  # (the bundles of a gram and its column sums: _gram_sums)
+        self.epilogues: list = []  # (the bundles of a rows product and its epilogue)
+        self.epilogues_on = epilogues  # (_rows_epilogues; not for functions()'s count)
 
     def emit(self, depth: int, line: str):
         self.lines.append("  " * depth + line)
@@ -704,12 +734,12 @@ class _Kernel:
         self.scratch = max(self.k.scratch_bytes, offset)
         self.copies_at = (self.scratch + 7) // 8 * 8  # (our products' copies: _copies_region)
         for j, st in enumerate(steps):  # (a gram with its column sums: _gram_sums)
-            if st.kind == "gemm" and st.form is not None and len(st.form) > 2:
+            if st.kind == "gemm" and st.form is not None and st.form.acc is not None:
                 g = st.body
                 at = self._copies_region(
                     products.scratch_bytes(g.m, g.n, g.k, g.ta, g.tb, sums=True)
                 )
-                steps[j] = dataclasses.replace(st, form=(st.form[0], at, *st.form[2:]))
+                steps[j] = dataclasses.replace(st, form=dataclasses.replace(st.form, at=at))
         bufs = [_buffers(st.statements()) for st in steps]
         out, own = [], []
         for j, head, tail in units:
@@ -748,7 +778,7 @@ class _Kernel:
         mine = []
         for kind in products.launches(s.m, s.n, s.k, s.ta, s.tb):
             fname = f"{self.k.name}_{j}{kind[0]}"
-            step = _Step("gemm", s, st.guard, form=(kind, at))
+            step = _Step("gemm", s, st.guard, form=_Own(kind, at))
             out.append(self.phase(fname, step, [], [], {}))
             mine.append(self.phases.pop())
         return dataclasses.replace(call, own=tuple(mine))
@@ -877,7 +907,7 @@ class _Kernel:
             return s if guard is None else If(guard, (s,))
 
         items = self._products_early(self._guarded(self.k.body, None, frozenset()))
-        items = self._gram_sums(items)
+        items = self._rows_epilogues(self._gram_sums(items))
         for guard, lits, s in self._arrays_joined(items):
             big = isinstance(s, For) and s.reduce and _terms(s) >= GRID_TERMS
             form = self._reduction(s) if big else None
@@ -900,7 +930,12 @@ class _Kernel:
                 gemm, init, red = s.then
                 acc = red.reduce[0][0]
                 for kind in products.launches(gemm.m, gemm.n, gemm.k, gemm.ta, gemm.tb):
-                    steps.append(_Step("gemm", gemm, guard, form=(kind, None, acc, (init, red))))
+                    own = _Own(kind, None, acc, (init, red))
+                    steps.append(_Step("gemm", gemm, guard, form=own))
+            elif any(s is b for b in self.epilogues):  # a rows product and its epilogue
+                flush()
+                gemm, epilogue = s.then
+                steps.append(_Step("gemm", gemm, guard, form=_Own("rows", epilogue=epilogue)))
             elif isinstance(s, Gemm):
                 flush()
                 call = self._gemm_call(s, guard) if self.blas else None
@@ -1015,6 +1050,50 @@ class _Kernel:
                     self.gram_sums.append(bundle)
                     out[i] = (guard, lits, bundle)
                     del out[j : j + 2]
+                break
+        return out
+
+    def _rows_epilogues(self, items: list) -> list:
+        """``items`` (``_guarded``'s) with each float32 product of the rows form
+        (``products``: a layer's ``x @ W``) bundled with the loop nest that next writes its
+        C, where that nest is C's elementwise epilogue (``_epilogue``: ``tanh(C + b)``, or
+        ``C * (1 - h^2)``), under the same guard, nothing between touching what either
+        touches (an ``If`` of a true condition, ``epilogues``): the product's function of
+        ours stores what the nest would, where the product wrote C and the nest read and
+        wrote it again (two passes over C's bytes; a 65,536 x 64 layer's 16 MiB each). Such a
+        product is always ours (not timed against the BLAS, which has no epilogue)."""
+        self.epilogues = []
+        if not (self.blas and ROWS_EPILOGUES and self.epilogues_on):
+            return items
+        shared = frozenset(self.k.shared)
+        out = list(items)
+        for i, (guard, lits, s) in enumerate(out):
+            if not (
+                isinstance(s, Gemm)
+                and products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb) == "rows"
+                and s.c not in (s.a, s.b)
+                and not {s.a, s.b, s.c} & shared
+            ):
+                continue
+            for j in range(i + 1, len(out)):
+                g, lits_j, nest = out[j]
+                if s.c not in _buffers([nest]):
+                    continue
+                nest, rest = _epilogue_apart(nest, s, self.k.params)
+                between = [x[2] for x in out[i + 1 : j]]
+                if (
+                    g == guard
+                    and nest is not None
+                    and not _buffers([nest]) & shared
+                    and _independent(between, [s, nest], shared)
+                ):
+                    bundle = If(Const("bool", True), (s, nest))
+                    self.epilogues.append(bundle)
+                    out[i] = (guard, lits, bundle)
+                    if rest is None:
+                        del out[j]
+                    else:
+                        out[j] = (g, lits_j, rest)
                 break
         return out
 
@@ -1267,12 +1346,12 @@ class _Kernel:
             used = st.statements() + [x for t, _ in then or () for x in t.statements()]
             if kind == "gemm" and st.form is not None:  # (a gram's launches: no C; C alone)
                 one = products.launches(body.m, body.n, body.k, body.ta, body.tb) == ("part",)
-                sums = list(st.form[3][:1]) if len(st.form) > 2 else []  # (its column sums')
-                if st.form[0] == "part" and not one:
+                sums = list(st.form.sums[:1])  # (its column sums')
+                if st.form.kind == "part" and not one:
                     used = [dataclasses.replace(body, c=body.a)]
-                elif st.form[0] == "part":
+                elif st.form.kind == "part":
                     used = [body, *sums]
-                elif st.form[0] == "sum":
+                elif st.form.kind == "sum":
                     used = [dataclasses.replace(body, a=body.c, b=body.c), *sums]
             head += self.pointers(used, extra if kind == "reduce" else ())
         for v in loads:
@@ -1449,19 +1528,20 @@ class _Kernel:
                 self.emit(1, "}")
         return threads
 
-    def own_lines(self, s: Gemm, form: tuple, depth: int) -> int:
-        """The lines of a function of ours for gemm ``s`` (``products``; ``form``: ``rows``,
-        or a gram's ``part`` or ``sum``, then the byte of the scratch memory its copies
-        start at, then, with its B's column sums, their temporary: ``_gram_sums``); the
-        threads it asks for."""
-        kind, at = form[:2]
+    def own_lines(self, s: Gemm, form: _Own, depth: int) -> int:
+        """The lines of a function of ours for gemm ``s`` (``products``; ``form``: rows, or
+        a gram's part or sum, with its copies' place, its B's column sums or its epilogue);
+        the threads it asks for."""
+        kind, at = form.kind, form.at
         a = f"{buf(s.a)} + ({self.expr(s.aoff)})"
         b = f"{buf(s.b)} + ({self.expr(s.boff)})"
         c = f"{buf(s.c)} + ({self.expr(s.coff)})"
         copies = f"(scratch + {at})"
-        sums = buf(form[2]) if len(form) > 2 else None
+        sums = buf(form.acc) if form.acc is not None else None
         if kind == "rows":
-            lines, threads = products.rows_lines(s, a, b, c), products.rows_threads(s.m, s.n, s.k)
+            store = self._epilogue_store(s, form.epilogue) if form.epilogue else None
+            lines = products.rows_lines(s, a, b, c, store)
+            threads = products.rows_threads(s.m, s.n, s.k)
         elif kind == "part":
             lines = products.gram_part_lines(s, a, b, copies, c, sums)
             threads = products.gram_part_threads(s.k)
@@ -1471,6 +1551,33 @@ class _Kernel:
         for line in lines:
             self.emit(0 if line.startswith("#") else depth, line)
         return threads
+
+    def _epilogue_store(self, s: Gemm, nest: For) -> tuple[str, str, str]:
+        """What a rows function stores for an element of C with ``nest``
+        (``_rows_epilogues``: its one store, C's element read as the product's value):
+        ``(rows, column, value)``: the C line that defines the nest's row variables from
+        the element's row ``r``, the C name of its column variable (which the function
+        defines), and the value's C expression, which reads the product's value as
+        ``tl_v``."""
+        rows, col = _epilogue(nest, s, self.k.params)
+        store = nest
+        while isinstance(store, For):
+            store = store.body[0]
+        self.hoisted = {
+            e: "tl_v" for e in kir.subexprs(store.value) if isinstance(e, Load) and e.buf == s.c
+        }
+        try:
+            value = self.expr(store.value)
+        finally:
+            self.hoisted = {}
+        defs, below = [], 1
+        for var, extent in reversed(rows):
+            at = "r" if below == 1 else f"(r / {below}LL)"
+            defs.append(f"{name(var)} = {at}" + (f" % {extent}LL" if var != rows[0][0] else ""))
+            below *= extent
+        line = f"const long long {', '.join(reversed(defs))};"
+        line += "".join(f" (void){name(var)};" for var, _ in rows)
+        return line, name(col), value
 
     def serial_end(self, skip: str, stores, passed):
         """The end of a run on thread 0: the label its failures jump to, its failure
@@ -2585,6 +2692,94 @@ def _column_sum(red, s: Gemm) -> str | None:
     if got is None or got[0] != s.boff or got[1] != want:
         return None
     return acc
+
+
+def _epilogue(nest, s: Gemm, params) -> tuple | None:
+    """Whether ``nest`` is an elementwise epilogue of gemm ``s``'s C: parallel loops over
+    its m rows (one, or a nest whose iterations in order are C's rows: REINFORCE's
+    environments and steps) around one over its n columns, whose one statement stores C's
+    element (``C[coff + row * ldc + column]``), reading C only there, no local but its
+    loops' variables and the call's loop values (``params``), no draw: what a rows
+    function of ours can store in its place (``_rows_epilogues``). ``(rows, column)``, the
+    row loops' ``(variable, extent)`` outer first and the column loop's variable, or
+    None."""
+    from timerlc.codegen.lower import _affine
+
+    rows, inner = [], nest
+    while isinstance(inner, For) and len(inner.body) == 1 and isinstance(inner.body[0], For):
+        if not (
+            inner.parallel
+            and not inner.reduce
+            and inner.lo == kir.i64(0)
+            and isinstance(inner.hi, Const)
+        ):
+            return None
+        rows.append((inner.var, inner.hi.value))
+        inner = inner.body[0]
+    if not (
+        rows
+        and math.prod(extent for _, extent in rows) == s.m
+        and isinstance(inner, For)
+        and not inner.reduce
+        and (inner.lo, inner.hi) == (kir.i64(0), kir.i64(s.n))
+        and len(inner.body) == 1
+        and isinstance(inner.body[0], Store)
+    ):
+        return None
+    st, names = inner.body[0], {inner.var, *(v for v, _ in rows)}
+    want, stride = {inner.var: 1}, s.ldc
+    for var, extent in reversed(rows):
+        want[var] = stride
+        stride *= extent
+    if st.buf != s.c or _affine(st.index, names) != (s.coff, want):
+        return None
+    allowed = names | set(params)
+    for e in kir.subexprs(st.value):
+        if isinstance(e, Load) and e.buf == s.c:
+            if e.dtype != s.dtype or _affine(e.index, names) != (s.coff, want):
+                return None
+        elif isinstance(e, Ref) and e.name not in allowed or isinstance(e, Fn):
+            return None
+    return rows, inner.var
+
+
+def _epilogue_apart(nest, s: Gemm, params) -> tuple:
+    """``(epilogue, rest)``: ``nest`` itself where it is an epilogue of gemm ``s``'s C
+    (``_epilogue``; rest None); or, where the renderer merged it with other loops over the
+    same rows (``_row_merged``: a layer's bias and ``tanh`` beside another layer's
+    gradient, in one row loop, even one column loop), the epilogue's loops with its store
+    alone and ``nest`` without that store, where nothing else in it touches what the store
+    touches; else ``(None, None)``."""
+    if _epilogue(nest, s, params):
+        return nest, None
+    mine, rest = _store_apart(nest, s.c)
+    if mine is None or rest is None or not _epilogue(mine, s, params):
+        return None, None
+    if not _independent([rest], [mine]):
+        return None, None
+    return mine, rest
+
+
+def _store_apart(x, c: str) -> tuple:
+    """Loops ``x`` as ``(the loops around the one statement that touches buffer c, with
+    it alone; x without it)``, each None where empty; ``(None, None)`` where more than one
+    statement of a body touches ``c`` or one that does is not a loop's or a store."""
+    if isinstance(x, Store):
+        return (x, None) if x.buf == c else (None, None)
+    if not isinstance(x, For):
+        return None, None
+    touching = [k for k, y in enumerate(x.body) if c in _buffers([y])]
+    if len(touching) != 1:
+        return None, None
+    k = touching[0]
+    mine, rest = _store_apart(x.body[k], c)
+    if mine is None:
+        return None, None
+    others = x.body[:k] + ((rest,) if rest is not None else ()) + x.body[k + 1 :]
+    return (
+        dataclasses.replace(x, body=(mine,)),
+        dataclasses.replace(x, body=others) if others else None,
+    )
 
 
 def _zeros(init, acc: str, n: int) -> bool:
