@@ -144,9 +144,9 @@ def test_every_program_s_build_compiles_with_nvrtc(name):
         phases += [f for _, p in cu.plan.kernels.fused_launches for f in p]
         functions = [f for f in phases if isinstance(f, tuple)]
         # (a product is the BLAS's, and its kernels of ours where its shape has them:
-        # cuda/products.py; a loop kernel's function is one; and tl_set_shift, the graphs'
-        # shifts)
-        functions += [f for g in phases if isinstance(g, items.GemmCall) for f in g.own]
+        # cuda/products.py, and an epilogue after the BLAS's; a loop kernel's function is
+        # one; and tl_set_shift, the graphs' shifts)
+        functions += [f for g in phases if isinstance(g, items.GemmCall) for f in g.own + g.then]
         assert ptx.count(".entry") == len(functions) + len(cu.plan.kernels.loops) + 1
 
 
@@ -1115,18 +1115,17 @@ def test_bias_gradients_after_their_products_are_one_step(tmp_path):
     the block's threads as lanes of the rows where a row is narrow
     (``render._Kernel.array_in_registers``: a 2-wide sum), and the last block combines the
     blocks' copies likewise (``copies_by_lanes``: both sums' copies in one loop). A
-    layer's bias and ``tanh`` are made by its product's function of ours as it stores C
-    (``render._Kernel._rows_epilogues``: its rows a nest, ``i`` and ``n``). The values
-    are the cpu's."""
+    layer's bias and ``tanh`` are made by its product's function of ours as it stores C, or
+    by a function after the BLAS's product (``render._Kernel._rows_epilogues``: its rows a
+    nest, ``i`` and ``n``). The values are the cpu's."""
     _, gen = generated("p.rtl", src(BIAS_GRADIENTS))
     cu = cuda_gen(gen)
     launches = dict(cu.plan.kernels.launches)
     (g,) = [f for f in launches.values() if sum(isinstance(x, items.GemmCall) for x in f) == 2]
     assert [isinstance(f, items.GemmCall) for f in g] == [True, True, False], g
-    (layer,) = [
-        k for k in cu.kernels if any(isinstance(x, Gemm) and x.k == 8 for x in k.body)
-    ]
-    assert [isinstance(f, items.GemmCall) for f in launches[layer.sid]] == [False]
+    (layer,) = [k for k in cu.kernels if any(isinstance(x, Gemm) and x.k == 8 for x in k.body)]
+    (call,) = launches[layer.sid]  # (ours with the epilogue, or the BLAS's and then it)
+    assert isinstance(call, items.GemmCall) and call.own and call.then
     assert "v_i = (r / 600LL), v_e1 = r % 600LL;" in cu.text
     # (each sum in a register of its thread; a 2-wide row's, the block's threads in lanes;
     # the blocks' copies combined by the last block's threads in lanes too)

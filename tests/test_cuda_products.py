@@ -217,6 +217,8 @@ def test_a_plan_s_product_carries_our_functions_as_data():
         (lambda g: g.__setitem__("own", [["f1"]]), "expected \\[function, threads\\]"),
         (lambda g: g.__setitem__("own", [["f1", 0]]), "out of range"),
         (lambda g: g.__setitem__("own", [["f 1", 4]]), "f 1"),
+        (lambda g: g.__setitem__("then", [["f1", -1]]), "out of range"),
+        (lambda g: (g.pop("own"), g.__setitem__("then", [["f1", 4]])), "none of ours"),
     ]
     refuses_changed_plans(data, cases, _gemm_json)
 
@@ -388,17 +390,26 @@ out h, d, s
 
 
 @needs_cxx
-def test_a_layer_s_bias_and_tanh_are_made_by_its_rows_product():
+@pytest.mark.parametrize("policy", ["ours", "blas", "fastest"])
+def test_a_layer_s_bias_and_tanh_are_made_by_its_rows_product(policy, monkeypatch):
     """A layer's ``tanh(x @ W + b)`` and a gradient's ``(dz @ W) * (1 - h^2)``: the
-    elementwise loop after each rows product of ours is made by the product's function as
-    it stores C (``render._Kernel._rows_epilogues``): no BLAS call, none timed against the
-    BLAS; the values are the cpu's."""
+    elementwise loop after each rows product has a function of ours that makes the product
+    and the loop as it stores C (``render._Kernel._rows_epilogues``), and a function of
+    its own that runs after the BLAS's product (``GemmCall.then``); the runtime chooses as
+    its policy says, timing the BLAS's with the loop after it; the values are the cpu's
+    either way."""
+    monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
     gen = generate(compile_plan(run_passes(graph_of(EPILOGUES))), "cuda")
-    assert gen.text.count("const float tl_v = tl_c[i][j];") >= 2
-    launches = dict(gen.plan.kernels.launches)
-    for k in gen.kernels:
-        if any(isinstance(x, kir.Gemm) for x in k.body):
-            assert not any(isinstance(f, items.GemmCall) for f in launches[k.sid]), k.name
+    assert gen.text.count("const float tl_v = tl_c[i][j];") == 2
+    calls = [
+        f
+        for _, phases in gen.plan.kernels.launches
+        for f in phases
+        if isinstance(f, items.GemmCall)
+    ]
+    assert len(calls) == 2 and all(len(c.own) == 1 and len(c.then) == 1 for c in calls)
+    data = items.to_json(gen.plan)
+    assert items.from_json(json.loads(json.dumps(data)), "p") == gen.plan
     rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice())
     rt.run()
     plan = compile_plan(run_passes(graph_of(EPILOGUES)))
@@ -406,4 +417,11 @@ def test_a_layer_s_bias_and_tanh_are_made_by_its_rows_product():
     ref = CpuRuntime(cg.plan, native=cg.text)
     ref.run()
     same_outputs(rt, ref, ["h", "d", "s"], rtol=2e-6)
-    assert rt.product_choices == {}
+    choices = rt.product_choices
+    assert set(choices) == {_key(c) for c in calls}
+    assert all(len(key) == 10 for key in choices)  # (ours with an epilogue: a choice apart)
+    if policy == "fastest":
+        assert all(b is not None for b, _, _ in choices.values())
+    else:
+        assert all(ours == (policy == "ours") for _, _, ours in choices.values())
+    assert (rt.blas_calls > 0) == (policy != "ours")  # (fastest: its timing's calls)

@@ -77,20 +77,25 @@ def test_compile_for_cuda_writes_the_cuda_kernels_of_the_build(tmp_path):
     launches = plan["kernels"]["launches"]
     assert [r[0] for r in launches] == [r[0] for r in plan["kernels"]["statements"]]
     functions = [f for _, phases in launches for f in phases if isinstance(f, list)]
-    # (and a product's kernels of ours, cuda/products.py)
+    # (and a product's kernels of ours, cuda/products.py, and what runs after the BLAS's)
     functions += [
         f
         for _, ph in launches
         for g in ph
         if isinstance(g, dict)
-        for f in g["gemm"].get("own", [])
+        for f in g["gemm"].get("own", []) + g["gemm"].get("then", [])
     ]
     # fused kernels (codegen.fuse: calls one after another at the same loop values)
     fused = plan["kernels"]["fused"]
     assert len(fused) >= 10 and len(plan["kernels"]["fused_launches"]) == len(fused)
     for _, phases in plan["kernels"]["fused_launches"]:
         functions += [f for f in phases if isinstance(f, list)]
-        functions += [f for g in phases if isinstance(g, dict) for f in g["gemm"].get("own", [])]
+        functions += [
+            f
+            for g in phases
+            if isinstance(g, dict)
+            for f in g["gemm"].get("own", []) + g["gemm"].get("then", [])
+        ]
     # loop kernels (cuda/loops.py): the rollout's loop, GAE's and the returns' each one
     loops = plan["kernels"]["loops"]
     assert len(loops) == 3 and [71, 72, 73] == [s for s in loops[0][0] if s in (71, 72, 73)]
@@ -767,7 +772,7 @@ def test_a_permutation_sorts_its_draws_on_the_grid():
 
 def _key(c: items.GemmCall) -> tuple:
     """A product's shape as ``DeviceRuntime.product_choices`` keys it."""
-    return (c.dtype, c.m, c.n, c.k, c.a.ld, c.a.t, c.b.ld, c.b.t, c.c.ld)
+    return cuda.product_key(c)
 
 
 def _guarded_call(f) -> bool:

@@ -234,8 +234,10 @@ def _print_products(rt):
     for key, (blas, own, mine) in sorted(choices.items()):
         if blas is None:
             continue
-        dtype, m, n, k, _, ta, _, tb, _ = key
+        dtype, m, n, k, _, ta, _, tb, _, *fused = key
         shape = f"{m}x{n}x{k}{' A^T' if ta else ''}{' B^T' if tb else ''} {dtype}"
+        if fused:  # (ours with an epilogue: the BLAS's timed with the loop after it)
+            shape += f" with its epilogue ({' then '.join(fused)})"
         print(
             f"    {shape}: ours {1e6 * own:.1f} us, the BLAS's {1e6 * blas:.1f} us -> "
             f"{'ours' if mine else 'the BLAS'}",

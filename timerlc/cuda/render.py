@@ -476,13 +476,14 @@ class _Step:
     guard: object = None
     form: object = None
     number: int = -1
+    epilogue: object = None  # (a blas step's: its epilogue's loops and their literals)
 
     def statements(self) -> list:
         """The kernel IR statements the step runs (for what they read and write)."""
         if self.kind == "serial":
             return self.body
         if self.kind == "blas":
-            return [self.form]
+            return [self.form] + ([self.epilogue[0]] if self.epilogue is not None else [])
         if self.kind == "gemm" and self.form is not None:
             # (a gram with its B's column sums; a rows product with its epilogue)
             extra = [self.form.epilogue] if self.form.epilogue is not None else []
@@ -769,11 +770,22 @@ class _Kernel:
     def own_product(self, j: int, st: _Step, out: list) -> items.GemmCall:
         """The ``GemmCall`` of blas step ``j`` (``st``) with the functions of ours that
         compute its product too (``products``: their text onto ``out``), where its shape
-        has them; a gram's copies in the scratch memory (``_copies_region``)."""
+        has them; a gram's copies in the scratch memory (``_copies_region``). With an
+        epilogue (``_rows_epilogues``), ours make it too, and the epilogue's loops are a
+        function of their own that runs after the BLAS's product (``GemmCall.then``)."""
         s, call = st.form, st.body
         what = products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb)
         if what is None:
             return call
+        if st.epilogue is not None:
+            nest, lits = st.epilogue
+            self.others = _buffers(self.k.body)  # (no temporary of a thread's own)
+            step = _Step("gemm", s, form=_Own("rows", epilogue=nest))
+            out.append(self.phase(f"{self.k.name}_{j}r", step, [], [], {}))
+            ours = self.phases.pop()
+            loop = _Step("parallel", _pushed_in(nest), form=(lits,))
+            out.append(self.phase(f"{self.k.name}_{j}e", loop, [], [], {}))
+            return dataclasses.replace(call, own=(ours,), then=(self.phases.pop(),))
         at = self._copies_region(products.scratch_bytes(s.m, s.n, s.k, s.ta, s.tb))
         mine = []
         for kind in products.launches(s.m, s.n, s.k, s.ta, s.tb):
@@ -935,7 +947,11 @@ class _Kernel:
             elif any(s is b for b in self.epilogues):  # a rows product and its epilogue
                 flush()
                 gemm, epilogue = s.then
-                steps.append(_Step("gemm", gemm, guard, form=_Own("rows", epilogue=epilogue)))
+                call = self._gemm_call(gemm, guard)
+                if call is None:  # (ours alone)
+                    steps.append(_Step("gemm", gemm, guard, form=_Own("rows", epilogue=epilogue)))
+                else:  # (ours with it, or the BLAS's and then it: as the runtime chooses)
+                    steps.append(_Step("blas", call, form=gemm, epilogue=(epilogue, lits)))
             elif isinstance(s, Gemm):
                 flush()
                 call = self._gemm_call(s, guard) if self.blas else None
@@ -1060,8 +1076,9 @@ class _Kernel:
         ``C * (1 - h^2)``), under the same guard, nothing between touching what either
         touches (an ``If`` of a true condition, ``epilogues``): the product's function of
         ours stores what the nest would, where the product wrote C and the nest read and
-        wrote it again (two passes over C's bytes; a 65,536 x 64 layer's 16 MiB each). Such a
-        product is always ours (not timed against the BLAS, which has no epilogue)."""
+        wrote it again (two passes over C's bytes; a 65,536 x 64 layer's 16 MiB each). The
+        BLAS's product may still run instead, the nest a function after it (``own_product``:
+        ``GemmCall.then``; the runtime times the two ways)."""
         self.epilogues = []
         if not (self.blas and ROWS_EPILOGUES and self.epilogues_on):
             return items

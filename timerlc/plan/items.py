@@ -254,7 +254,9 @@ class GemmCall:
     ``c = op(a) @ op(b)`` in ``dtype``, ``m x k`` times ``k x n``, row-major, at a call
     where ``when`` holds (a condition over the statement's loop dims). ``own``: functions
     of the module that compute the same product, one after another (``cuda.products``:
-    each a function and the threads it asks for), which the runtime may run instead."""
+    each a function and the threads it asks for), which the runtime may run instead.
+    ``then``: functions launched after the BLAS's product (not after ours), where ours
+    make more than the product (an epilogue's elementwise loop, ``cuda.render``)."""
 
     dtype: str
     m: int
@@ -265,6 +267,7 @@ class GemmCall:
     c: Operand
     when: Any = True
     own: tuple[tuple[str, int], ...] = ()
+    then: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,6 +494,7 @@ def _phase_json(f) -> list | dict:
             "when": px.to_json(f.when),
         }
         | ({"own": [list(x) for x in f.own]} if f.own else {})
+        | ({"then": [list(x) for x in f.then]} if f.then else {})
     }
 
 
@@ -924,7 +928,7 @@ class _Reader:
         return scratch, self.phases(v[1], tuple(loops))
 
     def gemm_call(self, v, loops: tuple) -> GemmCall:
-        d = self.field(self.obj(v, ("gemm",)), "gemm", self.obj, GEMM_KEYS, ("own",))
+        d = self.field(self.obj(v, ("gemm",)), "gemm", self.obj, GEMM_KEYS, ("own", "then"))
         dtype = self.field(d, "dtype", self.text, 8)
         if dtype not in ("f32", "f64"):
             self.path.append(".dtype")
@@ -934,18 +938,26 @@ class _Reader:
         b = self.field(d, "b", self.operand, loops, (n, k), (k, n))
         c = self.field(d, "c", self.operand, loops, None, (m, n))
         when = self.field(d, "when", self.expr, loops, "bool")
-        own = ()
-        if "own" in d:
-            self.path.append(".own")
-            v = d["own"]
-            if not isinstance(v, list) or not 1 <= len(v) <= MAX_PHASES:
-                self.fail(f"expected 1 to {MAX_PHASES} [function, threads], got {_short(v)}")
-            for f in v:
-                if not isinstance(f, list) or len(f) != 2:
-                    self.fail(f"expected [function, threads], got {_short(f)}")
-            own = tuple((self.ident(f[0]), self.int_(f[1], 1, MAX_THREADS)) for f in v)
-            self.path.pop()
-        return GemmCall(dtype, m, n, k, a, b, c, when, own)
+        own, then = self.functions(d, "own"), self.functions(d, "then")
+        if then and not own:
+            self.path.append(".then")
+            self.fail("functions after the BLAS's product where it has none of ours")
+        return GemmCall(dtype, m, n, k, a, b, c, when, own, then)
+
+    def functions(self, d: dict, key: str) -> tuple:
+        """A product's optional list of ``[function, threads]`` (``own``, ``then``)."""
+        if key not in d:
+            return ()
+        self.path.append(f".{key}")
+        v = d[key]
+        if not isinstance(v, list) or not 1 <= len(v) <= MAX_PHASES:
+            self.fail(f"expected 1 to {MAX_PHASES} [function, threads], got {_short(v)}")
+        for f in v:
+            if not isinstance(f, list) or len(f) != 2:
+                self.fail(f"expected [function, threads], got {_short(f)}")
+        out = tuple((self.ident(f[0]), self.int_(f[1], 1, MAX_THREADS)) for f in v)
+        self.path.pop()
+        return out
 
     def operand(self, v, loops: tuple, transposed, plain) -> Operand:
         d = self.obj(v, ("in", "at", "offset", "ld", "t"))

@@ -78,6 +78,16 @@ PRODUCTS = ("fastest", "ours", "blas")
 PRODUCT_TRIALS = 3  # timed calls of each, at a shape's first call (the least of each counts)
 
 
+def product_key(call: GemmCall) -> tuple:
+    """What the products policy chooses by (``DeviceRuntime.product_choices``): a product's
+    dtype, shape and layout; and our functions' names where they make more than the
+    product (``GemmCall.then``: an epilogue, its own choice, timed with what the BLAS's
+    product launches after it)."""
+    a, b, c = call.a, call.b, call.c
+    key = (call.dtype, call.m, call.n, call.k, a.ld, a.t, b.ld, b.t, c.ld)
+    return key + tuple(f for f, _ in call.own) if call.then else key
+
+
 def products_policy(default: str) -> str:
     """``TIMERLC_PRODUCTS`` where it is set (one of ``PRODUCTS``), else ``default``."""
     got = os.environ.get("TIMERLC_PRODUCTS", "").strip()
@@ -1511,8 +1521,9 @@ class DeviceRuntime(CpuRuntime):
             return ptrs[key[1]], self._dev_bytes[key[0]][key[1]]  # (current: the launch's)
 
         own = [self._function(*f) for f in call.own]
+        then = [self._function(*f) for f in call.then]  # (after the BLAS's only)
         a, b, c = call.a, call.b, call.c
-        key = (call.dtype, call.m, call.n, call.k, a.ld, a.t, b.ld, b.t, c.ld)
+        key = product_key(call)
         chosen: list = []  # (whether ours runs, once chosen)
 
         def ours(args, scratch_ptr: int):
@@ -1553,6 +1564,10 @@ class DeviceRuntime(CpuRuntime):
                 )
                 self.blas_calls += 1
                 self.chained += 1
+                for fn, grid in then:
+                    self.device.launch(fn, self.dtable, args, scratch_ptr, grid, self._shift)
+                    self.launches += 1
+                    self.chained += 1
 
             if own and not chosen:
                 got = self._product_choice(key, blas, lambda: ours(args, scratch_ptr))
