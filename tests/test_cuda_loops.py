@@ -169,9 +169,13 @@ def _ppo():
 @needs_cxx
 def test_ppo_s_rollout_is_one_kernel_computing_what_the_launches_compute():
     """The rollout's loop (observation, policy, draw, step, next observation) is one launch
-    an iteration; its products are computed inline in order, the launches' by the BLAS (NumPy
-    on the emulation): the metrics agree to rounding."""
+    an iteration; its products are computed inline in order, their weights (the loop never
+    writes them) read from a copy in the block's shared memory made once before the loop
+    (``_LoopText.stage``), the launches' by the BLAS (NumPy on the emulation): the metrics
+    agree to rounding."""
     gen = _ppo()
+    assert "__shared__ float m_tl_w0[4096];" in gen.text  # (the 64 x 64 layer's weight)
+    assert "const float *B = m_tl_w0 + ((0LL));" in gen.text
     rows = {tuple(r[0]) for r in gen.plan.kernels.loops}
     ops = {
         sid: {n.op for n in gen.plan.statement(sid).nodes}

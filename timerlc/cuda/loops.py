@@ -78,6 +78,10 @@ from timerlc.plan.items import Loop as PlanLoop
 LOOP_BOX = 1 << 20  # the failure code of a call outside its statement's box
 ALIGN = 256  # of each statement's scratch in a loop kernel's
 MAX_ITERATIONS = 1 << 20  # the most a loop's range is computed over
+# the bytes of shared memory a loop kernel keeps its products' weights in (``_LoopText.
+# stage``: B operands the loop never writes, copied once a block; the rest of the 48 KB a
+# block may hold statically is the steps' own: a reduction's tree, a product's tiles)
+STAGE_BYTES = 20 * 1024
 
 
 @dataclass(frozen=True)
@@ -416,6 +420,7 @@ class _RowKernel(render._Kernel):
             if st.kind in ("reduce", "perm", "blas"):
                 raise Unsupported(f"statement {k.sid}: a {st.kind} step")
         self.step_bufs = [_buffers(st.statements()) for st in self.step_list]
+        self.staged: dict = {}  # (a product's B -> its copy in shared memory: _LoopText)
         for st in self.step_list:  # (the rows, before any product needs them)
             for loop in st.body if st.kind == "either" else (st.body,):
                 if st.kind in ("parallel", "either"):
@@ -423,6 +428,15 @@ class _RowKernel(render._Kernel):
 
     def others_of(self, j: int) -> set:
         return set().union(*(b for q, b in enumerate(self.step_bufs) if q != j))
+
+    def staged_gemm(self, s: Gemm) -> Gemm:
+        """Gemm ``s`` with its B read from the block's copy in shared memory, where the loop
+        kernel made one (``_LoopText.stage``)."""
+        got = self.staged.get(_stage_key(s, self.k))
+        if got is None:
+            return s
+        name, ld = got
+        return dataclasses.replace(s, b=name, boff=kir.i64(0), ldb=ld)
 
     # ------------------------------------------------------------------ analysis
     def analyze(self, args, ranges: dict):
@@ -736,7 +750,7 @@ class _RowKernel(render._Kernel):
                     self.others = outside | _buffers([x for x in st.body if x is not loop])
                     self.grid_loop(loop, depth, epilogue=False, collapse=True)
             else:  # a product, element by element over the block's rows
-                s = st.body
+                s = self.staged_gemm(st.body)
                 inner = depth
                 if st.guard is not None:
                     self.emit(depth, f"if ({self.expr(st.guard)}) {{")
@@ -749,6 +763,17 @@ class _RowKernel(render._Kernel):
             out += self.lines
             out.append("  " * depth + "__syncthreads();")
         return out
+
+
+def _stage_key(s: Gemm, k: kir.Kernel) -> tuple | None:
+    """A product's B as a loop kernel may copy it into shared memory (``_LoopText.stage``):
+    ``(table entry, offset, rows, columns, leading dimension, dtype)`` of a buffer's at a
+    constant offset, or None."""
+    slot = next((x for x in k.slots if x.name == s.b), None)
+    if slot is None or not isinstance(s.boff, Const):
+        return None
+    rows, cols = (s.n, s.k) if s.tb else (s.k, s.n)
+    return (slot.index, s.boff.value, rows, cols, s.ldb, s.dtype)
 
 
 def _rows_apart(d: dict, ranges: dict, c: int, n: int, ww: int, wa: int) -> bool:
@@ -799,10 +824,11 @@ class _LoopText:
             "  __shared__ int tl_fail;",
             "  __shared__ int tl_stops[2];",
             "  if (threadIdx.x == 0) { tl_fail = 0; tl_stops[0] = *(volatile int *)err; }",
-            "  __syncthreads();",
-            "  if (tl_stops[0]) return;  // an earlier step failed",
             "  int tl_seen = 0, tl_turn = 1;  // (thread 0's read of the failure code, a step old)",
         ]
+        self.stage()
+        self.emit(1, "__syncthreads();")
+        self.emit(1, "if (tl_stops[0]) return;  // an earlier step failed")
         for j, v in enumerate(self.scope):
             self.emit(1, f"const long long {name(v)} = tl_outer.v[{j}];  (void){name(v)};")
         rows, per = self.rows, self.per_block
@@ -833,6 +859,45 @@ class _LoopText:
         self.emit(1, "}")
         self.lines.append("}")
         return "\n".join(self.lines) + "\n" + render._emu_entry(self.fname, len(self.scope))
+
+    def stage(self):
+        """The weights of the loop's products in shared memory, copied once a block before
+        the loop: each product's B that no statement of the loop writes, at an offset the
+        same at every call, while they fit in ``STAGE_BYTES`` (a product's threads each
+        read a column of B at every step: the rollout's 64 x 64 layer 16 KiB a block from
+        the device's memory, 1,024 blocks, 129 steps); the products read the copies
+        (``_RowKernel.staged_gemm``)."""
+        written = set().union(*(_written(rk.k.body) for rk in self.rowk.values()))
+        staged: dict = {}
+        total = 0
+        for rk in self.rowk.values():
+            for st in rk.step_list:
+                if st.kind != "gemm":
+                    continue
+                s = st.body
+                key = _stage_key(s, rk.k)
+                if key is None or s.b in written or key in staged:
+                    continue
+                _, off, rows, cols, ld, dt = key
+                size = rows * cols * kir.SIZES[dt]
+                if total + size > STAGE_BYTES:
+                    continue
+                total += size
+                name = f"tl_w{len(staged)}"
+                staged[key] = (name, cols)
+                t = render.CTYPE[dt]
+                self.emit(1, f"__shared__ {t} {render.buf(name)}[{rows * cols}];")
+                self.emit(1, "{")
+                self.emit(2, f"const {t} *tl_src = ({t} *)table[{key[0]}] + {off}LL;")
+                self.lines.append("#pragma unroll 8")  # (its loads 8 at a time)
+                self.emit(
+                    2,
+                    f"for (int tl_q = threadIdx.x; tl_q < {rows * cols}; tl_q += blockDim.x) "
+                    f"{render.buf(name)}[tl_q] = tl_src[(tl_q / {cols}) * {ld} + tl_q % {cols}];",
+                )
+                self.emit(1, "}")
+        for rk in self.rowk.values():
+            rk.staged = staged
 
     def items(self, items, depth: int):
         for it in items:
