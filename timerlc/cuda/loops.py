@@ -429,6 +429,16 @@ class _RowKernel(render._Kernel):
     def others_of(self, j: int) -> set:
         return set().union(*(b for q, b in enumerate(self.step_bufs) if q != j))
 
+    def pointer_body(self) -> list:
+        """The statements whose buffers a call of the kernel points at: its steps', a
+        product's B its copy where the loop kernel made one (no pointer to the buffer,
+        which nvcc would call set but never used)."""
+        out = []
+        for st in self.step_list:
+            stmts = st.statements()
+            out += [self.staged_gemm(x) if isinstance(x, Gemm) else x for x in stmts]
+        return out
+
     def staged_gemm(self, s: Gemm) -> Gemm:
         """Gemm ``s`` with its B read from the block's copy in shared memory, where the loop
         kernel made one (``_LoopText.stage``)."""
@@ -934,7 +944,7 @@ class _LoopText:
         body = rk.call_lines(depth + 2)
         # (a temporary that every step using it keeps per thread has no pointer)
         rk.local_temps = {t.name for t in rk.k.temps} - rk.shared_temps
-        for line in rk.pointers():
+        for line in rk.pointers(rk.pointer_body()):
             self.emit(depth + 2, line.strip())
         self.lines += body
         self.emit(
