@@ -897,7 +897,9 @@ class _LoopText:
                 staged[key] = (name, cols)
                 t = render.CTYPE[dt]
                 self.emit(1, f"__shared__ {t} {render.buf(name)}[{rows * cols}];")
-                self.emit(1, "{")
+                # (not where the table has no memory for it: a buffer no call of this
+                # launch reaches, which its product's guard keeps it from reading)
+                self.emit(1, f"if (table[{key[0]}]) {{")
                 self.emit(2, f"const {t} *tl_src = ({t} *)table[{key[0]}] + {off}LL;")
                 self.lines.append("#pragma unroll 8")  # (its loads 8 at a time)
                 self.emit(
