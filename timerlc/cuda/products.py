@@ -281,28 +281,27 @@ def gram_part_lines(s, a: str, b: str, copies: str, c: str, sums: str | None = N
         f"      const int ty = tile / {ct}, tx = tile % {ct};",
         f"      float tl_c[{tm}][{tn}] = {{}};",
         *([f"      double tl_s[{tn}] = {{}};"] if sums is not None else []),
-        f"      for (long long r0 = lo; r0 < hi; r0 += {sr}) {{",
-        "        __syncthreads();",
-        *_stage_pair(
-            (s.ta, "A", s.lda, m, sr, "0"), (not s.tb, "B", s.ldb, n, sr, str(sr * m)), "        "
+        *_stages(
+            (s.ta, "A", s.lda, m, sr, "0"),
+            (not s.tb, "B", s.ldb, n, sr, str(sr * m)),
+            [
+                "        if (mine) {",
+                "#pragma unroll 4",
+                f"          for (int r = g; r < {sr}; r += tl_g) {{",
+                f"            float tl_a[{tm}], tl_b[{tn}];",
+                "#pragma unroll",
+                f"            for (int i = 0; i < {tm}; i++) tl_a[i] = tl_sm[r * {m} + ty * {tm} + i];",
+                "#pragma unroll",
+                (
+                    f"            for (int j = 0; j < {tn}; j++)"
+                    f" tl_b[j] = tl_sm[{sr * m} + r * {n} + tx * {tn} + j];"
+                ),
+                *("            " + x for x in fma),
+                *keep,
+                "          }",
+                "        }",
+            ],
         ),
-        "        __syncthreads();",
-        "        if (mine) {",
-        "#pragma unroll 4",
-        f"          for (int r = g; r < {sr}; r += tl_g) {{",
-        f"            float tl_a[{tm}], tl_b[{tn}];",
-        "#pragma unroll",
-        f"            for (int i = 0; i < {tm}; i++) tl_a[i] = tl_sm[r * {m} + ty * {tm} + i];",
-        "#pragma unroll",
-        (
-            f"            for (int j = 0; j < {tn}; j++)"
-            f" tl_b[j] = tl_sm[{sr * m} + r * {n} + tx * {tn} + j];"
-        ),
-        *("            " + x for x in fma),
-        *keep,
-        "          }",
-        "        }",
-        "      }",
         "      __syncthreads();  // (the rows read: the groups' sums in their place)",
         *group,
         "      if (mine && tl_g > 1)",
@@ -491,6 +490,71 @@ def _stage_pair(a: tuple, b: tuple, indent: str) -> list[str]:
             out += ["    " + x for x in body] + ["  }"]
     lines += [*loads, *stores, "} else {"]
     return [x if x.startswith("#") else indent + x for x in lines] + separate + [indent + "}"]
+
+
+def _stages(a: tuple, b: tuple, compute: list[str]) -> list[str]:
+    """A gram's loop over its chunk's stages (``r0`` from ``lo`` to ``hi``): each stage's
+    rows of the two operands (``_stage``'s arguments each) into shared memory, then
+    ``compute`` (lines at the loop body's depth) on them. Where both are aligned and each
+    is one batch of 16-byte loads a thread (``_stage_pair``), the next stage's loads are
+    issued into registers before this stage's compute and stored after it: the compute
+    waits for memory once a chunk, where it waited once a stage (about 2 blocks an SM:
+    nothing else there to run meanwhile); else one stage after another."""
+    plain = [
+        f"      for (long long r0 = lo; r0 < hi; r0 += {a[4]}) {{",
+        "        __syncthreads();",
+        *_stage_pair(a, b, "        "),
+        "        __syncthreads();",
+        *compute,
+        "      }",
+    ]
+    both = [_stage_args(*x) for x in (a, b)]
+    turns = [-(-src.count * src.width // 4 // MAX_THREADS) for src, *_ in both]
+    if any(src.width % 4 for src, *_ in both) or max(turns) > COPY_BATCH:
+        return plain
+    sr = a[4]
+    aligned = " && ".join(_aligned(src) for src, *_ in both)
+    decls, loads, stores = [], [], []
+    for j, ((src, dst, line_ok, inner_ok), n) in enumerate(zip(both, turns)):
+        var = f"tl_v{j}"
+        load, store = _vector_bodies(src, dst, line_ok, inner_ok, var, "u")
+        decls.append(f"float4 {var}[{n}];")
+        for out, body in ((loads, load), (stores, store)):
+            out += ["#pragma unroll", f"for (int u = 0; u < {n}; u++) {{"]
+            out += ["  " + x for x in body] + ["}"]
+
+    def at(lines: list[str], indent: str) -> list[str]:
+        return [x if x.startswith("#") else indent + x for x in lines]
+
+    return [
+        "      bool tl_fast;  // (every stage's rows aligned as the first's: 64 rows apart)",
+        "      {",
+        "        const long long r0 = lo;",
+        f"        tl_fast = blockDim.x == {MAX_THREADS} && {aligned};",
+        "      }",
+        "      if (tl_fast) {",
+        *at(decls, "        "),
+        "        if (lo < hi) {  // (the first stage's loads)",
+        "          const long long r0 = lo;",
+        *at(loads, "          "),
+        "        }",
+        f"        for (long long r0 = lo; r0 < hi; r0 += {sr}) {{",
+        "          __syncthreads();  // (the stage before read)",
+        *at(stores, "          "),
+        "          __syncthreads();",
+        f"          if (r0 + {sr} < hi) {{  // (the next stage's loads, in flight meanwhile)",
+        f"            const long long tl_next = r0 + {sr};",
+        "            {",
+        "              const long long r0 = tl_next;",
+        *at(loads, "              "),
+        "            }",
+        "          }",
+        *at(compute, "  "),
+        "        }",
+        "      } else {",
+        *at(plain, "  "),
+        "      }",
+    ]
 
 
 def lanes(m: int, n: int, k: int) -> int:
