@@ -8,8 +8,10 @@ take 5-11 (docs/performance.md, eleventh session). The renderer gives each kerne
 (``products.rows_lines``, ``gram_part_lines``, ``gram_sum_lines``), which the runtime times
 against cuBLAS at a shape's first call; this measures them apart, at PPO's shapes: per
 shape the device time (median of ``--repeats`` calls) of cuBLAS in float32 and in TF32 and
-of ours (a gram's also with B's column sums, which cuBLAS does not make), each result
-checked against NumPy (float64).
+of ours (a gram's also with B's column sums, which cuBLAS does not make; a rows
+product's also with a layer's bias and ``tanh`` made as it stores C, the epilogue the
+renderer fuses: ``render._Kernel._rows_epilogues``), each result checked against NumPy
+(float64).
 
   python scripts/cuda_skinny.py                       # on the GPU
   python scripts/cuda_skinny.py --emu --rows 200      # cuda-emu: the kernels' values only
@@ -56,9 +58,14 @@ def gemms(rows: int) -> list:
     return out
 
 
+# a layer's bias (at the table's entry 3, floats) and tanh, as a rows product's epilogue
+TANH = "tanhf(tl_v + ((const float *)table[3])[tl_col])"
+
+
 def module_text(rows: int) -> str:
     """The module: the renderer's head, then each shape's functions of ours (``s{i}``; a
-    gram's with B's column sums too, ``s{i}x``) and their entries for the emulation."""
+    gram's with B's column sums too, a rows product's with ``TANH``: ``s{i}x``) and their
+    entries for the emulation."""
     from timerlc.cuda import products, render
 
     parts = [render.head()]
@@ -66,6 +73,8 @@ def module_text(rows: int) -> str:
         fns = products.standalone(s, f"s{i}")
         if products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb) == "gram":
             fns += products.standalone(s, f"s{i}x", sums=True)
+        else:
+            fns += products.standalone(s, f"s{i}x", epilogue=TANH)
         for name, text in fns:
             parts += [text, render._emu_entry(name, 1)]
     return "\n".join(parts)
@@ -82,6 +91,8 @@ def measure(device, tf32, module, i: int, s, label: str, args, rng) -> float:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     want = (a64.T if s.ta else a64) @ (b64.T if s.tb else b64)
     want_sums = (b64.T if s.tb else b64).sum(0)
+    bias = (rng.standard_normal(s.n) * 0.1).astype(np.float32)
+    want_tanh = np.tanh(want + bias.astype(np.float64))
     ptrs = [device.alloc(x.nbytes) for x in (a, b)] + [device.alloc(s.m * s.n * 4)]
     ptrs.append(device.alloc(s.n * 8))
     for p, x in zip(ptrs, (a, b)):
@@ -92,6 +103,8 @@ def measure(device, tf32, module, i: int, s, label: str, args, rng) -> float:
     values = np.zeros(1, np.int64)
     kinds = products.launches(s.m, s.n, s.k, s.ta, s.tb)
     gram = kinds != ("rows",)
+    if not gram:
+        device.upload(ptrs[3], bias)  # (a rows product's epilogue's bias)
 
     def ours(sums: bool):
         fns = []
@@ -117,13 +130,13 @@ def measure(device, tf32, module, i: int, s, label: str, args, rng) -> float:
         )
 
     err = 0.0
-    for sums in (False, True) if gram else (False,):
+    for sums in (False, True):  # (a gram's with column sums; a rows product's with TANH)
         device.upload(ptrs[2], np.full(s.m * s.n, np.nan, np.float32))
         ours(sums)()
         got = np.empty(s.m * s.n, np.float32)
         device.download(ptrs[2], got)
-        err = max(err, _error(got.reshape(s.m, s.n), want))
-        if sums:
+        err = max(err, _error(got.reshape(s.m, s.n), want_tanh if sums and not gram else want))
+        if sums and gram:
             got_sums = np.empty(s.n)
             device.download(ptrs[3], got_sums)
             err = max(err, _error(got_sums, want_sums))
@@ -132,7 +145,7 @@ def measure(device, tf32, module, i: int, s, label: str, args, rng) -> float:
         return err
     f32_us, tf32_us = _timed(blas(device), device, args), _timed(blas(tf32), tf32, args)
     ours_us = _timed(ours(False), device, args)
-    sums_us = f"{_timed(ours(True), device, args):.1f}" if gram else "-"
+    sums_us = f"{_timed(ours(True), device, args):.1f}"
     print(
         f"| {label} | {f32_us:.1f} | {tf32_us:.1f} | {ours_us:.1f} | {sums_us} | {err:.2e} |",
         flush=True,
@@ -176,7 +189,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     print(
         f"| product ({args.rows} rows) | cuBLAS f32 us | cuBLAS TF32 us | ours us | "
-        "ours with B's column sums us | error |"
+        "ours with B's column sums (gram) or bias and tanh (rows) us | error |"
     )
     print("|---|---|---|---|---|---|")
     worst = 0.0

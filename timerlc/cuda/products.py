@@ -618,12 +618,16 @@ def _lanes_sum(t: str, count: int, p: int, copies: str, dst: str) -> list[str]:
     ]
 
 
-def standalone(s, name: str, offsets=(0, 0, 0), sums: bool = False) -> list[tuple[str, str]]:
+def standalone(
+    s, name: str, offsets=(0, 0, 0), sums: bool = False, epilogue: str | None = None
+) -> list[tuple[str, str]]:
     """Gemm ``s``'s functions of ours as functions of a module of their own (a benchmark's
     or a test's; the caller adds the emulation's entries): A, B and C at the table's entries
     0, 1 and 2, from elements ``offsets``; a gram's copies at the scratch memory
-    (``scratch_bytes``); with ``sums``, B's column sums (float64) at entry 3. Each
-    ``(name, text)``, named ``name`` and its launch's first letter (``launches``)."""
+    (``scratch_bytes``); with ``sums``, B's column sums (float64) at entry 3; a rows
+    product's C with ``epilogue`` stored instead (a C expression of the product's value
+    ``tl_v`` and the column ``tl_col``: ``rows_lines``). Each ``(name, text)``, named
+    ``name`` and its launch's first letter (``launches``)."""
     oa, ob, oc = offsets
     a, b = f"(const float *)table[0] + {oa}", f"(const float *)table[1] + {ob}"
     c, copies = f"(float *)table[2] + {oc}", "scratch"
@@ -631,7 +635,8 @@ def standalone(s, name: str, offsets=(0, 0, 0), sums: bool = False) -> list[tupl
     out = []
     for kind in launches(s.m, s.n, s.k, s.ta, s.tb):
         if kind == "rows":
-            lines = rows_lines(s, a, b, c)
+            store = None if epilogue is None else ("(void)r;", "tl_col", epilogue)
+            lines = rows_lines(s, a, b, c, store)
         elif kind == "part":
             lines = gram_part_lines(s, a, b, copies, c, d)
         else:
