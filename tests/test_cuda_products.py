@@ -187,6 +187,18 @@ def test_nvrtc_compiles_our_products_for_the_h100():
     assert ptx.count(".entry") == sum(len(x) * (1 if x == ("rows",) else 2) for x in launches)
 
 
+def _emu_and_cpu(gen, text: str) -> tuple:
+    """``gen`` (the cuda build of program ``text``) run on the emulated device, and the
+    program run by the cpu backend: ``(device runtime, cpu runtime, the plan)``."""
+    rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice())
+    rt.run()
+    plan = compile_plan(run_passes(graph_of(text)))
+    cg = generate(plan, "cpu")
+    ref = CpuRuntime(cg.plan, native=cg.text)
+    ref.run()
+    return rt, ref, plan
+
+
 def _plan_with_products():
     gen = generate(compile_plan(run_passes(graph_of(REDUCTIONS))), "cuda")
     calls = [
@@ -253,12 +265,7 @@ def test_a_run_s_products_are_ours_or_the_blas_s_as_the_policy_says(policy, monk
     the faster (its times recorded)."""
     monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
     gen, calls = _plan_with_products()
-    rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice())
-    rt.run()
-    plan = compile_plan(run_passes(graph_of(REDUCTIONS)))
-    cg = generate(plan, "cpu")
-    ref = CpuRuntime(cg.plan, native=cg.text)
-    ref.run()
+    rt, ref, plan = _emu_and_cpu(gen, REDUCTIONS)
     same_outputs(rt, ref, [o for o, _, _ in plan.outputs])
     choices = rt.product_choices
     assert choices and len(choices) == len({_key(c) for c in calls})
@@ -410,12 +417,7 @@ def test_a_layer_s_bias_and_tanh_are_made_by_its_rows_product(policy, monkeypatc
     assert len(calls) == 2 and all(len(c.own) == 1 and len(c.then) == 1 for c in calls)
     data = items.to_json(gen.plan)
     assert items.from_json(json.loads(json.dumps(data)), "p") == gen.plan
-    rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice())
-    rt.run()
-    plan = compile_plan(run_passes(graph_of(EPILOGUES)))
-    cg = generate(plan, "cpu")
-    ref = CpuRuntime(cg.plan, native=cg.text)
-    ref.run()
+    rt, ref, _ = _emu_and_cpu(gen, EPILOGUES)
     same_outputs(rt, ref, ["h", "d", "s"], rtol=2e-6)
     choices = rt.product_choices
     assert set(choices) == {_key(c) for c in calls}

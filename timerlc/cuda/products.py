@@ -473,23 +473,43 @@ def _stage_pair(a: tuple, b: tuple, indent: str) -> list[str]:
     aligned and each is one batch of 16-byte loads a thread, every load of both issued
     before the first store (one round trip to memory a stage, where the two copies one
     after another were two); else one copy after the other."""
-    both = [_stage_args(*x) for x in (a, b)]
     separate = [*_stage(*a), *_stage(*b)]
+    pair = _pair_batches(a, b)
+    if pair is None:
+        return separate
+    aligned, decls, loads, stores = pair
+    lines = [
+        f"if (blockDim.x == {MAX_THREADS} && {aligned}) {{",
+        *_indented(decls + loads + stores, "  "),
+        "} else {",
+    ]
+    return _indented(lines, indent) + separate + [indent + "}"]
+
+
+def _pair_batches(a: tuple, b: tuple) -> tuple | None:
+    """A stage's copies of two operands (``_stage``'s arguments each) as one batch of
+    16-byte loads a thread each: ``(the C condition that both are aligned, the registers'
+    declarations, the loads of both, the stores of both)`` (lines from depth 0), or None
+    where either is not one such batch (``_stage_pair``, ``_stages``)."""
+    both = [_stage_args(*x) for x in (a, b)]
     turns = [-(-src.count * src.width // 4 // MAX_THREADS) for src, *_ in both]
     if any(src.width % 4 for src, *_ in both) or max(turns) > COPY_BATCH:
-        return separate
+        return None
     aligned = " && ".join(_aligned(src) for src, *_ in both)
-    lines = [f"if (blockDim.x == {MAX_THREADS} && {aligned}) {{"]
-    loads, stores = [], []
+    decls, loads, stores = [], [], []
     for j, ((src, dst, line_ok, inner_ok), n) in enumerate(zip(both, turns)):
         var = f"tl_v{j}"
         load, store = _vector_bodies(src, dst, line_ok, inner_ok, var, "u")
-        lines.append(f"  float4 {var}[{n}];")
+        decls.append(f"float4 {var}[{n}];")
         for out, body in ((loads, load), (stores, store)):
-            out += ["#pragma unroll", f"  for (int u = 0; u < {n}; u++) {{"]
-            out += ["    " + x for x in body] + ["  }"]
-    lines += [*loads, *stores, "} else {"]
-    return [x if x.startswith("#") else indent + x for x in lines] + separate + [indent + "}"]
+            out += ["#pragma unroll", f"for (int u = 0; u < {n}; u++) {{"]
+            out += ["  " + x for x in body] + ["}"]
+    return aligned, decls, loads, stores
+
+
+def _indented(lines: list[str], indent: str) -> list[str]:
+    """``lines`` with ``indent`` before each but the pragmas (which start a line)."""
+    return [x if x.startswith("#") else indent + x for x in lines]
 
 
 def _stages(a: tuple, b: tuple, compute: list[str]) -> list[str]:
@@ -508,24 +528,12 @@ def _stages(a: tuple, b: tuple, compute: list[str]) -> list[str]:
         *compute,
         "      }",
     ]
-    both = [_stage_args(*x) for x in (a, b)]
-    turns = [-(-src.count * src.width // 4 // MAX_THREADS) for src, *_ in both]
-    if any(src.width % 4 for src, *_ in both) or max(turns) > COPY_BATCH:
+    pair = _pair_batches(a, b)
+    if pair is None:
         return plain
     sr = a[4]
-    aligned = " && ".join(_aligned(src) for src, *_ in both)
-    decls, loads, stores = [], [], []
-    for j, ((src, dst, line_ok, inner_ok), n) in enumerate(zip(both, turns)):
-        var = f"tl_v{j}"
-        load, store = _vector_bodies(src, dst, line_ok, inner_ok, var, "u")
-        decls.append(f"float4 {var}[{n}];")
-        for out, body in ((loads, load), (stores, store)):
-            out += ["#pragma unroll", f"for (int u = 0; u < {n}; u++) {{"]
-            out += ["  " + x for x in body] + ["}"]
-
-    def at(lines: list[str], indent: str) -> list[str]:
-        return [x if x.startswith("#") else indent + x for x in lines]
-
+    aligned, decls, loads, stores = pair
+    at = _indented
     return [
         "      bool tl_fast;  // (every stage's rows aligned as the first's: 64 rows apart)",
         "      {",

@@ -1526,8 +1526,8 @@ class DeviceRuntime(CpuRuntime):
         key = product_key(call)
         chosen: list = []  # (whether ours runs, once chosen)
 
-        def ours(args, scratch_ptr: int):
-            for fn, grid in own:
+        def launch(fns, args, scratch_ptr: int):  # (ours, or what runs after the BLAS's)
+            for fn, grid in fns:
                 self.device.launch(fn, self.dtable, args, scratch_ptr, grid, self._shift)
                 self.launches += 1
                 self.chained += 1
@@ -1564,19 +1564,16 @@ class DeviceRuntime(CpuRuntime):
                 )
                 self.blas_calls += 1
                 self.chained += 1
-                for fn, grid in then:
-                    self.device.launch(fn, self.dtable, args, scratch_ptr, grid, self._shift)
-                    self.launches += 1
-                    self.chained += 1
+                launch(then, args, scratch_ptr)
 
             if own and not chosen:
-                got = self._product_choice(key, blas, lambda: ours(args, scratch_ptr))
+                got = self._product_choice(key, blas, lambda: launch(own, args, scratch_ptr))
                 if got is None:  # (not chosen while a graph is captured: the BLAS's, now)
                     blas()
                     return
                 chosen.append(got)
             if chosen and chosen[0]:
-                ours(args, scratch_ptr)
+                launch(own, args, scratch_ptr)
             else:
                 blas()
 
