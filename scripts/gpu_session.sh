@@ -116,10 +116,11 @@ stage products 200 bash -c "$PY scripts/cuda_sweep.py ${CHECK[*]} --products bla
 # Nsight Compute (on the device image's PATH) over the kernels NCU_KERNELS names (a regex of
 # function names, which depend on the program's sizes: these are the kernels stage's PPO's),
 # the first call of each: where a kernel's time goes (memory, occupancy, stalls); by
-# default a gram of ours with its bias gradient's column sums (f530_36, then its sum
-# f530_36_2), rows products with their epilogues (`1 - h^2`: f530_36_0r; `tanh`: s142_0r)
-# and one without (f146_22_0r) (the names of 2026-11-27's fourteenth session)
-NCU_KERNELS=${NCU_KERNELS:-f530_36|f530_36_2|f530_36_0r|s142_0r|f146_22_0r}
+# default a gram of ours with its bias gradient's column sums (f530_36_1p, then its sum
+# f530_36_1s; or, where the BLAS's runs, the column sums after it, f530_36_1e), rows
+# products with their epilogues (`1 - h^2`: f530_36_0r; `tanh`: s142_0r) and one without
+# (f146_22_0r) (the names of 2026-11-27's fifteenth session)
+NCU_KERNELS=${NCU_KERNELS:-f530_36_1p|f530_36_1s|f530_36_1e|f530_36_0r|s142_0r|f146_22_0r}
 if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
   stage ncu 90 ncu --kernel-name "regex:^(${NCU_KERNELS})\$" --launch-count 3 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \

@@ -1141,26 +1141,42 @@ def test_bias_gradients_after_their_products_are_one_step(tmp_path):
 
 
 @needs_cxx
-def test_bias_gradients_ride_on_their_weight_gradients_products(tmp_path):
+@pytest.mark.parametrize("policy", ["ours", "blas"])
+def test_bias_gradients_ride_on_their_weight_gradients_products(policy, tmp_path, monkeypatch):
     """Where the weight's gradient is a gram of ours (16 columns: ``x^T @ dy`` over 600
     rows, two copies), its bias's gradient (``sum(dy, 0)``: float64 sums into a temporary,
     its zeros before it) is made by the same pass (``render._Kernel._gram_sums``): the
-    threads of the first row of tiles add the dy they read, in float64; no BLAS call and
-    no reduction of its own. The values are the cpu's."""
+    threads of the first row of tiles add the dy they read, in float64. The product keeps
+    its BLAS call, the zeros and the sum one function after it (``GemmCall.then``: the
+    sum's reduce step, whose last block makes the zeros first and combines the copies),
+    chosen at run time (``ours``: no BLAS call; ``blas``: no function of ours). The values
+    are the cpu's either way."""
+    monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
     text = src(BIAS_GRADIENTS).replace("W = 80", "W = 16")
     _, gen = generated("p.rtl", text)
     cu = cuda_gen(gen)
-    # (each gram with its column sums, and the sum it stands for, its reduce step, gone)
+    # (each gram with its column sums a blas step of its own; the sum it stands for, its
+    # reduce step, among the kernel's no more: in the steps after the BLAS's)
     grams = []
     for k in cu.kernels:
         steps = render._Kernel(k)._steps()
-        got = [st.form.acc for st in steps if st.kind == "gemm" and st.form and st.form.acc]
+        got = [st for st in steps if st.kind == "blas" and st.own and st.own.acc]
+        for st in got:
+            assert [x.kind for x in st.after] == ["parallel", "reduce", "parallel"], k.name
+            grams.append(st.own.acc)
         if got:
-            assert [st.kind for st in steps if st.kind in ("blas", "reduce")] == [], k.name
-            grams += got
-    assert len(grams) == 2 * 2, grams  # (dy's and dz's: two launches each, two copies)
+            assert [st.kind for st in steps if st.kind == "reduce"] == [], k.name
+    assert len(grams) == 2, grams  # (dy's and dz's)
+    calls = [
+        f
+        for _, phases in cu.plan.kernels.launches
+        for f in phases
+        if isinstance(f, items.GemmCall) and f.then and len(f.own) == 2
+    ]
+    assert len(calls) == 2 and all(len(c.then) == 1 for c in calls)  # (one function after)
     assert "tl_s[j] += (double)tl_b[j];" in cu.text and "tl_pd" in cu.text
     ref, rt, _, _, _ = run_both(gen, tmp_path)
+    assert (rt.blas_calls > 0) == (policy == "blas")
     for name in ("g", "h", "s", "gn"):
         np.testing.assert_allclose(rt.value(name), ref.value(name), rtol=4e-6, atol=1e-6)
 

@@ -236,8 +236,9 @@ def _print_products(rt):
             continue
         dtype, m, n, k, _, ta, _, tb, _, *fused = key
         shape = f"{m}x{n}x{k}{' A^T' if ta else ''}{' B^T' if tb else ''} {dtype}"
-        if fused:  # (ours with an epilogue: the BLAS's timed with the loop after it)
-            shape += f" with its epilogue ({' then '.join(fused)})"
+        if fused:  # (ours with an epilogue or column sums: the BLAS's timed with the
+            # function after it)
+            shape += f" with what follows it ({' then '.join(fused)})"
         print(
             f"    {shape}: ours {1e6 * own:.1f} us, the BLAS's {1e6 * blas:.1f} us -> "
             f"{'ours' if mine else 'the BLAS'}",

@@ -476,14 +476,18 @@ class _Step:
     guard: object = None
     form: object = None
     number: int = -1
-    epilogue: object = None  # (a blas step's: its epilogue's loops and their literals)
+    # (a blas step's where ours may run instead (``_Kernel.own_product``): how ours computes
+    # the product with what follows it, an epilogue or B's column sums; and the steps that
+    # make the same after the BLAS's product, ``GemmCall.then``)
+    own: _Own | None = None
+    after: tuple = ()
 
     def statements(self) -> list:
         """The kernel IR statements the step runs (for what they read and write)."""
         if self.kind == "serial":
             return self.body
         if self.kind == "blas":
-            return [self.form] + ([self.epilogue[0]] if self.epilogue is not None else [])
+            return [self.form] + [x for st in self.after for x in st.statements()]
         if self.kind == "gemm" and self.form is not None:
             # (a gram with its B's column sums; a rows product with its epilogue)
             extra = [self.form.epilogue] if self.form.epilogue is not None else []
@@ -624,12 +628,13 @@ def functions(k: kir.Kernel, blas: bool = True) -> int:
     aside); one more than its statements' where it renders none (``Unsupported``: they are
     launched one by one then)."""
     try:
-        # (counted as if each product's epilogue were a loop of its own, which may join
+        # (counted as if each product's epilogue were a loop of its own, and a gram with
+        # its column sums made by ours alone; an epilogue's loop may join
         # others: the fused kernels chosen by this count are those of loops joined, where a
         # product with its epilogue joins nothing and fusion around it stalled, PPO at
         # B=4 T=16 making 5 launches a minibatch step more; the epilogues go into the
         # products after: ``_rows_epilogues``)
-        r = _Kernel(k, blas, epilogues=False)
+        r = _Kernel(k, blas, choosing=False)
         _check_supported(r.k.body)
         steps = r._steps()
         return sum(1 for j, _, _ in r._units(steps) if steps[j].kind != "blas")
@@ -649,7 +654,7 @@ def buf(b: str) -> str:
 
 class _Kernel:
     def __init__(
-        self, k: kir.Kernel, blas: bool = True, merge_rows: bool = True, epilogues: bool = True
+        self, k: kir.Kernel, blas: bool = True, merge_rows: bool = True, choosing: bool = True
     ):
         # (not where two of its buffers are one memory, a donation's: a loop reading the
         # donor's at one row and another writing the statement's at another would meet)
@@ -677,7 +682,10 @@ class _Kernel:
         self.block_sums_made = 0  # (the sums of runs on one thread the block takes: block_sums)
         self.gram_sums: list = []  # (the bundles of a gram and its column sums: _gram_sums)
         self.epilogues: list = []  # (the bundles of a rows product and its epilogue)
-        self.epilogues_on = epilogues  # (_rows_epilogues; not for functions()'s count)
+        # (the products that ours may make with what follows them carry both ways: their
+        # epilogues, _rows_epilogues, a gram's column sums as the BLAS's too; off for
+        # functions()'s count)
+        self.choosing = choosing
 
     def emit(self, depth: int, line: str):
         self.lines.append("  " * depth + line)
@@ -777,23 +785,25 @@ class _Kernel:
         what = products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb)
         if what is None:
             return call
-        if st.epilogue is not None:
-            nest, lits = st.epilogue
-            self.others = _buffers(self.k.body)  # (no temporary of a thread's own)
-            step = _Step("gemm", s, form=_Own("rows", epilogue=nest))
-            out.append(self.phase(f"{self.k.name}_{j}r", step, [], [], {}))
-            ours = self.phases.pop()
-            loop = _Step("parallel", _pushed_in(nest), form=(lits,))
-            out.append(self.phase(f"{self.k.name}_{j}e", loop, [], [], {}))
-            return dataclasses.replace(call, own=(ours,), then=(self.phases.pop(),))
-        at = self._copies_region(products.scratch_bytes(s.m, s.n, s.k, s.ta, s.tb))
+        sums = st.own is not None and st.own.acc is not None
+        at = self._copies_region(products.scratch_bytes(s.m, s.n, s.k, s.ta, s.tb, sums))
         mine = []
         for kind in products.launches(s.m, s.n, s.k, s.ta, s.tb):
             fname = f"{self.k.name}_{j}{kind[0]}"
-            step = _Step("gemm", s, st.guard, form=_Own(kind, at))
+            own = _Own(kind, at) if st.own is None else dataclasses.replace(st.own, kind=kind)
+            step = _Step("gemm", s, form=dataclasses.replace(own, at=at))
             out.append(self.phase(fname, step, [], [], {}))
             mine.append(self.phases.pop())
-        return dataclasses.replace(call, own=tuple(mine))
+        if not st.after:
+            return dataclasses.replace(call, own=tuple(mine))
+        self.others = _buffers(self.k.body)  # (no temporary of a thread's own)
+        then = []
+        for u, (q, _, tail) in enumerate(self._units(list(st.after))):
+            fname = f"{self.k.name}_{j}e" + (str(u) if u else "")
+            others = [(st.after[t], self.others) for t in tail]
+            out.append(self.phase(fname, st.after[q], [], [], {}, others or None))
+            then.append(self.phases.pop())
+        return dataclasses.replace(call, own=tuple(mine), then=tuple(then))
 
     def _units(self, steps: list[_Step]) -> list[tuple[int, list[int], list[int]]]:
         """The functions the ``steps`` run as, in order: ``(j, head, tail)``, step ``j`` and
@@ -941,17 +951,26 @@ class _Kernel:
                 flush()
                 gemm, init, red = s.then
                 acc = red.reduce[0][0]
-                for kind in products.launches(gemm.m, gemm.n, gemm.k, gemm.ta, gemm.tb):
-                    own = _Own(kind, None, acc, (init, red))
-                    steps.append(_Step("gemm", gemm, guard, form=own))
+                call = self._gemm_call(gemm, guard) if self.choosing else None
+                after = self._sums_after(init, red, guard, lits) if call is not None else None
+                if after is None:  # (ours alone)
+                    for kind in products.launches(gemm.m, gemm.n, gemm.k, gemm.ta, gemm.tb):
+                        own = _Own(kind, None, acc, (init, red))
+                        steps.append(_Step("gemm", gemm, guard, form=own))
+                else:  # (ours with them, or the BLAS's and then the sums: as the runtime
+                    # chooses)
+                    own = _Own("gram", None, acc, (init, red))
+                    steps.append(_Step("blas", call, form=gemm, own=own, after=after))
             elif any(s is b for b in self.epilogues):  # a rows product and its epilogue
                 flush()
                 gemm, epilogue = s.then
                 call = self._gemm_call(gemm, guard)
+                own = _Own("rows", epilogue=epilogue)
                 if call is None:  # (ours alone)
-                    steps.append(_Step("gemm", gemm, guard, form=_Own("rows", epilogue=epilogue)))
+                    steps.append(_Step("gemm", gemm, guard, form=own))
                 else:  # (ours with it, or the BLAS's and then it: as the runtime chooses)
-                    steps.append(_Step("blas", call, form=gemm, epilogue=(epilogue, lits)))
+                    after = (_Step("parallel", _pushed_in(epilogue), form=(lits,)),)
+                    steps.append(_Step("blas", call, form=gemm, own=own, after=after))
             elif isinstance(s, Gemm):
                 flush()
                 call = self._gemm_call(s, guard) if self.blas else None
@@ -1069,6 +1088,24 @@ class _Kernel:
                 break
         return out
 
+    def _sums_after(self, init, red: For, guard, lits) -> tuple | None:
+        """The steps that make a gram's B's column sums (``_gram_sums``: ``init``, their
+        zeros, and ``red``, the reduction, under ``guard``) after the device's BLAS made
+        the product (``GemmCall.then``): the zeros, the reduction on the grid and the step
+        that combines its copies, as ``_steps`` makes any array reduction (one function:
+        ``_units``); None where the reduction has no form on the grid."""
+        form = self._reduction(red)
+        if form is None or form[0] != "array":
+            return None
+        red, form = _flat_rows(red, form)
+        combine, number = self._combine(red, form)
+        under = (lambda x: x) if guard is None else (lambda x: If(guard, (x,)))
+        return (
+            _Step("parallel", _pushed_in(under(init)), form=(lits,)),
+            _Step("reduce", red, guard, form, number),
+            _Step("parallel", _pushed_in(under(combine))),
+        )
+
     def _rows_epilogues(self, items: list) -> list:
         """``items`` (``_guarded``'s) with each float32 product of the rows form
         (``products``: a layer's ``x @ W``) bundled with the loop nest that next writes its
@@ -1080,7 +1117,7 @@ class _Kernel:
         BLAS's product may still run instead, the nest a function after it (``own_product``:
         ``GemmCall.then``; the runtime times the two ways)."""
         self.epilogues = []
-        if not (self.blas and ROWS_EPILOGUES and self.epilogues_on):
+        if not (self.blas and ROWS_EPILOGUES and self.choosing):
             return items
         shared = frozenset(self.k.shared)
         out = list(items)
