@@ -11,7 +11,9 @@ shape the device time (median of ``--repeats`` calls) of cuBLAS in float32 and i
 of ours (a gram's also with B's column sums, which cuBLAS does not make; a rows
 product's also with a layer's bias and ``tanh`` made as it stores C, the epilogue the
 renderer fuses: ``render._Kernel._rows_epilogues``), each result checked against NumPy
-(float64).
+(float64); and where a shape has them (``products.tf32_form``), our TF32 functions (the
+tensor cores' ``mma.sync``, for ``--matmul-precision tensorfloat32``), checked against
+NumPy's product of the operands rounded to TF32.
 
   python scripts/cuda_skinny.py                       # on the GPU
   python scripts/cuda_skinny.py --emu --rows 200      # cuda-emu: the kernels' values only
@@ -75,14 +77,21 @@ def module_text(rows: int) -> str:
             fns += products.standalone(s, f"s{i}x", sums=True)
         else:
             fns += products.standalone(s, f"s{i}x", epilogue=TANH)
+        if products.tf32_form(s.m, s.n, s.k, s.ta, s.tb):  # (TF32: s{i}t, s{i}tx)
+            fns += products.standalone(s, f"s{i}t", tf32=True)
+            gram = products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb) == "gram"
+            fns += products.standalone(
+                s, f"s{i}tx", sums=gram, epilogue=None if gram else TANH, tf32=True
+            )
         for name, text in fns:
             parts += [text, render._emu_entry(name, 1)]
     return "\n".join(parts)
 
 
-def measure(device, tf32, module, i: int, s, label: str, args, rng) -> float:
+def measure(device, tf32, module, i: int, s, label: str, args, rng) -> tuple[float, float]:
     """Shape ``i``'s line of the table: its products timed (on a GPU) and checked; ours'
-    largest error relative to the largest value."""
+    largest error relative to the largest value, and our TF32 functions' against the
+    product of the operands rounded to TF32 (0 where the shape has none)."""
     from timerlc.cuda import products
     from timerlc.runtime.cuda import THREADS
 
@@ -106,11 +115,16 @@ def measure(device, tf32, module, i: int, s, label: str, args, rng) -> float:
     if not gram:
         device.upload(ptrs[3], bias)  # (a rows product's epilogue's bias)
 
-    def ours(sums: bool):
+    def ours(sums: bool, t: str = ""):
         fns = []
         for kind in kinds:
-            fn = device.function(module, f"s{i}{'x' if sums else ''}{kind[0]}")
-            if kind == "rows":
+            name = f"s{i}{t}{'x' if sums else ''}{kind[0]}"
+            if kind == "sum":  # (a TF32 gram's copies added by the float32 one's function)
+                name = f"s{i}{'x' if sums else ''}s"
+            fn = device.function(module, name)
+            if kind == "rows" and t:
+                threads = products.rows_tf32_threads(s.m)
+            elif kind == "rows":
                 threads = products.rows_threads(s.m, s.n, s.k)
             elif kind == "part":
                 threads = products.gram_part_threads(s.k)
@@ -129,28 +143,51 @@ def measure(device, tf32, module, i: int, s, label: str, args, rng) -> float:
             "f32", s.m, s.n, s.k, ptrs[0], s.lda, s.ta, ptrs[1], s.ldb, s.tb, ptrs[2], s.ldc
         )
 
-    err = 0.0
-    for sums in (False, True):  # (a gram's with column sums; a rows product's with TANH)
-        device.upload(ptrs[2], np.full(s.m * s.n, np.nan, np.float32))
-        ours(sums)()
-        got = np.empty(s.m * s.n, np.float32)
-        device.download(ptrs[2], got)
-        err = max(err, _error(got.reshape(s.m, s.n), want_tanh if sums and not gram else want))
-        if sums and gram:
-            got_sums = np.empty(s.n)
-            device.download(ptrs[3], got_sums)
-            err = max(err, _error(got_sums, want_sums))
+    has_tf32 = products.tf32_form(s.m, s.n, s.k, s.ta, s.tb)
+    a_t, b_t = _tf32(a).astype(np.float64), _tf32(b).astype(np.float64)
+    want_t = (a_t.T if s.ta else a_t) @ (b_t.T if s.tb else b_t)
+    wants = {"": (want, want_tanh), "t": (want_t, np.tanh(want_t + bias.astype(np.float64)))}
+    errs = {"": 0.0, "t": 0.0}
+    for t in ("", "t") if has_tf32 else ("",):
+        for sums in (False, True):  # (a gram's with column sums; a rows product's with TANH)
+            device.upload(ptrs[2], np.full(s.m * s.n, np.nan, np.float32))
+            ours(sums, t)()
+            got = np.empty(s.m * s.n, np.float32)
+            device.download(ptrs[2], got)
+            plain, tanh = wants[t]
+            e = _error(got.reshape(s.m, s.n), tanh if sums and not gram else plain)
+            errs[t] = max(errs[t], e)
+            if sums and gram:
+                got_sums = np.empty(s.n)
+                device.download(ptrs[3], got_sums)
+                errs[t] = max(errs[t], _error(got_sums, want_sums))
+    err, err_t = errs[""], errs["t"]
+    shown_t = f"{err_t:.2e}" if has_tf32 else "-"
     if tf32 is None:  # (the emulation: values only)
-        print(f"| {label} | - | - | - | - | {err:.2e} |", flush=True)
-        return err
+        print(f"| {label} | - | - | - | - | {err:.2e} | - | - | {shown_t} |", flush=True)
+        return err, err_t
     f32_us, tf32_us = _timed(blas(device), device, args), _timed(blas(tf32), tf32, args)
     ours_us = _timed(ours(False), device, args)
     sums_us = f"{_timed(ours(True), device, args):.1f}"
+    t_us = t_sums_us = "-"
+    if has_tf32:
+        t_us = f"{_timed(ours(False, 't'), device, args):.1f}"
+        t_sums_us = f"{_timed(ours(True, 't'), device, args):.1f}"
     print(
-        f"| {label} | {f32_us:.1f} | {tf32_us:.1f} | {ours_us:.1f} | {sums_us} | {err:.2e} |",
+        f"| {label} | {f32_us:.1f} | {tf32_us:.1f} | {ours_us:.1f} | {sums_us} | {err:.2e} "
+        f"| {t_us} | {t_sums_us} | {shown_t} |",
         flush=True,
     )
-    return err
+    return err, err_t
+
+
+def _tf32(x: np.ndarray) -> np.ndarray:
+    """float32 values as our TF32 functions round them (``cvt.rna.tf32.f32``: 10 bits of
+    mantissa, to the nearest, ties away from zero; ``runtime.cuda.tf32`` rounds ties to
+    even, as the emulation's BLAS)."""
+    u = x.astype(np.float32).view(np.uint32)
+    finite = (u & 0x7F800000) != 0x7F800000
+    return np.where(finite, (u + 0x1000) & 0xFFFFE000, u).astype(np.uint32).view(np.float32)
 
 
 def _error(got, want) -> float:
@@ -189,14 +226,18 @@ def main() -> int:
     rng = np.random.default_rng(0)
     print(
         f"| product ({args.rows} rows) | cuBLAS f32 us | cuBLAS TF32 us | ours us | "
-        "ours with B's column sums (gram) or bias and tanh (rows) us | error |"
+        "ours with B's column sums (gram) or bias and tanh (rows) us | error | ours TF32 us "
+        "| ours TF32 with sums or bias and tanh us | TF32 error |"
     )
-    print("|---|---|---|---|---|---|")
-    worst = 0.0
+    print("|---|---|---|---|---|---|---|---|---|")
+    worst = worst_t = 0.0
     for i, (s, (label, *_)) in enumerate(zip(gemms(args.rows), SHAPES)):
-        worst = max(worst, measure(device, tf32, module, i, s, label, args, rng))
-    print(f"largest error / largest value over all: {worst:.2e}")
-    return 0 if worst < 1e-4 else 1
+        err, err_t = measure(device, tf32, module, i, s, label, args, rng)
+        worst, worst_t = max(worst, err), max(worst_t, err_t)
+    print(f"largest error / largest value over all: {worst:.2e} (TF32's: {worst_t:.2e})")
+    # (TF32's against the operands rounded to TF32: the tensor cores' sums may round
+    # otherwise than float32's in order, far less than a wrong fragment's error)
+    return 0 if worst < 1e-4 and worst_t < 1e-3 else 1
 
 
 if __name__ == "__main__":

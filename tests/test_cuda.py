@@ -144,10 +144,14 @@ def test_every_program_s_build_compiles_with_nvrtc(name):
         phases += [f for _, p in cu.plan.kernels.fused_launches for f in p]
         functions = [f for f in phases if isinstance(f, tuple)]
         # (a product is the BLAS's, and its kernels of ours where its shape has them:
-        # cuda/products.py, and an epilogue after the BLAS's; a loop kernel's function is
-        # one; and tl_set_shift, the graphs' shifts)
-        functions += [f for g in phases if isinstance(g, items.GemmCall) for f in g.own + g.then]
-        assert ptx.count(".entry") == len(functions) + len(cu.plan.kernels.loops) + 1
+        # cuda/products.py, an epilogue after the BLAS's, and TF32 ones, a gram's second
+        # its float32 one's; a loop kernel's function is one; and tl_set_shift, the graphs'
+        # shifts)
+        functions += [
+            f for g in phases if isinstance(g, items.GemmCall) for f in g.own + g.then + g.tf32
+        ]
+        names = {name for name, _ in functions}
+        assert ptx.count(".entry") == len(names) + len(cu.plan.kernels.loops) + 1
 
 
 def _script(name: str):
@@ -165,7 +169,8 @@ def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_product
     ``cuda/products.py``, on a GPU): its module compiles with NVRTC for compute_90 without a
     word, and on cuda-emu each of its products of 130 rows (blocks of 64 rows, the last
     short; a gram's two copies) is NumPy's, a gram's with and without B's column sums, a
-    rows product's with and without a bias and ``tanh`` as its epilogue."""
+    rows product's with and without a bias and ``tanh`` as its epilogue; and the TF32
+    functions' the product of the operands rounded to TF32."""
     from timerlc.cuda import products
 
     skinny = _script("cuda_skinny")
@@ -173,8 +178,11 @@ def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_product
     if lib is not None:
         ptx, log = nvrtc.compile_ptx(skinny.module_text(130), "compute_90", lib)
         assert log.strip() == "", log[-3000:]
-        launches = [products.launches(s.m, s.n, s.k, s.ta, s.tb) for s in skinny.gemms(130)]
-        assert ptx.count(".entry") == sum(len(x) * 2 for x in launches)  # (each: plain, x)
+        shapes = [(s.m, s.n, s.k, s.ta, s.tb) for s in skinny.gemms(130)]
+        # (each: plain, x; TF32's where the shape has them, plain and x too)
+        per = [len(products.launches(*x)) * (4 if products.tf32_form(*x) else 2) for x in shapes]
+        assert ptx.count(".entry") == sum(per)
+        assert "mma.sync.aligned.m16n8k8" in ptx
     elif os.environ.get("TIMERLC_REQUIRE_NVCC") == "1":
         pytest.fail("no libnvrtc (the test extra's nvidia-cuda-nvrtc) and TIMERLC_REQUIRE_NVCC=1")
     if compiler() is None:

@@ -5,6 +5,7 @@ as data; the runtime picks them or the BLAS as its policy says."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from rtl_helpers import cli, refuses_changed_plans, src
 from test_cuda_runtime import REDUCTIONS, _gemm_json, _key, graph_of, same_outputs
 
+from timerlc import runner
 from timerlc.codegen import kir
 from timerlc.codegen.generate import _with_launches, generate
 from timerlc.compiler import compile_plan, run_passes
@@ -56,27 +58,49 @@ def _gemm(m, n, k, ta, tb, pa, pb, pc) -> kir.Gemm:
 OFFSETS = (3, 1, 2)  # (A, B and C from these elements of their memory: not 16 bytes aligned)
 
 
-def _module(gemms, offsets=OFFSETS) -> str:
+# TF32 functions' shapes (``products.tf32_form``): SHAPES's, and more grams (A not
+# transposed; both transposed; one copy of 48 rows: a warp past C's rows) and rows (k of 8)
+TF32_SHAPES = [x for x in SHAPES if products.tf32_form(*x[:5])] + [
+    (16, 8, 1030, False, False, 2, 0, 0),
+    (32, 16, 777, True, True, 0, 2, 0),
+    (48, 24, 100, True, False, 0, 0, 0),
+    (33, 24, 8, False, False, 1, 0, 3),
+    (130, 16, 8, False, True, 0, 0, 0),
+]
+
+
+def _module(gemms, offsets=OFFSETS, tf32: bool = False) -> str:
     """A module of each gemm's functions of ours (``products.standalone``: its operands at
     the table's entries 0, 1, 2 from elements ``offsets``; a gram's copies at the scratch
-    memory), named ``t{i}``; a gram's with B's column sums too (``t{i}x``, at entry 3)."""
+    memory; ``tf32``: the TF32 functions), named ``t{i}``; a gram's with B's column sums too
+    (``t{i}x``, at entry 3)."""
     parts = [render.head()]
     for i, s in enumerate(gemms):
-        fns = products.standalone(s, f"t{i}", offsets)
+        fns = products.standalone(s, f"t{i}", offsets, tf32=tf32)
         if products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb) == "gram":
-            fns += products.standalone(s, f"t{i}x", offsets, sums=True)
+            fns += products.standalone(s, f"t{i}x", offsets, sums=True, tf32=tf32)
         for name, text in fns:
             parts += [text, render._emu_entry(name, 1)]
     return "\n".join(parts)
 
 
-def _check_shapes(shapes, offsets=OFFSETS) -> float:
+def _tf32(x: np.ndarray) -> np.ndarray:
+    """float32 values as the tensor cores take them (``cvt.rna.tf32.f32``: 10 bits of
+    mantissa, to the nearest, ties away from zero)."""
+    u = x.astype(np.float32).view(np.uint32)
+    finite = (u & 0x7F800000) != 0x7F800000
+    return np.where(finite, (u + 0x1000) & 0xFFFFE000, u).astype(np.uint32).view(np.float32)
+
+
+def _check_shapes(shapes, offsets=OFFSETS, tf32: bool = False, outputs=None) -> float:
     """Each shape's functions run on the emulated device against NumPy (float64), A, B and
     C from elements ``offsets`` of their memory (a gram's also with B's column sums,
-    ``_gram_sums``): the largest difference relative to the product's largest value."""
+    ``_gram_sums``): the largest difference relative to the product's largest value. With
+    ``tf32``, the TF32 functions against NumPy's product of the operands rounded to TF32
+    (``outputs``: a list that gets each C and sums made)."""
     gemms = [_gemm(*x) for x in shapes]
     device = EmuDevice()
-    module = device.load(_module(gemms, offsets))
+    module = device.load(_module(gemms, offsets, tf32))
     oa, ob, oc = offsets
     rng = np.random.default_rng(7)
     worst = 0.0
@@ -91,7 +115,8 @@ def _check_shapes(shapes, offsets=OFFSETS) -> float:
 
         am = matrix(a, oa, *((k, m) if ta else (m, k)), s.lda).astype(np.float64)
         bm = matrix(b, ob, *((n, k) if tb else (k, n)), s.ldb).astype(np.float64)
-        want = (am.T if ta else am) @ (bm.T if tb else bm)
+        round_ = (lambda x: _tf32(x).astype(np.float64)) if tf32 else (lambda x: x)
+        want = (round_(am).T if ta else round_(am)) @ (round_(bm).T if tb else round_(bm))
         sums = np.full(n, np.nan)
         ptrs = [device.alloc(x.nbytes) for x in (a, b, c, sums)]
         table = device.alloc(8 * 4)
@@ -114,11 +139,15 @@ def _check_shapes(shapes, offsets=OFFSETS) -> float:
             err = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
             assert err < 1e-5, (shape, err)
             worst = max(worst, err)
+            if outputs is not None:
+                outputs.append(got.copy())
             if with_sums:  # (float64 sums of the float32 B: NumPy's up to their order)
                 got_sums = np.empty_like(sums)
                 device.download(ptrs[3], got_sums)
                 want_sums = (bm.T if tb else bm).sum(0)
                 np.testing.assert_allclose(got_sums, want_sums, rtol=1e-12, atol=1e-12)
+                if outputs is not None:
+                    outputs.append(got_sums)
     return worst
 
 
@@ -174,6 +203,63 @@ def test_our_products_with_the_block_s_threads_as_the_gpu_s(threads):
     assert float(r.stdout.split()[-1]) < 1e-5
 
 
+def test_the_tf32_forms_of_our_products():
+    """TF32 functions (the tensor cores' mma.sync, 16 x 8 x 8) for a rows product whose k
+    and n are multiples of 8 and a gram whose m is of 16 and n of 8: PPO's 64 x 64 layers
+    and their gradients, not its heads nor its first layer's gradient."""
+    assert products.tf32_form(65536, 64, 64, False, False)
+    assert products.tf32_form(64, 64, 65536, True, False)
+    assert not products.tf32_form(65536, 2, 64, False, False)  # (a head)
+    assert not products.tf32_form(4, 64, 65536, True, False)  # (4 rows of C)
+    assert not products.tf32_form(100, 64, 20, False, False)  # (k of 20)
+    assert _tf32(np.array([1 + 2**-11, 1 + 3 * 2**-11, -(1 + 2**-11)], np.float32)).tolist() == [
+        1 + 2**-10,
+        1 + 2**-9,
+        -(1 + 2**-10),
+    ]  # (ties away from zero)
+
+
+def _tf32_outputs(threads: int, path: Path) -> tuple[float, list]:
+    """``_check_shapes`` of the TF32 functions in a process of its own with ``threads`` a
+    block (``TIMERLC_EMU_THREADS`` is read once a process): the largest error and every
+    output (through the .npz file ``path``)."""
+    env = dict(os.environ, TIMERLC_EMU_THREADS=str(threads), PYTHONPATH=str(ROOT))
+    code = (
+        "import sys, numpy as np; sys.path.insert(0, 'tests'); import test_cuda_products as t; "
+        "out = []; worst = max(t._check_shapes(t.TF32_SHAPES, tf32=True, outputs=out), "
+        "t._check_shapes(t.TF32_SHAPES, (0, 0, 0), tf32=True, outputs=out)); "
+        f"np.savez({str(path)!r}, np.array(worst), *out)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        check=False,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    with np.load(path) as got:
+        arrays = [got[f"arr_{i}"] for i in range(len(got.files))]
+    return float(arrays[0]), arrays[1:]
+
+
+@needs_cxx
+def test_our_tf32_products_compute_numpy_s_on_the_emulated_device(tmp_path):
+    """The TF32 functions at ``TF32_SHAPES`` (strided, offset operands) against NumPy's
+    product of the operands rounded to TF32: with 128 threads a block, the tensor cores'
+    path (each warp's ``mma.sync``, emu.h's by the PTX fragments' layout), and with 4 (each
+    element summed by one thread): the same bits, their sums in the same order."""
+    worst, mma = _tf32_outputs(128, tmp_path / "mma.npz")
+    assert worst < 1e-5
+    worst, loops = _tf32_outputs(4, tmp_path / "loops.npz")
+    assert worst < 1e-5
+    assert len(mma) == len(loops) > 0
+    for x, y in zip(mma, loops):
+        np.testing.assert_array_equal(x, y)
+
+
 def test_nvrtc_compiles_our_products_for_the_h100():
     lib = nvrtc.library()
     if lib is None:
@@ -185,6 +271,12 @@ def test_nvrtc_compiles_our_products_for_the_h100():
     assert log.strip() == "", log[-3000:]
     launches = [products.launches(*x[:5]) for x in SHAPES]
     assert ptx.count(".entry") == sum(len(x) * (1 if x == ("rows",) else 2) for x in launches)
+    # (the TF32 functions: the tensor cores' mma.sync, the operands rounded by cvt.rna)
+    tf32 = _module([_gemm(*x) for x in TF32_SHAPES], tf32=True)
+    ptx, log = nvrtc.compile_ptx(tf32, "compute_90", lib)
+    assert log.strip() == "", log[-3000:]
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx
+    assert "cvt.rna.tf32.f32" in ptx
 
 
 def _emu_and_cpu(gen, text: str) -> tuple:
@@ -231,6 +323,9 @@ def test_a_plan_s_product_carries_our_functions_as_data():
         (lambda g: g.__setitem__("own", [["f 1", 4]]), "f 1"),
         (lambda g: g.__setitem__("then", [["f1", -1]]), "out of range"),
         (lambda g: (g.pop("own"), g.__setitem__("then", [["f1", 4]])), "none of ours"),
+        (lambda g: (g.pop("own"), g.__setitem__("tf32", [["f1", 4]])), "none of ours"),
+        (lambda g: g.__setitem__("tf32", [["f1", 4]] * 3), "3 TF32 functions for"),
+        (lambda g: g.__setitem__("tf32", [["f(1)", 4]]), "f\\(1\\)"),
     ]
     refuses_changed_plans(data, cases, _gemm_json)
 
@@ -427,3 +522,90 @@ def test_a_layer_s_bias_and_tanh_are_made_by_its_rows_product(policy, monkeypatc
     else:
         assert all(ours == (policy == "ours") for _, _, ours in choices.values())
     assert (rt.blas_calls > 0) == (policy != "ours")  # (fastest: its timing's calls)
+
+
+def test_how_far_one_product_is_from_another():
+    """``cuda.disagreement``: the largest difference relative to the BLAS's largest
+    magnitude; NaNs where the BLAS's has them agree, elsewhere they are infinitely far."""
+    want = np.array([1.0, -4.0, 2.0], np.float32)
+    assert cuda.disagreement(want.copy(), want) == 0.0
+    assert cuda.disagreement(want + np.float32(0.02), want) == pytest.approx(0.005)
+    nan = np.array([1.0, np.nan, 2.0], np.float32)
+    assert cuda.disagreement(nan.copy(), nan) == 0.0
+    assert cuda.disagreement(want, nan) == np.inf and cuda.disagreement(nan, want) == np.inf
+    zeros = np.zeros(3, np.float32)
+    assert cuda.disagreement(zeros, zeros) == 0.0 and cuda.disagreement(want, zeros) == np.inf
+
+
+@needs_cxx
+def test_a_product_of_ours_that_computes_another_c_is_not_chosen(monkeypatch):
+    """Where the policy times ours against the BLAS's (``fastest``) and ours is faster, ours
+    runs only where its C is the BLAS's (``DeviceRuntime._product_choice``): a rows function
+    made wrong (its C doubled) loses to the BLAS's, its distance recorded and printed; the
+    grams, right, are ours; the run's values are the cpu's."""
+    monkeypatch.setenv("TIMERLC_PRODUCTS", "fastest")
+    rows_lines = products.rows_lines
+
+    def doubled(*args, **kwargs):
+        lines = rows_lines(*args, **kwargs)
+        return [x.replace("] = tl_c[i][j];", "] = 2.0f * tl_c[i][j];") for x in lines]
+
+    monkeypatch.setattr(products, "rows_lines", doubled)
+    # (ours timed faster: a span with a BLAS product in it takes 1 s, one without 0.5 s)
+    gemms = [0]
+    gemm = EmuDevice.gemm
+
+    def counted(self, *args):
+        gemms[0] += 1
+        return gemm(self, *args)
+
+    monkeypatch.setattr(EmuDevice, "gemm", counted)
+    monkeypatch.setattr(EmuDevice, "mark", lambda self: gemms[0])
+    monkeypatch.setattr(EmuDevice, "elapsed", lambda self, a, b: 1.0 if b > a else 0.5)
+    gen, calls = _plan_with_products()
+    assert "2.0f * tl_c[i][j]" in gen.text
+    rt, ref, plan = _emu_and_cpu(gen, REDUCTIONS)
+    same_outputs(rt, ref, [o for o, _, _ in plan.outputs])
+    rows = {
+        _key(c) for c in calls if products.form(c.dtype, c.m, c.n, c.k, c.a.t, c.b.t) == "rows"
+    }
+    assert rows and set(rt.product_disagreements) == rows
+    assert all(far == pytest.approx(1.0) for far in rt.product_disagreements.values())
+    assert all(ours == (key not in rows) for key, (_, _, ours) in rt.product_choices.items())
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    runner._print_products(rt)
+    assert "-> the BLAS (ours faster, but its C 1.0e+00 from the BLAS's)" in err.getvalue()
+
+
+@needs_cxx
+def test_where_tf32_is_asked_for_ours_run_their_tf32_functions(monkeypatch):
+    """A product with TF32 functions carries them (``GemmCall.tf32``, read as data like
+    ``own``); where the device computes float32 products in TF32 and ours run, those run
+    (with their epilogues), and the values are the cpu's within TF32's rounding."""
+    monkeypatch.setenv("TIMERLC_PRODUCTS", "ours")
+    gen = generate(compile_plan(run_passes(graph_of(EPILOGUES))), "cuda")
+    calls = [
+        f
+        for _, phases in gen.plan.kernels.launches
+        for f in phases
+        if isinstance(f, items.GemmCall)
+    ]
+    assert len(calls) == 2 and all(len(c.tf32) == 1 for c in calls)
+    assert all(c.tf32[0][0] == c.own[0][0] + "t" for c in calls)
+    data = items.to_json(gen.plan)
+    assert items.from_json(json.loads(json.dumps(data)), "p") == gen.plan
+    loaded = []
+    function = EmuDevice.function
+    monkeypatch.setattr(
+        EmuDevice, "function", lambda self, m, name: loaded.append(name) or function(self, m, name)
+    )
+    rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice("tensorfloat32"))
+    rt.run()
+    assert {c.tf32[0][0] for c in calls} <= set(loaded)
+    assert not {c.own[0][0] for c in calls} & set(loaded)
+    plan = compile_plan(run_passes(graph_of(EPILOGUES)))
+    cg = generate(plan, "cpu")
+    ref = CpuRuntime(cg.plan, native=cg.text)
+    ref.run()
+    same_outputs(rt, ref, ["h", "d", "s"], rtol=1e-2, atol=1e-3)

@@ -77,30 +77,25 @@ def test_compile_for_cuda_writes_the_cuda_kernels_of_the_build(tmp_path):
     launches = plan["kernels"]["launches"]
     assert [r[0] for r in launches] == [r[0] for r in plan["kernels"]["statements"]]
     functions = [f for _, phases in launches for f in phases if isinstance(f, list)]
-    # (and a product's kernels of ours, cuda/products.py, and what runs after the BLAS's)
-    functions += [
-        f
-        for _, ph in launches
-        for g in ph
-        if isinstance(g, dict)
-        for f in g["gemm"].get("own", []) + g["gemm"].get("then", [])
-    ]
+    # (and a product's kernels of ours, cuda/products.py, what runs after the BLAS's, and
+    # the TF32 ones: a gram's second its float32 one's)
+
+    def ours(g: dict) -> list:
+        return [f for key in ("own", "then", "tf32") for f in g["gemm"].get(key, [])]
+
+    functions += [f for _, ph in launches for g in ph if isinstance(g, dict) for f in ours(g)]
     # fused kernels (codegen.fuse: calls one after another at the same loop values)
     fused = plan["kernels"]["fused"]
     assert len(fused) >= 10 and len(plan["kernels"]["fused_launches"]) == len(fused)
     for _, phases in plan["kernels"]["fused_launches"]:
         functions += [f for f in phases if isinstance(f, list)]
-        functions += [
-            f
-            for g in phases
-            if isinstance(g, dict)
-            for f in g["gemm"].get("own", []) + g["gemm"].get("then", [])
-        ]
+        functions += [f for g in phases if isinstance(g, dict) for f in ours(g)]
     # loop kernels (cuda/loops.py): the rollout's loop, GAE's and the returns' each one
     loops = plan["kernels"]["loops"]
     assert len(loops) == 3 and [71, 72, 73] == [s for s in loops[0][0] if s in (71, 72, 73)]
     assert text.count("__global__ void tl_loop_") == len(loops)
-    assert text.count("__global__ void") == len(functions) + len(loops) + 1  # (and tl_set_shift)
+    names = {f[0] for f in functions}
+    assert text.count("__global__ void") == len(names) + len(loops) + 1  # (and tl_set_shift)
     calls = [f["gemm"] for _, phases in launches for f in phases if isinstance(f, dict)]
     # the products: the BLAS's, every one with kernels of ours too (all skinny)
     assert calls and all(c["dtype"] == "f32" and c["own"] for c in calls)

@@ -239,9 +239,11 @@ def _print_products(rt):
         if fused:  # (ours with an epilogue or column sums: the BLAS's timed with the
             # function after it)
             shape += f" with what follows it ({' then '.join(fused)})"
+        far = getattr(rt, "product_disagreements", {}).get(key)
+        wrong = "" if far is None else f" (ours faster, but its C {far:.1e} from the BLAS's)"
         print(
             f"    {shape}: ours {1e6 * own:.1f} us, the BLAS's {1e6 * blas:.1f} us -> "
-            f"{'ours' if mine else 'the BLAS'}",
+            f"{'ours' if mine else 'the BLAS'}{wrong}",
             file=sys.stderr,
         )
 

@@ -330,6 +330,252 @@ def gram_part_lines(s, a: str, b: str, copies: str, c: str, sums: str | None = N
     ]
 
 
+def tf32_form(m: int, n: int, k: int, ta: bool, tb: bool) -> bool:
+    """Whether a float32 product of ours has TF32 functions too (``rows_tf32_lines``,
+    ``gram_part_tf32_lines``: the tensor cores' ``mma.sync`` of 16 x 8 x 8, for
+    ``--matmul-precision tensorfloat32``): a rows product whose k and n are multiples of 8,
+    a gram whose m is of 16 and n of 8."""
+    what = form("f32", m, n, k, ta, tb)
+    if what == "rows":
+        return k % 8 == 0 and n % 8 == 0
+    return what == "gram" and m % 16 == 0 and n % 8 == 0
+
+
+def _stride(w: int, mod: int) -> int:
+    """The floats between two lines of ``w`` in shared memory for the tensor cores'
+    fragments: ``mod`` more than a multiple of 32 (4: a fragment of A, whose lanes read 8
+    lines at 4 places each; 8: one of B, 4 lines at 8 places: no two in one bank)."""
+    return w + (mod - w) % 32
+
+
+TF32_ROWS = 64  # a TF32 rows function's rows of A a tile: a warp's 16 each
+
+
+def rows_tf32_threads(m: int) -> int:
+    """The threads a TF32 rows product asks for: a block a tile of rows."""
+    return -(-m // TF32_ROWS) * MAX_THREADS
+
+
+def rows_tf32_lines(
+    s, a: str, b: str, c: str, store: tuple[str, str, str] | None = None
+) -> list[str]:
+    """``rows_lines``'s product with TF32 operands (``tf32_form``): a block a tile of
+    ``TF32_ROWS`` rows of A at a time, each warp 16 of them by all of op(B)'s columns,
+    ``mma.sync`` over k 8 at a time (``tl_mma_tf32``: each operand rounded to TF32 as it
+    leaves shared memory, ``tl_tf32``; float32 sums), then the tile through shared memory
+    and stored a row's columns together (``store``: an epilogue's, as ``rows_lines``).
+    With other than 128 threads a block (the emulation's default) each element is summed
+    by one thread over k in order, as the tensor cores' path sums it on the emulation."""
+    m, n, k = s.m, s.n, s.k
+    bm, nt = TF32_ROWS, n // 8
+    ka, nb, cs = _stride(k, 4), _stride(n, 8), n + 4
+    b_lines = Lines(n if s.tb else k, k if s.tb else n, lambda o: f"B + ({o}) * {s.ldb}", s.ldb)
+    if s.tb:
+        b_dst = lambda o, i: f"tl_bs[({i}) * {nb} + {o}]"
+    else:
+        b_dst = lambda o, i: f"tl_bs[({o}) * {nb} + {i}]"
+    rows, col, value = store if store is not None else ("(void)r;", "tl_col", "tl_v")
+    return [
+        "{",
+        f"  const float *A = {a};",
+        f"  const float *B = {b};",
+        f"  float *C = {c};",
+        f"  __shared__ float tl_bs[{k * nb}];  // op(B), k x n, rows {nb} apart",
+        f"  __shared__ float tl_as[{bm * max(ka, cs)}];  // A's tile, rows {ka} apart; then C's",
+        *_copy(b_lines, b_dst, indent="  "),
+        "  const int tl_w = threadIdx.x / 32, tl_g = threadIdx.x % 32 / 4, tl_t = threadIdx.x % 4;",
+        (
+            f"  for (long long r0 = (long long)blockIdx.x * {bm}; r0 < {m}LL;"
+            f" r0 += (long long)gridDim.x * {bm}) {{"
+        ),
+        "    __syncthreads();  // (op(B) written; the last tile stored)",
+        *_copy(
+            Lines(bm, k, lambda o: f"A + (r0 + {o}) * {s.lda}", s.lda),
+            lambda o, i: f"tl_as[({o}) * {ka} + {i}]",
+            line_ok=lambda o: f"r0 + {o} < {m}LL",
+            indent="    ",
+        ),
+        "    __syncthreads();",
+        f"    if (blockDim.x == {MAX_THREADS}) {{",
+        f"      float tl_d[{nt}][4] = {{}};",
+        f"      const float *tl_a0 = tl_as + (tl_w * 16 + tl_g) * {ka} + tl_t;",
+        "#pragma unroll 2",
+        f"      for (int kk = 0; kk < {k}; kk += 8) {{",
+        "        unsigned tl_a[4], tl_b[2];",
+        f"        tl_a[0] = tl_tf32(tl_a0[kk]), tl_a[1] = tl_tf32(tl_a0[kk + {8 * ka}]);",
+        f"        tl_a[2] = tl_tf32(tl_a0[kk + 4]), tl_a[3] = tl_tf32(tl_a0[kk + {8 * ka + 4}]);",
+        "#pragma unroll",
+        f"        for (int j = 0; j < {nt}; j++) {{",
+        f"          tl_b[0] = tl_tf32(tl_bs[(kk + tl_t) * {nb} + j * 8 + tl_g]);",
+        f"          tl_b[1] = tl_tf32(tl_bs[(kk + tl_t + 4) * {nb} + j * 8 + tl_g]);",
+        "          tl_mma_tf32(tl_d[j], tl_a, tl_b);",
+        "        }",
+        "      }",
+        "      __syncthreads();  // (A's tile read: C's in its place)",
+        f"      float *tl_c0 = tl_as + (tl_w * 16 + tl_g) * {cs} + 2 * tl_t;",
+        "#pragma unroll",
+        f"      for (int j = 0; j < {nt}; j++) {{",
+        "        tl_c0[j * 8] = tl_d[j][0], tl_c0[j * 8 + 1] = tl_d[j][1];",
+        f"        tl_c0[{8 * cs} + j * 8] = tl_d[j][2], tl_c0[{8 * cs} + j * 8 + 1] = tl_d[j][3];",
+        "      }",
+        "      __syncthreads();",
+        # (the epilogue's loads of 8 elements out before their stores: _epilogue's reason)
+        f"      for (int e0 = threadIdx.x; e0 < {bm * n}; e0 += {8 * MAX_THREADS}) {{",
+        "        float tl_o[8];",
+        "#pragma unroll",
+        "        for (int u = 0; u < 8; u++) {",
+        f"          const int e = e0 + u * {MAX_THREADS};",
+        f"          const long long r = r0 + e / {n};",
+        f"          if (e >= {bm * n} || r >= {m}LL) break;",
+        f"          {rows}",
+        f"          const long long {col} = e % {n};  (void){col};",
+        f"          const float tl_v = tl_as[e / {n} * {cs} + e % {n}];",
+        f"          tl_o[u] = {value};",
+        "        }",
+        "#pragma unroll",
+        "        for (int u = 0; u < 8; u++) {",
+        f"          const int e = e0 + u * {MAX_THREADS};",
+        f"          const long long r = r0 + e / {n};",
+        f"          if (e >= {bm * n} || r >= {m}LL) break;",
+        f"          C[r * {s.ldc} + e % {n}] = tl_o[u];",
+        "        }",
+        "      }",
+        "    } else {  // (each element over k in order, as the emulation's tensor cores sum)",
+        f"      for (int e = threadIdx.x; e < {bm * n}; e += blockDim.x) {{",
+        f"        const long long r = r0 + e / {n};",
+        f"        if (r >= {m}LL) break;",
+        "        float tl_v = 0.0f;",
+        f"        for (int kk = 0; kk < {k}; kk++)",
+        (
+            f"          tl_v = fmaf(tl_tf32_value(tl_as[e / {n} * {ka} + kk]),"
+            f" tl_tf32_value(tl_bs[kk * {nb} + e % {n}]), tl_v);"
+        ),
+        f"        {rows}",
+        f"        const long long {col} = e % {n};  (void){col};",
+        f"        C[r * {s.ldc} + e % {n}] = {value};",
+        "      }",
+        "    }",
+        "  }",
+        "}",
+    ]
+
+
+def gram_part_tf32_lines(
+    s, a: str, b: str, copies: str, c: str, sums: str | None = None
+) -> list[str]:
+    """``gram_part_lines``'s copies with TF32 operands (``tf32_form``): each stage's rows
+    of A and B in shared memory (lines apart so that no two lanes of a fragment read one
+    bank, ``_stride``), warp w the 16 rows of C from 16 w (of every 16 w-th: all warps run
+    alike, those past C's rows storing nothing), by all of its columns, ``mma.sync`` over
+    the stage's rows 8 at a time; B's column sums (float64) each stage's rows in order
+    into the copy's. With other than 128 threads a block each element of the copy is
+    summed by one thread over the rows in order (into the copy's memory), as the tensor
+    cores' path sums it on the emulation."""
+    m, n, k = s.m, s.n, s.k
+    p, sr = parts(k), STAGE_ROWS
+    chunk = -(-k // p // sr) * sr
+    ld = s.ldc if p == 1 else n
+    ms, ns, nt, mt = _stride(m, 8), _stride(n, 8), n // 8, m // 16
+    if s.ta:  # (A's rows are the sum's: a line a row)
+        a_src = Lines(sr, m, lambda o: f"A + (r0 + {o}) * {s.lda}", s.lda)
+        a_dst, a_ok, a_in = (lambda o, i: f"tl_ga[({o}) * {ms} + {i}]"), "line", None
+    else:  # (a line a row of C: its stage's elements)
+        a_src = Lines(m, sr, lambda o: f"A + ({o}) * {s.lda} + r0", s.lda)
+        a_dst, a_ok, a_in = (lambda o, i: f"tl_ga[({i}) * {ms} + {o}]"), None, "inner"
+    if not s.tb:
+        b_src = Lines(sr, n, lambda o: f"B + (r0 + {o}) * {s.ldb}", s.ldb)
+        b_dst, b_ok, b_in = (lambda o, i: f"tl_gb[({o}) * {ns} + {i}]"), "line", None
+    else:
+        b_src = Lines(n, sr, lambda o: f"B + ({o}) * {s.ldb} + r0", s.ldb)
+        b_dst, b_ok, b_in = (lambda o, i: f"tl_gb[({i}) * {ns} + {o}]"), None, "inner"
+
+    def copy(src, dst, line, inner):
+        return _copy(
+            src,
+            dst,
+            line_ok=(lambda o: f"r0 + {o} < hi") if line else (lambda o: "1"),
+            inner_ok=(lambda i: f"r0 + {i} < hi") if inner else (lambda i: "1"),
+            indent="        ",
+        )
+
+    with_sums = []
+    if sums is not None:
+        with_sums = [
+            f"        for (int j = threadIdx.x; j < {n}; j += blockDim.x) {{",
+            "          double v = 0.0;",
+            f"          for (int r = 0; r < {sr}; r++) v += (double)tl_gb[r * {ns} + j];",
+            f"          tl_pd[p * {n} + j] += v;",
+            "        }",
+        ]
+    return [
+        "{",
+        f"  const float *A = {a};",
+        f"  const float *B = {b};",
+        *_copies(s, copies, c, sums),
+        f"  __shared__ float tl_ga[{sr * ms}];  // a stage's rows of A: a row's m, {ms} apart",
+        f"  __shared__ float tl_gb[{sr * ns}];  // and of B: a row's n, {ns} apart",
+        "  const int tl_w = threadIdx.x / 32, tl_g = threadIdx.x % 32 / 4, tl_t = threadIdx.x % 4;",
+        f"  const int tl_mi = tl_w % {mt};  // (this warp's 16 rows of C)",
+        f"  for (long long p = blockIdx.x; p < {p}; p += gridDim.x) {{",
+        f"    const long long lo = p * {chunk}, hi = lo + {chunk} < {k}LL ? lo + {chunk} : {k}LL;",
+        f"    float tl_d[{nt}][4] = {{}};",
+        f"    if (blockDim.x != {MAX_THREADS}) {{  // (the copy summed in its memory)",
+        "      __syncthreads();  // (the copy before read)",
+        f"      for (int e = threadIdx.x; e < {m * n}; e += blockDim.x)",
+        f"        tl_pp[p * {m * n} + e / {n} * {ld} + e % {n}] = 0.0f;",
+        "    }",
+        *(
+            [f"    for (int j = threadIdx.x; j < {n}; j += blockDim.x) tl_pd[p * {n} + j] = 0.0;"]
+            if sums is not None
+            else []
+        ),
+        f"    for (long long r0 = lo; r0 < hi; r0 += {sr}) {{",
+        "      __syncthreads();  // (the stage before read)",
+        *copy(a_src, a_dst, a_ok, a_in),
+        *copy(b_src, b_dst, b_ok, b_in),
+        "      __syncthreads();",
+        f"      if (blockDim.x == {MAX_THREADS}) {{",
+        f"        const float *tl_a0 = tl_ga + tl_t * {ms} + tl_mi * 16 + tl_g;",
+        f"        const float *tl_b0 = tl_gb + tl_t * {ns} + tl_g;",
+        "#pragma unroll 2",
+        f"        for (int kk = 0; kk < {sr}; kk += 8) {{",
+        "          unsigned tl_a[4], tl_b[2];",
+        f"          tl_a[0] = tl_tf32(tl_a0[kk * {ms}]), tl_a[1] = tl_tf32(tl_a0[kk * {ms} + 8]);",
+        f"          tl_a[2] = tl_tf32(tl_a0[(kk + 4) * {ms}]);",
+        f"          tl_a[3] = tl_tf32(tl_a0[(kk + 4) * {ms} + 8]);",
+        "#pragma unroll",
+        f"          for (int j = 0; j < {nt}; j++) {{",
+        f"            tl_b[0] = tl_tf32(tl_b0[kk * {ns} + j * 8]);",
+        f"            tl_b[1] = tl_tf32(tl_b0[(kk + 4) * {ns} + j * 8]);",
+        "            tl_mma_tf32(tl_d[j], tl_a, tl_b);",
+        "          }",
+        "        }",
+        "      } else {",
+        f"        for (int e = threadIdx.x; e < {m * n}; e += blockDim.x) {{",
+        f"          float v = tl_pp[p * {m * n} + e / {n} * {ld} + e % {n}];",
+        f"          for (int r = 0; r < {sr}; r++)",
+        (
+            f"            v = fmaf(tl_tf32_value(tl_ga[r * {ms} + e / {n}]),"
+            f" tl_tf32_value(tl_gb[r * {ns} + e % {n}]), v);"
+        ),
+        f"          tl_pp[p * {m * n} + e / {n} * {ld} + e % {n}] = v;",
+        "        }",
+        "      }",
+        *with_sums,
+        "    }",
+        f"    if (blockDim.x == {MAX_THREADS} && tl_w < {mt}) {{",
+        f"      float *tl_c0 = tl_pp + p * {m * n} + (tl_mi * 16 + tl_g) * {ld} + 2 * tl_t;",
+        "#pragma unroll",
+        f"      for (int j = 0; j < {nt}; j++) {{",
+        "        tl_c0[j * 8] = tl_d[j][0], tl_c0[j * 8 + 1] = tl_d[j][1];",
+        f"        tl_c0[{8 * ld} + j * 8] = tl_d[j][2], tl_c0[{8 * ld} + j * 8 + 1] = tl_d[j][3];",
+        "      }",
+        "    }",
+        "  }",
+        "}",
+    ]
+
+
 def _stage(rows_first: bool, x: str, ld: int, w: int, sr: int, at: str) -> list[str]:
     """The lines that copy the stage's rows of operand ``x`` (``w`` columns of it a row of
     the sum; stored a row of the sum a row of ``x`` where ``rows_first``, else a column)
@@ -627,15 +873,21 @@ def _lanes_sum(t: str, count: int, p: int, copies: str, dst: str) -> list[str]:
 
 
 def standalone(
-    s, name: str, offsets=(0, 0, 0), sums: bool = False, epilogue: str | None = None
+    s,
+    name: str,
+    offsets=(0, 0, 0),
+    sums: bool = False,
+    epilogue: str | None = None,
+    tf32: bool = False,
 ) -> list[tuple[str, str]]:
     """Gemm ``s``'s functions of ours as functions of a module of their own (a benchmark's
     or a test's; the caller adds the emulation's entries): A, B and C at the table's entries
     0, 1 and 2, from elements ``offsets``; a gram's copies at the scratch memory
     (``scratch_bytes``); with ``sums``, B's column sums (float64) at entry 3; a rows
     product's C with ``epilogue`` stored instead (a C expression of the product's value
-    ``tl_v`` and the column ``tl_col``: ``rows_lines``). Each ``(name, text)``, named
-    ``name`` and its launch's first letter (``launches``)."""
+    ``tl_v`` and the column ``tl_col``: ``rows_lines``); with ``tf32``, the TF32 functions
+    (``tf32_form``). Each ``(name, text)``, named ``name`` and its launch's first letter
+    (``launches``)."""
     oa, ob, oc = offsets
     a, b = f"(const float *)table[0] + {oa}", f"(const float *)table[1] + {ob}"
     c, copies = f"(float *)table[2] + {oc}", "scratch"
@@ -644,9 +896,9 @@ def standalone(
     for kind in launches(s.m, s.n, s.k, s.ta, s.tb):
         if kind == "rows":
             store = None if epilogue is None else ("(void)r;", "tl_col", epilogue)
-            lines = rows_lines(s, a, b, c, store)
+            lines = (rows_tf32_lines if tf32 else rows_lines)(s, a, b, c, store)
         elif kind == "part":
-            lines = gram_part_lines(s, a, b, copies, c, d)
+            lines = (gram_part_tf32_lines if tf32 else gram_part_lines)(s, a, b, copies, c, d)
         else:
             lines = gram_sum_lines(s, c, copies, d)
         fname = f"{name}{kind[0]}"

@@ -232,6 +232,35 @@ TL_F u64 tl_bits_f64(double x) { u64 b; memcpy(&b, &x, 8); return b; }
 TL_F double tl_f64_bits(u64 b) { double x; memcpy(&x, &b, 8); return x; }
 #endif
 
+/* TF32 (cuda/products.py's TF32 functions, --matmul-precision tensorfloat32): a float as
+   the tensor cores take it, 10 bits of mantissa (cvt.rna: to the nearest, ties away from
+   zero), its bits and its value; and mma.sync m16n8k8, d (16 x 8) += a (16 x 8) @ b (8 x 8)
+   over a warp's fragments (an Ampere's or later: the functions that call it run only where
+   TF32 is asked for). The emulation's own are in emu.h. */
+#ifndef TL_EMU
+__device__ __forceinline__ unsigned tl_tf32(float x) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+#else
+  return __float_as_uint(x);
+#endif
+}
+__device__ __forceinline__ float tl_tf32_value(float x) { return __uint_as_float(tl_tf32(x)); }
+__device__ __forceinline__ void tl_mma_tf32(float *d, const unsigned *a, const unsigned *b) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  __trap();
+#endif
+}
+#endif
+
 /* a float to an int truncates; nan and values out of range give the smallest int */
 TL_F int tl_f2i32(double v) {
   double t = trunc(v);
@@ -458,6 +487,7 @@ class _Own:
     acc: str | None = None
     sums: tuple = ()
     epilogue: object = None
+    tf32: bool = False  # (its operands TF32, the tensor cores': products.tf32_form)
 
 
 @dataclass(frozen=True)
@@ -787,13 +817,22 @@ class _Kernel:
             return call
         sums = st.own is not None and st.own.acc is not None
         at = self._copies_region(products.scratch_bytes(s.m, s.n, s.k, s.ta, s.tb, sums))
-        mine = []
+        mine, tf32 = [], []
         for kind in products.launches(s.m, s.n, s.k, s.ta, s.tb):
             fname = f"{self.k.name}_{j}{kind[0]}"
             own = _Own(kind, at) if st.own is None else dataclasses.replace(st.own, kind=kind)
             step = _Step("gemm", s, form=dataclasses.replace(own, at=at))
             out.append(self.phase(fname, step, [], [], {}))
             mine.append(self.phases.pop())
+            if not products.tf32_form(s.m, s.n, s.k, s.ta, s.tb):
+                continue
+            if kind == "sum":  # (the copies' sum: the same function)
+                tf32.append(mine[-1])
+                continue
+            step = dataclasses.replace(step, form=dataclasses.replace(step.form, tf32=True))
+            out.append(self.phase(f"{fname}t", step, [], [], {}))
+            tf32.append(self.phases.pop())
+        call = dataclasses.replace(call, tf32=tuple(tf32))
         if not st.after:
             return dataclasses.replace(call, own=tuple(mine))
         self.others = _buffers(self.k.body)  # (no temporary of a thread's own)
@@ -1594,10 +1633,15 @@ class _Kernel:
         sums = buf(form.acc) if form.acc is not None else None
         if kind == "rows":
             store = self._epilogue_store(s, form.epilogue) if form.epilogue else None
-            lines = products.rows_lines(s, a, b, c, store)
-            threads = products.rows_threads(s.m, s.n, s.k)
+            if form.tf32:
+                lines = products.rows_tf32_lines(s, a, b, c, store)
+                threads = products.rows_tf32_threads(s.m)
+            else:
+                lines = products.rows_lines(s, a, b, c, store)
+                threads = products.rows_threads(s.m, s.n, s.k)
         elif kind == "part":
-            lines = products.gram_part_lines(s, a, b, copies, c, sums)
+            part = products.gram_part_tf32_lines if form.tf32 else products.gram_part_lines
+            lines = part(s, a, b, copies, c, sums)
             threads = products.gram_part_threads(s.k)
         else:
             lines = products.gram_sum_lines(s, c, copies, sums)

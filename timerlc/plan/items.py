@@ -256,7 +256,9 @@ class GemmCall:
     of the module that compute the same product, one after another (``cuda.products``:
     each a function and the threads it asks for), which the runtime may run instead.
     ``then``: functions launched after the BLAS's product (not after ours), where ours
-    make more than the product (an epilogue's elementwise loop, ``cuda.render``)."""
+    make more than the product (an epilogue's elementwise loop, ``cuda.render``).
+    ``tf32``: functions that compute what ``own``'s do with TF32 operands (the tensor
+    cores'), which run in their place where TF32 is asked for (``--matmul-precision``)."""
 
     dtype: str
     m: int
@@ -268,6 +270,7 @@ class GemmCall:
     when: Any = True
     own: tuple[tuple[str, int], ...] = ()
     then: tuple[tuple[str, int], ...] = ()
+    tf32: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -495,6 +498,7 @@ def _phase_json(f) -> list | dict:
         }
         | ({"own": [list(x) for x in f.own]} if f.own else {})
         | ({"then": [list(x) for x in f.then]} if f.then else {})
+        | ({"tf32": [list(x) for x in f.tf32]} if f.tf32 else {})
     }
 
 
@@ -928,7 +932,9 @@ class _Reader:
         return scratch, self.phases(v[1], tuple(loops))
 
     def gemm_call(self, v, loops: tuple) -> GemmCall:
-        d = self.field(self.obj(v, ("gemm",)), "gemm", self.obj, GEMM_KEYS, ("own", "then"))
+        d = self.field(
+            self.obj(v, ("gemm",)), "gemm", self.obj, GEMM_KEYS, ("own", "then", "tf32")
+        )
         dtype = self.field(d, "dtype", self.text, 8)
         if dtype not in ("f32", "f64"):
             self.path.append(".dtype")
@@ -939,10 +945,15 @@ class _Reader:
         c = self.field(d, "c", self.operand, loops, None, (m, n))
         when = self.field(d, "when", self.expr, loops, "bool")
         own, then = self.functions(d, "own"), self.functions(d, "then")
-        if then and not own:
-            self.path.append(".then")
-            self.fail("functions after the BLAS's product where it has none of ours")
-        return GemmCall(dtype, m, n, k, a, b, c, when, own, then)
+        tf32 = self.functions(d, "tf32")
+        for key, got in (("then", then), ("tf32", tf32)):
+            if got and not own:
+                self.path.append(f".{key}")
+                self.fail(f"{key} functions where the product has none of ours")
+        if tf32 and len(tf32) != len(own):
+            self.path.append(".tf32")
+            self.fail(f"{len(tf32)} TF32 functions for {len(own)} of ours")
+        return GemmCall(dtype, m, n, k, a, b, c, when, own, then, tf32)
 
     def functions(self, d: dict, key: str) -> tuple:
         """A product's optional list of ``[function, threads]`` (``own``, ``then``)."""

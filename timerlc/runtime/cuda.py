@@ -31,6 +31,7 @@ import contextlib
 import ctypes
 import dataclasses
 import heapq
+import math
 import os
 import sys
 import time
@@ -76,6 +77,28 @@ LOOP = 1 << 41  # the ids of loop kernels as statements of the tree: LOOP + thei
 # ``blas``; ``TIMERLC_PRODUCTS`` sets it for a run (docs/cuda.md)
 PRODUCTS = ("fastest", "ours", "blas")
 PRODUCT_TRIALS = 3  # timed calls of each, at a shape's first call (the least of each counts)
+# how far ours may be from the BLAS's C where the policy times them (the largest difference
+# relative to the BLAS's largest magnitude), by the device's float32 products: sums in
+# another order (a gram's of 65,536 terms about 1e-5 apart), TF32's operands rounded to 10
+# bits; a kernel wrong on a GPU is wrong by far more (``DeviceRuntime._product_choice``)
+PRODUCT_TOLERANCE = {"float32": 1e-3, "tensorfloat32": 2e-2}
+
+
+def disagreement(got: np.ndarray, want: np.ndarray) -> float:
+    """How far product ``got`` is from ``want``: the largest difference relative to
+    ``want``'s largest magnitude (NaNs where ``want`` has them count as agreeing, and
+    anywhere else as infinitely far)."""
+    nan = np.isnan(want)
+    if (np.isnan(got) != nan).any():
+        return math.inf
+    got, want = got[~nan].astype(np.float64), want[~nan].astype(np.float64)
+    if not got.size:
+        return 0.0
+    scale = float(np.abs(want).max())
+    diff = float(np.abs(got - want).max())
+    if not math.isfinite(diff):
+        return 0.0 if np.array_equal(got, want) else math.inf
+    return diff / scale if scale else (0.0 if diff == 0 else math.inf)
 
 
 def product_key(call: GemmCall) -> tuple:
@@ -934,6 +957,9 @@ class DeviceRuntime(CpuRuntime):
         # per shape of a product with functions of ours (``_gemm``'s key): the seconds of
         # the BLAS and of ours where they were timed (None: not), and whether ours runs
         self.product_choices: dict[tuple, tuple[float | None, float | None, bool]] = {}
+        # the shapes whose faster functions of ours computed another C than the BLAS's at
+        # their first call (``_product_choice``): how far (``disagreement``); the BLAS's runs
+        self.product_disagreements: dict[tuple, float] = {}
         # the launches and products the device ran one after another: each outside a graph,
         # and a graph's longest chain of waits per replay (``graphs.Order``: a GPU runs its
         # other calls beside that chain); a measure of the device's side without a device
@@ -1520,7 +1546,9 @@ class DeviceRuntime(CpuRuntime):
                 )
             return ptrs[key[1]], self._dev_bytes[key[0]][key[1]]  # (current: the launch's)
 
-        own = [self._function(*f) for f in call.own]
+        # (ours with TF32 operands where TF32 is asked for and the product has them)
+        tf32 = getattr(self.device, "matmul", "float32") == "tensorfloat32" and call.tf32
+        own = [self._function(*f) for f in (call.tf32 if tf32 else call.own)]
         then = [self._function(*f) for f in call.then]  # (after the BLAS's only)
         a, b, c = call.a, call.b, call.c
         key = product_key(call)
@@ -1566,8 +1594,16 @@ class DeviceRuntime(CpuRuntime):
                 self.chained += 1
                 launch(then, args, scratch_ptr)
 
+            def result() -> np.ndarray:  # (C's memory, as the product left it)
+                dt = np.float32 if call.dtype == "f32" else np.float64
+                host = np.empty((call.m - 1) * c.ld + call.n, dt)
+                self.device.download(at[2], host)
+                return host
+
             if own and not chosen:
-                got = self._product_choice(key, blas, lambda: launch(own, args, scratch_ptr))
+                got = self._product_choice(
+                    key, blas, lambda: launch(own, args, scratch_ptr), result
+                )
                 if got is None:  # (not chosen while a graph is captured: the BLAS's, now)
                     blas()
                     return
@@ -1579,12 +1615,16 @@ class DeviceRuntime(CpuRuntime):
 
         return run
 
-    def _product_choice(self, key: tuple, blas, ours) -> bool | None:
+    def _product_choice(self, key: tuple, blas, ours, result=None) -> bool | None:
         """Whether a product of shape ``key`` runs as our functions (``ours``) rather than
         the device's BLAS (``blas``): as the device's policy says (``products_policy``);
         where it says ``fastest``, each timed ``PRODUCT_TRIALS`` times at the shape's first
-        call (their least time), once a run (``product_choices``); None while a graph is
-        captured and the shape was not yet timed (no wait there)."""
+        call (their least time), once a run (``product_choices``), and ours, where faster,
+        kept only where its C (``result``: C's memory as the product left it) is the
+        BLAS's within ``PRODUCT_TOLERANCE`` (else the BLAS's runs, and the distance is in
+        ``product_disagreements``: our kernels are proved on the emulation, and a GPU could
+        still show one wrong); None while a graph is captured and the shape was not yet
+        timed (no wait there)."""
         got = self.product_choices.get(key)
         if got is not None:
             return got[2]
@@ -1601,7 +1641,18 @@ class DeviceRuntime(CpuRuntime):
                 start = device.mark()
                 f()
                 times[j].append(device.elapsed(start, device.mark()))
-        got = (min(times[0]), min(times[1]), min(times[1]) < min(times[0]))
+        faster = min(times[1]) < min(times[0])
+        if faster and result is not None:
+            outputs = []
+            for f in (blas, ours):
+                f()
+                device.elapsed(device.mark(), device.mark())  # (the stream done: C there)
+                outputs.append(result())
+            far = disagreement(outputs[1], outputs[0])
+            if far > PRODUCT_TOLERANCE.get(getattr(device, "matmul", "float32"), 1e-3):
+                self.product_disagreements[key] = far
+                faster = False  # (the call runs the BLAS's next: C as it leaves it)
+        got = (min(times[0]), min(times[1]), faster)
         self.product_choices[key] = got
         return got[2]
 
