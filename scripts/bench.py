@@ -18,6 +18,8 @@ its own), alternating:
              GPUs: 10 bits of mantissa; timerlc's are float32);
   * jax-f32: the same with --matmul-precision float32 (true float32 products, as timerlc's:
              the like-for-like comparison on a GPU; on a CPU the same as jax). Not by default.
+  * timerlc-tf32: with --matmul-precision float32,tensorfloat32, timerlc again with its
+             float32 products in TF32 (the like-for-like figure against jax on a GPU).
 
 What is measured. Every system runs N and 2N iterations; a time per iteration is
 (time(2N) - time(N)) / N, so that what every run does once (interpreter start-up, imports,
@@ -147,9 +149,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--matmul-precision",
         default="float32",
-        choices=("float32", "tensorfloat32"),
         help="timerlc's --matmul-precision (the cuda backends; tensorfloat32: as the jax "
-        "baseline's products on a recent NVIDIA GPU)",
+        "baseline's products on a recent NVIDIA GPU); float32,tensorfloat32 runs both, the "
+        "second as the system timerlc-tf32, against the same baselines' runs",
     )
     p.add_argument("--json", dest="json_path", default=None, help="save raw results to this file")
     return p.parse_args(argv)
@@ -297,7 +299,27 @@ def final_metric(path: Path, name: str):
     return float(rows[-1]["value"]) if rows else None
 
 
-def run_timerlc(algo: str, B: int, T: int, iters: int, args) -> dict:
+PRECISIONS = ("float32", "tensorfloat32")
+
+
+def precisions(text: str) -> list[str]:
+    """``--matmul-precision``'s list: one or both of ``PRECISIONS``, each once."""
+    got = [x.strip() for x in text.split(",") if x.strip()]
+    if not got or len(set(got)) != len(got) or any(x not in PRECISIONS for x in got):
+        raise SystemExit(
+            f"--matmul-precision: '{text}' is not one or both of {', '.join(PRECISIONS)}"
+        )
+    return got
+
+
+def timerlc_systems(args) -> dict[str, str]:
+    """timerlc's systems and their precisions: ``timerlc`` the first of
+    ``--matmul-precision``'s, ``timerlc-tf32`` TF32 where it comes second."""
+    got = precisions(args.matmul_precision)
+    return {"timerlc": got[0], **({"timerlc-tf32": got[1]} if len(got) > 1 else {})}
+
+
+def run_timerlc(algo: str, B: int, T: int, iters: int, args, precision: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
         cmd = [sys.executable, "-m", "timerlc.cli", "run", f"programs/{algo}.rtl"]
@@ -307,8 +329,8 @@ def run_timerlc(algo: str, B: int, T: int, iters: int, args) -> dict:
         for s in sets:
             cmd += ["--set", s]
         cmd += ["--no-progress", "--metrics", str(metrics)]
-        if args.matmul_precision != "float32":
-            cmd += ["--matmul-precision", args.matmul_precision]
+        if precision != "float32":
+            cmd += ["--matmul-precision", precision]
         device = args.backend in ("cuda", "cuda-emu")
         clock = IterationClock(metrics)
         clock.start()
@@ -329,8 +351,9 @@ def run_timerlc(algo: str, B: int, T: int, iters: int, args) -> dict:
 
 
 def run_system(system: str, algo: str, B: int, T: int, iters: int, args) -> dict:
-    if system == "timerlc":
-        return run_timerlc(algo, B, T, iters, args)
+    ours = timerlc_systems(args)
+    if system in ours:
+        return run_timerlc(algo, B, T, iters, args, ours[system])
     return run_baseline(system, algo, B, T, iters, args)
 
 
@@ -445,39 +468,40 @@ def markdown(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def tables(results: list[dict], baselines: list[str]) -> tuple[str, str]:
-    systems = ["timerlc"] + baselines
+def tables(results: list[dict], baselines: list[str], ours=("timerlc",)) -> tuple[str, str]:
+    """The main table and the check table; ``ours``: timerlc's systems (``timerlc_systems``),
+    each one's ratios to each baseline."""
+    systems = list(ours) + baselines
+    pairs = [(o, b) for o in ours for b in baselines]
     head = ["algo", "B x T"] + [f"{s} s/iter" for s in systems]
-    head += [f"timerlc/{b}" for b in baselines]
-    head += [f"{s} peak MB" for s in systems] + [f"MB timerlc/{b}" for b in baselines]
+    head += [f"{o}/{b}" for o, b in pairs]
+    head += [f"{s} peak MB" for s in systems] + [f"MB {o}/{b}" for o, b in pairs]
     # device memory, where a system ran on one (torch's and XLA's allocators' peaks;
     # timerlc's device runtime's, arena and scratch included)
     gpu = any(value(r["systems"][s], "peak_device_mb") for r in results for s in systems)
-    head += (
-        [f"{s} GPU MB" for s in systems] + [f"GPU timerlc/{b}" for b in baselines] if gpu else []
-    )
+    head += [f"{s} GPU MB" for s in systems] + [f"GPU {o}/{b}" for o, b in pairs] if gpu else []
     check_head = ["algo", "B x T"] + [f"{s} N" for s in systems]
     check_head += [f"{s} wall s/iter" for s in systems]
     check_head += [f"{s} s/iter range" for s in systems]
-    check_head += [f"timerlc/{b} per repeat" for b in baselines]
+    check_head += [f"{o}/{b} per repeat" for o, b in pairs]
     check_head += ["jax compile s"] if "jax" in baselines else []
     check_head += [f"{s} ep_ret" for s in systems]
     rows, check_rows = [], []
     for r in results:
         sy = r["systems"]
-        tl = sy["timerlc"]
         row = [r["algo"], f"{r['B']}x{r['T']}"]
         row += [cell(sy[s], "seconds_per_iter", ".4f") for s in systems]
-        for b in baselines:
-            q = ratio(value(tl, "seconds_per_iter"), value(sy[b], "seconds_per_iter"))
+        for o, b in pairs:
+            q = ratio(value(sy[o], "seconds_per_iter"), value(sy[b], "seconds_per_iter"))
             row.append(fmt(q, ".2f"))
         row += [cell(sy[s], "peak_rss_mb", ".0f") for s in systems]
-        for b in baselines:
-            row.append(fmt(ratio(value(tl, "peak_rss_mb"), value(sy[b], "peak_rss_mb")), ".2f"))
+        for o, b in pairs:
+            q = ratio(value(sy[o], "peak_rss_mb"), value(sy[b], "peak_rss_mb"))
+            row.append(fmt(q, ".2f"))
         if gpu:
             row += [cell(sy[s], "peak_device_mb", ".1f") for s in systems]
-            for b in baselines:
-                q = ratio(value(tl, "peak_device_mb"), value(sy[b], "peak_device_mb"))
+            for o, b in pairs:
+                q = ratio(value(sy[o], "peak_device_mb"), value(sy[b], "peak_device_mb"))
                 row.append(fmt(q, ".2f"))
         rows.append(row)
 
@@ -485,7 +509,7 @@ def tables(results: list[dict], baselines: list[str]) -> tuple[str, str]:
         check += [cell(sy[s], "n", "d") for s in systems]
         check += [cell(sy[s], "wall_seconds_per_iter", ".4f") for s in systems]
         check += [spread(sy[s]) for s in systems]
-        check += [paired(tl, sy[b]) for b in baselines]
+        check += [paired(sy[o], sy[b]) for o, b in pairs]
         check += [cell(sy["jax"], "compile_seconds", ".1f")] if "jax" in baselines else []
         check += [cell(sy[s], "final_ep_ret", ".1f") for s in systems]
         check_rows.append(check)
@@ -534,7 +558,8 @@ def main(argv=None) -> list[dict]:
         for b in baselines
         if importlib.util.find_spec(KNOWN_BASELINES[b]) is None
     }
-    systems = ["timerlc"] + baselines
+    ours = list(timerlc_systems(args))
+    systems = ours + baselines
 
     results = []
     for algo in algos:
@@ -547,13 +572,14 @@ def main(argv=None) -> list[dict]:
             results.append({"algo": algo, "B": B, "T": T, "systems": sy})
 
     print(
-        f"\ntimerlc backend: {args.backend} (float32 products: {args.matmul_precision}); "
+        f"\ntimerlc backend: {args.backend} (float32 products: "
+        f"{', '.join(f'{k} {v}' for k, v in timerlc_systems(args).items())}); "
         f"baselines on: {args.device}; N = {args.n} (raised "
         f"per system below {args.min_diff_seconds:g} s); repeats: {args.repeats}; "
         f"seed: {args.seed}; "
         f"threads: {args.threads or 'default'}\n"
     )
-    main_table, check_table = tables(results, baselines)
+    main_table, check_table = tables(results, baselines, ours)
     print(main_table)
     print(
         "\ns/iter = (time(2N) - time(N)) / N, time(n) = each run's own window over its "

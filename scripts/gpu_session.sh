@@ -29,15 +29,18 @@
 # float32 as timerlc's: N = 2 was too noisy, 10 gives steadier figures): a first call can
 # look for
 # failures (STAGES="check tests profile") and a second, after the fixes, measure.
-# (the default stages' limits sum to 580 s: a call of 600 s leaves little for the wheels
-# and the start; a second call for the bench where the first runs long)
+# (the default stages' limits sum to 640 s, more than a call's 600: run them in two calls,
+# STAGES="check tests overheads kernels skinny" then STAGES="bench", the bench's 300 s for
+# timerlc in float32 and in TF32 beside the baselines)
 set -u
 export PYTHONUNBUFFERED=1
 STAGES=" ${STAGES:-check tests overheads kernels skinny bench} "
 BENCH_ALGOS=${BENCH_ALGOS:-ppo,reinforce}
 BENCH_CONFIGS=${BENCH_CONFIGS:-2048x128}
 BENCH_BASELINES=${BENCH_BASELINES:-jax,jax-f32}
-BENCH_MATMUL=${BENCH_MATMUL:-float32}  # timerlc's --matmul-precision in the bench (or both)
+# timerlc's --matmul-precision in the bench: both, as timerlc (float32, like jax-f32) and
+# timerlc-tf32 (TF32, like jax: our TF32 products on the tensor cores, cuda/products.py)
+BENCH_MATMUL=${BENCH_MATMUL:-float32,tensorfloat32}
 # N raised until N iterations take this long (bench.py --min-diff-seconds): with N = 10
 # JAX's PPO took 2.7 ms an iteration in one call and 8.6 in another (an N run's window of
 # 30-90 ms, its noise tens of ms); 0.5 s costs each system one more run
@@ -128,15 +131,8 @@ if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
     $PY -m timerlc.cli run programs/ppo.rtl --backend cuda --set B=2048 --set T=128 \
     --set total_steps=1572864 --no-progress
 fi
-# (BENCH_MATMUL may name both precisions, "float32,tensorfloat32": a bench each, the second
-# as the stage bench-tensorfloat32, its own log and json; each up to the stage's 240 s)
-first=1
-for mm in ${BENCH_MATMUL//,/ }; do
-  name=bench
-  [ $first = 1 ] || name=bench-$mm
-  case "$STAGES" in *" bench "*) STAGES="$STAGES $name " ;; esac
-  stage $name 240 $PY scripts/bench.py --device $DEVICE --backend $BACKEND --algos "$BENCH_ALGOS" \
-    --configs "$BENCH_CONFIGS" --iters 10 --repeats 1 --min-diff-seconds "$BENCH_MIN_SECONDS" \
-    --baselines "$BENCH_BASELINES" --matmul-precision "$mm" --json "$OUT/$name.json"
-  first=0
-done
+# (BENCH_MATMUL may name both precisions, "float32,tensorfloat32": one bench, timerlc run
+# twice, as timerlc and timerlc-tf32, against the same runs of the baselines)
+stage bench 300 $PY scripts/bench.py --device $DEVICE --backend $BACKEND --algos "$BENCH_ALGOS" \
+  --configs "$BENCH_CONFIGS" --iters 10 --repeats 1 --min-diff-seconds "$BENCH_MIN_SECONDS" \
+  --baselines "$BENCH_BASELINES" --matmul-precision "$BENCH_MATMUL" --json "$OUT/bench.json"

@@ -115,9 +115,12 @@ def load_runtime(cc: str):
 
 class EmuModule:
     """The kernels of a CUDA C text, compiled for the host (kept by the text's hash in
-    ``folder``; without one, in a temporary folder removed once the library is loaded)."""
+    ``folder``; without one, in a temporary folder removed once the library is loaded);
+    with ``tf32``, the renderer's TF32 functions too (``TL_EMU_TF32``: a device whose
+    float32 products are TF32 runs them; others leave their compile out)."""
 
-    def __init__(self, text: str, folder: str | Path | None = None):
+    def __init__(self, text: str, folder: str | Path | None = None, tf32: bool = False):
+        self.tf32 = tf32
         if folder is None:
             with tempfile.TemporaryDirectory(prefix="timerlc-emu-") as tmp:
                 self._load(text, Path(tmp))  # loaded: its file is not needed any more
@@ -132,7 +135,9 @@ class EmuModule:
         if cc is None:
             raise RuntimeError("no host C++ compiler (c++, g++ or clang++) to emulate CUDA")
         load_runtime(cc)
-        key = hashlib.sha256((text + HEADER.read_text()).encode()).hexdigest()[:16]
+        flags = ["-DTL_EMU_TF32"] if self.tf32 else []
+        key = hashlib.sha256((text + HEADER.read_text() + " ".join(flags)).encode())
+        key = key.hexdigest()[:16]
         lib = out / f"emu-{key}.so"
         if not lib.exists():
             src = out / f"emu-{key}.cu"
@@ -144,7 +149,7 @@ class EmuModule:
             else:
                 include = HEADER
                 src.write_text(text)
-            cmd = [cc, *FLAGS, "-shared", "-include", str(include), "-x", "c++", str(src)]
+            cmd = [cc, *FLAGS, *flags, "-shared", "-include", str(include), "-x", "c++", str(src)]
             _run(cmd + ["-o", str(lib) + ".tmp"], "the CUDA C text")
             Path(str(lib) + ".tmp").replace(lib)
         self.lib = ctypes.CDLL(str(lib))

@@ -830,7 +830,10 @@ class _Kernel:
                 tf32.append(mine[-1])
                 continue
             step = dataclasses.replace(step, form=dataclasses.replace(step.form, tf32=True))
-            out.append(self.phase(f"{fname}t", step, [], [], {}))
+            # (the emulation compiles them only for a device whose products are TF32:
+            # emu.EmuModule's tf32; a sixth of PPO's module's compile)
+            text = self.phase(f"{fname}t", step, [], [], {})
+            out.append(f"#if !defined(TL_EMU) || defined(TL_EMU_TF32)\n{text}#endif\n")
             tf32.append(self.phases.pop())
         call = dataclasses.replace(call, tf32=tuple(tf32))
         if not st.after:

@@ -196,7 +196,7 @@ class EmuDevice:
         from timerlc.cuda.emu import EmuModule
 
         try:
-            return EmuModule(text, cache)
+            return EmuModule(text, cache, tf32=self.matmul == "tensorfloat32")
         except RuntimeError as e:
             raise RunError(f"cuda-emu: {e}") from None
 
