@@ -614,9 +614,9 @@ def _run_build(
     type=click.Choice(["float32", "tensorfloat32"]),
     default="float32",
     show_default=True,
-    help="How the cuda backends' BLAS products compute float32: float32, or tensorfloat32 "
-    "(TF32 tensor cores, from NVIDIA Ampere on: operands rounded to 10 bits of mantissa, "
-    "as JAX's default there; faster, less exact).",
+    help="How the cuda backends compute float32 products (the BLAS's and timerlc's own "
+    "kernels): float32, or tensorfloat32 (TF32 tensor cores, from NVIDIA Ampere on: "
+    "operands rounded to 10 bits of mantissa, as JAX's default there; faster, less exact).",
 )
 @click.option("--no-progress", is_flag=True, help="Do not show the progress line.")
 @click.option("--profile", is_flag=True, help="Print where the run spent its time.")
