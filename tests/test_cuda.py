@@ -164,6 +164,33 @@ def _script(name: str):
     return module
 
 
+def test_the_bench_runs_timerlc_in_each_precision_against_the_same_baselines():
+    """``scripts/bench.py --matmul-precision float32,tensorfloat32``: timerlc twice (the
+    second as ``timerlc-tf32``), each with its ratios to each baseline; a list of other
+    than one or both precisions refused."""
+    bench = _script("bench")
+    args = bench.parse_args(["--matmul-precision", "float32,tensorfloat32"])
+    assert bench.timerlc_systems(args) == {
+        "timerlc": "float32",
+        "timerlc-tf32": "tensorfloat32",
+    }
+    assert bench.timerlc_systems(bench.parse_args([])) == {"timerlc": "float32"}
+    for bad in ("float64", "float32,float32", ""):
+        with pytest.raises(SystemExit, match="is not one or both of"):
+            bench.precisions(bad)
+
+    def ran(s: float) -> dict:
+        return {"ok": True, "seconds_per_iter": s, "peak_rss_mb": 100.0, "diffs": [s]}
+
+    result = {"algo": "ppo", "B": 2048, "T": 128}
+    result["systems"] = {"timerlc": ran(0.01), "timerlc-tf32": ran(0.005), "jax": ran(0.0025)}
+    main, check = bench.tables([result], ["jax"], ["timerlc", "timerlc-tf32"])
+    head, _, row = main.splitlines()
+    cells = dict(zip(head.strip("| ").split(" | "), row.strip("| ").split(" | ")))
+    assert cells["timerlc/jax"] == "4.00" and cells["timerlc-tf32/jax"] == "2.00"
+    assert "timerlc-tf32/jax per repeat" in check
+
+
 def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_products():
     """``scripts/cuda_skinny.py`` (PPO's skinny products, cuBLAS against ours,
     ``cuda/products.py``, on a GPU): its module compiles with NVRTC for compute_90 without a
