@@ -9,9 +9,11 @@ a module includes NVRTC's compile of it).
 
     python scripts/cuda_gpu_check.py [PROGRAM ...]     # default: every program
     python scripts/cuda_gpu_check.py --emu             # the same on the emulated device
+    python scripts/cuda_gpu_check.py --matmul-precision tensorfloat32   # TF32 products
 
 Exits 2 where CuPy or a GPU is missing, 1 where a program fails (its traceback printed, the
-others still run) or its values differ by more than 1e-4.
+others still run) or its values differ by more than 1e-4 (1e-2 with TF32 products, whose
+operands are rounded to 10 bits: against the cpu backend's float32).
 """
 
 from __future__ import annotations
@@ -92,13 +94,14 @@ def check(name: str, device, graphs: bool = True) -> float:
     return diff
 
 
-def open_device(emu: bool, script: str):
-    """The GPU's device (``emu``: the emulated one), its name printed; None, with why, where
-    there is none (the script then exits 2)."""
+def open_device(emu: bool, script: str, matmul: str = "float32"):
+    """The GPU's device (``emu``: the emulated one), its float32 products as ``matmul``
+    says, its name printed; None, with why, where there is none (the script then exits
+    2)."""
     from timerlc.runtime.cuda import DeviceUnavailable, device_for
 
     try:
-        device = device_for("cuda-emu" if emu else "cuda")
+        device = device_for("cuda-emu" if emu else "cuda", matmul)
     except DeviceUnavailable as e:
         print(f"{script}: {e}")
         return None
@@ -113,8 +116,14 @@ def main() -> int:
     ap.add_argument(
         "--no-graphs", action="store_true", help="launch every call (no CUDA graphs replayed)"
     )
+    ap.add_argument(
+        "--matmul-precision",
+        default="float32",
+        choices=("float32", "tensorfloat32"),
+        help="the device's float32 products (tensorfloat32: the BLAS's and ours in TF32)",
+    )
     args = ap.parse_args()
-    device = open_device(args.emu, "cuda_gpu_check")
+    device = open_device(args.emu, "cuda_gpu_check", args.matmul_precision)
     if device is None:
         return 2
     names = args.programs or sorted(p.stem for p in (ROOT / "programs").glob("*.rtl"))
@@ -129,7 +138,8 @@ def main() -> int:
     print(f"largest relative difference over all: {worst:.2e}")
     if failed:
         print(f"failed: {', '.join(failed)}")
-    return 0 if worst < 1e-4 and not failed else 1
+    bar = 1e-2 if args.matmul_precision == "tensorfloat32" else 1e-4
+    return 0 if worst < bar and not failed else 1
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@
 # "profile" (not by default): PPO at 2048 environments with --profile (each statement
 # launched alone). "products" (not by default): scripts/cuda_sweep.py over PPO 2048 with
 # its products as cuBLAS's or timed against ours, and its bias gradients riding on their
-# grams or not (cuda/products.py). "ncu" (not by default, a GPU only): Nsight Compute's sections for the
+# grams or not (cuda/products.py). "check-tf32" (not by default): the check stage with TF32
+# products. "ncu" (not by default, a GPU only): Nsight Compute's sections for the
 # kernels NCU_KERNELS names (a regex), in PPO at the kernels stage's sizes (the names
 # depend on them: at other sizes the plan and its functions differ).
 #
@@ -86,7 +87,7 @@ check_all() {
   for k in 0 1 2; do
     if [ -n "${groups[k]}" ]; then
       # shellcheck disable=SC2086
-      $PY scripts/cuda_gpu_check.py $CHECK_FLAG ${groups[k]} &
+      $PY scripts/cuda_gpu_check.py $CHECK_FLAG ${CHECK_MATMUL:+--matmul-precision $CHECK_MATMUL} ${groups[k]} &
       pids+=($!)
     fi
   done
@@ -97,6 +98,9 @@ CHECK_FLAG="${CHECK[*]}"
 export -f check_all
 export PY CHECK_FLAG
 stage check 100 bash -c check_all
+# (not by default: every program with the device's float32 products in TF32, ours' TF32
+# functions on the tensor cores where faster, against the cpu backend within 1e-2)
+stage check-tf32 100 env CHECK_MATMUL=tensorfloat32 bash -c check_all
 stage tests 60 env TIMERLC_TEST_BACKEND=$BACKEND TIMERLC_REQUIRE_NVCC=0 \
   $PY -m pytest -q -n 8 --maxfail=10 -p no:cacheprovider tests/test_cuda_graphs.py tests/test_cuda.py \
   tests/test_cuda_runtime.py tests/test_language_operators.py
