@@ -93,6 +93,7 @@ def measure(device, tf32, module, i: int, s, label: str, args, rng) -> tuple[flo
     largest error relative to the largest value, and our TF32 functions' against the
     product of the operands rounded to TF32 (0 where the shape has none)."""
     from timerlc.cuda import products
+    from timerlc.runtime import cuda
     from timerlc.runtime.cuda import THREADS
 
     a = rng.standard_normal((s.k, s.m) if s.ta else (s.m, s.k)).astype(np.float32)
@@ -144,7 +145,7 @@ def measure(device, tf32, module, i: int, s, label: str, args, rng) -> tuple[flo
         )
 
     has_tf32 = products.tf32_form(s.m, s.n, s.k, s.ta, s.tb)
-    a_t, b_t = _tf32(a).astype(np.float64), _tf32(b).astype(np.float64)
+    a_t, b_t = (cuda.tf32(x, away=True).astype(np.float64) for x in (a, b))
     want_t = (a_t.T if s.ta else a_t) @ (b_t.T if s.tb else b_t)
     wants = {"": (want, want_tanh), "t": (want_t, np.tanh(want_t + bias.astype(np.float64)))}
     errs = {"": 0.0, "t": 0.0}
@@ -179,15 +180,6 @@ def measure(device, tf32, module, i: int, s, label: str, args, rng) -> tuple[flo
         flush=True,
     )
     return err, err_t
-
-
-def _tf32(x: np.ndarray) -> np.ndarray:
-    """float32 values as our TF32 functions round them (``cvt.rna.tf32.f32``: 10 bits of
-    mantissa, to the nearest, ties away from zero; ``runtime.cuda.tf32`` rounds ties to
-    even, as the emulation's BLAS)."""
-    u = x.astype(np.float32).view(np.uint32)
-    finite = (u & 0x7F800000) != 0x7F800000
-    return np.where(finite, (u + 0x1000) & 0xFFFFE000, u).astype(np.uint32).view(np.float32)
 
 
 def _error(got, want) -> float:

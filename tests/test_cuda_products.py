@@ -84,14 +84,6 @@ def _module(gemms, offsets=OFFSETS, tf32: bool = False) -> str:
     return "\n".join(parts)
 
 
-def _tf32(x: np.ndarray) -> np.ndarray:
-    """float32 values as the tensor cores take them (``cvt.rna.tf32.f32``: 10 bits of
-    mantissa, to the nearest, ties away from zero)."""
-    u = x.astype(np.float32).view(np.uint32)
-    finite = (u & 0x7F800000) != 0x7F800000
-    return np.where(finite, (u + 0x1000) & 0xFFFFE000, u).astype(np.uint32).view(np.float32)
-
-
 def _check_shapes(shapes, offsets=OFFSETS, tf32: bool = False, outputs=None) -> float:
     """Each shape's functions run on the emulated device against NumPy (float64), A, B and
     C from elements ``offsets`` of their memory (a gram's also with B's column sums,
@@ -115,7 +107,7 @@ def _check_shapes(shapes, offsets=OFFSETS, tf32: bool = False, outputs=None) -> 
 
         am = matrix(a, oa, *((k, m) if ta else (m, k)), s.lda).astype(np.float64)
         bm = matrix(b, ob, *((n, k) if tb else (k, n)), s.ldb).astype(np.float64)
-        round_ = (lambda x: _tf32(x).astype(np.float64)) if tf32 else (lambda x: x)
+        round_ = (lambda x: cuda.tf32(x, away=True).astype(np.float64)) if tf32 else (lambda x: x)
         want = (round_(am).T if ta else round_(am)) @ (round_(bm).T if tb else round_(bm))
         sums = np.full(n, np.nan)
         ptrs = [device.alloc(x.nbytes) for x in (a, b, c, sums)]
@@ -185,13 +177,18 @@ def test_our_products_with_the_block_s_threads_as_the_gpu_s(threads):
     G-th row, the groups added in order; its copies added by lanes; each thread's loads 8
     at a time, 16 bytes each where the operands are aligned, ``products._copy``) and of 24
     (3 groups of a 4 x 64's 8 tiles; lanes that do not divide the block: one a thread)."""
+    code = "print(max(t._check_shapes(t.SHAPES), t._check_shapes(t.SHAPES, (0, 0, 0))))"
+    assert float(_with_threads(threads, code).split()[-1]) < 1e-5
+
+
+def _with_threads(threads: int, code: str) -> str:
+    """The output of Python ``code`` run in a process of its own (this module as ``t``)
+    whose emulated blocks have ``threads`` threads (``TIMERLC_EMU_THREADS`` is read once a
+    process)."""
     env = dict(os.environ, TIMERLC_EMU_THREADS=str(threads), PYTHONPATH=str(ROOT))
-    code = (
-        "import sys; sys.path.insert(0, 'tests'); import test_cuda_products as t; "
-        "print(max(t._check_shapes(t.SHAPES), t._check_shapes(t.SHAPES, (0, 0, 0))))"
-    )
+    head = "import sys; sys.path.insert(0, 'tests'); import test_cuda_products as t; "
     r = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", head + code],
         capture_output=True,
         text=True,
         env=env,
@@ -200,7 +197,7 @@ def test_our_products_with_the_block_s_threads_as_the_gpu_s(threads):
         timeout=600,
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert float(r.stdout.split()[-1]) < 1e-5
+    return r.stdout
 
 
 def test_the_tf32_forms_of_our_products():
@@ -212,34 +209,25 @@ def test_the_tf32_forms_of_our_products():
     assert not products.tf32_form(65536, 2, 64, False, False)  # (a head)
     assert not products.tf32_form(4, 64, 65536, True, False)  # (4 rows of C)
     assert not products.tf32_form(100, 64, 20, False, False)  # (k of 20)
-    assert _tf32(np.array([1 + 2**-11, 1 + 3 * 2**-11, -(1 + 2**-11)], np.float32)).tolist() == [
+    ties = np.array([1 + 2**-11, 1 + 3 * 2**-11, -(1 + 2**-11)], np.float32)
+    assert cuda.tf32(ties, away=True).tolist() == [
         1 + 2**-10,
         1 + 2**-9,
         -(1 + 2**-10),
     ]  # (ties away from zero)
+    assert cuda.tf32(ties).tolist() == [1.0, 1 + 2**-9, -1.0]  # (the emulated BLAS's: to even)
 
 
 def _tf32_outputs(threads: int, path: Path) -> tuple[float, list]:
     """``_check_shapes`` of the TF32 functions in a process of its own with ``threads`` a
     block (``TIMERLC_EMU_THREADS`` is read once a process): the largest error and every
     output (through the .npz file ``path``)."""
-    env = dict(os.environ, TIMERLC_EMU_THREADS=str(threads), PYTHONPATH=str(ROOT))
     code = (
-        "import sys, numpy as np; sys.path.insert(0, 'tests'); import test_cuda_products as t; "
         "out = []; worst = max(t._check_shapes(t.TF32_SHAPES, tf32=True, outputs=out), "
         "t._check_shapes(t.TF32_SHAPES, (0, 0, 0), tf32=True, outputs=out)); "
-        f"np.savez({str(path)!r}, np.array(worst), *out)"
+        f"t.np.savez({str(path)!r}, t.np.array(worst), *out)"
     )
-    r = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        check=False,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-4000:]
+    _with_threads(threads, code)
     with np.load(path) as got:
         arrays = [got[f"arr_{i}"] for i in range(len(got.files))]
     return float(arrays[0]), arrays[1:]

@@ -104,6 +104,43 @@ def rows_threads(m: int, n: int, k: int) -> int:
     return -(-m // bm) * MAX_THREADS
 
 
+def _rows_head(s, a: str, b: str, c: str, bm: int, nb: int, a_tile: str, a_dst) -> list[str]:
+    """A rows function's start: A, B and C (the operands' first elements ``a``, ``b``,
+    ``c``); op(B) once a block into ``tl_bs`` by ``_copy`` (one load at a time, each a round
+    trip to memory, were some 10 us before a block's first tile), k rows ``nb`` apart; the
+    declaration ``a_tile`` of ``tl_as``; then the loop over the block's tiles of ``bm`` rows
+    of A opened, each tile's rows copied into ``tl_as`` by ``a_dst`` (``_copy``'s
+    destination) between two barriers. The caller closes the loop and the block."""
+    m, n, k = s.m, s.n, s.k
+    # (a line a row of B, or a column of op(B) where B is stored transposed)
+    b_lines = Lines(n if s.tb else k, k if s.tb else n, lambda o: f"B + ({o}) * {s.ldb}", s.ldb)
+    if s.tb:
+        b_dst = lambda o, i: f"tl_bs[({i}) * {nb} + {o}]"
+    else:
+        b_dst = lambda o, i: f"tl_bs[({o}) * {nb} + {i}]"
+    return [
+        "{",
+        f"  const float *A = {a};",
+        f"  const float *B = {b};",
+        f"  float *C = {c};",
+        f"  __shared__ float tl_bs[{k * nb}];  // op(B), k x n, rows {nb} apart",
+        f"  {a_tile}",
+        *_copy(b_lines, b_dst, indent="  "),
+        (
+            f"  for (long long r0 = (long long)blockIdx.x * {bm}; r0 < {m}LL;"
+            f" r0 += (long long)gridDim.x * {bm}) {{"
+        ),
+        "    __syncthreads();  // (op(B) written; the last tile done)",
+        *_copy(
+            Lines(bm, k, lambda o: f"A + (r0 + {o}) * {s.lda}", s.lda),
+            a_dst,
+            line_ok=lambda o: f"r0 + {o} < {m}LL",
+            indent="    ",
+        ),
+        "    __syncthreads();",
+    ]
+
+
 def rows_lines(s, a: str, b: str, c: str, store: tuple[str, str, str] | None = None) -> list[str]:
     """The lines (indented from depth 0) of ``C = A @ op(B)`` for gemm ``s`` (``form``
     rows), A, B and C the C expressions of the operands' first elements. With ``store``
@@ -118,34 +155,17 @@ def rows_lines(s, a: str, b: str, c: str, store: tuple[str, str, str] | None = N
     for i in range(tm):
         for j in range(tn):
             fma.append(f"tl_c[{i}][{j}] = fmaf(tl_a[{i}], tl_b[{j}], tl_c[{i}][{j}]);")
-    # op(B) once a block, by ``_copy`` too (one load at a time, each a round trip to memory,
-    # were some 10 us before a block's first tile): a line a row of B, or a column of op(B)
-    # where B is stored transposed
-    b_lines = Lines(n if s.tb else k, k if s.tb else n, lambda o: f"B + ({o}) * {s.ldb}", s.ldb)
-    if s.tb:
-        b_dst = lambda o, i: f"tl_bs[({i}) * {n} + {o}]"
-    else:
-        b_dst = lambda o, i: f"tl_bs[({o}) * {n} + {i}]"
     return [
-        "{",
-        f"  const float *A = {a};",
-        f"  const float *B = {b};",
-        f"  float *C = {c};",
-        f"  __shared__ float tl_bs[{k * n}];  // op(B), k x n",
-        f"  __shared__ float tl_as[{k * bmp}];  // a tile of A's rows, transposed",
-        *_copy(b_lines, b_dst, indent="  "),
-        (
-            f"  for (long long r0 = (long long)blockIdx.x * {bm}; r0 < {m}LL;"
-            f" r0 += (long long)gridDim.x * {bm}) {{"
-        ),
-        "    __syncthreads();  // (op(B) written; the last tile read)",
-        *_copy(
-            Lines(bm, k, lambda o: f"A + (r0 + {o}) * {s.lda}", s.lda),
+        *_rows_head(
+            s,
+            a,
+            b,
+            c,
+            bm,
+            n,
+            f"__shared__ float tl_as[{k * bmp}];  // a tile of A's rows, transposed",
             lambda o, i: f"tl_as[({i}) * {bmp} + {o}]",
-            line_ok=lambda o: f"r0 + {o} < {m}LL",
-            indent="    ",
         ),
-        "    __syncthreads();",
         f"    for (int t = threadIdx.x; t < {tiles}; t += blockDim.x) {{",
         f"      const int ty = t / {ct}, tx = t % {ct};",
         f"      float tl_c[{tm}][{tn}] = {{}};",
@@ -369,33 +389,19 @@ def rows_tf32_lines(
     m, n, k = s.m, s.n, s.k
     bm, nt = TF32_ROWS, n // 8
     ka, nb, cs = _stride(k, 4), _stride(n, 8), n + 4
-    b_lines = Lines(n if s.tb else k, k if s.tb else n, lambda o: f"B + ({o}) * {s.ldb}", s.ldb)
-    if s.tb:
-        b_dst = lambda o, i: f"tl_bs[({i}) * {nb} + {o}]"
-    else:
-        b_dst = lambda o, i: f"tl_bs[({o}) * {nb} + {i}]"
     rows, col, value = store if store is not None else ("(void)r;", "tl_col", "tl_v")
     return [
-        "{",
-        f"  const float *A = {a};",
-        f"  const float *B = {b};",
-        f"  float *C = {c};",
-        f"  __shared__ float tl_bs[{k * nb}];  // op(B), k x n, rows {nb} apart",
-        f"  __shared__ float tl_as[{bm * max(ka, cs)}];  // A's tile, rows {ka} apart; then C's",
-        *_copy(b_lines, b_dst, indent="  "),
-        "  const int tl_w = threadIdx.x / 32, tl_g = threadIdx.x % 32 / 4, tl_t = threadIdx.x % 4;",
-        (
-            f"  for (long long r0 = (long long)blockIdx.x * {bm}; r0 < {m}LL;"
-            f" r0 += (long long)gridDim.x * {bm}) {{"
-        ),
-        "    __syncthreads();  // (op(B) written; the last tile stored)",
-        *_copy(
-            Lines(bm, k, lambda o: f"A + (r0 + {o}) * {s.lda}", s.lda),
+        *_rows_head(
+            s,
+            a,
+            b,
+            c,
+            bm,
+            nb,
+            f"__shared__ float tl_as[{bm * max(ka, cs)}];  // A's tile, rows {ka} apart; then C's",
             lambda o, i: f"tl_as[({o}) * {ka} + {i}]",
-            line_ok=lambda o: f"r0 + {o} < {m}LL",
-            indent="    ",
         ),
-        "    __syncthreads();",
+        "    const int tl_w = threadIdx.x / 32, tl_g = threadIdx.x % 32 / 4, tl_t = threadIdx.x % 4;",
         f"    if (blockDim.x == {MAX_THREADS}) {{",
         f"      float tl_d[{nt}][4] = {{}};",
         f"      const float *tl_a0 = tl_as + (tl_w * 16 + tl_g) * {ka} + tl_t;",
@@ -476,28 +482,6 @@ def gram_part_tf32_lines(
     chunk = -(-k // p // sr) * sr
     ld = s.ldc if p == 1 else n
     ms, ns, nt, mt = _stride(m, 8), _stride(n, 8), n // 8, m // 16
-    if s.ta:  # (A's rows are the sum's: a line a row)
-        a_src = Lines(sr, m, lambda o: f"A + (r0 + {o}) * {s.lda}", s.lda)
-        a_dst, a_ok, a_in = (lambda o, i: f"tl_ga[({o}) * {ms} + {i}]"), "line", None
-    else:  # (a line a row of C: its stage's elements)
-        a_src = Lines(m, sr, lambda o: f"A + ({o}) * {s.lda} + r0", s.lda)
-        a_dst, a_ok, a_in = (lambda o, i: f"tl_ga[({i}) * {ms} + {o}]"), None, "inner"
-    if not s.tb:
-        b_src = Lines(sr, n, lambda o: f"B + (r0 + {o}) * {s.ldb}", s.ldb)
-        b_dst, b_ok, b_in = (lambda o, i: f"tl_gb[({o}) * {ns} + {i}]"), "line", None
-    else:
-        b_src = Lines(n, sr, lambda o: f"B + ({o}) * {s.ldb} + r0", s.ldb)
-        b_dst, b_ok, b_in = (lambda o, i: f"tl_gb[({i}) * {ns} + {o}]"), None, "inner"
-
-    def copy(src, dst, line, inner):
-        return _copy(
-            src,
-            dst,
-            line_ok=(lambda o: f"r0 + {o} < hi") if line else (lambda o: "1"),
-            inner_ok=(lambda i: f"r0 + {i} < hi") if inner else (lambda i: "1"),
-            indent="        ",
-        )
-
     with_sums = []
     if sums is not None:
         with_sums = [
@@ -531,8 +515,8 @@ def gram_part_tf32_lines(
         ),
         f"    for (long long r0 = lo; r0 < hi; r0 += {sr}) {{",
         "      __syncthreads();  // (the stage before read)",
-        *copy(a_src, a_dst, a_ok, a_in),
-        *copy(b_src, b_dst, b_ok, b_in),
+        *_stage(s.ta, "A", s.lda, m, sr, "0", ms, "tl_ga"),
+        *_stage(not s.tb, "B", s.ldb, n, sr, "0", ns, "tl_gb"),
         "      __syncthreads();",
         f"      if (blockDim.x == {MAX_THREADS}) {{",
         f"        const float *tl_a0 = tl_ga + tl_t * {ms} + tl_mi * 16 + tl_g;",
@@ -576,27 +560,32 @@ def gram_part_tf32_lines(
     ]
 
 
-def _stage(rows_first: bool, x: str, ld: int, w: int, sr: int, at: str) -> list[str]:
+def _stage(
+    rows_first: bool, x: str, ld: int, w: int, sr: int, at: str, stride=None, buf="tl_sm"
+) -> list[str]:
     """The lines that copy the stage's rows of operand ``x`` (``w`` columns of it a row of
     the sum; stored a row of the sum a row of ``x`` where ``rows_first``, else a column)
-    into ``tl_sm`` from ``at``, a row after another; zeros past the chunk's rows. The
-    threads take consecutive elements of ``x``'s memory."""
-    src, dst, line_ok, inner_ok = _stage_args(rows_first, x, ld, w, sr, at)
+    into ``buf`` (``tl_sm``) from ``at``, a row after another, ``stride`` floats apart (``w``);
+    zeros past the chunk's rows. The threads take consecutive elements of ``x``'s memory."""
+    src, dst, line_ok, inner_ok = _stage_args(rows_first, x, ld, w, sr, at, stride, buf)
     return _copy(src, dst, line_ok, inner_ok, indent="        ")
 
 
-def _stage_args(rows_first: bool, x: str, ld: int, w: int, sr: int, at: str) -> tuple:
+def _stage_args(
+    rows_first: bool, x: str, ld: int, w: int, sr: int, at: str, stride=None, buf="tl_sm"
+) -> tuple:
     """``_copy``'s arguments for ``_stage``: the lines, the destination, the conditions."""
+    stride = w if stride is None else stride
     if rows_first:  # (lines: the stage's rows, w elements each)
         return (
             Lines(sr, w, lambda o: f"{x} + (r0 + {o}) * {ld}", ld),
-            lambda o, i: f"tl_sm[{at} + ({o}) * {w} + {i}]",
+            lambda o, i: f"{buf}[{at} + ({o}) * {stride} + {i}]",
             lambda o: f"r0 + {o} < hi",
             lambda i: "1",
         )
     return (  # (lines: the columns, sr rows each)
         Lines(w, sr, lambda o: f"{x} + ({o}) * {ld} + r0", ld),
-        lambda o, i: f"tl_sm[{at} + ({i}) * {w} + {o}]",
+        lambda o, i: f"{buf}[{at} + ({i}) * {stride} + {o}]",
         lambda o: "1",
         lambda i: f"r0 + {i} < hi",
     )

@@ -148,12 +148,13 @@ def device_for(backend: str, matmul: str = "float32"):
     raise ValueError(f"no device for backend {backend!r}")
 
 
-def tf32(x: np.ndarray) -> np.ndarray:
+def tf32(x: np.ndarray, away: bool = False) -> np.ndarray:
     """float32 values rounded to TF32, as float32: 10 bits of mantissa, to the nearest, ties
-    to even (the emulation's stand-in for the tensor cores' input rounding, which NVIDIA does
-    not document bit for bit); infinities and NaNs as they are."""
+    to even (the emulation's stand-in for cuBLAS's input rounding, which NVIDIA does not
+    document bit for bit), or with ``away`` ties away from zero (``cvt.rna.tf32.f32``, as
+    our TF32 functions round, ``cuda/products.py``); infinities and NaNs as they are."""
     u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    keep = (u + 0xFFF + ((u >> 13) & 1)) & 0xFFFFE000
+    keep = (u + (0x1000 if away else 0xFFF + ((u >> 13) & 1))) & 0xFFFFE000
     finite = (u & 0x7F800000) != 0x7F800000
     return np.where(finite, keep, u).astype(np.uint32).view(np.float32)
 
