@@ -13,7 +13,9 @@ product's also with a layer's bias and ``tanh`` made as it stores C, the epilogu
 renderer fuses: ``render._Kernel._rows_epilogues``), each result checked against NumPy
 (float64); and where a shape has them (``products.tf32_form``), our TF32 functions (the
 tensor cores' ``mma.sync``, for ``--matmul-precision tensorfloat32``), checked against
-NumPy's product of the operands rounded to TF32.
+NumPy's product of the operands rounded to TF32; then the joint function of PPO's
+``dz @ W^T`` and ``h^T @ dz`` (``products.joint_tf32_lines``: one pass over their rows)
+against our two TF32 functions apart.
 
   python scripts/cuda_skinny.py                       # on the GPU
   python scripts/cuda_skinny.py --emu --rows 200      # cuda-emu: the kernels' values only
@@ -85,7 +87,105 @@ def module_text(rows: int) -> str:
             )
         for name, text in fns:
             parts += [text, render._emu_entry(name, 1)]
+    r, g = joint_gemms(rows)  # (the joint function, and the two it stands for: TF32)
+    fns = products.joint_standalone(r, g, "jt", sums=True, epilogue=_grad(0))
+    fns += products.standalone(r, "jr", epilogue=_grad(3), tf32=True)
+    fns += products.standalone(g, "jg", sums=True, tf32=True)
+    for name, text in fns:
+        parts += [text, render._emu_entry(name, 1)]
     return "\n".join(parts)
+
+
+def _grad(entry: int) -> str:
+    """A gradient's epilogue ``dh * (1 - h^2)``, h 64 columns at the table's ``entry``."""
+    h = f"((const float *)table[{entry}])[r * 64 + tl_col]"
+    return f"tl_v * (1.0f - {h} * {h})"
+
+
+def joint_gemms(rows: int) -> tuple:
+    """PPO's ``dz @ W^T`` (64 x 64) and ``h^T @ dz`` over ``rows`` rows: the pair a joint
+    function makes in one pass (``products.joint_tf32_lines``)."""
+    from timerlc.codegen import kir
+
+    zero = kir.i64(0)
+    r = kir.Gemm("f32", False, True, rows, 64, 64, "b", zero, 64, "w", zero, 64, "c", zero, 64)
+    g = kir.Gemm("f32", True, False, 64, 64, rows, "a", zero, 64, "b", zero, 64, "g", zero, 64)
+    return r, g
+
+
+def measure_joint(device, tf32, module, rows: int, args, rng) -> float:
+    """The joint function's line: the device time of the joint (with the gradient's
+    epilogue and dz's column sums), of our two TF32 functions apart (the same), and of
+    cuBLAS's two TF32 products (neither); the joint's error against NumPy's products of the
+    operands rounded to TF32 (the rows' C and the gram's, relative to each one's largest
+    value)."""
+    from timerlc.cuda import products
+    from timerlc.runtime import cuda
+    from timerlc.runtime.cuda import THREADS
+
+    h = np.tanh(rng.standard_normal((rows, 64))).astype(np.float32)
+    dz = (rng.standard_normal((rows, 64)) * 0.1).astype(np.float32)
+    w = (rng.standard_normal((64, 64)) * 0.1).astype(np.float32)
+    ht, dzt, wt = (cuda.tf32(x, away=True).astype(np.float64) for x in (h, dz, w))
+    want_r = (dzt @ wt.T) * (1 - h.astype(np.float64) ** 2)
+    want_g = ht.T @ dzt
+    n = rows * 64 * 4
+    ptrs = [device.alloc(x) for x in (n, n, 64 * 64 * 4, n, 64 * 64 * 4, 64 * 8)]
+    for p, x in zip(ptrs, (h, dz, w)):
+        device.upload(p, x)
+    scratch = device.alloc(max(8, products.scratch_bytes(64, 64, rows, True, False, True)))
+    values = np.zeros(1, np.int64)
+
+    def table(entries):
+        t = device.alloc(8 * len(entries))
+        device.upload(t, np.array([ptrs[e] for e in entries], np.uint64))
+        return t
+
+    joint_table = table([0, 1, 2, 3, 4, 5])
+    rows_table, gram_table = table([1, 2, 3, 0]), table([0, 1, 4, 5])
+    part_threads = products.gram_part_threads(rows)
+    launches = {
+        "joint": [("jtj", joint_table, part_threads)],
+        "apart": [("jrr", rows_table, products.rows_tf32_threads(rows))],
+    }
+    launches["apart"] += [("jgp", gram_table, part_threads)]
+    sum_threads = products.gram_sum_threads(64, 64, rows)
+    if products.parts(rows) > 1:
+        launches["joint"].append(("jts", joint_table, sum_threads))
+        launches["apart"].append(("jgs", gram_table, sum_threads))
+
+    def run(what: str):
+        fns = []
+        for name, tab, threads in launches[what]:
+            fn = device.function(module, name)
+            fns.append((fn, tab, min(-(-threads // THREADS), device.grid_limit(fn))))
+
+        def go():
+            for fn, tab, grid in fns:
+                device.launch(fn, tab, values, scratch, grid)
+
+        return go
+
+    got_r, got_g = np.empty((rows, 64), np.float32), np.empty((64, 64), np.float32)
+    run("joint")()
+    device.download(ptrs[3], got_r)
+    device.download(ptrs[4], got_g)
+    err = max(_error(got_r, want_r), _error(got_g, want_g))
+    if tf32 is None:
+        print(f"| joint: dz @ W^T with (1 - h^2), h^T @ dz with sums | - | - | {err:.2e} |")
+        return err
+    joint_us, apart_us = _timed(run("joint"), device, args), _timed(run("apart"), device, args)
+
+    def blas():
+        tf32.gemm("f32", rows, 64, 64, ptrs[1], 64, False, ptrs[2], 64, True, ptrs[3], 64)
+        tf32.gemm("f32", 64, 64, rows, ptrs[0], 64, True, ptrs[1], 64, False, ptrs[4], 64)
+
+    blas_us = _timed(blas, tf32, args)
+    print(
+        f"| joint: dz @ W^T with (1 - h^2), h^T @ dz with sums | {joint_us:.1f} | "
+        f"{apart_us:.1f} | {err:.2e} | (cuBLAS TF32's two, neither: {blas_us:.1f} us) |"
+    )
+    return err
 
 
 def measure(device, tf32, module, i: int, s, label: str, args, rng) -> tuple[float, float]:
@@ -226,6 +326,12 @@ def main() -> int:
     for i, (s, (label, *_)) in enumerate(zip(gemms(args.rows), SHAPES)):
         err, err_t = measure(device, tf32, module, i, s, label, args, rng)
         worst, worst_t = max(worst, err), max(worst_t, err_t)
+    print()
+    print(
+        f"| a pair in one pass ({args.rows} rows) | joint TF32 us | ours TF32 apart us | error |"
+    )
+    print("|---|---|---|---|")
+    worst_t = max(worst_t, measure_joint(device, tf32, module, args.rows, args, rng))
     print(f"largest error / largest value over all: {worst:.2e} (TF32's: {worst_t:.2e})")
     # (TF32's against the operands rounded to TF32: the tensor cores' sums may round
     # otherwise than float32's in order, far less than a wrong fragment's error)

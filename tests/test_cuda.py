@@ -145,10 +145,13 @@ def test_every_program_s_build_compiles_with_nvrtc(name):
         functions = [f for f in phases if isinstance(f, tuple)]
         # (a product is the BLAS's, and its kernels of ours where its shape has them:
         # cuda/products.py, an epilogue after the BLAS's, and TF32 ones, a gram's second
-        # its float32 one's; a loop kernel's function is one; and tl_set_shift, the graphs'
-        # shifts)
+        # its float32 one's, and the joint ones of two products; a loop kernel's function
+        # is one; and tl_set_shift, the graphs' shifts)
         functions += [
-            f for g in phases if isinstance(g, items.GemmCall) for f in g.own + g.then + g.tf32
+            f
+            for g in phases
+            if isinstance(g, items.GemmCall)
+            for f in g.own + g.then + g.tf32 + g.joint
         ]
         names = {name for name, _ in functions}
         assert ptx.count(".entry") == len(names) + len(cu.plan.kernels.loops) + 1
@@ -197,7 +200,8 @@ def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_product
     word, and on cuda-emu each of its products of 130 rows (blocks of 64 rows, the last
     short; a gram's two copies) is NumPy's, a gram's with and without B's column sums, a
     rows product's with and without a bias and ``tanh`` as its epilogue; and the TF32
-    functions' the product of the operands rounded to TF32."""
+    functions' the product of the operands rounded to TF32; so is the joint function's
+    pair (``products.joint_tf32_lines``)."""
     from timerlc.cuda import products
 
     skinny = _script("cuda_skinny")
@@ -208,7 +212,9 @@ def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_product
         shapes = [(s.m, s.n, s.k, s.ta, s.tb) for s in skinny.gemms(130)]
         # (each: plain, x; TF32's where the shape has them, plain and x too)
         per = [len(products.launches(*x)) * (4 if products.tf32_form(*x) else 2) for x in shapes]
-        assert ptx.count(".entry") == sum(per)
+        # (and the joint function of dz @ W^T and h^T @ dz, with the two it stands for)
+        joint = 3 + 2 * (products.parts(130) > 1)
+        assert ptx.count(".entry") == sum(per) + joint
         assert "mma.sync.aligned.m16n8k8" in ptx
     elif os.environ.get("TIMERLC_REQUIRE_NVCC") == "1":
         pytest.fail("no libnvrtc (the test extra's nvidia-cuda-nvrtc) and TIMERLC_REQUIRE_NVCC=1")
@@ -224,6 +230,7 @@ def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_product
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("| - | - | - | - |") == len(skinny.SHAPES)
+    assert "| joint: dz @ W^T with (1 - h^2), h^T @ dz with sums | - | - |" in r.stdout
 
 
 def test_the_resources_script_reads_ptxas_and_counts_an_sm_s_blocks():

@@ -5,6 +5,7 @@ as data; the runtime picks them or the BLAS as its policy says."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -246,6 +247,157 @@ def test_our_tf32_products_compute_numpy_s_on_the_emulated_device(tmp_path):
     assert len(mma) == len(loops) > 0
     for x, y in zip(mma, loops):
         np.testing.assert_array_equal(x, y)
+
+
+# joint functions' shapes (``products.joint_form``): (rows N, B's columns k, the rows
+# product's n, the gram's m, W stored transposed, A stored N x m, pads of B's, W's, A's,
+# the rows' C's and the gram's C's rows)
+JOINT_SHAPES = [
+    (700, 64, 64, 64, True, True, 0, 0, 0, 0, 0),  # PPO's dz @ W^T and h^T @ dz: 2 copies
+    (100, 16, 32, 16, False, True, 3, 1, 2, 1, 3),  # one copy: the gram's C itself
+    (1030, 24, 16, 48, True, False, 1, 2, 5, 0, 2),  # A stored m x N; 3 warps of C's rows
+]
+JOINT_OFFSETS = (3, 1, 2, 5, 4)  # (A, B, W, the rows' C, the gram's C: not 16 bytes aligned)
+JOINT_EPILOGUE = "tl_v * 0.5f + (float)tl_col"
+
+
+def _joint_gemms(shape) -> tuple:
+    """The rows product and the gram of a ``JOINT_SHAPES`` shape (their B the same)."""
+    big, k, n, m, tw, ta, pb, pw, pa, pc, pg = shape
+    rows = kir.Gemm(
+        "f32", False, tw, big, n, k, "b", 0, k + pb, "w", 0, (k if tw else n) + pw, "c", 0, n + pc
+    )
+    lda = (m if ta else big) + pa
+    gram = kir.Gemm("f32", ta, False, m, k, big, "a", 0, lda, "b", 0, k + pb, "g", 0, k + pg)
+    return rows, gram
+
+
+def _check_joints(outputs: list) -> float:
+    """Each ``JOINT_SHAPES`` shape's joint function (with and without B's column sums and
+    an epilogue) on the emulated device against NumPy's products of the operands rounded
+    to TF32 (float64) and against the rows product's and the gram's own TF32 functions
+    (``outputs`` gets each C and sums of both): the largest difference relative to a
+    product's largest value."""
+    device = EmuDevice()
+    texts = [render.head()]
+    for i, shape in enumerate(JOINT_SHAPES):
+        r, g = _joint_gemms(shape)
+        assert products.joint_form(r, g), shape
+        for sums in (False, True):
+            fns = products.joint_standalone(
+                r, g, f"j{i}{int(sums)}", JOINT_OFFSETS, sums, JOINT_EPILOGUE if sums else None
+            )
+            epi = JOINT_EPILOGUE if sums else None
+            fns += products.standalone(
+                r, f"r{i}{int(sums)}", JOINT_OFFSETS[1:4], epilogue=epi, tf32=True
+            )
+            fns += products.standalone(g, f"g{i}{int(sums)}", (0, 0, 0), sums=sums, tf32=True)
+            texts += [x for name, text in fns for x in (text, render._emu_entry(name, 1))]
+    module = device.load("\n".join(texts))
+    rng = np.random.default_rng(11)
+    worst = 0.0
+    values = np.zeros(1, np.int64)
+
+    def run(name: str, arrays: list, scratch_bytes: int):
+        ptrs = [device.alloc(x.nbytes) for x in arrays]
+        for p, x in zip(ptrs, arrays):
+            device.upload(p, x)
+        table = device.alloc(8 * len(ptrs))
+        device.upload(table, np.array(ptrs, np.uint64))
+        scratch = device.alloc(max(8, scratch_bytes))
+        for suffix in name.split(","):
+            device.launch(device.function(module, suffix), table, values, scratch, 3)
+        for p, x in zip(ptrs, arrays):
+            device.download(p, x)
+
+    def matrix(x, at, rows, cols, ld):
+        return np.lib.stride_tricks.as_strided(x[at:], (rows, cols), (ld * 4, 4))
+
+    for i, shape in enumerate(JOINT_SHAPES):
+        r, g = _joint_gemms(shape)
+        big, k, n, m, tw, ta = shape[:6]
+        oa, ob, ow, oc, og = JOINT_OFFSETS
+        a = rng.standard_normal(oa + (big if ta else m) * g.lda).astype(np.float32)
+        b = rng.standard_normal(ob + big * r.lda).astype(np.float32)
+        w = rng.standard_normal(ow + (n if tw else k) * r.ldb).astype(np.float32)
+        t = lambda x: cuda.tf32(x, away=True).astype(np.float64)
+        am, bm = (
+            t(matrix(a, oa, *((big, m) if ta else (m, big)), g.lda)),
+            t(matrix(b, ob, big, k, r.lda)),
+        )
+        wm = t(matrix(w, ow, *((n, k) if tw else (k, n)), r.ldb))
+        want_r, want_g = bm @ (wm.T if tw else wm), (am.T if ta else am) @ bm
+        scratch = products.scratch_bytes(m, k, big, ta, False, sums=True)
+        for sums in (False, True):
+            want = want_r * 0.5 + np.arange(n) if sums else want_r
+            c = np.full(oc + big * r.ldc, np.nan, np.float32)
+            gc = np.full(og + m * g.ldc, np.nan, np.float32)
+            s = np.full(k, np.nan)
+            tag = f"{i}{int(sums)}"
+            joint = [a, b, w, c, gc] + [s] * sums
+            run(f"j{tag}j" + (f",j{tag}s" if products.parts(big) > 1 else ""), joint, scratch)
+            rows_c = np.full_like(c, np.nan)
+            run(f"r{tag}r", [b, w, rows_c], 0)
+            gram = [a[oa:].copy(), b[ob:].copy(), np.full(m * g.ldc, np.nan, np.float32)]
+            gram += [np.full(k, np.nan)] * sums
+            kinds = products.launches(m, k, big, ta, False)
+            run(",".join(f"g{tag}{x[0]}" for x in kinds), gram, scratch)
+            for got, own, ld, at, rows, cols, exp in (
+                (c, rows_c, r.ldc, oc, big, n, want),
+                (gc, np.concatenate([np.zeros(og, np.float32), gram[2]]), g.ldc, og, m, k, want_g),
+            ):
+                mat = matrix(got, at, rows, cols, ld)
+                np.testing.assert_array_equal(mat, matrix(own, at, rows, cols, ld), str(shape))
+                assert np.isnan(
+                    np.delete(got[at:], [q * ld + j for q in range(rows) for j in range(cols)])
+                ).all()
+                err = float(np.max(np.abs(mat - exp)) / max(1.0, float(np.max(np.abs(exp)))))
+                assert err < 1e-5, (shape, sums, err)
+                worst = max(worst, err)
+                outputs.append(mat.copy())
+            if sums:
+                np.testing.assert_array_equal(s, gram[3])
+                np.testing.assert_allclose(
+                    s,
+                    matrix(b, ob, big, k, r.lda).astype(np.float64).sum(0),  # (B's own)
+                    rtol=1e-12,
+                    atol=1e-12,
+                )
+                outputs.append(s.copy())
+    return worst
+
+
+def _joint_outputs(threads: int, path: Path) -> tuple[float, list]:
+    """``_check_joints`` in a process of its own with ``threads`` a block: the largest error
+    and every output (through the .npz file ``path``)."""
+    code = f"out = []; w = t._check_joints(out); t.np.savez({str(path)!r}, t.np.array(w), *out)"
+    _with_threads(threads, code)
+    with np.load(path) as got:
+        arrays = [got[f"arr_{i}"] for i in range(len(got.files))]
+    return float(arrays[0]), arrays[1:]
+
+
+@needs_cxx
+def test_a_joint_function_makes_a_rows_product_and_its_gram_in_one_pass(tmp_path):
+    """``products.joint_tf32_lines`` (a layer's ``dz @ W^T`` with its epilogue and the
+    weight's gradient ``h^T @ dz`` with dz's column sums, one pass over the rows): at
+    ``JOINT_SHAPES`` (strided, offset operands; a gram of one copy, of several; warps past
+    the gram's rows) the same bits as the two products' own TF32 functions and NumPy's
+    products of the rounded operands within 1e-5, nothing written between C's rows; with
+    128 threads a block (the tensor cores' path) and with 4 (each element summed by one
+    thread), the same bits."""
+    worst, mma = _joint_outputs(128, tmp_path / "mma.npz")
+    assert worst < 1e-5
+    worst, loops = _joint_outputs(4, tmp_path / "loops.npz")
+    assert worst < 1e-5
+    assert len(mma) == len(loops) == 2 * len(JOINT_SHAPES) * 2 + len(JOINT_SHAPES)
+    for x, y in zip(mma, loops):
+        np.testing.assert_array_equal(x, y)
+    # (not for a gram whose B is stored transposed, nor a rows product of n not of 16)
+    r, g = _joint_gemms(JOINT_SHAPES[0])
+    assert not products.joint_form(r, dataclasses.replace(g, tb=True))
+    r24, g24 = _joint_gemms((100, 16, 24, 16, False, True, 0, 0, 0, 0, 0))
+    assert not products.joint_form(r24, g24)
 
 
 def test_nvrtc_compiles_our_products_for_the_h100():
@@ -597,3 +749,122 @@ def test_where_tf32_is_asked_for_ours_run_their_tf32_functions(monkeypatch):
     ref = CpuRuntime(cg.plan, native=cg.text)
     ref.run()
     same_outputs(rt, ref, ["h", "d", "s"], rtol=1e-2, atol=1e-3)
+
+
+JOINT = """
+config I = 3, N = 80
+dim i < I
+s[0] = 1.0
+s[i+1] = s[i] * 0.5 + sum(g[i]) * 0.0001 + sum(d[i]) * 0.001
+h[i] = tanh(reshape(f32(arange(N * 16)) * 0.001 - 0.5, [N, 16]) * s[i])
+z[i] = reshape(f32(arange(N * 16)) * 0.002 - 1.0, [N, 16]) * s[i]
+v = reshape(f32(arange(16 * 16)) * 0.002 - 0.2, [16, 16])
+d[i] = (z[i] @ v.T) * (1.0 - h[i] * h[i])
+g[i] = h[i].T @ z[i]
+out d, g, s
+"""
+
+
+def _joint_json(data) -> list:
+    """The launches of ``data``'s (a plan's JSON) first fused kernel with a joint product."""
+    return next(
+        ph
+        for _, ph in data["kernels"]["fused_launches"]
+        if any(isinstance(f, dict) and "joint" in f["gemm"] for f in ph)
+    )
+
+
+@needs_cxx
+@pytest.mark.parametrize("wrong", [False, True])
+def test_a_layer_s_gradient_and_its_weight_s_run_in_one_pass_where_tf32_is_asked_for(
+    wrong, monkeypatch
+):
+    """A rows product ``dz @ W^T`` (with its epilogue) and the gram ``h^T @ dz`` in one
+    kernel carry a joint function (``GemmCall.joint`` on the first, read as data); where
+    TF32 is asked for, the runtime times the two as each is chosen against the joint and
+    keeps the faster, only where each C agrees with the other way's (a joint made wrong,
+    its rows' C doubled, runs apart, its distance recorded and printed); the values are the
+    cpu's within TF32's rounding either way. Without TF32 the joint does not run."""
+    monkeypatch.setenv("TIMERLC_PRODUCTS", "fastest")
+    joint_lines = products.joint_tf32_lines
+
+    def doubled(*args, **kwargs):
+        lines = joint_lines(*args, **kwargs)
+        return [x.replace("] = tl_o[u];", "] = 2.0f * tl_o[u];") for x in lines]
+
+    if wrong:
+        monkeypatch.setattr(products, "joint_tf32_lines", doubled)
+    gen = generate(compile_plan(run_passes(graph_of(JOINT))), "cuda")
+    phases = next(
+        ph for _, ph in gen.plan.kernels.fused_launches if any(getattr(f, "joint", ()) for f in ph)
+    )
+    first, second = (f for f in phases if isinstance(f, items.GemmCall))
+    assert first.joint == ((first.own[0][0][:-1] + "j", products.parts(80) * 128),)
+    assert f"void {first.joint[0][0]}(void **table" in gen.text
+    assert "TF32 with the next product: " + first.joint[0][0] in _with_launches("k", phases)
+    assert second.tf32 and not second.joint
+    data = items.to_json(gen.plan)
+    assert items.from_json(json.loads(json.dumps(data)), "p") == gen.plan
+    # (ours timed faster: a launch counts 1 us, a BLAS product 2)
+    spent = [0]
+    for method, cost in (("launch", 1), ("gemm", 2)):
+        original = getattr(EmuDevice, method)
+
+        def counted(self, *args, _original=original, _cost=cost, **kwargs):
+            spent[0] += _cost
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(EmuDevice, method, counted)
+    monkeypatch.setattr(EmuDevice, "mark", lambda self: spent[0])
+    monkeypatch.setattr(EmuDevice, "elapsed", lambda self, a, b: 1e-6 * (b - a))
+    loaded = []
+    function = EmuDevice.function
+    monkeypatch.setattr(
+        EmuDevice, "function", lambda self, m, name: loaded.append(name) or function(self, m, name)
+    )
+    rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice("tensorfloat32"))
+    rt.run()
+    assert first.joint[0][0] in loaded
+    key = ("joint", first.joint[0][0])
+    apart, joint, chosen = rt.joint_choices[key]  # (apart: two of ours; joint: one launch)
+    assert (apart, joint, chosen) == (pytest.approx(2e-6), pytest.approx(1e-6), not wrong)
+    assert (key in rt.product_disagreements) == wrong
+    plan = compile_plan(run_passes(graph_of(JOINT)))
+    cg = generate(plan, "cpu")
+    ref = CpuRuntime(cg.plan, native=cg.text)
+    ref.run()
+    same_outputs(rt, ref, ["d", "g", "s"], rtol=1e-2, atol=1e-3)
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    runner._print_products(rt)
+    words = "-> apart (joint faster, but a C 1.0e+00 from the other's)" if wrong else "-> joint"
+    assert f"{first.joint[0][0]}: joint 1.0 us, apart 2.0 us {words}" in err.getvalue()
+    loaded.clear()
+    rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice())  # (float32: no joint)
+    rt.run()
+    assert first.joint[0][0] not in loaded and not rt.joint_choices
+    same_outputs(rt, ref, ["d", "g", "s"])
+
+
+def test_a_plan_s_joint_functions_are_data():
+    """``GemmCall.joint`` is read as data: its functions' names and threads as ``own``'s,
+    only on a product with TF32 functions, the launch after it a product with TF32
+    functions and none joint of its own."""
+    gen = generate(compile_plan(run_passes(graph_of(JOINT))), "cuda")
+    data = items.to_json(gen.plan)
+
+    def first(ph):
+        return next(f["gemm"] for f in ph if isinstance(f, dict))
+
+    def last(ph):
+        return [f["gemm"] for f in ph if isinstance(f, dict)][-1]
+
+    cases = [
+        (lambda ph: first(ph).__setitem__("joint", [["f j", 4]]), "f j"),
+        (lambda ph: first(ph).__setitem__("joint", [["fj", 0]]), "out of range"),
+        (lambda ph: first(ph).pop("tf32"), "no TF32 functions of ours"),
+        (lambda ph: last(ph).pop("tf32"), "not a product with TF32 functions"),
+        (lambda ph: last(ph).__setitem__("joint", [["fj", 4]]), "joint functions make the next"),
+        (lambda ph: ph.reverse(), "joint functions make the next"),
+    ]
+    refuses_changed_plans(data, cases, _joint_json)

@@ -77,11 +77,11 @@ def test_compile_for_cuda_writes_the_cuda_kernels_of_the_build(tmp_path):
     launches = plan["kernels"]["launches"]
     assert [r[0] for r in launches] == [r[0] for r in plan["kernels"]["statements"]]
     functions = [f for _, phases in launches for f in phases if isinstance(f, list)]
-    # (and a product's kernels of ours, cuda/products.py, what runs after the BLAS's, and
-    # the TF32 ones: a gram's second its float32 one's)
+    # (and a product's kernels of ours, cuda/products.py, what runs after the BLAS's, the
+    # TF32 ones, a gram's second its float32 one's, and the joint ones of two products)
 
     def ours(g: dict) -> list:
-        return [f for key in ("own", "then", "tf32") for f in g["gemm"].get(key, [])]
+        return [f for key in ("own", "then", "tf32", "joint") for f in g["gemm"].get(key, [])]
 
     functions += [f for _, ph in launches for g in ph if isinstance(g, dict) for f in ours(g)]
     # fused kernels (codegen.fuse: calls one after another at the same loop values)

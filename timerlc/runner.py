@@ -220,6 +220,7 @@ def _print_device_summary(rt, wall: float):
 def _print_products(rt):
     """Which products with kernels of ours ran as ours and which as the BLAS's, by shape
     (``DeviceRuntime.product_choices``), with the times where they were timed."""
+    _print_joints(rt)
     choices = getattr(rt, "product_choices", None)
     if not choices:
         return
@@ -244,6 +245,30 @@ def _print_products(rt):
         print(
             f"    {shape}: ours {1e6 * own:.1f} us, the BLAS's {1e6 * blas:.1f} us -> "
             f"{'ours' if mine else 'the BLAS'}{wrong}",
+            file=sys.stderr,
+        )
+
+
+def _print_joints(rt):
+    """Which pairs of products with joint functions (a layer's ``dz @ W^T`` and its
+    weight's gradient in one pass, TF32: ``DeviceRuntime.joint_choices``) ran joint, with
+    the times where they were timed."""
+    choices = getattr(rt, "joint_choices", None)
+    if not choices:
+        return
+    joint = sum(1 for *_, j in choices.values() if j)
+    print(
+        f"  pairs of products in one pass (TF32): {joint} ran so, {len(choices) - joint} apart",
+        file=sys.stderr,
+    )
+    for key, (apart, together, mine) in sorted(choices.items()):
+        if apart is None:
+            continue
+        far = getattr(rt, "product_disagreements", {}).get(key)
+        wrong = "" if far is None else f" (joint faster, but a C {far:.1e} from the other's)"
+        print(
+            f"    {' then '.join(key[1:])}: joint {1e6 * together:.1f} us, apart "
+            f"{1e6 * apart:.1f} us -> {'joint' if mine else 'apart'}{wrong}",
             file=sys.stderr,
         )
 

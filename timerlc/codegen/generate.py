@@ -171,6 +171,9 @@ def _with_launches(text: str, phases) -> str:
             ours = f" or ours ({' then '.join(x for x, _ in f.own)})" if f.own else ""
             if f.tf32:
                 ours = f"{ours[:-1]}; TF32: {' then '.join(x for x, _ in f.tf32)})"
+            if f.joint:
+                joint = " then ".join(x for x, _ in f.joint)
+                ours = f"{ours[:-1]}; TF32 with the next product: {joint})"
             after = f" then {' then '.join(x for x, _ in f.then)}" if f.then else ""
             return f"BLAS gemm.{f.dtype} {f.m}x{f.k}x{f.n}{when}{after}{ours}"
         return f"{f[0]} ({f[1]} thread{'s' if f[1] != 1 else ''})"

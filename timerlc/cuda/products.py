@@ -111,21 +111,16 @@ def _rows_head(s, a: str, b: str, c: str, bm: int, nb: int, a_tile: str, a_dst) 
     declaration ``a_tile`` of ``tl_as``; then the loop over the block's tiles of ``bm`` rows
     of A opened, each tile's rows copied into ``tl_as`` by ``a_dst`` (``_copy``'s
     destination) between two barriers. The caller closes the loop and the block."""
-    m, n, k = s.m, s.n, s.k
-    # (a line a row of B, or a column of op(B) where B is stored transposed)
-    b_lines = Lines(n if s.tb else k, k if s.tb else n, lambda o: f"B + ({o}) * {s.ldb}", s.ldb)
-    if s.tb:
-        b_dst = lambda o, i: f"tl_bs[({i}) * {nb} + {o}]"
-    else:
-        b_dst = lambda o, i: f"tl_bs[({o}) * {nb} + {i}]"
+    m, k = s.m, s.k
+    weights = _weights(s, "B", nb)
     return [
         "{",
         f"  const float *A = {a};",
         f"  const float *B = {b};",
         f"  float *C = {c};",
-        f"  __shared__ float tl_bs[{k * nb}];  // op(B), k x n, rows {nb} apart",
+        weights[0],
         f"  {a_tile}",
-        *_copy(b_lines, b_dst, indent="  "),
+        *weights[1:],
         (
             f"  for (long long r0 = (long long)blockIdx.x * {bm}; r0 < {m}LL;"
             f" r0 += (long long)gridDim.x * {bm}) {{"
@@ -138,6 +133,23 @@ def _rows_head(s, a: str, b: str, c: str, bm: int, nb: int, a_tile: str, a_dst) 
             indent="    ",
         ),
         "    __syncthreads();",
+    ]
+
+
+def _weights(s, b: str, nb: int) -> list[str]:
+    """The declaration of ``tl_bs`` (op(B) of rows product ``s``, k x n, its rows ``nb``
+    floats apart) and the lines (indented from depth 0) that copy it from ``b`` (the C
+    pointer to B's first element) by ``_copy``, a line of B at a time (a row of op(B), or a
+    column where B is stored transposed)."""
+    n, k = s.n, s.k
+    b_lines = Lines(n if s.tb else k, k if s.tb else n, lambda o: f"{b} + ({o}) * {s.ldb}", s.ldb)
+    if s.tb:
+        b_dst = lambda o, i: f"tl_bs[({i}) * {nb} + {o}]"
+    else:
+        b_dst = lambda o, i: f"tl_bs[({o}) * {nb} + {i}]"
+    return [
+        f"  __shared__ float tl_bs[{k * nb}];  // op(B), k x n, rows {nb} apart",
+        *_copy(b_lines, b_dst, indent="  "),
     ]
 
 
@@ -560,6 +572,201 @@ def gram_part_tf32_lines(
     ]
 
 
+JOINT_ROWS = 32  # a joint function's stage: the rows of A and B in shared memory at a time
+
+
+def joint_form(r, g) -> bool:
+    """Whether rows product ``r`` and gram ``g`` of the same rows, ``g``'s B being ``r``'s A
+    (a layer's ``dh = dz @ W^T`` and its weight's gradient ``x^T @ dz``: the caller checks
+    that they read the same memory), have a TF32 function of ours that makes both in one
+    pass over the rows (``joint_tf32_lines``): both of TF32 forms (``tf32_form``), and
+    ``r``'s n a multiple of 16 (each warp the same tiles of C: the emulation's
+    ``mma.sync`` meets the block's threads at a barrier)."""
+    return (
+        form("f32", r.m, r.n, r.k, r.ta, r.tb) == "rows"
+        and form("f32", g.m, g.n, g.k, g.ta, g.tb) == "gram"
+        and tf32_form(r.m, r.n, r.k, r.ta, r.tb)
+        and tf32_form(g.m, g.n, g.k, g.ta, g.tb)
+        and not g.tb
+        and (g.k, g.n) == (r.m, r.k)
+        and r.n % 16 == 0
+    )
+
+
+def joint_tf32_lines(
+    r,
+    g,
+    ga: str,
+    b: str,
+    w: str,
+    c: str,
+    copies: str,
+    gc: str,
+    store: tuple[str, str, str] | None = None,
+    sums: str | None = None,
+) -> list[str]:
+    """The first launch of a rows product ``r`` (``C = B @ op(W)``, ``store`` its epilogue's
+    as ``rows_lines``) and a gram ``g`` (``op(A)^T @ B`` summed over the same rows, as
+    ``gram_part_tf32_lines``: its copies at ``copies``, or C itself at ``gc``; with
+    ``sums``, B's column sums) in one pass over the rows of B (``joint_form``; ``ga``, ``b``,
+    ``w``, ``c``: the C expressions of A's, B's, W's and the rows' C's first elements), with
+    TF32 operands: each block a copy of the gram's at a time, its chunk of rows (as the
+    gram's) a stage of ``JOINT_ROWS`` at a time in shared memory, on which the gram's warps
+    add their ``mma.sync`` products as the gram's do and the rows product's C is made (warp
+    w its 16 rows from 16 (w % 2), every other tile of 8 columns), put through shared
+    memory in the stage's A's place and stored a row's columns together with the epilogue.
+    B's bytes and A's are read from the device's memory once, where the two functions read
+    B twice and A twice (the epilogue's ``1 - h^2`` reads A's rows when A is the layer's h:
+    this block's stage just read them). With other than 128 threads a block each element
+    of either is summed by one thread over its terms in order, as the tensor cores' path
+    sums it on the emulation: the same bits as the two functions' either way."""
+    rows_n, k, m = r.n, r.k, g.m
+    p, sr = parts(g.k), JOINT_ROWS
+    chunk = -(-g.k // p // STAGE_ROWS) * STAGE_ROWS  # (the gram's copies' rows)
+    ld = g.ldc if p == 1 else k
+    ms, ns, nb, cs = _stride(m, 8), _stride(k, 8), _stride(rows_n, 8), rows_n + 4
+    mt, nt, rt, slabs = m // 16, k // 8, rows_n // 8, sr // 16
+    per = MAX_THREADS // 32 // slabs  # (the warps of a stage's 16 rows)
+    rows, col, value = store if store is not None else ("(void)r;", "tl_col", "tl_v")
+    weights = _weights(r, "W", nb)
+    with_sums = []
+    if sums is not None:
+        with_sums = [
+            f"      for (int j = threadIdx.x; j < {k}; j += blockDim.x) {{",
+            "        double v = 0.0;",
+            f"        for (int q = 0; q < {sr}; q++) v += (double)tl_gb[q * {ns} + j];",
+            f"        tl_pd[p * {k} + j] += v;",
+            "      }",
+        ]
+    return [
+        "{",
+        f"  const float *A = {ga};",
+        f"  const float *B = {b};",
+        f"  const float *W = {w};",
+        f"  float *C = {c};",
+        *_copies(g, copies, gc, sums),
+        weights[0],
+        f"  __shared__ float tl_ga[{sr * max(ms, cs)}];  // a stage's A: a row's m, {ms} apart; C",
+        f"  __shared__ float tl_gb[{sr * ns}];  // and B: a row's k, {ns} apart",
+        *weights[1:],
+        "  const int tl_w = threadIdx.x / 32, tl_g = threadIdx.x % 32 / 4, tl_t = threadIdx.x % 4;",
+        f"  const int tl_mi = tl_w % {mt};  // (this warp's 16 rows of the gram's C)",
+        f"  const int tl_ri = tl_w % {slabs}, tl_rj = tl_w / {slabs};  // (its rows of a stage)",
+        f"  for (long long p = blockIdx.x; p < {p}; p += gridDim.x) {{",
+        f"    const long long lo = p * {chunk}, hi = lo + {chunk} < {g.k}LL ? lo + {chunk} : {g.k}LL;",
+        f"    float tl_d[{nt}][4] = {{}};",
+        f"    if (blockDim.x != {MAX_THREADS}) {{  // (the copy summed in its memory)",
+        "      __syncthreads();  // (the copy before read)",
+        f"      for (int e = threadIdx.x; e < {m * k}; e += blockDim.x)",
+        f"        tl_pp[p * {m * k} + e / {k} * {ld} + e % {k}] = 0.0f;",
+        "    }",
+        *(
+            [f"    for (int j = threadIdx.x; j < {k}; j += blockDim.x) tl_pd[p * {k} + j] = 0.0;"]
+            if sums is not None
+            else []
+        ),
+        f"    for (long long r0 = lo; r0 < hi; r0 += {sr}) {{",
+        "      __syncthreads();  // (the stage before read, its C stored)",
+        *_stage(g.ta, "A", g.lda, m, sr, "0", ms, "tl_ga"),
+        *_stage(True, "B", g.ldb, k, sr, "0", ns, "tl_gb"),
+        "      __syncthreads();",
+        f"      if (blockDim.x == {MAX_THREADS}) {{",
+        f"        const float *tl_a0 = tl_ga + tl_t * {ms} + tl_mi * 16 + tl_g;",
+        f"        const float *tl_b0 = tl_gb + tl_t * {ns} + tl_g;",
+        "#pragma unroll 2",
+        f"        for (int kk = 0; kk < {sr}; kk += 8) {{  // (the gram's)",
+        "          unsigned tl_a[4], tl_b[2];",
+        f"          tl_a[0] = tl_tf32(tl_a0[kk * {ms}]), tl_a[1] = tl_tf32(tl_a0[kk * {ms} + 8]);",
+        f"          tl_a[2] = tl_tf32(tl_a0[(kk + 4) * {ms}]);",
+        f"          tl_a[3] = tl_tf32(tl_a0[(kk + 4) * {ms} + 8]);",
+        "#pragma unroll",
+        f"          for (int j = 0; j < {nt}; j++) {{",
+        f"            tl_b[0] = tl_tf32(tl_b0[kk * {ns} + j * 8]);",
+        f"            tl_b[1] = tl_tf32(tl_b0[(kk + 4) * {ns} + j * 8]);",
+        "            tl_mma_tf32(tl_d[j], tl_a, tl_b);",
+        "          }",
+        "        }",
+        f"        float tl_e[{rt // per}][4] = {{}};",
+        f"        const float *tl_r0 = tl_gb + (tl_ri * 16 + tl_g) * {ns} + tl_t;",
+        "#pragma unroll 2",
+        f"        for (int kk = 0; kk < {k}; kk += 8) {{  // (the rows product's)",
+        "          unsigned tl_a[4], tl_b[2];",
+        f"          tl_a[0] = tl_tf32(tl_r0[kk]), tl_a[1] = tl_tf32(tl_r0[kk + {8 * ns}]);",
+        f"          tl_a[2] = tl_tf32(tl_r0[kk + 4]), tl_a[3] = tl_tf32(tl_r0[kk + {8 * ns + 4}]);",
+        "#pragma unroll",
+        f"          for (int j = 0; j < {rt // per}; j++) {{",
+        f"            const int jj = j * {per} + tl_rj;",
+        f"            tl_b[0] = tl_tf32(tl_bs[(kk + tl_t) * {nb} + jj * 8 + tl_g]);",
+        f"            tl_b[1] = tl_tf32(tl_bs[(kk + tl_t + 4) * {nb} + jj * 8 + tl_g]);",
+        "            tl_mma_tf32(tl_e[j], tl_a, tl_b);",
+        "          }",
+        "        }",
+        "        __syncthreads();  // (the stage's A read: the rows' C in its place)",
+        f"        float *tl_c0 = tl_ga + (tl_ri * 16 + tl_g) * {cs} + 2 * tl_t;",
+        "#pragma unroll",
+        f"        for (int j = 0; j < {rt // per}; j++) {{",
+        f"          const int jj = j * {per} + tl_rj;",
+        "          tl_c0[jj * 8] = tl_e[j][0], tl_c0[jj * 8 + 1] = tl_e[j][1];",
+        f"          tl_c0[{8 * cs} + jj * 8] = tl_e[j][2], tl_c0[{8 * cs} + jj * 8 + 1] = tl_e[j][3];",
+        "        }",
+        "      } else {",
+        f"        for (int e = threadIdx.x; e < {m * k}; e += blockDim.x) {{",
+        f"          float v = tl_pp[p * {m * k} + e / {k} * {ld} + e % {k}];",
+        f"          for (int q = 0; q < {sr}; q++)",
+        (
+            f"            v = fmaf(tl_tf32_value(tl_ga[q * {ms} + e / {k}]),"
+            f" tl_tf32_value(tl_gb[q * {ns} + e % {k}]), v);"
+        ),
+        f"          tl_pp[p * {m * k} + e / {k} * {ld} + e % {k}] = v;",
+        "        }",
+        "        __syncthreads();  // (the stage's A read: the rows' C in its place)",
+        f"        for (int e = threadIdx.x; e < {sr * rows_n}; e += blockDim.x) {{",
+        "          float v = 0.0f;",
+        f"          for (int kk = 0; kk < {k}; kk++)",
+        (
+            f"            v = fmaf(tl_tf32_value(tl_gb[e / {rows_n} * {ns} + kk]),"
+            f" tl_tf32_value(tl_bs[kk * {nb} + e % {rows_n}]), v);"
+        ),
+        f"          tl_ga[e / {rows_n} * {cs} + e % {rows_n}] = v;",
+        "        }",
+        "      }",
+        *with_sums,
+        "      __syncthreads();  // (the rows' C in shared memory)",
+        # (the epilogue's loads of 8 elements out before their stores: _epilogue's reason)
+        f"      for (int e0 = threadIdx.x; e0 < {sr * rows_n}; e0 += 8 * blockDim.x) {{",
+        "        float tl_o[8];",
+        "#pragma unroll",
+        "        for (int u = 0; u < 8; u++) {",
+        "          const int e = e0 + u * blockDim.x;",
+        f"          const long long r = r0 + e / {rows_n};",
+        f"          if (e >= {sr * rows_n} || r >= hi) break;",
+        f"          {rows}",
+        f"          const long long {col} = e % {rows_n};  (void){col};",
+        f"          const float tl_v = tl_ga[e / {rows_n} * {cs} + e % {rows_n}];",
+        f"          tl_o[u] = {value};",
+        "        }",
+        "#pragma unroll",
+        "        for (int u = 0; u < 8; u++) {",
+        "          const int e = e0 + u * blockDim.x;",
+        f"          const long long r = r0 + e / {rows_n};",
+        f"          if (e >= {sr * rows_n} || r >= hi) break;",
+        f"          C[r * {r.ldc} + e % {rows_n}] = tl_o[u];",
+        "        }",
+        "      }",
+        "    }",
+        f"    if (blockDim.x == {MAX_THREADS} && tl_w < {mt}) {{",
+        f"      float *tl_c0 = tl_pp + p * {m * k} + (tl_mi * 16 + tl_g) * {ld} + 2 * tl_t;",
+        "#pragma unroll",
+        f"      for (int j = 0; j < {nt}; j++) {{",
+        "        tl_c0[j * 8] = tl_d[j][0], tl_c0[j * 8 + 1] = tl_d[j][1];",
+        f"        tl_c0[{8 * ld} + j * 8] = tl_d[j][2], tl_c0[{8 * ld} + j * 8 + 1] = tl_d[j][3];",
+        "      }",
+        "    }",
+        "  }",
+        "}",
+    ]
+
+
 def _stage(
     rows_first: bool, x: str, ld: int, w: int, sr: int, at: str, stride=None, buf="tl_sm"
 ) -> list[str]:
@@ -890,11 +1097,41 @@ def standalone(
             lines = (gram_part_tf32_lines if tf32 else gram_part_lines)(s, a, b, copies, c, d)
         else:
             lines = gram_sum_lines(s, c, copies, d)
-        fname = f"{name}{kind[0]}"
-        body = "\n".join(x if x.startswith("#") else "  " + x for x in lines)
-        head = (
-            f'extern "C" __global__ void {fname}(void **table, const tl_args args_in, '
-            "char *scratch, int *err, const long long *shift) {"
-        )
-        out.append((fname, f"{head}\n{body}\n}}\n"))
+        out.append(_function(f"{name}{kind[0]}", lines))
     return out
+
+
+def _function(fname: str, lines: list[str]) -> tuple[str, str]:
+    """``(fname, text)``: the lines (``rows_lines``'s and the others') as a function of a
+    module of their own, as the renderer's functions are called (``standalone``)."""
+    body = "\n".join(x if x.startswith("#") else "  " + x for x in lines)
+    head = (
+        f'extern "C" __global__ void {fname}(void **table, const tl_args args_in, '
+        "char *scratch, int *err, const long long *shift) {"
+    )
+    return fname, f"{head}\n{body}\n}}\n"
+
+
+def joint_standalone(
+    r, g, name: str, offsets=(0, 0, 0, 0, 0), sums: bool = False, epilogue: str | None = None
+) -> list[tuple[str, str]]:
+    """A joint function (``joint_tf32_lines``: rows product ``r``, ``C = B @ op(W)``, and
+    gram ``g``, ``op(A)^T @ B``) and the gram's sum of copies (where it has more than one)
+    as functions of a module of their own (a test's or a benchmark's; the caller adds the
+    emulation's entries): A, B, W, the rows' C and the gram's at the table's entries 0 to
+    4, from elements ``offsets``; the copies at the scratch memory (``scratch_bytes`` of
+    ``g``); with ``sums``, B's column sums (float64) at entry 5; the rows' C with
+    ``epilogue`` stored instead (as ``standalone``'s). Named ``name`` and ``j``, ``s``."""
+    oa, ob, ow, oc, og = offsets
+    a, b = f"(const float *)table[0] + {oa}", f"(const float *)table[1] + {ob}"
+    w, c, gc = (
+        f"(const float *)table[2] + {ow}",
+        f"(float *)table[3] + {oc}",
+        f"(float *)table[4] + {og}",
+    )
+    d = "(double *)table[5]" if sums else None
+    store = None if epilogue is None else ("(void)r;", "tl_col", epilogue)
+    texts = [("j", joint_tf32_lines(r, g, a, b, w, c, "scratch", gc, store, d))]
+    if parts(g.k) > 1:
+        texts.append(("s", gram_sum_lines(g, gc, "scratch", d)))
+    return [_function(f"{name}{suffix}", lines) for suffix, lines in texts]

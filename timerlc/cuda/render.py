@@ -471,6 +471,10 @@ GRAM_SUMS = True
 # after ``dz @ W^T``) made by the product's kernel of ours as it stores C
 # (``_Kernel._rows_epilogues``); off: ``scripts/cuda_sweep.py --epilogues 0``
 ROWS_EPILOGUES = True
+# a rows product and the gram whose B is its A (``dz @ W^T`` and ``h^T @ dz``) made in one
+# pass over their rows where TF32 is asked for, as the runtime chooses
+# (``_Kernel._joint_pair``, ``GemmCall.joint``)
+JOINTS = True
 _SIZE = {"bool": 1, "i32": 4, "i64": 8, "f32": 4, "f64": 8}
 
 
@@ -488,6 +492,9 @@ class _Own:
     sums: tuple = ()
     epilogue: object = None
     tf32: bool = False  # (its operands TF32, the tensor cores': products.tf32_form)
+    # (kind joint: the gram whose B is this rows product's A, made in the same pass over
+    # their rows, ``_Kernel._joint``; ``acc``, ``sums``: its column sums')
+    other: object = None
 
 
 @dataclass(frozen=True)
@@ -521,6 +528,7 @@ class _Step:
         if self.kind == "gemm" and self.form is not None:
             # (a gram with its B's column sums; a rows product with its epilogue)
             extra = [self.form.epilogue] if self.form.epilogue is not None else []
+            extra += [self.form.other] if self.form.other is not None else []
             return [self.body, *self.form.sums, *extra]
         if self.kind == "either":
             return list(self.body)
@@ -745,6 +753,7 @@ class _Kernel:
         memory after the temporaries; a failing step sets ``*err`` and the steps after it
         return at once."""
         steps = self._steps()
+        self._partners_next(steps)
         units = self._units(steps)
         self._repack(steps, units)
         defined = [_lets(st.body) if st.kind == "serial" else {} for st in steps]
@@ -781,9 +790,11 @@ class _Kernel:
                 steps[j] = dataclasses.replace(st, form=dataclasses.replace(st.form, at=at))
         bufs = [_buffers(st.statements()) for st in steps]
         out, own = [], []
+        blas_at: dict[int, int] = {}  # (a blas step -> its phase)
         for j, head, tail in units:
             st = steps[j]
             if st.kind == "blas":  # (the device's BLAS; and the functions of ours, if any)
+                blas_at[j] = len(self.phases)
                 self.phases.append(self.own_product(j, st, own))
                 continue
             fname = f"{self.k.name}_{j}" if out else self.k.name
@@ -795,7 +806,86 @@ class _Kernel:
                 (steps[t], set().union(*(b for q, b in enumerate(bufs) if q != t))) for t in tail
             ]
             out.append(self.phase(fname, st, loads, stores, passed, then or None))
+        paired: set[int] = set()
+        for j, i in blas_at.items():  # (two products in one pass over their rows: _joint)
+            if blas_at.get(j + 1) != i + 1 or j in paired:
+                continue
+            pair = self._joint_pair(steps[j], steps[j + 1])
+            if pair is not None:
+                gram = self.phases[i + (pair[1] is steps[j + 1])]
+                joint = self._joint(j, *pair, gram, own)
+                self.phases[i] = dataclasses.replace(self.phases[i], joint=joint)
+                paired.add(j + 1)
         return "\n".join(out + own)
+
+    def _partners_next(self, steps: list[_Step]):
+        """``steps`` with each product that one pass over its rows can make with an earlier
+        product (``_joint_pair``) moved to just after it, where only products lie between
+        them and it touches nothing of theirs (a minibatch step's gradient ``dz @ W^T``
+        first, then three weights' gradients, its own ``h^T @ dz`` the last: the joint
+        covers the launch after its product's, ``GemmCall.joint``)."""
+        if not (self.choosing and JOINTS):
+            return
+        shared = frozenset(self.k.shared)
+        for j, st in enumerate(steps):
+            if st.kind != "blas" or (
+                j + 1 < len(steps) and self._joint_pair(st, steps[j + 1]) is not None
+            ):
+                continue
+            for q in range(j + 2, len(steps)):
+                if steps[q - 1].kind != "blas":
+                    break
+                if self._joint_pair(st, steps[q]) is None:
+                    continue
+                mine = steps[q].statements()
+                if all(_independent(steps[x].statements(), mine, shared) for x in range(j + 1, q)):
+                    steps.insert(j + 1, steps.pop(q))
+                break
+
+    def _joint_pair(self, first: _Step, second: _Step) -> tuple | None:
+        """Two consecutive blas steps as ``(rows, gram)`` where one pass over their rows can
+        make both (``products.joint_form``: the gram's B the rows product's A, the same
+        memory at the same offset, rows as far apart; a layer's ``dz @ W^T`` with its
+        epilogue and its weight's gradient ``h^T @ dz`` with its bias's sums), neither
+        writing what the other touches, no donor's memory among theirs; else None. Not for
+        ``functions()``'s count (no function of its own: it replaces two)."""
+        if not (self.choosing and JOINTS and first.kind == second.kind == "blas"):
+            return None
+        shared = frozenset(self.k.shared)
+        for r, g in ((first, second), (second, first)):
+            rs, gs = r.form, g.form
+            if not (
+                products.joint_form(rs, gs)
+                and (gs.b, gs.boff, gs.ldb) == (rs.a, rs.aoff, rs.lda)
+                and (r.own is None or r.own.kind == "rows")
+                and (g.own is None or g.own.kind == "gram")
+            ):
+                continue
+            a, b = r.statements(), g.statements()
+            if not (_buffers(a) | _buffers(b)) & shared and _independent(a, b, shared):
+                return r, g
+        return None
+
+    def _joint(self, j: int, r: _Step, g: _Step, gram: items.GemmCall, out: list) -> tuple:
+        """The functions (their text onto ``out``) that make rows step ``r``'s product with
+        its epilogue and gram step ``g``'s with its column sums in one pass over their rows
+        (``products.joint_tf32_lines``, TF32 operands), then the gram's copies added by its
+        own function (``gram``'s): the first product's ``GemmCall.joint``."""
+        rs, gs = r.form, g.form
+        sums = g.own is not None and g.own.acc is not None
+        at = self._copies_region(products.scratch_bytes(gs.m, gs.n, gs.k, gs.ta, gs.tb, sums))
+        own = _Own(
+            "joint",
+            at,
+            g.own.acc if sums else None,
+            g.own.sums if sums else (),
+            r.own.epilogue if r.own is not None else None,
+            True,
+            gs,
+        )
+        text = self.phase(f"{self.k.name}_{j}j", _Step("gemm", rs, form=own), [], [], {})
+        out.append(f"#if !defined(TL_EMU) || defined(TL_EMU_TF32)\n{text}#endif\n")
+        return (self.phases.pop(), *gram.tf32[1:])
 
     def _copies_region(self, nbytes: int) -> int:
         """The byte of the scratch memory a product of ours keeps its ``nbytes`` of copies
@@ -1443,7 +1533,13 @@ class _Kernel:
             if kind == "gemm" and st.form is not None:  # (a gram's launches: no C; C alone)
                 one = products.launches(body.m, body.n, body.k, body.ta, body.tb) == ("part",)
                 sums = list(st.form.sums[:1])  # (its column sums')
-                if st.form.kind == "part" and not one:
+                if st.form.kind == "joint":  # (the rows product's, and the gram's as a part)
+                    g = st.form.other
+                    one = products.launches(g.m, g.n, g.k, g.ta, g.tb) == ("part",)
+                    epilogue = [st.form.epilogue] if st.form.epilogue is not None else []
+                    gram = [g, *sums] if one else [dataclasses.replace(g, c=g.a)]
+                    used = [body, *epilogue, *gram]
+                elif st.form.kind == "part" and not one:
                     used = [dataclasses.replace(body, c=body.a)]
                 elif st.form.kind == "part":
                     used = [body, *sums]
@@ -1642,6 +1738,13 @@ class _Kernel:
             else:
                 lines = products.rows_lines(s, a, b, c, store)
                 threads = products.rows_threads(s.m, s.n, s.k)
+        elif kind == "joint":
+            g = form.other
+            store = self._epilogue_store(s, form.epilogue) if form.epilogue else None
+            ga = f"{buf(g.a)} + ({self.expr(g.aoff)})"
+            gc = f"{buf(g.c)} + ({self.expr(g.coff)})"
+            lines = products.joint_tf32_lines(s, g, ga, a, b, c, copies, gc, store, sums)
+            threads = products.gram_part_threads(g.k)
         elif kind == "part":
             part = products.gram_part_tf32_lines if form.tf32 else products.gram_part_lines
             lines = part(s, a, b, copies, c, sums)

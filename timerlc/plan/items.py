@@ -258,7 +258,11 @@ class GemmCall:
     ``then``: functions launched after the BLAS's product (not after ours), where ours
     make more than the product (an epilogue's elementwise loop, ``cuda.render``).
     ``tf32``: functions that compute what ``own``'s do with TF32 operands (the tensor
-    cores'), which run in their place where TF32 is asked for (``--matmul-precision``)."""
+    cores'), which run in their place where TF32 is asked for (``--matmul-precision``).
+    ``joint``: TF32 functions that make this product and the next launch's (a product with
+    TF32 functions too, ``cuda.products.joint_tf32_lines``) with what each one's functions
+    of ours make, in one pass over their rows: where TF32 is asked for, the runtime may run
+    them in place of both."""
 
     dtype: str
     m: int
@@ -271,6 +275,7 @@ class GemmCall:
     own: tuple[tuple[str, int], ...] = ()
     then: tuple[tuple[str, int], ...] = ()
     tf32: tuple[tuple[str, int], ...] = ()
+    joint: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,6 +504,7 @@ def _phase_json(f) -> list | dict:
         | ({"own": [list(x) for x in f.own]} if f.own else {})
         | ({"then": [list(x) for x in f.then]} if f.then else {})
         | ({"tf32": [list(x) for x in f.tf32]} if f.tf32 else {})
+        | ({"joint": [list(x) for x in f.joint]} if f.joint else {})
     }
 
 
@@ -921,6 +927,16 @@ class _Reader:
             if not isinstance(f, list) or len(f) != 2:
                 self.fail(f"expected [function, threads] or {{'gemm': ...}}, got {_short(f)}")
             phases.append((self.ident(f[0]), self.int_(f[1], 1, MAX_THREADS)))
+        for q, f in enumerate(phases):  # (a product's joint functions make the next one's)
+            if not (isinstance(f, GemmCall) and f.joint):
+                continue
+            after = phases[q + 1] if q + 1 < len(phases) else None
+            if not (isinstance(after, GemmCall) and after.tf32) or after.joint:
+                self.path.append(f"[{q}].gemm.joint")
+                self.fail(
+                    "joint functions make the next launch's product too, which is not a "
+                    "product with TF32 functions of ours (and no joint functions of its own)"
+                )
         return tuple(phases)
 
     def fused_launch_row(self, v, loops: tuple) -> tuple[int, tuple]:
@@ -933,7 +949,11 @@ class _Reader:
 
     def gemm_call(self, v, loops: tuple) -> GemmCall:
         d = self.field(
-            self.obj(v, ("gemm",)), "gemm", self.obj, GEMM_KEYS, ("own", "then", "tf32")
+            self.obj(v, ("gemm",)),
+            "gemm",
+            self.obj,
+            GEMM_KEYS,
+            ("own", "then", "tf32", "joint"),
         )
         dtype = self.field(d, "dtype", self.text, 8)
         if dtype not in ("f32", "f64"):
@@ -945,7 +965,7 @@ class _Reader:
         c = self.field(d, "c", self.operand, loops, None, (m, n))
         when = self.field(d, "when", self.expr, loops, "bool")
         own, then = self.functions(d, "own"), self.functions(d, "then")
-        tf32 = self.functions(d, "tf32")
+        tf32, joint = self.functions(d, "tf32"), self.functions(d, "joint")
         for key, got in (("then", then), ("tf32", tf32)):
             if got and not own:
                 self.path.append(f".{key}")
@@ -953,7 +973,10 @@ class _Reader:
         if tf32 and len(tf32) != len(own):
             self.path.append(".tf32")
             self.fail(f"{len(tf32)} TF32 functions for {len(own)} of ours")
-        return GemmCall(dtype, m, n, k, a, b, c, when, own, then, tf32)
+        if joint and not tf32:
+            self.path.append(".joint")
+            self.fail("joint functions where the product has no TF32 functions of ours")
+        return GemmCall(dtype, m, n, k, a, b, c, when, own, then, tf32, joint)
 
     def functions(self, d: dict, key: str) -> tuple:
         """A product's optional list of ``[function, threads]`` (``own``, ``then``)."""

@@ -961,6 +961,10 @@ class DeviceRuntime(CpuRuntime):
         # the shapes whose faster functions of ours computed another C than the BLAS's at
         # their first call (``_product_choice``): how far (``disagreement``); the BLAS's runs
         self.product_disagreements: dict[tuple, float] = {}
+        # per pair of products with joint functions (``_joint``: keyed ``("joint", its
+        # functions...)``): the seconds of the two apart and of the joint, and whether the
+        # joint runs
+        self.joint_choices: dict[tuple, tuple[float | None, float | None, bool]] = {}
         # the launches and products the device ran one after another: each outside a graph,
         # and a graph's longest chain of waits per replay (``graphs.Order``: a GPU runs its
         # other calls beside that chain); a measure of the device's side without a device
@@ -1462,9 +1466,17 @@ class DeviceRuntime(CpuRuntime):
         def launch(_table, _args, _scratch) -> int:
             if not state:
                 fns = []
-                for f in phases:
+                tf32 = getattr(self.device, "matmul", "float32") == "tensorfloat32"
+                joined = -1  # (a product the one before it runs with: _joint)
+                for q, f in enumerate(phases):
+                    if q == joined:
+                        continue
                     if isinstance(f, GemmCall):
-                        fns.append((self._gemm(sid, f, scratch), 0))
+                        run = self._gemm(sid, f, scratch)
+                        if f.joint and tf32:  # (the next launch, a product: items' check)
+                            joined = q + 1
+                            run = self._joint(f, run, self._gemm(sid, phases[q + 1], scratch))
+                        fns.append((run, 0))
                         continue
                     fns.append(self._function(*f))
                 fns = tuple(fns)
@@ -1555,17 +1567,16 @@ class DeviceRuntime(CpuRuntime):
         key = product_key(call)
         chosen: list = []  # (whether ours runs, once chosen)
 
-        def launch(fns, args, scratch_ptr: int):  # (ours, or what runs after the BLAS's)
-            for fn, grid in fns:
-                self.device.launch(fn, self.dtable, args, scratch_ptr, grid, self._shift)
-                self.launches += 1
-                self.chained += 1
+        launch = self._launch_all  # (ours, or what runs after the BLAS's)
+        at: list = []  # (the operands' addresses at the call: ready's)
 
-        def run(args, scratch_ptr: int):
+        def ready(args, scratch_ptr: int) -> bool:
+            """Whether the product runs at the call (``when``), its operands checked to lie
+            in their memory (their addresses in ``at``)."""
             values = tuple(int(v) for v in args)
             if not when(values):
-                return
-            at = []
+                return False
+            at.clear()
             for o, off, (rows, cols) in zip(ops, offsets, shapes):
                 base, nbytes = memory(o, scratch_ptr)
                 first = off(values)
@@ -1575,48 +1586,105 @@ class DeviceRuntime(CpuRuntime):
                         f"or writes outside its memory at {dict(zip(loops, values))}"
                     )
                 at.append(base + first * size)
+            return True
 
-            def blas():
-                self.device.gemm(
-                    call.dtype,
-                    call.m,
-                    call.n,
-                    call.k,
-                    at[0],
-                    a.ld,
-                    a.t,
-                    at[1],
-                    b.ld,
-                    b.t,
-                    at[2],
-                    c.ld,
-                )
-                self.blas_calls += 1
-                self.chained += 1
-                launch(then, args, scratch_ptr)
+        def blas(args, scratch_ptr: int):
+            self.device.gemm(
+                call.dtype,
+                call.m,
+                call.n,
+                call.k,
+                at[0],
+                a.ld,
+                a.t,
+                at[1],
+                b.ld,
+                b.t,
+                at[2],
+                c.ld,
+            )
+            self.blas_calls += 1
+            self.chained += 1
+            launch(then, args, scratch_ptr)
 
-            def result() -> np.ndarray:  # (C's memory, as the product left it)
-                dt = np.float32 if call.dtype == "f32" else np.float64
-                host = np.empty((call.m - 1) * c.ld + call.n, dt)
-                self.device.download(at[2], host)
-                return host
+        def result() -> np.ndarray:  # (C's memory, as the product left it)
+            dt = np.float32 if call.dtype == "f32" else np.float64
+            host = np.empty((call.m - 1) * c.ld + call.n, dt)
+            self.device.download(at[2], host)
+            return host
 
+        def way(args, scratch_ptr: int):
+            """The product (``ready`` at the call) as ours or the BLAS's, as chosen."""
             if own and not chosen:
                 got = self._product_choice(
-                    key, blas, lambda: launch(own, args, scratch_ptr), result
+                    key,
+                    lambda: blas(args, scratch_ptr),
+                    lambda: launch(own, args, scratch_ptr),
+                    result,
                 )
                 if got is None:  # (not chosen while a graph is captured: the BLAS's, now)
-                    blas()
+                    blas(args, scratch_ptr)
                     return
                 chosen.append(got)
             if chosen and chosen[0]:
                 launch(own, args, scratch_ptr)
             else:
-                blas()
+                blas(args, scratch_ptr)
+
+        def run(args, scratch_ptr: int):
+            if ready(args, scratch_ptr):
+                way(args, scratch_ptr)
+
+        run.ready, run.way, run.result = ready, way, result  # (for a joint: _joint)
+        return run
+
+    def _launch_all(self, fns, args, scratch_ptr: int):
+        """Functions of the module launched one after another (``_function``'s)."""
+        for fn, grid in fns:
+            self.device.launch(fn, self.dtable, args, scratch_ptr, grid, self._shift)
+            self.launches += 1
+            self.chained += 1
+
+    def _joint(self, call: GemmCall, first, second):
+        """Products ``first`` and ``second`` (``_gemm``'s, of ``call`` and the launch after
+        it) as one function of the call's loop values and the scratch memory's address: where
+        the device computes float32 products in TF32 and both run at the call,
+        ``call.joint`` (our functions that make both in one pass over their rows) or the two
+        as each is chosen, as the products policy chooses between those two ways
+        (``_product_choice``, both C's compared; ``joint_choices``); else the two."""
+        fns = [self._function(*f) for f in call.joint]
+        key = ("joint", *(f for f, _ in call.joint))
+        chosen: list = []
+
+        def run(args, scratch_ptr: int):
+            if not (first.ready(args, scratch_ptr) and second.ready(args, scratch_ptr)):
+                first(args, scratch_ptr)
+                second(args, scratch_ptr)
+                return
+
+            def apart():
+                first.way(args, scratch_ptr)
+                second.way(args, scratch_ptr)
+
+            def joint():
+                self._launch_all(fns, args, scratch_ptr)
+
+            if not chosen:
+                got = self._product_choice(
+                    key, apart, joint, lambda: [first.result(), second.result()], True
+                )
+                if got is None:
+                    apart()
+                    return
+                chosen.append(got)
+            if chosen[0]:
+                joint()
+            else:
+                apart()
 
         return run
 
-    def _product_choice(self, key: tuple, blas, ours, result=None) -> bool | None:
+    def _product_choice(self, key: tuple, blas, ours, result=None, joint=False) -> bool | None:
         """Whether a product of shape ``key`` runs as our functions (``ours``) rather than
         the device's BLAS (``blas``): as the device's policy says (``products_policy``);
         where it says ``fastest``, each timed ``PRODUCT_TRIALS`` times at the shape's first
@@ -1625,13 +1693,16 @@ class DeviceRuntime(CpuRuntime):
         BLAS's within ``PRODUCT_TOLERANCE`` (else the BLAS's runs, and the distance is in
         ``product_disagreements``: our kernels are proved on the emulation, and a GPU could
         still show one wrong); None while a graph is captured and the shape was not yet
-        timed (no wait there)."""
-        got = self.product_choices.get(key)
+        timed (no wait there). With ``joint``, ``blas`` is two products each as chosen and
+        ``ours`` their joint functions (``_joint``), ``result`` a list of both C's, each
+        compared; the choice is in ``joint_choices``."""
+        choices = self.joint_choices if joint else self.product_choices
+        got = choices.get(key)
         if got is not None:
             return got[2]
         policy = self.device.products
         if policy != "fastest":
-            self.product_choices[key] = (None, None, policy == "ours")
+            choices[key] = (None, None, policy == "ours")
             return policy == "ours"
         if self._capturing:
             return None
@@ -1649,12 +1720,15 @@ class DeviceRuntime(CpuRuntime):
                 f()
                 device.elapsed(device.mark(), device.mark())  # (the stream done: C there)
                 outputs.append(result())
-            far = disagreement(outputs[1], outputs[0])
+            if joint:  # (each product's C against its own)
+                far = max(disagreement(x, y) for x, y in zip(outputs[1], outputs[0]))
+            else:
+                far = disagreement(outputs[1], outputs[0])
             if far > PRODUCT_TOLERANCE.get(getattr(device, "matmul", "float32"), 1e-3):
                 self.product_disagreements[key] = far
                 faster = False  # (the call runs the BLAS's next: C as it leaves it)
         got = (min(times[0]), min(times[1]), faster)
-        self.product_choices[key] = got
+        choices[key] = got
         return got[2]
 
     def _settle(self, final: bool = False):
