@@ -30,6 +30,8 @@ on the device (``--emu``: the emulated one, for the plumbing only):
     python scripts/cuda_overheads.py --set B=2048 --set T=128 --set total_steps=2621440
     python scripts/cuda_overheads.py --emu --set B=16 --set T=16 --set total_steps=1280
     python scripts/cuda_overheads.py --kernels --program reinforce --set B=2048 --set T=128
+    python scripts/cuda_overheads.py --kernels --matmul-precision tensorfloat32 --set B=2048 \
+        --set T=128 --set total_steps=1572864     # TF32 products (ours, joint ones)
 """
 
 from __future__ import annotations
@@ -354,10 +356,17 @@ def main() -> int:
         help="only the program without graphs, each launch and product timed (where the "
         "device's time goes)",
     )
+    ap.add_argument(
+        "--matmul-precision",
+        default="float32",
+        choices=("float32", "tensorfloat32"),
+        help="the device's float32 products (tensorfloat32: TF32 on the tensor cores, ours "
+        "and cuBLAS's, as `timerlc run --matmul-precision`)",
+    )
     args = ap.parse_args()
     from cuda_gpu_check import open_device
 
-    device = open_device(args.emu, "cuda_overheads")
+    device = open_device(args.emu, "cuda_overheads", args.matmul_precision)
     if device is None:
         return 2
     sets = dict(s.split("=", 1) for s in args.set)

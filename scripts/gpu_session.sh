@@ -18,7 +18,8 @@
 # launched alone). "products" (not by default): scripts/cuda_sweep.py over PPO 2048 with
 # its products as cuBLAS's or timed against ours, and its bias gradients riding on their
 # grams or not (cuda/products.py). "check-tf32" (not by default): the check stage with TF32
-# products. "ncu" (not by default, a GPU only): Nsight Compute's sections for the
+# products. "kernels-tf32" (not by default): the kernels stage's PPO with TF32 products
+# (ours, and the joint functions of a layer's gradient and its weight's). "ncu" (not by default, a GPU only): Nsight Compute's sections for the
 # kernels NCU_KERNELS names (a regex), in PPO at the kernels stage's sizes (the names
 # depend on them: at other sizes the plan and its functions differ).
 #
@@ -111,6 +112,9 @@ stage overheads 80 $PY scripts/cuda_overheads.py "${CHECK[@]}" --set B=2048 --se
 stage kernels 60 bash -c "$PY scripts/cuda_overheads.py ${CHECK[*]} --kernels --set B=2048 \
   --set T=128 --set total_steps=1572864 && $PY scripts/cuda_overheads.py ${CHECK[*]} \
   --kernels --program reinforce --set B=2048 --set T=128 --set I=6"
+# (not by default: PPO's kernels with TF32 products, ours and the joint ones where faster)
+stage kernels-tf32 60 $PY scripts/cuda_overheads.py "${CHECK[@]}" --kernels \
+  --matmul-precision tensorfloat32 --set B=2048 --set T=128 --set total_steps=1572864
 # PPO's skinny products: cuBLAS (float32, TF32) against ours (cuda/products.py)
 stage skinny 40 $PY scripts/cuda_skinny.py "${CHECK[@]}"
 # PPO 2048's minibatch step with cuBLAS's products only (no gram sums, no epilogues), then

@@ -868,3 +868,29 @@ def test_a_plan_s_joint_functions_are_data():
         (lambda ph: ph.reverse(), "joint functions make the next"),
     ]
     refuses_changed_plans(data, cases, _joint_json)
+
+
+@pytest.mark.parametrize("steps", [524288, 1572864])
+def test_ppo_s_two_layer_gradients_and_their_weights_have_joint_functions(steps):
+    """PPO 2048's minibatch step: each of the two networks' second layers' ``dz @ W^T``
+    has a joint function with its weight's gradient ``h^T @ dz`` (the gram whose B is its
+    A), also where the kernel made the weights' gradients in another order, the gram after
+    two others (at 524,288 steps: moved next to the rows product, ``_partners_next``)."""
+    path = ROOT / "programs" / "ppo.rtl"
+    sets = {"B": "2048", "T": "128", "total_steps": str(steps)}
+    gen = generate(compile_plan(run_passes(graph_of(path.read_text(), **sets))), "cuda")
+    pairs = 0
+    for _, phases in gen.plan.kernels.fused_launches:
+        calls = [f for f in phases if isinstance(f, items.GemmCall)]
+        for r in calls:
+            if not r.tf32 or products.form("f32", r.m, r.n, r.k, r.a.t, r.b.t) != "rows":
+                continue
+            partners = [
+                g for g in calls if g.k == r.m and (g.b.at, g.b.offset) == (r.a.at, r.a.offset)
+            ]
+            assert len(partners) <= 1
+            if partners:
+                pairs += 1
+                at = phases.index(r)
+                assert r.joint and phases[at + 1] is partners[0], (r, phases)
+    assert pairs == 2
