@@ -21,7 +21,15 @@ all of them. The knobs:
   rows product made by the product's function of ours; 0: a launch of its own after it);
 - ``--product-parts``: ``cuda.products.MAX_PARTS``, the most copies a gram sums into;
 - ``--copy-batch``: ``cuda.products.COPY_BATCH``, the loads a thread issues at a time into
-  shared memory.
+  shared memory;
+- ``--joints``: ``cuda.render.JOINTS`` (1: a layer's gradient and its weight's gradient
+  with joint functions, which the runtime times against the two where TF32 is asked for;
+  0: none);
+- ``--fuse-ties``: ``codegen.tree.SEQ_TIES`` (1: consecutive calls joined into one kernel
+  where that launches no more functions, larger kernels; 0: only where fewer).
+
+``--matmul-precision tensorfloat32`` runs them all with TF32 products (ours, cuBLAS's, the
+joint functions).
 
 On the H100 (2026-11-27) it chose the grid (65,535 blocks: 13.2 ms an iteration in PPO's
 minibatch step; 4,224: 9.3; 2,112, the GPU's own: 9.2-9.3; 1,056: 9.5) and the unroll (4:
@@ -36,6 +44,8 @@ the step's forward and backward, 64: 12.6, 1,024 at 4,224 blocks: 9.8). docs/per
         --set T=128 --set total_steps=1572864
     python scripts/cuda_sweep.py --products fastest --epilogues 0,1 --set B=2048 \\
         --set T=128 --set total_steps=1572864
+    python scripts/cuda_sweep.py --matmul-precision tensorfloat32 --products fastest \
+        --joints 0,1 --fuse-ties 0,1 --set B=2048 --set T=128 --set total_steps=1572864
     python scripts/cuda_sweep.py --emu --parts 256,64 --set B=16 --set T=8 --set total_steps=512
 """
 
@@ -70,14 +80,23 @@ def main() -> int:
     ap.add_argument("--epilogues", default="1", help="comma-separated ROWS_EPILOGUES (0, 1)")
     ap.add_argument("--product-parts", default="256", help="comma-separated MAX_PARTS values")
     ap.add_argument("--copy-batch", default="8", help="comma-separated COPY_BATCH values")
+    ap.add_argument("--joints", default="1", help="comma-separated JOINTS values (0, 1)")
+    ap.add_argument("--fuse-ties", default="0", help="comma-separated SEQ_TIES values (0, 1)")
+    ap.add_argument(
+        "--matmul-precision",
+        default="float32",
+        choices=("float32", "tensorfloat32"),
+        help="the device's float32 products (as `timerlc run --matmul-precision`)",
+    )
     ap.add_argument("--top", type=int, default=3, help="the runs of graphs shown per line")
     args = ap.parse_args()
     import cuda_overheads as co
     from cuda_gpu_check import open_device
 
+    from timerlc.codegen import tree
     from timerlc.cuda import products, render
 
-    device = open_device(args.emu, "cuda_sweep")
+    device = open_device(args.emu, "cuda_sweep", args.matmul_precision)
     if device is None:
         return 2
     own = device.MAX_BLOCKS
@@ -93,11 +112,25 @@ def main() -> int:
         numbers(args.epilogues),
         numbers(args.product_parts),
         numbers(args.copy_batch),
+        numbers(args.joints),
+        numbers(args.fuse_ties),
     )
-    for parts, array_parts, unroll, blocks, policy, sums, epi, pparts, batch in knobs:
+    for (
+        parts,
+        array_parts,
+        unroll,
+        blocks,
+        policy,
+        sums,
+        epi,
+        pparts,
+        batch,
+        joints,
+        ties,
+    ) in knobs:
         render.PARTS, render.ARRAY_PARTS, render.UNROLL = parts, array_parts, unroll
         render.GRAM_SUMS, products.MAX_PARTS, products.COPY_BATCH = bool(sums), pparts, batch
-        render.ROWS_EPILOGUES = bool(epi)
+        render.ROWS_EPILOGUES, render.JOINTS, tree.SEQ_TIES = bool(epi), bool(joints), bool(ties)
         device.MAX_BLOCKS = blocks or own
         device.products = policy
         co._GENERATED.clear()  # (a build of its own: the knobs change the kernels)
@@ -105,7 +138,7 @@ def main() -> int:
         label = (
             f"PARTS {parts:5d} ARRAY_PARTS {array_parts:5d} UNROLL {unroll:3d} "
             f"blocks {device.MAX_BLOCKS:6d} products {policy} GRAM_SUMS {sums} EPILOGUES {epi} "
-            f"MAX_PARTS {pparts} COPY_BATCH {batch}"
+            f"MAX_PARTS {pparts} COPY_BATCH {batch} JOINTS {joints} SEQ_TIES {ties}"
         )
         try:
             r = co.program(device, args.program, sets, True, True, True)

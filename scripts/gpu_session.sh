@@ -19,7 +19,9 @@
 # its products as cuBLAS's or timed against ours, and its bias gradients riding on their
 # grams or not (cuda/products.py). "check-tf32" (not by default): the check stage with TF32
 # products. "kernels-tf32" (not by default): the kernels stage's PPO with TF32 products
-# (ours, and the joint functions of a layer's gradient and its weight's). "ncu" (not by default, a GPU only): Nsight Compute's sections for the
+# (ours, and the joint functions of a layer's gradient and its weight's). "sweep-tf32" (not
+# by default): cuda_sweep.py with TF32 products, the joint functions and the kernels'
+# fusion at equal launches (codegen.tree.SEQ_TIES) on and off. "ncu" (not by default, a GPU only): Nsight Compute's sections for the
 # kernels NCU_KERNELS names (a regex), in PPO at the kernels stage's sizes (the names
 # depend on them: at other sizes the plan and its functions differ).
 #
@@ -124,6 +126,11 @@ stage products 200 bash -c "$PY scripts/cuda_sweep.py ${CHECK[*]} --products bla
   --gram-sums 0 --epilogues 0 --set B=2048 --set T=128 --set total_steps=1572864 && \
   $PY scripts/cuda_sweep.py ${CHECK[*]} --products fastest --gram-sums 0,1 --epilogues 0,1 \
   --set B=2048 --set T=128 --set total_steps=1572864"
+# (not by default: the same with TF32 products, the joint functions of a layer's gradient
+# and its weight's on and off, calls joined into kernels at equal launches or not)
+stage sweep-tf32 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --matmul-precision tensorfloat32 \
+  --products fastest --joints 0,1 --fuse-ties 0,1 --set B=2048 --set T=128 \
+  --set total_steps=1572864
 # Nsight Compute (on the device image's PATH) over the kernels NCU_KERNELS names (a regex of
 # function names, which depend on the program's sizes: these are the kernels stage's PPO's),
 # the first call of each: where a kernel's time goes (memory, occupancy, stalls); by

@@ -24,6 +24,12 @@ from timerlc.plan.items import Call, Free, Plan, SwapIn, SwapOut
 from timerlc.plan.items import If as PlanIf
 from timerlc.plan.items import Loop as PlanLoop
 
+# the cuda target: two calls one after the other joined by ``fuse.seq`` where their kernel
+# launches fewer functions than the two (False), or no more (True: larger kernels, whose
+# steps the renderer may then join across statements, ``cuda.render``; PPO 2048's minibatch
+# step in three kernels; not yet measured on a GPU: ``scripts/cuda_sweep.py --fuse-ties``)
+SEQ_TIES = False
+
 
 def lower_tree(
     plan: Plan,
@@ -101,7 +107,8 @@ class _Tree:
                     if k is None and self.horizontal and self.cost is not None:
                         k = seq(a, self.kernels[it.sid], name)
                         b = self.kernels[it.sid]
-                        if k is not None and self.cost_of(k) >= self.cost_of(a) + self.cost_of(b):
+                        both = self.cost_of(a) + self.cost_of(b)
+                        if k is not None and self.cost_of(k) >= both + SEQ_TIES:
                             k = None
                     if k is not None and self.horizontal and k.scratch_bytes > self.cap():
                         # (the cuda target's scratch is one block, the largest any kernel
