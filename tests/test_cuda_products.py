@@ -20,7 +20,7 @@ from test_cuda_runtime import REDUCTIONS, _gemm_json, _key, graph_of, same_outpu
 
 from timerlc import runner
 from timerlc.codegen import kir
-from timerlc.codegen.generate import _with_launches, generate
+from timerlc.codegen.generate import _with_launches, generate, listing
 from timerlc.compiler import compile_plan, run_passes
 from timerlc.cuda import nvrtc, products, render
 from timerlc.cuda.emu import compiler
@@ -852,6 +852,11 @@ def test_a_plan_s_joint_functions_are_data():
     functions and none joint of its own."""
     gen = generate(compile_plan(run_passes(graph_of(JOINT))), "cuda")
     data = items.to_json(gen.plan)
+    # (--dump-ir's listing: a fused kernel's launches too)
+    (phases,) = [
+        p for _, p in gen.plan.kernels.fused_launches if any(getattr(f, "joint", 0) for f in p)
+    ]
+    assert _with_launches("", phases) + "\n" in listing(gen)
 
     def first(ph):
         return next(f["gemm"] for f in ph if isinstance(f, dict))

@@ -152,7 +152,11 @@ def listing(gen: Generated) -> str:
     )
     launches = dict(gen.plan.kernels.launches) if gen.plan.kernels else {}
     parts = [head] + [_with_launches(kir.text(k), launches.get(k.sid)) for k in gen.kernels]
-    parts += [kir.text(k) for k in gen.fused]
+    fused = {}  # (a fused kernel's phases, by its statements: plan.kernels.fused's order)
+    if gen.plan.kernels and gen.plan.kernels.fused_launches:
+        rows = zip(gen.plan.kernels.fused, gen.plan.kernels.fused_launches)
+        fused = {sids: phases for sids, (_, phases) in rows}
+    parts += [_with_launches(kir.text(k), fused.get(k.parts)) for k in gen.fused]
     parts += [kir.tree_text(t) for t in gen.trees]
     if gen.interpreted:
         rows = [f"  statement {sid}: {why}" for sid, why in sorted(gen.interpreted.items())]
