@@ -253,11 +253,13 @@ def test_our_tf32_products_compute_numpy_s_on_the_emulated_device(tmp_path):
 # product's n, the gram's m, W stored transposed, A stored N x m, pads of B's, W's, A's,
 # the rows' C's and the gram's C's rows)
 JOINT_SHAPES = [
-    (700, 64, 64, 64, True, True, 0, 0, 0, 0, 0),  # PPO's dz @ W^T and h^T @ dz: 2 copies
+    (520, 64, 64, 64, True, True, 0, 0, 0, 0, 0),  # PPO's dz @ W^T, h^T @ dz: 2 copies, short
     (100, 16, 32, 16, False, True, 3, 1, 2, 1, 3),  # one copy: the gram's C itself
     (1030, 24, 16, 48, True, False, 1, 2, 5, 0, 2),  # A stored m x N; 3 warps of C's rows
 ]
-JOINT_OFFSETS = (3, 1, 2, 5, 4)  # (A, B, W, the rows' C, the gram's C: not 16 bytes aligned)
+# (A's, B's, W's, the rows' C's and the gram's C's first elements: not 16 bytes aligned;
+# zeros: aligned where the rows are, each stage's loads of 16 bytes issued a stage ahead)
+JOINT_OFFSETS = ((3, 1, 2, 5, 4), (0, 0, 0, 0, 0))
 JOINT_EPILOGUE = "tl_v * 0.5f + (float)tl_col"
 
 
@@ -277,22 +279,23 @@ def _check_joints(outputs: list) -> float:
     an epilogue) on the emulated device against NumPy's products of the operands rounded
     to TF32 (float64) and against the rows product's and the gram's own TF32 functions
     (``outputs`` gets each C and sums of both): the largest difference relative to a
-    product's largest value."""
+    product's largest value; the operands from each of ``JOINT_OFFSETS``' elements."""
     device = EmuDevice()
     texts = [render.head()]
-    for i, shape in enumerate(JOINT_SHAPES):
+    cases = [
+        (f"{i}{v}{int(sums)}", shape, offsets, sums)
+        for i, shape in enumerate(JOINT_SHAPES)
+        for v, offsets in enumerate(JOINT_OFFSETS)
+        for sums in (False, True)
+    ]
+    for tag, shape, offsets, sums in cases:
         r, g = _joint_gemms(shape)
         assert products.joint_form(r, g), shape
-        for sums in (False, True):
-            fns = products.joint_standalone(
-                r, g, f"j{i}{int(sums)}", JOINT_OFFSETS, sums, JOINT_EPILOGUE if sums else None
-            )
-            epi = JOINT_EPILOGUE if sums else None
-            fns += products.standalone(
-                r, f"r{i}{int(sums)}", JOINT_OFFSETS[1:4], epilogue=epi, tf32=True
-            )
-            fns += products.standalone(g, f"g{i}{int(sums)}", (0, 0, 0), sums=sums, tf32=True)
-            texts += [x for name, text in fns for x in (text, render._emu_entry(name, 1))]
+        epi = JOINT_EPILOGUE if sums else None
+        fns = products.joint_standalone(r, g, f"j{tag}", offsets, sums, epi)
+        fns += products.standalone(r, f"r{tag}", offsets[1:4], epilogue=epi, tf32=True)
+        fns += products.standalone(g, f"g{tag}", (0, 0, 0), sums=sums, tf32=True)
+        texts += [x for name, text in fns for x in (text, render._emu_entry(name, 1))]
     module = device.load("\n".join(texts))
     rng = np.random.default_rng(11)
     worst = 0.0
@@ -313,10 +316,10 @@ def _check_joints(outputs: list) -> float:
     def matrix(x, at, rows, cols, ld):
         return np.lib.stride_tricks.as_strided(x[at:], (rows, cols), (ld * 4, 4))
 
-    for i, shape in enumerate(JOINT_SHAPES):
+    for tag, shape, offsets, sums in cases:
         r, g = _joint_gemms(shape)
         big, k, n, m, tw, ta = shape[:6]
-        oa, ob, ow, oc, og = JOINT_OFFSETS
+        oa, ob, ow, oc, og = offsets
         a = rng.standard_normal(oa + (big if ta else m) * g.lda).astype(np.float32)
         b = rng.standard_normal(ob + big * r.lda).astype(np.float32)
         w = rng.standard_normal(ow + (n if tw else k) * r.ldb).astype(np.float32)
@@ -328,42 +331,40 @@ def _check_joints(outputs: list) -> float:
         wm = t(matrix(w, ow, *((n, k) if tw else (k, n)), r.ldb))
         want_r, want_g = bm @ (wm.T if tw else wm), (am.T if ta else am) @ bm
         scratch = products.scratch_bytes(m, k, big, ta, False, sums=True)
-        for sums in (False, True):
-            want = want_r * 0.5 + np.arange(n) if sums else want_r
-            c = np.full(oc + big * r.ldc, np.nan, np.float32)
-            gc = np.full(og + m * g.ldc, np.nan, np.float32)
-            s = np.full(k, np.nan)
-            tag = f"{i}{int(sums)}"
-            joint = [a, b, w, c, gc] + [s] * sums
-            run(f"j{tag}j" + (f",j{tag}s" if products.parts(big) > 1 else ""), joint, scratch)
-            rows_c = np.full_like(c, np.nan)
-            run(f"r{tag}r", [b, w, rows_c], 0)
-            gram = [a[oa:].copy(), b[ob:].copy(), np.full(m * g.ldc, np.nan, np.float32)]
-            gram += [np.full(k, np.nan)] * sums
-            kinds = products.launches(m, k, big, ta, False)
-            run(",".join(f"g{tag}{x[0]}" for x in kinds), gram, scratch)
-            for got, own, ld, at, rows, cols, exp in (
-                (c, rows_c, r.ldc, oc, big, n, want),
-                (gc, np.concatenate([np.zeros(og, np.float32), gram[2]]), g.ldc, og, m, k, want_g),
-            ):
-                mat = matrix(got, at, rows, cols, ld)
-                np.testing.assert_array_equal(mat, matrix(own, at, rows, cols, ld), str(shape))
-                assert np.isnan(
-                    np.delete(got[at:], [q * ld + j for q in range(rows) for j in range(cols)])
-                ).all()
-                err = float(np.max(np.abs(mat - exp)) / max(1.0, float(np.max(np.abs(exp)))))
-                assert err < 1e-5, (shape, sums, err)
-                worst = max(worst, err)
-                outputs.append(mat.copy())
-            if sums:
-                np.testing.assert_array_equal(s, gram[3])
-                np.testing.assert_allclose(
-                    s,
-                    matrix(b, ob, big, k, r.lda).astype(np.float64).sum(0),  # (B's own)
-                    rtol=1e-12,
-                    atol=1e-12,
-                )
-                outputs.append(s.copy())
+        want = want_r * 0.5 + np.arange(n) if sums else want_r
+        c = np.full(oc + big * r.ldc, np.nan, np.float32)
+        gc = np.full(og + m * g.ldc, np.nan, np.float32)
+        s = np.full(k, np.nan)
+        joint = [a, b, w, c, gc] + [s] * sums
+        run(f"j{tag}j" + (f",j{tag}s" if products.parts(big) > 1 else ""), joint, scratch)
+        rows_c = np.full_like(c, np.nan)
+        run(f"r{tag}r", [b, w, rows_c], 0)
+        gram = [a[oa:].copy(), b[ob:].copy(), np.full(m * g.ldc, np.nan, np.float32)]
+        gram += [np.full(k, np.nan)] * sums
+        kinds = products.launches(m, k, big, ta, False)
+        run(",".join(f"g{tag}{x[0]}" for x in kinds), gram, scratch)
+        for got, own, ld, at, rows, cols, exp in (
+            (c, rows_c, r.ldc, oc, big, n, want),
+            (gc, np.concatenate([np.zeros(og, np.float32), gram[2]]), g.ldc, og, m, k, want_g),
+        ):
+            mat = matrix(got, at, rows, cols, ld)
+            np.testing.assert_array_equal(mat, matrix(own, at, rows, cols, ld), str(shape))
+            assert np.isnan(
+                np.delete(got[at:], [q * ld + j for q in range(rows) for j in range(cols)])
+            ).all()
+            err = float(np.max(np.abs(mat - exp)) / max(1.0, float(np.max(np.abs(exp)))))
+            assert err < 1e-5, (shape, sums, err)
+            worst = max(worst, err)
+            outputs.append(mat.copy())
+        if sums:
+            np.testing.assert_array_equal(s, gram[3])
+            np.testing.assert_allclose(
+                s,
+                matrix(b, ob, big, k, r.lda).astype(np.float64).sum(0),  # (B's own)
+                rtol=1e-12,
+                atol=1e-12,
+            )
+            outputs.append(s.copy())
     return worst
 
 
@@ -390,7 +391,8 @@ def test_a_joint_function_makes_a_rows_product_and_its_gram_in_one_pass(tmp_path
     assert worst < 1e-5
     worst, loops = _joint_outputs(4, tmp_path / "loops.npz")
     assert worst < 1e-5
-    assert len(mma) == len(loops) == 2 * len(JOINT_SHAPES) * 2 + len(JOINT_SHAPES)
+    # (each shape, offsets and sums: both C's, and the sums where asked)
+    assert len(mma) == len(loops) == len(JOINT_SHAPES) * len(JOINT_OFFSETS) * 5
     for x, y in zip(mma, loops):
         np.testing.assert_array_equal(x, y)
     # (not for a gram whose B is stored transposed, nor a rows product of n not of 16)

@@ -483,26 +483,16 @@ def gram_part_tf32_lines(
 ) -> list[str]:
     """``gram_part_lines``'s copies with TF32 operands (``tf32_form``): each stage's rows
     of A and B in shared memory (lines apart so that no two lanes of a fragment read one
-    bank, ``_stride``), warp w the 16 rows of C from 16 w (of every 16 w-th: all warps run
-    alike, those past C's rows storing nothing), by all of its columns, ``mma.sync`` over
-    the stage's rows 8 at a time; B's column sums (float64) each stage's rows in order
-    into the copy's. With other than 128 threads a block each element of the copy is
-    summed by one thread over the rows in order (into the copy's memory), as the tensor
-    cores' path sums it on the emulation."""
-    m, n, k = s.m, s.n, s.k
-    p, sr = parts(k), STAGE_ROWS
-    chunk = -(-k // p // sr) * sr
-    ld = s.ldc if p == 1 else n
-    ms, ns, nt, mt = _stride(m, 8), _stride(n, 8), n // 8, m // 16
-    with_sums = []
-    if sums is not None:
-        with_sums = [
-            f"        for (int j = threadIdx.x; j < {n}; j += blockDim.x) {{",
-            "          double v = 0.0;",
-            f"          for (int r = 0; r < {sr}; r++) v += (double)tl_gb[r * {ns} + j];",
-            f"          tl_pd[p * {n} + j] += v;",
-            "        }",
-        ]
+    bank, ``_stride``; the next stage's loads issued before this one's compute, ``_stages``),
+    warp w the 16 rows of C from 16 w (of every 16 w-th: all warps run alike, those past
+    C's rows storing nothing), by all of its columns, ``mma.sync`` over the stage's rows 8
+    at a time (``_gram_mma``); B's column sums (float64) each stage's rows in order into the
+    copy's. With other than 128 threads a block each element of the copy is summed by one
+    thread over the rows in order (into the copy's memory), as the tensor cores' path sums
+    it on the emulation."""
+    m, n = s.m, s.n
+    sr = STAGE_ROWS
+    ms, ns = _stride(m, 8), _stride(n, 8)
     return [
         "{",
         f"  const float *A = {a};",
@@ -510,6 +500,35 @@ def gram_part_tf32_lines(
         *_copies(s, copies, c, sums),
         f"  __shared__ float tl_ga[{sr * ms}];  // a stage's rows of A: a row's m, {ms} apart",
         f"  __shared__ float tl_gb[{sr * ns}];  // and of B: a row's n, {ns} apart",
+        *_gram_tf32_copies(
+            s,
+            sr,
+            sums is not None,
+            [
+                f"        if (blockDim.x == {MAX_THREADS}) {{",
+                *_indented(_gram_mma(m, n, sr), "          "),
+                "        } else {",
+                *_indented(_gram_loops(s, sr), "          "),
+                "        }",
+                *_indented(_column_sums(n, sr) if sums is not None else [], "        "),
+            ],
+        ),
+        "}",
+    ]
+
+
+def _gram_tf32_copies(s, sr: int, sums: bool, compute: list[str]) -> list[str]:
+    """A TF32 gram's loop over its copies (``gram_part_tf32_lines``, ``joint_tf32_lines``):
+    each copy's chunk of rows (as the float32 gram's) a stage of ``sr`` rows at a time into
+    ``tl_ga`` and ``tl_gb`` (``_stages``), then ``compute`` on it (lines at the stage's
+    depth); the copy's ``tl_d`` (``_gram_mma``'s) stored after its last stage. Lines at
+    depth 1."""
+    m, n, k = s.m, s.n, s.k
+    p = parts(k)
+    chunk = -(-k // p // STAGE_ROWS) * STAGE_ROWS  # (whole stages of the float32 gram's)
+    ld = s.ldc if p == 1 else n
+    ms, ns, nt, mt = _stride(m, 8), _stride(n, 8), n // 8, m // 16
+    return [
         "  const int tl_w = threadIdx.x / 32, tl_g = threadIdx.x % 32 / 4, tl_t = threadIdx.x % 4;",
         f"  const int tl_mi = tl_w % {mt};  // (this warp's 16 rows of C)",
         f"  for (long long p = blockIdx.x; p < {p}; p += gridDim.x) {{",
@@ -522,43 +541,14 @@ def gram_part_tf32_lines(
         "    }",
         *(
             [f"    for (int j = threadIdx.x; j < {n}; j += blockDim.x) tl_pd[p * {n} + j] = 0.0;"]
-            if sums is not None
+            if sums
             else []
         ),
-        f"    for (long long r0 = lo; r0 < hi; r0 += {sr}) {{",
-        "      __syncthreads();  // (the stage before read)",
-        *_stage(s.ta, "A", s.lda, m, sr, "0", ms, "tl_ga"),
-        *_stage(not s.tb, "B", s.ldb, n, sr, "0", ns, "tl_gb"),
-        "      __syncthreads();",
-        f"      if (blockDim.x == {MAX_THREADS}) {{",
-        f"        const float *tl_a0 = tl_ga + tl_t * {ms} + tl_mi * 16 + tl_g;",
-        f"        const float *tl_b0 = tl_gb + tl_t * {ns} + tl_g;",
-        "#pragma unroll 2",
-        f"        for (int kk = 0; kk < {sr}; kk += 8) {{",
-        "          unsigned tl_a[4], tl_b[2];",
-        f"          tl_a[0] = tl_tf32(tl_a0[kk * {ms}]), tl_a[1] = tl_tf32(tl_a0[kk * {ms} + 8]);",
-        f"          tl_a[2] = tl_tf32(tl_a0[(kk + 4) * {ms}]);",
-        f"          tl_a[3] = tl_tf32(tl_a0[(kk + 4) * {ms} + 8]);",
-        "#pragma unroll",
-        f"          for (int j = 0; j < {nt}; j++) {{",
-        f"            tl_b[0] = tl_tf32(tl_b0[kk * {ns} + j * 8]);",
-        f"            tl_b[1] = tl_tf32(tl_b0[(kk + 4) * {ns} + j * 8]);",
-        "            tl_mma_tf32(tl_d[j], tl_a, tl_b);",
-        "          }",
-        "        }",
-        "      } else {",
-        f"        for (int e = threadIdx.x; e < {m * n}; e += blockDim.x) {{",
-        f"          float v = tl_pp[p * {m * n} + e / {n} * {ld} + e % {n}];",
-        f"          for (int r = 0; r < {sr}; r++)",
-        (
-            f"            v = fmaf(tl_tf32_value(tl_ga[r * {ms} + e / {n}]),"
-            f" tl_tf32_value(tl_gb[r * {ns} + e % {n}]), v);"
+        *_stages(
+            (s.ta, "A", s.lda, m, sr, "0", ms, "tl_ga"),
+            (not s.tb, "B", s.ldb, n, sr, "0", ns, "tl_gb"),
+            compute,
         ),
-        f"          tl_pp[p * {m * n} + e / {n} * {ld} + e % {n}] = v;",
-        "        }",
-        "      }",
-        *with_sums,
-        "    }",
         f"    if (blockDim.x == {MAX_THREADS} && tl_w < {mt}) {{",
         f"      float *tl_c0 = tl_pp + p * {m * n} + (tl_mi * 16 + tl_g) * {ld} + 2 * tl_t;",
         "#pragma unroll",
@@ -568,6 +558,62 @@ def gram_part_tf32_lines(
         "      }",
         "    }",
         "  }",
+    ]
+
+
+def _gram_mma(m: int, n: int, sr: int) -> list[str]:
+    """A TF32 gram's stage on the tensor cores (lines from depth 0): warp w's 16 rows of C
+    (``tl_mi``'s) by all n columns, ``mma.sync`` over the stage's ``sr`` rows 8 at a time,
+    into ``tl_d``; A's rows in ``tl_ga`` and B's in ``tl_gb`` (``_stride`` apart)."""
+    ms, ns, nt = _stride(m, 8), _stride(n, 8), n // 8
+    return [
+        f"const float *tl_a0 = tl_ga + tl_t * {ms} + tl_mi * 16 + tl_g;",
+        f"const float *tl_b0 = tl_gb + tl_t * {ns} + tl_g;",
+        "#pragma unroll 2",
+        f"for (int kk = 0; kk < {sr}; kk += 8) {{",
+        "  unsigned tl_a[4], tl_b[2];",
+        f"  tl_a[0] = tl_tf32(tl_a0[kk * {ms}]), tl_a[1] = tl_tf32(tl_a0[kk * {ms} + 8]);",
+        f"  tl_a[2] = tl_tf32(tl_a0[(kk + 4) * {ms}]);",
+        f"  tl_a[3] = tl_tf32(tl_a0[(kk + 4) * {ms} + 8]);",
+        "#pragma unroll",
+        f"  for (int j = 0; j < {nt}; j++) {{",
+        f"    tl_b[0] = tl_tf32(tl_b0[kk * {ns} + j * 8]);",
+        f"    tl_b[1] = tl_tf32(tl_b0[(kk + 4) * {ns} + j * 8]);",
+        "    tl_mma_tf32(tl_d[j], tl_a, tl_b);",
+        "  }",
+        "}",
+    ]
+
+
+def _gram_loops(s, sr: int) -> list[str]:
+    """``_gram_mma``'s stage with other than 128 threads a block (lines from depth 0): each
+    element of the copy (in its memory) its stage's ``sr`` products added in order, as the
+    emulation's tensor cores add them."""
+    m, n = s.m, s.n
+    ld = s.ldc if parts(s.k) == 1 else n
+    ms, ns = _stride(m, 8), _stride(n, 8)
+    return [
+        f"for (int e = threadIdx.x; e < {m * n}; e += blockDim.x) {{",
+        f"  float v = tl_pp[p * {m * n} + e / {n} * {ld} + e % {n}];",
+        f"  for (int r = 0; r < {sr}; r++)",
+        (
+            f"    v = fmaf(tl_tf32_value(tl_ga[r * {ms} + e / {n}]),"
+            f" tl_tf32_value(tl_gb[r * {ns} + e % {n}]), v);"
+        ),
+        f"  tl_pp[p * {m * n} + e / {n} * {ld} + e % {n}] = v;",
+        "}",
+    ]
+
+
+def _column_sums(n: int, sr: int) -> list[str]:
+    """A TF32 gram's stage's column sums of B (lines from depth 0): each column's ``sr``
+    values in ``tl_gb`` added in float64, in order, into the copy's (``tl_pd``)."""
+    ns = _stride(n, 8)
+    return [
+        f"for (int j = threadIdx.x; j < {n}; j += blockDim.x) {{",
+        "  double v = 0.0;",
+        f"  for (int r = 0; r < {sr}; r++) v += (double)tl_gb[r * {ns} + j];",
+        f"  tl_pd[p * {n} + j] += v;",
         "}",
     ]
 
@@ -611,33 +657,93 @@ def joint_tf32_lines(
     ``sums``, B's column sums) in one pass over the rows of B (``joint_form``; ``ga``, ``b``,
     ``w``, ``c``: the C expressions of A's, B's, W's and the rows' C's first elements), with
     TF32 operands: each block a copy of the gram's at a time, its chunk of rows (as the
-    gram's) a stage of ``JOINT_ROWS`` at a time in shared memory, on which the gram's warps
-    add their ``mma.sync`` products as the gram's do and the rows product's C is made (warp
-    w its 16 rows from 16 (w % 2), every other tile of 8 columns), put through shared
-    memory in the stage's A's place and stored a row's columns together with the epilogue.
-    B's bytes and A's are read from the device's memory once, where the two functions read
-    B twice and A twice (the epilogue's ``1 - h^2`` reads A's rows when A is the layer's h:
-    this block's stage just read them). With other than 128 threads a block each element
-    of either is summed by one thread over its terms in order, as the tensor cores' path
-    sums it on the emulation: the same bits as the two functions' either way."""
+    gram's) a stage of ``JOINT_ROWS`` at a time in shared memory (the next stage's loads
+    issued before this one's compute, ``_stages``), on which the gram's warps add their
+    ``mma.sync`` products as the gram's do and the rows product's C is made (warp w its 16
+    rows from 16 (w % 2), every other tile of 8 columns), put through shared memory in the
+    stage's A's place and stored a row's columns together with the epilogue. B's bytes and
+    A's are read from the device's memory once, where the two functions read B twice and A
+    twice (the epilogue's ``1 - h^2`` reads A's rows when A is the layer's h: this block's
+    stage just read them). With other than 128 threads a block each element of either is
+    summed by one thread over its terms in order, as the tensor cores' path sums it on the
+    emulation: the same bits as the two functions' either way."""
     rows_n, k, m = r.n, r.k, g.m
-    p, sr = parts(g.k), JOINT_ROWS
-    chunk = -(-g.k // p // STAGE_ROWS) * STAGE_ROWS  # (the gram's copies' rows)
-    ld = g.ldc if p == 1 else k
+    sr = JOINT_ROWS
     ms, ns, nb, cs = _stride(m, 8), _stride(k, 8), _stride(rows_n, 8), rows_n + 4
-    mt, nt, rt, slabs = m // 16, k // 8, rows_n // 8, sr // 16
+    rt, slabs = rows_n // 8, sr // 16
     per = MAX_THREADS // 32 // slabs  # (the warps of a stage's 16 rows)
     rows, col, value = store if store is not None else ("(void)r;", "tl_col", "tl_v")
     weights = _weights(r, "W", nb)
-    with_sums = []
-    if sums is not None:
-        with_sums = [
-            f"      for (int j = threadIdx.x; j < {k}; j += blockDim.x) {{",
-            "        double v = 0.0;",
-            f"        for (int q = 0; q < {sr}; q++) v += (double)tl_gb[q * {ns} + j];",
-            f"        tl_pd[p * {k} + j] += v;",
-            "      }",
-        ]
+    rows_mma = [
+        f"float tl_e[{rt // per}][4] = {{}};",
+        f"const float *tl_r0 = tl_gb + (tl_ri * 16 + tl_g) * {ns} + tl_t;",
+        "#pragma unroll 2",
+        f"for (int kk = 0; kk < {k}; kk += 8) {{  // (the rows product's)",
+        "  unsigned tl_a[4], tl_b[2];",
+        f"  tl_a[0] = tl_tf32(tl_r0[kk]), tl_a[1] = tl_tf32(tl_r0[kk + {8 * ns}]);",
+        f"  tl_a[2] = tl_tf32(tl_r0[kk + 4]), tl_a[3] = tl_tf32(tl_r0[kk + {8 * ns + 4}]);",
+        "#pragma unroll",
+        f"  for (int j = 0; j < {rt // per}; j++) {{",
+        f"    const int jj = j * {per} + tl_rj;",
+        f"    tl_b[0] = tl_tf32(tl_bs[(kk + tl_t) * {nb} + jj * 8 + tl_g]);",
+        f"    tl_b[1] = tl_tf32(tl_bs[(kk + tl_t + 4) * {nb} + jj * 8 + tl_g]);",
+        "    tl_mma_tf32(tl_e[j], tl_a, tl_b);",
+        "  }",
+        "}",
+        "__syncthreads();  // (the stage's A read: the rows' C in its place)",
+        f"float *tl_c0 = tl_ga + (tl_ri * 16 + tl_g) * {cs} + 2 * tl_t;",
+        "#pragma unroll",
+        f"for (int j = 0; j < {rt // per}; j++) {{",
+        f"  const int jj = j * {per} + tl_rj;",
+        "  tl_c0[jj * 8] = tl_e[j][0], tl_c0[jj * 8 + 1] = tl_e[j][1];",
+        f"  tl_c0[{8 * cs} + jj * 8] = tl_e[j][2], tl_c0[{8 * cs} + jj * 8 + 1] = tl_e[j][3];",
+        "}",
+    ]
+    rows_loops = [
+        "__syncthreads();  // (the stage's A read: the rows' C in its place)",
+        f"for (int e = threadIdx.x; e < {sr * rows_n}; e += blockDim.x) {{",
+        "  float v = 0.0f;",
+        f"  for (int kk = 0; kk < {k}; kk++)",
+        (
+            f"    v = fmaf(tl_tf32_value(tl_gb[e / {rows_n} * {ns} + kk]),"
+            f" tl_tf32_value(tl_bs[kk * {nb} + e % {rows_n}]), v);"
+        ),
+        f"  tl_ga[e / {rows_n} * {cs} + e % {rows_n}] = v;",
+        "}",
+    ]
+    # (the epilogue's loads of 8 elements out before their stores: _epilogue's reason)
+    stores = [
+        "__syncthreads();  // (the rows' C in shared memory)",
+        f"for (int e0 = threadIdx.x; e0 < {sr * rows_n}; e0 += 8 * blockDim.x) {{",
+        "  float tl_o[8];",
+        "#pragma unroll",
+        "  for (int u = 0; u < 8; u++) {",
+        "    const int e = e0 + u * blockDim.x;",
+        f"    const long long r = r0 + e / {rows_n};",
+        f"    if (e >= {sr * rows_n} || r >= hi) break;",
+        f"    {rows}",
+        f"    const long long {col} = e % {rows_n};  (void){col};",
+        f"    const float tl_v = tl_ga[e / {rows_n} * {cs} + e % {rows_n}];",
+        f"    tl_o[u] = {value};",
+        "  }",
+        "#pragma unroll",
+        "  for (int u = 0; u < 8; u++) {",
+        "    const int e = e0 + u * blockDim.x;",
+        f"    const long long r = r0 + e / {rows_n};",
+        f"    if (e >= {sr * rows_n} || r >= hi) break;",
+        f"    C[r * {r.ldc} + e % {rows_n}] = tl_o[u];",
+        "  }",
+        "}",
+    ]
+    compute = [
+        f"if (blockDim.x == {MAX_THREADS}) {{",
+        *_indented(_gram_mma(m, k, sr) + rows_mma, "  "),
+        "} else {",
+        *_indented(_gram_loops(g, sr) + rows_loops, "  "),
+        "}",
+        *(_column_sums(k, sr) if sums is not None else []),
+        *stores,
+    ]
     return [
         "{",
         f"  const float *A = {ga};",
@@ -649,120 +755,8 @@ def joint_tf32_lines(
         f"  __shared__ float tl_ga[{sr * max(ms, cs)}];  // a stage's A: a row's m, {ms} apart; C",
         f"  __shared__ float tl_gb[{sr * ns}];  // and B: a row's k, {ns} apart",
         *weights[1:],
-        "  const int tl_w = threadIdx.x / 32, tl_g = threadIdx.x % 32 / 4, tl_t = threadIdx.x % 4;",
-        f"  const int tl_mi = tl_w % {mt};  // (this warp's 16 rows of the gram's C)",
-        f"  const int tl_ri = tl_w % {slabs}, tl_rj = tl_w / {slabs};  // (its rows of a stage)",
-        f"  for (long long p = blockIdx.x; p < {p}; p += gridDim.x) {{",
-        f"    const long long lo = p * {chunk}, hi = lo + {chunk} < {g.k}LL ? lo + {chunk} : {g.k}LL;",
-        f"    float tl_d[{nt}][4] = {{}};",
-        f"    if (blockDim.x != {MAX_THREADS}) {{  // (the copy summed in its memory)",
-        "      __syncthreads();  // (the copy before read)",
-        f"      for (int e = threadIdx.x; e < {m * k}; e += blockDim.x)",
-        f"        tl_pp[p * {m * k} + e / {k} * {ld} + e % {k}] = 0.0f;",
-        "    }",
-        *(
-            [f"    for (int j = threadIdx.x; j < {k}; j += blockDim.x) tl_pd[p * {k} + j] = 0.0;"]
-            if sums is not None
-            else []
-        ),
-        f"    for (long long r0 = lo; r0 < hi; r0 += {sr}) {{",
-        "      __syncthreads();  // (the stage before read, its C stored)",
-        *_stage(g.ta, "A", g.lda, m, sr, "0", ms, "tl_ga"),
-        *_stage(True, "B", g.ldb, k, sr, "0", ns, "tl_gb"),
-        "      __syncthreads();",
-        f"      if (blockDim.x == {MAX_THREADS}) {{",
-        f"        const float *tl_a0 = tl_ga + tl_t * {ms} + tl_mi * 16 + tl_g;",
-        f"        const float *tl_b0 = tl_gb + tl_t * {ns} + tl_g;",
-        "#pragma unroll 2",
-        f"        for (int kk = 0; kk < {sr}; kk += 8) {{  // (the gram's)",
-        "          unsigned tl_a[4], tl_b[2];",
-        f"          tl_a[0] = tl_tf32(tl_a0[kk * {ms}]), tl_a[1] = tl_tf32(tl_a0[kk * {ms} + 8]);",
-        f"          tl_a[2] = tl_tf32(tl_a0[(kk + 4) * {ms}]);",
-        f"          tl_a[3] = tl_tf32(tl_a0[(kk + 4) * {ms} + 8]);",
-        "#pragma unroll",
-        f"          for (int j = 0; j < {nt}; j++) {{",
-        f"            tl_b[0] = tl_tf32(tl_b0[kk * {ns} + j * 8]);",
-        f"            tl_b[1] = tl_tf32(tl_b0[(kk + 4) * {ns} + j * 8]);",
-        "            tl_mma_tf32(tl_d[j], tl_a, tl_b);",
-        "          }",
-        "        }",
-        f"        float tl_e[{rt // per}][4] = {{}};",
-        f"        const float *tl_r0 = tl_gb + (tl_ri * 16 + tl_g) * {ns} + tl_t;",
-        "#pragma unroll 2",
-        f"        for (int kk = 0; kk < {k}; kk += 8) {{  // (the rows product's)",
-        "          unsigned tl_a[4], tl_b[2];",
-        f"          tl_a[0] = tl_tf32(tl_r0[kk]), tl_a[1] = tl_tf32(tl_r0[kk + {8 * ns}]);",
-        f"          tl_a[2] = tl_tf32(tl_r0[kk + 4]), tl_a[3] = tl_tf32(tl_r0[kk + {8 * ns + 4}]);",
-        "#pragma unroll",
-        f"          for (int j = 0; j < {rt // per}; j++) {{",
-        f"            const int jj = j * {per} + tl_rj;",
-        f"            tl_b[0] = tl_tf32(tl_bs[(kk + tl_t) * {nb} + jj * 8 + tl_g]);",
-        f"            tl_b[1] = tl_tf32(tl_bs[(kk + tl_t + 4) * {nb} + jj * 8 + tl_g]);",
-        "            tl_mma_tf32(tl_e[j], tl_a, tl_b);",
-        "          }",
-        "        }",
-        "        __syncthreads();  // (the stage's A read: the rows' C in its place)",
-        f"        float *tl_c0 = tl_ga + (tl_ri * 16 + tl_g) * {cs} + 2 * tl_t;",
-        "#pragma unroll",
-        f"        for (int j = 0; j < {rt // per}; j++) {{",
-        f"          const int jj = j * {per} + tl_rj;",
-        "          tl_c0[jj * 8] = tl_e[j][0], tl_c0[jj * 8 + 1] = tl_e[j][1];",
-        f"          tl_c0[{8 * cs} + jj * 8] = tl_e[j][2], tl_c0[{8 * cs} + jj * 8 + 1] = tl_e[j][3];",
-        "        }",
-        "      } else {",
-        f"        for (int e = threadIdx.x; e < {m * k}; e += blockDim.x) {{",
-        f"          float v = tl_pp[p * {m * k} + e / {k} * {ld} + e % {k}];",
-        f"          for (int q = 0; q < {sr}; q++)",
-        (
-            f"            v = fmaf(tl_tf32_value(tl_ga[q * {ms} + e / {k}]),"
-            f" tl_tf32_value(tl_gb[q * {ns} + e % {k}]), v);"
-        ),
-        f"          tl_pp[p * {m * k} + e / {k} * {ld} + e % {k}] = v;",
-        "        }",
-        "        __syncthreads();  // (the stage's A read: the rows' C in its place)",
-        f"        for (int e = threadIdx.x; e < {sr * rows_n}; e += blockDim.x) {{",
-        "          float v = 0.0f;",
-        f"          for (int kk = 0; kk < {k}; kk++)",
-        (
-            f"            v = fmaf(tl_tf32_value(tl_gb[e / {rows_n} * {ns} + kk]),"
-            f" tl_tf32_value(tl_bs[kk * {nb} + e % {rows_n}]), v);"
-        ),
-        f"          tl_ga[e / {rows_n} * {cs} + e % {rows_n}] = v;",
-        "        }",
-        "      }",
-        *with_sums,
-        "      __syncthreads();  // (the rows' C in shared memory)",
-        # (the epilogue's loads of 8 elements out before their stores: _epilogue's reason)
-        f"      for (int e0 = threadIdx.x; e0 < {sr * rows_n}; e0 += 8 * blockDim.x) {{",
-        "        float tl_o[8];",
-        "#pragma unroll",
-        "        for (int u = 0; u < 8; u++) {",
-        "          const int e = e0 + u * blockDim.x;",
-        f"          const long long r = r0 + e / {rows_n};",
-        f"          if (e >= {sr * rows_n} || r >= hi) break;",
-        f"          {rows}",
-        f"          const long long {col} = e % {rows_n};  (void){col};",
-        f"          const float tl_v = tl_ga[e / {rows_n} * {cs} + e % {rows_n}];",
-        f"          tl_o[u] = {value};",
-        "        }",
-        "#pragma unroll",
-        "        for (int u = 0; u < 8; u++) {",
-        "          const int e = e0 + u * blockDim.x;",
-        f"          const long long r = r0 + e / {rows_n};",
-        f"          if (e >= {sr * rows_n} || r >= hi) break;",
-        f"          C[r * {r.ldc} + e % {rows_n}] = tl_o[u];",
-        "        }",
-        "      }",
-        "    }",
-        f"    if (blockDim.x == {MAX_THREADS} && tl_w < {mt}) {{",
-        f"      float *tl_c0 = tl_pp + p * {m * k} + (tl_mi * 16 + tl_g) * {ld} + 2 * tl_t;",
-        "#pragma unroll",
-        f"      for (int j = 0; j < {nt}; j++) {{",
-        "        tl_c0[j * 8] = tl_d[j][0], tl_c0[j * 8 + 1] = tl_d[j][1];",
-        f"        tl_c0[{8 * ld} + j * 8] = tl_d[j][2], tl_c0[{8 * ld} + j * 8 + 1] = tl_d[j][3];",
-        "      }",
-        "    }",
-        "  }",
+        f"  const int tl_ri = threadIdx.x / 32 % {slabs}, tl_rj = threadIdx.x / 32 / {slabs};",
+        *_gram_tf32_copies(g, sr, sums is not None, _indented(compute, "        ")),
         "}",
     ]
 
