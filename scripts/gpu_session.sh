@@ -134,11 +134,12 @@ stage sweep-tf32 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --matmul-precision 
 # Nsight Compute (on the device image's PATH) over the kernels NCU_KERNELS names (a regex of
 # function names, which depend on the program's sizes: these are the kernels stage's PPO's),
 # the first call of each: where a kernel's time goes (memory, occupancy, stalls); by
-# default a gram of ours with its bias gradient's column sums (f530_36_1p, then its sum
-# f530_36_1s; or, where the BLAS's runs, the column sums after it, f530_36_1e), rows
-# products with their epilogues (`1 - h^2`: f530_36_0r; `tanh`: s142_0r) and one without
-# (f146_22_0r) (the names of 2026-11-27's fifteenth session)
-NCU_KERNELS=${NCU_KERNELS:-f530_36_1p|f530_36_1s|f530_36_1e|f530_36_0r|s142_0r|f146_22_0r}
+# default a gram of ours with its bias gradient's column sums (f530_35_1p, then its sum
+# f530_35_1s; or, where the BLAS's runs, the column sums after it, f530_35_1e), rows
+# products with their epilogues (`1 - h^2`: f530_35_0r; `tanh`: s142_0r) and one without
+# (f146_22_0r), and the joint function of a layer's gradient and its weight's (f530_35_0j,
+# with TF32 products only) (the names of 2026-11-27's sixteenth session)
+NCU_KERNELS=${NCU_KERNELS:-f530_35_1p|f530_35_1s|f530_35_1e|f530_35_0r|f530_35_0j|s142_0r|f146_22_0r}
 if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
   stage ncu 90 ncu --kernel-name "regex:^(${NCU_KERNELS})\$" --launch-count 3 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \

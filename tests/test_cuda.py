@@ -1191,8 +1191,9 @@ def test_bias_gradients_ride_on_their_weight_gradients_products(policy, tmp_path
     threads of the first row of tiles add the dy they read, in float64. The product keeps
     its BLAS call, the zeros and the sum one function after it (``GemmCall.then``: the
     sum's reduce step, whose last block makes the zeros first and combines the copies),
-    chosen at run time (``ours``: no BLAS call; ``blas``: no function of ours). The values
-    are the cpu's either way."""
+    chosen at run time (``ours``: no BLAS call; ``blas``: no function of ours); the sums'
+    cast to float32 after them runs in the last block of either way's last function
+    (``_sums_tail``). The values are the cpu's either way."""
     monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
     text = src(BIAS_GRADIENTS).replace("W = 80", "W = 16")
     _, gen = generated("p.rtl", text)
@@ -1204,7 +1205,9 @@ def test_bias_gradients_ride_on_their_weight_gradients_products(policy, tmp_path
         steps = render._Kernel(k)._steps()
         got = [st for st in steps if st.kind == "blas" and st.own and st.own.acc]
         for st in got:
-            assert [x.kind for x in st.after] == ["parallel", "reduce", "parallel"], k.name
+            assert [x.kind for x in st.after[:3]] == ["parallel", "reduce", "parallel"], k.name
+            # (and the cast of its sums after them: the sum function's last block's too)
+            assert st.own.tail and st.after[3:] == st.own.tail, k.name
             grams.append(st.own.acc)
         if got:
             assert [st.kind for st in steps if st.kind == "reduce"] == [], k.name

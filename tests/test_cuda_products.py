@@ -901,3 +901,40 @@ def test_ppo_s_two_layer_gradients_and_their_weights_have_joint_functions(steps)
                 at = phases.index(r)
                 assert r.joint and phases[at + 1] is partners[0], (r, phases)
     assert pairs == 2
+
+
+@needs_cxx
+@pytest.mark.parametrize("policy", ["ours", "blas"])
+def test_a_bias_gradient_s_cast_runs_in_its_gram_s_last_block(policy, monkeypatch):
+    """REINFORCE at 16 x 500: the first layer's bias gradient rides on its weight's gram
+    (``_gram_sums``), and the float32 cast and copy of its float64 sums run in the last
+    block of the gram's sum of copies (ours) or of the reduction after the BLAS's product
+    (its ``then``), not as a step of the kernel's (``_sums_tail``; ``render.GRAM_TAILS``
+    off: as before); the values are the cpu's either way."""
+    monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
+    path = ROOT / "programs" / "reinforce.rtl"
+    plan = compile_plan(run_passes(graph_of(path.read_text(), I=2, B=16, T=500)))
+
+    def run():
+        gen = generate(plan, "cuda")
+        rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice(), graphs=False)
+        rt.run()
+        return gen, rt
+
+    gen, rt = run()
+    tails = [
+        f.own[-1][0]
+        for _, phases in gen.plan.kernels.fused_launches
+        for f in phases
+        if isinstance(f, items.GemmCall) and f.then and f.own[-1][0].endswith("s")
+    ]
+    assert len(tails) == 1
+    text = gen.text.split(f"void {tails[0]}(void")[1].split('extern "C" __global__')[0]
+    assert "tl_last = atomicAdd(tl_count(err)" in text
+    cg = generate(plan, "cpu")
+    ref = CpuRuntime(cg.plan, native=cg.text)
+    ref.run()
+    same_outputs(rt, ref, [o for o, _, _ in plan.outputs] + [m for m, _, _ in plan.metrics])
+    monkeypatch.setattr(render, "GRAM_TAILS", False)  # (the cast a step of the kernel's)
+    apart = generate(plan, "cuda").text.split(f"void {tails[0]}(void")[1]
+    assert "tl_last" not in apart.split('extern "C" __global__')[0]

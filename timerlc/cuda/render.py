@@ -475,6 +475,10 @@ ROWS_EPILOGUES = True
 # pass over their rows where TF32 is asked for, as the runtime chooses
 # (``_Kernel._joint_pair``, ``GemmCall.joint``)
 JOINTS = True
+# a gram with its column sums makes the steps after them that read only them (the bias
+# gradient's cast to float32 and copy) in its last function's last block, where they were a
+# launch of their own (``_Kernel._sums_tail``)
+GRAM_TAILS = True
 _SIZE = {"bool": 1, "i32": 4, "i64": 8, "f32": 4, "f64": 8}
 
 
@@ -495,6 +499,9 @@ class _Own:
     # (kind joint: the gram whose B is this rows product's A, made in the same pass over
     # their rows, ``_Kernel._joint``; ``acc``, ``sums``: its column sums')
     other: object = None
+    # (a gram's sum of copies with its column sums: the steps after the sums that read
+    # only them, its last block's to run, ``_Kernel._gram_sums``)
+    tail: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -529,6 +536,7 @@ class _Step:
             # (a gram with its B's column sums; a rows product with its epilogue)
             extra = [self.form.epilogue] if self.form.epilogue is not None else []
             extra += [self.form.other] if self.form.other is not None else []
+            extra += [x for t in self.form.tail for x in t.statements()]
             return [self.body, *self.form.sums, *extra]
         if self.kind == "either":
             return list(self.body)
@@ -908,9 +916,13 @@ class _Kernel:
         sums = st.own is not None and st.own.acc is not None
         at = self._copies_region(products.scratch_bytes(s.m, s.n, s.k, s.ta, s.tb, sums))
         mine, tf32 = [], []
-        for kind in products.launches(s.m, s.n, s.k, s.ta, s.tb):
+        kinds = products.launches(s.m, s.n, s.k, s.ta, s.tb)
+        for kind in kinds:
             fname = f"{self.k.name}_{j}{kind[0]}"
-            own = _Own(kind, at) if st.own is None else dataclasses.replace(st.own, kind=kind)
+            own = _Own(kind, at)
+            if st.own is not None:  # (the steps after the sums: the last function's)
+                tail = st.own.tail * (kind == kinds[-1])
+                own = dataclasses.replace(st.own, kind=kind, tail=tail)
             step = _Step("gemm", s, form=dataclasses.replace(own, at=at))
             out.append(self.phase(fname, step, [], [], {}))
             mine.append(self.phases.pop())
@@ -1081,18 +1093,23 @@ class _Kernel:
                     steps.append(_Step("parallel", _pushed_in(under(guard, combine))))
             elif any(s is b for b in self.gram_sums):  # a gram and its B's column sums
                 flush()
-                gemm, init, red = s.then
+                gemm, init, red, *rest = s.then
                 acc = red.reduce[0][0]
+                # (the steps after the sums that read only them: the last function's)
+                tail = tuple(
+                    _Step("parallel", _pushed_in(under(guard, t)), form=(lits,)) for t in rest
+                )
                 call = self._gemm_call(gemm, guard) if self.choosing else None
                 after = self._sums_after(init, red, guard, lits) if call is not None else None
                 if after is None:  # (ours alone)
-                    for kind in products.launches(gemm.m, gemm.n, gemm.k, gemm.ta, gemm.tb):
-                        own = _Own(kind, None, acc, (init, red))
+                    kinds = products.launches(gemm.m, gemm.n, gemm.k, gemm.ta, gemm.tb)
+                    for kind in kinds:
+                        own = _Own(kind, None, acc, (init, red), tail=tail * (kind == kinds[-1]))
                         steps.append(_Step("gemm", gemm, guard, form=own))
                 else:  # (ours with them, or the BLAS's and then the sums: as the runtime
                     # chooses)
-                    own = _Own("gram", None, acc, (init, red))
-                    steps.append(_Step("blas", call, form=gemm, own=own, after=after))
+                    own = _Own("gram", None, acc, (init, red), tail=tail)
+                    steps.append(_Step("blas", call, form=gemm, own=own, after=after + tail))
             elif any(s is b for b in self.epilogues):  # a rows product and its epilogue
                 flush()
                 gemm, epilogue = s.then
@@ -1213,12 +1230,45 @@ class _Kernel:
                     continue
                 between = [x[2] for x in out[i + 1 : j]]
                 if _independent(between, [init, red], shared):
-                    bundle = If(Const("bool", True), (s, init, red))
+                    tail = self._sums_tail(out[j + 2 :], guard, acc, s, between + [init, red])
+                    bundle = If(Const("bool", True), (s, init, red, *tail))
                     self.gram_sums.append(bundle)
                     out[i] = (guard, lits, bundle)
-                    del out[j : j + 2]
+                    del out[j : j + 2 + len(tail)]
                 break
         return out
+
+    def _sums_tail(self, items: list, guard, acc: str, s: Gemm, before: list) -> list:
+        """The statements at the start of ``items`` (``_guarded``'s, after a gram's column
+        sums into ``acc``) that a gram with its sums makes in its last function's last
+        block (``_gram_sums``): under the same guard, each a parallel loop of at most
+        ``s.n`` iterations that reads ``acc`` or what the ones before it wrote, nothing else
+        but the call's loop values, and writes what nothing ``before`` touches (the bias gradient's
+        float64 sums cast to float32 and copied into its buffer, a launch of their own
+        until the sixteenth session); none where the gram has one copy (no sum function:
+        no scratch memory, whose users the graphs run one at a time, for its ticket)."""
+        if not GRAM_TAILS or products.parts(s.k) < 2:
+            return []
+        tail: list = []
+        made = {acc}
+        for g, _, t in items:
+            if not (
+                g == guard
+                and isinstance(t, For)
+                and t.parallel
+                and isinstance(t.lo, Const)
+                and isinstance(t.hi, Const)
+                and 0 < int(t.hi.value) - int(t.lo.value) <= s.n
+                and not _fails_any([t])
+            ):
+                break
+            written = _written([t])
+            reads = _buffers([t]) - written
+            if not (reads and reads <= made and not written & _buffers(before)):
+                break
+            tail.append(t)
+            made |= written
+        return tail
 
     def _sums_after(self, init, red: For, guard, lits) -> tuple | None:
         """The steps that make a gram's B's column sums (``_gram_sums``: ``init``, their
@@ -1503,8 +1553,12 @@ class _Kernel:
                         mt = MTYPE[t.dtype]
                         self.emit(1, f"{mt} *{buf(t.name)} = ({mt} *)(scratch + {t.offset});")
                 self.last_block(then, loads, stores, passed, st if grouped else None)
-        else:
+        tail = st.form.tail if kind == "gemm" and isinstance(st.form, _Own) else ()
+        if kind != "reduce":
             threads = self.step_body(st, loads, stores, passed)
+        if tail:  # (the steps after a gram's sums: its last block's, as a reduction's)
+            everything = _buffers(self.k.body)
+            self.last_block([(t, everything) for t in tail], loads, stores, passed)
         self.phases.append((fname, max(1, min(threads, 1 << 31))))
         head = [
             (
@@ -1516,7 +1570,8 @@ class _Kernel:
         # (the block's threads agree), so that the loads of the call's loop values and of
         # the buffers' addresses go out with it, where they waited for it (a round trip to
         # the device's memory more at the start of every launch)
-        barrier = kind not in ("gemm", "perm")  # (a product or a permutation cannot fail)
+        # (a product or a permutation cannot fail; a gram's tail is loops, which check theirs)
+        barrier = kind not in ("gemm", "perm") or bool(tail)
         if barrier:
             head.append("  const int tl_stop = *(volatile int *)err;")
         else:
@@ -1545,6 +1600,7 @@ class _Kernel:
                     used = [body, *sums]
                 elif st.form.kind == "sum":
                     used = [dataclasses.replace(body, a=body.c, b=body.c), *sums]
+                used += [x for t in st.form.tail for x in t.statements()]
             head += self.pointers(used, extra if kind == "reduce" else ())
         for v in loads:
             dt, off = passed[v]
