@@ -219,19 +219,24 @@ def test_the_tf32_forms_of_our_products():
     assert cuda.tf32(ties).tolist() == [1.0, 1 + 2**-9, -1.0]  # (the emulated BLAS's: to even)
 
 
-def _tf32_outputs(threads: int, path: Path) -> tuple[float, list]:
-    """``_check_shapes`` of the TF32 functions in a process of its own with ``threads`` a
-    block (``TIMERLC_EMU_THREADS`` is read once a process): the largest error and every
-    output (through the .npz file ``path``)."""
-    code = (
-        "out = []; worst = max(t._check_shapes(t.TF32_SHAPES, tf32=True, outputs=out), "
-        "t._check_shapes(t.TF32_SHAPES, (0, 0, 0), tf32=True, outputs=out)); "
-        f"t.np.savez({str(path)!r}, t.np.array(worst), *out)"
-    )
-    _with_threads(threads, code)
-    with np.load(path) as got:
-        arrays = [got[f"arr_{i}"] for i in range(len(got.files))]
-    return float(arrays[0]), arrays[1:]
+def _same_bits_at_128_and_4(tmp_path, worst: str) -> list:
+    """The Python expression ``worst`` (this module as ``t``; it appends every output to
+    ``out`` and is the largest error) in a process of its own with 128 threads a block and
+    in another with 4 (``TIMERLC_EMU_THREADS`` is read once a process): each largest error
+    under 1e-5, the outputs of both (through .npz files) the same bits; the outputs."""
+    got = []
+    for threads in (128, 4):
+        path = tmp_path / f"{threads}.npz"
+        code = f"out = []; w = {worst}; t.np.savez({str(path)!r}, t.np.array(w), *out)"
+        _with_threads(threads, code)
+        with np.load(path) as arrays:
+            got.append([arrays[f"arr_{i}"] for i in range(len(arrays.files))])
+        assert float(got[-1][0]) < 1e-5
+    mma, loops = got[0][1:], got[1][1:]
+    assert len(mma) == len(loops) > 0
+    for x, y in zip(mma, loops):
+        np.testing.assert_array_equal(x, y)
+    return mma
 
 
 @needs_cxx
@@ -240,13 +245,11 @@ def test_our_tf32_products_compute_numpy_s_on_the_emulated_device(tmp_path):
     product of the operands rounded to TF32: with 128 threads a block, the tensor cores'
     path (each warp's ``mma.sync``, emu.h's by the PTX fragments' layout), and with 4 (each
     element summed by one thread): the same bits, their sums in the same order."""
-    worst, mma = _tf32_outputs(128, tmp_path / "mma.npz")
-    assert worst < 1e-5
-    worst, loops = _tf32_outputs(4, tmp_path / "loops.npz")
-    assert worst < 1e-5
-    assert len(mma) == len(loops) > 0
-    for x, y in zip(mma, loops):
-        np.testing.assert_array_equal(x, y)
+    _same_bits_at_128_and_4(
+        tmp_path,
+        "max(t._check_shapes(t.TF32_SHAPES, tf32=True, outputs=out), "
+        "t._check_shapes(t.TF32_SHAPES, (0, 0, 0), tf32=True, outputs=out))",
+    )
 
 
 # joint functions' shapes (``products.joint_form``): (rows N, B's columns k, the rows
@@ -368,16 +371,6 @@ def _check_joints(outputs: list) -> float:
     return worst
 
 
-def _joint_outputs(threads: int, path: Path) -> tuple[float, list]:
-    """``_check_joints`` in a process of its own with ``threads`` a block: the largest error
-    and every output (through the .npz file ``path``)."""
-    code = f"out = []; w = t._check_joints(out); t.np.savez({str(path)!r}, t.np.array(w), *out)"
-    _with_threads(threads, code)
-    with np.load(path) as got:
-        arrays = [got[f"arr_{i}"] for i in range(len(got.files))]
-    return float(arrays[0]), arrays[1:]
-
-
 @needs_cxx
 def test_a_joint_function_makes_a_rows_product_and_its_gram_in_one_pass(tmp_path):
     """``products.joint_tf32_lines`` (a layer's ``dz @ W^T`` with its epilogue and the
@@ -387,14 +380,9 @@ def test_a_joint_function_makes_a_rows_product_and_its_gram_in_one_pass(tmp_path
     products of the rounded operands within 1e-5, nothing written between C's rows; with
     128 threads a block (the tensor cores' path) and with 4 (each element summed by one
     thread), the same bits."""
-    worst, mma = _joint_outputs(128, tmp_path / "mma.npz")
-    assert worst < 1e-5
-    worst, loops = _joint_outputs(4, tmp_path / "loops.npz")
-    assert worst < 1e-5
+    mma = _same_bits_at_128_and_4(tmp_path, "t._check_joints(out)")
     # (each shape, offsets and sums: both C's, and the sums where asked)
-    assert len(mma) == len(loops) == len(JOINT_SHAPES) * len(JOINT_OFFSETS) * 5
-    for x, y in zip(mma, loops):
-        np.testing.assert_array_equal(x, y)
+    assert len(mma) == len(JOINT_SHAPES) * len(JOINT_OFFSETS) * 5
     # (not for a gram whose B is stored transposed, nor a rows product of n not of 16)
     r, g = _joint_gemms(JOINT_SHAPES[0])
     assert not products.joint_form(r, dataclasses.replace(g, tb=True))
