@@ -94,6 +94,17 @@ def check(name: str, device, graphs: bool = True) -> float:
     return diff
 
 
+def add_matmul_precision(ap):
+    """The scripts' ``--matmul-precision`` (``open_device``'s ``matmul``) on parser ``ap``."""
+    ap.add_argument(
+        "--matmul-precision",
+        default="float32",
+        choices=("float32", "tensorfloat32"),
+        help="the device's float32 products (tensorfloat32: TF32 on the tensor cores, ours "
+        "and cuBLAS's, as `timerlc run --matmul-precision`)",
+    )
+
+
 def open_device(emu: bool, script: str, matmul: str = "float32"):
     """The GPU's device (``emu``: the emulated one), its float32 products as ``matmul``
     says, its name printed; None, with why, where there is none (the script then exits
@@ -116,12 +127,7 @@ def main() -> int:
     ap.add_argument(
         "--no-graphs", action="store_true", help="launch every call (no CUDA graphs replayed)"
     )
-    ap.add_argument(
-        "--matmul-precision",
-        default="float32",
-        choices=("float32", "tensorfloat32"),
-        help="the device's float32 products (tensorfloat32: the BLAS's and ours in TF32)",
-    )
+    add_matmul_precision(ap)
     args = ap.parse_args()
     device = open_device(args.emu, "cuda_gpu_check", args.matmul_precision)
     if device is None:

@@ -356,15 +356,10 @@ def main() -> int:
         help="only the program without graphs, each launch and product timed (where the "
         "device's time goes)",
     )
-    ap.add_argument(
-        "--matmul-precision",
-        default="float32",
-        choices=("float32", "tensorfloat32"),
-        help="the device's float32 products (tensorfloat32: TF32 on the tensor cores, ours "
-        "and cuBLAS's, as `timerlc run --matmul-precision`)",
-    )
+    from cuda_gpu_check import add_matmul_precision, open_device
+
+    add_matmul_precision(ap)
     args = ap.parse_args()
-    from cuda_gpu_check import open_device
 
     device = open_device(args.emu, "cuda_overheads", args.matmul_precision)
     if device is None:

@@ -82,16 +82,12 @@ def main() -> int:
     ap.add_argument("--copy-batch", default="8", help="comma-separated COPY_BATCH values")
     ap.add_argument("--joints", default="1", help="comma-separated JOINTS values (0, 1)")
     ap.add_argument("--fuse-ties", default="0", help="comma-separated SEQ_TIES values (0, 1)")
-    ap.add_argument(
-        "--matmul-precision",
-        default="float32",
-        choices=("float32", "tensorfloat32"),
-        help="the device's float32 products (as `timerlc run --matmul-precision`)",
-    )
+    from cuda_gpu_check import add_matmul_precision, open_device
+
+    add_matmul_precision(ap)
     ap.add_argument("--top", type=int, default=3, help="the runs of graphs shown per line")
     args = ap.parse_args()
     import cuda_overheads as co
-    from cuda_gpu_check import open_device
 
     from timerlc.codegen import tree
     from timerlc.cuda import products, render
