@@ -1620,7 +1620,7 @@ class DeviceRuntime(CpuRuntime):
                     key,
                     lambda: blas(args, scratch_ptr),
                     lambda: launch(own, args, scratch_ptr),
-                    result,
+                    lambda: [result()],
                 )
                 if got is None:  # (not chosen while a graph is captured: the BLAS's, now)
                     blas(args, scratch_ptr)
@@ -1657,9 +1657,11 @@ class DeviceRuntime(CpuRuntime):
         chosen: list = []
 
         def run(args, scratch_ptr: int):
-            if not (first.ready(args, scratch_ptr) and second.ready(args, scratch_ptr)):
-                first(args, scratch_ptr)
-                second(args, scratch_ptr)
+            runs = (first.ready(args, scratch_ptr), second.ready(args, scratch_ptr))
+            if not all(runs):  # (those that run at the call, each as chosen)
+                for product, ready in zip((first, second), runs):
+                    if ready:
+                        product.way(args, scratch_ptr)
                 return
 
             def apart():
@@ -1689,13 +1691,13 @@ class DeviceRuntime(CpuRuntime):
         the device's BLAS (``blas``): as the device's policy says (``products_policy``);
         where it says ``fastest``, each timed ``PRODUCT_TRIALS`` times at the shape's first
         call (their least time), once a run (``product_choices``), and ours, where faster,
-        kept only where its C (``result``: C's memory as the product left it) is the
-        BLAS's within ``PRODUCT_TOLERANCE`` (else the BLAS's runs, and the distance is in
+        kept only where its C (``result``: a list of C's memory as the product left it)
+        is the BLAS's within ``PRODUCT_TOLERANCE`` (else the BLAS's runs, and the distance is in
         ``product_disagreements``: our kernels are proved on the emulation, and a GPU could
         still show one wrong); None while a graph is captured and the shape was not yet
         timed (no wait there). With ``joint``, ``blas`` is two products each as chosen and
-        ``ours`` their joint functions (``_joint``), ``result`` a list of both C's, each
-        compared; the choice is in ``joint_choices``."""
+        ``ours`` their joint functions (``_joint``), ``result`` both C's, each compared with
+        its own; the choice is in ``joint_choices``."""
         choices = self.joint_choices if joint else self.product_choices
         got = choices.get(key)
         if got is not None:
@@ -1720,10 +1722,7 @@ class DeviceRuntime(CpuRuntime):
                 f()
                 device.elapsed(device.mark(), device.mark())  # (the stream done: C there)
                 outputs.append(result())
-            if joint:  # (each product's C against its own)
-                far = max(disagreement(x, y) for x, y in zip(outputs[1], outputs[0]))
-            else:
-                far = disagreement(outputs[1], outputs[0])
+            far = max(disagreement(x, y) for x, y in zip(outputs[1], outputs[0]))
             if far > PRODUCT_TOLERANCE.get(getattr(device, "matmul", "float32"), 1e-3):
                 self.product_disagreements[key] = far
                 faster = False  # (the call runs the BLAS's next: C as it leaves it)
