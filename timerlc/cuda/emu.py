@@ -113,14 +113,24 @@ def load_runtime(cc: str):
         _LOADED.add(lib)
 
 
+# a folder that keeps the modules compiled without a folder of their own (the test suite's:
+# one for a session, its processes sharing what one compiled); unset: a temporary folder
+MODULES_ENV = "TIMERLC_EMU_MODULES"
+
+
 class EmuModule:
     """The kernels of a CUDA C text, compiled for the host (kept by the text's hash in
-    ``folder``; without one, in a temporary folder removed once the library is loaded);
-    with ``tf32``, the renderer's TF32 functions too (``TL_EMU_TF32``: a device whose
-    float32 products are TF32 runs them; others leave their compile out)."""
+    ``folder``; without one, in ``$TIMERLC_EMU_MODULES`` where set, else in a temporary
+    folder removed once the library is loaded); with ``tf32``, the renderer's TF32
+    functions too (``TL_EMU_TF32``: a device whose float32 products are TF32 runs them;
+    others leave their compile out). Processes may share a folder: each compiles into
+    files of its own and renames the library into place."""
 
     def __init__(self, text: str, folder: str | Path | None = None, tf32: bool = False):
         self.tf32 = tf32
+        if folder is None and os.environ.get(MODULES_ENV):
+            folder = Path(os.environ[MODULES_ENV])
+            folder.mkdir(parents=True, exist_ok=True)
         if folder is None:
             with tempfile.TemporaryDirectory(prefix="timerlc-emu-") as tmp:
                 self._load(text, Path(tmp))  # loaded: its file is not needed any more
@@ -140,18 +150,20 @@ class EmuModule:
         key = key.hexdigest()[:16]
         lib = out / f"emu-{key}.so"
         if not lib.exists():
+            mine = f".{os.getpid()}.tmp"  # (another process may compile the same text)
             src = out / f"emu-{key}.cu"
             fixed = head()
             at = text.find(fixed)
             if at >= 0:  # the module's own text only, after the precompiled part
                 include = precompiled_head(cc, fixed)
-                src.write_text(text[:at] + text[at + len(fixed) :])
+                Path(str(src) + mine).write_text(text[:at] + text[at + len(fixed) :])
             else:
                 include = HEADER
-                src.write_text(text)
-            cmd = [cc, *FLAGS, *flags, "-shared", "-include", str(include), "-x", "c++", str(src)]
-            _run(cmd + ["-o", str(lib) + ".tmp"], "the CUDA C text")
-            Path(str(lib) + ".tmp").replace(lib)
+                Path(str(src) + mine).write_text(text)
+            cmd = [cc, *FLAGS, *flags, "-shared", "-include", str(include), "-x", "c++"]
+            _run(cmd + [str(src) + mine, "-o", str(lib) + mine], "the CUDA C text")
+            Path(str(src) + mine).replace(src)
+            Path(str(lib) + mine).replace(lib)
         self.lib = ctypes.CDLL(str(lib))
 
     def function(self, name: str):
