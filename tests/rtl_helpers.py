@@ -194,9 +194,11 @@ def cli(*args):
 
 
 def table(name: str, values, dtype: str) -> str:
-    """``name[k]``: the values, one per point of dim k (data the compiler cannot fold)."""
+    """``name[k]``: the values, one per point of dim k (data the compiler cannot fold),
+    taken from a tensor of no dim (``name_all``, which the reference interpreter makes
+    once, where the stack inside ``name[k]`` was made again at every point)."""
     items = ", ".join(f"{dtype}({lit(v)})" for v in values)
-    return f"{name}[k] = take(stack([{items}]), k)\n"
+    return f"{name}_all = stack([{items}])\n{name}[k] = take({name}_all, k)\n"
 
 
 def lit(v) -> str:
