@@ -166,6 +166,10 @@ def test_cuda_emu_runs_a_build_as_the_cpu_backend_does(tmp_path):
     r = cli("run", out, "--backend", "cuda-emu", "--metrics", tmp_path / "emu.csv", "--profile")
     assert r.exit_code == 0, r.stderr
     assert "device runtime:" in r.stderr and "launches" in r.stderr
+    # (the emulation's module kept in the build, as the cpu's machine code: the next run
+    # loads it)
+    (kept,) = (out / "kernels").glob("emu-*.so")
+    stamp = kept.stat().st_mtime_ns
     # the device's seconds per statement (the emulation's: its launches' own time)
     assert "s in the statements' launches" in r.stderr and "  device s " in r.stderr
     # without --profile: one line, with the calls replayed from CUDA graphs; then which
@@ -180,6 +184,8 @@ def test_cuda_emu_runs_a_build_as_the_cpu_backend_does(tmp_path):
     )
     assert re.search(r"device runtime: .* launches .* \(\d+ of them replayed from \d+ CUDA", line)
     assert re.search(r"device peak .* \(\d+ bytes\)", line)  # (what bench.py reads)
+    assert line.endswith("; the kernels' module loaded, not compiled")
+    assert kept.stat().st_mtime_ns == stamp
     r = cli("run", PROGRAMS / "reinforce.rtl", *SMALL_REINFORCE, "--metrics", tmp_path / "cpu.csv")
     assert r.exit_code == 0, r.stderr
     emu = (tmp_path / "emu.csv").read_text().splitlines()
@@ -189,6 +195,25 @@ def test_cuda_emu_runs_a_build_as_the_cpu_backend_does(tmp_path):
         *ka, va = a.split(",")
         *kb, vb = b.split(",")
         assert ka == kb and math.isclose(float(va), float(vb), rel_tol=1e-4, abs_tol=1e-5), (a, b)
+
+
+SMALL_PROGRAM = "dim k < 4\ny[k] = f32(k) * 2.0\nout y\n"
+
+
+@needs_cxx
+def test_an_emulated_module_that_cannot_be_kept_is_compiled_in_a_temporary_folder(tmp_path):
+    """A folder the emulation cannot write (here a file, as a read-only build's kernels/
+    would be to another user): the module is compiled in a temporary folder and runs; where
+    it can write, a second load of the same text finds the library."""
+    from timerlc.cuda.emu import EmuModule
+
+    text = generate(compile_plan(run_passes(graph_of(SMALL_PROGRAM))), "cuda").text
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    module = EmuModule(text, blocked)
+    assert not module.cached and module.function("tl_set_shift")
+    assert EmuModule(text, tmp_path / "kept").cached is False
+    assert EmuModule(text, tmp_path / "kept").cached is True
 
 
 # ----------------------------------------------------------------------------- the device runtime

@@ -557,7 +557,9 @@ def _run_build(
         )
     device = _device(backend, matmul)
     try:
-        cache = path / "kernels" if code is not None and device is None else None
+        # (the cpu's machine code; cuda-emu's module, compiled by the host; a GPU's module
+        # is kept by CuPy's own cache)
+        cache = path / "kernels" if code is not None else None
         run_plan(
             plan,
             outputs_path,

@@ -128,14 +128,20 @@ class EmuModule:
 
     def __init__(self, text: str, folder: str | Path | None = None, tf32: bool = False):
         self.tf32 = tf32
+        self.cached = False  # whether the library was found in ``folder``, not compiled
         if folder is None and os.environ.get(MODULES_ENV):
             folder = Path(os.environ[MODULES_ENV])
-            folder.mkdir(parents=True, exist_ok=True)
-        if folder is None:
+        loaded = False
+        if folder is not None:
+            try:
+                Path(folder).mkdir(parents=True, exist_ok=True)
+                self._load(text, Path(folder))
+                loaded = True
+            except OSError:  # a folder it cannot write (a build's, read-only): as without
+                pass
+        if not loaded:
             with tempfile.TemporaryDirectory(prefix="timerlc-emu-") as tmp:
                 self._load(text, Path(tmp))  # loaded: its file is not needed any more
-        else:
-            self._load(text, Path(folder))
         self._functions: dict[str, object] = {}
 
     def _load(self, text: str, out: Path):
@@ -146,9 +152,11 @@ class EmuModule:
             raise RuntimeError("no host C++ compiler (c++, g++ or clang++) to emulate CUDA")
         load_runtime(cc)
         flags = ["-DTL_EMU_TF32"] if self.tf32 else []
-        key = hashlib.sha256((text + HEADER.read_text() + " ".join(flags)).encode())
-        key = key.hexdigest()[:16]
+        # (the library uses the threads' library's symbols: its text is in the key too)
+        parts = (text, HEADER.read_text(), RUNTIME.read_text(), " ".join(FLAGS + tuple(flags)))
+        key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
         lib = out / f"emu-{key}.so"
+        self.cached = lib.exists()
         if not lib.exists():
             mine = f".{os.getpid()}.tmp"  # (another process may compile the same text)
             src = out / f"emu-{key}.cu"

@@ -977,6 +977,9 @@ class DeviceRuntime(CpuRuntime):
         self.device_seconds: dict[int, float] = {}
         self._marks: list[tuple[int, object, object]] = []
         self._module = device.load(text, cache)
+        # whether the module was loaded from ``cache`` (the emulation's, a build's
+        # kernels/), not compiled; None where the device keeps its own (CuPy's)
+        self.module_cached: bool | None = getattr(self._module, "cached", None)
         self._unfailing = frozenset(plan.kernels.unfailing)
         # the buffers' memory: one arena, each buffer at its planned offset (plan.arena),
         # where the plan has a layout (no swaps); else one allocation per buffer
