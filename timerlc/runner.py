@@ -207,13 +207,13 @@ def _print_device_summary(rt, wall: float):
     """A device run's one line (``--profile`` says more): its launches, how many of them a
     CUDA graph replayed, and the device's peak memory."""
     arena = f" of which an arena of {format_bytes(rt.layout.size)}" if rt.layout else ""
-    if rt.module_cached:  # (the emulation's module, kept from an earlier run)
-        arena += "; the kernels' module loaded, not compiled"
+    # (the emulation's module, kept from an earlier run)
+    kept = "; the kernels' module loaded, not compiled" if rt.module_cached else ""
     print(
         f"device runtime: {wall:.3f} s run on {rt.device.describe()}: {rt.launches} launches "
         f"and {rt.blas_calls} BLAS products ({rt.graph_launches} of them replayed from "
         f"{rt.graphs_made} CUDA graphs), device peak {format_bytes(rt.device_peak_bytes)}"
-        f"{arena}",
+        f"{arena}{kept}",
         file=sys.stderr,
     )
     _print_products(rt)
