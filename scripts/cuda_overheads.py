@@ -52,14 +52,6 @@ extern "C" __global__ void tl_empty(void **table, const tl_args args, char *scra
                                     const long long *shift) {
   if (threadIdx.x == 0 && args.v[0] < 0) err[0] = (int)args.v[0];
 }
-#ifdef TL_EMU
-extern "C" void tl_empty_emu(void **table, const long long *args, char *scratch, int *err,
-                             unsigned blocks, const long long *shift) {
-  tl_args a = {};
-  memcpy(a.v, args, sizeof(long long));
-  TL_EMU_LAUNCH(blocks, tl_empty, table, a, scratch, err, shift);
-}
-#endif
 """
 
 

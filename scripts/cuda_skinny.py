@@ -85,14 +85,12 @@ def module_text(rows: int) -> str:
             fns += products.standalone(
                 s, f"s{i}tx", sums=gram, epilogue=None if gram else TANH, tf32=True
             )
-        for name, text in fns:
-            parts += [text, render._emu_entry(name, 1)]
+        parts += [text for _, text in fns]
     r, g = joint_gemms(rows)  # (the joint function, and the two it stands for: TF32)
     fns = products.joint_standalone(r, g, "jt", sums=True, epilogue=_grad(0))
     fns += products.standalone(r, "jr", epilogue=_grad(3), tf32=True)
     fns += products.standalone(g, "jg", sums=True, tf32=True)
-    for name, text in fns:
-        parts += [text, render._emu_entry(name, 1)]
+    parts += [text for _, text in fns]
     return "\n".join(parts)
 
 

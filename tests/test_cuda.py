@@ -477,7 +477,13 @@ def test_a_serial_step_passes_its_locals_to_the_steps_after_it(tmp_path):
     err = np.zeros(1, np.int32)
     for f, _ in phases:
         emu.function(f)(
-            table.ctypes.data, args.ctypes.data, scratch.ctypes.data, err.ctypes.data, 3, None
+            table.ctypes.data,
+            args.ctypes.data,
+            len(args),
+            scratch.ctypes.data,
+            err.ctypes.data,
+            3,
+            None,
         )
     assert err[0] == 0
     want = np.full(1000, -1.0, np.float32)
@@ -543,7 +549,13 @@ def test_loops_that_touch_nothing_of_each_other_s_run_side_by_side(tmp_path):
         err = np.zeros(11, np.int64)
         scratch = np.zeros(8, np.uint8)
         emu.function("hand")(
-            table.ctypes.data, args.ctypes.data, scratch.ctypes.data, err.ctypes.data, blocks, None
+            table.ctypes.data,
+            args.ctypes.data,
+            len(args),
+            scratch.ctypes.data,
+            err.ctypes.data,
+            blocks,
+            None,
         )
         assert not err.any()
         np.testing.assert_array_equal(outs[0], x * 2)
@@ -596,7 +608,13 @@ def test_a_thread_whose_column_is_fixed_reads_the_column_s_values_once(tmp_path)
         err = np.zeros(cuda_runtime.ERR_WORDS, np.int64)
         args, scratch = np.zeros(1, np.int64), np.zeros(8, np.uint8)
         emu.function("cols")(
-            table.ctypes.data, args.ctypes.data, scratch.ctypes.data, err.ctypes.data, blocks, None
+            table.ctypes.data,
+            args.ctypes.data,
+            len(args),
+            scratch.ctypes.data,
+            err.ctypes.data,
+            blocks,
+            None,
         )
         assert not err.any()
         want_z = np.arange(400, dtype=np.float32).reshape(50, 8) * w
@@ -1001,7 +1019,9 @@ def test_the_head_s_skew_and_group_size_on_the_host(tmp_path):
     src.write_text(render.head() + "\n#include <stdio.h>\n" + "\n".join(main) + "\n")
     exe = tmp_path / "head"
     include = Path(emu.__file__).with_name("emu.h")
-    cmd = [compiler(), *emu.FLAGS, "-include", str(include), "-x", "c++", str(src), "-o", str(exe)]
+    cmd = [compiler(), *emu.FLAGS, "-include", str(include), "-x", "c++", str(src), "-x", "none"]
+    # (the module's entry, ``tl_emu_launch``, calls the emulation's threads)
+    cmd += [str(emu.runtime_library(compiler())), "-o", str(exe)]
     subprocess.run(cmd, check=True, capture_output=True)
     got = [
         int(x) for x in subprocess.run([str(exe)], check=True, capture_output=True).stdout.split()
@@ -1109,7 +1129,13 @@ def test_a_check_of_the_loop_values_is_made_before_the_loop_reads(tmp_path):
         scratch = np.zeros(16, np.uint8)
         err = np.zeros(11, np.int64)  # (the failure record and the tickets' counter)
         emu.function("hand")(
-            table.ctypes.data, args.ctypes.data, scratch.ctypes.data, err.ctypes.data, 3, None
+            table.ctypes.data,
+            args.ctypes.data,
+            len(args),
+            scratch.ctypes.data,
+            err.ctypes.data,
+            3,
+            None,
         )
         assert err.view(np.int32)[0] == code and err[2] == (j if code else 0)
         want = src[8:12] if code == 0 else np.full(4, -1.0, np.float32)

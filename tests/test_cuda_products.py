@@ -80,8 +80,7 @@ def _module(gemms, offsets=OFFSETS, tf32: bool = False) -> str:
         fns = products.standalone(s, f"t{i}", offsets, tf32=tf32)
         if products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb) == "gram":
             fns += products.standalone(s, f"t{i}x", offsets, sums=True, tf32=tf32)
-        for name, text in fns:
-            parts += [text, render._emu_entry(name, 1)]
+        parts += [text for _, text in fns]
     return "\n".join(parts)
 
 
@@ -298,7 +297,7 @@ def _check_joints(outputs: list) -> float:
         fns = products.joint_standalone(r, g, f"j{tag}", offsets, sums, epi)
         fns += products.standalone(r, f"r{tag}", offsets[1:4], epilogue=epi, tf32=True)
         fns += products.standalone(g, f"g{tag}", (0, 0, 0), sums=sums, tf32=True)
-        texts += [x for name, text in fns for x in (text, render._emu_entry(name, 1))]
+        texts += [text for _, text in fns]
     module = device.load("\n".join(texts))
     rng = np.random.default_rng(11)
     worst = 0.0

@@ -565,7 +565,6 @@ extern "C" __global__ void k(void **table, const tl_args args_in, char *scratch,
   }
 }
 """
-        + render._emu_entry("k", 1)
     )
     dev = EmuDevice()
     fn = dev.function(dev.load(text), "k")

@@ -1,7 +1,8 @@
 """Running the CUDA C text of ``timerlc.cuda.render`` on the CPU: compiled by the host C++
 compiler with ``emu.h`` (a block of threads as std::threads meeting at a barrier), each
-function ``NAME`` callable as ``NAME_emu(table, args, scratch, err, blocks, shift)``: it runs
-over ``blocks`` blocks, and a failing one sets ``*err`` (the device runtime's ``EmuDevice``: the
+function ``NAME`` callable as ``fn(table, args, nargs, scratch, err, blocks, shift)`` (through the
+module's one entry, ``tl_emu_launch``): it runs over ``blocks`` blocks, its ``nargs`` loop
+values read from the host's array ``args``, and a failing one sets ``*err`` (the device runtime's ``EmuDevice``: the
 ``cuda-emu`` backend, tests and debugging: ``docs/cuda.md``).
 
 Two parts are compiled once per compiler and kept in the user's cache folder
@@ -15,6 +16,7 @@ the Philox library). A module then costs only its own kernels' compile.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -24,11 +26,14 @@ from pathlib import Path
 
 HEADER = Path(__file__).with_name("emu.h")
 RUNTIME = Path(__file__).with_name("emu_rt.cc")
-# NAME_emu(table, args, scratch, err, blocks, shift)
-KERNEL = ctypes.CFUNCTYPE(
+# tl_emu_launch(function, table, args, nargs, scratch, err, blocks, shift): the module's
+# entry to each of its functions (``render.PRELUDE``)
+LAUNCH = ctypes.CFUNCTYPE(
     None,
     ctypes.c_void_p,
     ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_uint,
     ctypes.c_void_p,
     ctypes.c_void_p,
     ctypes.c_uint,
@@ -104,10 +109,15 @@ def precompiled_head(cc: str, head: str) -> Path:
 _LOADED: set[Path] = set()
 
 
+def runtime_library(cc: str) -> Path:
+    """The emulation's threads (``emu_rt.cc``) as a shared library, compiled once."""
+    return _once(cc, RUNTIME.read_text(), "emu_rt.cc", ["-shared"], "emu_rt.so")
+
+
 def load_runtime(cc: str):
     """The emulation's threads (``emu_rt.cc``), compiled once and loaded globally: the
     modules' ``threadIdx``, ``blockDim``, ``tl_emu_run`` and ``tl_emu_sync``."""
-    lib = _once(cc, RUNTIME.read_text(), "emu_rt.cc", ["-shared"], "emu_rt.so")
+    lib = runtime_library(cc)
     if lib not in _LOADED:
         ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
         _LOADED.add(lib)
@@ -143,6 +153,7 @@ class EmuModule:
             with tempfile.TemporaryDirectory(prefix="timerlc-emu-") as tmp:
                 self._load(text, Path(tmp))  # loaded: its file is not needed any more
         self._functions: dict[str, object] = {}
+        self._launch = None
 
     def _load(self, text: str, out: Path):
         from timerlc.cuda.render import head
@@ -175,8 +186,24 @@ class EmuModule:
         self.lib = ctypes.CDLL(str(lib))
 
     def function(self, name: str):
+        """``NAME`` as ``fn(table, args, nargs, scratch, err, blocks, shift)`` (``tl_set_shift``:
+        ``fn(shift, index, n, d, blocks)``)."""
         fn = self._functions.get(name)
         if fn is None:
-            addr = ctypes.cast(getattr(self.lib, f"{name}_emu"), ctypes.c_void_p).value
-            fn = self._functions[name] = (SHIFT if name == "tl_set_shift" else KERNEL)(addr)
+            if name == "tl_set_shift":
+                addr = ctypes.cast(self.lib.tl_set_shift_emu, ctypes.c_void_p).value
+                fn = SHIFT(addr)
+            else:
+                if self._launch is None:
+                    try:
+                        entry = self.lib.tl_emu_launch
+                    except AttributeError:
+                        raise RuntimeError(
+                            "the module has no tl_emu_launch (its text does not start with "
+                            "cuda.render.head())"
+                        ) from None
+                    self._launch = LAUNCH(ctypes.cast(entry, ctypes.c_void_p).value)
+                addr = ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value
+                fn = functools.partial(self._launch, addr)
+            self._functions[name] = fn
         return fn

@@ -868,7 +868,7 @@ class _LoopText:
         self.emit(2, "}")
         self.emit(1, "}")
         self.lines.append("}")
-        return "\n".join(self.lines) + "\n" + render._emu_entry(self.fname, len(self.scope))
+        return "\n".join(self.lines) + "\n"
 
     def stage(self):
         """The weights of the loop's products in shared memory, copied once a block before

@@ -260,12 +260,15 @@ class EmuDevice:
     def launch(self, fn, table: int, args: np.ndarray, scratch: int, blocks: int, shift: int = 0):
         # (the emulation's entry reads the loop values from the host's array: a graph keeps
         # a copy, as a captured launch keeps its parameters)
+        n = len(args)
+        if n > ARGS:
+            raise ValueError(f"a launch passes at most {ARGS} loop values, not {n}")
         if self._recording is None:
-            fn(table, args.ctypes.data, scratch, self._err, blocks, shift)
+            fn(table, args.ctypes.data, n, scratch, self._err, blocks, shift)
             return
         values = args.copy()
         err = self._err
-        self._issue(lambda: fn(table, values.ctypes.data, scratch, err, blocks, shift))
+        self._issue(lambda: fn(table, values.ctypes.data, n, scratch, err, blocks, shift))
 
     def set_shift(self, fn, shift: int, index: int, n: int, deltas: np.ndarray):
         """``tl_set_shift`` (``cuda.render.SHIFT_KERNEL``) over the ``n`` shifts at
