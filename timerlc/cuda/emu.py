@@ -43,7 +43,13 @@ LAUNCH = ctypes.CFUNCTYPE(
 SHIFT = ctypes.CFUNCTYPE(
     None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_uint
 )
-FLAGS = ("-std=c++20", "-O1", "-fPIC", "-pthread", "-DTL_EMU")
+FLAGS = ("-std=c++20", "-fPIC", "-pthread", "-DTL_EMU")
+# a module's optimization (``EmuModule``'s ``optimize``): none by default, as a module is
+# mostly compiled to run a few thousand launches of small grids, where the threads' meetings
+# take the time (PPO's module at the tests' sizes: 13.6 s of g++ at -O1, 3.1 s at -O0, its
+# run as fast); -O1 for kernels that compute much on each thread (the products' tests:
+# their functions ran 3x slower unoptimized)
+OPT = {False: "-O0", True: "-O1"}
 
 
 def compiler() -> str | None:
@@ -99,11 +105,12 @@ def _once(cc: str, text: str, name: str, flags: list[str], product: str) -> Path
     return _BUILT[key]
 
 
-def precompiled_head(cc: str, head: str) -> Path:
-    """The header ``emu.h`` + ``head``, compiled once (its ``.gch`` beside it): the path to
-    ``-include``."""
+def precompiled_head(cc: str, head: str, opt: str = OPT[False]) -> Path:
+    """The header ``emu.h`` + ``head``, compiled once for the optimization ``opt`` (its
+    ``.gch`` beside it; g++ takes a precompiled header only where the optimization matches):
+    the path to ``-include``."""
     text = HEADER.read_text().replace("#pragma once\n", "") + "\n" + head
-    return _once(cc, text, "head.h", ["-x", "c++-header"], "head.h.gch").with_suffix("")
+    return _once(cc, text, "head.h", [opt, "-x", "c++-header"], "head.h.gch").with_suffix("")
 
 
 _LOADED: set[Path] = set()
@@ -111,7 +118,7 @@ _LOADED: set[Path] = set()
 
 def runtime_library(cc: str) -> Path:
     """The emulation's threads (``emu_rt.cc``) as a shared library, compiled once."""
-    return _once(cc, RUNTIME.read_text(), "emu_rt.cc", ["-shared"], "emu_rt.so")
+    return _once(cc, RUNTIME.read_text(), "emu_rt.cc", ["-O1", "-shared"], "emu_rt.so")
 
 
 def load_runtime(cc: str):
@@ -133,11 +140,19 @@ class EmuModule:
     ``folder``; without one, in ``$TIMERLC_EMU_MODULES`` where set, else in a temporary
     folder removed once the library is loaded); with ``tf32``, the renderer's TF32
     functions too (``TL_EMU_TF32``: a device whose float32 products are TF32 runs them;
-    others leave their compile out). Processes may share a folder: each compiles into
-    files of its own and renames the library into place."""
+    others leave their compile out); with ``optimize``, compiled at -O1 (``OPT``).
+    Processes may share a folder: each compiles into files of its own and renames the
+    library into place."""
 
-    def __init__(self, text: str, folder: str | Path | None = None, tf32: bool = False):
+    def __init__(
+        self,
+        text: str,
+        folder: str | Path | None = None,
+        tf32: bool = False,
+        optimize: bool = False,
+    ):
         self.tf32 = tf32
+        self.optimize = optimize
         self.cached = False  # whether the library was found in ``folder``, not compiled
         if folder is None and os.environ.get(MODULES_ENV):
             folder = Path(os.environ[MODULES_ENV])
@@ -162,7 +177,8 @@ class EmuModule:
         if cc is None:
             raise RuntimeError("no host C++ compiler (c++, g++ or clang++) to emulate CUDA")
         load_runtime(cc)
-        flags = ["-DTL_EMU_TF32"] if self.tf32 else []
+        opt = OPT[self.optimize]
+        flags = [opt] + (["-DTL_EMU_TF32"] if self.tf32 else [])
         # (the library uses the threads' library's symbols: its text is in the key too)
         parts = (text, HEADER.read_text(), RUNTIME.read_text(), " ".join(FLAGS + tuple(flags)))
         key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
@@ -174,7 +190,7 @@ class EmuModule:
             fixed = head()
             at = text.find(fixed)
             if at >= 0:  # the module's own text only, after the precompiled part
-                include = precompiled_head(cc, fixed)
+                include = precompiled_head(cc, fixed, opt)
                 Path(str(src) + mine).write_text(text[:at] + text[at + len(fixed) :])
             else:
                 include = HEADER
