@@ -91,7 +91,7 @@ def _check_shapes(shapes, offsets=OFFSETS, tf32: bool = False, outputs=None) -> 
     ``tf32``, the TF32 functions against NumPy's product of the operands rounded to TF32
     (``outputs``: a list that gets each C and sums made)."""
     gemms = [_gemm(*x) for x in shapes]
-    device = EmuDevice(optimize=True)  # (products at their sizes: emu.OPT)
+    device = EmuDevice()
     module = device.load(_module(gemms, offsets, tf32))
     oa, ob, oc = offsets
     rng = np.random.default_rng(7)
@@ -282,7 +282,7 @@ def _check_joints(outputs: list) -> float:
     to TF32 (float64) and against the rows product's and the gram's own TF32 functions
     (``outputs`` gets each C and sums of both): the largest difference relative to a
     product's largest value; the operands from each of ``JOINT_OFFSETS``' elements."""
-    device = EmuDevice(optimize=True)
+    device = EmuDevice()
     texts = [render.head()]
     cases = [
         (f"{i}{v}{int(sums)}", shape, offsets, sums)

@@ -43,13 +43,11 @@ LAUNCH = ctypes.CFUNCTYPE(
 SHIFT = ctypes.CFUNCTYPE(
     None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_uint
 )
-FLAGS = ("-std=c++20", "-fPIC", "-pthread", "-DTL_EMU")
-# a module's optimization (``EmuModule``'s ``optimize``): none by default, as a module is
-# mostly compiled to run a few thousand launches of small grids, where the threads' meetings
-# take the time (PPO's module at the tests' sizes: 13.6 s of g++ at -O1, 3.1 s at -O0, its
-# run as fast); -O1 for kernels that compute much on each thread (the products' tests:
-# their functions ran 3x slower unoptimized)
-OPT = {False: "-O0", True: "-O1"}
+# modules unoptimized: most are compiled to run a few thousand launches of small grids,
+# where the threads' meetings take the time; g++ took 2-4x longer at -O1 (PPO's module at
+# the tests' sizes 13.6 -> 3.1 s), and the runs measured were as fast or faster at -O0
+# (the products' tests' large shapes included: their joint functions' 19.5 -> 14.6 s)
+FLAGS = ("-std=c++20", "-O0", "-fPIC", "-pthread", "-DTL_EMU")
 
 
 def compiler() -> str | None:
@@ -105,19 +103,20 @@ def _once(cc: str, text: str, name: str, flags: list[str], product: str) -> Path
     return _BUILT[key]
 
 
-def precompiled_head(cc: str, head: str, opt: str = OPT[False]) -> Path:
-    """The header ``emu.h`` + ``head``, compiled once for the optimization ``opt`` (its
-    ``.gch`` beside it; g++ takes a precompiled header only where the optimization matches):
+def precompiled_head(cc: str, head: str) -> Path:
+    """The header ``emu.h`` + ``head``, compiled once (its ``.gch`` beside it, with the
+    modules' ``FLAGS``: g++ takes a precompiled header only where the optimization matches):
     the path to ``-include``."""
     text = HEADER.read_text().replace("#pragma once\n", "") + "\n" + head
-    return _once(cc, text, "head.h", [opt, "-x", "c++-header"], "head.h.gch").with_suffix("")
+    return _once(cc, text, "head.h", ["-x", "c++-header"], "head.h.gch").with_suffix("")
 
 
 _LOADED: set[Path] = set()
 
 
 def runtime_library(cc: str) -> Path:
-    """The emulation's threads (``emu_rt.cc``) as a shared library, compiled once."""
+    """The emulation's threads (``emu_rt.cc``) as a shared library, compiled once (and
+    optimized: the barriers every launch meets)."""
     return _once(cc, RUNTIME.read_text(), "emu_rt.cc", ["-O1", "-shared"], "emu_rt.so")
 
 
@@ -140,19 +139,11 @@ class EmuModule:
     ``folder``; without one, in ``$TIMERLC_EMU_MODULES`` where set, else in a temporary
     folder removed once the library is loaded); with ``tf32``, the renderer's TF32
     functions too (``TL_EMU_TF32``: a device whose float32 products are TF32 runs them;
-    others leave their compile out); with ``optimize``, compiled at -O1 (``OPT``).
-    Processes may share a folder: each compiles into files of its own and renames the
-    library into place."""
+    others leave their compile out). Processes may share a folder: each compiles into
+    files of its own and renames the library into place."""
 
-    def __init__(
-        self,
-        text: str,
-        folder: str | Path | None = None,
-        tf32: bool = False,
-        optimize: bool = False,
-    ):
+    def __init__(self, text: str, folder: str | Path | None = None, tf32: bool = False):
         self.tf32 = tf32
-        self.optimize = optimize
         self.cached = False  # whether the library was found in ``folder``, not compiled
         if folder is None and os.environ.get(MODULES_ENV):
             folder = Path(os.environ[MODULES_ENV])
@@ -177,8 +168,7 @@ class EmuModule:
         if cc is None:
             raise RuntimeError("no host C++ compiler (c++, g++ or clang++) to emulate CUDA")
         load_runtime(cc)
-        opt = OPT[self.optimize]
-        flags = [opt] + (["-DTL_EMU_TF32"] if self.tf32 else [])
+        flags = ["-DTL_EMU_TF32"] if self.tf32 else []
         # (the library uses the threads' library's symbols: its text is in the key too)
         parts = (text, HEADER.read_text(), RUNTIME.read_text(), " ".join(FLAGS + tuple(flags)))
         key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
@@ -190,7 +180,7 @@ class EmuModule:
             fixed = head()
             at = text.find(fixed)
             if at >= 0:  # the module's own text only, after the precompiled part
-                include = precompiled_head(cc, fixed, opt)
+                include = precompiled_head(cc, fixed)
                 Path(str(src) + mine).write_text(text[:at] + text[at + len(fixed) :])
             else:
                 include = HEADER

@@ -172,11 +172,10 @@ class EmuDevice:
     # the emulation runs them one after another
     MAX_BLOCKS = 3
 
-    def __init__(self, matmul: str = "float32", optimize: bool = False):
+    def __init__(self, matmul: str = "float32"):
         from timerlc.cuda.emu import compiler
 
         self.matmul = matmul
-        self.optimize = optimize  # (the modules compiled at -O1: cuda/emu.py's OPT)
         if compiler() is None:
             raise DeviceUnavailable("no host C++ compiler (c++, g++ or clang++) for cuda-emu")
         # (its times say nothing of a GPU's: our products, so that the suite runs them;
@@ -198,8 +197,7 @@ class EmuDevice:
         from timerlc.cuda.emu import EmuModule
 
         try:
-            tf32 = self.matmul == "tensorfloat32"
-            return EmuModule(text, cache, tf32=tf32, optimize=self.optimize)
+            return EmuModule(text, cache, tf32=self.matmul == "tensorfloat32")
         except RuntimeError as e:
             raise RunError(f"cuda-emu: {e}") from None
 
