@@ -48,15 +48,22 @@ def graph_of(name: str, sets: dict, optimize: bool = True):
 def both(name: str):
     """The reference on the program as written, the compiled backend under test (the cpu's,
     or ``TIMERLC_TEST_BACKEND``) on the optimized program."""
-    graph = graph_of(name, SMALL[name])
     written = graph_of(name, SMALL[name], optimize=False)
-    ref_m, cpu_m = [], []
+    ref_m = []
     ref = run_graph(written, lambda n, p, v: ref_m.append((n, tuple(sorted(p.items())), float(v))))
+    return (ref, ref_m, *compiled(name))
+
+
+def compiled(name: str):
+    """The compiled backend under test on the optimized program: (its runtime, its
+    metrics)."""
+    cpu_m = []
     rt, _ = plan_run(
-        compile_plan(graph), lambda n, p, v: cpu_m.append((n, tuple(sorted(p.items())), float(v)))
+        compile_plan(graph_of(name, SMALL[name])),
+        lambda n, p, v: cpu_m.append((n, tuple(sorted(p.items())), float(v))),
     )
     rt.envs.close()
-    return ref, ref_m, rt, cpu_m
+    return rt, cpu_m
 
 
 def test_every_program_is_covered():
@@ -81,7 +88,7 @@ def test_program_on_cpu_equals_reference(name):
 def test_program_metrics_stream_in_the_order_of_their_first_dim(name):
     # a metric is reported as its points are computed: the iteration loop runs them, not a
     # batched op after the whole run
-    _, _, _, cpu_m = both(name)
+    _, cpu_m = compiled(name)  # (the reference's are the other test's)
     for dim in {p[0][0] for _, p, _ in cpu_m if p}:
         firsts = [p[0][1] for _, p, _ in cpu_m if p and p[0][0] == dim]
         assert firsts == sorted(firsts), [(n, p) for n, p, _ in cpu_m]
