@@ -1,9 +1,10 @@
 """Running the CUDA C text of ``timerlc.cuda.render`` on the CPU: compiled by the host C++
 compiler with ``emu.h`` (a block of threads as std::threads meeting at a barrier), each
-function ``NAME`` callable as ``fn(table, args, nargs, scratch, err, blocks, shift)`` (through the
-module's one entry, ``tl_emu_launch``): it runs over ``blocks`` blocks, its ``nargs`` loop
-values read from the host's array ``args``, and a failing one sets ``*err`` (the device runtime's ``EmuDevice``: the
-``cuda-emu`` backend, tests and debugging: ``docs/cuda.md``).
+function ``NAME`` callable as ``fn(table, args, nargs, scratch, err, blocks, shift)`` (through
+the module's one entry, ``tl_emu_launch``): it runs over ``blocks`` blocks, its ``nargs``
+loop values read from the host's array ``args`` (as a GPU's launch passes them), and a
+failing one sets ``*err`` (the device runtime's ``EmuDevice``: the ``cuda-emu`` backend,
+tests and debugging: ``docs/cuda.md``).
 
 Two parts are compiled once per compiler and kept in the user's cache folder
 (``$XDG_CACHE_HOME/timerlc/emu``, else ``~/.cache/timerlc/emu``; a temporary folder where
@@ -192,8 +193,8 @@ class EmuModule:
         self.lib = ctypes.CDLL(str(lib))
 
     def function(self, name: str):
-        """``NAME`` as ``fn(table, args, nargs, scratch, err, blocks, shift)`` (``tl_set_shift``:
-        ``fn(shift, index, n, d, blocks)``)."""
+        """``NAME`` as ``fn(table, args, nargs, scratch, err, blocks, shift)``
+        (``tl_set_shift``: ``fn(shift, index, n, d, blocks)``)."""
         fn = self._functions.get(name)
         if fn is None:
             if name == "tl_set_shift":
