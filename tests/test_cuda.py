@@ -89,6 +89,21 @@ def run_both(gen):
     return ref, rt, want, got, skipped
 
 
+def _launch(emu, name: str, table, args, scratch, err, blocks: int):
+    """Function ``name`` of the emulated module ``emu`` over ``blocks`` blocks, its table,
+    loop values, scratch and failure record the host's arrays (no shift)."""
+    fn = emu.function(name)
+    fn(
+        table.ctypes.data,
+        args.ctypes.data,
+        len(args),
+        scratch.ctypes.data,
+        err.ctypes.data,
+        blocks,
+        None,
+    )
+
+
 # ----------------------------------------------------------------------------- nvcc
 def _nvcc() -> str | None:
     nvcc = shutil.which("nvcc")
@@ -476,15 +491,7 @@ def test_a_serial_step_passes_its_locals_to_the_steps_after_it(tmp_path):
     scratch = np.zeros(16, np.uint8)
     err = np.zeros(1, np.int32)
     for f, _ in phases:
-        emu.function(f)(
-            table.ctypes.data,
-            args.ctypes.data,
-            len(args),
-            scratch.ctypes.data,
-            err.ctypes.data,
-            3,
-            None,
-        )
+        _launch(emu, f, table, args, scratch, err, 3)
     assert err[0] == 0
     want = np.full(1000, -1.0, np.float32)
     want[:307] = np.arange(307, dtype=np.float32) * np.float32(3.5)
@@ -548,15 +555,7 @@ def test_loops_that_touch_nothing_of_each_other_s_run_side_by_side(tmp_path):
         args = np.array([0], np.int64)
         err = np.zeros(11, np.int64)
         scratch = np.zeros(8, np.uint8)
-        emu.function("hand")(
-            table.ctypes.data,
-            args.ctypes.data,
-            len(args),
-            scratch.ctypes.data,
-            err.ctypes.data,
-            blocks,
-            None,
-        )
+        _launch(emu, "hand", table, args, scratch, err, blocks)
         assert not err.any()
         np.testing.assert_array_equal(outs[0], x * 2)
         np.testing.assert_array_equal(outs[1], y + 1)
@@ -607,15 +606,7 @@ def test_a_thread_whose_column_is_fixed_reads_the_column_s_values_once(tmp_path)
         table = np.array([a.ctypes.data for a in (y, z, x, w, b, u)], np.uint64)
         err = np.zeros(cuda_runtime.ERR_WORDS, np.int64)
         args, scratch = np.zeros(1, np.int64), np.zeros(8, np.uint8)
-        emu.function("cols")(
-            table.ctypes.data,
-            args.ctypes.data,
-            len(args),
-            scratch.ctypes.data,
-            err.ctypes.data,
-            blocks,
-            None,
-        )
+        _launch(emu, "cols", table, args, scratch, err, blocks)
         assert not err.any()
         want_z = np.arange(400, dtype=np.float32).reshape(50, 8) * w
         want_z = np.where((x > 5)[:, None], want_z + u, want_z)
@@ -1128,15 +1119,7 @@ def test_a_check_of_the_loop_values_is_made_before_the_loop_reads(tmp_path):
         args = np.array([j], np.int64)
         scratch = np.zeros(16, np.uint8)
         err = np.zeros(11, np.int64)  # (the failure record and the tickets' counter)
-        emu.function("hand")(
-            table.ctypes.data,
-            args.ctypes.data,
-            len(args),
-            scratch.ctypes.data,
-            err.ctypes.data,
-            3,
-            None,
-        )
+        _launch(emu, "hand", table, args, scratch, err, 3)
         assert err.view(np.int32)[0] == code and err[2] == (j if code else 0)
         want = src[8:12] if code == 0 else np.full(4, -1.0, np.float32)
         np.testing.assert_array_equal(out, want)
