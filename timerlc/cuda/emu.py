@@ -82,12 +82,18 @@ def _cache_folder() -> Path:
 _BUILT: dict[str, Path] = {}  # per compiler, flags and text: the file made once
 
 
+@functools.cache
+def _version(cc: str) -> str:
+    """What ``cc --version`` prints (asked once a process: every module's load keys the
+    threads' library and the precompiled head by it)."""
+    return subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
+
+
 def _once(cc: str, text: str, name: str, flags: list[str], product: str) -> Path:
     """``text`` written as ``name`` in a cache folder of its own and compiled there once
     (``flags``, then the file), into ``product``: its path. Both are renamed into place,
     the source first, so that another process that finds the product finds the source."""
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False)
-    parts = (cc, version.stdout, " ".join(FLAGS + tuple(flags)), text)
+    parts = (cc, _version(cc), " ".join(FLAGS + tuple(flags)), text)
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     if key in _BUILT:
         return _BUILT[key]
