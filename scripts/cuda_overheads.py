@@ -278,7 +278,7 @@ def _idle():
     class Idle(EmuDevice):
         MAX_BLOCKS = 65535
 
-        def load(self, text, cache=None):
+        def load(self, text, cache=None, defines=()):
             return None
 
         def function(self, module, name):

@@ -31,7 +31,7 @@ from timerlc.plan import items
 from timerlc.reference.interpreter import run_graph
 from timerlc.runtime import cuda as cuda_runtime
 from timerlc.runtime.cpu import CpuRuntime
-from timerlc.runtime.cuda import DeviceRuntime, EmuDevice
+from timerlc.runtime.cuda import DeviceRuntime, EmuDevice, function_names
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ROOT / "programs"
@@ -139,9 +139,11 @@ def test_every_program_s_cuda_source_compiles_with_nvcc(name, tmp_path):
 @pytest.mark.parametrize("name", NAMES)
 def test_every_program_s_build_compiles_with_nvrtc(name):
     """The module of a build for the cuda backend, compiled by NVRTC with the device
-    runtime's options, as CuPy's RawModule compiles it on a GPU (no system header: the
-    module's includes are for the other compilers), for compute_90 (the H100's; nvcc
-    compiles each program for sm_80), without a word."""
+    runtime's options, as CuPy's RawModule compiles it on a GPU for a run that is not
+    profiled, its products float32 (no system header: the module's includes are for the
+    other compilers; the TF32 functions and the covered statements' kernels left out), for
+    compute_90 (the H100's; nvcc compiles each program's whole module for sm_80), without
+    a word."""
     lib = nvrtc.library()
     if lib is None:
         if os.environ.get("TIMERLC_REQUIRE_NVCC") == "1":
@@ -153,7 +155,8 @@ def test_every_program_s_build_compiles_with_nvrtc(name):
     cu = cuda_gen(gen)
     assert not cu.interpreted.keys() - gen.interpreted.keys()
     for arch in ("compute_90",):
-        ptx, log = nvrtc.compile_ptx(cu.text, arch, lib)
+        lean = (nvrtc.NO_TF32, nvrtc.FUSED_ONLY)
+        ptx, log = nvrtc.compile_ptx(cu.text, arch, lib, lean)
         assert log.strip() == "", log[-3000:]
         phases = [f for _, p in cu.plan.kernels.launches for f in p]
         phases += [f for _, p in cu.plan.kernels.fused_launches for f in p]
@@ -169,7 +172,15 @@ def test_every_program_s_build_compiles_with_nvrtc(name):
             for f in g.own + g.then + g.tf32 + g.joint
         ]
         names = {name for name, _ in functions}
-        assert ptx.count(".entry") == len(names) + len(cu.plan.kernels.loops) + 1
+        calls = [g for g in phases if isinstance(g, items.GemmCall)]
+        # (a gram's TF32 copies' sum is its float32 one's: compiled)
+        left_out = {f for g in calls for f, _ in g.tf32 + g.joint} - {
+            f for g in calls for f, _ in g.own
+        }
+        launches = dict(cu.plan.kernels.launches)
+        left_out |= {f for sid in cu.plan.kernels.covered for f in function_names(launches[sid])}
+        entries = ptx.count(".entry")
+        assert entries == len(names - left_out) + len(cu.plan.kernels.loops) + 1
 
 
 def _script(name: str):

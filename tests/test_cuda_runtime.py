@@ -23,7 +23,7 @@ from rtl_helpers import cli, compiled_run, refuses_changed_plans, src, timerlc_c
 from test_cuda import _nvcc
 
 from timerlc.codegen import kir
-from timerlc.codegen.generate import generate
+from timerlc.codegen.generate import generate, listing
 from timerlc.compiler import compile_plan, run_passes
 from timerlc.cuda import render
 from timerlc.cuda.emu import compiler
@@ -163,17 +163,15 @@ def test_cuda_emu_runs_a_build_as_the_cpu_backend_does(tmp_path):
         "compile", PROGRAMS / "reinforce.rtl", "--backend", "cuda", *SMALL_REINFORCE, "-o", out
     )
     assert r.exit_code == 0, r.stderr
-    r = cli("run", out, "--backend", "cuda-emu", "--metrics", tmp_path / "emu.csv", "--profile")
+    r = cli("run", out, "--backend", "cuda-emu", "--metrics", tmp_path / "emu.csv")
     assert r.exit_code == 0, r.stderr
     assert "device runtime:" in r.stderr and "launches" in r.stderr
     # (the emulation's module kept in the build, as the cpu's machine code: the next run
     # loads it)
     (kept,) = (out / "kernels").glob("emu-*.so")
     stamp = kept.stat().st_mtime_ns
-    # the device's seconds per statement (the emulation's: its launches' own time)
-    assert "s in the statements' launches" in r.stderr and "  device s " in r.stderr
-    # without --profile: one line, with the calls replayed from CUDA graphs; then which
-    # products ran as our kernels (the emulation's policy: all of them)
+    # one line, with the calls replayed from CUDA graphs; then which products ran as our
+    # kernels (the emulation's policy: all of them)
     r = cli("run", out, "--backend", "cuda-emu", "--no-progress")
     assert r.exit_code == 0, r.stderr
     line, products = r.stderr.splitlines()
@@ -186,6 +184,12 @@ def test_cuda_emu_runs_a_build_as_the_cpu_backend_does(tmp_path):
     assert re.search(r"device peak .* \(\d+ bytes\)", line)  # (what bench.py reads)
     assert line.endswith("; the kernels' module loaded, not compiled")
     assert kept.stat().st_mtime_ns == stamp
+    # --profile: the device's seconds per statement (the emulation's: its launches' own
+    # time), from the whole module (each statement's kernel: a compile of its own, kept)
+    r = cli("run", out, "--backend", "cuda-emu", "--profile")
+    assert r.exit_code == 0, r.stderr
+    assert "s in the statements' launches" in r.stderr and "  device s " in r.stderr
+    assert len(list((out / "kernels").glob("emu-*.so"))) == 2
     r = cli("run", PROGRAMS / "reinforce.rtl", *SMALL_REINFORCE, "--metrics", tmp_path / "cpu.csv")
     assert r.exit_code == 0, r.stderr
     emu = (tmp_path / "emu.csv").read_text().splitlines()
@@ -927,6 +931,70 @@ def test_a_loop_marked_as_a_reduction_that_is_not_one_runs_on_one_thread():
     for body in ([good, leak], [bad_read]):
         _, _, launches = render.render_module([kernel(body)])
         assert [n for _, n in launches["s0"].phases] == [1]
+
+
+def _reinforce_small():
+    path = PROGRAMS / "reinforce.rtl"
+    sets = dict(a.split("=") for a in SMALL_REINFORCE[1::2])
+    return check_source(Source(str(path), path.read_text()), overrides=sets)
+
+
+def test_plans_covered_statements_are_checked():
+    """``kernels.covered`` (the statements only fused kernels compute, unprofiled) names
+    distinct statements of the plan's fused kernels, in a CUDA kernel file's plan only."""
+    plan = compile_plan(run_passes(_reinforce_small()))
+    gen = generate(plan, "cuda")
+    covered = gen.plan.kernels.covered
+    assert covered and set(covered) <= {s for f in gen.plan.kernels.fused for s in f}
+    # (--dump-ir's listing says which)
+    assert listing(gen).count("(only under --profile: fused kernels make its calls)") == len(
+        covered
+    )
+    data = items.to_json(gen.plan)
+    assert items.from_json(json.loads(json.dumps(data)), "p") == gen.plan
+    alone = next(sid for sid, _, _ in gen.plan.kernels.statements if sid not in covered)
+    cases = [
+        (lambda k: k["covered"].append(k["covered"][0]), "not distinct statements of fused"),
+        (lambda k: k["covered"].append(alone), "not distinct statements of fused kernels"),
+        (lambda k: k.__setitem__("covered", 3), "expected a list"),
+    ]
+    refuses_changed_plans(data, cases)
+    cpu = items.to_json(generate(plan, "cpu").plan)
+    cpu["kernels"]["covered"] = list(covered)
+    with pytest.raises(items.PlanError, match="only a CUDA kernel file's plan has covered"):
+        items.from_json(cpu, "p")
+
+
+@needs_cxx
+def test_a_run_compiles_only_what_it_launches_and_the_rest_where_a_call_needs_it():
+    """A run that is not profiled compiles the module without the covered statements'
+    kernels (``FUSED_ONLY``) nor the TF32 functions (``NO_TF32``, float32 products); a call
+    of a covered statement's own kernel (here: no fused kernel matched, as in a crafted
+    plan's run) loads the whole module then, and computes the same values."""
+    plan = compile_plan(run_passes(_reinforce_small()))
+    gen = generate(plan, "cuda")
+    names = cuda.function_names(dict(gen.plan.kernels.launches)[gen.plan.kernels.covered[0]])
+    got = {True: [], False: []}
+    for fused in (True, False):
+        keep = got[fused].append
+        kernels = gen.plan.kernels
+        if not fused:  # (every call its statement's own kernel: no fused kernel, no loop's)
+            kernels = dataclasses.replace(kernels, fused=(), fused_launches=(), loops=())
+        plan = dataclasses.replace(gen.plan, kernels=kernels)
+        rt = DeviceRuntime(plan, lambda *m, k=keep: k(m), text=gen.text, device=EmuDevice())
+        assert rt.defines == ("TL_NO_TF32", "TL_FUSED_ONLY")
+        assert not any(hasattr(rt._module.lib, n) for n in names)  # (left out of its compile)
+        rt.run()
+        assert rt.whole_module_loaded is not fused
+        rt.envs.close()
+    a, b = got[True], got[False]
+    assert len(a) > 3 and [m[:2] for m in a] == [m[:2] for m in b]
+    np.testing.assert_allclose([m[2] for m in a], [m[2] for m in b], rtol=1e-5, atol=1e-6)
+    profiled = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice(), profile=True)
+    assert profiled.defines == ("TL_NO_TF32",)
+    assert all(hasattr(profiled._module.lib, n) for n in names)
+    tf32 = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice("tensorfloat32"))
+    assert tf32.defines == ("TL_FUSED_ONLY",)
 
 
 FAILS_AT_700 = """

@@ -6,8 +6,9 @@ text starts with the digest of the plan it was made for, and the plan gets a ``k
 field (``plan.items.Kernels``) with the text's SHA-256, so that a runtime refuses a kernel
 file that does not belong to its plan (``runtime.native.check_kernels``). The LLVM module
 also has the tree functions (``codegen.tree``) and the fused kernels they launch; the CUDA
-module has the statements' kernels, which the device runtime launches one by one
-(``docs/cuda.md``).
+module has the statements' kernels, the fused kernels and the loop kernels, which the device
+runtime launches itself (``docs/cuda.md``), the kernels of the statements that only fused
+kernels compute (``Kernels.covered``) under ``#ifndef TL_FUSED_ONLY``.
 """
 
 from __future__ import annotations
@@ -84,9 +85,16 @@ def generate(plan: Plan, target: str = "cpu") -> Generated:
 
 def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
     from timerlc.cuda.loops import render_loops
-    from timerlc.cuda.render import functions, render_kernels, render_module
+    from timerlc.cuda.nvrtc import FUSED_ONLY
+    from timerlc.cuda.render import (
+        SHIFT_KERNEL,
+        functions,
+        head,
+        leave_out,
+        render_kernels,
+    )
 
-    body, skipped, launches = render_module(kernels)
+    texts, skipped, launches = render_kernels(kernels)
     for k in kernels:
         if k.name in skipped:
             interpreted[k.sid] = f"no CUDA C for its kernel yet: {skipped[k.name]}"
@@ -113,10 +121,19 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
     used = {s.kernel for t in trees for s in kir.walk_tree(t.body) if isinstance(s, kir.Launch)}
     more, refused, fused_launches = render_kernels([k for k in fused.values() if k.name in used])
     fused_ok = [k for k in fused.values() if k.name in used and k.name not in refused]
+    # the statements whose every call the trees make through a fused kernel: only a profile
+    # launches their own kernels (a run that is not profiled compiles the module without
+    # them: render.FUSED_ONLY)
+    apart = {
+        sid for k in fused.values() if k.name in used and k.name in refused for sid in k.parts
+    }
+    in_fused = {sid for k in fused_ok for sid in k.parts} - apart
+    covered = {k.sid for k in kernels if k.sid in in_fused and k.name not in used}
+    texts = [leave_out(t, FUSED_ONLY) if k.sid in covered else t for k, t in zip(kernels, texts)]
     # loops whose rows never meet, each one kernel (cuda/loops.py)
     rendered = {k.sid: k for k in kernels}
     loops, _ = render_loops(plan, rendered, launches, recorded)
-    body = "\n".join([body, *more, *(lk.text for lk in loops)])
+    body = "\n".join([head(), SHIFT_KERNEL, *texts, *more, *(lk.text for lk in loops)])
     text = CUDA_KERNELS_HEADER + digest(plan) + "\n" + body
     info = Kernels(
         CUDA_KERNEL_FILE,
@@ -132,6 +149,7 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
             (fused_launches[k.name].scratch, fused_launches[k.name].phases) for k in fused_ok
         ),
         loops=tuple((lk.statements, lk.blocks, lk.scratch) for lk in loops),
+        covered=tuple(sorted(covered)),
     )
     return Generated(
         dataclasses.replace(plan, kernels=info),
@@ -151,7 +169,12 @@ def listing(gen: Generated) -> str:
         f"{len(gen.trees)} tree functions, {len(gen.interpreted)} statements interpreted"
     )
     launches = dict(gen.plan.kernels.launches) if gen.plan.kernels else {}
-    parts = [head] + [_with_launches(kir.text(k), launches.get(k.sid)) for k in gen.kernels]
+    covered = set(gen.plan.kernels.covered) if gen.plan.kernels else set()
+    parts = [head] + [
+        _with_launches(kir.text(k), launches.get(k.sid))
+        + ("\n  (only under --profile: fused kernels make its calls)" if k.sid in covered else "")
+        for k in gen.kernels
+    ]
     fused = {}  # (a fused kernel's phases, by its statements: plan.kernels.fused's order)
     if gen.plan.kernels and gen.plan.kernels.fused_launches:
         rows = zip(gen.plan.kernels.fused, gen.plan.kernels.fused_launches)

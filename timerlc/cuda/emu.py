@@ -144,13 +144,13 @@ MODULES_ENV = "TIMERLC_EMU_MODULES"
 class EmuModule:
     """The kernels of a CUDA C text, compiled for the host (kept by the text's hash in
     ``folder``; without one, in ``$TIMERLC_EMU_MODULES`` where set, else in a temporary
-    folder removed once the library is loaded); with ``tf32``, the renderer's TF32
-    functions too (``TL_EMU_TF32``: a device whose float32 products are TF32 runs them;
-    others leave their compile out). Processes may share a folder: each compiles into
-    files of its own and renames the library into place."""
+    folder removed once the library is loaded); ``defines``: the macros the compile defines
+    (``nvrtc.NO_TF32``, ``nvrtc.FUSED_ONLY``: what a run leaves out of the module, as
+    the GPU's compile does). Processes may share a folder: each compiles into files of
+    their own and renames the library into place."""
 
-    def __init__(self, text: str, folder: str | Path | None = None, tf32: bool = False):
-        self.tf32 = tf32
+    def __init__(self, text: str, folder: str | Path | None = None, defines: tuple[str, ...] = ()):
+        self.defines = tuple(defines)
         self.cached = False  # whether the library was found in ``folder``, not compiled
         if folder is None and os.environ.get(MODULES_ENV):
             folder = Path(os.environ[MODULES_ENV])
@@ -175,7 +175,7 @@ class EmuModule:
         if cc is None:
             raise RuntimeError("no host C++ compiler (c++, g++ or clang++) to emulate CUDA")
         load_runtime(cc)
-        flags = ["-DTL_EMU_TF32"] if self.tf32 else []
+        flags = [f"-D{d}" for d in self.defines]
         # (the library uses the threads' library's symbols: its text is in the key too)
         parts = (text, HEADER.read_text(), RUNTIME.read_text(), " ".join(FLAGS + tuple(flags)))
         key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]

@@ -16,6 +16,15 @@ import os
 
 # the options the device runtime gives RawModule (runtime.cuda.CupyDevice.load uses these)
 OPTIONS = ("-std=c++17", "--fmad=false")
+# The module's text has every function a run may launch; a run compiles only those it will
+# (docs/cuda.md, "What a run compiles"), defining these where it leaves some out:
+NO_TF32 = "TL_NO_TF32"  # the TF32 functions (a device whose float32 products are float32)
+FUSED_ONLY = "TL_FUSED_ONLY"  # the kernels of the statements fused kernels compute (unprofiled)
+
+
+def options(defines: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """``OPTIONS`` with each of ``defines`` (``NO_TF32``, ``FUSED_ONLY``) defined."""
+    return OPTIONS + tuple(f"-D{d}" for d in defines)
 
 
 def library() -> ctypes.CDLL | None:
@@ -43,9 +52,11 @@ class NvrtcError(Exception):
     """NVRTC refused a module: its log."""
 
 
-def compile_ptx(text: str, arch: str, lib: ctypes.CDLL | None = None) -> tuple[str, str]:
+def compile_ptx(
+    text: str, arch: str, lib: ctypes.CDLL | None = None, defines: tuple[str, ...] = ()
+) -> tuple[str, str]:
     """(PTX, log) of ``text`` compiled for ``arch`` (``compute_90``) with the device
-    runtime's options; ``NvrtcError`` with the log if it does not compile."""
+    runtime's options and ``defines``; ``NvrtcError`` with the log if it does not compile."""
     lib = lib or library()
     if lib is None:
         raise NvrtcError("no libnvrtc here")
@@ -53,7 +64,7 @@ def compile_ptx(text: str, arch: str, lib: ctypes.CDLL | None = None) -> tuple[s
     if lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), b"cuda.cu", 0, None, None):
         raise NvrtcError("nvrtcCreateProgram failed")
     try:
-        opts = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in OPTIONS]
+        opts = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in options(defines)]
         result = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
         size = ctypes.c_size_t()
         lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))

@@ -74,6 +74,7 @@ from timerlc.codegen.kir import (
     Un,
 )
 from timerlc.cuda import products
+from timerlc.cuda.nvrtc import NO_TF32
 from timerlc.plan import expr as px
 from timerlc.plan import items
 from timerlc.plan.arena import first_fit
@@ -92,6 +93,12 @@ SUFFIX = {"bool": "b", "i32": "i32", "i64": "i64", "f32": "f32", "f64": "f64"}
 
 class Unsupported(Exception):
     """A kernel this renderer does not render yet."""
+
+
+def leave_out(text: str, macro: str) -> str:
+    """``text`` inside ``#ifndef macro``: a compile that defines ``macro`` leaves it out."""
+    end = "" if text.endswith("\n") else "\n"
+    return f"#ifndef {macro}\n{text}{end}#endif\n"
 
 
 # NumPy's semantics for each scalar op and dtype (as timerlc/llvm/render.py computes them)
@@ -919,7 +926,7 @@ class _Kernel:
             gs,
         )
         text = self.phase(f"{self.k.name}_{j}j", _Step("gemm", rs, form=own), [], [], {})
-        out.append(f"#if !defined(TL_EMU) || defined(TL_EMU_TF32)\n{text}#endif\n")
+        out.append(leave_out(text, NO_TF32))
         return (self.phases.pop(), *gram.tf32[1:])
 
     def _copies_region(self, nbytes: int) -> int:
@@ -959,10 +966,9 @@ class _Kernel:
                 tf32.append(mine[-1])
                 continue
             step = dataclasses.replace(step, form=dataclasses.replace(step.form, tf32=True))
-            # (the emulation compiles them only for a device whose products are TF32:
-            # emu.EmuModule's tf32; a sixth of PPO's module's compile)
+            # (compiled only for a device whose products are TF32: a sixth of PPO's module)
             text = self.phase(f"{fname}t", step, [], [], {})
-            out.append(f"#if !defined(TL_EMU) || defined(TL_EMU_TF32)\n{text}#endif\n")
+            out.append(leave_out(text, NO_TF32))
             tf32.append(self.phases.pop())
         call = dataclasses.replace(call, tf32=tuple(tf32))
         if not st.after:

@@ -309,6 +309,11 @@ class Kernels:
     # the statements the loop's body calls (in order), the blocks its launch asks for and
     # the bytes of scratch memory it needs; its function is named after the loop
     loops: tuple[tuple[tuple[int, ...], int, int], ...] = ()
+    # a CUDA kernel file: the statements whose every call is a fused kernel's (``fused``), so
+    # that only a profile launches their own kernels: their functions (each phase's) are in
+    # the module under ``#ifndef TL_FUSED_ONLY`` (cuda.render.FUSED_ONLY), which a run that
+    # is not profiled defines (docs/cuda.md, "What a run compiles")
+    covered: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,6 +460,7 @@ def to_json(plan: Plan) -> dict:
                         if plan.kernels.loops
                         else {}
                     ),
+                    **({"covered": list(plan.kernels.covered)} if plan.kernels.covered else {}),
                 }
             }
         ),
@@ -787,7 +793,7 @@ class _Reader:
         d = self.obj(
             v,
             ("file", "sha256", "statements", "trees"),
-            ("fused", "launches", "unfailing", "fused_launches", "loops"),
+            ("fused", "launches", "unfailing", "fused_launches", "loops", "covered"),
         )
         file = self.field(d, "file", self.text, 200)
         if not _KERNEL_FILE.match(file):
@@ -878,8 +884,28 @@ class _Reader:
                 self.path.append(".loops")
                 self.fail("only a CUDA kernel file's plan has loop kernels")
             loops = self.field(d, "loops", self.each, self.loop_row, with_kernel)
+        covered = ()
+        if "covered" in d:
+            if not file.endswith(".cu"):
+                self.path.append(".covered")
+                self.fail("only a CUDA kernel file's plan has covered kernels")
+            covered = self.field(d, "covered", self.each, self.int_)
+            in_fused = {s for f in fused for s in f}
+            if not set(covered) <= in_fused or len(set(covered)) != len(covered):
+                self.path.append(".covered")
+                self.fail("not distinct statements of fused kernels")
         return Kernels(
-            file, sha, rows, trees, fused, launches, unfailing, repeats, fused_launches, loops
+            file,
+            sha,
+            rows,
+            trees,
+            fused,
+            launches,
+            unfailing,
+            repeats,
+            fused_launches,
+            loops,
+            covered,
         )
 
     def loop_row(self, v, with_kernel: set) -> tuple[tuple[int, ...], int, int]:

@@ -131,6 +131,18 @@ class DeviceUnavailable(Exception):
 MATMUL = ("float32", "tensorfloat32")
 
 
+def function_names(phases) -> list[str]:
+    """The module's functions that a kernel's ``phases`` may launch (a product's of ours, its
+    TF32 ones and its joint ones among them)."""
+    out = []
+    for f in phases:
+        if isinstance(f, GemmCall):
+            out += [name for name, _ in f.own + f.then + f.tf32 + f.joint]
+        else:
+            out.append(f[0])
+    return out
+
+
 def matmul_note(matmul: str) -> str:
     """What a device's description says of its float32 products (nothing for float32)."""
     return ", float32 products in TF32" if matmul == "tensorfloat32" else ""
@@ -193,11 +205,11 @@ class EmuDevice:
         note = matmul_note(self.matmul)
         return f"the host, emulating the grids of blocks (timerlc/cuda/emu.h){note}"
 
-    def load(self, text: str, cache=None):
+    def load(self, text: str, cache=None, defines: tuple[str, ...] = ()):
         from timerlc.cuda.emu import EmuModule
 
         try:
-            return EmuModule(text, cache, tf32=self.matmul == "tensorfloat32")
+            return EmuModule(text, cache, defines)
         except RuntimeError as e:
             raise RunError(f"cuda-emu: {e}") from None
 
@@ -619,11 +631,11 @@ class CupyDevice:
         name = name.decode() if isinstance(name, bytes) else str(name)
         return name + matmul_note(self.matmul)
 
-    def load(self, text: str, cache=None):
-        from timerlc.cuda.nvrtc import OPTIONS  # (as the tests compile the module)
+    def load(self, text: str, cache=None, defines: tuple[str, ...] = ()):
+        from timerlc.cuda.nvrtc import options  # (as the tests compile the module)
 
         try:
-            return self.cp.RawModule(code=text, options=OPTIONS)
+            return self.cp.RawModule(code=text, options=options(defines))
         except Exception as e:  # noqa: BLE001 - NVRTC's message, as a run failure
             raise RunError(f"the GPU's compiler refused the kernels: {e}") from None
 
@@ -979,7 +991,25 @@ class DeviceRuntime(CpuRuntime):
         # launches (read a batch at a time: reading one waits for the device)
         self.device_seconds: dict[int, float] = {}
         self._marks: list[tuple[int, object, object]] = []
-        self._module = device.load(text, cache)
+        # what the run compiles of the module (docs/cuda.md, "What a run compiles"): not the
+        # TF32 functions where the device's products are float32, nor, unprofiled, the
+        # kernels of the statements that only fused kernels compute (kernels.covered): a
+        # call of one of those (a run of calls no fused kernel matched) loads the whole
+        # module (_whole_module)
+        from timerlc.cuda.nvrtc import FUSED_ONLY, NO_TF32  # (the module's macros)
+
+        tf32 = getattr(device, "matmul", "float32") == "tensorfloat32"
+        lean = bool(plan.kernels.covered) and not profile
+        self.defines = (*(() if tf32 else (NO_TF32,)), *((FUSED_ONLY,) if lean else ()))
+        phases_of = dict(plan.kernels.launches)
+        self._left_out = frozenset(
+            name
+            for sid in (plan.kernels.covered if lean else ())
+            for name in function_names(phases_of[sid])
+        )
+        self._text, self._cache = text, cache
+        self._module = device.load(text, cache, self.defines)
+        self._whole = None  # (the module with the functions left out, where one needs them)
         # whether the module was loaded from ``cache`` (the emulation's, a build's
         # kernels/), not compiled; None where the device keeps its own (CuPy's)
         self.module_cached: bool | None = getattr(self._module, "cached", None)
@@ -1533,8 +1563,25 @@ class DeviceRuntime(CpuRuntime):
         """A function of the module and the blocks a launch of it gets: as many as its
         ``threads`` ask for, at most as many as the device holds at once (``grid_limit``:
         each strides over its grid)."""
-        fn = self.device.function(self._module, name)
+        module = self._whole_module() if name in self._left_out else self._module
+        fn = self.device.function(module, name)
         return fn, min(-(-threads // THREADS), self.device.grid_limit(fn))
+
+    @property
+    def whole_module_loaded(self) -> bool:
+        """Whether a call needed a function the run's compile left out (``_whole_module``):
+        never, where the calls go as the code generator's trees fused them."""
+        return self._whole is not None
+
+    def _whole_module(self):
+        """The module with the kernels the run's compile left out (``FUSED_ONLY``), loaded
+        at the first call that needs one of them."""
+        from timerlc.cuda.nvrtc import FUSED_ONLY
+
+        if self._whole is None:
+            defines = tuple(d for d in self.defines if d != FUSED_ONLY)
+            self._whole = self.device.load(self._text, self._cache, defines)
+        return self._whole
 
     def _gemm(self, sid: int, call: GemmCall, scratch: int):
         """A ``GemmCall`` of statement ``sid``'s kernel as a function of the call's loop
