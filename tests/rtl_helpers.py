@@ -94,9 +94,8 @@ def plan_run(plan, on_metric=None, backend: str | None = None):
         # kernels the run's compile left out, kernels.covered, were never needed)
         assert not runtime.whole_module_loaded, "a covered statement's kernel was launched"
         return runtime, gen
-    else:
-        gen = generate_code(plan)
-        runtime = CpuRuntime(gen.plan, on_metric, native=gen.text if NATIVE else None)
+    gen = generate_code(plan)
+    runtime = CpuRuntime(gen.plan, on_metric, native=gen.text if NATIVE else None)
     runtime.run()
     return runtime, gen
 
