@@ -999,6 +999,43 @@ def test_a_run_compiles_only_what_it_launches_and_the_rest_where_a_call_needs_it
     assert tf32.defines == ("TL_FUSED_ONLY",)
 
 
+@needs_cxx
+def test_a_crafted_plan_s_calls_of_left_out_or_missing_functions(tmp_path):
+    """A plan.json whose ``covered`` and fused kernels were changed together (the text's
+    hash still matches: the plan's digest leaves the kernels field out) runs, its calls of
+    left-out kernels from the whole module; one naming a function the file does not define
+    exits 2 with one line."""
+    out = tmp_path / "build"
+    r = cli(
+        "compile", PROGRAMS / "reinforce.rtl", "--backend", "cuda", *SMALL_REINFORCE, "-o", out
+    )
+    assert r.exit_code == 0, r.stderr
+    good = json.loads((out / "plan.json").read_text())
+    plan = json.loads(json.dumps(good))
+    k = plan["kernels"]
+    gone = k["covered"][0]  # (its fused kernels dropped: its calls are its own kernel's)
+    keep = [j for j, f in enumerate(k["fused"]) if gone not in f]
+    k["fused"] = [k["fused"][j] for j in keep]
+    k["fused_launches"] = [k["fused_launches"][j] for j in keep]
+    k["covered"] = [s for s in k["covered"] if any(s in f for f in k["fused"])]
+    (out / "plan.json").write_text(json.dumps(plan))
+    r = cli("run", out, "--backend", "cuda-emu", "--no-progress")
+    assert r.exit_code == 0, r.stderr
+    plan = json.loads(json.dumps(good))
+    renamed = 0
+    for _, phases, *_ in plan["kernels"]["launches"]:
+        for f in phases:
+            if isinstance(f, dict) and f["gemm"].get("own"):
+                f["gemm"]["own"][0][0] = "zz_nowhere"
+                renamed += 1
+    assert renamed
+    (out / "plan.json").write_text(json.dumps(plan))
+    r = cli("run", out, "--backend", "cuda-emu", "--no-progress")
+    assert r.exit_code == 2, r.stderr
+    assert "the plan's kernel file has no function zz_nowhere" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 FAILS_AT_700 = """
 config K = 1000
 dim k < K

@@ -311,7 +311,7 @@ class Kernels:
     loops: tuple[tuple[tuple[int, ...], int, int], ...] = ()
     # a CUDA kernel file: the statements whose every call is a fused kernel's (``fused``), so
     # that only a profile launches their own kernels: their functions (each phase's) are in
-    # the module under ``#ifndef TL_FUSED_ONLY`` (cuda.render.FUSED_ONLY), which a run that
+    # the module under ``#ifndef TL_FUSED_ONLY`` (cuda.nvrtc.FUSED_ONLY), which a run that
     # is not profiled defines (docs/cuda.md, "What a run compiles")
     covered: tuple[int, ...] = ()
 

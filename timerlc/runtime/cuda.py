@@ -125,6 +125,10 @@ class DeviceUnavailable(Exception):
     """The device a backend needs is not here (no GPU, no CuPy, no host compiler)."""
 
 
+class MissingFunction(Exception):
+    """The loaded module has no function of that name (``device.function``)."""
+
+
 # how a device's BLAS computes float32 products: float32 (the default), or tensorfloat32
 # (TF32 tensor cores on NVIDIA GPUs from Ampere on: the operands rounded to 10 bits of
 # mantissa, float32 sums; JAX's default on those GPUs). float64 products are float64.
@@ -214,7 +218,10 @@ class EmuDevice:
             raise RunError(f"cuda-emu: {e}") from None
 
     def function(self, module, name: str):
-        return module.function(name)
+        try:
+            return module.function(name)
+        except AttributeError:  # (ctypes: the library has no such symbol)
+            raise MissingFunction(name) from None
 
     def grid_limit(self, fn) -> int:
         """The most blocks a launch of ``fn`` gets (``CupyDevice.grid_limit``)."""
@@ -644,6 +651,8 @@ class CupyDevice:
         try:
             return module.get_function(name).kernel.ptr  # (a CUfunction)
         except Exception as e:  # noqa: BLE001 - NVRTC's or the driver's message, as a run failure
+            if "NOT_FOUND" in str(e):  # (the driver's CUDA_ERROR_NOT_FOUND: no such name)
+                raise MissingFunction(name) from None
             raise RunError(
                 f"the GPU's compiler refused the kernels ({type(e).__name__}): {e}"
             ) from None
@@ -1564,14 +1573,27 @@ class DeviceRuntime(CpuRuntime):
         ``threads`` ask for, at most as many as the device holds at once (``grid_limit``:
         each strides over its grid)."""
         module = self._whole_module() if name in self._left_out else self._module
-        fn = self.device.function(module, name)
+        try:
+            fn = self.device.function(module, name)
+        except MissingFunction:
+            # (a plan whose kernels.covered is not the one the text was made with: the
+            # function may be among those the run's compile left out)
+            fn = None
+            if module is self._module and self._whole is not self._module:
+                with contextlib.suppress(MissingFunction):
+                    fn = self.device.function(self._whole_module(), name)
+            if fn is None:
+                raise PlanError(
+                    f"the plan's kernel file has no function {name} (a corrupt or crafted "
+                    "plan): compile the program again"
+                ) from None
         return fn, min(-(-threads // THREADS), self.device.grid_limit(fn))
 
     @property
     def whole_module_loaded(self) -> bool:
         """Whether a call needed a function the run's compile left out (``_whole_module``):
         never, where the calls go as the code generator's trees fused them."""
-        return self._whole is not None
+        return self._whole is not None and self._whole is not self._module
 
     def _whole_module(self):
         """The module with the kernels the run's compile left out (``FUSED_ONLY``), loaded
@@ -1579,8 +1601,11 @@ class DeviceRuntime(CpuRuntime):
         from timerlc.cuda.nvrtc import FUSED_ONLY
 
         if self._whole is None:
-            defines = tuple(d for d in self.defines if d != FUSED_ONLY)
-            self._whole = self.device.load(self._text, self._cache, defines)
+            if FUSED_ONLY not in self.defines:  # (the run's compile left none out)
+                self._whole = self._module
+            else:
+                defines = tuple(d for d in self.defines if d != FUSED_ONLY)
+                self._whole = self.device.load(self._text, self._cache, defines)
         return self._whole
 
     def _gemm(self, sid: int, call: GemmCall, scratch: int):
