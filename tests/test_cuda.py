@@ -132,7 +132,7 @@ def test_every_program_s_cuda_source_compiles_with_nvcc(name, tmp_path):
     cmd += ["-gencode", "arch=compute_80,code=sm_80"]
     # (nvcc's fastest compile, ``--Ofast-compile max``: the whole text through the front
     # end, cicc and ptxas, each instruction checked, 2.9x faster for PPO: 53.8 -> 18.8 s;
-    # the optimizing compiles are NVRTC's below and the build's for sm_90)
+    # the optimizing compile is NVRTC's, below)
     cmd += ["-Ofc", "max"]
     r = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
