@@ -869,31 +869,15 @@ class _Reader:
         elif "launches" in d:
             self.path.append(".launches")
             self.fail("only a CUDA kernel file's plan has launches")
-        unfailing = ()
-        if "unfailing" in d:
-            if not file.endswith(".cu"):
-                self.path.append(".unfailing")
-                self.fail("only a CUDA kernel file's plan has unfailing kernels")
-            unfailing = self.field(d, "unfailing", self.each, self.int_)
-            if not set(unfailing) <= with_kernel or len(set(unfailing)) != len(unfailing):
-                self.path.append(".unfailing")
-                self.fail("not distinct statements with a kernel")
+        unfailing = self.cuda_statements(d, file, "unfailing", with_kernel, "with a kernel")
         loops = ()
         if "loops" in d:
             if not file.endswith(".cu"):
                 self.path.append(".loops")
                 self.fail("only a CUDA kernel file's plan has loop kernels")
             loops = self.field(d, "loops", self.each, self.loop_row, with_kernel)
-        covered = ()
-        if "covered" in d:
-            if not file.endswith(".cu"):
-                self.path.append(".covered")
-                self.fail("only a CUDA kernel file's plan has covered kernels")
-            covered = self.field(d, "covered", self.each, self.int_)
-            in_fused = {s for f in fused for s in f}
-            if not set(covered) <= in_fused or len(set(covered)) != len(covered):
-                self.path.append(".covered")
-                self.fail("not distinct statements of fused kernels")
+        in_fused = {s for f in fused for s in f}
+        covered = self.cuda_statements(d, file, "covered", in_fused, "of fused kernels")
         return Kernels(
             file,
             sha,
@@ -907,6 +891,20 @@ class _Reader:
             loops,
             covered,
         )
+
+    def cuda_statements(self, d: dict, file: str, key: str, allowed: set, which: str) -> tuple:
+        """``d[key]`` (() where absent): distinct statements among ``allowed`` (``which``
+        says what they are, in the refusal), in a CUDA kernel file's plan only."""
+        if key not in d:
+            return ()
+        if not file.endswith(".cu"):
+            self.path.append(f".{key}")
+            self.fail(f"only a CUDA kernel file's plan has {key} kernels")
+        got = self.field(d, key, self.each, self.int_)
+        if not set(got) <= allowed or len(set(got)) != len(got):
+            self.path.append(f".{key}")
+            self.fail(f"not distinct statements {which}")
+        return got
 
     def loop_row(self, v, with_kernel: set) -> tuple[tuple[int, ...], int, int]:
         """``[[statement, ...], blocks, scratch bytes]``: a loop kernel (cuda/loops.py)."""
