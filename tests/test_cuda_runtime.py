@@ -1459,6 +1459,60 @@ def _check_gemm(blas, ta, tb, ldc_extra, dtype, cp=None, dev=None, matmul="float
     return dev
 
 
+def test_cupy_device_copies_at_addresses_inside_its_allocations_and_arenas():
+    """``CupyDevice``'s copies and fills reach the bytes at any address inside one of its
+    allocations or arenas, not only at an allocation's start (the GPU's first PPO run
+    timed a product whose matrix sits at an offset into its buffer, and its download was
+    refused as "outside the device's memory": a stand-in for CuPy's pointers here); bytes
+    that run past the end, or an address in none, are an internal error."""
+    import types
+
+    class Pointer:  # (CuPy's MemoryPointer: an address, plus an offset gives another)
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def __add__(self, k):
+            return Pointer(self.ptr + k)
+
+        def copy_to_host(self, host, nbytes):
+            copies.append(("down", self.ptr, nbytes))
+
+        def copy_from_host_async(self, host, nbytes):
+            copies.append(("up", self.ptr, nbytes))
+
+        def memset(self, value, nbytes):
+            copies.append(("zero", self.ptr, nbytes))
+
+    bases = iter([4096, 65536])
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(alloc=lambda n: Pointer(next(bases))))
+    dev = object.__new__(cuda.CupyDevice)
+    dev.cp, dev._mem, dev._arenas = fake, {}, {}
+    copies = []
+    buf = dev.alloc(1000)
+    arena = dev.arena(4000)
+    host = np.zeros(25, np.float32)  # (100 bytes)
+    dev.download(buf, host)
+    dev.download(buf + 900, host)  # (inside the allocation: the product's matrix)
+    dev.download(dev.carve(arena, 3900, 100), host)
+    dev.upload(buf, host, offset=400)
+    dev.upload(buf + 8, host, offset=8)
+    dev.zero(buf + 500, 500)
+    assert copies == [
+        ("down", 4096, 100),
+        ("down", 4996, 100),
+        ("down", 69436, 100),
+        ("up", 4496, 100),
+        ("up", 4112, 100),
+        ("zero", 4596, 500),
+    ]
+    for ptr in (buf + 901, arena + 3901, arena + 4000, 100, buf - 8):
+        with pytest.raises(RunError, match="outside the device's memory"):
+            dev.download(ptr, host)
+    dev.free(buf)
+    with pytest.raises(RunError, match="outside the device's memory"):
+        dev.download(buf + 10, host)
+
+
 def test_cupy_device_s_launch_passes_the_loop_values_as_the_module_s_struct():
     import ctypes
 
@@ -1538,7 +1592,7 @@ class _StrictPointer:
 def test_cupy_device_s_copies_hand_cupy_a_c_void_p():
     dev = object.__new__(cuda.CupyDevice)
     memory = np.zeros(64, np.uint8)
-    dev._mem = {1000: _StrictPointer(memory)}
+    dev._mem, dev._arenas = {1000: (_StrictPointer(memory), memory.nbytes)}, {}
     dev.upload(1000, np.arange(4, dtype=np.float32), offset=16)
     back = np.zeros(8, np.float32)
     dev.download(1000, back)

@@ -668,7 +668,7 @@ class CupyDevice:
 
     def alloc(self, nbytes: int) -> int:
         mem = self.cp.cuda.alloc(max(nbytes, 8))
-        self._mem[mem.ptr] = mem
+        self._mem[mem.ptr] = (mem, max(nbytes, 8))
         return mem.ptr
 
     def free(self, ptr: int):
@@ -692,28 +692,35 @@ class CupyDevice:
     def uncarve(self, ptr: int, nbytes: int, poison: bool = True):
         """A carved buffer freed: nothing to do (its bytes are the arena's)."""
 
-    def _at(self, ptr: int):
-        """CuPy's pointer for a device address: an allocation's, or into an arena."""
-        mem = self._mem.get(ptr)
-        if mem is not None:
-            return mem
-        for base, (mem, size) in self._arenas.items():
-            if base <= ptr < base + size:
-                return mem + (ptr - base)
-        raise RunError("internal error: a device address outside the device's memory")
+    def _at(self, ptr: int, nbytes: int, offset: int = 0):
+        """CuPy's pointer for the ``nbytes`` at ``offset`` past a device address: in an
+        allocation (its start, or inside it: a product's matrix at an offset into its
+        buffer, which the GPU's first PPO run downloaded to time the product, 2026-11-28)
+        or an arena; else an internal error, as the emulation's."""
+        hit = self._mem.get(ptr)
+        if hit is not None and 0 <= offset and offset + nbytes <= hit[1]:
+            return hit[0] + offset if offset else hit[0]
+        ptr += offset
+        for blocks in (self._arenas, self._mem):
+            for base, (mem, size) in blocks.items():
+                if base <= ptr and ptr + nbytes <= base + size:
+                    return mem + (ptr - base)
+        raise RunError(
+            f"internal error: {nbytes} bytes at a device address outside the device's memory"
+        )
 
     def zero(self, ptr: int, nbytes: int):
-        self._at(ptr).memset(0, nbytes)
+        self._at(ptr, nbytes).memset(0, nbytes)
 
     def upload(self, ptr: int, host: np.ndarray, offset: int = 0):
         # in the launches' stream, from pageable memory: CUDA copies ``host`` to a staging
         # buffer before it returns (so the host may change it at once) and does not wait
         # for the device, which copies it when the stream gets there
         # (CuPy's copies take the host address as a ctypes.c_void_p: they read its .value)
-        (self._at(ptr) + offset).copy_from_host_async(_host(host), host.nbytes)
+        self._at(ptr, host.nbytes, offset).copy_from_host_async(_host(host), host.nbytes)
 
     def download(self, ptr: int, host: np.ndarray):
-        self._at(ptr).copy_to_host(_host(host), host.nbytes)
+        self._at(ptr, host.nbytes).copy_to_host(_host(host), host.nbytes)
 
     def launch(
         self, fn: int, table: int, args: np.ndarray, scratch: int, blocks: int, shift: int = 0
