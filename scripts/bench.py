@@ -21,8 +21,8 @@ its own), alternating:
   * timerlc-tf32: with --matmul-precision float32,tensorfloat32, timerlc again with its
              float32 products in TF32 (the like-for-like figure against jax on a GPU).
 
-What is measured. Every system runs N and 2N iterations; a time per iteration is
-(time(2N) - time(N)) / N, so that what every run does once (interpreter start-up, imports,
+What is measured. Every system runs N and N + M iterations; a time per iteration is
+(time(N + M) - time(N)) / M, so that what every run does once (interpreter start-up, imports,
 timerlc's compile, JAX's tracing and XLA compile, first-iteration warm-up) cancels out.
 
   * s/iter (the headline): time(n) is the run's own window over its iterations, which leaves
@@ -35,8 +35,11 @@ timerlc's compile, JAX's tracing and XLA compile, first-iteration warm-up) cance
     the same way for every system. Compile times vary by a second or more on a busy machine
     (JAX's: 3-6 s at 16x128 with another job on the second core), and all of that lands in
     the difference: use it as a cross-check, with a large N.
-  * N is --iters, raised for a system whose N iterations take less than --min-diff-seconds
-    by its N run (the N run is then redone at the new N); the second table gives each N.
+  * N is --iters; M is N, or more for a system whose N run's in-run estimate says that N
+    iterations take less than --min-diff-seconds (M then takes that long: two runs a
+    system, where raising N and redoing the N run took three); the second table gives each
+    N + M. Each run's window and each system's figure are printed as they come, and --json
+    is rewritten after every run (a bench stopped by a time limit keeps what it measured).
   * peak MB: the peak resident set size (ru_maxrss) of each subprocess, read from os.wait4's
     resource usage of that child; the largest over a system's runs.
   * ratios: timerlc / torch and timerlc / jax, of s/iter and of peak MB (< 1: timerlc
@@ -106,7 +109,10 @@ def parse_args(argv=None):
         description="Compare timerlc with eager PyTorch and jitted JAX baselines on CartPole."
     )
     p.add_argument(
-        "--iters", type=int, default=None, help="N: runs of N and 2N iterations (default 10)"
+        "--iters",
+        type=int,
+        default=None,
+        help="N: runs of N and N + M iterations, M = N or more (default 10)",
     )
     p.add_argument("--quick", action="store_true", help="a tiny grid (and N = 3)")
     p.add_argument("--backend", default="cpu", help="timerlc backend (default cpu)")
@@ -143,7 +149,8 @@ def parse_args(argv=None):
         "--min-diff-seconds",
         type=float,
         default=None,
-        help="raise N for a system until N iterations take this long (default 1; quick 0.3)",
+        help="make the long run at least this long in iterations (M of N + M, by the N "
+        "run's estimate; default 1; quick 0.3)",
     )
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per subprocess")
     p.add_argument(
@@ -341,7 +348,7 @@ def run_timerlc(algo: str, B: int, T: int, iters: int, args, precision: str) -> 
         if res["ok"]:
             res.update(
                 in_run_seconds_per_iter=clock.seconds_per_iter(),
-                # iterations 2..n: the 2N and N windows still differ by N iterations
+                # iterations 2..n: the long and N windows still differ by M iterations
                 timed_s=clock.window(),
                 final_ep_ret=final_metric(metrics, "ep_ret"),
             )
@@ -357,53 +364,82 @@ def run_system(system: str, algo: str, B: int, T: int, iters: int, args) -> dict
     return run_baseline(system, algo, B, T, iters, args)
 
 
-def raised_n(run: dict, n: int, min_seconds: float) -> int:
-    """N, or more when the N run's in-run estimate says N iterations take < min_seconds."""
+def long_n(run: dict, n: int, min_seconds: float) -> int:
+    """The long run's iterations: 2N, or more where the N run's in-run estimate says that N
+    more iterations would take less than ``min_seconds`` (then N + min_seconds / estimate:
+    the difference of the two runs spans at least ``min_seconds``)."""
     est = run.get("in_run_seconds_per_iter") if run["ok"] else None
     if not est or est * n >= min_seconds:
-        return n
-    return math.ceil(min_seconds / est)
+        return 2 * n
+    return n + math.ceil(min_seconds / est)
 
 
-def measure(algo: str, B: int, T: int, systems: list[str], missing: dict, args) -> dict:
-    """Every system at one point: runs of N and 2N iterations, alternating systems."""
-    n = {s: args.n for s in systems}
+def said(system: str, iters: int, run: dict) -> str:
+    """One line on a run as it ends (the log keeps each run even where the bench is stopped
+    before its tables): its window, its in-run estimate, or why it failed."""
+    if not run["ok"]:
+        return f"#   {system} N={iters}: failed"
+    est = run.get("in_run_seconds_per_iter")
+    return (
+        f"#   {system} N={iters}: window {fmt(run.get('timed_s'), '.3f')} s, wall "
+        f"{run['wall_s']:.1f} s, in-run {fmt(est and est * 1e3, '.2f')} ms/iter"
+    )
+
+
+def measure(algo: str, B: int, T: int, systems: list[str], missing: dict, args, saved=None):
+    """Every system at one point: runs of N and of N + M iterations (M = N, or more where
+    N's in-run estimate says M iterations would take less than --min-diff-seconds),
+    alternating systems. Each system's figure is noted as soon as it has one, and
+    ``saved(runs, n_long)`` is called after every run (the partial JSON)."""
+    n = args.n
+    n_long = {s: 2 * n for s in systems}
     runs = {s: [] for s in systems}  # (short, long) pairs
     live = [s for s in systems if s not in missing]
     for rep in range(args.repeats):
         short = {}
         for s in live:
-            note(f"#   {s} N={n[s]}")
-            short[s] = run_system(s, algo, B, T, n[s], args)
-        if rep == 0:  # raise N where the N run was too short to difference reliably
+            short[s] = run_system(s, algo, B, T, n, args)
+            note(said(s, n, short[s]))
+            if saved:
+                saved({**runs, s: runs[s] + [[short[s]]]}, n_long)
+        if rep == 0:  # a longer long run where the N run was too short to difference
             for s in live:
-                new = raised_n(short[s], n[s], args.min_diff_seconds)
-                if new != n[s]:
-                    n[s] = new
-                    note(f"#   {s} N={n[s]} (raised)")
-                    short[s] = run_system(s, algo, B, T, n[s], args)
+                n_long[s] = long_n(short[s], n, args.min_diff_seconds)
         for s in live:
-            if not short[s]["ok"]:  # it failed: the 2N run would too
+            if not short[s]["ok"]:  # it failed: the long run would too
                 runs[s].append((short[s], short[s]))
                 continue
-            note(f"#   {s} 2N={2 * n[s]}")
-            runs[s].append((short[s], run_system(s, algo, B, T, 2 * n[s], args)))
-    return {s: summarize(runs[s], n[s], missing.get(s)) for s in systems}
+            long = run_system(s, algo, B, T, n_long[s], args)
+            note(said(s, n_long[s], long))
+            runs[s].append((short[s], long))
+            got = summarize(runs[s], n, n_long[s], None)
+            if got["ok"]:
+                note(
+                    f"#   {s}: {fmt(got['seconds_per_iter'] and got['seconds_per_iter'] * 1e3, '.3f')}"
+                    f" ms/iter so far ((N={n_long[s]}) - (N={n})), wall "
+                    f"{got['wall_seconds_per_iter'] * 1e3:.3f}"
+                )
+            if saved:
+                saved(runs, n_long)
+    return {s: summarize(runs[s], n, n_long[s], missing.get(s)) for s in systems}
 
 
-def summarize(pairs: list[tuple[dict, dict]], n: int, missing: str | None) -> dict:
+def summarize(pairs: list[tuple[dict, dict]], n: int, n_long: int, missing: str | None) -> dict:
+    """A system's figures at one point from its (N run, long run) pairs: s/iter = the
+    difference of the two runs' windows over the difference of their iterations."""
     if missing:
         return {"ok": False, "missing": True, "error": missing}
     errors = [r["error"] for pair in pairs for r in pair if not r["ok"]]
-    res = {"n": n, "runs": [list(pair) for pair in pairs]}
+    res = {"n": n, "n_long": n_long, "runs": [list(pair) for pair in pairs]}
     res["peak_rss_mb"] = max(r["peak_rss_mb"] for pair in pairs for r in pair)
     device = [r.get("peak_device_mb") for pair in pairs for r in pair]
     res["peak_device_mb"] = max((d for d in device if d is not None), default=None)
     if errors:
         return {**res, "ok": False, "error": errors[0]}
-    wall_diffs = [(long["wall_s"] - short["wall_s"]) / n for short, long in pairs]
+    more = n_long - n
+    wall_diffs = [(long["wall_s"] - short["wall_s"]) / more for short, long in pairs]
     diffs = [
-        (long["timed_s"] - short["timed_s"]) / n
+        (long["timed_s"] - short["timed_s"]) / more
         for short, long in pairs
         if long.get("timed_s") is not None and short.get("timed_s") is not None
     ]
@@ -480,7 +516,7 @@ def tables(results: list[dict], baselines: list[str], ours=("timerlc",)) -> tupl
     # timerlc's device runtime's, arena and scratch included)
     gpu = any(value(r["systems"][s], "peak_device_mb") for r in results for s in systems)
     head += [f"{s} GPU MB" for s in systems] + [f"GPU {o}/{b}" for o, b in pairs] if gpu else []
-    check_head = ["algo", "B x T"] + [f"{s} N" for s in systems]
+    check_head = ["algo", "B x T"] + [f"{s} N + M" for s in systems]
     check_head += [f"{s} wall s/iter" for s in systems]
     check_head += [f"{s} s/iter range" for s in systems]
     check_head += [f"{o}/{b} per repeat" for o, b in pairs]
@@ -506,7 +542,7 @@ def tables(results: list[dict], baselines: list[str], ours=("timerlc",)) -> tupl
         rows.append(row)
 
         check = [r["algo"], f"{r['B']}x{r['T']}"]
-        check += [cell(sy[s], "n", "d") for s in systems]
+        check += [cell(sy[s], "n_long", "d") for s in systems]
         check += [cell(sy[s], "wall_seconds_per_iter", ".4f") for s in systems]
         check += [spread(sy[s]) for s in systems]
         check += [paired(sy[o], sy[b]) for o, b in pairs]
@@ -562,27 +598,41 @@ def main(argv=None) -> list[dict]:
     systems = ours + baselines
 
     results = []
+
+    def save(extra: dict | None = None):
+        if args.json_path:
+            body = {"backend": args.backend, "iters": args.n, "args": vars(args)}
+            body["results"] = results
+            if extra is not None:  # (a point under way: its runs so far)
+                body["partial"] = extra
+            Path(args.json_path).write_text(json.dumps(body, indent=2) + "\n")
+
     for algo in algos:
         for B, T in grid_for(algo, args):
             note(f"# {algo} B={B} T={T} N={args.n} ...")
-            sy = measure(algo, B, T, systems, missing, args)
+
+            def saved(runs, n_long, algo=algo, B=B, T=T):
+                save({"algo": algo, "B": B, "T": T, "n_long": n_long, "runs": runs})
+
+            sy = measure(algo, B, T, systems, missing, args, saved)
             for s in systems:
                 if not sy[s]["ok"] and not sy[s].get("missing"):
                     note(f"#   {s} failed: {sy[s]['error']}")
             results.append({"algo": algo, "B": B, "T": T, "systems": sy})
+            save()
 
     print(
         f"\ntimerlc backend: {args.backend} (float32 products: "
         f"{', '.join(f'{k} {v}' for k, v in timerlc_systems(args).items())}); "
-        f"baselines on: {args.device}; N = {args.n} (raised "
-        f"per system below {args.min_diff_seconds:g} s); repeats: {args.repeats}; "
+        f"baselines on: {args.device}; N = {args.n}, M = N or more "
+        f"(at least {args.min_diff_seconds:g} s); repeats: {args.repeats}; "
         f"seed: {args.seed}; "
         f"threads: {args.threads or 'default'}\n"
     )
     main_table, check_table = tables(results, baselines, ours)
     print(main_table)
     print(
-        "\ns/iter = (time(2N) - time(N)) / N, time(n) = each run's own window over its "
+        "\ns/iter = (time(N + M) - time(N)) / M, time(n) = each run's own window over its "
         "iterations (torch: its training loop; jax: the compiled\n"
         "  run; timerlc: first to last iteration's metrics row), median over repeats; "
         "start-up, compile and warm-up cancel out.\n"
@@ -591,8 +641,8 @@ def main(argv=None) -> list[dict]:
     )
     print(check_table)
     print(
-        "\nN: each system's N (raised until N iterations take --min-diff-seconds). wall s/iter = "
-        "(wall(2N) - wall(N)) / N of whole subprocesses:\n"
+        "\nN + M: each system's long run (M = N, or more until M iterations take "
+        "--min-diff-seconds). wall s/iter = (wall(N + M) - wall(N)) / M of whole subprocesses:\n"
         "  compile-time noise lands in it, a cross-check only. s/iter range: the repeats' "
         "smallest and largest. timerlc/X per repeat:\n"
         "  repeat k of each system against repeat k of the other (they run minutes apart at "
@@ -606,13 +656,7 @@ def main(argv=None) -> list[dict]:
         ):
             print(f"  {s} n/a: {err}")
     if args.json_path:
-        Path(args.json_path).write_text(
-            json.dumps(
-                {"backend": args.backend, "iters": args.n, "args": vars(args), "results": results},
-                indent=2,
-            )
-            + "\n"
-        )
+        save()
         print(f"\nraw results saved to {args.json_path}")
     return results
 

@@ -39,15 +39,20 @@
 set -u
 export PYTHONUNBUFFERED=1
 STAGES=" ${STAGES:-check tests overheads kernels skinny bench} "
-BENCH_ALGOS=${BENCH_ALGOS:-ppo,reinforce}
+# (PPO alone by default: each run of a system at 2048x128 took about 32 s on the H200,
+# start-up and compiles included, two runs a system, four systems; REINFORCE's too would
+# not fit the stage's 300 s: BENCH_ALGOS=reinforce in a call of its own)
+BENCH_ALGOS=${BENCH_ALGOS:-ppo}
 BENCH_CONFIGS=${BENCH_CONFIGS:-2048x128}
 BENCH_BASELINES=${BENCH_BASELINES:-jax,jax-f32}
 # timerlc's --matmul-precision in the bench: both, as timerlc (float32, like jax-f32) and
 # timerlc-tf32 (TF32, like jax: our TF32 products on the tensor cores, cuda/products.py)
 BENCH_MATMUL=${BENCH_MATMUL:-float32,tensorfloat32}
-# N raised until N iterations take this long (bench.py --min-diff-seconds): with N = 10
+# the long run at least this long (bench.py --min-diff-seconds): with N = 10 and 2N
 # JAX's PPO took 2.7 ms an iteration in one call and 8.6 in another (an N run's window of
-# 30-90 ms, its noise tens of ms); 0.5 s costs each system one more run
+# 30-90 ms, its noise tens of ms); the long run is then N + M iterations, M as many as
+# take 0.5 s by the N run's estimate, and each run's line is in bench.log as it ends (a
+# stage stopped at its limit keeps those, and bench.json what ended)
 BENCH_MIN_SECONDS=${BENCH_MIN_SECONDS:-0.5}
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 import os
 import re
@@ -222,6 +223,61 @@ def test_the_bench_runs_timerlc_in_each_precision_against_the_same_baselines():
     cells = dict(zip(head.strip("| ").split(" | "), row.strip("| ").split(" | ")))
     assert cells["timerlc/jax"] == "4.00" and cells["timerlc-tf32/jax"] == "2.00"
     assert "timerlc-tf32/jax per repeat" in check
+
+
+def test_the_bench_differences_two_runs_a_system_and_keeps_each_as_it_comes(tmp_path, capsys):
+    """``scripts/bench.py``'s measurement: a system's N run, then one of N + M iterations (M
+    = N, or enough that M iterations take --min-diff-seconds by the N run's in-run
+    estimate), s/iter the difference of their windows over M; every run's line printed and
+    the JSON rewritten as each run ends (the GPU's bench, stopped at its stage's limit
+    before its tables, kept nothing; stand-in runs here, each iteration 12 ms or 1 s)."""
+    bench = _script("bench")
+    per_iter = {"fast": 0.012, "slow": 1.0}
+    ran = []
+
+    def run_system(system, algo, B, T, iters, args):
+        ran.append((system, iters))
+        window = 0.3 + per_iter[system] * (iters - 1)
+        return {
+            "ok": True,
+            "wall_s": 20 + window,
+            "timed_s": window,
+            "in_run_seconds_per_iter": per_iter[system],
+            "peak_rss_mb": 100.0,
+        }
+
+    bench.run_system = run_system
+    out = tmp_path / "bench.json"
+    args = bench.parse_args(["--iters", "10", "--repeats", "1", "--min-diff-seconds", "0.5"])
+    args.n, args.json_path = 10, str(out)
+    seen = []
+    got = bench.measure(
+        "ppo", 2048, 128, ["fast", "slow"], {}, args, lambda runs, n_long: seen.append(n_long)
+    )
+    assert ran == [("fast", 10), ("slow", 10), ("fast", 52), ("slow", 20)]
+    assert (got["fast"]["n_long"], got["slow"]["n_long"]) == (52, 20)
+    assert got["fast"]["seconds_per_iter"] == pytest.approx(0.012)
+    assert got["slow"]["seconds_per_iter"] == pytest.approx(1.0)
+    assert got["slow"]["wall_seconds_per_iter"] == pytest.approx(1.0)
+    assert len(seen) == 4  # (after every run)
+    err = capsys.readouterr().err
+    assert "#   fast N=10: window 0.408 s, wall 20.4 s, in-run 12.00 ms/iter" in err
+    assert "#   fast: 12.000 ms/iter so far ((N=52) - (N=10))" in err
+    # main's JSON: at the long run, the N run is in it as a point under way's
+    partial = []
+
+    def run_timerlc(system, algo, B, T, iters, args):
+        if iters > 10:
+            partial.append(json.loads(out.read_text())["partial"])
+        return run_system("fast", algo, B, T, iters, args)
+
+    bench.run_system = run_timerlc
+    argv = ["--algos", "ppo", "--configs", "4x8", "--baselines", "none", "--repeats", "1"]
+    bench.main(argv + ["--min-diff-seconds", "0.5", "--json", str(out)])
+    assert [len(p["runs"]["timerlc"]) for p in partial] == [1]
+    final = json.loads(out.read_text())
+    assert "partial" not in final
+    assert final["results"][0]["systems"]["timerlc"]["seconds_per_iter"] == pytest.approx(0.012)
 
 
 def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_products():
