@@ -143,8 +143,11 @@ stage sweep-tf32 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --matmul-precision 
 # f530_35_1s; or, where the BLAS's runs, the column sums after it, f530_35_1e), rows
 # products with their epilogues (`1 - h^2`: f530_35_0r; `tanh`: s142_0r) and one without
 # (f146_22_0r), and the joint function of a layer's gradient and its weight's (f530_35_0j,
-# with TF32 products only) (the names of 2026-11-27's sixteenth session)
-NCU_KERNELS=${NCU_KERNELS:-f530_35_1p|f530_35_1s|f530_35_1e|f530_35_0r|f530_35_0j|s142_0r|f146_22_0r}
+# with TF32 products only) (the names of 2026-11-27's sixteenth session); and the two
+# fused kernels of many statements that take far longer than their bytes on the H200
+# (2026-11-28): the minibatch step's parameter copies from the last step's (f0_121: 27,463
+# floats in 38.6 us) and Adam's update with the gradient's norm (f248_58: 26.8 us)
+NCU_KERNELS=${NCU_KERNELS:-f530_35_1p|f530_35_1s|f530_35_1e|f530_35_0r|f530_35_0j|s142_0r|f146_22_0r|f0_121|f248_58}
 if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
   stage ncu 90 ncu --kernel-name "regex:^(${NCU_KERNELS})\$" --launch-count 3 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \

@@ -590,6 +590,126 @@ extern "C" __global__ void k(void **table, const tl_args args_in, char *scratch,
     assert 0 in want and 1 in want
 
 
+@needs_cxx
+def test_the_emulation_s_barriers_order_a_block_s_threads_and_show_a_missing_one():
+    """cuda-emu's threads are fibers that run in turns between the block's barriers (first
+    to last, then last to first): a read of another thread's write after a barrier sees it;
+    without the barrier, the read runs before the write in one of the two directions, on
+    every run alike (here: each thread reads its neighbour's value on both sides); a thread
+    that returned counts as arrived at the barriers of the threads still running."""
+    text = (
+        render.head()
+        + """
+extern "C" __global__ void k(void **table, const tl_args args_in, char *scratch, int *err,
+                             const long long *shift) {
+  __shared__ int s[128];
+  int *out = (int *)table[0];
+  const unsigned t = threadIdx.x, n = blockDim.x;
+  const int synced = args_in.v[0];
+  s[t] = 0;
+  __syncthreads();
+  if (synced == 2 && t % 2 == 1) return;  // (odd threads leave; the rest meet twice more)
+  s[t] = 1000 * (blockIdx.x + 1) + t;
+  if (synced) __syncthreads();
+  const int left = s[(t + n - 1) % n], right = s[(t + 1) % n];
+  if (synced) __syncthreads();
+  out[(blockIdx.x * n + t) * 2] = left;
+  out[(blockIdx.x * n + t) * 2 + 1] = right;
+}
+"""
+    )
+    dev = EmuDevice()
+    fn = dev.function(dev.load(text), "k")
+    n = int(os.environ.get("TIMERLC_EMU_THREADS", "4"))
+    if n < 2:
+        pytest.skip("one thread a block: no other thread to order")
+    out, table = dev.alloc(4 * 2 * 2 * n), dev.alloc(8)
+    dev.upload(table, np.array([out], np.uint64))
+    t = np.arange(n)
+    value = lambda b, u: 1000 * (b + 1) + u
+    want = np.stack(
+        [np.stack([value(b, (t - 1) % n), value(b, (t + 1) % n)], -1) for b in range(2)]
+    )
+    got = np.zeros((2, n, 2), np.int32)
+    for synced in (1, 0, 2):
+        dev.upload(out, np.full((2, n, 2), -1, np.int32))
+        dev.launch(fn, table, np.array([synced], np.int64), 0, 2)
+        dev.download(out, got)
+        if synced == 1:
+            np.testing.assert_array_equal(got, want)
+        elif synced == 0:
+            # (each thread but the one that ran last ran before one of its neighbours
+            # wrote, and read that one's 0)
+            assert ((got[:, 1:, 0] == 0) | (got[:, 1:, 1] == 0)).all()
+            again = np.zeros_like(got)
+            dev.launch(fn, table, np.array([synced], np.int64), 0, 2)
+            dev.download(out, again)
+            np.testing.assert_array_equal(again, got)  # (the same on every run)
+        else:  # (the even threads still meet and see every even thread's value)
+            even = t % 2 == 0
+            assert (got[:, ~even] == -1).all()
+            left_even, right_even = ((t - 1) % n) % 2 == 0, ((t + 1) % n) % 2 == 0
+            ok = got[:, even]
+            np.testing.assert_array_equal(
+                ok[:, left_even[even], 0], want[:, even][:, left_even[even], 0]
+            )
+            np.testing.assert_array_equal(
+                ok[:, right_even[even], 1], want[:, even][:, right_even[even], 1]
+            )
+
+
+# a grid of 3 blocks of 8 threads on the emulation's runtime alone: each thread's value,
+# its right neighbour's after a barrier, and whether thread 5 said so
+_FIBERS = r"""
+#include <cstdio>
+struct tl_dim3 { unsigned x, y, z; };
+extern __thread tl_dim3 threadIdx, blockIdx;
+extern "C" void tl_emu_sync();
+extern "C" int tl_emu_sync_or(int);
+extern "C" void tl_emu_run(unsigned, unsigned, void (*)(void *), void *);
+static int s[8], out[3][8];
+static void k(void *) {
+  const unsigned t = threadIdx.x;
+  s[t] = 100 * (blockIdx.x + 1) + t;
+  tl_emu_sync();
+  const int any = tl_emu_sync_or(t == 5 && blockIdx.x != 1);
+  out[blockIdx.x][t] = s[(t + 1) % 8] + 10000 * any;
+  tl_emu_sync();
+}
+int main() {
+  tl_emu_run(3, 8, k, nullptr);
+  for (int b = 0; b < 3; b++)
+    for (int t = 0; t < 8; t++) std::printf("%d ", out[b][t]);
+}
+"""
+
+
+@needs_cxx
+@pytest.mark.parametrize("switch", ["own", "ucontext"])
+def test_the_emulation_s_fibers_switch_alike_by_either_means(tmp_path, switch):
+    """The emulation's runtime (``emu_rt.cc``) switches between a block's fibers by a few
+    instructions of its own on x86-64 and by ucontext elsewhere (``TL_EMU_UCONTEXT`` makes
+    an x86-64 build take ucontext's way, here): both run a grid's barriers alike."""
+    from timerlc.cuda import emu
+
+    main = tmp_path / "main.cc"
+    main.write_text(_FIBERS)
+    flags = ["-DTL_EMU_UCONTEXT"] if switch == "ucontext" else []
+    exe = tmp_path / "fibers"
+    subprocess.run(
+        [compiler(), "-std=c++20", "-O1", "-pthread", *flags, str(main), str(emu.RUNTIME)]
+        + ["-o", str(exe)],
+        check=True,
+        capture_output=True,
+    )
+    ran = subprocess.run([exe], capture_output=True, text=True, check=True)
+    got = [int(x) for x in ran.stdout.split()]
+    want = [
+        100 * (b + 1) + (t + 1) % 8 + (10000 if b != 1 else 0) for b in range(3) for t in range(8)
+    ]
+    assert got == want
+
+
 def test_no_host_compiler_makes_cuda_emu_unavailable(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(DeviceUnavailable, match="no host C\\+\\+ compiler"):

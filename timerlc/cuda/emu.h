@@ -1,10 +1,10 @@
 // The host emulation of the CUDA C that timerlc/cuda/render.py writes: the same text,
 // compiled by the host C++ compiler with this header first (and TL_EMU defined), runs a
 // function over a grid of blocks on the CPU. The threads themselves live in emu_rt.cc (a
-// library compiled once and loaded before any module): a block's threads are std::threads
-// that meet at a std::barrier for __syncthreads(), threadIdx and blockIdx their own; the
-// blocks of a grid run one after another. __shared__ variables are static, so shared by a
-// block's threads. Only what the renderer uses is here: x dimensions, __syncthreads(_or),
+// library compiled once and loaded before any module): a block's threads are fibers that
+// the launching thread runs in turns from one barrier (__syncthreads()) to the next,
+// threadIdx set for each; the blocks of a grid run one after another. __shared__
+// variables are static, so shared by a block's threads. Only what the renderer uses is here: x dimensions, __syncthreads(_or),
 // atomicCAS, atomicAdd, __threadfence, float4, TF32's mma.sync. The header includes no C++
 // library header, so that a module compiles fast.
 #pragma once

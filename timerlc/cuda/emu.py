@@ -1,5 +1,5 @@
 """Running the CUDA C text of ``timerlc.cuda.render`` on the CPU: compiled by the host C++
-compiler with ``emu.h`` (a block of threads as std::threads meeting at a barrier), each
+compiler with ``emu.h`` (a block's threads as fibers run in turns between barriers), each
 function ``NAME`` callable as ``fn(table, args, nargs, scratch, err, blocks, shift)`` (through
 the module's one entry, ``tl_emu_launch``): it runs over ``blocks`` blocks, its ``nargs``
 loop values read from the host's array ``args`` (as a GPU's launch passes them), and a
@@ -122,8 +122,8 @@ _LOADED: set[Path] = set()
 
 
 def runtime_library(cc: str) -> Path:
-    """The emulation's threads (``emu_rt.cc``) as a shared library, compiled once (and
-    optimized: the barriers every launch meets)."""
+    """The emulation's threads (``emu_rt.cc``: fibers) as a shared library, compiled once
+    (and optimized: the switches every barrier makes)."""
     return _once(cc, RUNTIME.read_text(), "emu_rt.cc", ["-O1", "-shared"], "emu_rt.so")
 
 

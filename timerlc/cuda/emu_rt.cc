@@ -1,15 +1,33 @@
-// The threads of the CUDA emulation (emu.h): a pool of n threads, made at the first launch
-// and kept, runs each grid: its blocks one after another, each by all n threads, which
-// meet at a std::barrier for __syncthreads() and after each block (so that no thread starts
-// the next block, whose __shared__ variables are the same statics, while another still
-// works on this one). A launch hands the pool its function and waits until every thread is
-// done with the grid. Compiled once into a library that timerlc/cuda/emu.py loads
+// The threads of the CUDA emulation (emu.h): a block's n threads are fibers, run by the
+// launching thread itself, one at a time, each until it meets the block's barrier
+// (__syncthreads(), __syncthreads_or(), the TF32 mma's exchange) or its end; a round of
+// all of them is a barrier passed. The blocks of a grid run one after another (so that no
+// thread starts the next block, whose __shared__ variables are the same statics, while
+// another still works on this one). A thread that returns counts as arrived at every later
+// barrier of its block, as a GPU's exited thread does.
+//
+// Fibers, not system threads: the block's threads were std::threads meeting at a
+// std::barrier, and each meeting waited for the system to schedule every one of them: 128
+// threads a block on a 2-core machine whose other core ran another test made the tests of
+// the TF32 products 3-4x slower than alone. The rounds take the threads in turn, first to
+// last, then last to first: a read that a missing barrier leaves unordered with another
+// thread's write sees the write in one order and not in the other, on every run alike.
+//
+// A switch between fibers saves and restores the registers a call keeps (x86-64: its own
+// few instructions below; elsewhere ucontext's swapcontext, which also saves the signal
+// mask, a system call each). Compiled once into a library that timerlc/cuda/emu.py loads
 // (globally) before the kernels' modules, which use its symbols.
-#include <barrier>
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <mutex>
-#include <thread>
-#include <vector>
+
+// (TL_EMU_UCONTEXT: ucontext's switch on x86-64 too, as the tests check it)
+#if defined(__x86_64__) && !defined(TL_EMU_UCONTEXT)
+#define TL_SWITCH_ASM 1
+#else
+#include <ucontext.h>
+#endif
 
 struct tl_dim3 {
   unsigned int x, y, z;
@@ -18,24 +36,6 @@ __thread tl_dim3 threadIdx = {0, 0, 0};
 __thread tl_dim3 blockIdx = {0, 0, 0};
 tl_dim3 blockDim = {1, 1, 1};
 tl_dim3 gridDim = {1, 1, 1};
-static std::barrier<> *tl_barrier = nullptr;
-
-extern "C" void tl_emu_sync() { tl_barrier->arrive_and_wait(); }
-
-// __syncthreads_or: the block's threads meet, each with a value, and each gets whether any
-// was not 0; three slots by turns (each thread index counts its calls: every thread of a
-// block makes the same ones; by index, not by the system's thread, as thread 0 is whichever
-// thread launches), thread 0 clearing the next call's before the barrier, when every thread
-// has read it (two calls ago) and none has yet set it (after this call's barrier)
-static int tl_or_slots[3];
-static unsigned tl_or_calls[128];
-extern "C" int tl_emu_sync_or(int value) {
-  const unsigned k = tl_or_calls[threadIdx.x]++ % 3;
-  if (threadIdx.x == 0) __atomic_store_n(&tl_or_slots[(k + 1) % 3], 0, __ATOMIC_RELAXED);
-  if (value) __atomic_store_n(&tl_or_slots[k], 1, __ATOMIC_RELAXED);
-  tl_barrier->arrive_and_wait();
-  return __atomic_load_n(&tl_or_slots[k], __ATOMIC_RELAXED);
-}
 
 // the block's threads: TIMERLC_EMU_THREADS (default 4; at most 128, the GPU's blocks' threads,
 // for which the kernels' shared arrays are sized)
@@ -49,48 +49,172 @@ extern "C" unsigned tl_emu_threads() {
 }
 
 namespace {
-struct Pool {
-  explicit Pool(unsigned threads) : n(threads), start(threads), done(threads), block(threads) {
-    for (unsigned t = 1; t < n; t++) std::thread([this, t] { serve(t); }).detach();
-  }
-  // thread t's part of the grid: every block, one after another
-  void work(unsigned t) {
-    threadIdx = {t, 0, 0};
-    for (unsigned b = 0; b < blocks; b++) {
-      blockIdx = {b, 0, 0};
-      fn(ctx);
-      block.arrive_and_wait();
-    }
-  }
-  void serve(unsigned t) {
-    for (;;) {
-      start.arrive_and_wait();  // a grid to run (the barrier publishes fn, ctx, blocks)
-      work(t);
-      done.arrive_and_wait();
-    }
-  }
-  unsigned n;
-  std::barrier<> start, done, block;
+constexpr unsigned MAX_THREADS = 128;
+// each fiber's stack: reserved, its pages taken when first touched (an unoptimized kernel's
+// frame holds every one of its variables), below it a page that faults on an overflow
+constexpr size_t STACK = size_t(8) << 20, GUARD = 4096;
+
+}  // namespace
+
+#if defined(TL_SWITCH_ASM)
+// tl_switch(from, to): pushes the registers a call keeps, stores the stack pointer in
+// *from, takes `to` as the stack pointer, pops that fiber's registers and returns into it
+extern "C" void tl_switch(void **from, void *to);
+asm(R"(
+  .text
+  .p2align 4
+  .globl tl_switch
+  .hidden tl_switch
+  .type tl_switch, @function
+tl_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size tl_switch, .-tl_switch
+)");
+#endif
+
+namespace {
+#if defined(TL_SWITCH_ASM)
+struct Context {
+  void *sp = nullptr;
+};
+#else
+struct Context {
+  ucontext_t uc;
+};
+#endif
+
+struct Fiber {
+  Context ctx;
+  char *stack = nullptr;  // its lowest usable byte
+  bool done = false;
+};
+
+struct Block {
+  Fiber fibers[MAX_THREADS];
+  Context sched;  // the launching thread's, while a fiber runs
+  unsigned n = 0, current = 0;
   void (*fn)(void *) = nullptr;
   void *ctx = nullptr;
-  unsigned blocks = 0;
+  int or_next = 0, or_done = 0;  // __syncthreads_or: this round's, the last round's
 };
+Block *tl_block = nullptr;
 std::mutex tl_lock;  // one grid at a time
-Pool *tl_pool = nullptr;
+
+[[noreturn]] void entry() {
+  Block &b = *tl_block;
+  b.fn(b.ctx);
+  Fiber &f = b.fibers[b.current];
+  f.done = true;
+#if defined(TL_SWITCH_ASM)
+  void *dead;
+  tl_switch(&dead, b.sched.sp);
+#else
+  setcontext(&b.sched.uc);
+#endif
+  std::abort();  // (never resumed)
+}
+
+// the fiber made ready to start `entry` on its stack
+void start(Fiber &f) {
+  f.done = false;
+#if defined(TL_SWITCH_ASM)
+  // the stack's top 16-byte aligned; tl_switch's ret pops `entry` and leaves the stack as a
+  // call would (8 below a multiple of 16), the six registers it pops zeros
+  void **sp = (void **)(f.stack + STACK);
+  *--sp = nullptr;
+  *--sp = (void *)&entry;
+  for (int k = 0; k < 6; k++) *--sp = nullptr;
+  f.ctx.sp = sp;
+#else
+  getcontext(&f.ctx.uc);
+  f.ctx.uc.uc_stack.ss_sp = f.stack;
+  f.ctx.uc.uc_stack.ss_size = STACK;
+  f.ctx.uc.uc_link = nullptr;
+  makecontext(&f.ctx.uc, (void (*)())entry, 0);
+#endif
+}
+
+void resume(Block &b, unsigned t) {
+  b.current = t;
+  threadIdx = {t, 0, 0};
+#if defined(TL_SWITCH_ASM)
+  tl_switch(&b.sched.sp, b.fibers[t].ctx.sp);
+#else
+  swapcontext(&b.sched.uc, &b.fibers[t].ctx.uc);
+#endif
+}
+
+Block &block(unsigned n) {
+  if (tl_block == nullptr) {
+    tl_block = new Block;
+    for (Fiber &f : tl_block->fibers) {
+      void *at = mmap(nullptr, STACK + GUARD, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (at == MAP_FAILED || mprotect(at, GUARD, PROT_NONE) != 0) std::abort();
+      f.stack = (char *)at + GUARD;
+    }
+  }
+  tl_block->n = n;
+  return *tl_block;
+}
 }  // namespace
+
+// a barrier: the fiber gives the launching thread back its turn until the round is done
+extern "C" void tl_emu_sync() {
+  Block &b = *tl_block;
+  Fiber &f = b.fibers[b.current];
+#if defined(TL_SWITCH_ASM)
+  tl_switch(&f.ctx.sp, b.sched.sp);
+#else
+  swapcontext(&f.ctx.uc, &b.sched.uc);
+#endif
+}
+
+// __syncthreads_or: the block's threads meet, each with a value, and each gets whether any
+// was not 0 (the round's, kept until the next round ends: each thread reads it first thing)
+extern "C" int tl_emu_sync_or(int value) {
+  if (value) tl_block->or_next = 1;
+  tl_emu_sync();
+  return tl_block->or_done;
+}
 
 extern "C" void tl_emu_run(unsigned blocks, unsigned n, void (*fn)(void *), void *ctx) {
   std::lock_guard<std::mutex> hold(tl_lock);
-  if (tl_pool == nullptr) tl_pool = new Pool(n);  // (kept: its threads serve every launch)
-  if (tl_pool->n != n) std::abort();               // n is tl_emu_threads(), fixed
-  Pool &p = *tl_pool;
-  p.fn = fn;
-  p.ctx = ctx;
-  p.blocks = blocks;
-  tl_barrier = &p.block;
+  if (n < 1 || n > MAX_THREADS) std::abort();  // n is tl_emu_threads()
+  Block &b = block(n);
+  b.fn = fn;
+  b.ctx = ctx;
   blockDim = {n, 1, 1};
   gridDim = {blocks, 1, 1};
-  p.start.arrive_and_wait();
-  p.work(0);
-  p.done.arrive_and_wait();
+  for (unsigned k = 0; k < blocks; k++) {
+    blockIdx = {k, 0, 0};
+    for (unsigned t = 0; t < n; t++) start(b.fibers[t]);
+    b.or_next = b.or_done = 0;
+    unsigned live = n;
+    for (unsigned round = 0; live > 0; round++) {
+      for (unsigned i = 0; i < n; i++) {
+        const unsigned t = round % 2 ? n - 1 - i : i;
+        if (b.fibers[t].done) continue;
+        resume(b, t);
+        if (b.fibers[t].done) live--;
+      }
+      b.or_done = b.or_next;
+      b.or_next = 0;
+    }
+  }
+  threadIdx = {0, 0, 0};
 }
