@@ -132,6 +132,53 @@ def test_when_with_and_or_not_and_comparisons():
     close(out["d"], (t != 3).astype(np.float32))
 
 
+def test_when_with_a_chain_of_equalities_is_the_set_they_name():
+    """``or`` chains of equalities of one index expression (the checker merges them into
+    ranges, ``timerlc.frontend.indexing._ranges``): repeated, out of order, written either
+    way round, of an expression of dims and configs, with gaps and beside other parts;
+    one of a thousand, as fast as a range."""
+    out = run(
+        """
+        config T = 12, K = 3
+        dim t < T
+        dim u < 2
+        a[t] = 1.0 when t == 2 or t == 0 or 1 == t or t == 5 or t + 1 == 8 or t == 2 or t == 6
+        a[t] = 0.0
+        b[t, u] = 1.0 when 2 * t - u == 4 or t > 10 or 2 * t - u == 5 or t * 2 - u == 7 or u == 1
+        b[t, u] = 0.0
+        c[t] = 1.0 when t == K or t - K == 1 or t == K - 3
+        c[t] = 0.0
+        d[t] = 1.0 when CHAIN
+        d[t] = 0.0
+        out a, b, c, d
+        """.replace("CHAIN", " or ".join(f"t == {k}" for k in range(1000) if k != 4))
+    )
+    t = np.arange(12)
+    close(out["a"], np.isin(t, [0, 1, 2, 5, 6, 7]).astype(np.float32))
+    tt, u = t[:, None], np.arange(2)[None, :]
+    b = np.isin(2 * tt - u, [4, 5, 7]) | (tt > 10) | (u == 1)
+    close(out["b"], b.astype(np.float32))
+    close(out["c"], np.isin(t, [0, 3, 4]).astype(np.float32))
+    close(out["d"], (t != 4).astype(np.float32))
+
+
+def test_the_checker_merges_an_or_chain_s_equalities_into_ranges():
+    import sympy
+
+    from timerlc.frontend.indexing import _ranges
+
+    t, u = sympy.symbols("t u", integer=True)
+    parts = [sympy.Eq(t, 3), sympy.Lt(u, 2), sympy.Eq(4, t), sympy.Eq(t, 9), sympy.Eq(u, 1)]
+    assert _ranges(parts) == [
+        sympy.And(sympy.Ge(t, 3), sympy.Le(t, 4)),
+        sympy.Eq(t, 9),
+        sympy.Lt(u, 2),
+        sympy.Eq(u, 1),
+    ]
+    alone = [sympy.Eq(t, 3), sympy.Eq(u, 1), sympy.Gt(t, 7)]
+    assert _ranges(alone) is alone  # (nothing to merge: the chain as written)
+
+
 def test_when_with_floordiv_mod_min_max_and_configs():
     out = run(
         """

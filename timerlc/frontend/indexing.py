@@ -175,6 +175,48 @@ def _chain(expr: ast.Binary) -> list[ast.Expr]:
     return operands[::-1]
 
 
+def _ranges(parts: list) -> list:
+    """An ``or`` chain's equalities of one index expression to integers as the ranges they
+    make (``t == 0 or t == 1 or t == 2 or t == 5``: ``0 <= t <= 2 or t == 5``), in the
+    place of the first of them; the chain's other parts as they are, and an expression
+    equal to one integer only, as written. A chain of a thousand equalities took
+    seconds to check, each step of the compiler's over a sympy ``Or`` of as many parts
+    (quadratic in them): it is one range now."""
+    values: dict = {}  # the expression -> its integers, in the chain's order
+    place = []  # each part: the expression it is an equality of, or None
+    for p in parts:
+        key = None
+        if isinstance(p, sympy.Eq):
+            c, x = sympy.expand(p.lhs - p.rhs).as_coeff_Add()
+            if c.is_Integer and x.free_symbols:
+                if x.could_extract_minus_sign():
+                    c, x = -c, -x
+                key = x
+                values.setdefault(x, set()).add(-int(c))
+        place.append(key)
+    merged = {x for x, vs in values.items() if len(vs) > 1}
+    if not merged:
+        return parts
+    out, done = [], set()
+    for p, x in zip(parts, place):
+        if x not in merged:
+            out.append(p)
+        elif x not in done:
+            done.add(x)
+            vs = sorted(values[x])
+            start = 0
+            for k in range(1, len(vs) + 1):
+                if k == len(vs) or vs[k] != vs[k - 1] + 1:
+                    lo, hi = vs[start], vs[k - 1]
+                    out.append(
+                        sympy.Eq(x, lo)
+                        if lo == hi
+                        else sympy.And(sympy.Ge(x, lo), sympy.Le(x, hi))
+                    )
+                    start = k
+    return out
+
+
 def _join(op, parts: list):
     """``op(...op(op(parts[0], parts[1]), parts[2])...)``, as written, in one call when
     that gives the same expression: sympy re-sorts the whole argument list at each step,
@@ -205,6 +247,8 @@ def to_condition(expr: ast.Expr, scope: IndexScope):
             return sympy.true if v else sympy.false
     if isinstance(expr, ast.Binary) and expr.op in ("and", "or"):
         parts = [to_condition(e, scope) for e in _chain(expr)]
+        if expr.op == "or":
+            parts = _ranges(parts)
         return _join(sympy.And if expr.op == "and" else sympy.Or, parts)
     if isinstance(expr, ast.Unary) and expr.op == "not":
         return sympy.Not(to_condition(expr.operand, scope))
