@@ -27,18 +27,17 @@
 #
 #   bash scripts/gpu_session.sh --emu     # the same plumbing here, on cuda-emu and the CPU
 #
-# STAGES picks stages (default "check tests overheads kernels skinny bench"), BENCH_ALGOS and
-# BENCH_CONFIGS the bench's grid (default ppo and reinforce at 2048x128), BENCH_BASELINES
-# its baselines (default jax, whose float32 products are TF32 on an H100, and jax-f32, true
-# float32 as timerlc's: N = 2 was too noisy, 10 gives steadier figures): a first call can
-# look for
-# failures (STAGES="check tests profile") and a second, after the fixes, measure.
-# (the default stages' limits sum to 640 s, more than a call's 600: run them in two calls,
-# STAGES="check tests overheads kernels skinny" then STAGES="bench", the bench's 300 s for
-# timerlc in float32 and in TF32 beside the baselines)
+# STAGES picks stages (default "check kernels ncu bench": their limits sum to 550 s, one
+# call of the device tool; on the H200, 2026-11-28, check took 36 s, kernels 57, and a
+# bench of PPO alone about 260 s at two runs a system), BENCH_ALGOS and BENCH_CONFIGS the
+# bench's grid (default PPO at 2048x128), BENCH_BASELINES its baselines (default jax, whose
+# float32 products are TF32 on an H100, and jax-f32, true float32 as timerlc's: N = 2 was
+# too noisy, 10 gives steadier figures). A session of 15 device minutes holds one such
+# call and a short second one (a machine's start took about 35 s): e.g. STAGES="tests
+# kernels-tf32 skinny" (160 s), or, after fixes, STAGES="check bench" again.
 set -u
 export PYTHONUNBUFFERED=1
-STAGES=" ${STAGES:-check tests overheads kernels skinny bench} "
+STAGES=" ${STAGES:-check kernels ncu bench} "
 # (PPO alone by default: each run of a system at 2048x128 took about 32 s on the H200,
 # start-up and compiles included, two runs a system, four systems; REINFORCE's too would
 # not fit the stage's 300 s: BENCH_ALGOS=reinforce in a call of its own)
