@@ -115,11 +115,11 @@ stage profile 60 $PY -m timerlc.cli run programs/ppo.rtl --backend $BACKEND --se
   --set T=128 --set total_steps=786432 --no-progress --profile
 stage overheads 80 $PY scripts/cuda_overheads.py "${CHECK[@]}" --set B=2048 --set T=128 \
   --set total_steps=1572864
-stage kernels 60 bash -c "$PY scripts/cuda_overheads.py ${CHECK[*]} --kernels --set B=2048 \
-  --set T=128 --set total_steps=1572864 && $PY scripts/cuda_overheads.py ${CHECK[*]} \
-  --kernels --program reinforce --set B=2048 --set T=128 --set I=6"
+stage kernels 60 bash -c "$PY scripts/cuda_overheads.py ${CHECK[*]} --kernels --top 80 \
+  --set B=2048 --set T=128 --set total_steps=1572864 && $PY scripts/cuda_overheads.py \
+  ${CHECK[*]} --kernels --program reinforce --set B=2048 --set T=128 --set I=6"
 # (not by default: PPO's kernels with TF32 products, ours and the joint ones where faster)
-stage kernels-tf32 60 $PY scripts/cuda_overheads.py "${CHECK[@]}" --kernels \
+stage kernels-tf32 60 $PY scripts/cuda_overheads.py "${CHECK[@]}" --kernels --top 80 \
   --matmul-precision tensorfloat32 --set B=2048 --set T=128 --set total_steps=1572864
 # PPO's skinny products: cuBLAS (float32, TF32) against ours (cuda/products.py)
 stage skinny 40 $PY scripts/cuda_skinny.py "${CHECK[@]}"
