@@ -1585,8 +1585,10 @@ class DeviceRuntime(CpuRuntime):
         except MissingFunction:
             # (a plan whose kernels.covered is not the one the text was made with: the
             # function may be among those the run's compile left out)
+            from timerlc.cuda.nvrtc import FUSED_ONLY
+
             fn = None
-            if module is self._module and self._whole is not self._module:
+            if module is self._module and FUSED_ONLY in self.defines:  # (else the same)
                 with contextlib.suppress(MissingFunction):
                     fn = self.device.function(self._whole_module(), name)
             if fn is None:
