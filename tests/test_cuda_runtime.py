@@ -710,6 +710,49 @@ def test_the_emulation_s_fibers_switch_alike_by_either_means(tmp_path, switch):
     assert got == want
 
 
+# thread 3 of each block meets its block's other threads at a barrier of its own
+_DIVERGENT = r"""
+struct tl_dim3 { unsigned x, y, z; };
+extern __thread tl_dim3 threadIdx;
+extern "C" void tl_emu_sync();
+extern "C" void tl_emu_run(unsigned, unsigned, void (*)(void *), void *);
+static int s[2];
+static void k(void *) {
+  if (threadIdx.x == 3) {
+    s[0] = 1;
+    tl_emu_sync();
+  } else {
+    tl_emu_sync();
+    s[1] = 2;
+  }
+}
+int main() { tl_emu_run(2, 8, k, nullptr); }
+"""
+
+
+@needs_cxx
+def test_the_emulation_stops_where_a_block_s_threads_meet_at_different_barriers(tmp_path):
+    """A block's threads that wait at barriers called from different places (a barrier in
+    code that not every thread of the block runs: a GPU hangs or goes on as it likes)
+    stop the emulation with a line that says so, where std::threads at one std::barrier
+    went on as if they had met."""
+    from timerlc.cuda import emu
+
+    main = tmp_path / "main.cc"
+    main.write_text(_DIVERGENT)
+    exe = tmp_path / "divergent"
+    subprocess.run(
+        [compiler(), "-std=c++20", "-O0", "-pthread", str(main), str(emu.RUNTIME), "-o", str(exe)],
+        check=True,
+        capture_output=True,
+    )
+    ran = subprocess.run([exe], capture_output=True, text=True, check=False)
+    assert ran.returncode != 0
+    assert "the threads of block 0 of a launch of 2 blocks met at different barriers" in (
+        ran.stderr
+    )
+
+
 def test_no_host_compiler_makes_cuda_emu_unavailable(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(DeviceUnavailable, match="no host C\\+\\+ compiler"):

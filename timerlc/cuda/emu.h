@@ -4,9 +4,10 @@
 // library compiled once and loaded before any module): a block's threads are fibers that
 // the launching thread runs in turns from one barrier (__syncthreads()) to the next,
 // threadIdx set for each; the blocks of a grid run one after another. __shared__
-// variables are static, so shared by a block's threads. Only what the renderer uses is here: x dimensions, __syncthreads(_or),
-// atomicCAS, atomicAdd, __threadfence, float4, TF32's mma.sync. The header includes no C++
-// library header, so that a module compiles fast.
+// variables are static, so shared by a block's threads. Only what the renderer uses is
+// here: x dimensions, __syncthreads(_or), atomicCAS, atomicAdd, __threadfence, float4,
+// TF32's mma.sync. The header includes no C++ library header, so that a module compiles
+// fast.
 #pragma once
 
 #define __global__
@@ -29,8 +30,11 @@ extern "C" int tl_emu_sync_or(int value);
 extern "C" unsigned tl_emu_threads();
 extern "C" void tl_emu_run(unsigned blocks, unsigned threads, void (*fn)(void *), void *ctx);
 
-inline void __syncthreads() { tl_emu_sync(); }
-inline int __syncthreads_or(int value) { return tl_emu_sync_or(value); }
+// (macros: the runtime tells a barrier by the place it is called from, and all the
+// threads of a block must meet at the same one; an unoptimized module keeps an inline
+// function out of line, one place for every barrier)
+#define __syncthreads() tl_emu_sync()
+#define __syncthreads_or(value) tl_emu_sync_or(value)
 
 inline unsigned atomicAdd(unsigned *at, unsigned value) {
   return __atomic_fetch_add(at, value, __ATOMIC_SEQ_CST); // the old value

@@ -4,7 +4,10 @@
 // all of them is a barrier passed. The blocks of a grid run one after another (so that no
 // thread starts the next block, whose __shared__ variables are the same statics, while
 // another still works on this one). A thread that returns counts as arrived at every later
-// barrier of its block, as a GPU's exited thread does.
+// barrier of its block, as a GPU's exited thread does. The threads still running must meet
+// at the same barrier, the same place in the code (a GPU's barrier in code that not every
+// thread of the block runs hangs or does what it likes): else the emulation says which
+// block and stops the process (std::abort), as no generated kernel may do that.
 //
 // Fibers, not system threads: the block's threads were std::threads meeting at a
 // std::barrier, and each meeting waited for the system to schedule every one of them: 128
@@ -19,6 +22,7 @@
 // (globally) before the kernels' modules, which use its symbols.
 #include <sys/mman.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 
@@ -101,6 +105,7 @@ struct Fiber {
   Context ctx;
   char *stack = nullptr;  // its lowest usable byte
   bool done = false;
+  const void *site = nullptr;  // where it called the barrier it waits at
 };
 
 struct Block {
@@ -173,22 +178,28 @@ Block &block(unsigned n) {
 }
 }  // namespace
 
-// a barrier: the fiber gives the launching thread back its turn until the round is done
-extern "C" void tl_emu_sync() {
+namespace {
+// a barrier called at `site`: the fiber gives the launching thread back its turn until the
+// round is done
+void wait_at(const void *site) {
   Block &b = *tl_block;
   Fiber &f = b.fibers[b.current];
+  f.site = site;
 #if defined(TL_SWITCH_ASM)
   tl_switch(&f.ctx.sp, b.sched.sp);
 #else
   swapcontext(&f.ctx.uc, &b.sched.uc);
 #endif
 }
+}  // namespace
+
+extern "C" __attribute__((noinline)) void tl_emu_sync() { wait_at(__builtin_return_address(0)); }
 
 // __syncthreads_or: the block's threads meet, each with a value, and each gets whether any
 // was not 0 (the round's, kept until the next round ends: each thread reads it first thing)
-extern "C" int tl_emu_sync_or(int value) {
+extern "C" __attribute__((noinline)) int tl_emu_sync_or(int value) {
   if (value) tl_block->or_next = 1;
-  tl_emu_sync();
+  wait_at(__builtin_return_address(0));
   return tl_block->or_done;
 }
 
@@ -206,11 +217,24 @@ extern "C" void tl_emu_run(unsigned blocks, unsigned n, void (*fn)(void *), void
     b.or_next = b.or_done = 0;
     unsigned live = n;
     for (unsigned round = 0; live > 0; round++) {
+      const void *site = nullptr;
       for (unsigned i = 0; i < n; i++) {
         const unsigned t = round % 2 ? n - 1 - i : i;
-        if (b.fibers[t].done) continue;
+        Fiber &f = b.fibers[t];
+        if (f.done) continue;
         resume(b, t);
-        if (b.fibers[t].done) live--;
+        if (f.done) {
+          live--;
+        } else if (site == nullptr) {
+          site = f.site;
+        } else if (f.site != site) {
+          std::fprintf(stderr,
+                       "timerlc cuda-emu: the threads of block %u of a launch of %u blocks "
+                       "met at different barriers (thread %u at another than the one before "
+                       "it): a barrier in code that not every thread runs\n",
+                       k, blocks, t);
+          std::abort();
+        }
       }
       b.or_done = b.or_next;
       b.or_next = 0;
