@@ -371,7 +371,9 @@ def long_n(run: dict, n: int, min_seconds: float) -> int:
     est = run.get("in_run_seconds_per_iter") if run["ok"] else None
     if not est or est * n >= min_seconds:
         return 2 * n
-    return n + math.ceil(min_seconds / est)
+    # (at most 50 N more: an estimate near 0, a run of iterations the clock barely saw,
+    # asked for tens of thousands)
+    return n + min(math.ceil(min_seconds / est), 50 * n)
 
 
 def said(system: str, iters: int, run: dict) -> str:

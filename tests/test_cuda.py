@@ -260,6 +260,8 @@ def test_the_bench_differences_two_runs_a_system_and_keeps_each_as_it_comes(tmp_
     assert got["slow"]["seconds_per_iter"] == pytest.approx(1.0)
     assert got["slow"]["wall_seconds_per_iter"] == pytest.approx(1.0)
     assert len(seen) == 4  # (after every run)
+    fast = {"ok": True, "in_run_seconds_per_iter": 1e-7}
+    assert bench.long_n(fast, 10, 0.5) == 10 + 500  # (at most 50 N more)
     err = capsys.readouterr().err
     assert "#   fast N=10: window 0.408 s, wall 20.4 s, in-run 12.00 ms/iter" in err
     assert "#   fast: 12.000 ms/iter so far ((N=52) - (N=10))" in err
