@@ -40,6 +40,10 @@ timerlc's compile, JAX's tracing and XLA compile, first-iteration warm-up) cance
     system, where raising N and redoing the N run took three); the second table gives each
     N + M. Each run's window and each system's figure are printed as they come, and --json
     is rewritten after every run (a bench stopped by a time limit keeps what it measured).
+    A run's "in-run" estimate (its window over its iterations) only sizes M: it is not
+    comparable across systems (JAX's compiled run of N = 10 iterations held a first run's
+    cost, 17 ms an iteration on the H200 where the H100's differenced figures were 2.7-8.6;
+    timerlc's window leaves its first iteration out).
   * peak MB: the peak resident set size (ru_maxrss) of each subprocess, read from os.wait4's
     resource usage of that child; the largest over a system's runs.
   * ratios: timerlc / torch and timerlc / jax, of s/iter and of peak MB (< 1: timerlc
