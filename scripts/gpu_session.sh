@@ -148,7 +148,10 @@ stage sweep-tf32 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --matmul-precision 
 # floats in 38.6 us) and Adam's update with the gradient's norm (f248_58: 26.8 us)
 NCU_KERNELS=${NCU_KERNELS:-f530_35_1p|f530_35_1s|f530_35_1e|f530_35_0r|f530_35_0j|s142_0r|f146_22_0r|f0_121|f248_58}
 if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
-  stage ncu 90 ncu --kernel-name "regex:^(${NCU_KERNELS})\$" --launch-count 3 \
+  # (--launch-count is of all the launches the regex matches, in their order: 16 covers
+  # each name's first launches, most of them in the first minibatch step; it was 3, which
+  # profiled the first three launches only)
+  stage ncu 90 ncu --kernel-name "regex:^(${NCU_KERNELS})\$" --launch-count 16 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section WarpStateStats --section SchedulerStats --section LaunchStats \
     $PY -m timerlc.cli run programs/ppo.rtl --backend cuda --set B=2048 --set T=128 \
