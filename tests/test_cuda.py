@@ -573,7 +573,10 @@ def test_a_serial_step_passes_its_locals_to_the_steps_after_it(tmp_path):
 
 
 @needs_cxx
-def test_loops_that_touch_nothing_of_each_other_s_run_side_by_side(tmp_path):
+@pytest.mark.parametrize("by_ranges", [True, False], ids=["by-ranges", "skewed"])
+def test_loops_that_touch_nothing_of_each_other_s_run_side_by_side(
+    tmp_path, monkeypatch, by_ranges
+):
     """A kernel built by hand, as a fused kernel's statements over rows of one length that
     touch nothing of each other's (Adam's moments of a bias and a weight over 64 rows), then
     a store on one thread (a one-element bias's): a loop per statement
@@ -582,7 +585,10 @@ def test_loops_that_touch_nothing_of_each_other_s_run_side_by_side(tmp_path):
     store a loop of one point in it (``_joins``): where there were a row loop of 64 threads,
     each storing its row of each in turn, and a launch for the store. The same values on a
     grid smaller than the points and on one larger. One barrier after the last loop, none
-    between two (each waited for nothing)."""
+    between two (each waited for nothing). Each thread's points are dispatched to their
+    loop by ranges (a jump: ``render.either_by_ranges``, where the step has
+    ``DISPATCH_GROUPS`` groups of loops of constant bounds), or, with fewer, each thread
+    walks every loop skewed to its place."""
     from timerlc.codegen.kir import Bin, Const, Kernel, Load, Ref, Slot
     from timerlc.cuda import render
     from timerlc.cuda.emu import EmuModule
@@ -607,6 +613,7 @@ def test_loops_that_touch_nothing_of_each_other_s_run_side_by_side(tmp_path):
     names = ("a", "b", "c", "d", "x", "y")
     slots = tuple(Slot(n, "f32", q, q, 0, n in "abcd") for q, n in enumerate(names))
     k = Kernel("hand", 0, ("j",), slots, (), body)
+    monkeypatch.setattr(render, "DISPATCH_GROUPS", 4 if by_ranges else 5)
     (step,) = render.steps(k)
     assert step[0] == "either" and len(step[1]) == 4
     text, skipped, launches = render.render_module([k])
@@ -614,9 +621,13 @@ def test_loops_that_touch_nothing_of_each_other_s_run_side_by_side(tmp_path):
     # (one barrier and one look at the failures after the four loops, none between two)
     fn = text[text.index("void hand(") :]
     fn = fn[: fn.index("\n}\n")]
-    # (three loops skewed, the weight's nest two ways: its column's and its point's)
-    assert fn.count("tl_skew(") == 4 and fn.count("tl_failed(err, tl_fail") == 1
-    assert fn.rindex("__syncthreads();") > fn.rindex("tl_skew(")
+    if by_ranges:  # (one loop over the points, a jump to each one's loop)
+        assert fn.count("switch (tl_k)") == 1 and fn.count("case ") == 4
+        assert "tl_skew(" not in fn and fn.count("tl_failed(err, tl_fail") == 1
+        assert fn.rindex("__syncthreads();") > fn.rindex("case 3:")
+    else:  # (three loops skewed, the weight's nest two ways: its column's and its point's)
+        assert fn.count("tl_skew(") == 4 and fn.count("tl_failed(err, tl_fail") == 1
+        assert fn.rindex("__syncthreads();") > fn.rindex("tl_skew(")
     # (and the first, after the block's code is set: whether an earlier step failed)
     assert fn.count("__syncthreads();") == 1 and fn.count("__syncthreads_or(tl_stop)") == 1
     emu = EmuModule(text, tmp_path)
