@@ -2002,16 +2002,7 @@ class _Kernel:
             self.emit(
                 3, f"for (long long tl_g = threadIdx.x; tl_g < {total}LL; tl_g += blockDim.x) {{"
             )
-            self.emit(4, "long long tl_r = tl_g;")
-            for x in reversed(nest[1:]):
-                self.emit(
-                    4,
-                    f"const long long {name(x.var)} = ({self.expr(x.lo)}) + tl_r % "
-                    f"{_extent(x)}LL;  tl_r /= {_extent(x)}LL;",
-                )
-            self.emit(
-                4, f"const long long {name(nest[0].var)} = ({self.expr(nest[0].lo)}) + tl_r;"
-            )
+            self.nest_point(nest, "tl_g", 4)
             for lv, dt in _lets(nest[-1].body).items():
                 if lv not in ops:
                     self.emit(4, f"{CTYPE[dt]} {name(lv)};")
@@ -2506,9 +2497,7 @@ class _Kernel:
         the threads before it take its last points, where the grid is smaller than the
         loop and the others it shares the grid with)."""
         v = name(s.var)
-        temps = {t.name for t in self.k.temps}
-        mine = temps & (_written(s.body) - self.others) - self.row_shared
-        self.local_temps |= mine
+        mine = self.own_temps(s)
         nest = _nest(s) if collapse else [s]
         step = step or "(long long)gridDim.x * blockDim.x"
         if self.rows or self.one_block:  # (a loop kernel's block: its rows tl_rb ..< tl_re
@@ -2532,15 +2521,7 @@ class _Kernel:
                 self.emit(depth, "} else {")
                 depth += 1
             self.emit(depth, f"for (long long tl_g = {first}; tl_g < {count}; tl_g += {step}) {{")
-            self.emit(depth + 1, "long long tl_r = tl_g;")
-            for x in reversed(nest[1:]):
-                n = _extent(x)
-                self.emit(
-                    depth + 1,
-                    f"const long long {name(x.var)} = ({self.expr(x.lo)}) + tl_r % {n}LL;  "
-                    f"tl_r /= {n}LL;",
-                )
-            self.emit(depth + 1, f"const long long {v} = ({lo}) + tl_r;")
+            self.nest_point(nest, "tl_g", depth + 1)
             body = nest[-1].body
         else:
             if first is None or self.one_block:
@@ -2562,11 +2543,37 @@ class _Kernel:
             depth -= 1
             self.emit(depth, "}")
         if epilogue:
-            self.emit(depth, "__syncthreads();")
+            self.block_done(depth)
+
+    def block_done(self, depth: int):
+        """After a step's loops: the block's barrier, then its failure, if any, recorded."""
+        self.emit(depth, "__syncthreads();")
+        self.emit(
+            depth, f"if (threadIdx.x == 0 && tl_fail) tl_failed(err, tl_fail, {self.k.sid}, args);"
+        )
+
+    def own_temps(self, s: For) -> set[str]:
+        """The temporaries parallel loop ``s`` writes and no other step uses: each thread's
+        own copy (counted in ``local_temps``)."""
+        temps = {t.name for t in self.k.temps}
+        mine = temps & (_written(s.body) - self.others) - self.row_shared
+        self.local_temps |= mine
+        return mine
+
+    def nest_point(self, nest: list, at: str, depth: int, unused: bool = False):
+        """The variables of point number ``at`` of ``nest`` (``_nest``: the innermost
+        fastest) as constants; ``unused``: cast to void, as a point may read none."""
+        quiet = (lambda v: f"  (void){v};") if unused else (lambda v: "")
+        self.emit(depth, f"long long tl_r = {at};")
+        for x in reversed(nest[1:]):
+            n, v = _extent(x), name(x.var)
             self.emit(
                 depth,
-                f"if (threadIdx.x == 0 && tl_fail) tl_failed(err, tl_fail, {self.k.sid}, args);",
+                f"const long long {v} = ({self.expr(x.lo)}) + tl_r % {n}LL;{quiet(v)}  "
+                f"tl_r /= {n}LL;",
             )
+        v = name(nest[0].var)
+        self.emit(depth, f"const long long {v} = ({self.expr(nest[0].lo)}) + tl_r;{quiet(v)}")
 
     def either_by_ranges(self, body, groups, total: int):
         """An ``either`` step's loops (``_ranges_of``: constant bounds, each group's threads
@@ -2597,29 +2604,15 @@ class _Kernel:
         self.emit(2, "}")
         self.emit(1, "}")
         self.others = outside
-        self.emit(1, "__syncthreads();")
-        self.emit(
-            1, f"if (threadIdx.x == 0 && tl_fail) tl_failed(err, tl_fail, {self.k.sid}, args);"
-        )
+        self.block_done(1)
 
     def point_at(self, s: For, q: str, depth: int):
         """Point number ``q`` of parallel loop ``s`` and the loops nested in it (``_nest``,
         the innermost fastest), in a block of its own at ``depth``."""
-        temps = {t.name for t in self.k.temps}
-        mine = temps & (_written(s.body) - self.others) - self.row_shared
-        self.local_temps |= mine
+        mine = self.own_temps(s)
         nest = _nest(s)
         self.emit(depth, "{")
-        self.emit(depth + 1, f"long long tl_r = {q};")
-        for x in reversed(nest[1:]):
-            n, v = _extent(x), name(x.var)
-            self.emit(
-                depth + 1,
-                f"const long long {v} = ({self.expr(x.lo)}) + tl_r % {n}LL;  (void){v};  "
-                f"tl_r /= {n}LL;",
-            )
-        v = name(s.var)
-        self.emit(depth + 1, f"const long long {v} = ({self.expr(s.lo)}) + tl_r;  (void){v};")
+        self.nest_point(nest, q, depth + 1, unused=True)
         self.point(s, nest[-1].body, depth, mine, ())
         self.emit(depth, "}")
 
