@@ -111,7 +111,7 @@ struct Fiber {
 struct Block {
   Fiber fibers[MAX_THREADS];
   Context sched;  // the launching thread's, while a fiber runs
-  unsigned n = 0, current = 0;
+  unsigned current = 0;
   void (*fn)(void *) = nullptr;
   void *ctx = nullptr;
   int or_next = 0, or_done = 0;  // __syncthreads_or: this round's, the last round's
@@ -153,17 +153,22 @@ void start(Fiber &f) {
 #endif
 }
 
-void resume(Block &b, unsigned t) {
-  b.current = t;
-  threadIdx = {t, 0, 0};
+// from the running context (`from` keeps where it stopped) to `to`
+void swap(Context &from, Context &to) {
 #if defined(TL_SWITCH_ASM)
-  tl_switch(&b.sched.sp, b.fibers[t].ctx.sp);
+  tl_switch(&from.sp, to.sp);
 #else
-  swapcontext(&b.sched.uc, &b.fibers[t].ctx.uc);
+  swapcontext(&from.uc, &to.uc);
 #endif
 }
 
-Block &block(unsigned n) {
+void resume(Block &b, unsigned t) {
+  b.current = t;
+  threadIdx = {t, 0, 0};
+  swap(b.sched, b.fibers[t].ctx);
+}
+
+Block &block() {
   if (tl_block == nullptr) {
     tl_block = new Block;
     for (Fiber &f : tl_block->fibers) {
@@ -173,23 +178,16 @@ Block &block(unsigned n) {
       f.stack = (char *)at + GUARD;
     }
   }
-  tl_block->n = n;
   return *tl_block;
 }
-}  // namespace
 
-namespace {
 // a barrier called at `site`: the fiber gives the launching thread back its turn until the
 // round is done
 void wait_at(const void *site) {
   Block &b = *tl_block;
   Fiber &f = b.fibers[b.current];
   f.site = site;
-#if defined(TL_SWITCH_ASM)
-  tl_switch(&f.ctx.sp, b.sched.sp);
-#else
-  swapcontext(&f.ctx.uc, &b.sched.uc);
-#endif
+  swap(f.ctx, b.sched);
 }
 }  // namespace
 
@@ -206,7 +204,7 @@ extern "C" __attribute__((noinline)) int tl_emu_sync_or(int value) {
 extern "C" void tl_emu_run(unsigned blocks, unsigned n, void (*fn)(void *), void *ctx) {
   std::lock_guard<std::mutex> hold(tl_lock);
   if (n < 1 || n > MAX_THREADS) std::abort();  // n is tl_emu_threads()
-  Block &b = block(n);
+  Block &b = block();
   b.fn = fn;
   b.ctx = ctx;
   blockDim = {n, 1, 1};
