@@ -699,6 +699,72 @@ def test_a_thread_whose_column_is_fixed_reads_the_column_s_values_once(tmp_path)
 
 
 @needs_cxx
+def test_a_thread_s_points_of_stores_alone_load_before_they_store(tmp_path):
+    """A grid loop whose points are stores alone takes ``IN_FLIGHT`` of a thread's points a
+    pass, every store's values at each of them before its stores (``_Kernel.batched``):
+    by the column's way (a nest of 50 rows x 8 columns, one store in place) and the point's
+    (a loop over 50 rows), the pass's points past the end skipped. Not where a point has an
+    ``if``, more than ``IN_FLIGHT_STORES`` stores or a buffer that is another's memory (a
+    donation's). The same values on grids of 8, 12 and 16 threads (the emulation's blocks
+    of 4): a pass whole, cut short, and the column's way's other branch."""
+    from timerlc.codegen.kir import Bin, Const, If, Kernel, Load, Ref, Slot, Un
+    from timerlc.cuda.emu import EmuModule
+
+    r, c = Ref("r"), Ref("c")
+    at = kir.add(kir.mul(r, 8), c)
+    f32 = "f32"
+    cols = (
+        Store("y", at, Un("tanh", Bin("mul", Load("x", r, f32), Load("w", c, f32), f32), f32)),
+        Store("z", at, Bin("add", Load("z", at, f32), Load("y", at, f32), f32)),
+    )
+    nest = For("r", kir.i64(0), kir.i64(50), (For("c", kir.i64(0), kir.i64(8), cols, True),), True)
+    flat = For("r", kir.i64(0), kir.i64(50), (Store("v", r, kir.mul(Load("x", r, f32), 2)),), True)
+    names = ("y", "z", "x", "w", "v")
+    slots = tuple(Slot(n, f32, q, q, 0, n in "yzv") for q, n in enumerate(names))
+    kernels = [Kernel("both", 0, (), slots, (), (nest, flat))]
+    three = cols + (Store("v", r, Load("x", r, f32)),)
+    guarded = (If(Bin("gt", Load("x", r, f32), Const(f32, 5.0), "bool"), cols),)
+    for name, body, shared in (
+        ("three", three, ()),
+        ("guarded", guarded, ()),
+        ("shared", cols, ("y", "z")),
+    ):
+        loop = For(
+            "r", kir.i64(0), kir.i64(50), (For("c", kir.i64(0), kir.i64(8), body, True),), True
+        )
+        kernels.append(Kernel(name, 0, (), slots, (), (loop,), shared=shared))
+    text, skipped, _ = render.render_module(kernels)
+    assert not skipped
+
+    def function(name):
+        fn = text[text.index(f"void {name}(") :]
+        return fn[: fn.index("\n}\n")]
+
+    fn = function("both")
+    assert fn.count("tl_b += 4LL * tl_rs") == 2, fn
+    # each store's values at the pass's points before the first of its stores
+    first_store = fn.index("m_y[")
+    assert all(fn.index(f"tl_x0_{u} = ") < first_store for u in range(render.IN_FLIGHT))
+    for name in ("three", "guarded", "shared"):
+        assert "tl_b" not in function(name), name
+    emu = EmuModule(text, tmp_path)
+    x = np.linspace(0.0, 10.0, 50, dtype=np.float32)
+    w = np.arange(8, dtype=np.float32) * 0.1
+    for blocks in (2, 3, 4):
+        y, v = np.full(400, -7.0, np.float32), np.full(50, -7.0, np.float32)
+        z = np.arange(400, dtype=np.float32)
+        table = np.array([a.ctypes.data for a in (y, z, x, w, v)], np.uint64)
+        err = np.zeros(cuda_runtime.ERR_WORDS, np.int64)
+        args, scratch = np.zeros(1, np.int64), np.zeros(8, np.uint8)
+        _launch(emu, "both", table, args, scratch, err, blocks)
+        assert not err.any()
+        want_y = np.tanh(x[:, None] * w)
+        np.testing.assert_allclose(y.reshape(50, 8), want_y, rtol=1e-6)
+        np.testing.assert_array_equal(z, np.arange(400, dtype=np.float32) + y)
+        np.testing.assert_array_equal(v, x * 2)
+
+
+@needs_cxx
 def test_ppo_on_blocks_of_a_gpu_s_128_threads_matches_the_cpu():
     """PPO on cuda-emu with blocks of 128 threads (``TIMERLC_EMU_THREADS``), a GPU's: its
     64-wide rows' loops take the column's way (the grid's stride a whole number of rows,
