@@ -26,7 +26,9 @@ all of them. The knobs:
   with joint functions, which the runtime times against the two where TF32 is asked for;
   0: none);
 - ``--fuse-ties``: ``codegen.tree.SEQ_TIES`` (1: consecutive calls joined into one kernel
-  where that launches no more functions, larger kernels; 0: only where fewer).
+  where that launches no more functions, larger kernels; 0: only where fewer);
+- ``--in-flight``: ``cuda.render.IN_FLIGHT``, the points of a grid loop of stores alone a
+  thread takes at a time, their loads before their stores (1: one after another).
 
 ``--matmul-precision tensorfloat32`` runs them all with TF32 products (ours, cuBLAS's, the
 joint functions).
@@ -46,6 +48,8 @@ the step's forward and backward, 64: 12.6, 1,024 at 4,224 blocks: 9.8). docs/per
         --set T=128 --set total_steps=1572864
     python scripts/cuda_sweep.py --matmul-precision tensorfloat32 --products fastest \
         --joints 0,1 --fuse-ties 0,1 --set B=2048 --set T=128 --set total_steps=1572864
+    python scripts/cuda_sweep.py --in-flight 1,2,4,8 --set B=2048 --set T=128 \\
+        --set total_steps=1572864
     python scripts/cuda_sweep.py --emu --parts 256,64 --set B=16 --set T=8 --set total_steps=512
 """
 
@@ -82,6 +86,7 @@ def main() -> int:
     ap.add_argument("--copy-batch", default="8", help="comma-separated COPY_BATCH values")
     ap.add_argument("--joints", default="1", help="comma-separated JOINTS values (0, 1)")
     ap.add_argument("--fuse-ties", default="0", help="comma-separated SEQ_TIES values (0, 1)")
+    ap.add_argument("--in-flight", default="4", help="comma-separated IN_FLIGHT values")
     from cuda_gpu_check import add_matmul_precision, open_device
 
     add_matmul_precision(ap)
@@ -110,6 +115,7 @@ def main() -> int:
         numbers(args.copy_batch),
         numbers(args.joints),
         numbers(args.fuse_ties),
+        numbers(args.in_flight),
     )
     for (
         parts,
@@ -123,10 +129,12 @@ def main() -> int:
         batch,
         joints,
         ties,
+        flight,
     ) in knobs:
         render.PARTS, render.ARRAY_PARTS, render.UNROLL = parts, array_parts, unroll
         render.GRAM_SUMS, products.MAX_PARTS, products.COPY_BATCH = bool(sums), pparts, batch
         render.ROWS_EPILOGUES, render.JOINTS, tree.SEQ_TIES = bool(epi), bool(joints), bool(ties)
+        render.IN_FLIGHT = flight
         device.MAX_BLOCKS = blocks or own
         device.products = policy
         co._GENERATED.clear()  # (a build of its own: the knobs change the kernels)
@@ -134,7 +142,8 @@ def main() -> int:
         label = (
             f"PARTS {parts:5d} ARRAY_PARTS {array_parts:5d} UNROLL {unroll:3d} "
             f"blocks {device.MAX_BLOCKS:6d} products {policy} GRAM_SUMS {sums} EPILOGUES {epi} "
-            f"MAX_PARTS {pparts} COPY_BATCH {batch} JOINTS {joints} SEQ_TIES {ties}"
+            f"MAX_PARTS {pparts} COPY_BATCH {batch} JOINTS {joints} SEQ_TIES {ties} "
+            f"IN_FLIGHT {flight}"
         )
         try:
             r = co.program(device, args.program, sets, True, True, True)

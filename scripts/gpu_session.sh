@@ -12,7 +12,8 @@
 # against the cpu backend); the cuda tests and one conformance file on the device (8
 # processes); scripts/cuda_overheads.py (the host's costs, the graphs' device time);
 # "kernels": PPO's and REINFORCE's device time by function and product shape
-# (cuda_overheads.py --kernels); "skinny": scripts/cuda_skinny.py (PPO's products by cuBLAS
+# (cuda_overheads.py --kernels); "inflight" (not by default): cuda_sweep.py's
+# --in-flight 1,4; "skinny": scripts/cuda_skinny.py (PPO's products by cuBLAS
 # and by our kernels, cuda/products.py, apart from the program); scripts/bench.py at 2048x128 against jax on the GPU.
 # "profile" (not by default): PPO at 2048 environments with --profile (each statement
 # launched alone). "products" (not by default): scripts/cuda_sweep.py over PPO 2048 with
@@ -135,6 +136,11 @@ stage products 200 bash -c "$PY scripts/cuda_sweep.py ${CHECK[*]} --products bla
 stage sweep-tf32 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --matmul-precision tensorfloat32 \
   --products fastest --joints 0,1 --fuse-ties 0,1 --set B=2048 --set T=128 \
   --set total_steps=1572864
+# (not by default: PPO 2048's device time with a grid loop's points of stores alone one
+# after another, IN_FLIGHT 1, and four at a time, 4, their loads before their stores:
+# cuda/render.py's _Kernel.batched, 2026-11-28, not yet timed)
+stage inflight 150 $PY scripts/cuda_sweep.py "${CHECK[@]}" --in-flight 1,4 --top 6 \
+  --set B=2048 --set T=128 --set total_steps=1572864
 # Nsight Compute (on the device image's PATH) over the kernels NCU_KERNELS names (a regex of
 # function names, which depend on the program's sizes: these are the kernels stage's PPO's),
 # the first call of each: where a kernel's time goes (memory, occupancy, stalls); by
@@ -145,8 +151,10 @@ stage sweep-tf32 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --matmul-precision 
 # with TF32 products only) (the names of 2026-11-27's sixteenth session); and the two
 # fused kernels of many statements that take far longer than their bytes on the H200
 # (2026-11-28): the minibatch step's parameter copies from the last step's (f0_121: 27,463
-# floats in 38.6 us) and Adam's update with the gradient's norm (f248_58: 26.8 us)
-NCU_KERNELS=${NCU_KERNELS:-f530_35_1p|f530_35_1s|f530_35_1e|f530_35_0r|f530_35_0j|s142_0r|f146_22_0r|f0_121|f248_58}
+# floats in 38.6 us) and Adam's update with the gradient's norm (f248_58: 26.8 us); and an
+# elementwise pass over 65,536 x 64 floats whose points now go four at a time (f481_33:
+# 16-23 us, 2026-11-28, at a third of the bandwidth)
+NCU_KERNELS=${NCU_KERNELS:-f530_35_1p|f530_35_1s|f530_35_1e|f530_35_0r|f530_35_0j|s142_0r|f146_22_0r|f0_121|f248_58|f481_33}
 if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
   # (--launch-count is of all the launches the regex matches, in their order: 16 covers
   # each name's first launches, most of them in the first minibatch step; it was 3, which
