@@ -679,7 +679,10 @@ def test_a_thread_whose_column_is_fixed_reads_the_column_s_values_once(tmp_path)
     fn = text[text.index("void cols(") :]
     fn = fn[: fn.index("\n}\n")]
     assert "% 8LL == 0) {" in fn and "} else {" in fn
-    hoisted = re.findall(r"const float (tl_h\d+) = (m_\w+)\[", fn)
+    # (before the rows' loop; in it, a point reads x before its first statement: point)
+    column = fn[fn.index("% 8LL == 0) {") :]
+    column = column[: column.index("for (")]
+    hoisted = re.findall(r"const float (tl_h\d+) = (m_\w+)\[", column)
     assert sorted(b for _, b in hoisted) == ["m_b", "m_w"], hoisted
     emu = EmuModule(text, tmp_path)
     x = np.linspace(0.0, 10.0, 50, dtype=np.float32)
@@ -762,6 +765,124 @@ def test_a_thread_s_points_of_stores_alone_load_before_they_store(tmp_path):
         np.testing.assert_allclose(y.reshape(50, 8), want_y, rtol=1e-6)
         np.testing.assert_array_equal(z, np.arange(400, dtype=np.float32) + y)
         np.testing.assert_array_equal(v, x * 2)
+
+
+@needs_cxx
+def test_a_value_a_thread_stores_it_reads_back_from_a_local(tmp_path):
+    """A point's value stored and read back at the same index is read from a local
+    (``_Kernel.forwarded``), but not after a loop that stores the buffer (nor inside it,
+    before its store: the iteration before stored it), nor after a store to a buffer that
+    may be its memory (``Kernel.shared``, here the same array: the load sees the other
+    store's value), nor where the index's local changed."""
+    from timerlc.codegen.kir import Bin, Const, Kernel, Let, Load, Ref, Slot
+    from timerlc.cuda.emu import EmuModule
+
+    r, f32 = Ref("r"), "f32"
+    one = Const(f32, 1.0)
+
+    def add(a, b):
+        return Bin("add", a, b, f32)
+
+    def mul(a, b):
+        return Bin("mul", a, Const(f32, float(b)) if isinstance(b, int) else b, f32)
+
+    body = (
+        Store("y", r, mul(Load("x", r, f32), 2)),  # y = 2x
+        Store("z", r, add(Load("y", r, f32), one)),  # z = 2x + 1 (y forwarded)
+        Store("w", r, mul(Load("y", r, f32), Load("z", r, f32))),  # (y, z forwarded)
+        For("k", kir.i64(0), kir.i64(3), (Store("y", r, add(Load("y", r, f32), one)),)),
+        Store("v", r, Load("y", r, f32)),  # 2x + 3: after the loop, from the memory
+        Store("y", r, mul(Load("x", r, f32), 3)),
+        Store("u", r, Const(f32, 5.0)),  # u is y's memory (shared)
+        Store("s", r, Load("y", r, f32)),  # 5
+        Store("p", kir.add(kir.mul(r, 2), kir.i64(1)), Const(f32, 8.0)),
+        Let("q", "i64", kir.mul(r, 2)),
+        Store("p", Ref("q"), mul(Load("x", r, f32), 4)),
+        Let("q", "i64", kir.add(Ref("q"), kir.i64(1))),
+        Store("t", r, Load("p", Ref("q"), f32)),  # p[2r + 1]: 8, from the memory
+    )
+    loop = For("r", kir.i64(0), kir.i64(50), body, True)
+    names = ("y", "z", "w", "v", "u", "s", "t", "p", "x")
+    slots = tuple(Slot(n, f32, q, q, 0, n != "x") for q, n in enumerate(names))
+    kernel = Kernel("fw", 0, (), slots, (), (loop,), shared=("y", "u"))
+    text, skipped, _ = render.render_module([kernel])
+    assert not skipped
+    fn = text[text.index("void fw(") :]
+    fn = fn[: fn.index("\n}\n")]
+    stored = {}  # each buffer's first store's local
+    for b, local in re.findall(r"(m_\w+)\[[^\]]*\] = (tl_f\d+);", fn):
+        stored.setdefault(b, local)
+    assert f"= ({stored['m_y']} + " in fn and f"({stored['m_y']} * {stored['m_z']})" in fn, fn
+    # y's loads from the memory: in the loop, after it, and after u's store
+    assert len(re.findall(r"m_y\[v_r\](?! = )", fn)) == 3, fn
+    assert re.search(r"m_t\[v_r\] = tl_f\d+;", fn) and "= m_p[v_q]" in fn, fn
+    emu = EmuModule(text, tmp_path)
+    x = np.linspace(-3.0, 3.0, 50, dtype=np.float32)
+    for blocks in (1, 3):
+        arrays = {n: np.full(100 if n == "p" else 50, -7.0, np.float32) for n in names}
+        arrays["u"], arrays["x"] = arrays["y"], x  # one memory
+        table = np.array([arrays[n].ctypes.data for n in names], np.uint64)
+        err = np.zeros(cuda_runtime.ERR_WORDS, np.int64)
+        args, scratch = np.zeros(1, np.int64), np.zeros(8, np.uint8)
+        _launch(emu, "fw", table, args, scratch, err, blocks)
+        assert not err.any()
+        np.testing.assert_array_equal(arrays["z"], 2 * x + 1)
+        np.testing.assert_array_equal(arrays["w"], (2 * x) * (2 * x + 1))
+        np.testing.assert_array_equal(arrays["v"], 2 * x + 3)
+        np.testing.assert_array_equal(arrays["s"], np.full(50, 5.0, np.float32))
+        np.testing.assert_array_equal(arrays["t"], np.full(50, 8.0, np.float32))
+        np.testing.assert_array_equal(arrays["p"][::2], x * 4)
+
+
+@needs_cxx
+def test_a_point_reads_what_it_does_not_write_before_its_first_statement(tmp_path):
+    """A point of several statements reads the buffers it does not write, at indices of
+    its variables, before its first statement (``_Kernel.point``): not a buffer it writes,
+    nor one that may be its memory, nor a load that may not run (a selection's branch),
+    nor one at an index a local of the point computes. The same values on the emulation."""
+    from timerlc.codegen.kir import Bin, Const, Kernel, Let, Load, Ref, Sel, Slot
+    from timerlc.cuda.emu import EmuModule
+
+    r, f32 = Ref("r"), "f32"
+
+    def add(a, b):
+        return Bin("add", a, b, f32)
+
+    pos = Bin("gt", Load("a", r, f32), Const(f32, 0.0), "bool")
+    body = (
+        Store("y", r, add(Load("a", r, f32), Const(f32, 1.0))),
+        Store("z", r, add(Load("y", r, f32), Load("b", r, f32))),  # b: before y's store
+        Store("w", r, Sel(pos, Load("c", r, f32), Const(f32, 0.0), f32)),  # c: under a branch
+        Let("q", "i64", kir.add(r, kir.i64(0))),
+        Store("v", r, add(Load("d", Ref("q"), f32), Load("u", r, f32))),  # d: q's; u: shared
+    )
+    loop = For("r", kir.i64(0), kir.i64(30), body, True)
+    names = ("y", "z", "w", "v", "a", "b", "c", "d", "u")
+    slots = tuple(Slot(n, f32, q, q, 0, n in "yzwv") for q, n in enumerate(names))
+    kernel = Kernel("pt", 0, (), slots, (), (loop,), shared=("u", "y"))
+    text, skipped, _ = render.render_module([kernel])
+    assert not skipped
+    fn = text[text.index("void pt(") :]
+    fn = fn[: fn.index("\n}\n")]
+    first_store = fn.index("m_y[v_r] = ")
+    hoisted = re.findall(r"const float tl_h\d+ = (m_\w+)\[", fn[:first_store])
+    assert sorted(hoisted) == ["m_a", "m_b"], fn
+    emu = EmuModule(text, tmp_path)
+    rng = np.random.default_rng(0)
+    ins = {n: rng.standard_normal(30).astype(np.float32) for n in "abcd"}
+    for blocks in (1, 2):
+        arrays = {n: np.full(30, -7.0, np.float32) for n in "yzwv"} | ins
+        arrays["u"] = arrays["y"]  # one memory
+        table = np.array([arrays[n].ctypes.data for n in names], np.uint64)
+        err = np.zeros(cuda_runtime.ERR_WORDS, np.int64)
+        args, scratch = np.zeros(1, np.int64), np.zeros(8, np.uint8)
+        _launch(emu, "pt", table, args, scratch, err, blocks)
+        assert not err.any()
+        y = ins["a"] + np.float32(1)
+        np.testing.assert_array_equal(arrays["y"], y)
+        np.testing.assert_array_equal(arrays["z"], y + ins["b"])
+        np.testing.assert_array_equal(arrays["w"], np.where(ins["a"] > 0, ins["c"], 0))
+        np.testing.assert_array_equal(arrays["v"], ins["d"] + y)
 
 
 @needs_cxx

@@ -520,6 +520,9 @@ GRAM_TAILS = True
 # load of each thread in flight: 2,048 threads an SM, 8 KB, some 1 MB on the GPU, under the
 # H200's bandwidth times its latency
 IN_FLIGHT = 4
+# a value a thread stores and reads back at the same index (no store between that may write
+# it) is read from a local (``_Kernel.forwarded``); off: from the memory
+FORWARD = True
 # (of at most this many stores: PPO's step of nine stores a point took 168 registers a
 # thread so, 48 without; ptxas, sm_90)
 IN_FLIGHT_STORES = 2
@@ -769,6 +772,11 @@ class _Kernel:
         self.one_block = False  # (a step run by one block, the last of a reduction's)
         self.groups_of = None  # (the number of the reduction whose groups' copies are combined)
         self.hoisted: dict = {}  # a load -> the local it was read into (column_loop)
+        # the values a thread stored that it may read back from a local (``forwarded``):
+        # (buffer, index) -> (local, the locals the index reads); None: off
+        self.fwd: dict | None = None
+        self.fwd_scopes: list[list] = []  # the entries each open C block made
+        self.fwd_locals: list[tuple[str, str]] = []  # (local, C type) to declare
         self.block_sums_made = 0  # (the sums of runs on one thread the block takes: block_sums)
         self.gram_sums: list = []  # (the bundles of a gram and its column sums: _gram_sums)
         self.epilogues: list = []  # (the bundles of a rows product and its epilogue)
@@ -2642,9 +2650,60 @@ class _Kernel:
         for lv, dt in _lets(s.body).items():
             if lv not in own:
                 self.emit(depth + 1, f"{CTYPE[dt]} {name(lv)};")
+        outer = self.hoisted
+        if FORWARD and sum(1 for _ in itertools.takewhile(_assignment, body)) > 1:
+            # a point's loads of what it does not write, read before its first statement:
+            # else a statement's loads waited for the store before them (which might
+            # write the same memory, for all the compiler knows), a round trip each
+            self.hoisted = dict(outer)
+            for ld in _point_loads(body, _written(body), set(self.k.shared)):
+                if ld not in self.hoisted:
+                    h = f"tl_h{len(self.hoisted)}"
+                    self.emit(depth + 1, f"const {CTYPE[ld.dtype]} {h} = {self.expr(ld)};")
+                    self.hoisted[ld] = h
         skip = self.label()
-        self.stmts(body, depth + 1, skip)
+        self.forwarded(body, depth + 1, skip)
         self.end(depth + 1, skip)
+        self.hoisted = outer
+
+    def forwarded(self, body, depth: int, skip: str):
+        """``body``'s statements on one thread, a value it stores and reads back at the same
+        index read from a local (``FORWARD``): its locals declared before the first
+        statement (a failure's jump past an initialization would not compile). The compiler
+        may not do it itself: a store to another buffer between the two may write the same
+        memory, for all it knows; the kernel knows which buffers may (``Kernel.shared``),
+        and a thread's chain of store, load, store... waited a round trip to the memory at
+        each load (PPO's rows of a statement's ops one after another, Adam's moments and
+        its update)."""
+        if not FORWARD or self.fwd is not None:
+            self.stmts(body, depth, skip)
+            return
+        at = len(self.lines)
+        self.fwd, self.fwd_scopes, self.fwd_locals = {}, [[]], []
+        try:
+            self.stmts(body, depth, skip)
+        finally:
+            decls = [f"{'  ' * depth}{t} {v};" for v, t in self.fwd_locals]
+            self.lines[at:at] = decls
+            self.fwd, self.fwd_scopes, self.fwd_locals = None, [], []
+
+    def fwd_drop(self, keep) -> None:
+        """Forget the forwarded values for which ``keep(buffer, refs)`` is false (``refs``:
+        the locals the index reads)."""
+        if self.fwd:
+            self.fwd = {k: v for k, v in self.fwd.items() if keep(k[0], v[1])}
+
+    def fwd_written(self, written: set[str]) -> None:
+        """Forget what may no longer hold: the values of buffers in ``written``, and those
+        whose index reads one (of every buffer that may be another's memory where one of
+        those is)."""
+        shared = set(self.k.shared)
+        if written & shared:
+            written = written | shared
+        if self.fwd:
+            self.fwd = {
+                k: v for k, v in self.fwd.items() if k[0] not in written and not v[2] & written
+            }
 
     def column_loop(self, s: For, col: For, depth: int, first: str, step: str, mine, own):
         """A nest of two parallel loops (rows ``s``, columns ``col``) over the grid where its
@@ -2788,32 +2847,53 @@ class _Kernel:
     def stmt(self, s, depth: int, skip: str):
         if isinstance(s, Let):
             self.emit(depth, f"{name(s.name)} = {self.expr(s.value)};")
+            self.fwd_drop(lambda b, refs: s.name not in refs)
         elif isinstance(s, Store):
             val = self.expr(s.value)
             if self.bufs[s.buf] == "bool":
                 val = f"(unsigned char)({val})"
-            self.emit(depth, f"{buf(s.buf)}[{self.expr(s.index)}] = {val};")
+            where = self.expr(s.index)
+            # (not a thread's own array: the compiler sees it written, and every read of
+            # it forwarded would leave it set and never used, which nvcc warns of)
+            if self.fwd is None or s.buf in self.local_temps:
+                self.emit(depth, f"{buf(s.buf)}[{where}] = {val};")
+                return
+            self.fwd_written({s.buf})
+            local = f"tl_f{len(self.fwd_locals)}"
+            self.fwd_locals.append((local, MTYPE[self.bufs[s.buf]]))
+            self.emit(depth, f"{local} = {val};")
+            self.emit(depth, f"{buf(s.buf)}[{where}] = {local};")
+            key = (s.buf, s.index)
+            loads = frozenset(x.buf for x in kir.subexprs(s.index) if isinstance(x, Load))
+            self.fwd[key] = (local, frozenset(_refs_of(s.index)), loads)
+            self.fwd_scopes[-1].append(key)
         elif isinstance(s, For):
             v = name(s.var)
             self.emit(
                 depth,
                 f"for (long long {v} = {self.expr(s.lo)}; {v} < {self.expr(s.hi)}; {v}++) {{",
             )
-            self.stmts(s.body, depth + 1, skip)
+            # (an iteration's statements before a store see what the iteration before stored)
+            self.fwd_written(_written(s.body))
+            changed = set(_lets(s.body)) | {s.var}
+            self.fwd_drop(lambda b, refs: not (refs & changed))
+            self.scoped(s.body, depth + 1, skip)
             self.emit(depth, "}")
         elif isinstance(s, If):
             self.emit(depth, f"if ({self.expr(s.cond)}) {{")
-            self.stmts(s.then, depth + 1, skip)
+            self.scoped(s.then, depth + 1, skip)
             if s.orelse:
                 self.emit(depth, "} else {")
-                self.stmts(s.orelse, depth + 1, skip)
+                self.scoped(s.orelse, depth + 1, skip)
             self.emit(depth, "}")
         elif isinstance(s, Fail):
             self.jumps.add(skip)
             self.emit(depth, f"{{ tl_fail = {int(s.code)}; goto {skip}; }}")
         elif isinstance(s, Gemm):  # a gemm inside a loop of thread 0 (a product per point)
+            self.fwd_drop(lambda b, refs: False)
             self.gemm(s, depth, "0", "1")
         elif isinstance(s, Permute):
+            self.fwd_drop(lambda b, refs: False)
             self.emit(
                 depth,
                 f"tl_rng_permutation({s.seed}, {s.site}, {self.expr(s.p)}, {s.n}LL, "
@@ -2821,6 +2901,21 @@ class _Kernel:
             )
         else:  # pragma: no cover - _check_supported refused it
             raise Unsupported(f"a {type(s).__name__} statement")
+
+    def scoped(self, body, depth: int, skip: str):
+        """``body`` in a C block of its own: the values it stores are read back from their
+        locals inside it only (what it may store is forgotten after it too)."""
+        if self.fwd is None:
+            self.stmts(body, depth, skip)
+            return
+        self.fwd_scopes.append([])
+        self.stmts(body, depth, skip)
+        made = self.fwd_scopes.pop()
+        for key in made:
+            self.fwd.pop(key, None)
+        self.fwd_written(_written(body))
+        changed = set(_lets(body))
+        self.fwd_drop(lambda b, refs: not (refs & changed))
 
     # ------------------------------------------------------------------ expressions
     def expr(self, e) -> str:
@@ -2831,6 +2926,9 @@ class _Kernel:
         if isinstance(e, Load):
             if e in self.hoisted:  # (read once, before the loop: column_loop)
                 return self.hoisted[e]
+            got = self.fwd.get((e.buf, e.index)) if self.fwd else None
+            if got is not None and e.dtype == self.bufs.get(e.buf):  # (stored: forwarded)
+                return f"({got[0]} != 0)" if e.dtype == "bool" else got[0]
             x = f"{buf(e.buf)}[{self.expr(e.index)}]"
             return f"({x} != 0)" if e.dtype == "bool" else x
         if isinstance(e, Cast):
@@ -3891,6 +3989,24 @@ def _column_loads(body, var: str, params: set, written: set, shared: set) -> lis
     ``var`` and ``params`` and no memory, of a buffer not in ``written`` (nor sharing memory
     with one: ``shared``), not bool: the loads a thread whose ``var`` is fixed may read
     once (``_Kernel.column_loop``)."""
+    allowed = {var} | params
+    return _first_loads(body, lambda refs: refs <= allowed, written, shared)
+
+
+def _assignment(st) -> bool:
+    return isinstance(st, (Let, Store))
+
+
+def _point_loads(body, written: set, shared: set) -> list:
+    """The loads ``_column_loads`` would take, but whose index may read any local the
+    statements of ``body`` do not assign (the point's variables): the loads a point may
+    make before its first statement (``_Kernel.point``)."""
+    lets = set(_lets(body))
+    return _first_loads(body, lambda refs: not refs & lets, written, shared)
+
+
+def _first_loads(body, index_ok, written: set, shared: set) -> list:
+    """``_column_loads``'s loads, of an index whose locals ``index_ok`` takes."""
     out: list = []
 
     def visit(e):
@@ -3901,7 +4017,7 @@ def _column_loads(body, var: str, params: set, written: set, shared: set) -> lis
                 and e.buf not in shared
                 and e.dtype != "bool"
                 and not any(isinstance(x, (Load, Fn)) for x in idx)
-                and _refs_of(e.index) <= {var} | params
+                and index_ok(_refs_of(e.index))
             ):
                 if e not in out:
                     out.append(e)
