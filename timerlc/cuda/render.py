@@ -1785,7 +1785,7 @@ class _Kernel:
             for v, dt in mine.items():
                 if v not in loads:
                     self.emit(2, f"{CTYPE[dt]} {name(v)};")
-            self.stmts(body, 2, skip)
+            self.straight(body, 2, skip)
             self.serial_end(skip, stores, passed)
             self.emit(1, "}")
         elif kind == "parallel":
@@ -2650,20 +2650,25 @@ class _Kernel:
         for lv, dt in _lets(s.body).items():
             if lv not in own:
                 self.emit(depth + 1, f"{CTYPE[dt]} {name(lv)};")
+        skip = self.label()
+        self.straight(body, depth + 1, skip)
+        self.end(depth + 1, skip)
+
+    def straight(self, body, depth: int, skip: str):
+        """The statements ``body`` of one thread (a point's, a serial step's): the loads of
+        what they do not write before the first (``_point_loads``: else each statement's
+        loads waited for the store before them, which might write the same memory, for
+        all the compiler knows, a round trip each), a value stored and read back from a
+        local (``forwarded``)."""
         outer = self.hoisted
         if FORWARD and sum(1 for _ in itertools.takewhile(_assignment, body)) > 1:
-            # a point's loads of what it does not write, read before its first statement:
-            # else a statement's loads waited for the store before them (which might
-            # write the same memory, for all the compiler knows), a round trip each
             self.hoisted = dict(outer)
             for ld in _point_loads(body, _written(body), set(self.k.shared)):
                 if ld not in self.hoisted:
                     h = f"tl_h{len(self.hoisted)}"
-                    self.emit(depth + 1, f"const {CTYPE[ld.dtype]} {h} = {self.expr(ld)};")
+                    self.emit(depth, f"const {CTYPE[ld.dtype]} {h} = {self.expr(ld)};")
                     self.hoisted[ld] = h
-        skip = self.label()
-        self.forwarded(body, depth + 1, skip)
-        self.end(depth + 1, skip)
+        self.forwarded(body, depth, skip)
         self.hoisted = outer
 
     def forwarded(self, body, depth: int, skip: str):
