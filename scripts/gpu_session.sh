@@ -154,7 +154,9 @@ stage inflight 150 $PY scripts/cuda_sweep.py "${CHECK[@]}" --in-flight 1,4 --top
 # floats in 38.6 us) and Adam's update with the gradient's norm (f248_58: 26.8 us); and an
 # elementwise pass over 65,536 x 64 floats whose points now go four at a time (f481_33:
 # 16-23 us, 2026-11-28, at a third of the bandwidth)
-NCU_KERNELS=${NCU_KERNELS:-f530_35_1p|f530_35_1s|f530_35_1e|f530_35_0r|f530_35_0j|s142_0r|f146_22_0r|f0_121|f248_58|f481_33}
+# (a fused kernel's name is its first statement's and the count of kernels fused before it,
+# which moves when the fusion does: the count matched by any number)
+NCU_KERNELS=${NCU_KERNELS:-f530_[0-9]+_1p|f530_[0-9]+_1s|f530_[0-9]+_1e|f530_[0-9]+_0r|f530_[0-9]+_0j|s142_0r|f146_[0-9]+_0r|f0_[0-9]+|f248_[0-9]+|f481_[0-9]+}
 if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
   # (--launch-count is of all the launches the regex matches, in their order: 16 covers
   # each name's first launches, most of them in the first minibatch step; it was 3, which

@@ -1096,6 +1096,38 @@ def test_loops_over_one_range_that_meet_only_at_their_row_are_one_step():
     assert len(render._row_merged((a, d))[0]) == 2  # (another range)
 
 
+def test_loops_whose_accesses_start_at_one_offset_of_the_call_s_values_merge():
+    """Loops over one range whose accesses to a buffer start at one offset that is not a
+    constant but is the call's values' alone (a ring buffer's slot, ``mod(j, 2) * 128``:
+    Adam's moments of a weight, then its update) meet only at their row too
+    (``render._rows_local``): one loop; not where the offsets differ, nor where the offset
+    reads a local of the loops (each row its own) or the memory."""
+    from timerlc.cuda import render
+
+    r, e, j = kir.Ref("r"), kir.Ref("e"), kir.Ref("j")
+    slot = kir.mul(kir.Bin("mod", j, kir.i64(2), "i64"), 128)
+    at = kir.add(slot, kir.add(kir.mul(r, 2), e))
+
+    def writer(index):
+        inner = For("e", kir.i64(0), kir.i64(2), (Store("m", index, kir.Load("g", e, "f32")),))
+        return For("r", kir.i64(0), kir.i64(64), (inner,), True)
+
+    def reader(index, lets=()):
+        inner = For("e", kir.i64(0), kir.i64(2), (Store("p", e, kir.Load("m", index, "f32")),))
+        return For("r", kir.i64(0), kir.i64(64), (*lets, inner), True)
+
+    body, _ = render._row_merged((writer(at), reader(at)))
+    assert len(body) == 1
+    other = kir.add(kir.mul(kir.Bin("mod", j, kir.i64(3), "i64"), 128), kir.add(kir.mul(r, 2), e))
+    assert len(render._row_merged((writer(at), reader(other)))[0]) == 2
+    q = kir.Ref("q")
+    mine = kir.add(kir.mul(q, 128), kir.add(kir.mul(r, 2), e))
+    let = (kir.Let("q", "i64", kir.Load("k", r, "i64")),)
+    assert len(render._row_merged((writer(mine), reader(mine, let)))[0]) == 2
+    gathered = kir.add(kir.Load("k", kir.i64(0), "i64"), kir.add(kir.mul(r, 2), e))
+    assert len(render._row_merged((writer(gathered), reader(gathered)))[0]) == 2
+
+
 def test_a_wide_loop_over_many_rows_stays_out_of_the_merged_rows():
     """Of loops over one range that meet only at their row (``render._row_merged``), one
     over at least ``WIDE_ROWS`` rows whose elements a thread each can take, ``WIDE`` or

@@ -3764,22 +3764,34 @@ def _rows_local(loops: list) -> bool:
 
     for k, loop in enumerate(loops):
         visit(loop.body, k, {loop.var: "row"})
+    # (a buffer's accesses may all start at one offset that is not a constant, the same for
+    # every thread: of the call's values alone, as a ring buffer's slot, ``mod(j, 2) * 256``)
+    varying = set().union(*(_lets(loop.body) for loop in loops))
     for uses in accesses.values():
         if not any(w for _, _, _, w in uses) or len({k for k, _, _, _ in uses}) < 2:
             continue
-        stride = None
-        for k, index, ranges, _ in uses:
+        stride, base = None, None
+        for n, (k, index, ranges, _) in enumerate(uses):
             row = loops[k].var
             names = set(ranges)
             aff = _affine(index, names)
-            if aff is None or not isinstance(aff[0], Const):
+            if aff is None:
                 return False
+            rest = None if isinstance(aff[0], Const) else aff[0]
+            if rest is not None and (
+                any(isinstance(x, (Load, kir.Fn)) for x in kir.subexprs(rest))
+                or _refs_of(rest) & varying
+            ):
+                return False
+            if n and rest != base:
+                return False
+            base = rest
             coef = aff[1]
             c = coef.get(row, 0)
             if c <= 0 or stride not in (None, c):
                 return False
             stride = c
-            lo = hi = int(aff[0].value)
+            lo = hi = int(aff[0].value) if rest is None else 0
             for v, a in coef.items():
                 if v == row:
                     continue
