@@ -17,8 +17,16 @@ NumPy's product of the operands rounded to TF32; then the joint function of PPO'
 ``dz @ W^T`` and ``h^T @ dz`` (``products.joint_tf32_lines``: one pass over their rows)
 against our two TF32 functions apart.
 
+With ``--tilings TMxTN,...`` it measures instead our float32 rows products (the rows
+shapes above, plain and with ``tanh`` as their epilogue) with each thread's tile of C forced
+to TM rows by TN columns (``products._rows_tiling``: TN must divide the product's columns
+and the block's tile of A fit its shared memory, else that shape keeps its own tiling, as
+the line says): on the H200 these ran at a quarter of the memory's bandwidth (twentieth
+session), their inner loop 12 loads of shared memory for 32 FMAs at the 4 x 8 tiles.
+
   python scripts/cuda_skinny.py                       # on the GPU
   python scripts/cuda_skinny.py --emu --rows 200      # cuda-emu: the kernels' values only
+  python scripts/cuda_skinny.py --tilings 4x8,8x8,2x8,4x4,8x4,1x8
 """
 
 from __future__ import annotations
@@ -280,6 +288,110 @@ def measure(device, tf32, module, i: int, s, label: str, args, rng) -> tuple[flo
     return err, err_t
 
 
+def forced_tiling(tm: int, tn: int):
+    """``products._rows_tiling`` with a thread's tile ``tm x tn`` where the shape allows it
+    (else the shape's own), and whether it does (for the shape's ``n, k``)."""
+    from timerlc.cuda import products
+
+    own = products._rows_tiling
+
+    def fits(n: int, k: int) -> bool:
+        if n % tn:
+            return False
+        ct = n // tn
+        bm = max(1, products.MAX_THREADS // ct) * tm
+        bmp = bm + (1 - bm) % 32
+        return k * n + k * bmp <= products.SMEM_FLOATS
+
+    def tiling(n: int, k: int):
+        if not fits(n, k):
+            return own(n, k)
+        ct = n // tn
+        bm = max(1, products.MAX_THREADS // ct) * tm
+        return tm, tn, ct, bm, bm + (1 - bm) % 32
+
+    return tiling, fits
+
+
+def sweep_tilings(device, args, rng) -> float:
+    """``--tilings``: each rows shape's product of ours with each forced tiling, timed and
+    checked (plain, and with ``TANH``); the largest error."""
+    from timerlc.cuda import products, render
+    from timerlc.runtime.cuda import THREADS
+
+    own = products._rows_tiling
+    rows_shapes = [
+        (i, s, label)
+        for i, (s, (label, *_)) in enumerate(zip(gemms(args.rows), SHAPES))
+        if products.launches(s.m, s.n, s.k, s.ta, s.tb) == ("rows",)
+    ]
+    print(
+        f"| rows product ({args.rows} rows) | tile TM x TN | ours us | with bias and tanh us | error |"
+    )
+    print("|---|---|---|---|---|")
+    worst = 0.0
+    for text in args.tilings.split(","):
+        tm, tn = (int(x) for x in text.lower().split("x"))
+        tiling, fits = forced_tiling(tm, tn)
+        products._rows_tiling = tiling
+        try:
+            parts = [render.head()]
+            for i, s, _ in rows_shapes:
+                fns = products.standalone(s, f"s{i}") + products.standalone(
+                    s, f"s{i}x", epilogue=TANH
+                )
+                parts += [t for _, t in fns]
+            module = device.load("\n".join(parts))
+            for i, s, label in rows_shapes:
+                a = rng.standard_normal((s.m, s.k)).astype(np.float32)
+                b = (rng.standard_normal((s.n, s.k) if s.tb else (s.k, s.n)) * 0.1).astype(
+                    np.float32
+                )
+                bias = (rng.standard_normal(s.n) * 0.1).astype(np.float32)
+                want = a.astype(np.float64) @ (b.T if s.tb else b).astype(np.float64)
+                ptrs = [
+                    device.alloc(a.nbytes),
+                    device.alloc(b.nbytes),
+                    device.alloc(s.m * s.n * 4),
+                ]
+                ptrs.append(device.alloc(max(bias.nbytes, 8)))
+                for p, x in zip(ptrs, (a, b, None, bias)):
+                    if x is not None:
+                        device.upload(p, x)
+                table = device.alloc(8 * 4)
+                device.upload(table, np.array(ptrs, np.uint64))
+                scratch, values = device.alloc(8), np.zeros(1, np.int64)
+                grid = -(-products.rows_threads(s.m, s.n, s.k) // THREADS)
+
+                def run(fn, grid=grid, table=table, scratch=scratch, values=values):
+                    return lambda: device.launch(
+                        fn, table, values, scratch, min(grid, device.grid_limit(fn))
+                    )
+
+                err = 0.0
+                for x, w in (("", want), ("x", np.tanh(want + bias.astype(np.float64)))):
+                    device.upload(ptrs[2], np.full(s.m * s.n, np.nan, np.float32))
+                    run(device.function(module, f"s{i}{x}r"))()
+                    got = np.empty(s.m * s.n, np.float32)
+                    device.download(ptrs[2], got)
+                    err = max(err, _error(got.reshape(s.m, s.n), w))
+                worst = max(worst, err)
+                tile = (
+                    f"{tm} x {tn}"
+                    if fits(s.n, s.k)
+                    else "its own: {} x {}".format(*own(s.n, s.k)[:2])
+                )
+                if args.emu:
+                    print(f"| {label} | {tile} | - | - | {err:.2e} |", flush=True)
+                    continue
+                plain = _timed(run(device.function(module, f"s{i}r")), device, args)
+                tanh = _timed(run(device.function(module, f"s{i}xr")), device, args)
+                print(f"| {label} | {tile} | {plain:.1f} | {tanh:.1f} | {err:.2e} |", flush=True)
+        finally:
+            products._rows_tiling = own
+    return worst
+
+
 def _error(got, want) -> float:
     """The largest difference of ``got`` from ``want``, relative to want's largest value (at
     least 1)."""
@@ -303,6 +415,11 @@ def main() -> int:
     ap.add_argument("--emu", action="store_true", help="the emulated device (values only)")
     ap.add_argument("--rows", type=int, default=65536, help="rows (default PPO's 65,536)")
     ap.add_argument("--repeats", type=int, default=20, help="timed calls of each (median)")
+    ap.add_argument(
+        "--tilings",
+        default="",
+        help="comma-separated TMxTN: our rows products with each thread's tile forced (only)",
+    )
     args = ap.parse_args()
     from cuda_gpu_check import open_device
 
@@ -311,9 +428,13 @@ def main() -> int:
     device = open_device(args.emu, "cuda_skinny")
     if device is None:
         return 2
+    rng = np.random.default_rng(0)
+    if args.tilings:
+        worst = sweep_tilings(device, args, rng)
+        print(f"largest error / largest value over all: {worst:.2e}")
+        return 0 if worst < 1e-4 else 1
     tf32 = None if args.emu else device_for("cuda", matmul="tensorfloat32")
     module = device.load(module_text(args.rows))
-    rng = np.random.default_rng(0)
     print(
         f"| product ({args.rows} rows) | cuBLAS f32 us | cuBLAS TF32 us | ours us | "
         "ours with B's column sums (gram) or bias and tanh (rows) us | error | ours TF32 us "

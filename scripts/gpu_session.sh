@@ -13,7 +13,7 @@
 # processes); scripts/cuda_overheads.py (the host's costs, the graphs' device time);
 # "kernels": PPO's and REINFORCE's device time by function and product shape
 # (cuda_overheads.py --kernels); "inflight" (not by default): cuda_sweep.py's
-# --in-flight 1,4; "skinny": scripts/cuda_skinny.py (PPO's products by cuBLAS
+# --in-flight 1,4; "tilings" (not by default): cuda_skinny.py --tilings; "skinny": scripts/cuda_skinny.py (PPO's products by cuBLAS
 # and by our kernels, cuda/products.py, apart from the program); scripts/bench.py at 2048x128 against jax on the GPU.
 # "profile" (not by default): PPO at 2048 environments with --profile (each statement
 # launched alone). "products" (not by default): scripts/cuda_sweep.py over PPO 2048 with
@@ -124,6 +124,9 @@ stage kernels-tf32 60 $PY scripts/cuda_overheads.py "${CHECK[@]}" --kernels --to
   --matmul-precision tensorfloat32 --set B=2048 --set T=128 --set total_steps=1572864
 # PPO's skinny products: cuBLAS (float32, TF32) against ours (cuda/products.py)
 stage skinny 40 $PY scripts/cuda_skinny.py "${CHECK[@]}"
+# (not by default: our float32 rows products with each thread's tile of C forced, TM x TN;
+# the default is 4 x 8 for PPO's 64-wide layers, at a quarter of the bandwidth on the H200)
+stage tilings 60 $PY scripts/cuda_skinny.py "${CHECK[@]}" --tilings 4x8,2x8,1x8,4x4,8x4,2x4,4x2
 # PPO 2048's minibatch step with cuBLAS's products only (no gram sums, no epilogues), then
 # with ours where faster, the bias gradients on the grams or not, the layers' epilogues in
 # the rows products or not (a build and a run each)

@@ -319,6 +319,19 @@ def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_product
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("| - | - | - | - |") == len(skinny.SHAPES)
     assert "| joint: dz @ W^T with (1 - h^2), h^T @ dz with sums | - | - | - |" in r.stdout
+    # --tilings: each rows product with each thread's tile forced where it fits (8 x 8 does
+    # not for a 64 x 64 weight: its own tiling), NumPy's values
+    r = subprocess.run(
+        [sys.executable, str(script), "--emu", "--rows", "130", "--tilings", "2x4,8x8"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "| x @ W (64 x 64) | 2 x 4 | - | - |" in r.stdout
+    assert "| x @ W (64 x 64) | its own: 4 x 8 | - | - |" in r.stdout
+    assert "| x @ W (4 x 64) | 8 x 8 | - | - |" in r.stdout
 
 
 def test_the_resources_script_reads_ptxas_and_counts_an_sm_s_blocks():
