@@ -295,22 +295,18 @@ def forced_tiling(tm: int, tn: int):
 
     own = products._rows_tiling
 
-    def fits(n: int, k: int) -> bool:
+    def forced(n: int, k: int):  # (the forced tiling, or None where it does not fit)
         if n % tn:
-            return False
+            return None
         ct = n // tn
         bm = max(1, products.MAX_THREADS // ct) * tm
         bmp = bm + (1 - bm) % 32
-        return k * n + k * bmp <= products.SMEM_FLOATS
+        return (tm, tn, ct, bm, bmp) if k * n + k * bmp <= products.SMEM_FLOATS else None
 
     def tiling(n: int, k: int):
-        if not fits(n, k):
-            return own(n, k)
-        ct = n // tn
-        bm = max(1, products.MAX_THREADS // ct) * tm
-        return tm, tn, ct, bm, bm + (1 - bm) % 32
+        return forced(n, k) or own(n, k)
 
-    return tiling, fits
+    return tiling, lambda n, k: forced(n, k) is not None
 
 
 def sweep_tilings(device, args, rng) -> float:
@@ -326,7 +322,8 @@ def sweep_tilings(device, args, rng) -> float:
         if products.launches(s.m, s.n, s.k, s.ta, s.tb) == ("rows",)
     ]
     print(
-        f"| rows product ({args.rows} rows) | tile TM x TN | ours us | with bias and tanh us | error |"
+        f"| rows product ({args.rows} rows) | tile TM x TN | ours us "
+        "| with bias and tanh us | error |"
     )
     print("|---|---|---|---|---|")
     worst = 0.0

@@ -520,12 +520,13 @@ GRAM_TAILS = True
 # load of each thread in flight: 2,048 threads an SM, 8 KB, some 1 MB on the GPU, under the
 # H200's bandwidth times its latency
 IN_FLIGHT = 4
-# a value a thread stores and reads back at the same index (no store between that may write
-# it) is read from a local (``_Kernel.forwarded``); off: from the memory
-FORWARD = True
 # (of at most this many stores: PPO's step of nine stores a point took 168 registers a
 # thread so, 48 without; ptxas, sm_90)
 IN_FLIGHT_STORES = 2
+# a thread's statements read what they do not write before the first, and a value stored
+# and read back at the same index (no store between that may write it) from a local
+# (``_Kernel.straight``, ``_Kernel.forwarded``); off: each load where it was
+FORWARD = True
 _SIZE = {"bool": 1, "i32": 4, "i64": 8, "f32": 4, "f64": 8}
 
 
@@ -2661,15 +2662,19 @@ class _Kernel:
         all the compiler knows, a round trip each), a value stored and read back from a
         local (``forwarded``)."""
         outer = self.hoisted
+        self.hoisted = dict(outer)
         if FORWARD and sum(1 for _ in itertools.takewhile(_assignment, body)) > 1:
-            self.hoisted = dict(outer)
-            for ld in _point_loads(body, _written(body), set(self.k.shared)):
-                if ld not in self.hoisted:
-                    h = f"tl_h{len(self.hoisted)}"
-                    self.emit(depth, f"const {CTYPE[ld.dtype]} {h} = {self.expr(ld)};")
-                    self.hoisted[ld] = h
+            self.hoist(_point_loads(body, _written(body), set(self.k.shared)), depth)
         self.forwarded(body, depth, skip)
         self.hoisted = outer
+
+    def hoist(self, loads, depth: int):
+        """Each of ``loads`` not yet read into a local read into one (``self.hoisted``)."""
+        for ld in loads:
+            if ld not in self.hoisted:
+                h = f"tl_h{len(self.hoisted)}"
+                self.emit(depth, f"const {CTYPE[ld.dtype]} {h} = {self.expr(ld)};")
+                self.hoisted[ld] = h
 
     def forwarded(self, body, depth: int, skip: str):
         """``body``'s statements on one thread, a value it stores and reads back at the same
@@ -2733,11 +2738,7 @@ class _Kernel:
             loads = _column_loads(col.body, col.var, params, written, set(self.k.shared))
         outer = self.hoisted
         self.hoisted = dict(outer)
-        for ld in loads:
-            if ld not in self.hoisted:
-                h = f"tl_h{len(self.hoisted)}"
-                self.emit(depth, f"const {CTYPE[ld.dtype]} {h} = {self.expr(ld)};")
-                self.hoisted[ld] = h
+        self.hoist(loads, depth)
         v, lo = name(s.var), self.expr(s.lo)
         if self.batchable(col.body, mine):
             self.emit(depth, f"const long long tl_rs = ({step}) / {w}LL;")
@@ -2776,6 +2777,9 @@ class _Kernel:
         points one after another do; the pass's points past the loop's end are skipped."""
         v, n = name(var), IN_FLIGHT
         self.emit(depth, f"for (long long tl_b = {first}; tl_b < ({hi}); tl_b += {n}LL * {rs}) {{")
+        # (each point of the pass: its value, and the test that it lies before the end)
+        ats = ["tl_b"] + [f"tl_b + {u}LL * {rs}" for u in range(1, n)]
+        conds = [""] + [f"if ({at} < ({hi})) " for at in ats[1:]]
         for i, st in enumerate(body):
             mt = MTYPE[self.bufs[st.buf]]
             val = self.expr(st.value)
@@ -2784,20 +2788,15 @@ class _Kernel:
             where = self.expr(st.index)
             xs = [f"tl_x{i}_{u}" for u in range(n)]
             self.emit(depth + 1, f"{mt} {', '.join(x + ' = 0' for x in xs)};")
-            for u in range(n):
-                at = "tl_b" if u == 0 else f"tl_b + {u}LL * {rs}"
-                cond = "" if u == 0 else f"if ({at} < ({hi})) "
+            for x, at, cond in zip(xs, ats, conds):
                 self.emit(
-                    depth + 1,
-                    f"{cond}{{ const long long {v} = {at}; (void){v}; {xs[u]} = {val}; }}",
+                    depth + 1, f"{cond}{{ const long long {v} = {at}; (void){v}; {x} = {val}; }}"
                 )
-            for u in range(n):
-                at = "tl_b" if u == 0 else f"tl_b + {u}LL * {rs}"
-                cond = "" if u == 0 else f"if ({at} < ({hi})) "
+            for x, at, cond in zip(xs, ats, conds):
                 self.emit(
                     depth + 1,
                     f"{cond}{{ const long long {v} = {at}; (void){v}; "
-                    f"{buf(st.buf)}[{where}] = {xs[u]}; }}",
+                    f"{buf(st.buf)}[{where}] = {x}; }}",
                 )
         self.emit(depth, "}")
 
