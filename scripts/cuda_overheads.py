@@ -359,11 +359,25 @@ def main() -> int:
         help="only the program without graphs, each launch and product timed (where the "
         "device's time goes)",
     )
+    ap.add_argument(
+        "--launches",
+        action="store_true",
+        help="only count the launches an iteration makes, on a device that runs nothing "
+        "(no GPU needed; products of ours counted as their functions, no graphs)",
+    )
     from cuda_gpu_check import add_matmul_precision, open_device
 
     add_matmul_precision(ap)
     args = ap.parse_args()
 
+    if args.launches:
+        sets = dict(s.split("=", 1) for s in args.set)
+        r = program(_idle(), args.program, sets, False, False, True)
+        print(
+            f"{args.program}: {r['launches/iter']:.2f} launches an iteration "
+            f"({r['iterations']} iterations counted)"
+        )
+        return 0
     device = open_device(args.emu, "cuda_overheads", args.matmul_precision)
     if device is None:
         return 2

@@ -868,8 +868,8 @@ def test_a_plan_s_joint_functions_are_data():
 def test_ppo_s_two_layer_gradients_and_their_weights_have_joint_functions(steps):
     """PPO 2048's minibatch step: each of the two networks' second layers' ``dz @ W^T``
     has a joint function with its weight's gradient ``h^T @ dz`` (the gram whose B is its
-    A), also where the kernel made the weights' gradients in another order, the gram after
-    two others (at 524,288 steps: moved next to the rows product, ``_partners_next``)."""
+    A), also where the kernel made the weights' gradients in another order (moved next to
+    each other, ``_partners_next``; the gram may come first: the first carries it)."""
     path = ROOT / "programs" / "ppo.rtl"
     sets = {"B": "2048", "T": "128", "total_steps": str(steps)}
     gen = generate(compile_plan(run_passes(graph_of(path.read_text(), **sets))), "cuda")
@@ -883,24 +883,26 @@ def test_ppo_s_two_layer_gradients_and_their_weights_have_joint_functions(steps)
                 g for g in calls if g.k == r.m and (g.b.at, g.b.offset) == (r.a.at, r.a.offset)
             ]
             assert len(partners) <= 1
-            if partners:
+            if partners:  # (the first of the two carries the joint, the other next)
                 pairs += 1
-                at = phases.index(r)
-                assert r.joint and phases[at + 1] is partners[0], (r, phases)
+                first, second = sorted((r, partners[0]), key=phases.index)
+                at = phases.index(first)
+                assert first.joint and phases[at + 1] is second, (r, phases)
     assert pairs == 2
 
 
 @needs_cxx
 @pytest.mark.parametrize("policy", ["ours", "blas"])
 def test_a_bias_gradient_s_cast_runs_in_its_gram_s_last_block(policy, monkeypatch):
-    """REINFORCE at 16 x 500: the first layer's bias gradient rides on its weight's gram
+    """REINFORCE at 16 x 500 (I = 3: at I = 2 only the first iteration has a gradient, its
+    products no fused kernel), the first layer's bias gradient rides on its weight's gram
     (``_gram_sums``), and the float32 cast and copy of its float64 sums run in the last
     block of the gram's sum of copies (ours) or of the reduction after the BLAS's product
     (its ``then``), not as a step of the kernel's (``_sums_tail``; ``render.GRAM_TAILS``
     off: as before); the values are the cpu's either way."""
     monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
     path = ROOT / "programs" / "reinforce.rtl"
-    plan = compile_plan(run_passes(graph_of(path.read_text(), I=2, B=16, T=500)))
+    plan = compile_plan(run_passes(graph_of(path.read_text(), I=3, B=16, T=500)))
 
     def run():
         gen = generate(plan, "cuda")
@@ -916,6 +918,12 @@ def test_a_bias_gradient_s_cast_runs_in_its_gram_s_last_block(policy, monkeypatc
         if isinstance(f, items.GemmCall) and f.then and f.own[-1][0].endswith("s")
     ]
     assert len(tails) == 1
+    (gram,) = [
+        f
+        for _, phases in gen.plan.kernels.fused_launches
+        for f in phases
+        if isinstance(f, items.GemmCall) and f.own[-1][0] == tails[0]
+    ]
     text = gen.text.split(f"void {tails[0]}(void")[1].split('extern "C" __global__')[0]
     assert "tl_last = atomicAdd(tl_count(err)" in text
     cg = generate(plan, "cpu")
@@ -923,5 +931,17 @@ def test_a_bias_gradient_s_cast_runs_in_its_gram_s_last_block(policy, monkeypatc
     ref.run()
     same_outputs(rt, ref, [o for o, _, _ in plan.outputs] + [m for m, _, _ in plan.metrics])
     monkeypatch.setattr(render, "GRAM_TAILS", False)  # (the cast a step of the kernel's)
-    apart = generate(plan, "cuda").text.split(f"void {tails[0]}(void")[1]
-    assert "tl_last" not in apart.split('extern "C" __global__')[0]
+    off = generate(plan, "cuda")
+    phases = [f for _, ph in off.plan.kernels.fused_launches for f in ph]
+    phases += [f for _, ph in off.plan.kernels.launches for f in ph]
+    names = {  # (the same gram's sum of copies: the kernels' names may differ)
+        f.own[-1][0]
+        for f in phases
+        if isinstance(f, items.GemmCall)
+        and f.own[-1][0].endswith("s")
+        and (f.m, f.n, f.k) == (gram.m, gram.n, gram.k)
+    }
+    assert names
+    for name in names:
+        apart = off.text.split(f"void {name}(void")[1]
+        assert "tl_last" not in apart.split('extern "C" __global__')[0]

@@ -1189,7 +1189,8 @@ def test_a_crafted_plan_s_calls_of_left_out_or_missing_functions(tmp_path):
     assert r.exit_code == 0, r.stderr
     plan = json.loads(json.dumps(good))
     renamed = 0
-    for _, phases, *_ in plan["kernels"]["launches"]:
+    every = plan["kernels"]["launches"] + plan["kernels"]["fused_launches"]
+    for _, phases, *_ in every:  # (a product's own function: called by a fused kernel)
         for f in phases:
             if isinstance(f, dict) and f["gemm"].get("own"):
                 f["gemm"]["own"][0][0] = "zz_nowhere"

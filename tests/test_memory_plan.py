@@ -137,7 +137,9 @@ def test_reinforce_plan_windows_frees_and_donations():
     shapes = {b.outputs[0].shape for b in plan.buffers if b.name == "net.w1"}
     grads = [b for b in plan.buffers if b.dims == ("i",) and b.outputs[0].shape in shapes]
     assert len(grads) >= 4
-    assert all(b.window is not None and b.window.size <= 2 for b in grads)
+    # (two iterations at most: a window, or a block of two where the domain has two points,
+    # Adam's new values at I = 3: the last update's, which no one reads, not computed)
+    assert all(b.extents[0] <= 2 for b in grads), [(b.name, b.window, b.box) for b in grads]
     assert storage(plan, "net.w1") == one  # read only in its own iteration
     # (what used to be computed for all i ahead of the loop, and donated, now runs inside
     # it, one iteration at a time: the schedule joins such producers to their loop)

@@ -283,6 +283,33 @@ def test_narrow_keeps_the_points_a_recurrence_needs():
     same_outputs(g, s)
 
 
+def test_narrow_leaves_out_the_last_points_no_one_reads_and_the_merge_they_made():
+    """The last update's gradient: a tensor read at all its points but its last (bounds
+    alone) is computed there only; its merge, left one equation over all its points, passes
+    it on and is bypassed (``simplify`` after the narrowing): no zeros at the last point,
+    no copy of the others."""
+    g = checked(
+        """
+        config N = 5
+        dim j < N
+        g[N-1] = 0.0
+        g[j] = cos(f32(j))
+        w[0] = 1.0
+        w[j] = w[j-1] - 0.1 * g[j-1]
+        out w
+        """
+    )
+    before = simplify(g)
+    s = narrow(before)
+    assert _domain_size(_node(before, "cos")) == 4 and _domain_size(_node(s, "cos")) == 4
+
+    def merges(graph):  # (the merges over j: g's and w's)
+        return [n for n in graph.nodes if n.op == "merge" and n.dims == ("j",)]
+
+    assert len(merges(before)) == 2 and len(merges(s)) == 1  # (w's only)
+    same_outputs(g, s)
+
+
 def test_narrow_drops_a_merge_branch_that_holds_at_no_point_left():
     """``x[0]``'s equation holds at no point that is read (only ``x[2]`` and ``x[4]``): the
     merge loses that branch, and what only it read is dead."""

@@ -722,12 +722,16 @@ def functions(k: kir.Kernel, blas: bool = True) -> int:
     aside); one more than its statements' where it renders none (``Unsupported``: they are
     launched one by one then)."""
     try:
-        # (counted as if each product's epilogue were a loop of its own, and a gram with
-        # its column sums made by ours alone; an epilogue's loop may join
-        # others: the fused kernels chosen by this count are those of loops joined, where a
-        # product with its epilogue joins nothing and fusion around it stalled, PPO at
-        # B=4 T=16 making 5 launches a minibatch step more; the epilogues go into the
-        # products after: ``_rows_epilogues``)
+        # (counted as if each product's epilogue were a loop of its own: an epilogue's
+        # loop may join others, and the fused kernels chosen by this count are those of
+        # loops joined, where a product with its epilogue joins nothing and fusion around
+        # it stalled, PPO at B=4 T=16 making 5 launches a minibatch step more; the
+        # epilogues go into the products after: ``_rows_epilogues``. A gram with its B's
+        # column sums counts as the gram: ours makes the sums in the gram's functions, at
+        # no launch more, and the BLAS's path launches for them what their reduction would
+        # apart. Counted as ours alone, 2 functions where the BLAS's gram was 0, the sums
+        # were cheaper apart by this count, and the orders by level put them apart: PPO's
+        # 64 x 64 weight gradients lost their bias sums, a pass more over dy each)
         r = _Kernel(k, blas, choosing=False)
         _check_supported(r.k.body)
         steps = r._steps()
@@ -1151,7 +1155,7 @@ class _Kernel:
                 tail = tuple(
                     _Step("parallel", _pushed_in(under(guard, t)), form=(lits,)) for t in rest
                 )
-                call = self._gemm_call(gemm, guard) if self.choosing else None
+                call = self._gemm_call(gemm, guard)
                 after = self._sums_after(init, red, guard, lits) if call is not None else None
                 if after is None:  # (ours alone)
                     kinds = products.launches(gemm.m, gemm.n, gemm.k, gemm.ta, gemm.tb)
@@ -1294,11 +1298,12 @@ class _Kernel:
         """The statements at the start of ``items`` (``_guarded``'s, after a gram's column
         sums into ``acc``) that a gram with its sums makes in its last function's last
         block (``_gram_sums``): under the same guard, each a parallel loop of at most
-        ``s.n`` iterations that reads ``acc`` or what the ones before it wrote, nothing else
-        but the call's loop values, and writes what nothing ``before`` touches (the bias gradient's
-        float64 sums cast to float32 and copied into its buffer, a launch of their own
-        until the sixteenth session); none where the gram has one copy (no sum function:
-        no scratch memory, whose users the graphs run one at a time, for its ticket)."""
+        ``s.n`` iterations that reads ``acc`` or what the ones before it wrote, and else
+        only what nothing ``before`` writes, and writes what nothing ``before`` touches
+        (the bias gradient's float64 sums cast to float32 and copied into its buffer, a
+        launch of their own until the sixteenth session; a moving average of it, which
+        reads its last value); none where the gram has one copy (no sum function: no
+        scratch memory, whose users the graphs run one at a time, for its ticket)."""
         if not GRAM_TAILS or products.parts(s.k) < 2:
             return []
         tail: list = []
@@ -1316,7 +1321,11 @@ class _Kernel:
                 break
             written = _written([t])
             reads = _buffers([t]) - written
-            if not (reads and reads <= made and not written & _buffers(before)):
+            if not (
+                reads & made
+                and not (reads - made) & _written(before)
+                and not written & _buffers(before)
+            ):
                 break
             tail.append(t)
             made |= written
