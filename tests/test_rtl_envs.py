@@ -47,7 +47,7 @@ out o, r, d
 
 # resets every other iteration: the call order has pieces in i % 2 (isl's divs -> `//`)
 ALTERNATING = """
-config I = 5, B = 4, T = 30
+config I = 4, B = 4, T = 24
 dim i < I
 dim b < B
 dim t < T
