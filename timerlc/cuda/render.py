@@ -1299,11 +1299,12 @@ class _Kernel:
         sums into ``acc``) that a gram with its sums makes in its last function's last
         block (``_gram_sums``): under the same guard, each a parallel loop of at most
         ``s.n`` iterations that reads ``acc`` or what the ones before it wrote, and else
-        only what nothing ``before`` writes, and writes what nothing ``before`` touches
-        (the bias gradient's float64 sums cast to float32 and copied into its buffer, a
-        launch of their own until the sixteenth session; a moving average of it, which
-        reads its last value); none where the gram has one copy (no sum function: no
-        scratch memory, whose users the graphs run one at a time, for its ticket)."""
+        only what nothing ``before`` writes (nor memory a donor shares), and writes what
+        nothing ``before`` touches (the bias gradient's float64 sums cast to float32 and
+        copied into its buffer, a launch of their own until the sixteenth session; a
+        moving average of it, which reads its last value); none where the gram has one
+        copy (no sum function: no scratch memory, whose users the graphs run one at a
+        time, for its ticket)."""
         if not GRAM_TAILS or products.parts(s.k) < 2:
             return []
         tail: list = []
@@ -1323,7 +1324,7 @@ class _Kernel:
             reads = _buffers([t]) - written
             if not (
                 reads & made
-                and not (reads - made) & _written(before)
+                and not (reads - made) & (_written(before) | set(self.k.shared))
                 and not written & _buffers(before)
             ):
                 break
