@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
+import types
 from pathlib import Path
 
 import numpy as np
@@ -184,6 +186,11 @@ def test_ppo_s_rollout_is_one_kernel_computing_what_the_launches_compute():
     }
     rollout = next(r for r in rows if any("env_step" in ops[s] for s in r))
     assert len(rollout) == 5
+    # (the policy's activations, a row of 64 floats an environment: in the block's shared
+    # memory, _shared_temps)
+    assert re.search(
+        r"float \*m_t\d+ = \(float \*\)\(\(char \*\)tl_st\d+_v_t\d+ - tl_rb \* 256LL\);", gen.text
+    )
     rt, got = _run(gen, True)
     plain, want = _run(gen, False)
     assert [(m[0], m[1]) for m in got] == [(m[0], m[1]) for m in want]
@@ -193,6 +200,32 @@ def test_ppo_s_rollout_is_one_kernel_computing_what_the_launches_compute():
     # 17 iterations of the rollout's 11 launches and products, 3 times: one launch each
     saved = plain.launches + plain.blas_calls - rt.launches - rt.blas_calls
     assert saved >= 3 * 17 * 9
+
+
+def test_a_block_keeps_the_temporaries_whose_accesses_stay_in_their_row_in_shared_memory():
+    """``_shared_temps``: a temporary each of whose accesses is at byte ``C * row + f``,
+    ``f`` within the row's ``C`` bytes, is the block's rows in its shared memory; not one
+    an access reaches past its row with, nor one a run on one thread touches, nor past
+    ``TEMP_BYTES``, nor where the rows do not start at 0."""
+
+    def case(forms, per_block=2, rows=(0, 8)):
+        facts = loops._Facts("t", (), (0, 15), {})
+        facts.rows = rows
+        temp = kir.Temp("t1", "f32", 512, 128)
+        for form, ranges in forms:
+            facts.accesses.append(loops._Access(("s", 7, "t1"), form, 4, True, ranges, "w"))
+        rk = types.SimpleNamespace(k=types.SimpleNamespace(temps=(temp,)), in_shared={})
+        loops._shared_temps(facts, {7: rk}, per_block)
+        return rk.in_shared
+
+    row = ({"R": 64, "v1": 4, "": 512}, {"v1": (0, 15)})  # (16 floats a row)
+    assert case([row]) == {"t1": ("tl_st7_v_t1", 64, 128)}
+    assert case([row, ({"R": 64, "v2": 4, "": 516}, {"v2": (0, 15)})]) == {}  # (one past)
+    assert case([row, ({"R": 64, "v2": 4, "": 508}, {"v2": (0, 15)})]) == {}  # (one before)
+    assert case([row, ({"v1": 4, "?": 1, "": 512}, {"v1": (0, 15)})]) == {}  # (one thread)
+    assert case([row, ({"R": 32, "v1": 4, "": 512}, {"v1": (0, 7)})]) == {}  # (another C)
+    assert case([row], per_block=loops.TEMP_BYTES // 64 + 1) == {}
+    assert case([row], rows=(1, 8)) == {}
 
 
 def test_the_proof_is_on_the_kernels_indices():

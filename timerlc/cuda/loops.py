@@ -82,6 +82,9 @@ MAX_ITERATIONS = 1 << 20  # the most a loop's range is computed over
 # stage``: B operands the loop never writes, copied once a block; the rest of the 48 KB a
 # block may hold statically is the steps' own: a reduction's tree, a product's tiles)
 STAGE_BYTES = 20 * 1024
+# the bytes of shared memory a loop kernel keeps its statements' temporaries in, a block's
+# rows of each (``_shared_temps``; the rest are the device's scratch memory)
+TEMP_BYTES = 8 * 1024
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,7 @@ def render_loop(plan, around, loop, kernels, launches, recorded, fname) -> LoopK
     facts.check()
     rows = facts.rows[1] - facts.rows[0]
     per_block = max(1, THREADS // max(1, facts.widest))
+    _shared_temps(facts, rowk, per_block)
     blocks = max(1, min(-(-rows // per_block), 1 << 20))
     text = _LoopText(plan, scope, loop, rowk, fname, per_block, rows).render()
     return LoopKernel(fname, calls, blocks, scratch, text)
@@ -408,12 +412,49 @@ class _Facts:
         return False
 
 
+def _shared_temps(facts: _Facts, rowk: dict, per_block: int):
+    """The temporaries a block keeps in its shared memory (``_RowKernel.in_shared``, while
+    they fit in ``TEMP_BYTES``): those whose every access is at byte ``C * row + f`` of
+    the temporary, one ``C`` for all, ``f`` within the row's ``C`` bytes, at a row of the
+    parallel loop or the product over the block's rows (no access by a run on one thread),
+    the rows from 0. A block's rows of one are then its own (``C`` bytes each, the block's
+    first at the array's start), where each was a row of the device's scratch memory: the
+    rollout's layers' activations, written and read back at every step."""
+    if facts.rows is None or facts.rows[0] != 0:
+        return
+    by_key: dict = {}
+    for a in facts.accesses:
+        if a.key[0] == "s":
+            by_key.setdefault(a.key, []).append(a)
+    total = 0
+    for (_, sid, name), accesses in by_key.items():
+        temp = next(t for t in rowk[sid].k.temps if t.name == name)
+        c = accesses[0].form.get("R", 0)
+        if c <= 0 or any(a.form.get("R", 0) != c or "?" in a.form for a in accesses):
+            continue
+        inside = True
+        for a in accesses:
+            f = {s: k for s, k in a.form.items() if s != "R"}
+            got = _bounds(_add(f, {"": -temp.offset}), {**facts.outer_ranges, **a.ranges})
+            if got is None or got[0] < 0 or got[1] + a.width > c:
+                inside = False
+                break
+        size = per_block * c
+        if not inside or total + size > TEMP_BYTES:
+            continue
+        total += size
+        rowk[sid].in_shared[name] = (f"tl_st{sid}_{render.name(name)}", c, size)
+
+
 class _RowKernel(render._Kernel):
     """A statement's kernel as part of a loop kernel: its steps over the block's rows."""
 
     def __init__(self, k: kir.Kernel, facts: _Facts):
         super().__init__(k, blas=False, merge_rows=False)  # (render._spread: yes)
         self.facts = facts
+        # temporaries in the block's shared memory: name -> (array, bytes a row, bytes)
+        self.in_shared: dict[str, tuple[str, int, int]] = {}
+        self.pointed: set[str] = set()  # (those a call points at: declared)
         self.rows = True
         self.step_list = self._steps()
         for st in self.step_list:
@@ -438,6 +479,15 @@ class _RowKernel(render._Kernel):
             stmts = st.statements()
             out += [self.staged_gemm(x) if isinstance(x, Gemm) else x for x in stmts]
         return out
+
+    def temp_pointer(self, tmp: str, dt: str, off: int) -> str:
+        if tmp not in self.in_shared:
+            return super().temp_pointer(tmp, dt, off)
+        self.pointed.add(tmp)
+        array, c, _ = self.in_shared[tmp]
+        t, b = render.MTYPE[dt], render.buf(tmp)
+        # (row r of it at byte C * r: the block's first row at the array's start)
+        return f"  {t} *{b} = ({t} *)((char *){array} - tl_rb * {c}LL);"
 
     def staged_gemm(self, s: Gemm) -> Gemm:
         """Gemm ``s`` with its B read from the block's copy in shared memory, where the loop
@@ -837,6 +887,7 @@ class _LoopText:
             "  int tl_seen = 0, tl_turn = 1;  // (thread 0's read of the failure code, a step old)",
         ]
         self.stage()
+        at = len(self.lines)  # (the temporaries in shared memory that a call points at)
         self.emit(1, "__syncthreads();")
         self.emit(1, "if (tl_stops[0]) return;  // an earlier step failed")
         for j, v in enumerate(self.scope):
@@ -868,6 +919,13 @@ class _LoopText:
         self.emit(2, "}")
         self.emit(1, "}")
         self.lines.append("}")
+        arrays = {  # (_shared_temps: 8-byte aligned)
+            f"  __shared__ double {array}[{(size + 7) // 8}];"
+            for rk in self.rowk.values()
+            for tmp, (array, _, size) in rk.in_shared.items()
+            if tmp in rk.pointed
+        }
+        self.lines[at:at] = sorted(arrays)
         return "\n".join(self.lines) + "\n"
 
     def stage(self):

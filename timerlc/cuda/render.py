@@ -2829,9 +2829,14 @@ class _Kernel:
         temps += [(p, dt, off) for p, (dt, _, off) in self.parts.items()]
         for tmp, dt, off in temps:
             if tmp in used and tmp not in self.local_temps:
-                t, b = MTYPE[dt], buf(tmp)
-                out.append(f"  {t} *{b} = ({t} *)(scratch + {off});")
+                out.append(self.temp_pointer(tmp, dt, off))
         return out
+
+    def temp_pointer(self, tmp: str, dt: str, off: int) -> str:
+        """The C local that points at temporary ``tmp`` (``dt``) at ``off`` in the scratch
+        memory (a loop kernel's may be in the block's shared memory: ``cuda.loops``)."""
+        t, b = MTYPE[dt], buf(tmp)
+        return f"  {t} *{b} = ({t} *)(scratch + {off});"
 
     def gemm(self, s: Gemm, depth: int, first: str, step: str, end: str | None = None):
         """``C = op(A) @ op(B)`` element by element, its terms summed in order: the elements
