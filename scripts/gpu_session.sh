@@ -158,8 +158,12 @@ stage inflight 150 $PY scripts/cuda_sweep.py "${CHECK[@]}" --in-flight 1,4 --top
 # elementwise pass over 65,536 x 64 floats whose points now go four at a time (f481_33:
 # 16-23 us, 2026-11-28, at a third of the bandwidth)
 # (a fused kernel's name is its first statement's and the count of kernels fused before it,
-# which moves when the fusion does: the count matched by any number)
-NCU_KERNELS=${NCU_KERNELS:-f530_[0-9]+_1p|f530_[0-9]+_1s|f530_[0-9]+_1e|f530_[0-9]+_0r|f530_[0-9]+_0j|s142_0r|f146_[0-9]+_0r|f0_[0-9]+|f248_[0-9]+|f481_[0-9]+}
+# which moves when the fusion does: the count matched by any number. Since the twenty-second
+# session's narrowing the statements are numbered anew: the 64 x 64 gram with its sums is
+# f530_N_1p/1s/1e, the rows product with `1 - h^2` f530_N_2r, the joint f530_N_1j, the
+# forward's rows products with `tanh` f142_N_0r and f142_N_1r, the elementwise pass of four
+# points a thread f476_N, Adam's f248_N, the parameters' copies f0_N)
+NCU_KERNELS=${NCU_KERNELS:-f530_[0-9]+_1p|f530_[0-9]+_1s|f530_[0-9]+_1e|f530_[0-9]+_2r|f530_[0-9]+_1j|f142_[0-9]+_0r|f146_[0-9]+_1r|f0_[0-9]+|f248_[0-9]+|f476_[0-9]+}
 if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
   # (--launch-count is of all the launches the regex matches, in their order: 16 covers
   # each name's first launches, most of them in the first minibatch step; it was 3, which
