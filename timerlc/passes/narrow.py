@@ -123,28 +123,28 @@ def _narrowed(dims: tuple[str, ...], cond, read: isl.Set):
     whole = pisl.producer_side(pisl.cond_set(dims, cond), len(dims))
     if whole.is_subset(read):
         return None  # (every point is read)
-    extra, hull = [], []  # (the same constraints as sympy's and as isl's text)
-    for k, d in enumerate(dims):
-        x = ix.sym(d)
+    # each dim's least and greatest value read and its stride (None: none), as isl's text
+    # first: where they leave no point out, no formula is built and simplified
+    hull, found = [], []
+    for k in range(len(dims)):
         lo, hi = _constant(read.dim_min(k)), _constant(read.dim_max(k))
-        if lo is not None:
-            extra.append(x >= lo)
-            hull.append(f"s_{k} >= {lo}")
-        if hi is not None:
-            extra.append(x <= hi)
-            hull.append(f"s_{k} <= {hi}")
         info = read.get_stride_info(k)
-        stride = info.get_stride().to_python()
-        offset = info.get_offset()
-        if stride > 1 and offset.is_cst():
-            c = offset.get_constant_val().to_python()
-            extra.append(sympy.Eq(ix.mod(x - c, stride), 0))
-            hull.append(f"(s_{k} - ({c})) mod {stride} = 0")
-    # (no point left out: none, before any formula is built and simplified)
+        stride, offset = info.get_stride().to_python(), info.get_offset()
+        c = offset.get_constant_val().to_python() if stride > 1 and offset.is_cst() else None
+        found.append((lo, hi, stride, c))
+        hull += [f"s_{k} >= {lo}"] if lo is not None else []
+        hull += [f"s_{k} <= {hi}"] if hi is not None else []
+        hull += [f"(s_{k} - ({c})) mod {stride} = 0"] if c is not None else []
     names = ", ".join(f"s_{k}" for k in range(len(dims)))
     if whole.is_subset(isl.Set(f"{{ [{names}] : {' and '.join(hull) or 'true'} }}")):
         return None
-    new = _as_box(dims, pisl.simplify(dims, ix.conj(cond, *extra)))
+    terms = []
+    for d, (lo, hi, stride, c) in zip(dims, found):
+        x = ix.sym(d)
+        terms += [x >= lo] if lo is not None else []
+        terms += [x <= hi] if hi is not None else []
+        terms += [sympy.Eq(ix.mod(x - c, stride), 0)] if c is not None else []
+    new = _as_box(dims, pisl.simplify(dims, ix.conj(cond, *terms)))
     narrowed = pisl.producer_side(pisl.cond_set(dims, new), len(dims))
     if not read.is_subset(narrowed) or whole.is_subset(narrowed):
         return None
