@@ -2707,11 +2707,11 @@ class _Kernel:
             self.lines[at:at] = decls
             self.fwd, self.fwd_scopes, self.fwd_locals = None, [], []
 
-    def fwd_drop(self, keep) -> None:
-        """Forget the forwarded values for which ``keep(buffer, refs)`` is false (``refs``:
-        the locals the index reads)."""
+    def fwd_assigned(self, names) -> None:
+        """Forget the forwarded values whose index reads a local of ``names`` (assigned
+        since: the index names another element now)."""
         if self.fwd:
-            self.fwd = {k: v for k, v in self.fwd.items() if keep(k[0], v[1])}
+            self.fwd = {k: v for k, v in self.fwd.items() if not v[1] & names}
 
     def fwd_written(self, written: set[str]) -> None:
         """Forget what may no longer hold: the values of buffers in ``written``, and those
@@ -2866,7 +2866,7 @@ class _Kernel:
     def stmt(self, s, depth: int, skip: str):
         if isinstance(s, Let):
             self.emit(depth, f"{name(s.name)} = {self.expr(s.value)};")
-            self.fwd_drop(lambda b, refs: s.name not in refs)
+            self.fwd_assigned({s.name})
         elif isinstance(s, Store):
             val = self.expr(s.value)
             if self.bufs[s.buf] == "bool":
@@ -2895,7 +2895,7 @@ class _Kernel:
             # (an iteration's statements before a store see what the iteration before stored)
             self.fwd_written(_written(s.body))
             changed = set(_lets(s.body)) | {s.var}
-            self.fwd_drop(lambda b, refs: not (refs & changed))
+            self.fwd_assigned(changed)
             self.scoped(s.body, depth + 1, skip)
             self.emit(depth, "}")
         elif isinstance(s, If):
@@ -2909,10 +2909,12 @@ class _Kernel:
             self.jumps.add(skip)
             self.emit(depth, f"{{ tl_fail = {int(s.code)}; goto {skip}; }}")
         elif isinstance(s, Gemm):  # a gemm inside a loop of thread 0 (a product per point)
-            self.fwd_drop(lambda b, refs: False)
+            if self.fwd:  # (it may write any memory, for what forwarding knows)
+                self.fwd.clear()
             self.gemm(s, depth, "0", "1")
         elif isinstance(s, Permute):
-            self.fwd_drop(lambda b, refs: False)
+            if self.fwd:  # (it may write any memory, for what forwarding knows)
+                self.fwd.clear()
             self.emit(
                 depth,
                 f"tl_rng_permutation({s.seed}, {s.site}, {self.expr(s.p)}, {s.n}LL, "
@@ -2934,7 +2936,7 @@ class _Kernel:
             self.fwd.pop(key, None)
         self.fwd_written(_written(body))
         changed = set(_lets(body))
-        self.fwd_drop(lambda b, refs: not (refs & changed))
+        self.fwd_assigned(changed)
 
     # ------------------------------------------------------------------ expressions
     def expr(self, e) -> str:
