@@ -370,8 +370,8 @@ def main() -> int:
     add_matmul_precision(ap)
     args = ap.parse_args()
 
+    sets = dict(s.split("=", 1) for s in args.set)
     if args.launches:
-        sets = dict(s.split("=", 1) for s in args.set)
         r = program(_idle(), args.program, sets, False, False, True)
         print(
             f"{args.program}: {r['launches/iter']:.2f} launches an iteration "
@@ -381,7 +381,6 @@ def main() -> int:
     device = open_device(args.emu, "cuda_overheads", args.matmul_precision)
     if device is None:
         return 2
-    sets = dict(s.split("=", 1) for s in args.set)
     if args.kernels:
         timed = Timed(device)
         r = program(timed, args.program, sets, False, False, True)

@@ -360,13 +360,17 @@ class _Facts:
                 return _scale(a, b.get("", 0))
         return None
 
+    def by_key(self) -> dict:
+        """The accesses of each buffer (its key), in order."""
+        out: dict = {}
+        for a in self.accesses:
+            out.setdefault(a.key, []).append(a)
+        return out
+
     def check(self):
         if self.rows is None:
             raise Unsupported("no statement of its body runs over rows")
-        by_key: dict = {}
-        for a in self.accesses:
-            by_key.setdefault(a.key, []).append(a)
-        for key, accesses in by_key.items():
+        for key, accesses in self.by_key().items():
             for w in accesses:
                 if not w.write:
                     continue
@@ -422,12 +426,9 @@ def _shared_temps(facts: _Facts, rowk: dict, per_block: int):
     rollout's layers' activations, written and read back at every step."""
     if facts.rows is None or facts.rows[0] != 0:
         return
-    by_key: dict = {}
-    for a in facts.accesses:
-        if a.key[0] == "s":
-            by_key.setdefault(a.key, []).append(a)
+    temps = {key: a for key, a in facts.by_key().items() if key[0] == "s"}
     total = 0
-    for (_, sid, name), accesses in by_key.items():
+    for (_, sid, name), accesses in temps.items():
         temp = next(t for t in rowk[sid].k.temps if t.name == name)
         c = accesses[0].form.get("R", 0)
         if c <= 0 or any(a.form.get("R", 0) != c or "?" in a.form for a in accesses):
