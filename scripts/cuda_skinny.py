@@ -202,19 +202,11 @@ def measure(device, tf32, module, i: int, s, label: str, args, rng) -> tuple[flo
     from timerlc.runtime import cuda
     from timerlc.runtime.cuda import THREADS
 
-    a = rng.standard_normal((s.k, s.m) if s.ta else (s.m, s.k)).astype(np.float32)
-    b = (rng.standard_normal((s.n, s.k) if s.tb else (s.k, s.n)) * 0.1).astype(np.float32)
+    a, b, bias, ptrs, table = _operands(device, s, rng)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     want = (a64.T if s.ta else a64) @ (b64.T if s.tb else b64)
     want_sums = (b64.T if s.tb else b64).sum(0)
-    bias = (rng.standard_normal(s.n) * 0.1).astype(np.float32)
     want_tanh = np.tanh(want + bias.astype(np.float64))
-    ptrs = [device.alloc(x.nbytes) for x in (a, b)] + [device.alloc(s.m * s.n * 4)]
-    ptrs.append(device.alloc(s.n * 8))
-    for p, x in zip(ptrs, (a, b)):
-        device.upload(p, x)
-    table = device.alloc(8 * 4)
-    device.upload(table, np.array(ptrs, np.uint64))
     scratch = device.alloc(max(8, products.scratch_bytes(s.m, s.n, s.k, s.ta, s.tb, True)))
     values = np.zeros(1, np.int64)
     kinds = products.launches(s.m, s.n, s.k, s.ta, s.tb)
@@ -288,6 +280,22 @@ def measure(device, tf32, module, i: int, s, label: str, args, rng) -> tuple[flo
     return err, err_t
 
 
+def _operands(device, s, rng):
+    """Product ``s``'s A and B and a bias of its n columns, drawn in that order, and the
+    device memory a function of ours reads by its table: A and B uploaded, C (m x n
+    float32), and the bias's or a gram's column sums' (n float64s); the table."""
+    a = rng.standard_normal((s.k, s.m) if s.ta else (s.m, s.k)).astype(np.float32)
+    b = (rng.standard_normal((s.n, s.k) if s.tb else (s.k, s.n)) * 0.1).astype(np.float32)
+    bias = (rng.standard_normal(s.n) * 0.1).astype(np.float32)
+    ptrs = [device.alloc(x.nbytes) for x in (a, b)] + [device.alloc(s.m * s.n * 4)]
+    ptrs.append(device.alloc(s.n * 8))
+    for p, x in zip(ptrs, (a, b)):
+        device.upload(p, x)
+    table = device.alloc(8 * 4)
+    device.upload(table, np.array(ptrs, np.uint64))
+    return a, b, bias, ptrs, table
+
+
 def forced_tiling(tm: int, tn: int):
     """``products._rows_tiling`` with a thread's tile ``tm x tn`` where the shape allows it
     (else the shape's own), and whether it does (for the shape's ``n, k``)."""
@@ -340,23 +348,9 @@ def sweep_tilings(device, args, rng) -> float:
                 parts += [t for _, t in fns]
             module = device.load("\n".join(parts))
             for i, s, label in rows_shapes:
-                a = rng.standard_normal((s.m, s.k)).astype(np.float32)
-                b = (rng.standard_normal((s.n, s.k) if s.tb else (s.k, s.n)) * 0.1).astype(
-                    np.float32
-                )
-                bias = (rng.standard_normal(s.n) * 0.1).astype(np.float32)
+                a, b, bias, ptrs, table = _operands(device, s, rng)
+                device.upload(ptrs[3], bias)
                 want = a.astype(np.float64) @ (b.T if s.tb else b).astype(np.float64)
-                ptrs = [
-                    device.alloc(a.nbytes),
-                    device.alloc(b.nbytes),
-                    device.alloc(s.m * s.n * 4),
-                ]
-                ptrs.append(device.alloc(max(bias.nbytes, 8)))
-                for p, x in zip(ptrs, (a, b, None, bias)):
-                    if x is not None:
-                        device.upload(p, x)
-                table = device.alloc(8 * 4)
-                device.upload(table, np.array(ptrs, np.uint64))
                 scratch, values = device.alloc(8), np.zeros(1, np.int64)
                 grid = -(-products.rows_threads(s.m, s.n, s.k) // THREADS)
 
