@@ -75,14 +75,20 @@ def run_both(text: str):
     return reference_and_native(graph_of(text))
 
 
+def compiled_outputs(graph, backend: str | None = None) -> tuple[dict, object]:
+    """``o``, ``r`` and ``d`` of a run of ``graph`` as generated code (``compiled_run``), and
+    the generated code."""
+    runtime, gen = compiled_run(graph, backend=backend)
+    got = {k: runtime.value(k) for k in ("o", "r", "d")}
+    runtime.envs.close()
+    return got, gen
+
+
 def python_form(text: str) -> dict:
     """The outputs of a program whose environment is a Python plugin, as generated code on
     the cpu backend (which the differential tests hold to the reference interpreter's: the
     interpreter took half of such a test's time, point by point)."""
-    runtime, _ = compiled_run(graph_of(text), backend="cpu")
-    got = {k: runtime.value(k) for k in ("o", "r", "d")}
-    runtime.envs.close()
-    return got
+    return compiled_outputs(graph_of(text), "cpu")[0]
 
 
 def equal_forms(program: str, spec: str, action: str, reference: bool = True):
@@ -96,9 +102,7 @@ def equal_forms(program: str, spec: str, action: str, reference: bool = True):
     if reference:
         ref, cpu, gen = reference_and_native(rtl)
     else:
-        runtime, gen = compiled_run(rtl)
-        cpu, ref = {k: runtime.value(k) for k in ("o", "r", "d")}, {}
-        runtime.envs.close()
+        (cpu, gen), ref = compiled_outputs(rtl), {}
     assert not gen.plan.envs, "the RTL form is equations, not a plugin"
     assert not gen.interpreted, "every statement is generated code"
     for name in ("o", "r", "d"):
