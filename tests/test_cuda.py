@@ -1158,7 +1158,9 @@ def test_a_wide_loop_over_many_rows_stays_out_of_the_merged_rows():
     over at least ``WIDE_ROWS`` rows whose elements a thread each can take, ``WIDE`` or
     more a row (a layer's tanh after a minibatch's gathered observations), stays a loop of
     its own (``render._wide``): merged, each thread would store down a row, a warp's stores
-    a row apart; fewer rows, or narrower rows, merge as before."""
+    a row apart; fewer rows, or narrower rows, merge as before; but rows of ``LONG_ROW``
+    elements or more stay apart over any rows (each thread's run down a row of them is a
+    round trip to memory a point: PPO's returns' bootstrap, 2,048 rows of 129)."""
     from timerlc.cuda import render
 
     def loops(rows: int, width: int):
@@ -1191,6 +1193,10 @@ def test_a_wide_loop_over_many_rows_stays_out_of_the_merged_rows():
     assert render._nest(spread)[1].parallel  # (a thread per element)
     assert len(render._row_merged(loops(rows - 1, wide))[0]) == 1
     assert len(render._row_merged(loops(rows, wide - 1))[0]) == 1
+    long = render.LONG_ROW
+    assert (wide, long) == (32, 128)
+    assert len(render._row_merged(loops(2, long))[0]) == 2
+    assert len(render._row_merged(loops(rows - 1, long - 1))[0]) == 1
 
 
 @needs_cxx

@@ -942,13 +942,15 @@ out p, q, c, d
 
 
 @needs_cxx
-def test_a_permutation_sorts_its_draws_on_the_grid():
-    """``permutation(1000)`` in a kernel of its own (not one per point): its keys and the 10
-    passes of a merge sort by rank in one step (a block a tile of 2048 keys, its threads
-    meeting between two passes), then the indices, then their copy into the buffer, steps
-    over 1000 threads. ``permutation(5000)``: 3 tiles, 11 passes within them, then the 2
-    passes over the whole, each a step of its own. The same permutations as the cpu's and
-    the reference's, bit for bit."""
+def test_a_permutation_sorts_its_draws_on_the_grid(monkeypatch):
+    """The merge sort (where a permutation would have more than ``PERM_BUCKETS`` buckets:
+    none here): ``permutation(1000)`` in a kernel of its own (not one per point): its keys
+    and the 10 passes of a merge sort by rank in one step (a block a tile of 2048 keys, its
+    threads meeting between two passes), then the indices, then their copy into the
+    buffer, steps over 1000 threads. ``permutation(5000)``: 3 tiles, 11 passes within them,
+    then the 2 passes over the whole, each a step of its own. The same permutations as the
+    cpu's and the reference's, bit for bit."""
+    monkeypatch.setattr(render, "PERM_BUCKETS", 0)
     graph = graph_of(PERMUTATIONS)
     rt, gen = compiled_run(graph, backend="cuda-emu")
     every = {_threads(phases) for _, phases in gen.plan.kernels.launches}
@@ -959,6 +961,46 @@ def test_a_permutation_sorts_its_draws_on_the_grid():
     same_outputs(rt, cpu, ("p", "q", "c", "d"))
     want = outputs(run_graph(graph))
     for name in ("p", "q", "c", "d"):
+        np.testing.assert_array_equal(rt.value(name), want[name])
+
+
+PERMUTATIONS_WIDER = (
+    PERMUTATIONS.replace("out p, q, c, d", "")
+    + """
+e[0] = 0
+e[i] = e[i-1] + sum(permutation(20000)[0:5])
+out p, q, c, d, e
+"""
+)
+
+
+@needs_cxx
+@pytest.mark.parametrize("cap", [4096, 256])
+def test_a_permutation_sorts_its_draws_by_buckets(monkeypatch, cap):
+    """A permutation's keys by their draws' top bits into buckets of about ``PERM_BUCKET``
+    (``render._Kernel.perm_buckets``), four steps: each chunk of ``PERM_CHUNK`` keys
+    counted a bucket (a block a chunk), the places (one block), the keys scattered (a block
+    a chunk), each bucket sorted in shared memory (a block a bucket) and the indices out.
+    ``permutation(1000)``: one bucket, one chunk; ``permutation(5000)``: 8 buckets, 2
+    chunks; ``permutation(20000)``: 32 buckets, 5 chunks. With ``PERM_CAP`` 256 every
+    bucket holds more than shared memory would: each key ranked in the device's memory.
+    The same permutations as the cpu's and the reference's, bit for bit, whatever order
+    the scatter's atomics leave a bucket in."""
+    monkeypatch.setattr(render, "PERM_CAP", cap)
+    assert (render.PERM_BUCKET, render.PERM_CHUNK) == (1024, 4096)
+    assert [render._perm_digits(n) for n in (1000, 5000, 20000)] == [0, 3, 5]
+    assert render._perm_digits(1 << 21) == 11 and render._perm_digits((1 << 21) + 1) is None
+    graph = graph_of(PERMUTATIONS_WIDER)
+    rt, gen = compiled_run(graph, backend="cuda-emu")
+    every = {_threads(phases) for _, phases in gen.plan.kernels.launches}
+    tile = render.THREADS
+    assert (tile, tile, tile, tile, 1000) in every
+    assert (2 * tile, tile, 2 * tile, 8 * tile, 5000) in every
+    assert (5 * tile, tile, 5 * tile, 32 * tile, 20000) in every
+    cpu, _ = compiled_run(graph, backend="cpu")
+    same_outputs(rt, cpu, ("p", "q", "c", "d", "e"))
+    want = outputs(run_graph(graph))
+    for name in ("p", "q", "c", "d", "e"):
         np.testing.assert_array_equal(rt.value(name), want[name])
 
 

@@ -446,6 +446,12 @@ TL_F void tl_rng_permutation(int seed, int site, i64 p, i64 n, int *out, i64 *sc
 TL_F void tl_perm_key(int seed, int site, i64 p, i64 e, u64 *a) {
   a[e] = ((u64)(u32)tl_rng_bits(seed, site, p, e) << 32) | (u64)e;
 }
+/* or by buckets (render._Kernel.perm_buckets): key e's bucket, the top d bits of its draw
+   (the buckets in the keys' order) */
+TL_F u64 tl_perm_key_at(int seed, int site, i64 p, i64 e) {
+  return ((u64)(u32)tl_rng_bits(seed, site, p, e) << 32) | (u64)e;
+}
+TL_F unsigned tl_perm_bucket(u64 key, int d) { return d ? (unsigned)(key >> (64 - d)) : 0u; }
 TL_F void tl_perm_merge(const u64 *src, u64 *dst, i64 n, i64 w, i64 e) {
   u64 x = src[e];
   i64 run = e / w, lo = run * w, pair = (run & ~1LL) * w;
@@ -483,12 +489,19 @@ PARTS = 256  # the most blocks a reduction's step runs on (a partial result each
 # a permutation's merge sort: the passes whose runs lie within a tile of 2^this keys run in
 # one step, a block a tile (its threads meeting between two passes)
 PERM_TILE_PASSES = 11
+# or, where it has at most PERM_BUCKETS buckets of PERM_BUCKET keys on average (the keys'
+# draws' top bits), four steps (``_Kernel.perm_buckets``): each chunk of PERM_CHUNK keys'
+# count a bucket, the buckets' places, the keys into their buckets, each bucket sorted by
+# a block in its shared memory (PERM_CAP keys at most; a larger one, which random draws
+# all but never make, ranked in the device's memory). The merge sort's 10 launches took
+# 183 us a permutation of 262,144 on the H200 (PPO 2048's minibatches, 4 an iteration)
+PERM_BUCKET, PERM_BUCKETS, PERM_CHUNK, PERM_CAP = 1024, 2048, 4096, 4096
 # a reduction or a permutation of fewer terms stays on its serial step's thread (two or more
 # launches more would cost more than the terms)
 GRID_TERMS = 512
-# a loop over at least WIDE_ROWS rows of at least WIDE points each stays out of the rows
-# merged into one loop (``_wide``)
-WIDE, WIDE_ROWS = 32, 8192
+# a loop over at least WIDE_ROWS rows of at least WIDE points each, or of at least
+# LONG_ROW points each over any rows, stays out of the rows merged into one loop (``_wide``)
+WIDE, WIDE_ROWS, LONG_ROW = 32, 8192, 128
 # a sum of fewer terms in a run on one thread, of at least this many, is the run's block's
 # (its threads take the terms, a tree combines them: no launch more)
 BLOCK_TERMS = 64
@@ -1182,6 +1195,10 @@ class _Kernel:
                 steps.append(
                     _Step("gemm", s, guard) if call is None else _Step("blas", call, form=s)
                 )
+            elif isinstance(s, Permute) and s.n >= GRID_TERMS and _perm_digits(s.n) is not None:
+                flush()
+                for what in ("count", "scan", "scatter", "sort"):
+                    steps.append(_Step("perm", s, guard, (what, _perm_digits(s.n))))
             elif isinstance(s, Permute) and s.n >= GRID_TERMS:
                 flush()
                 total = 0
@@ -1644,7 +1661,8 @@ class _Kernel:
         extra = [p for p in self.parts if p == f"tl_nparts{st.number}"]
         extra += [p for p in self.parts if p.startswith(f"tl_part{st.number}_")]
         if kind == "perm":  # (its scratch; its output at the last step only)
-            head += self.pointers([], [body.scratch] + ([body.out] if st.form[0] == "out" else []))
+            last = st.form[0] in ("out", "sort")
+            head += self.pointers([], [body.scratch] + ([body.out] if last else []))
         else:
             used = st.statements() + [x for t, _ in then or () for x in t.statements()]
             if kind == "gemm" and st.form is not None:  # (a gram's launches: no C; C alone)
@@ -2458,6 +2476,11 @@ class _Kernel:
         s, what = st.body, st.form
         keys = f"(u64 *){buf(s.scratch)}"
         depth = self.open_guard(st)
+        if what[0] in ("count", "scan", "scatter", "sort"):
+            threads = self.perm_buckets(s, what[0], what[1], depth)
+            if st.guard is not None:
+                self.emit(1, "}")
+            return threads
         if what[0] == "tile":  # a block a tile: its keys, then the passes within it
             tile = 1 << PERM_TILE_PASSES
             self.emit(
@@ -2503,6 +2526,151 @@ class _Kernel:
         if st.guard is not None:
             self.emit(1, "}")
         return s.n
+
+    def perm_buckets(self, s: Permute, what: str, d: int, depth: int) -> int:
+        """A step of permutation ``s`` by ``2^d`` buckets of its keys (``_perm_digits``),
+        ``what``: ``count`` (a block a chunk of ``PERM_CHUNK`` keys: its count a bucket, in
+        the block's shared memory, into the scratch's words), ``scan`` (one block: each
+        bucket's first place, and each chunk's first place in each bucket), ``scatter``
+        (a block a chunk: each key into the next place of its chunk's in its bucket, in
+        the scratch's second half; the order within a bucket is the atomics', any) or
+        ``sort`` (a block a bucket: its keys sorted in shared memory by a bitonic network,
+        their indices out; the keys are distinct, so the result is the merge sort's
+        whatever order the scatter left). The scratch's first half holds the counts (the
+        keys are made again where needed); the threads."""
+        b, n = 1 << d, s.n
+        chunks, per = -(-n // PERM_CHUNK), -(-b // THREADS)
+        assert chunks * b + b + 1 <= 2 * n  # (the counts and places in the first half)
+        words = f"((unsigned *){buf(s.scratch)})"
+        sorted_keys = f"((u64 *){buf(s.scratch)} + {n})"
+        starts = f"({words} + {chunks * b})"
+        key = f"tl_perm_key_at({s.seed}, {s.site}, {self.expr(s.p)}, e)"
+        lines: list[str] = []
+        if what in ("count", "scatter"):
+            lines = [
+                f"__shared__ unsigned tl_h[{b}];",
+                f"for (long long c = blockIdx.x; c < {chunks}LL; c += gridDim.x) {{",
+                f"  for (int q = threadIdx.x; q < {b}; q += blockDim.x)"
+                + (" tl_h[q] = 0u;" if what == "count" else f" tl_h[q] = {words}[c * {b} + q];"),
+                "  __syncthreads();",
+                f"  const long long lo = c * {PERM_CHUNK}LL;",
+                f"  const long long hi = lo + {PERM_CHUNK}LL < {n}LL ?",
+                f"    lo + {PERM_CHUNK}LL : {n}LL;",
+                "  for (long long e = lo + threadIdx.x; e < hi; e += blockDim.x) {",
+                f"    const u64 tl_k = {key};",
+                f"    const unsigned tl_at = atomicAdd(&tl_h[tl_perm_bucket(tl_k, {d})], 1u);",
+                f"    {sorted_keys}[tl_at] = tl_k;" if what == "scatter" else "    (void)tl_at;",
+                "  }",
+                "  __syncthreads();",
+            ]
+            if what == "count":
+                lines.append(
+                    f"  for (int q = threadIdx.x; q < {b}; q += blockDim.x)"
+                    f" {words}[c * {b} + q] = tl_h[q];"
+                )
+            lines += ["  __syncthreads();", "}"]
+            threads = chunks * THREADS
+        elif what == "scan":
+            # (each thread a run of buckets: its runs' counts, the runs' first places by
+            # thread 0, then each bucket's and each of its chunks'; a chunk's counts read 8
+            # at a time, their loads in flight together)
+            lines = [
+                f"__shared__ unsigned tl_t[{b}];",
+                f"__shared__ unsigned tl_r[{THREADS}];",
+                "if (blockIdx.x == 0) {",
+                f"  for (int q = threadIdx.x; q < {b}; q += blockDim.x) {{",
+                "    unsigned tl_s = 0u;",
+                f"    for (long long c = 0; c < {chunks}LL; c++) tl_s += {words}[c * {b} + q];",
+                "    tl_t[q] = tl_s;",
+                "  }",
+                "  __syncthreads();",
+                f"  for (int g = threadIdx.x; g < {THREADS}; g += blockDim.x) {{",
+                "    unsigned tl_s = 0u;",
+                f"    for (int q = g * {per}; q < {b} && q < (g + 1) * {per}; q++)",
+                "      tl_s += tl_t[q];",
+                "    tl_r[g] = tl_s;",
+                "  }",
+                "  __syncthreads();",
+                "  if (threadIdx.x == 0) {",
+                "    unsigned tl_s = 0u;",
+                f"    for (int g = 0; g < {THREADS}; g++) {{",
+                "      const unsigned tl_x = tl_r[g];",
+                "      tl_r[g] = tl_s;",
+                "      tl_s += tl_x;",
+                "    }",
+                "  }",
+                "  __syncthreads();",
+                f"  for (int g = threadIdx.x; g < {THREADS}; g += blockDim.x) {{",
+                "    unsigned tl_s = tl_r[g];",
+                f"    for (int q = g * {per}; q < {b} && q < (g + 1) * {per}; q++) {{",
+                "      const unsigned tl_x = tl_t[q];",
+                "      tl_t[q] = tl_s;",
+                "      tl_s += tl_x;",
+                "    }",
+                "  }",
+                "  __syncthreads();",
+                f"  for (int q = threadIdx.x; q < {b}; q += blockDim.x) {{",
+                "    unsigned tl_s = tl_t[q];",
+                f"    {starts}[q] = tl_s;",
+                f"    for (long long c0 = 0; c0 < {chunks}LL; c0 += 8) {{",
+                "      unsigned tl_x[8];",
+                "#pragma unroll",
+                "      for (int u = 0; u < 8; u++)",
+                f"        tl_x[u] = c0 + u < {chunks}LL ? {words}[(c0 + u) * {b} + q] : 0u;",
+                "#pragma unroll",
+                "      for (int u = 0; u < 8; u++) {",
+                f"        if (c0 + u < {chunks}LL) {words}[(c0 + u) * {b} + q] = tl_s;",
+                "        tl_s += tl_x[u];",
+                "      }",
+                "    }",
+                "  }",
+                f"  if (threadIdx.x == 0) {starts}[{b}] = {n}u;",
+                "}",
+            ]
+            threads = THREADS
+        else:  # sort
+            lines = [
+                f"__shared__ u64 tl_s[{PERM_CAP}];",
+                f"for (long long q = blockIdx.x; q < {b}LL; q += gridDim.x) {{",
+                f"  const unsigned lo = {starts}[q], m = {starts}[q + 1] - lo;",
+                f"  if (m <= {PERM_CAP}u) {{",
+                "    unsigned tl_n = 1u;",
+                "    while (tl_n < m) tl_n *= 2u;",
+                "    for (unsigned i = threadIdx.x; i < tl_n; i += blockDim.x)",
+                f"      tl_s[i] = i < m ? {sorted_keys}[lo + i] : ~0ull;",
+                "    __syncthreads();",
+                "    for (unsigned k = 2u; k <= tl_n; k *= 2u) {",
+                "      for (unsigned j = k / 2u; j > 0u; j /= 2u) {",
+                "        for (unsigned i = threadIdx.x; i < tl_n; i += blockDim.x) {",
+                "          const unsigned l = i ^ j;",
+                "          if (l > i) {",
+                "            const u64 x = tl_s[i], y = tl_s[l];",
+                "            if ((x > y) == ((i & k) == 0u)) {",
+                "              tl_s[i] = y;",
+                "              tl_s[l] = x;",
+                "            }",
+                "          }",
+                "        }",
+                "        __syncthreads();",
+                "      }",
+                "    }",
+                "    for (unsigned i = threadIdx.x; i < m; i += blockDim.x)",
+                f"      {buf(s.out)}[lo + i] = (int)(tl_s[i] & 0xFFFFFFFFull);",
+                "  } else {  // (more than shared memory holds: each key ranked among them)",
+                "    for (unsigned i = threadIdx.x; i < m; i += blockDim.x) {",
+                f"      const u64 x = {sorted_keys}[lo + i];",
+                "      unsigned r = 0u;",
+                f"      for (unsigned j = 0u; j < m; j++) r += {sorted_keys}[lo + j] < x;",
+                f"      {buf(s.out)}[lo + r] = (int)(x & 0xFFFFFFFFull);",
+                "    }",
+                "  }",
+                "  __syncthreads();",
+                "}",
+            ]
+            threads = b * THREADS
+        for line in lines:
+            self.emit(depth, line)
+        return threads
 
     def grid_loop(
         self,
@@ -3072,6 +3240,16 @@ RNG_FUNCTIONS = frozenset(
 )
 
 
+def _perm_digits(n: int) -> int | None:
+    """The bits of a permutation of ``n``'s buckets (``_Kernel.perm_buckets``: about
+    ``PERM_BUCKET`` keys a bucket), or None where it would have more than ``PERM_BUCKETS``
+    (the merge sort's steps)."""
+    d = 0
+    while (PERM_BUCKET << d) < n:
+        d += 1
+    return d if (1 << d) <= PERM_BUCKETS else None
+
+
 def _check_supported(body):
     for s in kir.walk_tree(body):
         if isinstance(s, (kir.Loop, kir.Launch, kir.Host)):
@@ -3528,11 +3706,17 @@ def _wide(s: For) -> bool:
     it, a warp's stores each to 32 rows ``4 * WIDE`` bytes and more apart (PPO at 2048 x
     128: the first layers' tanh over a minibatch, 65,536 rows of 64, each 128 bytes a warp
     stores in 32 pieces of 4); apart, a thread per element, a warp's stores are one row's
-    neighbours: a launch more, where the rows are many enough that the stores cost more."""
-    if _extent(s) < WIDE_ROWS:
-        return False
+    neighbours: a launch more, where the rows are many enough that the stores cost more;
+    or where a row has ``LONG_ROW`` points or more, whatever the rows: each thread's run down
+    its row is a store and a load a point, one after another (the compiler cannot move a
+    load above a store that may write it), a round trip to memory each (PPO's returns'
+    bootstrap, 2,048 rows of 129 then 128, merged: f38_8, 74.3 us on the H200)."""
+    rows = _extent(s)
     spread = _spread_nest(s)
-    return spread is not s and math.prod(_extent(x) for x in _nest(spread)[1:]) >= WIDE
+    if spread is s:
+        return False
+    points = math.prod(_extent(x) for x in _nest(spread)[1:])
+    return points >= (WIDE if rows >= WIDE_ROWS else LONG_ROW)
 
 
 def _row_merged(body) -> tuple[tuple, set]:
