@@ -945,3 +945,30 @@ def test_a_bias_gradient_s_cast_runs_in_its_gram_s_last_block(policy, monkeypatc
     for name in names:
         apart = off.text.split(f"void {name}(void")[1]
         assert "tl_last" not in apart.split('extern "C" __global__')[0]
+
+
+@needs_cxx
+def test_a_rows_product_reads_its_shared_memory_16_bytes_at_a_time_to_the_same_bits(
+    monkeypatch,
+):
+    """Rows products whose threads take 8 columns and k a multiple of 4 read A's tile and
+    op(B) 16 bytes at a time (``products._rows_vec_lines``: A's rows side by side, op(B)'s
+    columns placed in runs of 4), each element summed over k in order as the 4-byte form
+    sums it: the same C, bit for bit, at every shape of ``SHAPES`` (those of 8 columns a
+    thread in the vector form, the rest as they were)."""
+    vec = []
+    for _, n, k, *_ in SHAPES[:6]:
+        _, tn, _, bm, _ = products._rows_tiling(n, k)
+        vec.append(products._rows_vec(tn, bm, n, k))
+    assert vec == [True, True, False, False, False, True]
+    assert products._vec_stride(64) == 68 and products._vec_stride(4) == 12
+    got = []
+    for on in (True, False):
+        monkeypatch.setattr(products, "VEC_ROWS", on)
+        out: list = []
+        assert _check_shapes(SHAPES[:6], outputs=out) < 1e-5
+        got.append(out)
+        text = "\n".join(products.rows_lines(_gemm(*SHAPES[0]), "A", "B", "C"))
+        assert ("tl_as4" in text) == on
+    for x, y in zip(*got):
+        np.testing.assert_array_equal(x, y)

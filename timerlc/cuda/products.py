@@ -43,6 +43,7 @@ PART_ROWS = 256  # gram: the fewest rows a copy sums
 MAX_PARTS = 256  # gram: the most copies
 MAX_LANES = 32  # gram: the most threads that add an element's copies
 COPY_BATCH = 8  # the loads into shared memory a thread issues before it waits for them
+VEC_ROWS = True  # rows functions read their shared memory 16 bytes at a time (_rows_vec_lines)
 
 
 def _divisor(n: int, options) -> int:
@@ -104,7 +105,9 @@ def rows_threads(m: int, n: int, k: int) -> int:
     return -(-m // bm) * MAX_THREADS
 
 
-def _rows_head(s, a: str, b: str, c: str, bm: int, nb: int, a_tile: str, a_dst) -> list[str]:
+def _rows_head(
+    s, a: str, b: str, c: str, bm: int, nb: int, a_tile: str, a_dst, column=None, a_dst4=None
+) -> list[str]:
     """A rows function's start: A, B and C (the operands' first elements ``a``, ``b``,
     ``c``); op(B) once a block into ``tl_bs`` by ``_copy`` (one load at a time, each a round
     trip to memory, were some 10 us before a block's first tile), k rows ``nb`` apart; the
@@ -112,14 +115,14 @@ def _rows_head(s, a: str, b: str, c: str, bm: int, nb: int, a_tile: str, a_dst) 
     of A opened, each tile's rows copied into ``tl_as`` by ``a_dst`` (``_copy``'s
     destination) between two barriers. The caller closes the loop and the block."""
     m, k = s.m, s.k
-    weights = _weights(s, "B", nb)
+    weights = _weights(s, "B", nb, column)
     return [
         "{",
         f"  const float *A = {a};",
         f"  const float *B = {b};",
         f"  float *C = {c};",
         weights[0],
-        f"  {a_tile}",
+        *(f"  {x}" for x in a_tile.split("\n")),
         *weights[1:],
         (
             f"  for (long long r0 = (long long)blockIdx.x * {bm}; r0 < {m}LL;"
@@ -131,26 +134,33 @@ def _rows_head(s, a: str, b: str, c: str, bm: int, nb: int, a_tile: str, a_dst) 
             a_dst,
             line_ok=lambda o: f"r0 + {o} < {m}LL",
             indent="    ",
+            dst4=a_dst4,
         ),
         "    __syncthreads();",
     ]
 
 
-def _weights(s, b: str, nb: int) -> list[str]:
+def _weights(s, b: str, nb: int, column=None) -> list[str]:
     """The declaration of ``tl_bs`` (op(B) of rows product ``s``, k x n, its rows ``nb``
     floats apart) and the lines (indented from depth 0) that copy it from ``b`` (the C
     pointer to B's first element) by ``_copy``, a line of B at a time (a row of op(B), or a
-    column where B is stored transposed)."""
+    column where B is stored transposed). With ``column`` (a C expression of a column's
+    number: its place in its row), the columns in that order, the array 16 bytes aligned
+    (``_rows_vec_lines``)."""
     n, k = s.n, s.k
     b_lines = Lines(n if s.tb else k, k if s.tb else n, lambda o: f"{b} + ({o}) * {s.ldb}", s.ldb)
+    place = column or (lambda x: x)
     if s.tb:
-        b_dst = lambda o, i: f"tl_bs[({i}) * {nb} + {o}]"
+        b_dst = lambda o, i: f"tl_bs[({i}) * {nb} + {place(o)}]"
     else:
-        b_dst = lambda o, i: f"tl_bs[({o}) * {nb} + {i}]"
-    return [
-        f"  __shared__ float tl_bs[{k * nb}];  // op(B), k x n, rows {nb} apart",
-        *_copy(b_lines, b_dst, indent="  "),
-    ]
+        b_dst = lambda o, i: f"tl_bs[({o}) * {nb} + {place(i)}]"
+    declared = [f"  __shared__ float tl_bs[{k * nb}];  // op(B), k x n, rows {nb} apart"]
+    if column is not None:
+        declared = [
+            f"  __shared__ float4 tl_bs4[{k * nb // 4}];  // op(B), k x n, rows {nb} apart",
+            "  float *tl_bs = (float *)tl_bs4;",
+        ]
+    return [*declared, *_copy(b_lines, b_dst, indent="  ")]
 
 
 def rows_lines(s, a: str, b: str, c: str, store: tuple[str, str, str] | None = None) -> list[str]:
@@ -162,6 +172,8 @@ def rows_lines(s, a: str, b: str, c: str, store: tuple[str, str, str] | None = N
     the C line ``rows`` defines from the element's row ``r``."""
     m, n, k = s.m, s.n, s.k
     tm, tn, ct, bm, bmp = _rows_tiling(n, k)
+    if _rows_vec(tn, bm, n, k):
+        return _rows_vec_lines(s, a, b, c, store)
     tiles = (bm // tm) * ct
     fma = []
     for i in range(tm):
@@ -204,7 +216,88 @@ def rows_lines(s, a: str, b: str, c: str, store: tuple[str, str, str] | None = N
     ]
 
 
-def _epilogue(s, tm: int, tn: int, ct: int, store: tuple[str, str, str] | None) -> list[str]:
+def _vec_stride(k: int) -> int:
+    """The floats between two rows of A's tile in a vector rows function's shared memory:
+    a multiple of 4 (16 bytes) whose quarter is odd, so that a warp's rows side by side
+    (4 or more, 16 bytes each) fall in distinct banks."""
+    return k + 4 if (k // 4) % 2 == 0 else k + 8
+
+
+def _rows_vec(tn: int, bm: int, n: int, k: int) -> bool:
+    """Whether a rows product has the vector form (``_rows_vec_lines``): each thread's
+    columns 8, k a multiple of 4, both tiles within ``SMEM_FLOATS``."""
+    return VEC_ROWS and tn == 8 and k % 4 == 0 and k * n + bm * _vec_stride(k) <= SMEM_FLOATS
+
+
+def _rows_vec_lines(s, a: str, b: str, c: str, store) -> list[str]:
+    """``rows_lines``'s product with the shared memory read 16 bytes at a time: A's tile
+    row by row (``_vec_stride`` floats apart), each thread's rows ``RT`` apart (``ty``,
+    ``ty + RT``, ...: a warp's rows side by side, in distinct banks), four k's of each of
+    its rows a load; op(B)'s columns placed so that each thread's 8 (``tx + j * CT``) are
+    two runs of 4, a load each. A k of a thread's 4 x 8 tile was 12 loads of 4 bytes for
+    its 32 FMAs (a rows product of 65,536 x 64 x 64 issued 0.67 instructions a cycle a
+    scheduler on the H200, bound by its instructions); now 3 for 32 and a quarter of A's
+    loads. Each element is summed over k in order, as ``rows_lines`` sums it: the same C."""
+    m, n, k = s.m, s.n, s.k
+    tm, tn, ct, bm, _ = _rows_tiling(n, k)
+    rt, kp = bm // tm, _vec_stride(k)
+    tiles = rt * ct
+    column = lambda x: f"(({x}) / {4 * ct}) * {4 * ct} + (({x}) % {ct}) * 4 + (({x}) / {ct}) % 4"
+    fma = []
+    for q, part in enumerate("xyzw"):
+        fma += [
+            "{",
+            f"  const float4 tl_b0 = tl_b4[(k0 + {q}) * {n // 4}];",
+            f"  const float4 tl_b1 = tl_b4[(k0 + {q}) * {n // 4} + {ct}];",
+        ]
+        for i in range(tm):
+            for j in range(tn):
+                bj = f"tl_b{j // 4}.{'xyzw'[j % 4]}"
+                fma.append(f"  tl_c[{i}][{j}] = fmaf(tl_a[{i}].{part}, {bj}, tl_c[{i}][{j}]);")
+        fma.append("}")
+    return [
+        *_rows_head(
+            s,
+            a,
+            b,
+            c,
+            bm,
+            n,
+            f"__shared__ float4 tl_as4[{bm * kp // 4}];  // a tile of A's rows, {kp} apart\n"
+            "float *tl_as = (float *)tl_as4;",
+            lambda o, i: f"tl_as[({o}) * {kp} + {i}]",
+            column,
+            lambda o, i: f"tl_as4[(({o}) * {kp} + ({i})) / 4]",
+        ),
+        f"    for (int t = threadIdx.x; t < {tiles}; t += blockDim.x) {{",
+        f"      const int ty = t / {ct}, tx = t % {ct};",
+        f"      float tl_c[{tm}][{tn}] = {{}};",
+        f"      const float4 *tl_a4 = tl_as4 + ty * {kp // 4};",
+        "      const float4 *tl_b4 = tl_bs4 + tx;",
+        "#pragma unroll 2",
+        f"      for (int k0 = 0; k0 < {k}; k0 += 4) {{",
+        f"        float4 tl_a[{tm}];",
+        "#pragma unroll",
+        f"        for (int i = 0; i < {tm}; i++) tl_a[i] = tl_a4[i * {rt * kp // 4} + k0 / 4];",
+        *("        " + x for x in fma),
+        "      }",
+        *_epilogue(s, tm, tn, ct, store, rt),
+        "#pragma unroll",
+        f"      for (int i = 0; i < {tm}; i++) {{",
+        f"        const long long r = r0 + ty + i * {rt};",
+        f"        if (r >= {m}LL) break;",
+        "#pragma unroll",
+        f"        for (int j = 0; j < {tn}; j++) C[r * {s.ldc} + tx + j * {ct}] = tl_c[i][j];",
+        "      }",
+        "    }",
+        "  }",
+        "}",
+    ]
+
+
+def _epilogue(
+    s, tm: int, tn: int, ct: int, store: tuple[str, str, str] | None, rt: int = 0
+) -> list[str]:
     """A rows thread's tile made an epilogue's values in its registers (``rows_lines``),
     before any is stored: every load the epilogue makes (a ``1 - h^2``'s h) issued before
     the first is waited for, where a load after each store (which may write what it reads,
@@ -212,10 +305,11 @@ def _epilogue(s, tm: int, tn: int, ct: int, store: tuple[str, str, str] | None) 
     if store is None:
         return []
     rows, col, value = store
+    row = f"r0 + ty + i * {rt}" if rt else f"r0 + ty * {tm} + i"  # (a vector function's)
     return [
         "#pragma unroll",
         f"      for (int i = 0; i < {tm}; i++) {{",
-        f"        const long long r = r0 + ty * {tm} + i;",
+        f"        const long long r = {row};",
         f"        if (r >= {s.m}LL) break;",
         f"        {rows}",
         "#pragma unroll",
@@ -804,7 +898,12 @@ class Lines:
 
 
 def _copy(
-    src: Lines, dst, line_ok=lambda o: "1", inner_ok=lambda i: "1", indent: str = ""
+    src: Lines,
+    dst,
+    line_ok=lambda o: "1",
+    inner_ok=lambda i: "1",
+    indent: str = "",
+    dst4=None,
 ) -> list[str]:
     """The lines that set ``dst(o, i)`` (a C lvalue) to element ``i`` of line ``o`` of
     ``src`` where ``line_ok(o)`` and ``inner_ok(i)`` hold, else 0, the block's threads
@@ -813,7 +912,9 @@ def _copy(
     elements had each load wait for the one before it, even unrolled: 32 round trips to
     the device's memory a tile; all 32 at once took 255 registers a thread), 16 bytes each
     where the lines' starts are (``float4``: four times the bytes in flight a thread, where
-    a block's copies were a quarter of what keeps the memory busy)."""
+    a block's copies were a quarter of what keeps the memory busy); with ``dst4`` (the
+    ``float4`` lvalue of ``dst(o, i)`` to ``dst(o, i + 3)``, 16 bytes aligned where ``i`` is
+    a multiple of 4), stored 16 bytes at a time too."""
     w, total = src.width, src.count * src.width
     turns = -(-total // MAX_THREADS)
     batch = min(turns, COPY_BATCH)
@@ -822,7 +923,7 @@ def _copy(
     if w % 4 == 0:
         turns4 = -(-total // 4 // MAX_THREADS)
         batch4 = min(turns4, COPY_BATCH)
-        load, store = _vector_bodies(src, dst, line_ok, inner_ok, "tl_v", "u0 + u")
+        load, store = _vector_bodies(src, dst, line_ok, inner_ok, "tl_v", "u0 + u", dst4)
         lines += [
             f"if (blockDim.x == {MAX_THREADS} && {_aligned(src)}) {{",
             "#pragma unroll 1",
@@ -877,7 +978,7 @@ def _aligned(src: Lines) -> str:
     return f"(((unsigned long long)({src.start('0')}) | {4 * src.ld}ULL) & 15) == 0"
 
 
-def _vector_bodies(src: Lines, dst, line_ok, inner_ok, var: str, turn: str):
+def _vector_bodies(src: Lines, dst, line_ok, inner_ok, var: str, turn: str, dst4=None):
     """The body of the loop that loads a thread's ``turn``-th 16 bytes of ``src`` into
     ``var[u]`` (zeros where ``line_ok``/``inner_ok`` do not hold; elementwise where only
     some of the four do), and of the loop that stores them (``_copy``'s)."""
@@ -891,6 +992,8 @@ def _vector_bodies(src: Lines, dst, line_ok, inner_ok, var: str, turn: str):
     )
     partial = [] if inner_ok("i") == "1" else [f"else {{ {part} }}"]
     stores = " ".join(f"{dst('o', f'i + {e}')} = {var}[u].{f};" for e, f in enumerate("xyzw"))
+    if dst4 is not None:
+        stores = f"{dst4('o', 'i')} = {var}[u];"
     load = [
         *where,
         "float4 tl_w = {0.0f, 0.0f, 0.0f, 0.0f};",
