@@ -3712,11 +3712,13 @@ def _wide(s: For) -> bool:
     load above a store that may write it), a round trip to memory each (PPO's returns'
     bootstrap, 2,048 rows of 129 then 128, merged: f38_8, 74.3 us on the H200)."""
     rows = _extent(s)
+    need = WIDE if rows >= WIDE_ROWS else LONG_ROW
+    if _terms(s) < rows * need:  # (too few points a row whatever the spread: no need to look)
+        return False
     spread = _spread_nest(s)
     if spread is s:
         return False
-    points = math.prod(_extent(x) for x in _nest(spread)[1:])
-    return points >= (WIDE if rows >= WIDE_ROWS else LONG_ROW)
+    return math.prod(_extent(x) for x in _nest(spread)[1:]) >= need
 
 
 def _row_merged(body) -> tuple[tuple, set]:
