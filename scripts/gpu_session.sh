@@ -162,8 +162,12 @@ stage inflight 150 $PY scripts/cuda_sweep.py "${CHECK[@]}" --in-flight 1,4 --top
 # session's narrowing the statements are numbered anew: the 64 x 64 gram with its sums is
 # f530_N_1p/1s/1e, the rows product with `1 - h^2` f530_N_2r, the joint f530_N_1j, the
 # forward's rows products with `tanh` f142_N_0r and f142_N_1r, the elementwise pass of four
-# points a thread f476_N, Adam's f248_N, the parameters' copies f0_N)
-NCU_KERNELS=${NCU_KERNELS:-f530_[0-9]+_1p|f530_[0-9]+_1s|f530_[0-9]+_1e|f530_[0-9]+_2r|f530_[0-9]+_1j|f142_[0-9]+_0r|f146_[0-9]+_1r|f0_[0-9]+|f248_[0-9]+|f476_[0-9]+}
+# points a thread f476_N, Adam's f248_N, the parameters' copies f0_N). Since the
+# twenty-third session's cut of the value head's gradient out of its row loop: the 64 x 64
+# gram with its sums f521_N_0p/0s (the BLAS's then the sums: 0e), the rows product with
+# `1 - h^2` f521_N_1r (the vector form), the value loss's rows f172_N and the elementwise
+# pass it left, in f530_N; the permutation by buckets' count s119 and sort s119_3)
+NCU_KERNELS=${NCU_KERNELS:-f521_[0-9]+_0p|f521_[0-9]+_0s|f521_[0-9]+_0e|f521_[0-9]+_1r|f142_[0-9]+_0r|f146_[0-9]+_1r|f172_[0-9]+|f530_[0-9]+|f0_[0-9]+|f248_[0-9]+|s119|s119_3}
 if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
   # (--launch-count is of all the launches the regex matches, in their order: 16 covers
   # each name's first launches, most of them in the first minibatch step; it was 3, which
