@@ -170,7 +170,7 @@ def rows_lines(s, a: str, b: str, c: str, store: tuple[str, str, str] | None = N
     element of C is ``value`` instead, a C expression of the product's value ``tl_v``, of
     the long long ``column`` (the element's column, which the lines define) and of what
     the C line ``rows`` defines from the element's row ``r``."""
-    m, n, k = s.m, s.n, s.k
+    n, k = s.n, s.k
     tm, tn, ct, bm, bmp = _rows_tiling(n, k)
     if _rows_vec(tn, bm, n, k):
         return _rows_vec_lines(s, a, b, c, store)
@@ -202,17 +202,7 @@ def rows_lines(s, a: str, b: str, c: str, store: tuple[str, str, str] | None = N
         f"        for (int j = 0; j < {tn}; j++) tl_b[j] = tl_bs[kk * {n} + tx + j * {ct}];",
         *("        " + x for x in fma),
         "      }",
-        *_epilogue(s, tm, tn, ct, store),
-        "#pragma unroll",
-        f"      for (int i = 0; i < {tm}; i++) {{",
-        f"        const long long r = r0 + ty * {tm} + i;",
-        f"        if (r >= {m}LL) break;",
-        "#pragma unroll",
-        f"        for (int j = 0; j < {tn}; j++) C[r * {s.ldc} + tx + j * {ct}] = tl_c[i][j];",
-        "      }",
-        "    }",
-        "  }",
-        "}",
+        *_rows_stores(s, tm, tn, ct, store, f"r0 + ty * {tm} + i"),
     ]
 
 
@@ -238,7 +228,7 @@ def _rows_vec_lines(s, a: str, b: str, c: str, store) -> list[str]:
     its 32 FMAs (a rows product of 65,536 x 64 x 64 issued 0.67 instructions a cycle a
     scheduler on the H200, bound by its instructions); now 3 for 32 and a quarter of A's
     loads. Each element is summed over k in order, as ``rows_lines`` sums it: the same C."""
-    m, n, k = s.m, s.n, s.k
+    n, k = s.n, s.k
     tm, tn, ct, bm, _ = _rows_tiling(n, k)
     rt, kp = bm // tm, _vec_stride(k)
     tiles = rt * ct
@@ -281,11 +271,20 @@ def _rows_vec_lines(s, a: str, b: str, c: str, store) -> list[str]:
         f"        for (int i = 0; i < {tm}; i++) tl_a[i] = tl_a4[i * {rt * kp // 4} + k0 / 4];",
         *("        " + x for x in fma),
         "      }",
-        *_epilogue(s, tm, tn, ct, store, rt),
+        *_rows_stores(s, tm, tn, ct, store, f"r0 + ty + i * {rt}"),
+    ]
+
+
+def _rows_stores(s, tm: int, tn: int, ct: int, store, row: str) -> list[str]:
+    """The end of a rows function: a thread's tile made its epilogue's values
+    (``_epilogue``), then stored, row ``row`` (a C expression of the tile's row ``i``) and
+    column ``tx + j * CT`` of each element; the loops and the block closed."""
+    return [
+        *_epilogue(s, tm, tn, ct, store, row),
         "#pragma unroll",
         f"      for (int i = 0; i < {tm}; i++) {{",
-        f"        const long long r = r0 + ty + i * {rt};",
-        f"        if (r >= {m}LL) break;",
+        f"        const long long r = {row};",
+        f"        if (r >= {s.m}LL) break;",
         "#pragma unroll",
         f"        for (int j = 0; j < {tn}; j++) C[r * {s.ldc} + tx + j * {ct}] = tl_c[i][j];",
         "      }",
@@ -296,7 +295,7 @@ def _rows_vec_lines(s, a: str, b: str, c: str, store) -> list[str]:
 
 
 def _epilogue(
-    s, tm: int, tn: int, ct: int, store: tuple[str, str, str] | None, rt: int = 0
+    s, tm: int, tn: int, ct: int, store: tuple[str, str, str] | None, row: str
 ) -> list[str]:
     """A rows thread's tile made an epilogue's values in its registers (``rows_lines``),
     before any is stored: every load the epilogue makes (a ``1 - h^2``'s h) issued before
@@ -305,7 +304,6 @@ def _epilogue(
     if store is None:
         return []
     rows, col, value = store
-    row = f"r0 + ty + i * {rt}" if rt else f"r0 + ty * {tm} + i"  # (a vector function's)
     return [
         "#pragma unroll",
         f"      for (int i = 0; i < {tm}; i++) {{",
