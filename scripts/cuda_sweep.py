@@ -28,7 +28,13 @@ all of them. The knobs:
 - ``--fuse-ties``: ``codegen.tree.SEQ_TIES`` (1: consecutive calls joined into one kernel
   where that launches no more functions, larger kernels; 0: only where fewer);
 - ``--in-flight``: ``cuda.render.IN_FLIGHT``, the points of a grid loop of stores alone a
-  thread takes at a time, their loads before their stores (1: one after another).
+  thread takes at a time, their loads before their stores (1: one after another);
+- ``--vec-rows``: ``cuda.products.VEC_ROWS`` (1: rows products read their shared memory 16
+  bytes at a time, ``_rows_vec_lines``; 0: 4 bytes);
+- ``--perm-buckets``: ``cuda.render.PERM_BUCKETS``, the most buckets a permutation sorts
+  by (``_Kernel.perm_buckets``; 0: every permutation by the merge sort's passes);
+- ``--long-row``: ``cuda.render.LONG_ROW``, the points a row from which a loop stays out of
+  merged rows over any rows (a large value: only ``WIDE_ROWS``' rule).
 
 ``--matmul-precision tensorfloat32`` runs them all with TF32 products (ours, cuBLAS's, the
 joint functions).
@@ -50,6 +56,8 @@ the step's forward and backward, 64: 12.6, 1,024 at 4,224 blocks: 9.8). docs/per
         --joints 0,1 --fuse-ties 0,1 --set B=2048 --set T=128 --set total_steps=1572864
     python scripts/cuda_sweep.py --in-flight 1,2,4,8 --set B=2048 --set T=128 \\
         --set total_steps=1572864
+    python scripts/cuda_sweep.py --vec-rows 0,1 --perm-buckets 0,2048 --set B=2048 \
+        --set T=128 --set total_steps=1572864
     python scripts/cuda_sweep.py --emu --parts 256,64 --set B=16 --set T=8 --set total_steps=512
 """
 
@@ -87,6 +95,9 @@ def main() -> int:
     ap.add_argument("--joints", default="1", help="comma-separated JOINTS values (0, 1)")
     ap.add_argument("--fuse-ties", default="0", help="comma-separated SEQ_TIES values (0, 1)")
     ap.add_argument("--in-flight", default="4", help="comma-separated IN_FLIGHT values")
+    ap.add_argument("--vec-rows", default="1", help="comma-separated VEC_ROWS values (0, 1)")
+    ap.add_argument("--perm-buckets", default="2048", help="comma-separated PERM_BUCKETS")
+    ap.add_argument("--long-row", default="128", help="comma-separated LONG_ROW values")
     from cuda_gpu_check import add_matmul_precision, open_device
 
     add_matmul_precision(ap)
@@ -116,6 +127,9 @@ def main() -> int:
         numbers(args.joints),
         numbers(args.fuse_ties),
         numbers(args.in_flight),
+        numbers(args.vec_rows),
+        numbers(args.perm_buckets),
+        numbers(args.long_row),
     )
     for (
         parts,
@@ -130,11 +144,15 @@ def main() -> int:
         joints,
         ties,
         flight,
+        vec,
+        buckets,
+        long_row,
     ) in knobs:
         render.PARTS, render.ARRAY_PARTS, render.UNROLL = parts, array_parts, unroll
         render.GRAM_SUMS, products.MAX_PARTS, products.COPY_BATCH = bool(sums), pparts, batch
         render.ROWS_EPILOGUES, render.JOINTS, tree.SEQ_TIES = bool(epi), bool(joints), bool(ties)
-        render.IN_FLIGHT = flight
+        render.IN_FLIGHT, products.VEC_ROWS = flight, bool(vec)
+        render.PERM_BUCKETS, render.LONG_ROW = buckets, long_row
         device.MAX_BLOCKS = blocks or own
         device.products = policy
         co._GENERATED.clear()  # (a build of its own: the knobs change the kernels)
@@ -143,7 +161,7 @@ def main() -> int:
             f"PARTS {parts:5d} ARRAY_PARTS {array_parts:5d} UNROLL {unroll:3d} "
             f"blocks {device.MAX_BLOCKS:6d} products {policy} GRAM_SUMS {sums} EPILOGUES {epi} "
             f"MAX_PARTS {pparts} COPY_BATCH {batch} JOINTS {joints} SEQ_TIES {ties} "
-            f"IN_FLIGHT {flight}"
+            f"IN_FLIGHT {flight} VEC_ROWS {vec} PERM_BUCKETS {buckets} LONG_ROW {long_row}"
         )
         try:
             r = co.program(device, args.program, sets, True, True, True)
