@@ -31,6 +31,8 @@ all of them. The knobs:
   thread takes at a time, their loads before their stores (1: one after another);
 - ``--vec-rows``: ``cuda.products.VEC_ROWS`` (1: rows products read their shared memory 16
   bytes at a time, ``_rows_vec_lines``; 0: 4 bytes);
+- ``--vec-grams``: ``cuda.products.VEC_GRAMS`` (1: grams' parts read their operands 16
+  bytes at a time, ``_gram_operands``; 0: 4 bytes);
 - ``--perm-buckets``: ``cuda.render.PERM_BUCKETS``, the most buckets a permutation sorts
   by (``_Kernel.perm_buckets``; 0: every permutation by the merge sort's passes);
 - ``--long-row``: ``cuda.render.LONG_ROW``, the points a row from which a loop stays out of
@@ -96,6 +98,7 @@ def main() -> int:
     ap.add_argument("--fuse-ties", default="0", help="comma-separated SEQ_TIES values (0, 1)")
     ap.add_argument("--in-flight", default="4", help="comma-separated IN_FLIGHT values")
     ap.add_argument("--vec-rows", default="1", help="comma-separated VEC_ROWS values (0, 1)")
+    ap.add_argument("--vec-grams", default="1", help="comma-separated VEC_GRAMS values (0, 1)")
     ap.add_argument("--perm-buckets", default="2048", help="comma-separated PERM_BUCKETS")
     ap.add_argument("--long-row", default="128", help="comma-separated LONG_ROW values")
     from cuda_gpu_check import add_matmul_precision, open_device
@@ -128,6 +131,7 @@ def main() -> int:
         numbers(args.fuse_ties),
         numbers(args.in_flight),
         numbers(args.vec_rows),
+        numbers(args.vec_grams),
         numbers(args.perm_buckets),
         numbers(args.long_row),
     )
@@ -145,6 +149,7 @@ def main() -> int:
         ties,
         flight,
         vec,
+        vec_grams,
         buckets,
         long_row,
     ) in knobs:
@@ -152,6 +157,7 @@ def main() -> int:
         render.GRAM_SUMS, products.MAX_PARTS, products.COPY_BATCH = bool(sums), pparts, batch
         render.ROWS_EPILOGUES, render.JOINTS, tree.SEQ_TIES = bool(epi), bool(joints), bool(ties)
         render.IN_FLIGHT, products.VEC_ROWS = flight, bool(vec)
+        products.VEC_GRAMS = bool(vec_grams)
         render.PERM_BUCKETS, render.LONG_ROW = buckets, long_row
         device.MAX_BLOCKS = blocks or own
         device.products = policy
@@ -161,7 +167,8 @@ def main() -> int:
             f"PARTS {parts:5d} ARRAY_PARTS {array_parts:5d} UNROLL {unroll:3d} "
             f"blocks {device.MAX_BLOCKS:6d} products {policy} GRAM_SUMS {sums} EPILOGUES {epi} "
             f"MAX_PARTS {pparts} COPY_BATCH {batch} JOINTS {joints} SEQ_TIES {ties} "
-            f"IN_FLIGHT {flight} VEC_ROWS {vec} PERM_BUCKETS {buckets} LONG_ROW {long_row}"
+            f"IN_FLIGHT {flight} VEC_ROWS {vec} VEC_GRAMS {vec_grams} PERM_BUCKETS {buckets} "
+            f"LONG_ROW {long_row}"
         )
         try:
             r = co.program(device, args.program, sets, True, True, True)

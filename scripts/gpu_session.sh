@@ -15,8 +15,8 @@
 # (cuda_overheads.py --kernels); "inflight" (not by default): cuda_sweep.py's
 # --in-flight 1,4; "tilings" (not by default): cuda_skinny.py --tilings; "skinny": scripts/cuda_skinny.py (PPO's products by cuBLAS
 # and by our kernels, cuda/products.py, apart from the program); scripts/bench.py at 2048x128 against jax on the GPU.
-# "ab" (not by default): cuda_sweep.py's A/B of the twenty-third session's vector rows
-# products and permutation by buckets against what they replaced.
+# "ab" (not by default): cuda_sweep.py's A/B of the twenty-third session's 16-byte
+# shared-memory loads of rows products and grams against the 4-byte ones.
 # "profile" (not by default): PPO at 2048 environments with --profile (each statement
 # launched alone). "products" (not by default): scripts/cuda_sweep.py over PPO 2048 with
 # its products as cuBLAS's or timed against ours, and its bias gradients riding on their
@@ -147,10 +147,10 @@ stage sweep-tf32 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --matmul-precision 
 stage inflight 150 $PY scripts/cuda_sweep.py "${CHECK[@]}" --in-flight 1,4 --top 6 \
   --set B=2048 --set T=128 --set total_steps=1572864
 # (not by default: the twenty-third session's changes, none yet timed, against what they
-# replaced: rows products' shared memory read 16 bytes at a time or 4 (products.VEC_ROWS),
-# a permutation by buckets or by the merge sort's passes (render.PERM_BUCKETS 0); four
-# builds and runs of PPO 2048)
-stage ab 160 $PY scripts/cuda_sweep.py "${CHECK[@]}" --vec-rows 0,1 --perm-buckets 0,2048 \
+# replaced: rows products' and grams' shared memory read 16 bytes at a time or 4
+# (products.VEC_ROWS, VEC_GRAMS); four builds and runs of PPO 2048. The permutation by
+# buckets against the merge sort: --perm-buckets 0,2048, or the kernels stage's s119s)
+stage ab 160 $PY scripts/cuda_sweep.py "${CHECK[@]}" --vec-rows 0,1 --vec-grams 0,1 \
   --top 6 --set B=2048 --set T=128 --set total_steps=1572864
 # Nsight Compute (on the device image's PATH) over the kernels NCU_KERNELS names (a regex of
 # function names, which depend on the program's sizes: these are the kernels stage's PPO's),

@@ -965,10 +965,23 @@ def test_a_rows_product_reads_its_shared_memory_16_bytes_at_a_time_to_the_same_b
     got = []
     for on in (True, False):
         monkeypatch.setattr(products, "VEC_ROWS", on)
+        monkeypatch.setattr(products, "VEC_GRAMS", on)  # (and the grams' 16-byte loads)
         out: list = []
-        assert _check_shapes(SHAPES[:6], outputs=out) < 1e-5
+        assert _check_shapes(SHAPES, outputs=out) < 1e-5
         got.append(out)
         text = "\n".join(products.rows_lines(_gemm(*SHAPES[0]), "A", "B", "C"))
         assert ("tl_as4" in text) == on
     for x, y in zip(*got):
         np.testing.assert_array_equal(x, y)
+
+
+def test_a_gram_reads_its_operands_16_bytes_at_a_time_where_they_are_runs_of_4():
+    """A gram thread's rows of op(A)^T and columns of op(B) out of the stage by 16-byte
+    loads where its tile's runs and the stage's rows are multiples of 4 floats
+    (``products._gram_operands``: PPO's 4 x 64 and 64 x 64 gradients), else 4 bytes at a
+    time (a 64 x 2's columns); the sums' order unchanged (the products' tests above, bit
+    for bit as before, at 4 and 128 threads a block)."""
+    wide = "\n".join(products._gram_operands(4, 64, products.STAGE_ROWS, 4, 8))
+    assert "tl_sm4[(r * 4 + ty * 4) / 4 + i]" in wide and "tl_sm[" not in wide
+    narrow = "\n".join(products._gram_operands(64, 2, products.STAGE_ROWS, 4, 2))
+    assert "tl_sm4" not in narrow and "tl_b[j] = tl_sm[4096 + r * 2 + tx * 2 + j]" in narrow
