@@ -174,7 +174,7 @@ def rows_lines(s, a: str, b: str, c: str, store: tuple[str, str, str] | None = N
     n, k = s.n, s.k
     tm, tn, ct, bm, bmp = _rows_tiling(n, k)
     if _rows_vec(tn, bm, n, k):
-        return _rows_vec_lines(s, a, b, c, store)
+        return _rows_vec_lines(s, a, b, c, store, (tm, tn, ct, bm))
     tiles = (bm // tm) * ct
     fma = []
     for i in range(tm):
@@ -220,7 +220,7 @@ def _rows_vec(tn: int, bm: int, n: int, k: int) -> bool:
     return VEC_ROWS and tn == 8 and k % 4 == 0 and k * n + bm * _vec_stride(k) <= SMEM_FLOATS
 
 
-def _rows_vec_lines(s, a: str, b: str, c: str, store) -> list[str]:
+def _rows_vec_lines(s, a: str, b: str, c: str, store, tiling: tuple) -> list[str]:
     """``rows_lines``'s product with the shared memory read 16 bytes at a time: A's tile
     row by row (``_vec_stride`` floats apart), each thread's rows ``RT`` apart (``ty``,
     ``ty + RT``, ...: a warp's rows side by side, in distinct banks), four k's of each of
@@ -228,9 +228,10 @@ def _rows_vec_lines(s, a: str, b: str, c: str, store) -> list[str]:
     two runs of 4, a load each. A k of a thread's 4 x 8 tile was 12 loads of 4 bytes for
     its 32 FMAs (a rows product of 65,536 x 64 x 64 issued 0.67 instructions a cycle a
     scheduler on the H200, bound by its instructions); now 3 for 32 and a quarter of A's
-    loads. Each element is summed over k in order, as ``rows_lines`` sums it: the same C."""
+    loads. Each element is summed over k in order, as ``rows_lines`` sums it: the same C.
+    ``tiling``: ``_rows_tiling``'s TM, TN, CT and BM."""
     n, k = s.n, s.k
-    tm, tn, ct, bm, _ = _rows_tiling(n, k)
+    tm, tn, ct, bm = tiling
     rt, kp = bm // tm, _vec_stride(k)
     tiles = rt * ct
     column = lambda x: f"(({x}) / {4 * ct}) * {4 * ct} + (({x}) % {ct}) * 4 + (({x}) / {ct}) % 4"
@@ -465,21 +466,21 @@ def _gram_operands(m: int, n: int, sr: int, tm: int, tn: int) -> list[str]:
             "#pragma unroll",
             f"for (int j = 0; j < {tn}; j++) tl_b[j] = tl_sm[{b0} + j];",
         ]
-    a4, b4 = f"(r * {m} + ty * {tm}) / 4", f"({b0}) / 4"
+
+    def runs(dst: str, count: int, at: str, v: str) -> list[str]:  # (count floats at ``at``)
+        return [
+            "#pragma unroll",
+            f"for (int {v} = 0; {v} < {count // 4}; {v}++) {{",
+            f"  const float4 tl_v = tl_sm4[{at} / 4 + {v}];",
+            f"  {dst}[4 * {v}] = tl_v.x; {dst}[4 * {v} + 1] = tl_v.y;",
+            f"  {dst}[4 * {v} + 2] = tl_v.z; {dst}[4 * {v} + 3] = tl_v.w;",
+            "}",
+        ]
+
     return [
         f"float tl_a[{tm}], tl_b[{tn}];",
-        "#pragma unroll",
-        f"for (int i = 0; i < {tm // 4}; i++) {{",
-        f"  const float4 tl_v = tl_sm4[{a4} + i];",
-        "  tl_a[4 * i] = tl_v.x; tl_a[4 * i + 1] = tl_v.y;",
-        "  tl_a[4 * i + 2] = tl_v.z; tl_a[4 * i + 3] = tl_v.w;",
-        "}",
-        "#pragma unroll",
-        f"for (int j = 0; j < {tn // 4}; j++) {{",
-        f"  const float4 tl_v = tl_sm4[{b4} + j];",
-        "  tl_b[4 * j] = tl_v.x; tl_b[4 * j + 1] = tl_v.y;",
-        "  tl_b[4 * j + 2] = tl_v.z; tl_b[4 * j + 3] = tl_v.w;",
-        "}",
+        *runs("tl_a", tm, f"(r * {m} + ty * {tm})", "i"),
+        *runs("tl_b", tn, f"({b0})", "j"),
     ]
 
 

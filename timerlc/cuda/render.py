@@ -425,9 +425,12 @@ TL_F double tl_rng_normal_affine_f64(int seed, int site, i64 p, i64 e, double me
 /* a permutation of 0..n-1: the stable argsort of bits(e) (rng.permutation); the keys
    (bits << 32 | e) are distinct, so any sort is stable; a bottom-up merge sort in the
    scratch's 2n words */
+TL_F u64 tl_perm_key_at(int seed, int site, i64 p, i64 e) {
+  return ((u64)(u32)tl_rng_bits(seed, site, p, e) << 32) | (u64)e;
+}
 TL_F void tl_rng_permutation(int seed, int site, i64 p, i64 n, int *out, i64 *scratch) {
   u64 *a = (u64 *)scratch, *b = (u64 *)scratch + n;
-  for (i64 e = 0; e < n; e++) a[e] = ((u64)(u32)tl_rng_bits(seed, site, p, e) << 32) | (u64)e;
+  for (i64 e = 0; e < n; e++) a[e] = tl_perm_key_at(seed, site, p, e);
   for (i64 w = 1; w < n; w *= 2) {
     for (i64 lo = 0; lo < n; lo += 2 * w) {
       i64 mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
@@ -444,13 +447,10 @@ TL_F void tl_rng_permutation(int seed, int site, i64 p, i64 n, int *out, i64 *sc
    each pass of the merge sort by rank (an element's place in its pair of runs is its place
    in its run plus the partner run's keys below it, a binary search), then the indices */
 TL_F void tl_perm_key(int seed, int site, i64 p, i64 e, u64 *a) {
-  a[e] = ((u64)(u32)tl_rng_bits(seed, site, p, e) << 32) | (u64)e;
+  a[e] = tl_perm_key_at(seed, site, p, e);
 }
 /* or by buckets (render._Kernel.perm_buckets): key e's bucket, the top d bits of its draw
    (the buckets in the keys' order) */
-TL_F u64 tl_perm_key_at(int seed, int site, i64 p, i64 e) {
-  return ((u64)(u32)tl_rng_bits(seed, site, p, e) << 32) | (u64)e;
-}
 TL_F unsigned tl_perm_bucket(u64 key, int d) { return d ? (unsigned)(key >> (64 - d)) : 0u; }
 TL_F void tl_perm_merge(const u64 *src, u64 *dst, i64 n, i64 w, i64 e) {
   u64 x = src[e];
@@ -1195,22 +1195,23 @@ class _Kernel:
                 steps.append(
                     _Step("gemm", s, guard) if call is None else _Step("blas", call, form=s)
                 )
-            elif isinstance(s, Permute) and s.n >= GRID_TERMS and _perm_digits(s.n) is not None:
-                flush()
-                for what in ("count", "scan", "scatter", "sort"):
-                    steps.append(_Step("perm", s, guard, (what, _perm_digits(s.n))))
             elif isinstance(s, Permute) and s.n >= GRID_TERMS:
                 flush()
-                total = 0
-                while (1 << total) < s.n:
-                    total += 1
-                # the keys and the passes whose runs lie within a tile: one step, a block a
-                # tile; then a step per pass over the whole
-                local = min(total, PERM_TILE_PASSES)
-                steps.append(_Step("perm", s, guard, ("tile", local)))
-                for passes in range(local, total):
-                    steps.append(_Step("perm", s, guard, ("pass", passes)))
-                steps.append(_Step("perm", s, guard, ("out", total)))
+                digits = _perm_digits(s.n)
+                if digits is not None:  # (by buckets: four steps)
+                    for what in ("count", "scan", "scatter", "sort"):
+                        steps.append(_Step("perm", s, guard, (what, digits)))
+                else:
+                    total = 0
+                    while (1 << total) < s.n:
+                        total += 1
+                    # the keys and the passes whose runs lie within a tile: one step, a block
+                    # a tile; then a step per pass over the whole
+                    local = min(total, PERM_TILE_PASSES)
+                    steps.append(_Step("perm", s, guard, ("tile", local)))
+                    for passes in range(local, total):
+                        steps.append(_Step("perm", s, guard, ("pass", passes)))
+                    steps.append(_Step("perm", s, guard, ("out", total)))
             elif isinstance(pushed, For) and pushed.parallel:
                 loop = _pushed_in(under(guard, pushed))
                 checks = _uniform_checks(serial, set(self.k.params))
@@ -2563,12 +2564,15 @@ class _Kernel:
                 "  }",
                 "  __syncthreads();",
             ]
-            if what == "count":
-                lines.append(
-                    f"  for (int q = threadIdx.x; q < {b}; q += blockDim.x)"
-                    f" {words}[c * {b} + q] = tl_h[q];"
-                )
-            lines += ["  __syncthreads();", "}"]
+            if what == "count":  # (the chunk's counts out, read before the next zeroes them)
+                lines += [
+                    (
+                        f"  for (int q = threadIdx.x; q < {b}; q += blockDim.x)"
+                        f" {words}[c * {b} + q] = tl_h[q];"
+                    ),
+                    "  __syncthreads();",
+                ]
+            lines.append("}")
             threads = chunks * THREADS
         elif what == "scan":
             # (each thread a run of buckets: its runs' counts, the runs' first places by
