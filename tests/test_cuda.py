@@ -1672,3 +1672,24 @@ def test_sums_of_a_run_on_one_thread_are_its_block_s():
     assert re.search(r"tl_g < 100LL; tl_g \+= blockDim\.x", cu.text)  # (w's nest: one loop)
     ref, rt, _, _, _ = run_both(gen)
     np.testing.assert_allclose(rt.value("s"), ref.value("s"), rtol=1e-6)
+
+
+def test_a_kernel_s_count_of_functions_is_kept_by_the_kernel_and_the_settings(monkeypatch):
+    """``render.functions`` (the fusion search's cost: a kernel rendered but for its text)
+    is worked out once a kernel and renderer's settings (``_COUNTS``): asked again, the
+    same count from the table; with a setting changed (``TAIL_THREADS`` 0: the small steps
+    after a reduction no longer its last block's, functions of their own) the count worked
+    out again, as ``_functions`` makes it."""
+    _, gen = generated(PROGRAMS / "ppo.rtl", **SMALL["ppo"])
+    cu = cuda_gen(gen)
+    kernels = list(cu.kernels) + list(cu.fused)
+    monkeypatch.setattr(render, "_COUNTS", {})
+    counts = [render.functions(k) for k in kernels]
+    kept = len(render._COUNTS)
+    assert 0 < kept <= len(kernels)
+    assert [render.functions(k) for k in kernels] == counts and len(render._COUNTS) == kept
+    monkeypatch.setattr(render, "TAIL_THREADS", 0)
+    apart = [render.functions(k) for k in kernels]
+    assert len(render._COUNTS) == 2 * kept
+    assert apart == [render._functions(k, True) for k in kernels]
+    assert any(a > c for a, c in zip(apart, counts)) and all(a >= c for a, c in zip(apart, counts))

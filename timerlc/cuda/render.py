@@ -730,10 +730,42 @@ def _ahead(before: list, s, shared=(), statement=lambda x: x) -> int:
     return at
 
 
+# functions()' counts, by the kernel and the renderer's settings (``_settings``): a build's
+# fusion search asks for hundreds (each a kernel rendered but for its text: most of a cuda
+# build's time), and a process that builds the same program again (the tests, the scripts)
+# asks for the same ones again; emptied when it holds ``COUNTS_KEPT``
+_COUNTS: dict = {}
+COUNTS_KEPT = 4096
+
+
+def _settings() -> tuple:
+    """Every setting of this module's and of ``products``' (their upper-case names of a
+    number, a flag or a string), with its value: what a kernel's count depends on besides
+    the kernel."""
+    out = []
+    for module in (globals(), vars(products)):
+        for key, value in module.items():
+            if key.isupper() and isinstance(value, (bool, int, float, str)):
+                out.append((key, value))
+    return tuple(out)
+
+
 def functions(k: kir.Kernel, blas: bool = True) -> int:
     """The functions a call of kernel ``k`` launches (its products by the device's BLAS
     aside); one more than its statements' where it renders none (``Unsupported``: they are
-    launched one by one then)."""
+    launched one by one then). Kept for the next build's asking (``_COUNTS``)."""
+    key = (k.parts or (k.sid,), k.params, k.body, k.temps, k.slots, k.shared, k.repeat)
+    key += (blas, _settings())
+    got = _COUNTS.get(key)
+    if got is None:
+        if len(_COUNTS) >= COUNTS_KEPT:
+            _COUNTS.clear()
+        got = _COUNTS[key] = _functions(k, blas)
+    return got
+
+
+def _functions(k: kir.Kernel, blas: bool) -> int:
+    """``functions``' count, worked out."""
     try:
         # (counted as if each product's epilogue were a loop of its own: an epilogue's
         # loop may join others, and the fused kernels chosen by this count are those of
