@@ -24,7 +24,7 @@ from rtl_helpers import src, table
 from timerlc.codegen import kir
 from timerlc.codegen.kir import For, Gemm, Store
 from timerlc.compiler import compile_plan, generate_code, run_passes
-from timerlc.cuda import nvrtc, render
+from timerlc.cuda import nvrtc, products, render
 from timerlc.cuda.emu import compiler
 from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
@@ -1573,7 +1573,8 @@ def test_bias_gradients_after_their_products_are_one_step():
 @pytest.mark.parametrize("policy", ["ours", "blas"])
 def test_bias_gradients_ride_on_their_weight_gradients_products(policy, monkeypatch):
     """Where the weight's gradient is a gram of ours (16 columns: ``x^T @ dy`` over 600
-    rows, two copies), its bias's gradient (``sum(dy, 0)``: float64 sums into a temporary,
+    rows, two copies, added in its part function), its bias's gradient (``sum(dy, 0)``:
+    float64 sums into a temporary,
     its zeros before it) is made by the same pass (``render._Kernel._gram_sums``): the
     threads of the first row of tiles add the dy they read, in float64. The product keeps
     its BLAS call, the zeros and the sum one function after it (``GemmCall.then``: the
@@ -1603,9 +1604,14 @@ def test_bias_gradients_ride_on_their_weight_gradients_products(policy, monkeypa
         f
         for _, phases in cu.plan.kernels.launches
         for f in phases
-        if isinstance(f, items.GemmCall) and f.then and len(f.own) == 2
+        if isinstance(f, items.GemmCall)
+        and f.then
+        and products.form(f.dtype, f.m, f.n, f.k, f.a.t, f.b.t) == "gram"
     ]
     assert len(calls) == 2 and all(len(c.then) == 1 for c in calls)  # (one function after)
+    # (two copies, added in the part function: products.merged, its tickets' last block)
+    for c in calls:
+        assert products.merged(c.m, c.n, c.k) and [f[-1] for f, _ in c.own] == ["p"]
     assert "tl_s[j] += (double)tl_b[j];" in cu.text and "tl_pd" in cu.text
     ref, rt, _, _, _ = run_both(gen)
     assert (rt.blas_calls > 0) == (policy == "blas")

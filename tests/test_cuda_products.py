@@ -899,7 +899,8 @@ def test_a_bias_gradient_s_cast_runs_in_its_gram_s_last_block(policy, monkeypatc
     (``_gram_sums``), and the float32 cast and copy of its float64 sums run in the last
     block of the gram's sum of copies (ours) or of the reduction after the BLAS's product
     (its ``then``), not as a step of the kernel's (``_sums_tail``; ``render.GRAM_TAILS``
-    off: as before); the values are the cpu's either way."""
+    off: as before); the values are the cpu's either way. (Its gram of 4 x 64 adds its
+    copies in its part function, ``products.merged``: the cast runs there.)"""
     monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
     path = ROOT / "programs" / "reinforce.rtl"
     plan = compile_plan(run_passes(graph_of(path.read_text(), I=3, B=16, T=500)))
@@ -915,7 +916,7 @@ def test_a_bias_gradient_s_cast_runs_in_its_gram_s_last_block(policy, monkeypatc
         f.own[-1][0]
         for _, phases in gen.plan.kernels.fused_launches
         for f in phases
-        if isinstance(f, items.GemmCall) and f.then and f.own[-1][0].endswith("s")
+        if isinstance(f, items.GemmCall) and f.then and f.own[-1][0][-1] in "sp"
     ]
     assert len(tails) == 1
     (gram,) = [
@@ -926,6 +927,9 @@ def test_a_bias_gradient_s_cast_runs_in_its_gram_s_last_block(policy, monkeypatc
     ]
     text = gen.text.split(f"void {tails[0]}(void")[1].split('extern "C" __global__')[0]
     assert "tl_last = atomicAdd(tl_count(err)" in text
+    assert "tl_failed(err, tl_fail" in text  # (the cast's loop, as every step's, reports)
+    gs = (gram.m, gram.n, gram.k)
+    assert products.merged(*gs) and tails[0].endswith("p") and len(gram.own) == 1
     cg = generate(plan, "cpu")
     ref = CpuRuntime(cg.plan, native=cg.text)
     ref.run()
@@ -938,13 +942,13 @@ def test_a_bias_gradient_s_cast_runs_in_its_gram_s_last_block(policy, monkeypatc
         f.own[-1][0]
         for f in phases
         if isinstance(f, items.GemmCall)
-        and f.own[-1][0].endswith("s")
+        and f.own[-1][0][-1] in "sp"
         and (f.m, f.n, f.k) == (gram.m, gram.n, gram.k)
     }
     assert names
     for name in names:
         apart = off.text.split(f"void {name}(void")[1]
-        assert "tl_last" not in apart.split('extern "C" __global__')[0]
+        assert "tl_fail" not in apart.split('extern "C" __global__')[0]
 
 
 @needs_cxx
@@ -985,3 +989,48 @@ def test_a_gram_reads_its_operands_16_bytes_at_a_time_where_they_are_runs_of_4()
     assert "tl_sm4[(r * 4 + ty * 4) / 4 + i]" in wide and "tl_sm[" not in wide
     narrow = "\n".join(products._gram_operands(64, 2, products.STAGE_ROWS, 4, 2))
     assert "tl_sm4" not in narrow and "tl_b[j] = tl_sm[4096 + r * 2 + tx * 2 + j]" in narrow
+
+
+@needs_cxx
+def test_a_small_gram_adds_its_copies_in_its_part_function_whatever_the_grid(monkeypatch):
+    """A gram of at most ``MERGED_SUMS`` elements with more than one copy is one function
+    (``products.merged``: no sum launch): the last copy of each group of copies adds the
+    group's, the last group's the groups' into C and B's column sums (tickets it sets back
+    to 0: a second call is right too). 64 copies in 8 groups, on grids of 1, 3 and 8 blocks
+    (each block several copies): NumPy's C, the same bits on each grid; a 64 x 64 keeps its
+    sum launch, as does every gram with ``MERGED_SUMS`` 0."""
+    m, n, k = 4, 64, 64 * products.PART_ROWS
+    assert products.launches(m, n, k, True, False) == ("part",)
+    assert products.copy_groups(k) == (8, 8) and products.copy_groups(3 * 256) == (2, 2)
+    assert products.launches(64, 64, k, True, False) == ("part", "sum")
+    assert products.launches(m, n, 300, True, False) == ("part",)  # (one copy: C itself)
+    s = _gemm(m, n, k, True, False, 0, 0, 0)
+    ((name, text),) = products.standalone(s, "g", sums=True)
+    device = EmuDevice()
+    module = device.load(render.head() + "\n" + text)
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(k * m).astype(np.float32)
+    b = rng.standard_normal(k * n).astype(np.float32)
+    want = a.reshape(k, m).astype(np.float64).T @ b.reshape(k, n).astype(np.float64)
+    bufs = [a, b, np.zeros(m * n, np.float32), np.zeros(n)]
+    ptrs = [device.alloc(x.nbytes) for x in bufs]
+    table = device.alloc(8 * 4)
+    device.upload(table, np.array(ptrs, np.uint64))
+    scratch = device.alloc(products.scratch_bytes(m, n, k, True, False, sums=True))
+    got = []
+    for blocks in (1, 3, 8, 3):
+        for p, x in zip(ptrs, bufs):
+            device.upload(p, x)
+        device.launch(device.function(module, name), table, np.zeros(1, np.int64), scratch, blocks)
+        c, sums = np.empty(m * n, np.float32), np.empty(n)
+        device.download(ptrs[2], c)
+        device.download(ptrs[3], sums)
+        np.testing.assert_allclose(c.reshape(m, n), want, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(sums, b.reshape(k, n).astype(np.float64).sum(0), rtol=1e-12)
+        got.append((c, sums))
+    for c, sums in got[1:]:
+        np.testing.assert_array_equal(c, got[0][0])
+        np.testing.assert_array_equal(sums, got[0][1])
+    monkeypatch.setattr(products, "MERGED_SUMS", 0)
+    assert products.launches(m, n, k, True, False) == ("part", "sum")
+    assert "tl_last" not in products.standalone(s, "g")[0][1]

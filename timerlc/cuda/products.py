@@ -19,7 +19,9 @@ summed). On an H100 cuBLAS took 25-32 us for each in float32 where their bytes t
   G-th row of the chunk where C has fewer tiles than the block has threads, its groups
   then added in order), into the statement's scratch memory (C itself where there is one
   copy: one launch); then the copies added in a fixed order (``lanes`` threads an
-  element, each every lanes-th copy, then the lanes in order).
+  element, each every lanes-th copy, then the lanes in order); a gram of at most
+  ``MERGED_SUMS`` elements adds them in its first launch, by its last blocks
+  (``_merged_sums``: one launch).
 
 Both copy their operands into shared memory 8 loads of a thread at a time, 16 bytes each
 where the operands are aligned (``_copy``).
@@ -31,6 +33,7 @@ faster (``runtime.cuda``); the emulated device runs ours.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,6 +48,10 @@ MAX_LANES = 32  # gram: the most threads that add an element's copies
 COPY_BATCH = 8  # the loads into shared memory a thread issues before it waits for them
 VEC_ROWS = True  # rows functions read their shared memory 16 bytes at a time (_rows_vec_lines)
 VEC_GRAMS = True  # grams' parts read their operands 16 bytes at a time (_gram_operands)
+# a gram of at most this many elements (and more than one copy) adds its copies in its part
+# function, the last copy of each group of copies adding the group's, the last group's
+# the groups' (``_merged_sums``): no launch of their own; 0: never
+MERGED_SUMS = 256
 
 
 def _divisor(n: int, options) -> int:
@@ -78,11 +85,100 @@ def scratch_bytes(m: int, n: int, k: int, ta: bool, tb: bool, sums: bool = False
 
 def launches(m: int, n: int, k: int, ta: bool, tb: bool) -> tuple[str, ...]:
     """The functions of ours a product launches one after another: ``rows``; a gram's
-    ``part`` and ``sum`` (its one copy C itself where it has one: ``part`` alone)."""
+    ``part`` and ``sum`` (its one copy C itself where it has one, or its copies added in
+    its last blocks, ``merged``: ``part`` alone)."""
     what = form("f32", m, n, k, ta, tb)
     if what == "rows":
         return ("rows",)
-    return ("part",) if parts(k) == 1 else ("part", "sum")
+    return ("part",) if parts(k) == 1 or merged(m, n, k) else ("part", "sum")
+
+
+def merged(m: int, n: int, k: int) -> bool:
+    """Whether a gram (``form``) of C ``m x n`` over ``k`` rows adds its copies in its part
+    function (``_merged_sums``): more than one copy, at most ``MERGED_SUMS`` elements."""
+    return parts(k) > 1 and m * n <= MERGED_SUMS
+
+
+def copy_groups(k: int) -> tuple[int, int]:
+    """``(GS, NG)``: a merged gram's copies (``parts(k)``) in ``NG`` groups of ``GS`` (the
+    last may have fewer), about the square root of their number (as ``tl_group_size``
+    groups a reduction's blocks)."""
+    p = parts(k)
+    gs = math.isqrt(p - 1) + 1 if p > 1 else 1
+    gs = gs if gs < p else 1
+    return gs, -(-p // gs)
+
+
+def _merged_sums(s, c: str, sums: str | None, final: list[str]) -> list[str]:
+    """The lines (at the depth of a gram's loop over its copies, after copy ``p``'s
+    elements are stored) that add a merged gram's copies (``merged``) where a launch of its
+    own (``gram_sum_lines``) did: the block that stores the last copy of a group
+    (``copy_groups``: its ticket, ``tl_groups``) adds the group's copies in order into its
+    first; the one that adds the last group's (``tl_count``) adds the groups' first copies
+    in order into C (and B's column sums into ``sums``), then runs ``final`` (lines: the
+    steps after the sums, ``render._Kernel._sums_tail``). The order of every sum is fixed
+    by the copies, whatever the grid; the tickets are set back to 0 by the block that read
+    them last."""
+    m, n, k = s.m, s.n, s.k
+    p, count = parts(k), m * n
+    gs, ng = copy_groups(k)
+    dst = f"({c})[e / {n} * {s.ldc} + e % {n}]"
+
+    def added(t: str, arr: str, size: int, first: str, step: str, terms: str, dst: str):
+        return [
+            f"      for (int e = threadIdx.x; e < {size}; e += blockDim.x) {{",
+            f"        {t} v = {arr}[({first}) * {size} + e];",
+            "#pragma unroll 4",
+            f"        for (long long q = 1; q < {terms}; q++) v += {arr}[(({first}) + q * {step}) * {size} + e];",
+            f"        {dst} = v;",
+            "      }",
+        ]
+
+    group = ["    {"]
+    if gs > 1:
+        group = [
+            "    if (threadIdx.x == 0) {",
+            f"      const long long tl_in = {p} - p / {gs} * {gs} < {gs} ? {p} - p / {gs} * {gs} : {gs};",
+            f"      tl_last = atomicAdd(tl_groups(err) + p / {gs}, 1u) == tl_in - 1;",
+            "    }",
+            "    __syncthreads();",
+            "    if (tl_last) {  // (the group's last copy: the group's copies into its first)",
+            "      __threadfence();",
+            f"      const long long tl_f = p / {gs} * {gs};",
+            f"      const long long tl_in = {p} - tl_f < {gs} ? {p} - tl_f : {gs};",
+            f"      if (threadIdx.x == 0) tl_groups(err)[p / {gs}] = 0;",
+            *added("float", "tl_pp", count, "tl_f", "1", "tl_in", f"tl_pp[tl_f * {count} + e]"),
+            *(
+                added("double", "tl_pd", n, "tl_f", "1", "tl_in", f"tl_pd[tl_f * {n} + e]")
+                if sums is not None
+                else []
+            ),
+            "      __threadfence();  // (the group's sums, then the ticket)",
+            "      __syncthreads();",
+        ]
+    final_sum = [
+        f"      if (threadIdx.x == 0) tl_last = atomicAdd(tl_count(err), 1u) == {ng} - 1;",
+        "      __syncthreads();",
+        "      if (tl_last) {  // (the last group: the groups' first copies into C)",
+        "        __threadfence();",
+        "        if (threadIdx.x == 0) *tl_count(err) = 0;",
+        *("  " + x for x in added("float", "tl_pp", count, "0", str(gs), str(ng), dst)),
+        *(
+            ("  " + x for x in added("double", "tl_pd", n, "0", str(gs), str(ng), f"({sums})[e]"))
+            if sums is not None
+            else []
+        ),
+        *("        " + x for x in final),
+        "      }",
+    ]
+    return [
+        "    __threadfence();  // (this copy's elements, then its ticket)",
+        "    __syncthreads();",
+        *group,
+        *final_sum,
+        "    }",
+        "    __syncthreads();  // (tl_last read before the next copy's ticket)",
+    ]
 
 
 def _rows_tiling(n: int, k: int) -> tuple[int, int, int, int, int]:
@@ -348,11 +444,14 @@ def _copies(s, copies: str, c: str, sums: str | None) -> list[str]:
     ]
 
 
-def gram_part_lines(s, a: str, b: str, copies: str, c: str, sums: str | None = None) -> list[str]:
+def gram_part_lines(
+    s, a: str, b: str, copies: str, c: str, sums: str | None = None, final=()
+) -> list[str]:
     """The first launch of gram ``s``: each copy (of ``parts(k)``, at ``copies``, m x n
     floats each) the sum of its chunk of rows; C itself (at ``c``) where it has one. With
     ``sums`` (a float64 array of n), B's column sums too, in float64: the threads of the
-    first row of tiles add the B values they read (``_copies``)."""
+    first row of tiles add the B values they read (``_copies``). A merged gram's copies
+    added into C by its last blocks, then ``final`` (``_merged_sums``)."""
     m, n, k = s.m, s.n, s.k
     tm, tn, ct, tiles = _gram_tiling(m, n)
     p = parts(k)
@@ -395,6 +494,7 @@ def gram_part_lines(s, a: str, b: str, copies: str, c: str, sums: str | None = N
         f"  const float *A = {a};",
         f"  const float *B = {b};",
         *_copies(s, copies, c, sums),
+        *(["  __shared__ int tl_last;  // (a ticket's: _merged_sums)"] if merged(m, n, k) else []),
         *with_sums,
         f"  __shared__ float4 tl_sm4[{-(-size // 4)}];  // A's and B's rows; the groups' sums",
         "  float *tl_sm = (float *)tl_sm4;",
@@ -445,6 +545,7 @@ def gram_part_lines(s, a: str, b: str, copies: str, c: str, sums: str | None = N
         "      }",
         *total,
         "    }",
+        *(_merged_sums(s, c, sums, list(final)) if merged(m, n, k) else []),
         "  }",
         "}",
     ]
@@ -601,7 +702,7 @@ def rows_tf32_lines(
 
 
 def gram_part_tf32_lines(
-    s, a: str, b: str, copies: str, c: str, sums: str | None = None
+    s, a: str, b: str, copies: str, c: str, sums: str | None = None, final=()
 ) -> list[str]:
     """``gram_part_lines``'s copies with TF32 operands (``tf32_form``): each stage's rows
     of A and B in shared memory (lines apart so that no two lanes of a fragment read one
@@ -611,15 +712,17 @@ def gram_part_tf32_lines(
     at a time (``_gram_mma``); B's column sums (float64) each stage's rows in order into the
     copy's. With other than 128 threads a block each element of the copy is summed by one
     thread over the rows in order (into the copy's memory), as the tensor cores' path sums
-    it on the emulation."""
+    it on the emulation. A merged gram's copies added as ``gram_part_lines`` adds them."""
     m, n = s.m, s.n
     sr = STAGE_ROWS
     ms, ns = _stride(m, 8), _stride(n, 8)
+    last = merged(m, n, s.k)
     return [
         "{",
         f"  const float *A = {a};",
         f"  const float *B = {b};",
         *_copies(s, copies, c, sums),
+        *(["  __shared__ int tl_last;  // (a ticket's: _merged_sums)"] if last else []),
         f"  __shared__ float tl_ga[{sr * ms}];  // a stage's rows of A: a row's m, {ms} apart",
         f"  __shared__ float tl_gb[{sr * ns}];  // and of B: a row's n, {ns} apart",
         *_gram_tf32_copies(
@@ -634,17 +737,18 @@ def gram_part_tf32_lines(
                 "        }",
                 *_indented(_column_sums(n, sr) if sums is not None else [], "        "),
             ],
+            _merged_sums(s, c, sums, list(final)) if last else [],
         ),
         "}",
     ]
 
 
-def _gram_tf32_copies(s, sr: int, sums: bool, compute: list[str]) -> list[str]:
+def _gram_tf32_copies(s, sr: int, sums: bool, compute: list[str], after=()) -> list[str]:
     """A TF32 gram's loop over its copies (``gram_part_tf32_lines``, ``joint_tf32_lines``):
     each copy's chunk of rows (as the float32 gram's) a stage of ``sr`` rows at a time into
     ``tl_ga`` and ``tl_gb`` (``_stages``), then ``compute`` on it (lines at the stage's
-    depth); the copy's ``tl_d`` (``_gram_mma``'s) stored after its last stage. Lines at
-    depth 1."""
+    depth); the copy's ``tl_d`` (``_gram_mma``'s) stored after its last stage, then the
+    lines ``after`` (at the loop's depth). Lines at depth 1."""
     m, n, k = s.m, s.n, s.k
     p = parts(k)
     chunk = -(-k // p // STAGE_ROWS) * STAGE_ROWS  # (whole stages of the float32 gram's)
@@ -679,6 +783,7 @@ def _gram_tf32_copies(s, sr: int, sums: bool, compute: list[str]) -> list[str]:
         f"        tl_c0[{8 * ld} + j * 8] = tl_d[j][2], tl_c0[{8 * ld} + j * 8 + 1] = tl_d[j][3];",
         "      }",
         "    }",
+        *after,
         "  }",
     ]
 
@@ -758,6 +863,7 @@ def joint_form(r, g) -> bool:
         and not g.tb
         and (g.k, g.n) == (r.m, r.k)
         and r.n % 16 == 0
+        and not merged(g.m, g.n, g.k)  # (the joint's copies are added by the gram's sum)
     )
 
 

@@ -830,6 +830,7 @@ class _Kernel:
         self.block_sums_made = 0  # (the sums of runs on one thread the block takes: block_sums)
         self.gram_sums: list = []  # (the bundles of a gram and its column sums: _gram_sums)
         self.epilogues: list = []  # (the bundles of a rows product and its epilogue)
+        self.io: tuple = ([], [], {})  # (the step's loads, stores and passed: phase's)
         # (the products that ours may make with what follows them carry both ways: their
         # epilogues, _rows_epilogues, a gram's column sums as the BLAS's too; off for
         # functions()'s count)
@@ -1667,9 +1668,10 @@ class _Kernel:
                 self.last_block(then, loads, stores, passed, st if grouped else None)
         tail = st.form.tail if kind == "gemm" and isinstance(st.form, _Own) else ()
         if kind != "reduce":
+            self.io = (loads, stores, passed)  # (a merged gram's steps after its sums')
             threads = self.step_body(st, loads, stores, passed)
-        if tail:  # (the steps after a gram's sums: its last block's, as a reduction's)
-            everything = _buffers(self.k.body)
+        if tail and not _merged(st):  # (the steps after a gram's sums: its last block's,
+            everything = _buffers(self.k.body)  # as a reduction's; a merged gram's: own_lines)
             self.last_block([(t, everything) for t in tail], loads, stores, passed)
         self.phases.append((fname, max(1, min(threads, 1 << 31))))
         head = [
@@ -1741,6 +1743,12 @@ class _Kernel:
         self.emit(1, "if (!tl_last) return;  // the last block combines the results")
         self.emit(1, "__threadfence();")
         self.emit(1, "if (threadIdx.x == 0) *tl_count(err) = 0;")
+        self.in_one_block(then, loads, stores, passed, grouped)
+
+    def in_one_block(self, then: list, loads, stores, passed, grouped=None):
+        """The steps ``then`` (each with what the other steps use) run by one block, its
+        threads meeting between two (``last_block``'s; a merged gram's last block's after
+        its sums, ``own_lines``)."""
         outside = self.others
         self.one_block = True
         self.groups_of = grouped.number if grouped is not None else None
@@ -1920,7 +1928,7 @@ class _Kernel:
             threads = products.gram_part_threads(g.k)
         elif kind == "part":
             part = products.gram_part_tf32_lines if form.tf32 else products.gram_part_lines
-            lines = part(s, a, b, copies, c, sums)
+            lines = part(s, a, b, copies, c, sums, self._after_sums(form))
             threads = products.gram_part_threads(s.k)
         else:
             lines = products.gram_sum_lines(s, c, copies, sums)
@@ -1928,6 +1936,20 @@ class _Kernel:
         for line in lines:
             self.emit(0 if line.startswith("#") else depth, line)
         return threads
+
+    def _after_sums(self, form: _Own) -> list[str]:
+        """The lines of a merged gram's steps after its sums (``form.tail``,
+        ``products.merged``): run by the block that adds its last group of copies, as a
+        reduction's last block runs them (``in_one_block``), at depth 0."""
+        if not form.tail:
+            return []
+        lines, self.lines = self.lines, []
+        try:
+            everything = _buffers(self.k.body)
+            self.in_one_block([(t, everything) for t in form.tail], *self.io)
+            return [x.removeprefix("  ") for x in self.lines]
+        finally:
+            self.lines = lines
 
     def _epilogue_store(self, s: Gemm, nest: For) -> tuple[str, str, str]:
         """What a rows function stores for an element of C with ``nest``
@@ -3964,6 +3986,15 @@ def _subst(refs: dict):
     from timerlc.codegen.fuse import _Subst
 
     return _Subst(refs, {}, 0)
+
+
+def _merged(st: _Step) -> bool:
+    """Whether step ``st`` is a gram's part function of ours that adds its copies itself
+    (``products.merged``: the steps after its sums are its last block's, ``own_lines``)."""
+    if st.kind != "gemm" or not isinstance(st.form, _Own) or st.form.kind != "part":
+        return False
+    s = st.body
+    return products.merged(s.m, s.n, s.k)
 
 
 def _row_loop(s) -> bool:
