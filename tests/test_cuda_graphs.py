@@ -301,7 +301,8 @@ def test_the_waits_of_a_call_are_those_that_touch_its_bytes():
 def test_a_graph_s_longest_chain_counts_the_launches_that_wait_for_each_other():
     """``graphs.Order.chain``: the launches and products a GPU runs one after another (a
     call's own in a row, then the longest chain of the calls it waits for); calls beside it
-    add nothing (``DeviceRuntime.chained``, a replay's share)."""
+    add nothing (``DeviceRuntime.chained``, a replay's share); a call's launches counted
+    once made (``weigh``: a product's functions)."""
     order = graphs.Order({})
     order.call((), ("a",), 2)  # 0: two launches
     order.call(("a",), ("b",), 3)  # 1 waits for 0: 5
@@ -309,6 +310,12 @@ def test_a_graph_s_longest_chain_counts_the_launches_that_wait_for_each_other():
     assert order.chain == 5
     order.call(("b", "c"), ("d",), 1)  # 3 waits for 1 and 2: 6
     assert order.chain == 6 and order.depth == [2, 5, 4, 6]
+    # a product's launches are known once it ran (``weigh``): ours, a part and a sum
+    order.call(("d",), ("e",), 1)  # 4 waits for 3
+    order.weigh(2)
+    assert order.chain == 8 and order.depth == [2, 5, 4, 6, 8]
+    order.weigh(0)  # (one that did not run at the call)
+    assert order.chain == 6 and order.depth[-1] == 6
 
 
 def test_cupy_device_s_capture_puts_calls_on_streams_and_waits_for_events():

@@ -1548,6 +1548,7 @@ class DeviceRuntime(CpuRuntime):
             if self._capturing:  # (what the call waits for in the graph)
                 weight = len(fns) * repeat
                 device.depend(self._order.call(*self._resources(sid), weight))
+                made = self.launches + self.blas_calls
             if self.profile:
                 start = device.mark()
             for r in range(repeat):
@@ -1563,6 +1564,8 @@ class DeviceRuntime(CpuRuntime):
                         self.chained += 1
                     else:  # a product (GemmCall)
                         fn(values, scratch_ptr)
+            if self._capturing:  # (a product's functions, each one after another)
+                self._order.weigh(self.launches + self.blas_calls - made)
             if self.profile:
                 self._marks.append((sid, start, device.mark()))
                 if len(self._marks) >= 1024:

@@ -257,6 +257,7 @@ class Order:
         # it (its own included); the longest of all: what a GPU must run one after another
         self.depth: list[int] = []
         self.chain = 0
+        self.weight = 0  # (the last call's)
 
     def call(self, reads, writes, weight: int = 1) -> set[int]:
         """The calls the next call waits for (calls are numbered from 0); ``weight``: the
@@ -274,6 +275,7 @@ class Order:
         me = self.calls
         self.calls += 1
         self.depth.append(weight + max((self.depth[p] for p in after), default=0))
+        self.weight = weight
         self.chain = max(self.chain, self.depth[-1])
         for r in writes:
             self.writer[r] = me
@@ -282,6 +284,16 @@ class Order:
             if r not in writes:
                 self.readers.setdefault(r, set()).add(me)
         return after
+
+    def weigh(self, made: int):
+        """The last call made ``made`` launches and products, where ``call`` was told its
+        weight before they were known (a product's: ours, its functions one after another,
+        or the BLAS's and what runs after it; none where it does not run at the call)."""
+        if made == self.weight or not self.depth:
+            return
+        self.depth[-1] += made - self.weight
+        self.weight = made
+        self.chain = max(self.depth)
 
 
 def aliases(layout, sizes: dict[int, int]) -> dict:
