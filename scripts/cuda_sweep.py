@@ -36,7 +36,10 @@ all of them. The knobs:
 - ``--perm-buckets``: ``cuda.render.PERM_BUCKETS``, the most buckets a permutation sorts
   by (``_Kernel.perm_buckets``; 0: every permutation by the merge sort's passes);
 - ``--long-row``: ``cuda.render.LONG_ROW``, the points a row from which a loop stays out of
-  merged rows over any rows (a large value: only ``WIDE_ROWS``' rule).
+  merged rows over any rows (a large value: only ``WIDE_ROWS``' rule);
+- ``--merged-sums``: ``cuda.products.MERGED_SUMS``, the most elements of a gram that adds its
+  copies in its part function (``_merged_sums``; 0: every gram's copies a launch of their
+  own).
 
 ``--matmul-precision tensorfloat32`` runs them all with TF32 products (ours, cuBLAS's, the
 joint functions).
@@ -59,6 +62,8 @@ the step's forward and backward, 64: 12.6, 1,024 at 4,224 blocks: 9.8). docs/per
     python scripts/cuda_sweep.py --in-flight 1,2,4,8 --set B=2048 --set T=128 \\
         --set total_steps=1572864
     python scripts/cuda_sweep.py --vec-rows 0,1 --perm-buckets 0,2048 --set B=2048 \
+        --set T=128 --set total_steps=1572864
+    python scripts/cuda_sweep.py --products fastest --merged-sums 0,256 --set B=2048 \
         --set T=128 --set total_steps=1572864
     python scripts/cuda_sweep.py --emu --parts 256,64 --set B=16 --set T=8 --set total_steps=512
 """
@@ -101,6 +106,7 @@ def main() -> int:
     ap.add_argument("--vec-grams", default="1", help="comma-separated VEC_GRAMS values (0, 1)")
     ap.add_argument("--perm-buckets", default="2048", help="comma-separated PERM_BUCKETS")
     ap.add_argument("--long-row", default="128", help="comma-separated LONG_ROW values")
+    ap.add_argument("--merged-sums", default="256", help="comma-separated MERGED_SUMS values")
     from cuda_gpu_check import add_matmul_precision, open_device
 
     add_matmul_precision(ap)
@@ -134,6 +140,7 @@ def main() -> int:
         numbers(args.vec_grams),
         numbers(args.perm_buckets),
         numbers(args.long_row),
+        numbers(args.merged_sums),
     )
     for (
         parts,
@@ -152,12 +159,13 @@ def main() -> int:
         vec_grams,
         buckets,
         long_row,
+        merged,
     ) in knobs:
         render.PARTS, render.ARRAY_PARTS, render.UNROLL = parts, array_parts, unroll
         render.GRAM_SUMS, products.MAX_PARTS, products.COPY_BATCH = bool(sums), pparts, batch
         render.ROWS_EPILOGUES, render.JOINTS, tree.SEQ_TIES = bool(epi), bool(joints), bool(ties)
         render.IN_FLIGHT, products.VEC_ROWS = flight, bool(vec)
-        products.VEC_GRAMS = bool(vec_grams)
+        products.VEC_GRAMS, products.MERGED_SUMS = bool(vec_grams), merged
         render.PERM_BUCKETS, render.LONG_ROW = buckets, long_row
         device.MAX_BLOCKS = blocks or own
         device.products = policy
@@ -168,7 +176,7 @@ def main() -> int:
             f"blocks {device.MAX_BLOCKS:6d} products {policy} GRAM_SUMS {sums} EPILOGUES {epi} "
             f"MAX_PARTS {pparts} COPY_BATCH {batch} JOINTS {joints} SEQ_TIES {ties} "
             f"IN_FLIGHT {flight} VEC_ROWS {vec} VEC_GRAMS {vec_grams} PERM_BUCKETS {buckets} "
-            f"LONG_ROW {long_row}"
+            f"LONG_ROW {long_row} MERGED_SUMS {merged}"
         )
         try:
             r = co.program(device, args.program, sets, True, True, True)

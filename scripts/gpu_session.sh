@@ -16,7 +16,8 @@
 # --in-flight 1,4; "tilings" (not by default): cuda_skinny.py --tilings; "skinny": scripts/cuda_skinny.py (PPO's products by cuBLAS
 # and by our kernels, cuda/products.py, apart from the program); scripts/bench.py at 2048x128 against jax on the GPU.
 # "ab" (not by default): cuda_sweep.py's A/B of the twenty-third session's 16-byte
-# shared-memory loads of rows products and grams against the 4-byte ones.
+# shared-memory loads of rows products and grams against the 4-byte ones. "merged" (not by
+# default): cuda_sweep.py's small grams adding their copies in their part function or not.
 # "profile" (not by default): PPO at 2048 environments with --profile (each statement
 # launched alone). "products" (not by default): scripts/cuda_sweep.py over PPO 2048 with
 # its products as cuBLAS's or timed against ours, and its bias gradients riding on their
@@ -152,6 +153,11 @@ stage inflight 150 $PY scripts/cuda_sweep.py "${CHECK[@]}" --in-flight 1,4 --top
 # buckets against the merge sort: --perm-buckets 0,2048, or the kernels stage's s119s)
 stage ab 160 $PY scripts/cuda_sweep.py "${CHECK[@]}" --vec-rows 0,1 --vec-grams 0,1 \
   --top 6 --set B=2048 --set T=128 --set total_steps=1572864
+# (not by default: the twenty-fourth session's small grams that add their copies in their
+# part function, products.MERGED_SUMS 256, against a sum launch of their own, 0; two builds
+# and runs of PPO 2048, the runtime timing ours against the BLAS as a run does)
+stage merged 90 $PY scripts/cuda_sweep.py "${CHECK[@]}" --products fastest \
+  --merged-sums 0,256 --top 6 --set B=2048 --set T=128 --set total_steps=1572864
 # Nsight Compute (on the device image's PATH) over the kernels NCU_KERNELS names (a regex of
 # function names, which depend on the program's sizes: these are the kernels stage's PPO's),
 # the first call of each: where a kernel's time goes (memory, occupancy, stalls); by
