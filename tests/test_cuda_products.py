@@ -1034,3 +1034,57 @@ def test_a_small_gram_adds_its_copies_in_its_part_function_whatever_the_grid(mon
     monkeypatch.setattr(products, "MERGED_SUMS", 0)
     assert products.launches(m, n, k, True, False) == ("part", "sum")
     assert "tl_last" not in products.standalone(s, "g")[0][1]
+
+
+BESIDE_PROGRAM = """
+config I = 3, N = 600
+dim i < I
+s[0] = 1.0
+x[i] = reshape(f32(arange(N * 4)) * 0.001, [N, 4]) * s[i]
+dy[i] = (reshape(f32(arange(N * 2)) * 0.0005, [N, 2]) - 1.0) * s[i]
+u[i] = reshape(f32(arange(N * 8)) * 0.01, [N, 8]) * s[i]
+g[i] = x[i].T @ dy[i]
+h[i] = tanh(u[i]) * (1.0 - u[i] * u[i])
+s[i+1] = s[i] * 0.5 + sum(g[i]) * 0.0001 + sum(h[i]) * 0.0001 + max(h[i]) * 0.0001
+out x, dy, u, s
+"""
+
+
+@needs_cxx
+@pytest.mark.parametrize(("policy", "blocks"), [("ours", 3), ("ours", 1), ("blas", 3)])
+def test_a_loop_that_touches_nothing_of_a_product_runs_in_its_launch(policy, blocks, monkeypatch):
+    """A weight gradient's gram (4 x 2 over 600 rows, its two copies added in its function)
+    and the step of loops next to it that touches nothing of it (``h``'s elementwise loop:
+    ``render._Kernel._beside``): one function of ours, its first blocks the product's and
+    the others the loop's (``tl_beside_split``; on one block both, one after the other),
+    where the BLAS's way runs the loop as a function after it (``GemmCall.then``,
+    ``..b``); ``BESIDE`` off, the loop a launch of its own. The values are the cpu's either
+    way, on grids of 3 blocks and of 1."""
+    monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
+    monkeypatch.setattr(EmuDevice, "MAX_BLOCKS", blocks)
+    plan = compile_plan(run_passes(graph_of(BESIDE_PROGRAM)))
+    gen = generate(plan, "cuda")
+
+    def steps(g):
+        return [f for key in ("launches", "fused_launches") for _, p in getattr(g, key) for f in p]
+
+    calls = [
+        f
+        for f in steps(gen.plan.kernels)
+        if isinstance(f, items.GemmCall) and f.then and f.then[-1][0].endswith("b")
+    ]
+    assert len(calls) == 1 and len(calls[0].own) == 1
+    (name, threads), (after, loop) = calls[0].own[0], calls[0].then[-1]
+    text = gen.text.split(f"void {name}(void")[1].split('extern "C" __global__')[0]
+    assert "tl_beside_split(gridDim.x" in text and threads > loop
+    rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice(), graphs=False)
+    rt.run()
+    cg = generate(plan, "cpu")
+    ref = CpuRuntime(cg.plan, native=cg.text)
+    ref.run()
+    same_outputs(rt, ref, [o for o, _, _ in plan.outputs])
+    assert (rt.blas_calls > 0) == (policy == "blas")
+    monkeypatch.setattr(render, "BESIDE", False)
+    off = generate(plan, "cuda")
+    assert f"void {after}(" not in off.text and "tl_beside_split(gridDim" not in off.text
+    assert len(steps(off.plan.kernels)) == len(steps(gen.plan.kernels)) + 1

@@ -199,6 +199,17 @@ __device__ inline unsigned tl_group_size(unsigned blocks) {
   return g < blocks ? g : 1;
 }
 
+/* a launch's blocks between a product of ours and the loops beside it (render's
+   own_beside): the product's first, as many as it asks for (pb) where the loops keep as many
+   as they ask for (lb) or half the grid, whichever is fewer, and one at least; one block
+   alone makes both */
+__device__ inline unsigned tl_beside_split(unsigned grid, unsigned pb, unsigned lb) {
+  if (grid <= 1) return 1;
+  unsigned l = lb < grid / 2 ? lb : grid / 2;
+  if (l < 1) l = 1;
+  return pb < grid - l ? pb : grid - l;
+}
+
 /* integers wrap (two's complement), as LLVM's add/sub/mul and NumPy's do */
 TL_F int tl_add_i32(int a, int b) { return (int)((u32)a + (u32)b); }
 TL_F int tl_sub_i32(int a, int b) { return (int)((u32)a - (u32)b); }
@@ -523,6 +534,9 @@ ROWS_EPILOGUES = True
 # pass over their rows where TF32 is asked for, as the runtime chooses
 # (``_Kernel._joint_pair``, ``GemmCall.joint``)
 JOINTS = True
+# a loop step after a product of ours that touches nothing of its runs in the product's
+# launch, on blocks of its own (``_Kernel._beside``); off: a launch of its own
+BESIDE = True
 # a gram with its column sums makes the steps after them that read only them (the bias
 # gradient's cast to float32 and copy) in its last function's last block, where they were a
 # launch of their own (``_Kernel._sums_tail``)
@@ -563,6 +577,9 @@ class _Own:
     # (a gram's sum of copies with its column sums: the steps after the sums that read
     # only them, its last block's to run, ``_Kernel._gram_sums``)
     tail: tuple = ()
+    # (a loop step that touches nothing of the product's, run by blocks of the same launch
+    # beside the product's: ``_Kernel._beside``)
+    beside: object = None
 
 
 @dataclass(frozen=True)
@@ -902,10 +919,22 @@ class _Kernel:
         bufs = [_buffers(st.statements()) for st in steps]
         out, own = [], []
         blas_at: dict[int, int] = {}  # (a blas step -> its phase)
+        beside = self._beside(steps, units, passed, used, defined)
         for j, head, tail in units:
             st = steps[j]
+            if j in beside.values():  # (in its product's launch)
+                continue
             if st.kind == "blas":  # (the device's BLAS; and the functions of ours, if any)
                 blas_at[j] = len(self.phases)
+                if j in beside:
+                    q = beside[j]
+                    self.others = set().union(*(b for x, b in enumerate(bufs) if x != q))
+                    st = dataclasses.replace(
+                        st,
+                        own=dataclasses.replace(
+                            st.own or _Own("rows"), beside=(steps[q], self.others)
+                        ),
+                    )
                 self.phases.append(self.own_product(j, st, own))
                 continue
             fname = f"{self.k.name}_{j}" if out else self.k.name
@@ -952,6 +981,56 @@ class _Kernel:
                 if all(_independent(steps[x].statements(), mine, shared) for x in range(j + 1, q)):
                     steps.insert(j + 1, steps.pop(q))
                 break
+
+    def _beside(self, steps: list[_Step], units: list, passed, used, defined) -> dict:
+        """The loop steps that run in the launch of the product next to them (``blas`` step
+        -> loop step, ``BESIDE``): a product with one function of ours (a rows product, or a
+        gram that adds its copies itself or has one) and no TF32 form (the joint functions
+        and the TF32 ones keep their own), and the step of parallel loops just after it, or
+        else just before it (a function of its own, no run after it) that cannot fail, passes no local, reads
+        nothing it writes (the products policy may run both ways more than once at the first
+        call) and touches nothing of the product's (its statements, what runs after the
+        BLAS's included), the product under no condition (the loops run at every call): the
+        function of ours runs the loops in its last blocks (``tl_beside_split``,
+        ``own_beside``), so that a launch's wait goes and the loops' blocks run
+        while the product's few do (PPO's minibatch step: a 4 x 64 weight gradient's 256
+        blocks and the layer's elementwise gradient beside them). The BLAS's way runs the
+        loops as a function after it (``GemmCall.then``)."""
+        if not (self.choosing and BESIDE):
+            return {}
+        shared = frozenset(self.k.shared)
+        alone = {j for j, head, tail in units if not head and not tail}
+        out: dict[int, int] = {}
+        for j, st in enumerate(steps):
+            if st.kind != "blas" or j not in alone:
+                continue
+            s = st.form
+            if products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb) is None:
+                continue
+            if len(products.launches(s.m, s.n, s.k, s.ta, s.tb)) != 1:
+                continue
+            if products.tf32_form(s.m, s.n, s.k, s.ta, s.tb):
+                continue
+            if st.own is not None and st.own.kind not in ("rows", "gram"):
+                continue
+            if st.guard is not None or st.body.when is not True:  # (the loops run always)
+                continue
+            for q in (j + 1, j - 1):  # (the step after it, else the one before)
+                if not (0 <= q < len(steps)) or q not in alone or q in out.values():
+                    continue
+                nxt = steps[q]
+                if nxt.kind not in ("parallel", "either") or _fails(nxt):
+                    continue
+                if used[q] & set(passed) or set(defined[q]) & set(passed):
+                    continue
+                loops = nxt.statements()
+                loads = {e.buf for e in _exprs(loops) if isinstance(e, kir.Load)}
+                if loads & _written(loops):  # (the runtime may run them again: _product_choice)
+                    continue
+                if _independent(st.statements(), loops, shared):
+                    out[j] = q
+                    break
+        return out
 
     def _joint_pair(self, first: _Step, second: _Step) -> tuple | None:
         """Two consecutive blas steps as ``(rows, gram)`` where one pass over their rows can
@@ -1020,6 +1099,7 @@ class _Kernel:
         at = self._copies_region(products.scratch_bytes(s.m, s.n, s.k, s.ta, s.tb, sums))
         mine, tf32 = [], []
         kinds = products.launches(s.m, s.n, s.k, s.ta, s.tb)
+        beside = st.own.beside if st.own is not None else None
         for kind in kinds:
             fname = f"{self.k.name}_{j}{kind[0]}"
             own = _Own(kind, at)
@@ -1040,14 +1120,19 @@ class _Kernel:
             out.append(leave_out(text, NO_TF32))
             tf32.append(self.phases.pop())
         call = dataclasses.replace(call, tf32=tuple(tf32))
-        if not st.after:
+        if not st.after and beside is None:
             return dataclasses.replace(call, own=tuple(mine))
-        self.others = _buffers(self.k.body)  # (no temporary of a thread's own)
         then = []
-        for u, (q, _, tail) in enumerate(self._units(list(st.after))):
-            fname = f"{self.k.name}_{j}e" + (str(u) if u else "")
-            others = [(st.after[t], self.others) for t in tail]
-            out.append(self.phase(fname, st.after[q], [], [], {}, others or None))
+        if st.after:
+            self.others = _buffers(self.k.body)  # (no temporary of a thread's own)
+            for u, (q, _, tail) in enumerate(self._units(list(st.after))):
+                fname = f"{self.k.name}_{j}e" + (str(u) if u else "")
+                others = [(st.after[t], self.others) for t in tail]
+                out.append(self.phase(fname, st.after[q], [], [], {}, others or None))
+                then.append(self.phases.pop())
+        if beside is not None:  # (after the BLAS's: the loops a function of their own)
+            self.others = beside[1]
+            out.append(self.phase(f"{self.k.name}_{j}b", beside[0], [], [], {}))
             then.append(self.phases.pop())
         return dataclasses.replace(call, own=tuple(mine), then=tuple(then))
 
@@ -1685,7 +1770,8 @@ class _Kernel:
         # the buffers' addresses go out with it, where they waited for it (a round trip to
         # the device's memory more at the start of every launch)
         # (a product or a permutation cannot fail; a gram's tail is loops, which check theirs)
-        barrier = kind not in ("gemm", "perm") or bool(tail)
+        beside = st.form.beside if kind == "gemm" and isinstance(st.form, _Own) else None
+        barrier = kind not in ("gemm", "perm") or bool(tail) or beside is not None
         if barrier:
             head.append("  const int tl_stop = *(volatile int *)err;")
         else:
@@ -1716,6 +1802,7 @@ class _Kernel:
                 elif st.form.kind == "sum":
                     used = [dataclasses.replace(body, a=body.c, b=body.c), *sums]
                 used += [x for t in st.form.tail for x in t.statements()]
+                used += beside[0].statements() if beside is not None else []
             head += self.pointers(used, extra if kind == "reduce" else ())
         for v in loads:
             dt, off = passed[v]
@@ -1883,6 +1970,8 @@ class _Kernel:
             self.others = outside
         elif kind == "perm":
             threads = self.permute(st)
+        elif st.form is not None and st.form.beside is not None:  # (and loops: _beside)
+            threads = self.own_beside(st, loads, stores, passed)
         elif st.form is not None:  # a product's function of ours (own_product, _gram_sums)
             depth = self.open_guard(st)
             threads = self.own_lines(body, st.form, depth)
@@ -1900,6 +1989,37 @@ class _Kernel:
             if st.guard is not None:
                 self.emit(1, "}")
         return threads
+
+    def own_beside(self, st: _Step, loads, stores, passed) -> int:
+        """A product's function of ours with the loop step beside it (``_beside``): the
+        launch's first ``tl_pb`` blocks the product's (``products.beside_split``: the
+        blocks in proportion to what each asks for, at least one each; one block alone
+        makes both, one after the other), the others the loops', each over its blocks as
+        over a grid of its own (``tl_bx``, ``tl_gx``). The threads both ask for."""
+        loop, others = st.form.beside
+        form = dataclasses.replace(st.form, beside=None)
+        lines, self.lines = self.lines, []
+        depth = self.open_guard(st)
+        mine = self.own_lines(st.body, form, depth)
+        if st.guard is not None:
+            self.emit(1, "}")
+        product, self.lines = self.lines, []
+        outside, self.others = self.others, others
+        theirs = self.step_body(loop, loads, stores, passed)
+        self.others = outside
+        loops, self.lines = self.lines, lines
+        pb, lb = -(-mine // THREADS), -(-theirs // THREADS)
+        self.emit(1, f"const unsigned tl_pb = tl_beside_split(gridDim.x, {pb}u, {lb}u);")
+        self.emit(1, "if (blockIdx.x < tl_pb) {  // (the product's blocks)")
+        self.emit(1, "const unsigned tl_bx = blockIdx.x, tl_gx = tl_pb;")
+        self.lines += [_own_grid(x) for x in product]
+        self.emit(1, "}")
+        self.emit(1, "if (blockIdx.x >= tl_pb || gridDim.x == 1) {  // (the loops')")
+        self.emit(1, "const unsigned tl_bx = blockIdx.x - (gridDim.x == 1 ? 0 : tl_pb);")
+        self.emit(1, "const unsigned tl_gx = gridDim.x == 1 ? 1 : gridDim.x - tl_pb;")
+        self.lines += [_own_grid(x) for x in loops]
+        self.emit(1, "}")
+        return pb * THREADS + lb * THREADS
 
     def own_lines(self, s: Gemm, form: _Own, depth: int) -> int:
         """The lines of a function of ours for gemm ``s`` (``products``; ``form``: rows, or
@@ -3986,6 +4106,12 @@ def _subst(refs: dict):
     from timerlc.codegen.fuse import _Subst
 
     return _Subst(refs, {}, 0)
+
+
+def _own_grid(line: str) -> str:
+    """A line of a product's or a loop's that runs on a part of its launch's blocks
+    (``_Kernel.own_beside``): its block's number and the grid's, those of its part."""
+    return line.replace("blockIdx.x", "tl_bx").replace("gridDim.x", "tl_gx")
 
 
 def _merged(st: _Step) -> bool:
