@@ -39,7 +39,10 @@ all of them. The knobs:
   merged rows over any rows (a large value: only ``WIDE_ROWS``' rule);
 - ``--merged-sums``: ``cuda.products.MERGED_SUMS``, the most elements of a gram that adds its
   copies in its part function (``_merged_sums``; 0: every gram's copies a launch of their
-  own).
+  own);
+- ``--beside``: ``cuda.render.BESIDE`` (1: a step of loops next to a product of ours that
+  touches nothing of it runs in the product's launch, ``_Kernel._beside``; 0: a launch of
+  its own).
 
 ``--matmul-precision tensorfloat32`` runs them all with TF32 products (ours, cuBLAS's, the
 joint functions).
@@ -63,8 +66,8 @@ the step's forward and backward, 64: 12.6, 1,024 at 4,224 blocks: 9.8). docs/per
         --set total_steps=1572864
     python scripts/cuda_sweep.py --vec-rows 0,1 --perm-buckets 0,2048 --set B=2048 \
         --set T=128 --set total_steps=1572864
-    python scripts/cuda_sweep.py --products fastest --merged-sums 0,256 --set B=2048 \
-        --set T=128 --set total_steps=1572864
+    python scripts/cuda_sweep.py --products fastest --merged-sums 0,256 --beside 0,1 \
+        --set B=2048 --set T=128 --set total_steps=1572864
     python scripts/cuda_sweep.py --emu --parts 256,64 --set B=16 --set T=8 --set total_steps=512
 """
 
@@ -107,6 +110,7 @@ def main() -> int:
     ap.add_argument("--perm-buckets", default="2048", help="comma-separated PERM_BUCKETS")
     ap.add_argument("--long-row", default="128", help="comma-separated LONG_ROW values")
     ap.add_argument("--merged-sums", default="256", help="comma-separated MERGED_SUMS values")
+    ap.add_argument("--beside", default="1", help="comma-separated BESIDE values (0, 1)")
     from cuda_gpu_check import add_matmul_precision, open_device
 
     add_matmul_precision(ap)
@@ -141,6 +145,7 @@ def main() -> int:
         numbers(args.perm_buckets),
         numbers(args.long_row),
         numbers(args.merged_sums),
+        numbers(args.beside),
     )
     for (
         parts,
@@ -160,12 +165,14 @@ def main() -> int:
         buckets,
         long_row,
         merged,
+        beside,
     ) in knobs:
         render.PARTS, render.ARRAY_PARTS, render.UNROLL = parts, array_parts, unroll
         render.GRAM_SUMS, products.MAX_PARTS, products.COPY_BATCH = bool(sums), pparts, batch
         render.ROWS_EPILOGUES, render.JOINTS, tree.SEQ_TIES = bool(epi), bool(joints), bool(ties)
         render.IN_FLIGHT, products.VEC_ROWS = flight, bool(vec)
         products.VEC_GRAMS, products.MERGED_SUMS = bool(vec_grams), merged
+        render.BESIDE = bool(beside)
         render.PERM_BUCKETS, render.LONG_ROW = buckets, long_row
         device.MAX_BLOCKS = blocks or own
         device.products = policy
@@ -176,7 +183,7 @@ def main() -> int:
             f"blocks {device.MAX_BLOCKS:6d} products {policy} GRAM_SUMS {sums} EPILOGUES {epi} "
             f"MAX_PARTS {pparts} COPY_BATCH {batch} JOINTS {joints} SEQ_TIES {ties} "
             f"IN_FLIGHT {flight} VEC_ROWS {vec} VEC_GRAMS {vec_grams} PERM_BUCKETS {buckets} "
-            f"LONG_ROW {long_row} MERGED_SUMS {merged}"
+            f"LONG_ROW {long_row} MERGED_SUMS {merged} BESIDE {beside}"
         )
         try:
             r = co.program(device, args.program, sets, True, True, True)

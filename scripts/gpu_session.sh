@@ -17,7 +17,8 @@
 # and by our kernels, cuda/products.py, apart from the program); scripts/bench.py at 2048x128 against jax on the GPU.
 # "ab" (not by default): cuda_sweep.py's A/B of the twenty-third session's 16-byte
 # shared-memory loads of rows products and grams against the 4-byte ones. "merged" (not by
-# default): cuda_sweep.py's small grams adding their copies in their part function or not.
+# default): cuda_sweep.py's small grams adding their copies in their part function or not,
+# and loops in a product's launch or not.
 # "profile" (not by default): PPO at 2048 environments with --profile (each statement
 # launched alone). "products" (not by default): scripts/cuda_sweep.py over PPO 2048 with
 # its products as cuBLAS's or timed against ours, and its bias gradients riding on their
@@ -154,10 +155,11 @@ stage inflight 150 $PY scripts/cuda_sweep.py "${CHECK[@]}" --in-flight 1,4 --top
 stage ab 160 $PY scripts/cuda_sweep.py "${CHECK[@]}" --vec-rows 0,1 --vec-grams 0,1 \
   --top 6 --set B=2048 --set T=128 --set total_steps=1572864
 # (not by default: the twenty-fourth session's small grams that add their copies in their
-# part function, products.MERGED_SUMS 256, against a sum launch of their own, 0; two builds
-# and runs of PPO 2048, the runtime timing ours against the BLAS as a run does)
-stage merged 90 $PY scripts/cuda_sweep.py "${CHECK[@]}" --products fastest \
-  --merged-sums 0,256 --top 6 --set B=2048 --set T=128 --set total_steps=1572864
+# part function, products.MERGED_SUMS 256, against a sum launch of their own, 0, and loops
+# in a product's launch, render.BESIDE 1, or in their own, 0; four builds and runs of PPO
+# 2048, the runtime timing ours against the BLAS as a run does)
+stage merged 180 $PY scripts/cuda_sweep.py "${CHECK[@]}" --products fastest \
+  --merged-sums 0,256 --beside 0,1 --top 6 --set B=2048 --set T=128 --set total_steps=1572864
 # Nsight Compute (on the device image's PATH) over the kernels NCU_KERNELS names (a regex of
 # function names, which depend on the program's sizes: these are the kernels stage's PPO's),
 # the first call of each: where a kernel's time goes (memory, occupancy, stalls); by
