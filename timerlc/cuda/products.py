@@ -129,7 +129,8 @@ def _merged_sums(s, c: str, sums: str | None, final: list[str]) -> list[str]:
             f"      for (int e = threadIdx.x; e < {size}; e += blockDim.x) {{",
             f"        {t} v = {arr}[({first}) * {size} + e];",
             "#pragma unroll 4",
-            f"        for (long long q = 1; q < {terms}; q++) v += {arr}[(({first}) + q * {step}) * {size} + e];",
+            f"        for (long long q = 1; q < {terms}; q++)",
+            f"          v += {arr}[(({first}) + q * {step}) * {size} + e];",
             f"        {dst} = v;",
             "      }",
         ]
@@ -138,7 +139,8 @@ def _merged_sums(s, c: str, sums: str | None, final: list[str]) -> list[str]:
     if gs > 1:
         group = [
             "    if (threadIdx.x == 0) {",
-            f"      const long long tl_in = {p} - p / {gs} * {gs} < {gs} ? {p} - p / {gs} * {gs} : {gs};",
+            f"      const long long tl_f = p / {gs} * {gs};",
+            f"      const long long tl_in = {p} - tl_f < {gs} ? {p} - tl_f : {gs};",
             f"      tl_last = atomicAdd(tl_groups(err) + p / {gs}, 1u) == tl_in - 1;",
             "    }",
             "    __syncthreads();",

@@ -985,17 +985,17 @@ class _Kernel:
     def _beside(self, steps: list[_Step], units: list, passed, used, defined) -> dict:
         """The loop steps that run in the launch of the product next to them (``blas`` step
         -> loop step, ``BESIDE``): a product with one function of ours (a rows product, or a
-        gram that adds its copies itself or has one) and no TF32 form (the joint functions
-        and the TF32 ones keep their own), and the step of parallel loops just after it, or
-        else just before it (a function of its own, no run after it) that cannot fail, passes no local, reads
-        nothing it writes (the products policy may run both ways more than once at the first
-        call) and touches nothing of the product's (its statements, what runs after the
-        BLAS's included), the product under no condition (the loops run at every call): the
-        function of ours runs the loops in its last blocks (``tl_beside_split``,
-        ``own_beside``), so that a launch's wait goes and the loops' blocks run
-        while the product's few do (PPO's minibatch step: a 4 x 64 weight gradient's 256
-        blocks and the layer's elementwise gradient beside them). The BLAS's way runs the
-        loops as a function after it (``GemmCall.then``)."""
+        gram that adds its copies itself or has one), no TF32 form (the joint functions and
+        the TF32 ones keep their own) and no condition (the loops run at every call), and
+        the step of parallel loops just after it, or else just before it, a function of its
+        own with no run after it, that cannot fail, passes no local, reads nothing it writes
+        (the products policy may run both ways more than once at the first call) and
+        touches nothing of the product's (its statements, what runs after the BLAS's
+        included): the function of ours runs the loops in its last blocks (``own_beside``),
+        so that a launch's wait goes and the loops' blocks run while the product's few do
+        (PPO's minibatch step: a 4 x 64 weight gradient's 256 blocks and the layer's
+        elementwise gradient beside them). The BLAS's way runs the loops as a function after
+        it (``GemmCall.then``)."""
         if not (self.choosing and BESIDE):
             return {}
         shared = frozenset(self.k.shared)
@@ -1992,10 +1992,11 @@ class _Kernel:
 
     def own_beside(self, st: _Step, loads, stores, passed) -> int:
         """A product's function of ours with the loop step beside it (``_beside``): the
-        launch's first ``tl_pb`` blocks the product's (``products.beside_split``: the
-        blocks in proportion to what each asks for, at least one each; one block alone
-        makes both, one after the other), the others the loops', each over its blocks as
-        over a grid of its own (``tl_bx``, ``tl_gx``). The threads both ask for."""
+        launch's first ``tl_pb`` blocks the product's (``tl_beside_split``: as many as it
+        asks for where the loops keep as many as they ask for or half the grid, whichever is
+        fewer, one at least; one block alone makes both, one after the other), the others
+        the loops', each over its blocks as over a grid of its own (``tl_bx``, ``tl_gx``).
+        The threads both ask for."""
         loop, others = st.form.beside
         form = dataclasses.replace(st.form, beside=None)
         lines, self.lines = self.lines, []
