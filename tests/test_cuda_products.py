@@ -1040,8 +1040,8 @@ BESIDE_PROGRAM = """
 config I = 3, N = 600
 dim i < I
 s[0] = 1.0
-x[i] = reshape(f32(arange(N * 4)) * 0.001, [N, 4]) * s[i]
-dy[i] = (reshape(f32(arange(N * 2)) * 0.0005, [N, 2]) - 1.0) * s[i]
+x[i] = reshape(f32(arange(N * 16)) * 0.001, [N, 16]) * s[i]
+dy[i] = (reshape(f32(arange(N * 8)) * 0.0005, [N, 8]) - 1.0) * s[i]
 u[i] = reshape(f32(arange(N * 8)) * 0.01, [N, 8]) * s[i]
 g[i] = x[i].T @ dy[i]
 h[i] = tanh(u[i]) * (1.0 - u[i] * u[i])
@@ -1051,15 +1051,21 @@ out x, dy, u, s
 
 
 @needs_cxx
-@pytest.mark.parametrize(("policy", "blocks"), [("ours", 3), ("ours", 1), ("blas", 3)])
-def test_a_loop_that_touches_nothing_of_a_product_runs_in_its_launch(policy, blocks, monkeypatch):
-    """A weight gradient's gram (4 x 2 over 600 rows, its two copies added in its function)
-    and the step of loops next to it that touches nothing of it (``h``'s elementwise loop:
-    ``render._Kernel._beside``): one function of ours, its first blocks the product's and
-    the others the loop's (``tl_beside_split``; on one block both, one after the other),
-    where the BLAS's way runs the loop as a function after it (``GemmCall.then``,
-    ``..b``); ``BESIDE`` off, the loop a launch of its own. The values are the cpu's either
-    way, on grids of 3 blocks and of 1."""
+@pytest.mark.parametrize(
+    ("policy", "blocks", "matmul"),
+    [("ours", 3, "float32"), ("ours", 1, "float32"), ("blas", 3, "float32"), ("ours", 3, "tf32")],
+)
+def test_a_loop_that_touches_nothing_of_a_product_runs_in_its_launch(
+    policy, blocks, matmul, monkeypatch
+):
+    """A weight gradient's gram (16 x 8 over 600 rows, its two copies added in its
+    function) and the step of loops next to it that touches nothing of it (``h``'s
+    elementwise loop: ``render._Kernel._beside``): one function of ours (and its TF32 one),
+    its first blocks the product's and the others the loop's (``tl_beside_split``; on one
+    block both, one after the other), where the BLAS's way runs the loop as a function
+    after it (``GemmCall.then``, ``..b``); ``BESIDE`` off, the loop a launch of its own.
+    The values are the cpu's either way, on grids of 3 blocks and of 1 (TF32: within its
+    rounding)."""
     monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
     monkeypatch.setattr(EmuDevice, "MAX_BLOCKS", blocks)
     plan = compile_plan(run_passes(graph_of(BESIDE_PROGRAM)))
@@ -1073,16 +1079,26 @@ def test_a_loop_that_touches_nothing_of_a_product_runs_in_its_launch(policy, blo
         for f in steps(gen.plan.kernels)
         if isinstance(f, items.GemmCall) and f.then and f.then[-1][0].endswith("b")
     ]
-    assert len(calls) == 1 and len(calls[0].own) == 1
-    (name, threads), (after, loop) = calls[0].own[0], calls[0].then[-1]
-    text = gen.text.split(f"void {name}(void")[1].split('extern "C" __global__')[0]
-    assert "tl_beside_split(gridDim.x" in text and threads > loop
-    rt = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice(), graphs=False)
+    assert len(calls) == 1 and len(calls[0].own) == len(calls[0].tf32) == 1
+    (_, threads), (after, loop) = calls[0].own[0], calls[0].then[-1]
+    for fn, _ in (calls[0].own[0], calls[0].tf32[0]):
+        text = gen.text.split(f"void {fn}(void")[1].split('extern "C" __global__')[0]
+        assert "tl_beside_split(gridDim.x" in text and threads > loop
+    loaded = []
+    function = EmuDevice.function
+    monkeypatch.setattr(
+        EmuDevice, "function", lambda self, m, name: loaded.append(name) or function(self, m, name)
+    )
+    device = EmuDevice("tensorfloat32" if matmul == "tf32" else "float32")
+    rt = DeviceRuntime(gen.plan, text=gen.text, device=device, graphs=False)
     rt.run()
+    ran = {"blas": after, "ours": calls[0].own[0][0], "tf32": calls[0].tf32[0][0]}
+    assert ran["tf32" if matmul == "tf32" else policy] in loaded
     cg = generate(plan, "cpu")
     ref = CpuRuntime(cg.plan, native=cg.text)
     ref.run()
-    same_outputs(rt, ref, [o for o, _, _ in plan.outputs])
+    close = {"rtol": 1e-2, "atol": 1e-3} if matmul == "tf32" else {}
+    same_outputs(rt, ref, [o for o, _, _ in plan.outputs], **close)
     assert (rt.blas_calls > 0) == (policy == "blas")
     monkeypatch.setattr(render, "BESIDE", False)
     off = generate(plan, "cuda")

@@ -985,11 +985,13 @@ class _Kernel:
     def _beside(self, steps: list[_Step], units: list, passed, used, defined) -> dict:
         """The loop steps that run in the launch of the product next to them (``blas`` step
         -> loop step, ``BESIDE``): a product with one function of ours (a rows product, or a
-        gram that adds its copies itself or has one), no TF32 form (the joint functions and
-        the TF32 ones keep their own) and no condition (the loops run at every call), and
+        gram that adds its copies itself or has one; its TF32 function too), none of a joint
+        pair's (whose functions make it without the loops, ``_joint_pair``) and under no
+        condition (the loops run at every call), and
         the step of parallel loops just after it, or else just before it, a function of its
-        own with no run after it, that cannot fail, passes no local, reads nothing it writes
-        (the products policy may run both ways more than once at the first call) and
+        own with no run after it, that cannot fail, passes no local, reads what it writes only
+        after writing it (``_rewrites``: the products policy may run both ways more than
+        once at the first call) and
         touches nothing of the product's (its statements, what runs after the BLAS's
         included): the function of ours runs the loops in its last blocks (``own_beside``),
         so that a launch's wait goes and the loops' blocks run while the product's few do
@@ -1009,9 +1011,12 @@ class _Kernel:
                 continue
             if len(products.launches(s.m, s.n, s.k, s.ta, s.tb)) != 1:
                 continue
-            if products.tf32_form(s.m, s.n, s.k, s.ta, s.tb):
-                continue
             if st.own is not None and st.own.kind not in ("rows", "gram"):
+                continue
+            if any(  # (a joint's functions make it then, without the loops)
+                0 <= x < len(steps) - 1 and self._joint_pair(steps[x], steps[x + 1])
+                for x in (j - 1, j)
+            ):
                 continue
             if st.guard is not None or st.body.when is not True:  # (the loops run always)
                 continue
@@ -1024,8 +1029,7 @@ class _Kernel:
                 if used[q] & set(passed) or set(defined[q]) & set(passed):
                     continue
                 loops = nxt.statements()
-                loads = {e.buf for e in _exprs(loops) if isinstance(e, kir.Load)}
-                if loads & _written(loops):  # (the runtime may run them again: _product_choice)
+                if not _rewrites(loops):  # (the runtime may run them again: _product_choice)
                     continue
                 if _independent(st.statements(), loops, shared):
                     out[j] = q
@@ -4107,6 +4111,26 @@ def _subst(refs: dict):
     from timerlc.codegen.fuse import _Subst
 
     return _Subst(refs, {}, 0)
+
+
+def _rewrites(stmts) -> bool:
+    """Whether each buffer the statements ``stmts`` write is read, by any of them, only after
+    one of them stored into it (in their order, nested statements in theirs; a store's own
+    expressions read before it writes): run again, they make the same values (a merged row
+    loop's temporaries, each written, then read; not ``x = x + 1``, nor a read of a slot
+    another iteration left)."""
+    written = _written(stmts)
+    stored: set[str] = set()
+    for x in kir.walk_tree(stmts):
+        if not isinstance(x, (Store, Let, For, If)):  # (a product's reads are not loads)
+            return False
+        for e in kir.own_exprs(x):
+            for y in kir.subexprs(e):
+                if isinstance(y, Load) and y.buf in written and y.buf not in stored:
+                    return False
+        if isinstance(x, Store):
+            stored.add(x.buf)
+    return True
 
 
 def _own_grid(line: str) -> str:
