@@ -362,8 +362,10 @@ def main() -> int:
     ap.add_argument(
         "--launches",
         action="store_true",
-        help="only count the launches an iteration makes, on a device that runs nothing "
-        "(no GPU needed; products of ours counted as their functions, no graphs)",
+        help="only count the launches an iteration makes, and those one after another in "
+        "its graphs (graphs.Order), on a device that runs nothing "
+        "(no GPU needed; products of ours counted as their functions; the count without "
+        "graphs)",
     )
     from cuda_gpu_check import add_matmul_precision, open_device
 
@@ -373,9 +375,11 @@ def main() -> int:
     sets = dict(s.split("=", 1) for s in args.set)
     if args.launches:
         r = program(_idle(), args.program, sets, False, False, True)
+        g = program(_idle(), args.program, sets, True, False, True)
         print(
             f"{args.program}: {r['launches/iter']:.2f} launches an iteration "
-            f"({r['iterations']} iterations counted)"
+            f"({r['iterations']} iterations counted); with graphs "
+            f"{g['chained/iter']:.1f} of them one after another"
         )
         return 0
     device = open_device(args.emu, "cuda_overheads", args.matmul_precision)
