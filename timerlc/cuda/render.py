@@ -201,11 +201,13 @@ __device__ inline unsigned tl_group_size(unsigned blocks) {
 
 /* a launch's blocks between a product of ours and the loops beside it (render's
    own_beside): the product's first, as many as it asks for (pb) where the loops keep as many
-   as they ask for (lb) or half the grid, whichever is fewer, and one at least; one block
-   alone makes both */
+   as they ask for (lb) or an eighth of the grid, whichever is fewer, and one at least (a
+   product's block has far more work than a loop's: a 65,536 x 64 x 64 product's 1,024
+   tiles on a grid of 660 lost half their blocks to cheap loops at a half); one block alone
+   makes both */
 __device__ inline unsigned tl_beside_split(unsigned grid, unsigned pb, unsigned lb) {
   if (grid <= 1) return 1;
-  unsigned l = lb < grid / 2 ? lb : grid / 2;
+  unsigned l = lb < grid / 8 ? lb : grid / 8;
   if (l < 1) l = 1;
   return pb < grid - l ? pb : grid - l;
 }
@@ -1997,8 +1999,9 @@ class _Kernel:
     def own_beside(self, st: _Step, loads, stores, passed) -> int:
         """A product's function of ours with the loop step beside it (``_beside``): the
         launch's first ``tl_pb`` blocks the product's (``tl_beside_split``: as many as it
-        asks for where the loops keep as many as they ask for or half the grid, whichever is
-        fewer, one at least; one block alone makes both, one after the other), the others
+        asks for where the loops keep as many as they ask for or an eighth of the grid,
+        whichever is fewer, one at least; one block alone makes both, one after the other),
+        the others
         the loops', each over its blocks as over a grid of its own (``tl_bx``, ``tl_gx``).
         The threads both ask for."""
         loop, others = st.form.beside
