@@ -849,7 +849,6 @@ class _Kernel:
         self.block_sums_made = 0  # (the sums of runs on one thread the block takes: block_sums)
         self.gram_sums: list = []  # (the bundles of a gram and its column sums: _gram_sums)
         self.epilogues: list = []  # (the bundles of a rows product and its epilogue)
-        self.io: tuple = ([], [], {})  # (the step's loads, stores and passed: phase's)
         # (the products that ours may make with what follows them carry both ways: their
         # epilogues, _rows_epilogues, a gram's column sums as the BLAS's too; off for
         # functions()'s count)
@@ -919,6 +918,10 @@ class _Kernel:
                 )
                 steps[j] = dataclasses.replace(st, form=dataclasses.replace(st.form, at=at))
         bufs = [_buffers(st.statements()) for st in steps]
+
+        def others(j: int) -> set:  # (the buffers the steps but step j touch)
+            return set().union(*(b for q, b in enumerate(bufs) if q != j))
+
         out, own = [], []
         blas_at: dict[int, int] = {}  # (a blas step -> its phase)
         beside = self._beside(steps, units, passed, used, defined)
@@ -928,25 +931,15 @@ class _Kernel:
                 continue
             if st.kind == "blas":  # (the device's BLAS; and the functions of ours, if any)
                 blas_at[j] = len(self.phases)
-                if j in beside:
-                    q = beside[j]
-                    self.others = set().union(*(b for x, b in enumerate(bufs) if x != q))
-                    st = dataclasses.replace(
-                        st,
-                        own=dataclasses.replace(
-                            st.own or _Own("rows"), beside=(steps[q], self.others)
-                        ),
-                    )
-                self.phases.append(self.own_product(j, st, own))
+                loops = (steps[beside[j]], others(beside[j])) if j in beside else None
+                self.phases.append(self.own_product(j, st, own, loops))
                 continue
             fname = f"{self.k.name}_{j}" if out else self.k.name
             at = (j, *tail)
             loads = sorted(v for v in passed if any(v in used[q] or v in defined[q] for q in at))
             stores = sorted(v for v in passed if any(v in defined[q] for q in at))
-            self.others = set().union(*(b for q, b in enumerate(bufs) if q != j))
-            then = [
-                (steps[t], set().union(*(b for q, b in enumerate(bufs) if q != t))) for t in tail
-            ]
+            self.others = others(j)
+            then = [(steps[t], others(t)) for t in tail]
             out.append(self.phase(fname, st, loads, stores, passed, then or None))
         paired: set[int] = set()
         for j, i in blas_at.items():  # (two products in one pass over their rows: _joint)
@@ -988,18 +981,17 @@ class _Kernel:
         """The loop steps that run in the launch of the product next to them (``blas`` step
         -> loop step, ``BESIDE``): a product with one function of ours (a rows product, or a
         gram that adds its copies itself or has one; its TF32 function too), none of a joint
-        pair's (whose functions make it without the loops, ``_joint_pair``) and under no
-        condition (the loops run at every call), and
-        the step of parallel loops just after it, or else just before it, a function of its
-        own with no run after it, that cannot fail, passes no local, reads what it writes only
-        after writing it (``_rewrites``: the products policy may run both ways more than
-        once at the first call) and
-        touches nothing of the product's (its statements, what runs after the BLAS's
-        included): the function of ours runs the loops in its last blocks (``own_beside``),
-        so that a launch's wait goes and the loops' blocks run while the product's few do
-        (PPO's minibatch step: a 4 x 64 weight gradient's 256 blocks and the layer's
-        elementwise gradient beside them). The BLAS's way runs the loops as a function after
-        it (``GemmCall.then``)."""
+        pair's (whose functions make it without the loops, ``_joint_pair``), under no
+        condition (the loops run at every call); and the step of parallel loops just after
+        it, or else just before it, a function of its own with no run after it, that cannot
+        fail, passes no local, reads what it writes only after writing it (``_rewrites``:
+        the products policy may run both ways more than once at the first call) and touches
+        nothing of the product's (its statements, what runs after the BLAS's included). The
+        function of ours runs the loops in its last blocks (``own_beside``), so that a
+        launch's wait goes and the loops' blocks run while the product's few do (PPO's
+        minibatch step: a 4 x 64 weight gradient's 256 blocks and the layer's elementwise
+        gradient beside them). The BLAS's way runs the loops as a function after it
+        (``GemmCall.then``)."""
         if not (self.choosing and BESIDE):
             return {}
         shared = frozenset(self.k.shared)
@@ -1091,12 +1083,14 @@ class _Kernel:
         self.scratch = max(self.scratch, self.copies_at + nbytes)
         return self.copies_at
 
-    def own_product(self, j: int, st: _Step, out: list) -> items.GemmCall:
+    def own_product(self, j: int, st: _Step, out: list, beside=None) -> items.GemmCall:
         """The ``GemmCall`` of blas step ``j`` (``st``) with the functions of ours that
         compute its product too (``products``: their text onto ``out``), where its shape
         has them; a gram's copies in the scratch memory (``_copies_region``). With an
         epilogue (``_rows_epilogues``), ours make it too, and the epilogue's loops are a
-        function of their own that runs after the BLAS's product (``GemmCall.then``)."""
+        function of their own that runs after the BLAS's product (``GemmCall.then``); so
+        are the loops ``beside`` it (``(step, the other steps' buffers)``: ``_beside``),
+        which ours run in their own blocks."""
         s, call = st.form, st.body
         what = products.form(s.dtype, s.m, s.n, s.k, s.ta, s.tb)
         if what is None:
@@ -1105,13 +1099,12 @@ class _Kernel:
         at = self._copies_region(products.scratch_bytes(s.m, s.n, s.k, s.ta, s.tb, sums))
         mine, tf32 = [], []
         kinds = products.launches(s.m, s.n, s.k, s.ta, s.tb)
-        beside = st.own.beside if st.own is not None else None
         for kind in kinds:
             fname = f"{self.k.name}_{j}{kind[0]}"
-            own = _Own(kind, at)
+            own = _Own(kind, at, beside=beside)
             if st.own is not None:  # (the steps after the sums: the last function's)
                 tail = st.own.tail * (kind == kinds[-1])
-                own = dataclasses.replace(st.own, kind=kind, tail=tail)
+                own = dataclasses.replace(st.own, kind=kind, tail=tail, beside=beside)
             step = _Step("gemm", s, form=dataclasses.replace(own, at=at))
             out.append(self.phase(fname, step, [], [], {}))
             mine.append(self.phases.pop())
@@ -1759,7 +1752,6 @@ class _Kernel:
                 self.last_block(then, loads, stores, passed, st if grouped else None)
         tail = st.form.tail if kind == "gemm" and isinstance(st.form, _Own) else ()
         if kind != "reduce":
-            self.io = (loads, stores, passed)  # (a merged gram's steps after its sums')
             threads = self.step_body(st, loads, stores, passed)
         if tail and not _merged(st):  # (the steps after a gram's sums: its last block's,
             everything = _buffers(self.k.body)  # as a reduction's; a merged gram's: own_lines)
@@ -1980,7 +1972,7 @@ class _Kernel:
             threads = self.own_beside(st, loads, stores, passed)
         elif st.form is not None:  # a product's function of ours (own_product, _gram_sums)
             depth = self.open_guard(st)
-            threads = self.own_lines(body, st.form, depth)
+            threads = self.own_lines(body, st.form, depth, (loads, stores, passed))
             if st.guard is not None:
                 self.emit(1, "}")
         else:
@@ -2001,14 +1993,13 @@ class _Kernel:
         launch's first ``tl_pb`` blocks the product's (``tl_beside_split``: as many as it
         asks for where the loops keep as many as they ask for or an eighth of the grid,
         whichever is fewer, one at least; one block alone makes both, one after the other),
-        the others
-        the loops', each over its blocks as over a grid of its own (``tl_bx``, ``tl_gx``).
-        The threads both ask for."""
+        the others the loops', each over its blocks as over a grid of its own (``tl_bx``,
+        ``tl_gx``). The threads both ask for."""
         loop, others = st.form.beside
         form = dataclasses.replace(st.form, beside=None)
         lines, self.lines = self.lines, []
         depth = self.open_guard(st)
-        mine = self.own_lines(st.body, form, depth)
+        mine = self.own_lines(st.body, form, depth, (loads, stores, passed))
         if st.guard is not None:
             self.emit(1, "}")
         product, self.lines = self.lines, []
@@ -2029,7 +2020,7 @@ class _Kernel:
         self.emit(1, "}")
         return pb * THREADS + lb * THREADS
 
-    def own_lines(self, s: Gemm, form: _Own, depth: int) -> int:
+    def own_lines(self, s: Gemm, form: _Own, depth: int, io=([], [], {})) -> int:
         """The lines of a function of ours for gemm ``s`` (``products``; ``form``: rows, or
         a gram's part or sum, with its copies' place, its B's column sums or its epilogue);
         the threads it asks for."""
@@ -2056,7 +2047,7 @@ class _Kernel:
             threads = products.gram_part_threads(g.k)
         elif kind == "part":
             part = products.gram_part_tf32_lines if form.tf32 else products.gram_part_lines
-            lines = part(s, a, b, copies, c, sums, self._after_sums(form))
+            lines = part(s, a, b, copies, c, sums, self._after_sums(form, io))
             threads = products.gram_part_threads(s.k)
         else:
             lines = products.gram_sum_lines(s, c, copies, sums)
@@ -2065,16 +2056,17 @@ class _Kernel:
             self.emit(0 if line.startswith("#") else depth, line)
         return threads
 
-    def _after_sums(self, form: _Own) -> list[str]:
+    def _after_sums(self, form: _Own, io) -> list[str]:
         """The lines of a merged gram's steps after its sums (``form.tail``,
         ``products.merged``): run by the block that adds its last group of copies, as a
-        reduction's last block runs them (``in_one_block``), at depth 0."""
+        reduction's last block runs them (``in_one_block``; ``io``: the step's loads, stores
+        and values passed), at depth 0."""
         if not form.tail:
             return []
         lines, self.lines = self.lines, []
         try:
             everything = _buffers(self.k.body)
-            self.in_one_block([(t, everything) for t in form.tail], *self.io)
+            self.in_one_block([(t, everything) for t in form.tail], *io)
             return [x.removeprefix("  ") for x in self.lines]
         finally:
             self.lines = lines
