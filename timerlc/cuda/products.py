@@ -138,16 +138,13 @@ def _merged_sums(s, c: str, sums: str | None, final: list[str]) -> list[str]:
     group = ["    {"]
     if gs > 1:
         group = [
-            "    if (threadIdx.x == 0) {",
-            f"      const long long tl_f = p / {gs} * {gs};",
-            f"      const long long tl_in = {p} - tl_f < {gs} ? {p} - tl_f : {gs};",
+            f"    const long long tl_f = p / {gs} * {gs};  // (the group's first copy)",
+            f"    const long long tl_in = {p} - tl_f < {gs} ? {p} - tl_f : {gs};",
+            "    if (threadIdx.x == 0)",
             f"      tl_last = atomicAdd(tl_groups(err) + p / {gs}, 1u) == tl_in - 1;",
-            "    }",
             "    __syncthreads();",
             "    if (tl_last) {  // (the group's last copy: the group's copies into its first)",
             "      __threadfence();",
-            f"      const long long tl_f = p / {gs} * {gs};",
-            f"      const long long tl_in = {p} - tl_f < {gs} ? {p} - tl_f : {gs};",
             f"      if (threadIdx.x == 0) tl_groups(err)[p / {gs}] = 0;",
             *added("float", "tl_pp", count, "tl_f", "1", "tl_in", f"tl_pp[tl_f * {count} + e]"),
             *(
