@@ -202,13 +202,13 @@ def rows_threads(m: int, n: int, k: int) -> int:
 
 
 def _rows_head(
-    s, a: str, b: str, c: str, bm: int, nb: int, a_tile: str, a_dst, column=None, a_dst4=None
+    s, a: str, b: str, c: str, bm: int, nb: int, a_tile: list, a_dst, column=None, a_dst4=None
 ) -> list[str]:
     """A rows function's start: A, B and C (the operands' first elements ``a``, ``b``,
     ``c``); op(B) once a block into ``tl_bs`` by ``_copy`` (one load at a time, each a round
     trip to memory, were some 10 us before a block's first tile), k rows ``nb`` apart; the
-    declaration ``a_tile`` of ``tl_as``; then the loop over the block's tiles of ``bm`` rows
-    of A opened, each tile's rows copied into ``tl_as`` by ``a_dst`` (``_copy``'s
+    declaration ``a_tile`` of ``tl_as`` (its lines); then the loop over the block's tiles of
+    ``bm`` rows of A opened, each tile's rows copied into ``tl_as`` by ``a_dst`` (``_copy``'s
     destination) between two barriers. The caller closes the loop and the block."""
     m, k = s.m, s.k
     weights = _weights(s, "B", nb, column)
@@ -218,7 +218,7 @@ def _rows_head(
         f"  const float *B = {b};",
         f"  float *C = {c};",
         weights[0],
-        *(f"  {x}" for x in a_tile.split("\n")),
+        *(f"  {x}" for x in a_tile),
         *weights[1:],
         (
             f"  for (long long r0 = (long long)blockIdx.x * {bm}; r0 < {m}LL;"
@@ -283,7 +283,7 @@ def rows_lines(s, a: str, b: str, c: str, store: tuple[str, str, str] | None = N
             c,
             bm,
             n,
-            f"__shared__ float tl_as[{k * bmp}];  // a tile of A's rows, transposed",
+            [f"__shared__ float tl_as[{k * bmp}];  // a tile of A's rows, transposed"],
             lambda o, i: f"tl_as[({i}) * {bmp} + {o}]",
         ),
         f"    for (int t = threadIdx.x; t < {tiles}; t += blockDim.x) {{",
@@ -350,8 +350,10 @@ def _rows_vec_lines(s, a: str, b: str, c: str, store, tiling: tuple) -> list[str
             c,
             bm,
             n,
-            f"__shared__ float4 tl_as4[{bm * kp // 4}];  // a tile of A's rows, {kp} apart\n"
-            "float *tl_as = (float *)tl_as4;",
+            [
+                f"__shared__ float4 tl_as4[{bm * kp // 4}];  // a tile of A's rows, {kp} apart",
+                "float *tl_as = (float *)tl_as4;",
+            ],
             lambda o, i: f"tl_as[({o}) * {kp} + {i}]",
             column,
             lambda o, i: f"tl_as4[(({o}) * {kp} + ({i})) / 4]",
@@ -632,7 +634,9 @@ def rows_tf32_lines(
             c,
             bm,
             nb,
-            f"__shared__ float tl_as[{bm * max(ka, cs)}];  // A's tile, rows {ka} apart; then C's",
+            [
+                f"__shared__ float tl_as[{bm * max(ka, cs)}];  // A's tile, rows {ka} apart; then C's"
+            ],
             lambda o, i: f"tl_as[({o}) * {ka} + {i}]",
         ),
         "    const int tl_w = threadIdx.x / 32, tl_g = threadIdx.x % 32 / 4, tl_t = threadIdx.x % 4;",
