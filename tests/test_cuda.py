@@ -334,6 +334,43 @@ def test_the_skinny_products_benchmark_s_kernels_compile_and_compute_the_product
     assert "| x @ W (4 x 64) | 8 x 8 | - | - |" in r.stdout
 
 
+def test_the_chain_probe_s_kernel_compiles_and_makes_the_six_gradients():
+    """``scripts/cuda_chain.py`` (a row-tile chain's probe: one MLP's backward over a tile of
+    rows at a time in one kernel, timed on a GPU against cuBLAS): its module compiles with
+    NVRTC for compute_90 without a word, and on cuda-emu its six gradients of 1,024 rows
+    in 4 and 8 chunks, heads of 2 and 1 columns, are NumPy's; a chunk of part of a tile is
+    refused."""
+    chain = _script("cuda_chain")
+    lib = nvrtc.library()
+    if lib is not None:
+        ptx, log = nvrtc.compile_ptx(chain.module_text(1024, 8, 2), "compute_90", lib)
+        assert log.strip() == "", log[-3000:]
+        assert ptx.count(".entry") == 2
+    elif os.environ.get("TIMERLC_REQUIRE_NVCC") == "1":
+        pytest.fail("no libnvrtc (the test extra's nvidia-cuda-nvrtc) and TIMERLC_REQUIRE_NVCC=1")
+    with pytest.raises(AssertionError, match="whole tiles"):
+        chain.module_text(1024, 64, 2)  # (16 rows a chunk: half a tile)
+    if compiler() is None:
+        pytest.skip("no host C++ compiler for cuda-emu")
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "cuda_chain.py"), "--emu", "--rows", "1024"]
+        + ["--parts", "4,8"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [x for x in r.stdout.splitlines() if x.startswith("| 1024 |")]
+    assert [x.split("|")[2:4] for x in rows] == [
+        [" 2 ", " 4 "],
+        [" 2 ", " 8 "],
+        [" 1 ", " 4 "],
+        [" 1 ", " 8 "],
+    ]
+    assert all(float(x.split("|")[6]) < 1e-5 for x in rows)
+
+
 def test_the_resources_script_reads_ptxas_and_counts_an_sm_s_blocks():
     """``scripts/cuda_resources.py``: each function's registers, shared memory and spills
     from ptxas's report (no smem on the line where there is none), and the blocks of 128
