@@ -201,16 +201,84 @@ def rows_threads(m: int, n: int, k: int) -> int:
     return -(-m // bm) * MAX_THREADS
 
 
+def rows_tile(s) -> tuple[int, int]:
+    """``(BM, floats)``: the rows a rows product of ours takes at a time, and the floats its
+    tile of A takes in shared memory (a chain's pool holds the largest: ``rows_lines``)."""
+    n, k = s.n, s.k
+    _, tn, _, bm, bmp = _rows_tiling(n, k)
+    if _rows_vec(tn, bm, n, k):
+        return bm, bm * _vec_stride(k)
+    return bm, k * bmp
+
+
+def rows_chain_head(s, b: str, j: int) -> list[str]:
+    """The lines (indented from depth 0) that declare ``tl_w{j}``, the chain's copy of op(B)
+    of rows product ``s`` (its ``j``-th: ``rows_lines(..., chain=j)`` reads it), and copy
+    it from ``b`` (the C expression of B's first element) once a block, as a rows function
+    copies it (``_weights``), before the chain's first rows."""
+    n, k = s.n, s.k
+    _, tn, ct, bm, _ = _rows_tiling(n, k)
+    vec = _rows_vec(tn, bm, n, k)
+    column = _vec_column(ct) if vec else None
+    weights = _weights(s, "B", n, column)
+    w = f"tl_w{j}"
+    declared = (
+        f"__shared__ float4 {w}[{k * n // 4}];  // op(B) of the chain's product {j}"
+        if vec
+        else f"__shared__ float {w}[{k * n}];  // op(B) of the chain's product {j}"
+    )
+    alias = f"float *tl_bs = (float *){w};"
+    copy = weights[2:] if vec else weights[1:]
+    return [declared, "{", f"  const float *B = {b};", f"  {alias}", *copy, "}"]
+
+
 def _rows_head(
-    s, a: str, b: str, c: str, bm: int, nb: int, a_tile: list, a_dst, column=None, a_dst4=None
+    s,
+    a: str,
+    b: str,
+    c: str,
+    bm: int,
+    nb: int,
+    a_tile: list,
+    a_dst,
+    column=None,
+    a_dst4=None,
+    chain: int | None = None,
 ) -> list[str]:
     """A rows function's start: A, B and C (the operands' first elements ``a``, ``b``,
     ``c``); op(B) once a block into ``tl_bs`` by ``_copy`` (one load at a time, each a round
     trip to memory, were some 10 us before a block's first tile), k rows ``nb`` apart; the
     declaration ``a_tile`` of ``tl_as`` (its lines); then the loop over the block's tiles of
     ``bm`` rows of A opened, each tile's rows copied into ``tl_as`` by ``a_dst`` (``_copy``'s
-    destination) between two barriers. The caller closes the loop and the block."""
+    destination) between two barriers. The caller closes the loop and the block. In a
+    chain (``chain``: the product's number in it, ``rows_chain_head``), op(B) is the
+    chain's copy ``tl_w{chain}``, A's tile the chain's pool ``tl_pool4`` (``a_tile`` says
+    how), and the loop is over the chain's rows ``tl_rb ..< tl_re``."""
     m, k = s.m, s.k
+    if chain is not None:
+        w = f"tl_w{chain}"
+        weights = (
+            [f"  const float4 *tl_bs4 = {w};"]
+            if column is not None
+            else [f"  const float *tl_bs = {w};"]
+        )
+        return [
+            "{",
+            f"  const float *A = {a};",
+            f"  float *C = {c};",
+            *weights,
+            *(f"  {x}" for x in a_tile),
+            f"  for (long long r0 = tl_rb; r0 < tl_re; r0 += {bm}) {{",
+            "    __syncthreads();  // (the chain's step before done; the last tile read)",
+            *_copy(
+                Lines(bm, k, lambda o: f"A + (r0 + {o}) * {s.lda}", s.lda),
+                a_dst,
+                line_ok=lambda o: f"r0 + {o} < {m}LL",
+                indent="    ",
+                dst4=a_dst4,
+            ),
+            "    __syncthreads();",
+        ]
     weights = _weights(s, "B", nb, column)
     return [
         "{",
@@ -259,17 +327,21 @@ def _weights(s, b: str, nb: int, column=None) -> list[str]:
     return [*declared, *_copy(b_lines, b_dst, indent="  ")]
 
 
-def rows_lines(s, a: str, b: str, c: str, store: tuple[str, str, str] | None = None) -> list[str]:
+def rows_lines(
+    s, a: str, b: str, c: str, store: tuple[str, str, str] | None = None, chain=None
+) -> list[str]:
     """The lines (indented from depth 0) of ``C = A @ op(B)`` for gemm ``s`` (``form``
     rows), A, B and C the C expressions of the operands' first elements. With ``store``
     (``(rows, column, value)``: an epilogue's, ``render._Kernel._rows_epilogues``), each
     element of C is ``value`` instead, a C expression of the product's value ``tl_v``, of
     the long long ``column`` (the element's column, which the lines define) and of what
-    the C line ``rows`` defines from the element's row ``r``."""
+    the C line ``rows`` defines from the element's row ``r``. With ``chain`` (the
+    product's number in a chain, ``rows_chain_head``), the rows ``tl_rb ..< tl_re`` only,
+    op(B) the chain's copy and A's tile in its pool (``_rows_head``)."""
     n, k = s.n, s.k
     tm, tn, ct, bm, bmp = _rows_tiling(n, k)
     if _rows_vec(tn, bm, n, k):
-        return _rows_vec_lines(s, a, b, c, store, (tm, tn, ct, bm))
+        return _rows_vec_lines(s, a, b, c, store, (tm, tn, ct, bm), chain)
     tiles = (bm // tm) * ct
     fma = []
     for i in range(tm):
@@ -283,8 +355,11 @@ def rows_lines(s, a: str, b: str, c: str, store: tuple[str, str, str] | None = N
             c,
             bm,
             n,
-            [f"__shared__ float tl_as[{k * bmp}];  // a tile of A's rows, transposed"],
+            [f"__shared__ float tl_as[{k * bmp}];  // a tile of A's rows, transposed"]
+            if chain is None
+            else ["float *tl_as = (float *)tl_pool4;"],
             lambda o, i: f"tl_as[({i}) * {bmp} + {o}]",
+            chain=chain,
         ),
         f"    for (int t = threadIdx.x; t < {tiles}; t += blockDim.x) {{",
         f"      const int ty = t / {ct}, tx = t % {ct};",
@@ -302,6 +377,12 @@ def rows_lines(s, a: str, b: str, c: str, store: tuple[str, str, str] | None = N
     ]
 
 
+def _vec_column(ct: int):
+    """Where a vector rows function keeps op(B)'s column ``x`` in its row (a C expression of
+    the C expression ``x``): each thread's 8 columns (``tx + j * CT``) two runs of 4."""
+    return lambda x: f"(({x}) / {4 * ct}) * {4 * ct} + (({x}) % {ct}) * 4 + (({x}) / {ct}) % 4"
+
+
 def _vec_stride(k: int) -> int:
     """The floats between two rows of A's tile in a vector rows function's shared memory:
     a multiple of 4 (16 bytes) whose quarter is odd, so that a warp's rows side by side
@@ -315,7 +396,7 @@ def _rows_vec(tn: int, bm: int, n: int, k: int) -> bool:
     return VEC_ROWS and tn == 8 and k % 4 == 0 and k * n + bm * _vec_stride(k) <= SMEM_FLOATS
 
 
-def _rows_vec_lines(s, a: str, b: str, c: str, store, tiling: tuple) -> list[str]:
+def _rows_vec_lines(s, a: str, b: str, c: str, store, tiling: tuple, chain=None) -> list[str]:
     """``rows_lines``'s product with the shared memory read 16 bytes at a time: A's tile
     row by row (``_vec_stride`` floats apart), each thread's rows ``RT`` apart (``ty``,
     ``ty + RT``, ...: a warp's rows side by side, in distinct banks), four k's of each of
@@ -329,7 +410,7 @@ def _rows_vec_lines(s, a: str, b: str, c: str, store, tiling: tuple) -> list[str
     tm, tn, ct, bm = tiling
     rt, kp = bm // tm, _vec_stride(k)
     tiles = rt * ct
-    column = lambda x: f"(({x}) / {4 * ct}) * {4 * ct} + (({x}) % {ct}) * 4 + (({x}) / {ct}) % 4"
+    column = _vec_column(ct)
     fma = []
     for q, part in enumerate("xyzw"):
         fma += [
@@ -353,10 +434,13 @@ def _rows_vec_lines(s, a: str, b: str, c: str, store, tiling: tuple) -> list[str
             [
                 f"__shared__ float4 tl_as4[{bm * kp // 4}];  // a tile of A's rows, {kp} apart",
                 "float *tl_as = (float *)tl_as4;",
-            ],
+            ]
+            if chain is None
+            else ["float4 *tl_as4 = tl_pool4;", "float *tl_as = (float *)tl_pool4;"],
             lambda o, i: f"tl_as[({o}) * {kp} + {i}]",
             column,
             lambda o, i: f"tl_as4[(({o}) * {kp} + ({i})) / 4]",
+            chain=chain,
         ),
         f"    for (int t = threadIdx.x; t < {tiles}; t += blockDim.x) {{",
         f"      const int ty = t / {ct}, tx = t % {ct};",

@@ -543,6 +543,11 @@ BESIDE = True
 # gradient's cast to float32 and copy) in its last function's last block, where they were a
 # launch of their own (``_Kernel._sums_tail``)
 GRAM_TAILS = True
+# consecutive steps of parallel loops over a product's rows and rows products of ours whose
+# rows never meet run as one function, a block's rows through all of them in turn
+# (``_Kernel._chains``): CHAIN_ROWS rows at a time (a multiple of each product's tile)
+CHAINS = True
+CHAIN_ROWS = 128
 # a thread of a grid's loop whose points are stores alone takes this many of its points at
 # once, all their loads before any store (``_Kernel.batched``): one point's load, then its
 # store, which the next point's load may not pass (the buffers may alias), kept a single
@@ -620,6 +625,8 @@ class _Step:
             return [self.body, *self.form.sums, *extra]
         if self.kind == "either":
             return list(self.body)
+        if self.kind == "chain":  # (its steps: _Kernel._chains)
+            return [x for st in self.body for x in st.statements()]
         return [self.body]
 
 
@@ -924,10 +931,24 @@ class _Kernel:
 
         out, own = [], []
         blas_at: dict[int, int] = {}  # (a blas step -> its phase)
-        beside = self._beside(steps, units, passed, used, defined)
+        chains = self._chains(steps, units, passed, used, defined)
+        chained = {q for run in chains for q in run}
+        firsts = {run[0]: run for run in chains}
+        beside = {
+            j: q
+            for j, q in self._beside(steps, units, passed, used, defined).items()
+            if j not in chained and q not in chained
+        }
         for j, head, tail in units:
             st = steps[j]
-            if j in beside.values():  # (in its product's launch)
+            if j in firsts:  # (a chain's steps: one function, _chains)
+                mine = set(firsts[j])
+                self.others = set().union(*(b for q, b in enumerate(bufs) if q not in mine))
+                run = _Step("chain", tuple(steps[q] for q in firsts[j]))
+                fname = f"{self.k.name}_{j}c" if out else self.k.name
+                out.append(self.phase(fname, run, [], [], passed))
+                continue
+            if j in chained or j in beside.values():  # (in a chain, or its product's launch)
                 continue
             if st.kind == "blas":  # (the device's BLAS; and the functions of ours, if any)
                 blas_at[j] = len(self.phases)
@@ -1029,6 +1050,100 @@ class _Kernel:
                     out[j] = q
                     break
         return out
+
+    def _chains(self, steps: list[_Step], units: list, passed, used, defined) -> list[list]:
+        """The runs of consecutive steps that run as one function each (``CHAINS``): parallel
+        loops over the rows of the same count and rows products of ours over them
+        (``_chain_rows``), at least one product and two steps, whose rows never meet
+        (``_rows_local``: each buffer a step writes and another touches accessed at its row
+        only, each product's A at its rows, its C written at them) and whose products read
+        no B the run writes. ``chain_body`` runs them: each block ``CHAIN_ROWS`` rows
+        through every step in turn, its threads meeting between two, where each step was a
+        launch over all the rows (a chained launch each, and each product's C read back
+        from the device's memory by the next: PPO's policy head's 65,536 x 2 logits and
+        their log-softmax, the value head's product and the value loss's gradient). The
+        products are then ours (no BLAS to time them against). None for ``functions()``'s
+        count, nor where buffers share memory (a donor's)."""
+        if not (self.choosing and CHAINS) or self.k.shared:
+            return []
+        out: list[list[int]] = []
+        run: list[int] = []
+        rows = None
+
+        def close():
+            nonlocal run, rows
+            mine = [steps[q] for q in run]
+            if len(run) > 1 and any(x.kind == "blas" for x in mine) and _chain_local(mine):
+                out.append(run)
+            run, rows = [], None
+
+        for j, head, tail in units:
+            st = steps[j]
+            n = None if head or tail else _chain_rows(st)
+            if n is not None and (used[j] | set(defined[j])) & set(passed):
+                n = None
+            if n is None:
+                close()
+                continue
+            if (
+                rows is not None
+                and n != rows
+                or _chain_floats([steps[q] for q in [*run, j]]) > (products.SMEM_FLOATS)
+            ):
+                close()
+            run.append(j)
+            rows = n
+        close()
+        return out
+
+    def chain_body(self, st: _Step) -> int:
+        """A chain's steps (``_chains``) as one function: each block ``CHAIN_ROWS`` rows at a
+        time (``tl_rb ..< tl_re``), every step over them in turn, a barrier between two (a
+        loop a thread a point of the rows, as a loop kernel's block runs its rows; a rows
+        product of ours over them, op(B) copied once a block before the first rows, A's
+        tile in a pool of shared memory the products share: ``products.rows_lines``); the
+        threads it asks for."""
+        inner = list(st.body)
+        n, r = _chain_rows(inner[0]), CHAIN_ROWS
+        pool = max(products.rows_tile(x.form)[1] for x in inner if x.kind == "blas")
+        self.emit(1, f"__shared__ float4 tl_pool4[{-(-pool // 4)}];  // the products' A tiles")
+        for q, x in enumerate(inner):
+            if x.kind == "blas":
+                g = x.form
+                b = f"{buf(g.b)} + ({self.expr(g.boff)})"
+                for line in products.rows_chain_head(g, b, q):
+                    self.emit(0 if line.startswith("#") else 1, line)
+        self.emit(
+            1,
+            f"for (long long tl_c0 = (long long)blockIdx.x * {r}; tl_c0 < {n}LL;"
+            f" tl_c0 += (long long)gridDim.x * {r}) {{",
+        )
+        self.emit(
+            2, f"const long long tl_rb = tl_c0, tl_re = tl_c0 + {r} < {n}LL ? tl_c0 + {r} : {n}LL;"
+        )
+        outside = self.others
+        bufs = [_buffers(x.statements()) for x in inner]
+        for q, x in enumerate(inner):
+            self.others = outside.union(*(b for i, b in enumerate(bufs) if i != q))
+            if q:
+                self.emit(2, "__syncthreads();  // (the step before done with these rows)")
+            if x.kind in ("parallel", "either"):  # (an either's loops touch nothing of each
+                self.rows = True  # other's, or one of them runs: one after another)
+                for loop in x.body if x.kind == "either" else (x.body,):
+                    self.grid_loop(loop, 2, epilogue=False, collapse=True)
+                self.rows = False
+                continue
+            g = x.form
+            a = f"{buf(g.a)} + ({self.expr(g.aoff)})"
+            c = f"{buf(g.c)} + ({self.expr(g.coff)})"
+            epilogue = x.own.epilogue if x.own is not None else None
+            store = self._epilogue_store(g, epilogue) if epilogue is not None else None
+            for line in products.rows_lines(g, a, "B", c, store, chain=q):
+                self.emit(0 if line.startswith("#") else 2, line)
+        self.others = outside
+        self.emit(1, "}")
+        self.block_done(1)
+        return -(-n // r) * THREADS
 
     def _joint_pair(self, first: _Step, second: _Step) -> tuple | None:
         """Two consecutive blas steps as ``(rows, gram)`` where one pass over their rows can
@@ -1968,6 +2083,8 @@ class _Kernel:
             self.others = outside
         elif kind == "perm":
             threads = self.permute(st)
+        elif kind == "chain":
+            threads = self.chain_body(st)
         elif st.form is not None and st.form.beside is not None:  # (and loops: _beside)
             threads = self.own_beside(st, loads, stores, passed)
         elif st.form is not None:  # a product's function of ours (own_product, _gram_sums)
@@ -4141,6 +4258,75 @@ def _merged(st: _Step) -> bool:
         return False
     s = st.body
     return products.merged(s.m, s.n, s.k)
+
+
+def _chain_rows(st: _Step) -> int | None:
+    """The rows step ``st`` runs over where it may be a chain's (``_Kernel._chains``): a
+    parallel loop from 0 over a constant count (under no condition, nothing in it that
+    fails, needs the grid or an order: ``_row_loop``), or loops side by side (``either``)
+    each so over the same count, or a product of the device's BLAS
+    at every call that ours make in the rows form, whose tile of rows divides
+    ``CHAIN_ROWS``; else None."""
+    if st.guard is not None:
+        return None
+    if st.kind in ("parallel", "either"):
+        counts = set()
+        for s in st.body if st.kind == "either" else (st.body,):
+            if not (isinstance(s, For) and s.parallel and not s.reduce and _row_loop(s)):
+                return None
+            if not (isinstance(s.lo, Const) and s.lo.value == 0 and isinstance(s.hi, Const)):
+                return None
+            counts.add(int(s.hi.value))
+        return counts.pop() if len(counts) == 1 else None
+    if st.kind != "blas" or st.body.when is not True or st.after and st.own is None:
+        return None
+    g = st.form
+    if products.form(g.dtype, g.m, g.n, g.k, g.ta, g.tb) != "rows":
+        return None
+    if st.own is not None and (st.own.kind != "rows" or st.own.beside is not None):
+        return None
+    if CHAIN_ROWS % products.rows_tile(g)[0] or g.c in (g.a, g.b):
+        return None
+    return g.m
+
+
+def _chain_floats(run: list) -> int:
+    """The floats of shared memory a chain of the steps ``run`` takes (``chain_body``): its
+    products' copies of op(B), and the largest of their tiles of A."""
+    gemms = [st.form for st in run if st.kind == "blas"]
+    pool = max((products.rows_tile(g)[1] for g in gemms), default=0)
+    return pool + sum(g.k * g.n for g in gemms)
+
+
+def _chain_local(run: list) -> bool:
+    """Whether the steps ``run`` (``_chain_rows``'s, over one count of rows) never meet
+    across rows (``_rows_local``: a product as the loop nest of its accesses, A's and C's,
+    with its epilogue's), and none writes what a product reads as its B."""
+    loops, weights = [], set()
+    for k, st in enumerate(run):
+        if st.kind in ("parallel", "either"):
+            loops += list(st.body) if st.kind == "either" else [st.body]
+            continue
+        g = st.form
+        weights.add(g.b)
+        loops.append(_product_loop(g, f"tl_chain{k}"))
+        if st.own is not None and st.own.epilogue is not None:
+            loops.append(st.own.epilogue)
+    return not weights & _written(loops) and _rows_local(loops)
+
+
+def _product_loop(g: Gemm, var: str) -> For:
+    """Rows product ``g``'s accesses of A and C as a loop nest over its rows (``var``):
+    row ``r``'s k elements of A read, its n of C written (``_chain_local``)."""
+    row, kk, col = Ref(var), Ref(f"{var}_k"), Ref(f"{var}_n")
+
+    def at(off, ld: int, x):
+        return Bin("add", Bin("add", off, Bin("mul", row, kir.i64(ld), "i64"), "i64"), x, "i64")
+
+    store = Store(g.c, at(g.coff, g.ldc, col), Load(g.a, at(g.aoff, g.lda, kk), g.dtype))
+    inner = For(f"{var}_n", kir.i64(0), kir.i64(g.n), (store,))
+    mid = For(f"{var}_k", kir.i64(0), kir.i64(g.k), (inner,))
+    return For(var, kir.i64(0), kir.i64(g.m), (mid,), True)
 
 
 def _row_loop(s) -> bool:

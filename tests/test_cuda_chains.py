@@ -1,0 +1,146 @@
+"""Chains (``cuda/render.py``, ``_Kernel._chains``): a product's rows and the loops over them
+as one function, each block a few rows through every step in turn; on cuda-emu against
+NumPy, and where rows meet, no chain."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from timerlc.codegen import kir
+from timerlc.codegen.kir import Bin, For, Gemm, Kernel, Load, Ref, Slot, Store, Un
+from timerlc.cuda import products, render
+from timerlc.cuda.emu import compiler
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_cxx = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler")
+
+M, K, N = 300, 64, 64  # (rows not a multiple of CHAIN_ROWS: a block's last rows fewer)
+
+
+def _layer(shift: int = 0, n: int = N) -> Kernel:
+    """``y = tanh(x @ w + b)`` (a rows product and its epilogue) and ``z[r] = y[r', 0] +
+    y[r', n-1]``, ``r' = r + shift`` (within the rows: at its own row where ``shift`` is 0)."""
+    r, c = Ref("r"), Ref("c")
+    zero = kir.i64(0)
+    gemm = Gemm("f32", False, False, M, n, K, "x", zero, K, "w", zero, n, "y", zero, n)
+    at = kir.add(kir.mul(r, n), c)
+    y = Load("y", at, "f32")
+    epilogue = For(
+        "r",
+        kir.i64(0),
+        kir.i64(M),
+        (
+            For(
+                "c",
+                kir.i64(0),
+                kir.i64(n),
+                (Store("y", at, Un("tanh", Bin("add", y, Load("b", c, "f32"), "f32"), "f32")),),
+            ),
+        ),
+        True,
+    )
+    row = kir.mul(r, n)
+    if shift:
+        row = kir.mul(Bin("mod", kir.add(r, kir.i64(shift)), kir.i64(M), "i64"), n)
+    first = Load("y", row, "f32")
+    last = Load("y", kir.add(row, kir.i64(n - 1)), "f32")
+    tail = For("r", kir.i64(0), kir.i64(M), (Store("z", r, Bin("add", first, last, "f32")),), True)
+    slots = (
+        Slot("x", "f32", 0, 0, 0, False),
+        Slot("w", "f32", 1, 1, 0, False),
+        Slot("b", "f32", 2, 2, 0, False),
+        Slot("y", "f32", 3, 3, 0, True),
+        Slot("z", "f32", 4, 4, 0, True),
+    )
+    return Kernel("layer", 0, ("j",), slots, (), (gemm, epilogue, tail))
+
+
+def test_a_layer_and_a_loop_over_its_rows_are_one_function():
+    """A rows product of ours, its epilogue and a loop reading its C at each row alone: one
+    function (no product of the BLAS's to launch), a block ``CHAIN_ROWS`` rows at a time; a
+    loop that reads another row's C is no chain's (the BLAS's product, then the loops)."""
+    r = render._Kernel(_layer())
+    text = r.render()
+    assert r.phases == [("layer", -(-M // render.CHAIN_ROWS) * render.THREADS)]
+    assert "for (long long r0 = tl_rb; r0 < tl_re; r0 += 64) {" in text
+    apart = render._Kernel(_layer(shift=1))
+    apart.render()
+    assert any(not isinstance(p, tuple) for p in apart.phases)  # (a GemmCall)
+    old = render.CHAINS
+    try:
+        render.CHAINS = False
+        off = render._Kernel(_layer())
+        off.render()
+        assert any(not isinstance(p, tuple) for p in off.phases)
+    finally:
+        render.CHAINS = old
+
+
+def test_a_chain_s_shared_memory_holds_its_products_weights_and_largest_tile():
+    """``_chain_floats``: each product's op(B) and the largest tile of A; a run whose floats
+    pass ``products.SMEM_FLOATS`` is cut before the product that would pass them."""
+    g = _layer().body[0]
+    step = render._Step("blas", None, form=g)
+    bm, tile = products.rows_tile(g)
+    assert (bm, tile) == (64, 64 * 68)
+    assert render._chain_floats([step]) == tile + K * N
+    assert render._chain_floats([step, step]) == tile + 2 * K * N > products.SMEM_FLOATS
+
+
+@needs_cxx
+@pytest.mark.parametrize("n", [N, 2])
+def test_a_chain_computes_the_layer_and_the_loop_on_cuda_emu(n):
+    """The chain's function on cuda-emu (blocks of its threads, each ``CHAIN_ROWS`` rows of
+    the 300, the last block's fewer) makes NumPy's ``tanh(x @ w + b)`` and the loop's sums
+    over it (a 64-wide layer, and a head of 2 columns: a tile of 128 rows)."""
+    from timerlc.runtime.cuda import EmuDevice
+
+    k = _layer(n=n)
+    r = render._Kernel(k)
+    text = r.render()
+    assert len(r.phases) == 1 and isinstance(r.phases[0], tuple)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    w = (rng.standard_normal((K, n)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    dev = EmuDevice()
+    module = dev.load(render.head() + "\n" + text)
+    ptrs = [dev.alloc(a.nbytes) for a in (x, w, b)] + [dev.alloc(M * n * 4), dev.alloc(M * 4)]
+    for p, a in zip(ptrs, (x, w, b)):
+        dev.upload(p, a)
+    table = dev.alloc(8 * len(ptrs))
+    dev.upload(table, np.array(ptrs, np.uint64))
+    dev.launch(dev.function(module, "layer"), table, np.zeros(1, np.int64), dev.alloc(8), 2)
+    y, z = np.empty((M, n), np.float32), np.empty(M, np.float32)
+    dev.download(ptrs[3], y)
+    dev.download(ptrs[4], z)
+    want = np.tanh(x.astype(np.float64) @ w + b)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(z, y[:, 0] + y[:, n - 1], rtol=1e-6, atol=1e-6)
+
+
+@needs_cxx
+def test_a_chain_on_blocks_of_a_gpu_s_128_threads():
+    """The chain's functions on cuda-emu with blocks of 128 threads, a GPU's (the products'
+    and copies' ways for them: ``blockDim.x == 128``): the test above in a process of its
+    own (``TIMERLC_EMU_THREADS`` is read once a process)."""
+    if os.environ.get("TIMERLC_EMU_THREADS") == "128":
+        pytest.skip("this process's blocks have 128 threads already: the test above ran so")
+    env = dict(os.environ, TIMERLC_EMU_THREADS="128", PYTHONPATH=str(ROOT))
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "emu"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "2 passed" in r.stdout
