@@ -1620,6 +1620,7 @@ def test_bias_gradients_ride_on_their_weight_gradients_products(policy, monkeypa
     cast to float32 after them runs in the last block of either way's last function
     (``_sums_tail``). The values are the cpu's either way."""
     monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
+    monkeypatch.setattr(render, "CHAINS", False)  # (a chain's grams: test_cuda_chains.py)
     text = src(BIAS_GRADIENTS).replace("W = 80", "W = 16")
     _, gen = generated("p.rtl", text)
     cu = cuda_gen(gen)

@@ -143,4 +143,42 @@ def test_a_chain_on_blocks_of_a_gpu_s_128_threads():
         cwd=ROOT,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "2 passed" in r.stdout
+    assert "3 passed" in r.stdout
+
+
+@needs_cxx
+def test_weights_and_biases_gradients_in_a_chain_on_cuda_emu():
+    """Two grams of ours over the same 600 rows (``x^T @ dy``, ``x^T @ dz``, 8 x 16), each
+    with its B's column sums (the biases' gradients, float64): one chain, each block a
+    chunk of the rows (a copy of each gram's, ``products.parts``: two), its tiles added
+    into the copies (stored at a chunk's first: ``tl_first``), the copies added by the
+    last block of the tickets (``products.chain_sums_lines``), which then casts the sums
+    (the steps after them); no product of the BLAS's. The values within float32's bound of
+    the exact ones, as the cpu's."""
+    from test_cuda import (
+        BIAS_GRADIENTS,
+        _assert_within_bounds,
+        cuda_gen,
+        generated,
+        run_both,
+    )
+
+    from timerlc.plan import items
+
+    def grams(cu) -> int:  # (the products of the BLAS's over the 600 rows: grams)
+        calls = [f for _, phases in cu.plan.kernels.launches for f in phases]
+        return sum(isinstance(f, items.GemmCall) and f.k == 600 and f.a.t for f in calls)
+
+    text = BIAS_GRADIENTS.replace("W = 80", "W = 16")
+    _, gen = generated("p.rtl", text)
+    cu = cuda_gen(gen)
+    assert grams(cu) == 0
+    assert "tl_first ? v : tl_pp[" in cu.text and "tl_pp0" in cu.text and "tl_pd1" in cu.text
+    old = render.CHAINS
+    try:
+        render.CHAINS = False
+        assert grams(cuda_gen(gen)) == 2
+    finally:
+        render.CHAINS = old
+    ref, rt, _, _, _ = run_both(gen)
+    _assert_within_bounds(rt, ref)

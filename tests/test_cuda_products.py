@@ -865,11 +865,13 @@ def test_a_plan_s_joint_functions_are_data():
 
 
 @pytest.mark.parametrize("steps", [524288, 1572864])
-def test_ppo_s_two_layer_gradients_and_their_weights_have_joint_functions(steps):
+def test_ppo_s_two_layer_gradients_and_their_weights_have_joint_functions(steps, monkeypatch):
     """PPO 2048's minibatch step: each of the two networks' second layers' ``dz @ W^T``
     has a joint function with its weight's gradient ``h^T @ dz`` (the gram whose B is its
     A), also where the kernel made the weights' gradients in another order (moved next to
-    each other, ``_partners_next``; the gram may come first: the first carries it)."""
+    each other, ``_partners_next``; the gram may come first: the first carries it). (Not
+    chains: a chain's products are float32 functions of ours, ``render._Kernel._chains``.)"""
+    monkeypatch.setattr(render, "CHAINS", False)
     path = ROOT / "programs" / "ppo.rtl"
     sets = {"B": "2048", "T": "128", "total_steps": str(steps)}
     gen = generate(compile_plan(run_passes(graph_of(path.read_text(), **sets))), "cuda")
@@ -1065,8 +1067,9 @@ def test_a_loop_that_touches_nothing_of_a_product_runs_in_its_launch(
     block both, one after the other), where the BLAS's way runs the loop as a function
     after it (``GemmCall.then``, ``..b``); ``BESIDE`` off, the loop a launch of its own.
     The values are the cpu's either way, on grids of 3 blocks and of 1 (TF32: within its
-    rounding)."""
+    rounding). (Not a chain: ``render.CHAINS`` off, test_cuda_chains.py.)"""
     monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
+    monkeypatch.setattr(render, "CHAINS", False)
     monkeypatch.setattr(EmuDevice, "MAX_BLOCKS", blocks)
     plan = compile_plan(run_passes(graph_of(BESIDE_PROGRAM)))
     gen = generate(plan, "cuda")

@@ -52,6 +52,7 @@ VEC_GRAMS = True  # grams' parts read their operands 16 bytes at a time (_gram_o
 # function, the last copy of each group of copies adding the group's, the last group's
 # the groups' (``_merged_sums``): no launch of their own; 0: never
 MERGED_SUMS = 256
+CHAIN_STAGE = 32  # gram: the rows of A and B in shared memory at a time in a chain's pool
 
 
 def _divisor(n: int, options) -> int:
@@ -118,11 +119,30 @@ def _merged_sums(s, c: str, sums: str | None, final: list[str]) -> list[str]:
     in order into C (and B's column sums into ``sums``), then runs ``final`` (lines: the
     steps after the sums, ``render._Kernel._sums_tail``). The order of every sum is fixed
     by the copies, whatever the grid; the tickets are set back to 0 by the block that read
-    them last."""
-    m, n, k = s.m, s.n, s.k
-    p, count = parts(k), m * n
+    them last (``_ticket_sums``)."""
+    m, n = s.m, s.n
+    arrays = [("float", "tl_pp", m * n, f"({c})[e / {n} * {s.ldc} + e % {n}]")]
+    if sums is not None:
+        arrays.append(("double", "tl_pd", n, f"({sums})[e]"))
+    return _ticket_sums(s.k, arrays, final)
+
+
+def chain_sums_lines(k: int, arrays: list, final: list[str]) -> list[str]:
+    """The lines (at depth 0, at the end of a chain's loop over its copies ``tl_p``, one a
+    chunk of its ``k`` rows: ``render._Kernel.chain_body``) that add the copies of every
+    gram of the chain as a merged gram's (``_ticket_sums``): ``arrays``, each ``(C type,
+    copies, elements a copy, destination)`` (the destination a C expression of the
+    element ``e``); then ``final``."""
+    mine = ["    const long long p = tl_p;"] if copy_groups(k)[0] > 1 else []  # (its group)
+    return ["  {", *mine, *_ticket_sums(k, arrays, final), "  }"]
+
+
+def _ticket_sums(k: int, arrays: list, final: list[str]) -> list[str]:
+    """``_merged_sums``' lines for copies of ``k`` rows' chunks (``parts``) of the arrays
+    ``arrays`` (``(C type, copies, elements a copy, destination of element e)``), all
+    with one ticket a copy."""
+    p = parts(k)
     gs, ng = copy_groups(k)
-    dst = f"({c})[e / {n} * {s.ldc} + e % {n}]"
 
     def added(t: str, arr: str, size: int, first: str, step: str, terms: str, dst: str):
         return [
@@ -146,11 +166,10 @@ def _merged_sums(s, c: str, sums: str | None, final: list[str]) -> list[str]:
             "    if (tl_last) {  // (the group's last copy: the group's copies into its first)",
             "      __threadfence();",
             f"      if (threadIdx.x == 0) tl_groups(err)[p / {gs}] = 0;",
-            *added("float", "tl_pp", count, "tl_f", "1", "tl_in", f"tl_pp[tl_f * {count} + e]"),
             *(
-                added("double", "tl_pd", n, "tl_f", "1", "tl_in", f"tl_pd[tl_f * {n} + e]")
-                if sums is not None
-                else []
+                x
+                for t, arr, size, _ in arrays
+                for x in added(t, arr, size, "tl_f", "1", "tl_in", f"{arr}[tl_f * {size} + e]")
             ),
             "      __threadfence();  // (the group's sums, then the ticket)",
             "      __syncthreads();",
@@ -161,11 +180,10 @@ def _merged_sums(s, c: str, sums: str | None, final: list[str]) -> list[str]:
         "      if (tl_last) {  // (the last group: the groups' first copies into C)",
         "        __threadfence();",
         "        if (threadIdx.x == 0) *tl_count(err) = 0;",
-        *("  " + x for x in added("float", "tl_pp", count, "0", str(gs), str(ng), dst)),
         *(
-            ("  " + x for x in added("double", "tl_pd", n, "0", str(gs), str(ng), f"({sums})[e]"))
-            if sums is not None
-            else []
+            "  " + x
+            for t, arr, size, dst in arrays
+            for x in added(t, arr, size, "0", str(gs), str(ng), dst)
         ),
         *("        " + x for x in final),
         "      }",
@@ -252,7 +270,7 @@ def _rows_head(
     ``bm`` rows of A opened, each tile's rows copied into ``tl_as`` by ``a_dst`` (``_copy``'s
     destination) between two barriers. The caller closes the loop and the block. In a
     chain (``chain``: the product's number in it, ``rows_chain_head``), op(B) is the
-    chain's copy ``tl_w{chain}``, A's tile the chain's pool ``tl_pool4`` (``a_tile`` says
+    chain's copy ``tl_w{chain}``, A's tile the chain's pool ``tl_sm4`` (``a_tile`` says
     how), and the loop is over the chain's rows ``tl_rb ..< tl_re``."""
     m, k = s.m, s.k
     if chain is not None:
@@ -357,7 +375,7 @@ def rows_lines(
             n,
             [f"__shared__ float tl_as[{k * bmp}];  // a tile of A's rows, transposed"]
             if chain is None
-            else ["float *tl_as = (float *)tl_pool4;"],
+            else ["float *tl_as = (float *)tl_sm4;"],
             lambda o, i: f"tl_as[({i}) * {bmp} + {o}]",
             chain=chain,
         ),
@@ -436,7 +454,7 @@ def _rows_vec_lines(s, a: str, b: str, c: str, store, tiling: tuple, chain=None)
                 "float *tl_as = (float *)tl_as4;",
             ]
             if chain is None
-            else ["float4 *tl_as4 = tl_pool4;", "float *tl_as = (float *)tl_pool4;"],
+            else ["float4 *tl_as4 = tl_sm4;", "float *tl_as = (float *)tl_sm4;"],
             lambda o, i: f"tl_as[({o}) * {kp} + {i}]",
             column,
             lambda o, i: f"tl_as4[(({o}) * {kp} + ({i})) / 4]",
@@ -510,6 +528,13 @@ def _gram_tiling(m: int, n: int) -> tuple[int, int, int, int]:
     return tm, tn, n // tn, (m // tm) * (n // tn)
 
 
+def gram_chain_floats(s) -> int:
+    """The floats of a chain's pool a gram's rows take (``gram_part_lines(..., chain=True)``:
+    a stage of A's and B's rows, or the threads' tiles of C in turn)."""
+    tm, tn, _, _ = _gram_tiling(s.m, s.n)
+    return max(CHAIN_STAGE * (s.m + s.n), MAX_THREADS * tm * tn)
+
+
 def gram_part_threads(k: int) -> int:
     return parts(k) * MAX_THREADS
 
@@ -530,17 +555,28 @@ def _copies(s, copies: str, c: str, sums: str | None) -> list[str]:
 
 
 def gram_part_lines(
-    s, a: str, b: str, copies: str, c: str, sums: str | None = None, final=()
+    s,
+    a: str,
+    b: str,
+    copies: str,
+    c: str,
+    sums: str | None = None,
+    final=(),
+    chain: bool = False,
 ) -> list[str]:
     """The first launch of gram ``s``: each copy (of ``parts(k)``, at ``copies``, m x n
     floats each) the sum of its chunk of rows; C itself (at ``c``) where it has one. With
     ``sums`` (a float64 array of n), B's column sums too, in float64: the threads of the
     first row of tiles add the B values they read (``_copies``). A merged gram's copies
-    added into C by its last blocks, then ``final`` (``_merged_sums``)."""
+    added into C by its last blocks, then ``final`` (``_merged_sums``). In a chain
+    (``chain``, ``render._Kernel.chain_body``): the rows ``tl_rb ..< tl_re`` of copy
+    ``tl_p``'s chunk alone, ``CHAIN_STAGE`` rows at a time in the chain's pool, added
+    into the copy (stored into it at the chunk's first rows, ``tl_first``); the chain
+    adds the copies (``chain_sums_lines``)."""
     m, n, k = s.m, s.n, s.k
     tm, tn, ct, tiles = _gram_tiling(m, n)
     p = parts(k)
-    sr = STAGE_ROWS
+    sr = CHAIN_STAGE if chain else STAGE_ROWS
     chunk = -(-k // p // sr) * sr  # (whole stages: a stage's first row 16 bytes aligned)
     size = max(sr * (m + n), MAX_THREADS * tm * tn)
     ld = s.ldc if p == 1 else n  # (C's rows, or a copy's)
@@ -563,6 +599,7 @@ def gram_part_lines(
             "#pragma unroll",
             f"        for (int j = 0; j < {tn}; j++) tl_sd[threadIdx.x * {tn} + j] = tl_s[j];",
         ]
+        at = f"tl_pd[p * {n} + tx * {tn} + j]"
         total = [
             "      if (mine && g == 0 && ty == 0) {",
             "#pragma unroll",
@@ -570,22 +607,39 @@ def gram_part_lines(
             "          double v = tl_s[j];",
             "#pragma unroll 1",
             f"          for (int h = 1; h < tl_g; h++) v += tl_sd[(h * {tiles} + tile) * {tn} + j];",
-            f"          tl_pd[p * {n} + tx * {tn} + j] = v;",
+            f"          {at} = {f'tl_first ? v : {at} + v' if chain else 'v'};",
             "        }",
             "      }",
+        ]
+    at = f"tl_pp[p * {m * n} + (ty * {tm} + e / {tn}) * {ld} + tx * {tn} + e % {tn}]"
+    if chain:  # (the chain's pool and its groups' column sums; one chunk's rows)
+        with_sums = []
+        head = [
+            "  float *tl_sm = (float *)tl_sm4;",
+            f"  const int tl_g = blockDim.x >= {tiles} ? blockDim.x / {tiles} : 1;  // row groups",
+            "  {",
+            "    const long long p = tl_p, lo = tl_rb, hi = tl_re;",
+        ]
+    else:
+        head = [
+            f"  __shared__ float4 tl_sm4[{-(-size // 4)}];  // A's and B's rows; the groups' sums",
+            "  float *tl_sm = (float *)tl_sm4;",
+            f"  const int tl_g = blockDim.x >= {tiles} ? blockDim.x / {tiles} : 1;  // row groups",
+            f"  for (long long p = blockIdx.x; p < {p}; p += gridDim.x) {{",
+            f"    const long long lo = p * {chunk}, hi = lo + {chunk} < {k}LL ? lo + {chunk} : {k}LL;",
         ]
     return [
         "{",
         f"  const float *A = {a};",
         f"  const float *B = {b};",
         *_copies(s, copies, c, sums),
-        *(["  __shared__ int tl_last;  // (a ticket's: _merged_sums)"] if merged(m, n, k) else []),
+        *(
+            ["  __shared__ int tl_last;  // (a ticket's: _merged_sums)"]
+            if merged(m, n, k) and not chain
+            else []
+        ),
         *with_sums,
-        f"  __shared__ float4 tl_sm4[{-(-size // 4)}];  // A's and B's rows; the groups' sums",
-        "  float *tl_sm = (float *)tl_sm4;",
-        f"  const int tl_g = blockDim.x >= {tiles} ? blockDim.x / {tiles} : 1;  // row groups",
-        f"  for (long long p = blockIdx.x; p < {p}; p += gridDim.x) {{",
-        f"    const long long lo = p * {chunk}, hi = lo + {chunk} < {k}LL ? lo + {chunk} : {k}LL;",
+        *head,
         f"    for (int t0 = 0; t0 < {tiles} * tl_g; t0 += blockDim.x) {{  // (same on every thread)",
         "      const int t = t0 + threadIdx.x;",
         f"      const bool mine = t < {tiles} * tl_g;",
@@ -625,12 +679,12 @@ def gram_part_lines(
             "          for (int h = 1; h < tl_g; h++)"
             f" v += tl_sm[(h * {tiles} + tile) * {tm * tn} + e];"
         ),
-        f"          tl_pp[p * {m * n} + (ty * {tm} + e / {tn}) * {ld} + tx * {tn} + e % {tn}] = v;",
+        f"          {at} = {f'tl_first ? v : {at} + v' if chain else 'v'};",
         "        }",
         "      }",
         *total,
         "    }",
-        *(_merged_sums(s, c, sums, list(final)) if merged(m, n, k) else []),
+        *(_merged_sums(s, c, sums, list(final)) if merged(m, n, k) and not chain else []),
         "  }",
         "}",
     ]

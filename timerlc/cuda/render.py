@@ -548,6 +548,7 @@ GRAM_TAILS = True
 # (``_Kernel._chains``): CHAIN_ROWS rows at a time (a multiple of each product's tile)
 CHAINS = True
 CHAIN_ROWS = 128
+CHAIN_GRAM_ROWS = 64  # (of a chain with a gram: its copies' chunks whole tiles of them)
 # a thread of a grid's loop whose points are stores alone takes this many of its points at
 # once, all their loads before any store (``_Kernel.batched``): one point's load, then its
 # store, which the next point's load may not pass (the buffers may alias), kept a single
@@ -626,7 +627,7 @@ class _Step:
         if self.kind == "either":
             return list(self.body)
         if self.kind == "chain":  # (its steps: _Kernel._chains)
-            return [x for st in self.body for x in st.statements()]
+            return [x for st in self.body for x in _chain_used(st)]
         return [self.body]
 
 
@@ -891,7 +892,6 @@ class _Kernel:
         steps = self._steps()
         self._partners_next(steps)
         units = self._units(steps)
-        self._repack(steps, units)
         defined = [_lets(st.body) if st.kind == "serial" else {} for st in steps]
         used = []
         for st in steps:
@@ -903,15 +903,19 @@ class _Kernel:
             used.append(refs)
         params = set(self.k.params)
         passed: dict[str, tuple[str, int]] = {}  # let -> (dtype, offset in scratch)
-        offset = (self.k.scratch_bytes + 7) // 8 * 8
         for j, lets in enumerate(defined):
             for v, dt in lets.items():
                 elsewhere = any(
                     v in used[q] or v in defined[q] for q in range(len(steps)) if q != j
                 )
                 if elsewhere and v not in passed and v not in params:
-                    passed[v] = (dt, offset)
-                    offset += 8
+                    passed[v] = (dt, -1)
+        chains = self._chains(steps, units, passed, used, defined)
+        self._repack(steps, units, chains)
+        offset = (self.k.scratch_bytes + 7) // 8 * 8  # (after the temporaries placed anew)
+        for v, (dt, _) in passed.items():
+            passed[v] = (dt, offset)
+            offset += 8
         for part in self.parts.values():  # the reductions' partial results, after them
             part[2] = offset
             offset += (part[1] * _SIZE[part[0]] + 7) // 8 * 8
@@ -931,7 +935,6 @@ class _Kernel:
 
         out, own = [], []
         blas_at: dict[int, int] = {}  # (a blas step -> its phase)
-        chains = self._chains(steps, units, passed, used, defined)
         chained = {q for run in chains for q in run}
         firsts = {run[0]: run for run in chains}
         beside = {
@@ -1085,11 +1088,7 @@ class _Kernel:
             if n is None:
                 close()
                 continue
-            if (
-                rows is not None
-                and n != rows
-                or _chain_floats([steps[q] for q in [*run, j]]) > (products.SMEM_FLOATS)
-            ):
+            if rows is not None and n != rows or not _chain_fits([steps[q] for q in [*run, j]]):
                 close()
             run.append(j)
             rows = n
@@ -1097,53 +1096,116 @@ class _Kernel:
         return out
 
     def chain_body(self, st: _Step) -> int:
-        """A chain's steps (``_chains``) as one function: each block ``CHAIN_ROWS`` rows at a
-        time (``tl_rb ..< tl_re``), every step over them in turn, a barrier between two (a
-        loop a thread a point of the rows, as a loop kernel's block runs its rows; a rows
-        product of ours over them, op(B) copied once a block before the first rows, A's
-        tile in a pool of shared memory the products share: ``products.rows_lines``); the
-        threads it asks for."""
+        """A chain's steps (``_chains``) as one function: each block a chunk of the rows at
+        a time (``tl_p``: a copy of each gram's, ``products.parts`` of them; where the chain
+        has no gram, ``CHAIN_ROWS`` rows), a tile of it (``_chain_tile``: ``tl_rb ..<
+        tl_re``) at a time, every step over the tile in turn, a barrier between two: a loop
+        a thread a point of the rows, as a loop kernel's block runs its rows; a rows product
+        of ours over them, op(B) copied once a block before the first rows, A's tile in a
+        pool of shared memory the products share (``products.rows_lines``); a gram's rows
+        added into the chunk's copy (``products.gram_part_lines``). After a chunk's last
+        tile, its copies are added as a merged gram's (``products.chain_sums_lines``: the
+        last block of each group of copies, then the last group's, which runs the steps
+        after the grams' sums). The threads it asks for."""
         inner = list(st.body)
-        n, r = _chain_rows(inner[0]), CHAIN_ROWS
-        pool = max(products.rows_tile(x.form)[1] for x in inner if x.kind == "blas")
-        self.emit(1, f"__shared__ float4 tl_pool4[{-(-pool // 4)}];  // the products' A tiles")
+        n, r = _chain_rows(inner[0]), _chain_tile(inner)
+        grams = [q for q, x in enumerate(inner) if _is_gram(x)]
+        count = products.parts(n) if grams else -(-n // r)
+        chunk = _chunk(n) if grams else r
+        pool = max(
+            products.rows_tile(x.form)[1]
+            if not _is_gram(x)
+            else products.gram_chain_floats(x.form)
+            for x in inner
+            if x.kind == "blas"
+        )
+        self.emit(1, f"__shared__ float4 tl_sm4[{-(-pool // 4)}];  // the products' tiles")
+        acc = {q: inner[q].own.acc if inner[q].own is not None else None for q in grams}
+        if any(acc.values()):
+            self.emit(1, f"__shared__ double tl_sd[{products.MAX_THREADS * 8}];  // (the sums')")
+        copies, arrays, tails = {}, [], []
+        if grams:
+            sizes = []
+            for q in grams:
+                g = inner[q].form
+                sizes.append(
+                    -(-products.scratch_bytes(g.m, g.n, g.k, True, False, bool(acc[q])) // 8) * 8
+                )
+            at = self._copies_region(sum(sizes))
+            for q, size in zip(grams, sizes):
+                copies[q] = f"(scratch + {at})"
+                at += size
         for q, x in enumerate(inner):
-            if x.kind == "blas":
+            if x.kind == "blas" and not _is_gram(x):
                 g = x.form
                 b = f"{buf(g.b)} + ({self.expr(g.boff)})"
                 for line in products.rows_chain_head(g, b, q):
                     self.emit(0 if line.startswith("#") else 1, line)
+        if grams and count > 1:  # (each gram's copies: its sums' first, doubles)
+            self.emit(1, "__shared__ int tl_last;  // (a ticket's: products.chain_sums_lines)")
+            for q in grams:
+                g = inner[q].form
+                c = f"{buf(g.c)} + ({self.expr(g.coff)})"
+                sums = buf(acc[q]) if acc[q] else None
+                for line in products._copies(g, copies[q], c, sums):
+                    self.emit(0, line.replace("tl_pp", f"tl_pp{q}").replace("tl_pd", f"tl_pd{q}"))
+                arrays.append(
+                    ("float", f"tl_pp{q}", g.m * g.n, f"({c})[e / {g.n} * {g.ldc} + e % {g.n}]")
+                )
+                if sums:
+                    arrays.append(("double", f"tl_pd{q}", g.n, f"({sums})[e]"))
+                tails += list(inner[q].own.tail) if inner[q].own is not None else []
+        self.emit(1, f"for (long long tl_p = blockIdx.x; tl_p < {count}; tl_p += gridDim.x) {{")
         self.emit(
-            1,
-            f"for (long long tl_c0 = (long long)blockIdx.x * {r}; tl_c0 < {n}LL;"
-            f" tl_c0 += (long long)gridDim.x * {r}) {{",
+            2,
+            f"const long long tl_lo = tl_p * {chunk}, tl_hi = tl_lo + {chunk} < {n}LL"
+            f" ? tl_lo + {chunk} : {n}LL;",
         )
+        self.emit(2, f"for (long long tl_c0 = tl_lo; tl_c0 < tl_hi; tl_c0 += {r}) {{")
         self.emit(
-            2, f"const long long tl_rb = tl_c0, tl_re = tl_c0 + {r} < {n}LL ? tl_c0 + {r} : {n}LL;"
+            3,
+            f"const long long tl_rb = tl_c0, tl_re = tl_c0 + {r} < tl_hi ? tl_c0 + {r} : tl_hi;",
         )
+        self.emit(3, "const bool tl_first = tl_c0 == tl_lo;  (void)tl_first;")
         outside = self.others
         bufs = [_buffers(x.statements()) for x in inner]
         for q, x in enumerate(inner):
             self.others = outside.union(*(b for i, b in enumerate(bufs) if i != q))
             if q:
-                self.emit(2, "__syncthreads();  // (the step before done with these rows)")
+                self.emit(3, "__syncthreads();  // (the step before done with these rows)")
             if x.kind in ("parallel", "either"):  # (an either's loops touch nothing of each
                 self.rows = True  # other's, or one of them runs: one after another)
                 for loop in x.body if x.kind == "either" else (x.body,):
-                    self.grid_loop(loop, 2, epilogue=False, collapse=True)
+                    self.grid_loop(loop, 3, epilogue=False, collapse=True)
                 self.rows = False
                 continue
             g = x.form
             a = f"{buf(g.a)} + ({self.expr(g.aoff)})"
             c = f"{buf(g.c)} + ({self.expr(g.coff)})"
-            epilogue = x.own.epilogue if x.own is not None else None
-            store = self._epilogue_store(g, epilogue) if epilogue is not None else None
-            for line in products.rows_lines(g, a, "B", c, store, chain=q):
-                self.emit(0 if line.startswith("#") else 2, line)
+            if _is_gram(x):
+                b = f"{buf(g.b)} + ({self.expr(g.boff)})"
+                sums = buf(acc[q]) if acc[q] else None
+                lines = products.gram_part_lines(g, a, b, copies[q], c, sums, chain=True)
+            else:
+                epilogue = x.own.epilogue if x.own is not None else None
+                store = self._epilogue_store(g, epilogue) if epilogue is not None else None
+                lines = products.rows_lines(g, a, "B", c, store, chain=q)
+            for line in lines:
+                self.emit(0 if line.startswith("#") else 3, line)
         self.others = outside
+        self.emit(2, "}")
+        if arrays:  # (the chunk's copies done: the grams' sums, by tickets)
+            final = []
+            if tails:
+                lines, self.lines = self.lines, []
+                everything = _buffers(self.k.body)
+                self.in_one_block([(t, everything) for t in tails], [], [], {})
+                final, self.lines = [x.removeprefix("  ") for x in self.lines], lines
+            for line in products.chain_sums_lines(n, arrays, final):
+                self.emit(0 if line.startswith("#") else 1, line)
         self.emit(1, "}")
         self.block_done(1)
-        return -(-n // r) * THREADS
+        return count * THREADS
 
     def _joint_pair(self, first: _Step, second: _Step) -> tuple | None:
         """Two consecutive blas steps as ``(rows, gram)`` where one pass over their rows can
@@ -1305,18 +1367,23 @@ class _Kernel:
             j = (tail[-1] if tail else j) + 1
         return units
 
-    def _repack(self, steps: list[_Step], units: list):
+    def _repack(self, steps: list[_Step], units: list, chains=()):
         """The temporaries placed anew in the scratch memory, two sharing bytes only where no
-        function (``units``) uses both: lowering packs them by the order of the kernel's
-        statements (``lower._packed_temps``), but a function runs its steps' loops at once
-        (side by side, rows merged: a thread at one row's last loop while another is at its
-        first) or out of that order (a run before a reduction, after it): PPO's gradient of
-        the logits wrote a temporary into the bytes of one another row still read."""
+        function (``units``; a chain's, ``chains``, one) uses both: lowering packs them by
+        the order of the kernel's statements (``lower._packed_temps``), but a function runs
+        its steps' loops at once (side by side, rows merged: a thread at one row's last
+        loop while another is at its first) or out of that order (a run before a
+        reduction, after it): PPO's gradient of the logits wrote a temporary into the bytes
+        of one another row still read; a chain's grams' column sums, each cast after all
+        of them were made, one another's bytes."""
         temps = {t.name: t for t in self.k.temps}
         if len(temps) < 2:
             return
+        first = {q: run[0] for run in chains for q in run}  # (a chain's steps: its first's)
+        at = {j: u for u, (j, _, _) in enumerate(units)}
         span: dict[str, list[int]] = {}
         for u, (j, _, tail) in enumerate(units):
+            u = at.get(first.get(j, j), u)
             for q in (j, *tail):
                 for n in _buffers(steps[q].statements()) & temps.keys():
                     span.setdefault(n, [u, u])[1] = u
@@ -4281,38 +4348,128 @@ def _chain_rows(st: _Step) -> int | None:
     if st.kind != "blas" or st.body.when is not True or st.after and st.own is None:
         return None
     g = st.form
-    if products.form(g.dtype, g.m, g.n, g.k, g.ta, g.tb) != "rows":
+    what = products.form(g.dtype, g.m, g.n, g.k, g.ta, g.tb)
+    if st.own is not None and (st.own.kind != what or st.own.beside is not None):
         return None
-    if st.own is not None and (st.own.kind != "rows" or st.own.beside is not None):
+    if g.c in (g.a, g.b):
         return None
-    if CHAIN_ROWS % products.rows_tile(g)[0] or g.c in (g.a, g.b):
+    if what == "gram" and g.ta and not g.tb and (g.k - 1) // _chunk(g.k) < products.parts(g.k):
+        return g.k  # (each chunk of rows a copy, none empty)
+    if what != "rows" or CHAIN_ROWS % products.rows_tile(g)[0]:
         return None
     return g.m
 
 
+def _is_gram(st: _Step) -> bool:
+    """Whether a chain's step (``_chain_rows``') is a gram product."""
+    return st.kind == "blas" and st.form.ta
+
+
+def _chunk(rows: int) -> int:
+    """The rows of a chain's copy of its grams (``products.parts`` of them): whole stages of
+    ``CHAIN_GRAM_ROWS``, as a gram's part function's chunks."""
+    return -(-rows // products.parts(rows) // CHAIN_GRAM_ROWS) * CHAIN_GRAM_ROWS
+
+
+def _chain_tile(run: list) -> int:
+    """The rows a chain's block takes at a time: ``CHAIN_GRAM_ROWS`` where it has a gram (a
+    chunk of its copies whole tiles), else ``CHAIN_ROWS``."""
+    return CHAIN_GRAM_ROWS if any(_is_gram(st) for st in run) else CHAIN_ROWS
+
+
 def _chain_floats(run: list) -> int:
     """The floats of shared memory a chain of the steps ``run`` takes (``chain_body``): its
-    products' copies of op(B), and the largest of their tiles of A."""
-    gemms = [st.form for st in run if st.kind == "blas"]
-    pool = max((products.rows_tile(g)[1] for g in gemms), default=0)
-    return pool + sum(g.k * g.n for g in gemms)
+    rows products' copies of op(B); the largest of their tiles of A and of its grams'
+    stages (``products.gram_chain_floats``), one pool; its grams' column sums' groups."""
+    rows = [st.form for st in run if st.kind == "blas" and not _is_gram(st)]
+    grams = [st for st in run if _is_gram(st)]
+    pool = max(
+        [products.rows_tile(g)[1] for g in rows]
+        + [products.gram_chain_floats(st.form) for st in grams],
+        default=0,
+    )
+    sums = any(st.own is not None and st.own.acc is not None for st in grams)
+    return pool + sum(g.k * g.n for g in rows) + 2 * products.MAX_THREADS * 8 * sums
+
+
+def _chain_fits(run: list) -> bool:
+    """Whether the steps ``run`` (``_chain_rows``': a chain's, over one count of rows) fit
+    one function: their shared memory (``_chain_floats``), each rows product's tile a
+    divisor of the chain's (``_chain_tile``)."""
+    tile = _chain_tile(run)
+    return _chain_floats(run) <= products.SMEM_FLOATS and all(
+        tile % products.rows_tile(st.form)[0] == 0
+        for st in run
+        if st.kind == "blas" and not _is_gram(st)
+    )
 
 
 def _chain_local(run: list) -> bool:
     """Whether the steps ``run`` (``_chain_rows``'s, over one count of rows) never meet
     across rows (``_rows_local``: a product as the loop nest of its accesses, A's and C's,
     with its epilogue's), and none writes what a product reads as its B."""
-    loops, weights = [], set()
+    loops, weights, mine = [], set(), []
     for k, st in enumerate(run):
         if st.kind in ("parallel", "either"):
             loops += list(st.body) if st.kind == "either" else [st.body]
             continue
         g = st.form
+        if _is_gram(st):  # (its C, its sums and what runs after them: its own)
+            loops.append(_gram_loop(g, f"tl_chain{k}"))
+            acc = [st.own.acc] if st.own is not None and st.own.acc is not None else []
+            tail = [x for t in st.own.tail for x in t.statements()] if st.own else []
+            mine.append((k, {g.c, *acc} | _buffers(tail)))
+            continue
         weights.add(g.b)
         loops.append(_product_loop(g, f"tl_chain{k}"))
         if st.own is not None and st.own.epilogue is not None:
             loops.append(st.own.epilogue)
+    for k, own in mine:
+        others = [x for q, st in enumerate(run) if q != k for x in _chain_statements(st)]
+        if own & _buffers(others):
+            return False
     return not weights & _written(loops) and _rows_local(loops)
+
+
+def _chain_statements(st: _Step) -> list:
+    """What a chain's step touches in the chain (a gram's rows and A and B: ``_gram_loop``;
+    a rows product's, its epilogue's; a loop step's)."""
+    if st.kind in ("parallel", "either"):
+        return list(st.body) if st.kind == "either" else [st.body]
+    g = st.form
+    if _is_gram(st):
+        return [_gram_loop(g, "tl_chain")]
+    epilogue = [st.own.epilogue] if st.own is not None and st.own.epilogue is not None else []
+    return [g, *epilogue]
+
+
+def _chain_used(st: _Step) -> list:
+    """The statements a chain's step stands for in its function (``chain_body``): a gram's
+    product, its sums' first values (its column sums' buffer) and the steps after its
+    sums; a rows product and its epilogue; a loop step's loops."""
+    if st.kind in ("parallel", "either"):
+        return list(st.body) if st.kind == "either" else [st.body]
+    own = st.own
+    if _is_gram(st):
+        sums = list(own.sums[:1]) if own is not None else []
+        tail = [x for t in own.tail for x in t.statements()] if own is not None else []
+        return [st.form, *sums, *tail]
+    return [st.form, *([own.epilogue] if own is not None and own.epilogue is not None else [])]
+
+
+def _gram_loop(g: Gemm, var: str) -> For:
+    """Gram ``g``'s reads of A and B (each k x its columns, row by row) as a loop nest over
+    its rows (``var``): row ``r``'s m elements of A and n of B (``_chain_local``)."""
+    row, i, j = Ref(var), Ref(f"{var}_m"), Ref(f"{var}_n")
+
+    def at(off, ld: int, x):
+        return Bin("add", Bin("add", off, Bin("mul", row, kir.i64(ld), "i64"), "i64"), x, "i64")
+
+    a, b = Load(g.a, at(g.aoff, g.lda, i), g.dtype), Load(g.b, at(g.boff, g.ldb, j), g.dtype)
+    both = Bin("mul", a, b, g.dtype)
+    inner = For(f"{var}_n", kir.i64(0), kir.i64(g.n), (Let(f"{var}_v", g.dtype, both),))
+    mid = For(f"{var}_m", kir.i64(0), kir.i64(g.m), (inner,))
+    return For(var, kir.i64(0), kir.i64(g.k), (mid,), True)
 
 
 def _product_loop(g: Gemm, var: str) -> For:
