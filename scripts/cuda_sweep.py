@@ -43,6 +43,10 @@ all of them. The knobs:
 - ``--beside``: ``cuda.render.BESIDE`` (1: a step of loops next to a product of ours that
   touches nothing of it runs in the product's launch, ``_Kernel._beside``; 0: a launch of
   its own).
+- ``--chains``: ``cuda.render.CHAINS`` (1: a kernel's steps over the same rows run as one
+  function where the runtime finds that faster, ``_Kernel._chains``; 0: no chain), with
+  ``--products``: ``ours`` runs every chain, ``blas`` none (the launches they stand for),
+  ``fastest`` each as timed.
 
 ``--matmul-precision tensorfloat32`` runs them all with TF32 products (ours, cuBLAS's, the
 joint functions).
@@ -111,6 +115,7 @@ def main() -> int:
     ap.add_argument("--long-row", default="128", help="comma-separated LONG_ROW values")
     ap.add_argument("--merged-sums", default="256", help="comma-separated MERGED_SUMS values")
     ap.add_argument("--beside", default="1", help="comma-separated BESIDE values (0, 1)")
+    ap.add_argument("--chains", default="1", help="comma-separated CHAINS values (0, 1)")
     from cuda_gpu_check import add_matmul_precision, open_device
 
     add_matmul_precision(ap)
@@ -146,6 +151,7 @@ def main() -> int:
         numbers(args.long_row),
         numbers(args.merged_sums),
         numbers(args.beside),
+        numbers(args.chains),
     )
     for (
         parts,
@@ -166,13 +172,14 @@ def main() -> int:
         long_row,
         merged,
         beside,
+        chains,
     ) in knobs:
         render.PARTS, render.ARRAY_PARTS, render.UNROLL = parts, array_parts, unroll
         render.GRAM_SUMS, products.MAX_PARTS, products.COPY_BATCH = bool(sums), pparts, batch
         render.ROWS_EPILOGUES, render.JOINTS, tree.SEQ_TIES = bool(epi), bool(joints), bool(ties)
         render.IN_FLIGHT, products.VEC_ROWS = flight, bool(vec)
         products.VEC_GRAMS, products.MERGED_SUMS = bool(vec_grams), merged
-        render.BESIDE = bool(beside)
+        render.BESIDE, render.CHAINS = bool(beside), bool(chains)
         render.PERM_BUCKETS, render.LONG_ROW = buckets, long_row
         device.MAX_BLOCKS = blocks or own
         device.products = policy
@@ -183,7 +190,7 @@ def main() -> int:
             f"blocks {device.MAX_BLOCKS:6d} products {policy} GRAM_SUMS {sums} EPILOGUES {epi} "
             f"MAX_PARTS {pparts} COPY_BATCH {batch} JOINTS {joints} SEQ_TIES {ties} "
             f"IN_FLIGHT {flight} VEC_ROWS {vec} VEC_GRAMS {vec_grams} PERM_BUCKETS {buckets} "
-            f"LONG_ROW {long_row} MERGED_SUMS {merged} BESIDE {beside}"
+            f"LONG_ROW {long_row} MERGED_SUMS {merged} BESIDE {beside} CHAINS {chains}"
         )
         try:
             r = co.program(device, args.program, sets, True, True, True)

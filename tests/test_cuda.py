@@ -176,6 +176,8 @@ def test_every_program_s_build_compiles_with_nvrtc(name):
             if isinstance(g, items.GemmCall)
             for f in g.own + g.then + g.tf32 + g.joint
         ]
+        # (and a chain's functions: render._Kernel._chains)
+        functions += [f for g in phases if isinstance(g, items.ChainCall) for f in g.functions]
         names = {name for name, _ in functions}
         calls = [g for g in phases if isinstance(g, items.GemmCall)]
         # (a gram's TF32 copies' sum is its float32 one's: compiled)

@@ -16,6 +16,7 @@ from timerlc.codegen import kir
 from timerlc.codegen.kir import Bin, For, Gemm, Kernel, Load, Ref, Slot, Store, Un
 from timerlc.cuda import products, render
 from timerlc.cuda.emu import compiler
+from timerlc.plan import items
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_cxx = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler")
@@ -63,21 +64,26 @@ def _layer(shift: int = 0, n: int = N) -> Kernel:
 
 def test_a_layer_and_a_loop_over_its_rows_are_one_function():
     """A rows product of ours, its epilogue and a loop reading its C at each row alone: one
-    function (no product of the BLAS's to launch), a block ``CHAIN_ROWS`` rows at a time; a
-    loop that reads another row's C is no chain's (the BLAS's product, then the loops)."""
+    function, a block ``CHAIN_ROWS`` rows at a time (``items.ChainCall``), or the launches
+    it stands for after it (the product, the BLAS's or ours, then the loop), as the
+    runtime chooses; a loop that reads another row's C is no chain's."""
     r = render._Kernel(_layer())
     text = r.render()
-    assert r.phases == [("layer", -(-M // render.CHAIN_ROWS) * render.THREADS)]
+    chain, gemm, loop = r.phases
+    assert chain == items.ChainCall(
+        (("layer_0c", -(-M // render.CHAIN_ROWS) * render.THREADS),), 2
+    )
+    assert isinstance(gemm, items.GemmCall) and loop == ("layer", M)  # (the first, its name)
     assert "for (long long r0 = tl_rb; r0 < tl_re; r0 += 64) {" in text
     apart = render._Kernel(_layer(shift=1))
     apart.render()
-    assert any(not isinstance(p, tuple) for p in apart.phases)  # (a GemmCall)
+    assert not any(isinstance(p, items.ChainCall) for p in apart.phases)
     old = render.CHAINS
     try:
         render.CHAINS = False
         off = render._Kernel(_layer())
         off.render()
-        assert any(not isinstance(p, tuple) for p in off.phases)
+        assert off.phases == [gemm, ("layer", M)]
     finally:
         render.CHAINS = old
 
@@ -104,7 +110,7 @@ def test_a_chain_computes_the_layer_and_the_loop_on_cuda_emu(n):
     k = _layer(n=n)
     r = render._Kernel(k)
     text = r.render()
-    assert len(r.phases) == 1 and isinstance(r.phases[0], tuple)
+    assert isinstance(r.phases[0], items.ChainCall)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((M, K)).astype(np.float32)
     w = (rng.standard_normal((K, n)) * 0.2).astype(np.float32)
@@ -116,7 +122,8 @@ def test_a_chain_computes_the_layer_and_the_loop_on_cuda_emu(n):
         dev.upload(p, a)
     table = dev.alloc(8 * len(ptrs))
     dev.upload(table, np.array(ptrs, np.uint64))
-    dev.launch(dev.function(module, "layer"), table, np.zeros(1, np.int64), dev.alloc(8), 2)
+    chain = dev.function(module, "layer_0c")
+    dev.launch(chain, table, np.zeros(1, np.int64), dev.alloc(8), 2)
     y, z = np.empty((M, n), np.float32), np.empty(M, np.float32)
     dev.download(ptrs[3], y)
     dev.download(ptrs[4], z)
@@ -143,18 +150,21 @@ def test_a_chain_on_blocks_of_a_gpu_s_128_threads():
         cwd=ROOT,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "3 passed" in r.stdout
+    assert "4 passed" in r.stdout
 
 
 @needs_cxx
-def test_weights_and_biases_gradients_in_a_chain_on_cuda_emu():
+@pytest.mark.parametrize("policy", ["ours", "blas"])
+def test_weights_and_biases_gradients_in_a_chain_on_cuda_emu(policy, monkeypatch):
     """Two grams of ours over the same 600 rows (``x^T @ dy``, ``x^T @ dz``, 8 x 16), each
     with its B's column sums (the biases' gradients, float64): one chain, each block a
     chunk of the rows (a copy of each gram's, ``products.parts``: two), its tiles added
     into the copies (stored at a chunk's first: ``tl_first``), the copies added by the
     last block of the tickets (``products.chain_sums_lines``), which then casts the sums
-    (the steps after them); no product of the BLAS's. The values within float32's bound of
-    the exact ones, as the cpu's."""
+    (the steps after them); the plan's ``ChainCall`` stands for the two products' launches
+    after it, which run instead where the runtime chooses (``blas``: the launches, the
+    products the BLAS's; ``ours``: the chain). The values within float32's bound of the
+    exact ones either way, as the cpu's."""
     from test_cuda import (
         BIAS_GRADIENTS,
         _assert_within_bounds,
@@ -163,22 +173,103 @@ def test_weights_and_biases_gradients_in_a_chain_on_cuda_emu():
         run_both,
     )
 
-    from timerlc.plan import items
-
-    def grams(cu) -> int:  # (the products of the BLAS's over the 600 rows: grams)
-        calls = [f for _, phases in cu.plan.kernels.launches for f in phases]
-        return sum(isinstance(f, items.GemmCall) and f.k == 600 and f.a.t for f in calls)
-
+    monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
     text = BIAS_GRADIENTS.replace("W = 80", "W = 16")
     _, gen = generated("p.rtl", text)
     cu = cuda_gen(gen)
-    assert grams(cu) == 0
+    covered = []  # (the launches a chain stands for)
+    for _, phases in cu.plan.kernels.launches:
+        for q, f in enumerate(phases):
+            if isinstance(f, items.ChainCall):
+                covered += phases[q + 1 : q + 1 + f.covers]
+    grams = [f for f in covered if isinstance(f, items.GemmCall) and f.k == 600 and f.a.t]
+    assert len(grams) == 2
     assert "tl_first ? v : tl_pp[" in cu.text and "tl_pp0" in cu.text and "tl_pd1" in cu.text
+    ref, rt, _, _, _ = run_both(gen)
+    (choice,) = rt.chain_choices.values()
+    assert choice == (None, None, policy == "ours")
+    assert (rt.blas_calls > 0) == (policy == "blas")
+    _assert_within_bounds(rt, ref)
+
+
+def test_plans_chains_are_checked():
+    """A plan's chain (``{"chain": {"functions": [...], "covers": n}}`` among a call's
+    launches) is read back as written, and refused where it stands for more launches than
+    follow it, for none, inside another chain's, where its function is named twice, where
+    it parts a pair of products with joint functions, or with a field of its own."""
+    import json
+
+    from rtl_helpers import refuses_changed_plans
+    from test_cuda import PROGRAMS, cuda_gen, generated
+
+    # (at 64 x 64 a chain stands for a layer's gradient and its weight's: joint functions)
+    _, gen = generated(PROGRAMS / "ppo.rtl", B=64, T=64, total_steps=8192)
+    plan = cuda_gen(gen).plan
+    data = items.to_json(plan)
+    assert items.from_json(json.loads(json.dumps(data)), "p") == plan
+    rows = data["kernels"]["fused_launches"]
+    at = [
+        (r, q)
+        for r, (_, phases) in enumerate(rows)
+        for q, f in enumerate(phases)
+        if isinstance(f, dict) and "chain" in f
+    ]
+    assert at
+    r, q = at[0]
+    joint = [  # (a chain whose launches hold a pair with joint functions)
+        (r2, q2, q3)
+        for r2, q2 in at
+        for q3, f in enumerate(rows[r2][1])
+        if isinstance(f, dict) and "joint" in f.get("gemm", {})
+    ]
+
+    def chain(k, r=r, q=q):
+        return k["fused_launches"][r][1][q]["chain"]
+
+    def more(k):
+        chain(k)["covers"] = len(k["fused_launches"][r][1]) - q
+
+    def nested(k):
+        phases = k["fused_launches"][r][1]
+        phases.insert(q + 1, {"chain": {"functions": [["zz_c", 128]], "covers": 1}})
+        chain(k)["covers"] += 1
+
+    cases = [
+        (more, "a chain stands for"),
+        (lambda k: chain(k).__setitem__("covers", 0), "out of range"),
+        (lambda k: chain(k).__setitem__("functions", []), "expected 1 to"),
+        (lambda k: chain(k).__setitem__("then", []), "unknown field"),
+        (nested, "inside another chain's"),
+        (lambda k: chain(k)["functions"][0].__setitem__(0, k["statements"][0][1]), "twice"),
+    ]
+    assert joint
+    r2, q2, q3 = joint[0]
+    part = (lambda k: chain(k, r2, q2).__setitem__("covers", q3 - q2), "a chain's launches part")
+    refuses_changed_plans(data, [*cases, part])
+
+
+def test_kernels_one_after_another_join_where_a_chain_then_crosses_them():
+    """The fusion search joins two kernels one after the other (``fuse.seq``) where their
+    chains then save more launches than each one's apart (``render.chain_saved``,
+    ``codegen.tree._Tree.chained``): PPO's weights' gradients, a kernel each, are fused
+    kernels whose chains cross their statements' kernels; with ``CHAINS`` off, none."""
+    from test_cuda import PROGRAMS, cuda_gen, generated
+
+    _, gen = generated(PROGRAMS / "ppo.rtl", B=64, T=64, total_steps=8192)
+
+    def crossing() -> list:
+        cu = cuda_gen(gen)
+        own = {k.sid: k for k in cu.kernels}
+        return [
+            k.parts
+            for k in cu.fused
+            if render.chain_saved(k) > sum(render.chain_saved(own[s]) for s in k.parts)
+        ]
+
+    assert len(crossing()) >= 2
     old = render.CHAINS
     try:
         render.CHAINS = False
-        assert grams(cuda_gen(gen)) == 2
+        assert crossing() == []
     finally:
         render.CHAINS = old
-    ref, rt, _, _, _ = run_both(gen)
-    _assert_within_bounds(rt, ref)

@@ -80,7 +80,9 @@ def test_compile_for_cuda_writes_the_cuda_kernels_of_the_build(tmp_path):
     # (and a product's kernels of ours, cuda/products.py, what runs after the BLAS's, the
     # TF32 ones, a gram's second its float32 one's, and the joint ones of two products)
 
-    def ours(g: dict) -> list:
+    def ours(g: dict) -> list:  # (and a chain's functions: render._Kernel._chains)
+        if "chain" in g:
+            return g["chain"]["functions"]
         return [f for key in ("own", "then", "tf32", "joint") for f in g["gemm"].get(key, [])]
 
     functions += [f for _, ph in launches for g in ph if isinstance(g, dict) for f in ours(g)]
@@ -96,7 +98,7 @@ def test_compile_for_cuda_writes_the_cuda_kernels_of_the_build(tmp_path):
     assert text.count("__global__ void tl_loop_") == len(loops)
     names = {f[0] for f in functions}
     assert text.count("__global__ void") == len(names) + len(loops) + 1  # (and tl_set_shift)
-    calls = [f["gemm"] for _, phases in launches for f in phases if isinstance(f, dict)]
+    calls = [f["gemm"] for _, ph in launches for f in ph if isinstance(f, dict) and "gemm" in f]
     # the products: the BLAS's, every one with kernels of ours too (all skinny)
     assert calls and all(c["dtype"] == "f32" and c["own"] for c in calls)
     # no machine code: the device's compiler makes it where the build runs

@@ -223,6 +223,7 @@ def _print_products(rt):
     """Which products with kernels of ours ran as ours and which as the BLAS's, by shape
     (``DeviceRuntime.product_choices``), with the times where they were timed."""
     _print_joints(rt)
+    _print_chains(rt)
     choices = getattr(rt, "product_choices", None)
     if not choices:
         return
@@ -247,6 +248,29 @@ def _print_products(rt):
         print(
             f"    {shape}: ours {1e6 * own:.1f} us, the BLAS's {1e6 * blas:.1f} us -> "
             f"{'ours' if mine else 'the BLAS'}{wrong}",
+            file=sys.stderr,
+        )
+
+
+def _print_chains(rt):
+    """Which chains (steps over the same rows as one function: ``DeviceRuntime.
+    chain_choices``) ran, and which ran as the launches they stand for, with the times
+    where they were timed."""
+    choices = getattr(rt, "chain_choices", None)
+    if not choices:
+        return
+    ran = sum(1 for *_, c in choices.values() if c)
+    print(
+        f"  chains: {ran} of {len(choices)} ran as one function, {len(choices) - ran} as the "
+        "launches they stand for",
+        file=sys.stderr,
+    )
+    for key, (apart, chain, mine) in sorted(choices.items()):
+        if apart is None:
+            continue
+        print(
+            f"    {' '.join(key[1:])}: the chain {1e6 * chain:.1f} us, the launches "
+            f"{1e6 * apart:.1f} us -> {'the chain' if mine else 'the launches'}",
             file=sys.stderr,
         )
 

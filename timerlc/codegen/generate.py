@@ -25,6 +25,7 @@ from timerlc.plan import expr as px
 from timerlc.plan.items import (
     CUDA_KERNELS_HEADER,
     KERNELS_HEADER,
+    ChainCall,
     GemmCall,
     Kernels,
     Plan,
@@ -88,6 +89,7 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
     from timerlc.cuda.nvrtc import FUSED_ONLY
     from timerlc.cuda.render import (
         SHIFT_KERNEL,
+        chain_saved,
         functions,
         head,
         leave_out,
@@ -117,7 +119,7 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
 
     plan = by_level(plan, eligible, recorded, cost)
     fused: dict[tuple, kir.Kernel] = {}
-    trees = lower_tree(plan, eligible, fused, horizontal=True, cost=cost)
+    trees = lower_tree(plan, eligible, fused, horizontal=True, cost=cost, chains=chain_saved)
     used = {s.kernel for t in trees for s in kir.walk_tree(t.body) if isinstance(s, kir.Launch)}
     more, refused, fused_launches = render_kernels([k for k in fused.values() if k.name in used])
     fused_ok = [k for k in fused.values() if k.name in used and k.name not in refused]
@@ -193,6 +195,10 @@ def _with_launches(text: str, phases) -> str:
         return text
 
     def step(f) -> str:
+        if isinstance(f, ChainCall):
+            fns = " then ".join(f"{x} ({n} threads)" for x, n in f.functions)
+            after = "the launch" if f.covers == 1 else f"the {f.covers} launches"
+            return f"chain {fns} or {after} after it"
         if isinstance(f, GemmCall):
             when = "" if f.when is True else f" where {px.text(f.when)}"
             ours = f" or ours ({' then '.join(x for x, _ in f.own)})" if f.own else ""

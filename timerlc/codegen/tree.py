@@ -37,13 +37,16 @@ def lower_tree(
     fused: dict | None = None,
     horizontal: bool = False,
     cost=None,
+    chains=None,
 ) -> list[kir.Tree]:
     """The tree functions of ``plan`` (``kernels``: by statement, the kernels there are).
     Calls one after another at the same loop values launch one fused kernel where
     ``codegen.fuse`` can make one (``horizontal``: also where it can only put independent
     kernels one after the other, ``fuse.concat``, or, with ``cost``, what a kernel's
-    launch costs, any two one after the other where that costs less, ``fuse.seq``);
-    ``fused`` collects them (by their statements)."""
+    launch costs, any two one after the other where that costs less, ``fuse.seq``, or,
+    with ``chains``, the launches a kernel's chains save, where those of the two together
+    save more: ``cuda.render.chain_saved``); ``fused`` collects them (by their
+    statements)."""
     recorded = {sid for _, sid, _ in plan.outputs + plan.metrics}
     fused = {} if fused is None else fused
     refused: set[tuple] = set()  # the runs fuse() refused (a run recurs in the tree)
@@ -51,7 +54,7 @@ def lower_tree(
     for k, item in enumerate(plan.tree):
         if isinstance(item, (Free, SwapIn, SwapOut)):
             continue
-        low = _Tree(plan, kernels, recorded, fused, refused, horizontal, cost)
+        low = _Tree(plan, kernels, recorded, fused, refused, horizontal, cost, chains)
         if isinstance(item, PlanLoop):
             params = (item.var,)
             body = low.items(item.body)
@@ -73,10 +76,12 @@ class _Tree:
         refused: set,
         horizontal: bool = False,
         cost=None,
+        chains=None,
     ):
         self.plan, self.kernels, self.recorded = plan, kernels, recorded
         self.fused, self.refused, self.horizontal = fused, refused, horizontal
         self.cost = cost  # what a kernel's launch costs (lower_tree), with a cache
+        self.chains = chains  # the launches a kernel's chains save (lower_tree)
         self.costs: dict[str, int] = {}
         self._cap: int | None = None
         self.launched: dict[str, kir.Kernel] = {}  # by name
@@ -108,7 +113,11 @@ class _Tree:
                         k = seq(a, self.kernels[it.sid], name)
                         b = self.kernels[it.sid]
                         both = self.cost_of(a) + self.cost_of(b)
-                        if k is not None and self.cost_of(k) >= both + SEQ_TIES:
+                        if (
+                            k is not None
+                            and self.cost_of(k) >= both + SEQ_TIES
+                            and not self.chained(k, a, b)
+                        ):
                             k = None
                     if k is not None and self.horizontal and k.scratch_bytes > self.cap():
                         # (the cuda target's scratch is one block, the largest any kernel
@@ -126,6 +135,16 @@ class _Tree:
                     continue
             out.append(it)
         return out
+
+    def chained(self, k: kir.Kernel, a: kir.Kernel, b: kir.Kernel) -> bool:
+        """Whether kernel ``k`` (``a`` then ``b``, ``fuse.seq``) saves more launches by its
+        chains than the two apart (``chains``: a chain across them, the weights'
+        gradients of PPO's layers one function each where they were a kernel each), at
+        no more of the launch's other cost (``cost``) than the two's."""
+        if self.chains is None:
+            return False
+        saved = self.chains(k) - self.chains(a) - self.chains(b)
+        return saved > 0 and self.cost_of(k) - saved < self.cost_of(a) + self.cost_of(b)
 
     def cost_of(self, k: kir.Kernel) -> int:
         """What a launch of kernel ``k`` costs (``cost``; one without it)."""

@@ -812,6 +812,48 @@ def _functions(k: kir.Kernel, blas: bool) -> int:
         return len(k.parts or (k.sid,)) + 1
 
 
+_SAVED: dict = {}  # (chain_saved's counts, by the kernel and the settings, as _COUNTS)
+
+
+def chain_saved(k: kir.Kernel) -> int:
+    """The launches a call of kernel ``k`` makes fewer where its chains run
+    (``_Kernel._chains``: each chain one launch for its steps' launches, a product's as
+    many as its functions of ours); 0 where it renders none (``Unsupported``). For the
+    fusion search (``codegen.tree``: two kernels one after the other are one where their
+    chains then save more). Kept as ``functions``' counts."""
+    key = (k.parts or (k.sid,), k.params, k.body, k.temps, k.slots, k.shared, k.repeat)
+    key += (_settings(),)
+    got = _SAVED.get(key)
+    if got is None:
+        if len(_SAVED) >= COUNTS_KEPT:
+            _SAVED.clear()
+        got = _SAVED[key] = _chain_saved(k)
+    return got
+
+
+def _chain_saved(k: kir.Kernel) -> int:
+    """``chain_saved``'s count, worked out."""
+    if not CHAINS:
+        return 0
+    try:
+        r = _Kernel(k)
+        _check_supported(r.k.body)
+        steps = r._steps()
+        r._partners_next(steps)
+        units = r._units(steps)
+        chains = r._chains(steps, units, *reversed(r._passing(steps)))
+    except Unsupported:
+        return 0
+
+    def launches(st: _Step) -> int:
+        if st.kind != "blas":
+            return 1
+        g = st.form
+        return max(1, len(products.launches(g.m, g.n, g.k, g.ta, g.tb)))
+
+    return sum(sum(launches(steps[q]) for q in run) - 1 for run in chains)
+
+
 def name(v: str) -> str:
     """A local's C name (kernel IR names may hold ``.`` and ``$``)."""
     return "v_" + v.replace(".", "_").replace("$", "_")
@@ -892,24 +934,7 @@ class _Kernel:
         steps = self._steps()
         self._partners_next(steps)
         units = self._units(steps)
-        defined = [_lets(st.body) if st.kind == "serial" else {} for st in steps]
-        used = []
-        for st in steps:
-            refs = _refs(st.statements())
-            if st.guard is not None:
-                refs |= {e.name for e in kir.subexprs(st.guard) if isinstance(e, Ref)}
-            if st.kind == "reduce" and st.form[0] == "scalar":
-                refs -= set(st.form[1])  # (the step's own accumulators)
-            used.append(refs)
-        params = set(self.k.params)
-        passed: dict[str, tuple[str, int]] = {}  # let -> (dtype, offset in scratch)
-        for j, lets in enumerate(defined):
-            for v, dt in lets.items():
-                elsewhere = any(
-                    v in used[q] or v in defined[q] for q in range(len(steps)) if q != j
-                )
-                if elsewhere and v not in passed and v not in params:
-                    passed[v] = (dt, -1)
+        defined, used, passed = self._passing(steps)
         chains = self._chains(steps, units, passed, used, defined)
         self._repack(steps, units, chains)
         offset = (self.k.scratch_bytes + 7) // 8 * 8  # (after the temporaries placed anew)
@@ -935,39 +960,56 @@ class _Kernel:
 
         out, own = [], []
         blas_at: dict[int, int] = {}  # (a blas step -> its phase)
-        chained = {q for run in chains for q in run}
+        chain_of = {q: c for c, run in enumerate(chains) for q in run}
         firsts = {run[0]: run for run in chains}
-        beside = {
+        beside = {  # (both steps of a chain's, or neither: its launches are the steps')
             j: q
             for j, q in self._beside(steps, units, passed, used, defined).items()
-            if j not in chained and q not in chained
+            if chain_of.get(j) == chain_of.get(q)
         }
+        pending = None  # (a chain's place among the phases, its last step, its function)
+        made = 0  # (the chains' functions in ``out``)
+
+        def resolve():  # (the chain stands for the launches of its steps, made after it)
+            at, _, fn = pending
+            self.phases[at] = items.ChainCall((fn,), len(self.phases) - at - 1)
+
         for j, head, tail in units:
             st = steps[j]
-            if j in firsts:  # (a chain's steps: one function, _chains)
+            if pending is not None and j > pending[1]:
+                resolve()
+                pending = None
+            if j in firsts:  # (a chain's steps: one function, _chains; then the steps')
                 mine = set(firsts[j])
                 self.others = set().union(*(b for q, b in enumerate(bufs) if q not in mine))
                 run = _Step("chain", tuple(steps[q] for q in firsts[j]))
-                fname = f"{self.k.name}_{j}c" if out else self.k.name
-                out.append(self.phase(fname, run, [], [], passed))
-                continue
-            if j in chained or j in beside.values():  # (in a chain, or its product's launch)
+                out.append(self.phase(f"{self.k.name}_{j}c", run, [], [], passed))
+                pending = (len(self.phases) - 1, firsts[j][-1], self.phases[-1])
+                made += 1
+            if j in beside.values():  # (in its product's launch)
                 continue
             if st.kind == "blas":  # (the device's BLAS; and the functions of ours, if any)
                 blas_at[j] = len(self.phases)
                 loops = (steps[beside[j]], others(beside[j])) if j in beside else None
                 self.phases.append(self.own_product(j, st, own, loops))
                 continue
-            fname = f"{self.k.name}_{j}" if out else self.k.name
+            # (the kernel's name its first function's, a chain's aside: items' check)
+            fname = f"{self.k.name}_{j}" if len(out) > made else self.k.name
             at = (j, *tail)
             loads = sorted(v for v in passed if any(v in used[q] or v in defined[q] for q in at))
             stores = sorted(v for v in passed if any(v in defined[q] for q in at))
             self.others = others(j)
             then = [(steps[t], others(t)) for t in tail]
             out.append(self.phase(fname, st, loads, stores, passed, then or None))
+        if pending is not None:
+            resolve()
         paired: set[int] = set()
         for j, i in blas_at.items():  # (two products in one pass over their rows: _joint)
-            if blas_at.get(j + 1) != i + 1 or j in paired:
+            if (
+                blas_at.get(j + 1) != i + 1
+                or j in paired
+                or chain_of.get(j) != chain_of.get(j + 1)
+            ):
                 continue
             pair = self._joint_pair(steps[j], steps[j + 1])
             if pair is not None:
@@ -976,6 +1018,30 @@ class _Kernel:
                 self.phases[i] = dataclasses.replace(self.phases[i], joint=joint)
                 paired.add(j + 1)
         return "\n".join(out + own)
+
+    def _passing(self, steps: list[_Step]) -> tuple[list, list, dict]:
+        """Per step, the locals it assigns (a run on one thread's) and those it reads; and
+        the locals a step assigns that another reads or assigns, which go through the
+        scratch memory (``local -> (dtype, -1)``: their places are the caller's)."""
+        defined = [_lets(st.body) if st.kind == "serial" else {} for st in steps]
+        used = []
+        for st in steps:
+            refs = _refs(st.statements())
+            if st.guard is not None:
+                refs |= {e.name for e in kir.subexprs(st.guard) if isinstance(e, Ref)}
+            if st.kind == "reduce" and st.form[0] == "scalar":
+                refs -= set(st.form[1])  # (the step's own accumulators)
+            used.append(refs)
+        params = set(self.k.params)
+        passed: dict[str, tuple[str, int]] = {}
+        for j, lets in enumerate(defined):
+            for v, dt in lets.items():
+                elsewhere = any(
+                    v in used[q] or v in defined[q] for q in range(len(steps)) if q != j
+                )
+                if elsewhere and v not in passed and v not in params:
+                    passed[v] = (dt, -1)
+        return defined, used, passed
 
     def _partners_next(self, steps: list[_Step]):
         """``steps`` with each product that one pass over its rows can make with an earlier

@@ -279,6 +279,18 @@ class GemmCall:
 
 
 @dataclass(frozen=True, slots=True)
+class ChainCall:
+    """A chain's functions (``cuda.render._Kernel._chains``: steps over the same rows run
+    as one function, each block a few rows through all of them) and the launches they
+    stand for: the next ``covers`` launches of the call, which the runtime runs instead
+    where it chooses (as it chooses between a product of ours and the BLAS's: timed both
+    ways at the first call, ``fastest``; ``ours``: the chain; ``blas``: the launches)."""
+
+    functions: tuple[tuple[str, int], ...]
+    covers: int
+
+
+@dataclass(frozen=True, slots=True)
 class Kernels:
     """The plan's native code (``docs/plan.md``, Kernels): the LLVM IR file of the build
     folder, its SHA-256, per statement with a kernel its function and the bytes of scratch
@@ -293,8 +305,9 @@ class Kernels:
     # time in a profile is counted at the first
     fused: tuple[tuple[int, ...], ...] = ()
     # a CUDA kernel file: per statement with a kernel, what a call runs one after another
-    # (its phases, docs/cuda.md): a function and the threads it asks for, or a GemmCall
-    launches: tuple[tuple[int, tuple[tuple[str, int] | GemmCall, ...]], ...] = ()
+    # (its phases, docs/cuda.md): a function and the threads it asks for, a GemmCall, or a
+    # ChainCall (and the phases it stands for after it)
+    launches: tuple[tuple[int, tuple[tuple[str, int] | GemmCall | ChainCall, ...]], ...] = ()
     # a CUDA kernel file: the statements whose kernels cannot fail (no failure code to read
     # back after them: the device runs on while the host goes on)
     unfailing: tuple[int, ...] = ()
@@ -490,6 +503,8 @@ def digest(plan: Plan) -> str:
 
 
 def _phase_json(f) -> list | dict:
+    if isinstance(f, ChainCall):
+        return {"chain": {"functions": [list(x) for x in f.functions], "covers": f.covers}}
     if not isinstance(f, GemmCall):
         return list(f)
 
@@ -853,10 +868,11 @@ class _Reader:
                 self.path.append(".launches")
                 self.fail("not one entry per statement of 'statements', in their order")
             names = [
-                f[0]
+                g[0]
                 for _, phases in launches + fused_launches
                 for f in phases
-                if isinstance(f, tuple)
+                for g in (f.functions if isinstance(f, ChainCall) else (f,))
+                if isinstance(g, tuple)
             ]
             if len(set(names)) != len(names):
                 self.path.append(".launches")
@@ -944,17 +960,42 @@ class _Reader:
         if not 1 <= len(v) <= MAX_PHASES:
             self.fail(f"expected 1 to {MAX_PHASES} launches, got {len(v)}")
         phases = []
-        for f in v:
+        for q, f in enumerate(v):
+            if isinstance(f, dict) and "chain" in f:
+                self.path.append(f"[{q}]")
+                phases.append(self.chain_call(f))
+                self.path.pop()
+                continue
             if isinstance(f, dict):
                 phases.append(self.gemm_call(f, loops))
                 continue
             if not isinstance(f, list) or len(f) != 2:
-                self.fail(f"expected [function, threads] or {{'gemm': ...}}, got {_short(f)}")
+                self.fail(
+                    f"expected [function, threads], {{'gemm': ...}} or {{'chain': ...}}, got "
+                    f"{_short(f)}"
+                )
             phases.append((self.ident(f[0]), self.int_(f[1], 1, MAX_THREADS)))
+        end = 0  # (the launches a chain stands for: after it, of the call, no chain's)
+        for q, f in enumerate(phases):
+            if not isinstance(f, ChainCall):
+                continue
+            if q < end or q + f.covers >= len(phases):
+                self.path.append(f"[{q}].chain.covers")
+                self.fail(
+                    f"a chain stands for {f.covers} launches after it, where the call has "
+                    f"{len(phases) - q - 1}, or inside another chain's"
+                )
+            end = q + f.covers + 1
         for q, f in enumerate(phases):  # (a product's joint functions make the next one's)
             if not (isinstance(f, GemmCall) and f.joint):
                 continue
             after = phases[q + 1] if q + 1 < len(phases) else None
+            if any(  # (both among a chain's launches, or neither)
+                isinstance(c, ChainCall) and (x < q <= x + c.covers) != (x < q + 1 <= x + c.covers)
+                for x, c in enumerate(phases)
+            ):
+                self.path.append(f"[{q}].gemm.joint")
+                self.fail("joint functions whose two products a chain's launches part")
             if not (isinstance(after, GemmCall) and after.tf32) or after.joint:
                 self.path.append(f"[{q}].gemm.joint")
                 self.fail(
@@ -962,6 +1003,15 @@ class _Reader:
                     "product with TF32 functions of ours (and no joint functions of its own)"
                 )
         return tuple(phases)
+
+    def chain_call(self, v) -> ChainCall:
+        d = self.field(self.obj(v, ("chain",)), "chain", self.obj, ("functions", "covers"))
+        functions = self.functions(d, "functions")
+        if not functions:
+            self.path.append(".chain.functions")
+            self.fail("a chain of no functions")
+        covers = self.field(d, "covers", self.int_, 1, MAX_PHASES)
+        return ChainCall(functions, covers)
 
     def fused_launch_row(self, v, loops: tuple) -> tuple[int, tuple]:
         """``[scratch bytes, [[function, threads] | {gemm}, ...]]`` of a fused kernel whose

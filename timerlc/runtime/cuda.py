@@ -44,6 +44,7 @@ from timerlc.plan import expr as px
 from timerlc.plan.items import (
     DTYPES,
     Call,
+    ChainCall,
     GemmCall,
     If,
     Loop,
@@ -142,6 +143,8 @@ def function_names(phases) -> list[str]:
     for f in phases:
         if isinstance(f, GemmCall):
             out += [name for name, _ in f.own + f.then + f.tf32 + f.joint]
+        elif isinstance(f, ChainCall):
+            out += [name for name, _ in f.functions]
         else:
             out.append(f[0])
     return out
@@ -996,6 +999,9 @@ class DeviceRuntime(CpuRuntime):
         # functions...)``): the seconds of the two apart and of the joint, and whether the
         # joint runs
         self.joint_choices: dict[tuple, tuple[float | None, float | None, bool]] = {}
+        # per chain (``ChainCall``: keyed ``("chain", its functions...)``): the seconds of
+        # the launches it stands for and of it, and whether it runs
+        self.chain_choices: dict[tuple, tuple[float | None, float | None, bool]] = {}
         # the launches and products the device ran one after another: each outside a graph,
         # and a graph's longest chain of waits per replay (``graphs.Order``: a GPU runs its
         # other calls beside that chain); a measure of the device's side without a device
@@ -1517,21 +1523,7 @@ class DeviceRuntime(CpuRuntime):
 
         def launch(_table, _args, _scratch) -> int:
             if not state:
-                fns = []
-                tf32 = getattr(self.device, "matmul", "float32") == "tensorfloat32"
-                joined = -1  # (a product the one before it runs with: _joint)
-                for q, f in enumerate(phases):
-                    if q == joined:
-                        continue
-                    if isinstance(f, GemmCall):
-                        run = self._gemm(sid, f, scratch)
-                        if f.joint and tf32:  # (the next launch, a product: items' check)
-                            joined = q + 1
-                            run = self._joint(f, run, self._gemm(sid, phases[q + 1], scratch))
-                        fns.append((run, 0))
-                        continue
-                    fns.append(self._function(*f))
-                fns = tuple(fns)
+                fns = tuple(self._phase_fns(sid, phases, scratch))
                 # (a kernel that cannot fail leaves the code 0: not read, no wait)
                 reads = self.can_fail(sid) and any(b for _, b in fns)
                 touched = tuple(s for s, _ in self.touched_of((sid,)))
@@ -1577,6 +1569,66 @@ class DeviceRuntime(CpuRuntime):
             return 0
 
         return launch
+
+    def _phase_fns(self, sid: int, phases, scratch: int) -> list:
+        """``_launcher``'s runs of ``phases``: a function and its blocks, or a callable of
+        the call's loop values and the scratch memory's address (a product, ``_gemm``, or
+        two in one pass, ``_joint``; a chain or the launches it stands for, ``_chain``) and
+        0."""
+        fns: list = []
+        tf32 = getattr(self.device, "matmul", "float32") == "tensorfloat32"
+        skip = -1  # (the launches up to this one are made by the one before: a chain's, a
+        for q, f in enumerate(phases):  # joint's)
+            if q <= skip:
+                continue
+            if isinstance(f, ChainCall):  # (the next launches: items' check)
+                skip = q + f.covers
+                apart = self._phase_fns(sid, phases[q + 1 : skip + 1], scratch)
+                fns.append((self._chain(f, apart), 0))
+                continue
+            if isinstance(f, GemmCall):
+                run = self._gemm(sid, f, scratch)
+                if f.joint and tf32:  # (the next launch, a product: items' check)
+                    skip = q + 1
+                    run = self._joint(f, run, self._gemm(sid, phases[q + 1], scratch))
+                fns.append((run, 0))
+                continue
+            fns.append(self._function(*f))
+        return fns
+
+    def _chain(self, call: ChainCall, apart: list):
+        """A chain's functions (``call``) or the launches they stand for (``apart``,
+        ``_phase_fns``') as one function of the call's loop values and the scratch memory's
+        address: as the products policy chooses between two ways (``_product_choice``,
+        keyed by the chain's functions; ``fastest``: both timed at the first call; the
+        launches apart while a graph is captured before then)."""
+        fns = [self._function(*f) for f in call.functions]
+        key = ("chain", *(f for f, _ in call.functions))
+        chosen: list = []
+
+        def run(args, scratch_ptr: int):
+            def launches():
+                for fn, grid in apart:
+                    if grid:
+                        self._launch_all([(fn, grid)], args, scratch_ptr)
+                    else:
+                        fn(args, scratch_ptr)
+
+            def chain():
+                self._launch_all(fns, args, scratch_ptr)
+
+            if not chosen:
+                got = self._product_choice(key, launches, chain, choices=self.chain_choices)
+                if got is None:
+                    launches()
+                    return
+                chosen.append(got)
+            if chosen[0]:
+                chain()
+            else:
+                launches()
+
+        return run
 
     def _function(self, name: str, threads: int) -> tuple:
         """A function of the module and the blocks a launch of it gets: as many as its
@@ -1776,7 +1828,9 @@ class DeviceRuntime(CpuRuntime):
 
         return run
 
-    def _product_choice(self, key: tuple, blas, ours, result=None, joint=False) -> bool | None:
+    def _product_choice(
+        self, key: tuple, blas, ours, result=None, joint=False, choices=None
+    ) -> bool | None:
         """Whether a product of shape ``key`` runs as our functions (``ours``) rather than
         the device's BLAS (``blas``): as the device's policy says (``products_policy``);
         where it says ``fastest``, each timed ``PRODUCT_TRIALS`` times at the shape's first
@@ -1787,8 +1841,10 @@ class DeviceRuntime(CpuRuntime):
         still show one wrong); None while a graph is captured and the shape was not yet
         timed (no wait there). With ``joint``, ``blas`` is two products each as chosen and
         ``ours`` their joint functions (``_joint``), ``result`` both C's, each compared with
-        its own; the choice is in ``joint_choices``."""
-        choices = self.joint_choices if joint else self.product_choices
+        its own; the choice is in ``joint_choices``. ``choices``: where the choice is kept
+        (a chain's, ``chain_choices``: ``blas`` the launches it stands for, ``ours`` it)."""
+        if choices is None:
+            choices = self.joint_choices if joint else self.product_choices
         got = choices.get(key)
         if got is not None:
             return got[2]
