@@ -273,6 +273,13 @@ def _rows_head(
     chain's copy ``tl_w{chain}``, A's tile the chain's pool ``tl_sm4`` (``a_tile`` says
     how), and the loop is over the chain's rows ``tl_rb ..< tl_re``."""
     m, k = s.m, s.k
+    copy_a = _copy(
+        Lines(bm, k, lambda o: f"A + (r0 + {o}) * {s.lda}", s.lda),
+        a_dst,
+        line_ok=lambda o: f"r0 + {o} < {m}LL",
+        indent="    ",
+        dst4=a_dst4,
+    )
     if chain is not None:
         w = f"tl_w{chain}"
         weights = (
@@ -288,13 +295,7 @@ def _rows_head(
             *(f"  {x}" for x in a_tile),
             f"  for (long long r0 = tl_rb; r0 < tl_re; r0 += {bm}) {{",
             "    __syncthreads();  // (the chain's step before done; the last tile read)",
-            *_copy(
-                Lines(bm, k, lambda o: f"A + (r0 + {o}) * {s.lda}", s.lda),
-                a_dst,
-                line_ok=lambda o: f"r0 + {o} < {m}LL",
-                indent="    ",
-                dst4=a_dst4,
-            ),
+            *copy_a,
             "    __syncthreads();",
         ]
     weights = _weights(s, "B", nb, column)
@@ -311,13 +312,7 @@ def _rows_head(
             f" r0 += (long long)gridDim.x * {bm}) {{"
         ),
         "    __syncthreads();  // (op(B) written; the last tile done)",
-        *_copy(
-            Lines(bm, k, lambda o: f"A + (r0 + {o}) * {s.lda}", s.lda),
-            a_dst,
-            line_ok=lambda o: f"r0 + {o} < {m}LL",
-            indent="    ",
-            dst4=a_dst4,
-        ),
+        *copy_a,
         "    __syncthreads();",
     ]
 

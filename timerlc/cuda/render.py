@@ -543,12 +543,14 @@ BESIDE = True
 # gradient's cast to float32 and copy) in its last function's last block, where they were a
 # launch of their own (``_Kernel._sums_tail``)
 GRAM_TAILS = True
-# consecutive steps of parallel loops over a product's rows and rows products of ours whose
-# rows never meet run as one function, a block's rows through all of them in turn
-# (``_Kernel._chains``): CHAIN_ROWS rows at a time (a multiple of each product's tile)
+# consecutive steps of loops over a product's rows and products of ours over them whose
+# rows never meet may run as one function, a block's rows through all of them in turn
+# (``_Kernel._chains``, the runtime's choice): CHAIN_ROWS rows at a time (a multiple of
+# each rows product's tile); CHAIN_GRAM_ROWS where a gram is among them (its copies'
+# chunks whole tiles of them)
 CHAINS = True
 CHAIN_ROWS = 128
-CHAIN_GRAM_ROWS = 64  # (of a chain with a gram: its copies' chunks whole tiles of them)
+CHAIN_GRAM_ROWS = 64
 # a thread of a grid's loop whose points are stores alone takes this many of its points at
 # once, all their loads before any store (``_Kernel.batched``): one point's load, then its
 # store, which the next point's load may not pass (the buffers may alias), kept a single
@@ -1121,18 +1123,20 @@ class _Kernel:
         return out
 
     def _chains(self, steps: list[_Step], units: list, passed, used, defined) -> list[list]:
-        """The runs of consecutive steps that run as one function each (``CHAINS``): parallel
-        loops over the rows of the same count and rows products of ours over them
-        (``_chain_rows``), at least one product and two steps, whose rows never meet
-        (``_rows_local``: each buffer a step writes and another touches accessed at its row
-        only, each product's A at its rows, its C written at them) and whose products read
-        no B the run writes. ``chain_body`` runs them: each block ``CHAIN_ROWS`` rows
-        through every step in turn, its threads meeting between two, where each step was a
-        launch over all the rows (a chained launch each, and each product's C read back
-        from the device's memory by the next: PPO's policy head's 65,536 x 2 logits and
-        their log-softmax, the value head's product and the value loss's gradient). The
-        products are then ours (no BLAS to time them against). None for ``functions()``'s
-        count, nor where buffers share memory (a donor's)."""
+        """The runs of consecutive steps that may run as one function each (``CHAINS``):
+        parallel loops over the rows of the same count, rows products and grams of ours
+        over them (``_chain_rows``), at least one product and two steps, whose rows never
+        meet (``_chain_local``: each buffer a step writes and another touches accessed at
+        its row only, a product's A and C, a gram's A and B, at their rows), whose rows
+        products read no B the run writes, and whose shared memory fits a function
+        (``_chain_fits``: else the run is cut before the step that would pass it).
+        ``chain_body`` runs them: each block a chunk of the rows through every step in
+        turn, its threads meeting between two, where each step was a launch over all the
+        rows (a chained launch each, and each product's C read back from the device's
+        memory by the next: PPO's policy head's 65,536 x 2 logits and their log-softmax,
+        a layer's gradient and its weight's). The plan has both ways
+        (``items.ChainCall``), the runtime runs one. None for ``functions()``'s count, nor
+        where buffers share memory (a donor's)."""
         if not (self.choosing and CHAINS) or self.k.shared:
             return []
         out: list[list[int]] = []

@@ -136,6 +136,19 @@ class MissingFunction(Exception):
 MATMUL = ("float32", "tensorfloat32")
 
 
+def _run_chosen(chosen: list, choose, ours, other):
+    """``ours`` or ``other`` (functions of nothing), as ``choose()`` says once (True: ours;
+    None: not yet, ``other`` runs and the next call asks again), the choice kept in
+    ``chosen``."""
+    if not chosen:
+        got = choose()
+        if got is None:
+            other()
+            return
+        chosen.append(got)
+    (ours if chosen[0] else other)()
+
+
 def function_names(phases) -> list[str]:
     """The module's functions that a kernel's ``phases`` may launch (a product's of ours, its
     TF32 ones and its joint ones among them)."""
@@ -1577,8 +1590,8 @@ class DeviceRuntime(CpuRuntime):
         0."""
         fns: list = []
         tf32 = getattr(self.device, "matmul", "float32") == "tensorfloat32"
-        skip = -1  # (the launches up to this one are made by the one before: a chain's, a
-        for q, f in enumerate(phases):  # joint's)
+        skip = -1  # (the launches up to this one: a chain's or a joint's, made before)
+        for q, f in enumerate(phases):
             if q <= skip:
                 continue
             if isinstance(f, ChainCall):  # (the next launches: items' check)
@@ -1617,16 +1630,10 @@ class DeviceRuntime(CpuRuntime):
             def chain():
                 self._launch_all(fns, args, scratch_ptr)
 
-            if not chosen:
-                got = self._product_choice(key, launches, chain, choices=self.chain_choices)
-                if got is None:
-                    launches()
-                    return
-                chosen.append(got)
-            if chosen[0]:
-                chain()
-            else:
-                launches()
+            def choose():
+                return self._product_choice(key, launches, chain, choices=self.chain_choices)
+
+            _run_chosen(chosen, choose, chain, launches)
 
         return run
 
@@ -1813,18 +1820,13 @@ class DeviceRuntime(CpuRuntime):
             def joint():
                 self._launch_all(fns, args, scratch_ptr)
 
-            if not chosen:
-                got = self._product_choice(
-                    key, apart, joint, lambda: [first.result(), second.result()], True
-                )
-                if got is None:
-                    apart()
-                    return
-                chosen.append(got)
-            if chosen[0]:
-                joint()
-            else:
-                apart()
+            def both() -> list:
+                return [first.result(), second.result()]
+
+            def choose():
+                return self._product_choice(key, apart, joint, both, True)
+
+            _run_chosen(chosen, choose, joint, apart)
 
         return run
 
