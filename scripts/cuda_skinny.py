@@ -311,8 +311,8 @@ def forced_tiling(tm: int, tn: int):
         bmp = bm + (1 - bm) % 32
         return (tm, tn, ct, bm, bmp) if k * n + k * bmp <= products.SMEM_FLOATS else None
 
-    def tiling(n: int, k: int):
-        return forced(n, k) or own(n, k)
+    def tiling(n: int, k: int, chain: bool = False):  # (a chain's own, products.rows_lines)
+        return own(n, k, chain) if chain else forced(n, k) or own(n, k)
 
     return tiling, lambda n, k: forced(n, k) is not None
 

@@ -628,8 +628,9 @@ def test_a_layer_s_bias_and_tanh_are_made_by_its_rows_product(policy, monkeypatc
     and the loop as it stores C (``render._Kernel._rows_epilogues``), and a function of
     its own that runs after the BLAS's product (``GemmCall.then``); the runtime chooses as
     its policy says, timing the BLAS's with the loop after it; the values are the cpu's
-    either way."""
+    either way. (Not chains: ``render.CHAINS`` off, test_cuda_chains.py.)"""
     monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
+    monkeypatch.setattr(render, "CHAINS", False)
     gen = generate(compile_plan(run_passes(graph_of(EPILOGUES))), "cuda")
     assert gen.text.count("const float tl_v = tl_c[i][j];") == 2
     calls = [
@@ -711,8 +712,10 @@ def test_a_product_of_ours_that_computes_another_c_is_not_chosen(monkeypatch):
 def test_where_tf32_is_asked_for_ours_run_their_tf32_functions(monkeypatch):
     """A product with TF32 functions carries them (``GemmCall.tf32``, read as data like
     ``own``); where the device computes float32 products in TF32 and ours run, those run
-    (with their epilogues), and the values are the cpu's within TF32's rounding."""
+    (with their epilogues), and the values are the cpu's within TF32's rounding. (Not
+    chains, whose products are float32's: ``render.CHAINS`` off.)"""
     monkeypatch.setenv("TIMERLC_PRODUCTS", "ours")
+    monkeypatch.setattr(render, "CHAINS", False)
     gen = generate(compile_plan(run_passes(graph_of(EPILOGUES))), "cuda")
     calls = [
         f
@@ -835,10 +838,11 @@ def test_a_layer_s_gradient_and_its_weight_s_run_in_one_pass_where_tf32_is_asked
     same_outputs(rt, ref, ["d", "g", "s"])
 
 
-def test_a_plan_s_joint_functions_are_data():
+def test_a_plan_s_joint_functions_are_data(monkeypatch):
     """``GemmCall.joint`` is read as data: its functions' names and threads as ``own``'s,
     only on a product with TF32 functions, the launch after it a product with TF32
-    functions and none joint of its own."""
+    functions and none joint of its own. (Not chains: test_cuda_chains.py's.)"""
+    monkeypatch.setattr(render, "CHAINS", False)
     gen = generate(compile_plan(run_passes(graph_of(JOINT))), "cuda")
     data = items.to_json(gen.plan)
     # (--dump-ir's listing: a fused kernel's launches too)

@@ -53,6 +53,7 @@ VEC_GRAMS = True  # grams' parts read their operands 16 bytes at a time (_gram_o
 # the groups' (``_merged_sums``): no launch of their own; 0: never
 MERGED_SUMS = 256
 CHAIN_STAGE = 32  # gram: the rows of A and B in shared memory at a time in a chain's pool
+CHAIN_TILE = 64  # rows: the most rows of A in shared memory at a time in a chain's pool
 
 
 def _divisor(n: int, options) -> int:
@@ -198,17 +199,21 @@ def _ticket_sums(k: int, arrays: list, final: list[str]) -> list[str]:
     ]
 
 
-def _rows_tiling(n: int, k: int) -> tuple[int, int, int, int, int]:
+def _rows_tiling(n: int, k: int, chain: bool = False) -> tuple[int, int, int, int, int]:
     """``(TM, TN, CT, BM, BMP)``: a thread's tile; the tiles across n; a block's rows of A
     at a time, and their stride in shared memory (BMP = 1 mod 32: a column's writes and a
-    warp's reads in distinct banks)."""
+    warp's reads in distinct banks). In a chain (``chain``), ``CHAIN_TILE`` rows at the
+    most: a narrow product's (a head's 1 or 2 columns, 128 rows a thread's each, 33 KB of
+    tile) then takes half the chain's shared memory, as a 64-wide layer's does."""
     tn = _divisor(n, (8, 4, 2, 1))
     ct = n // tn
     rt = max(1, MAX_THREADS // ct)
+    if chain:
+        rt = min(rt, CHAIN_TILE)
     for tm in (4, 2, 1):
         bm = rt * tm
         bmp = bm + (1 - bm) % 32
-        if k * n + k * bmp <= SMEM_FLOATS:
+        if k * n + k * bmp <= SMEM_FLOATS and not (chain and bm > CHAIN_TILE):
             return tm, tn, ct, bm, bmp
     raise AssertionError("no tiling fits")  # pragma: no cover - k, n <= MAX_SIDE fit
 
@@ -220,10 +225,11 @@ def rows_threads(m: int, n: int, k: int) -> int:
 
 
 def rows_tile(s) -> tuple[int, int]:
-    """``(BM, floats)``: the rows a rows product of ours takes at a time, and the floats its
-    tile of A takes in shared memory (a chain's pool holds the largest: ``rows_lines``)."""
+    """``(BM, floats)``: the rows a rows product of ours takes at a time in a chain, and the
+    floats its tile of A takes in shared memory (the chain's pool holds the largest:
+    ``rows_lines(..., chain=)``)."""
     n, k = s.n, s.k
-    _, tn, _, bm, bmp = _rows_tiling(n, k)
+    _, tn, _, bm, bmp = _rows_tiling(n, k, True)
     if _rows_vec(tn, bm, n, k):
         return bm, bm * _vec_stride(k)
     return bm, k * bmp
@@ -235,7 +241,7 @@ def rows_chain_head(s, b: str, j: int) -> list[str]:
     it from ``b`` (the C expression of B's first element) once a block, as a rows function
     copies it (``_weights``), before the chain's first rows."""
     n, k = s.n, s.k
-    _, tn, ct, bm, _ = _rows_tiling(n, k)
+    _, tn, ct, bm, _ = _rows_tiling(n, k, True)
     vec = _rows_vec(tn, bm, n, k)
     column = _vec_column(ct) if vec else None
     weights = _weights(s, "B", n, column)
@@ -352,7 +358,7 @@ def rows_lines(
     product's number in a chain, ``rows_chain_head``), the rows ``tl_rb ..< tl_re`` only,
     op(B) the chain's copy and A's tile in its pool (``_rows_head``)."""
     n, k = s.n, s.k
-    tm, tn, ct, bm, bmp = _rows_tiling(n, k)
+    tm, tn, ct, bm, bmp = _rows_tiling(n, k, chain is not None)
     if _rows_vec(tn, bm, n, k):
         return _rows_vec_lines(s, a, b, c, store, (tm, tn, ct, bm), chain)
     tiles = (bm // tm) * ct
