@@ -150,7 +150,7 @@ def test_a_chain_on_blocks_of_a_gpu_s_128_threads():
         cwd=ROOT,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "4 passed" in r.stdout
+    assert "5 passed" in r.stdout
 
 
 @needs_cxx
@@ -273,3 +273,91 @@ def test_kernels_one_after_another_join_where_a_chain_then_crosses_them():
         assert crossing() == []
     finally:
         render.CHAINS = old
+
+
+S, T2 = 3, 64  # (a nest's rows: 3 of b from j * 3, 64 of t each: 192 rows, tiles of 128)
+
+
+def _nested(shift: int = 0) -> Kernel:
+    """``h[b, t] = tanh(x[b, t])`` (over ``b`` from ``j * S`` and ``t``, 4 columns), ``y =
+    h @ w`` over the nest's ``S * T2`` rows, ``z[b, t] = y[row + shift, 0]``: a chain whose
+    loops' rows are two levels of their nest (``render._row_levels``)."""
+    j, b, t, e = Ref("j"), Ref("b"), Ref("t"), Ref("e")
+    lo = kir.mul(j, S)
+    row = kir.add(kir.mul(Bin("sub", b, lo, "i64"), T2), t)
+    k, n = 4, 8
+
+    def nest(body):
+        inner = For("t", kir.i64(0), kir.i64(T2), body, True)
+        return For("b", lo, kir.add(lo, kir.i64(S)), (inner,), True)
+
+    xs = Load("x", kir.add(kir.mul(kir.add(kir.mul(b, T2), t), k), e), "f32")
+    h = nest(
+        (
+            For(
+                "e",
+                kir.i64(0),
+                kir.i64(k),
+                (Store("h", kir.add(kir.mul(row, k), e), Un("tanh", xs, "f32")),),
+            ),
+        )
+    )
+    zero = kir.i64(0)
+    gemm = Gemm("f32", False, False, S * T2, n, k, "h", zero, k, "w", zero, n, "y", zero, n)
+    z = nest(
+        (
+            Store(
+                "z",
+                kir.add(kir.mul(b, T2), t),
+                Load("y", kir.mul(kir.add(row, kir.i64(shift)), n), "f32"),
+            ),
+        )
+    )
+    slots = (
+        Slot("x", "f32", 0, 0, 0, False),
+        Slot("w", "f32", 1, 1, 0, False),
+        Slot("h", "f32", 2, 2, 0, True),
+        Slot("y", "f32", 3, 3, 0, True),
+        Slot("z", "f32", 4, 4, 0, True),
+    )
+    return Kernel("nested", 0, ("j",), slots, (), (h, gemm, z))
+
+
+@needs_cxx
+def test_a_chain_s_loops_may_be_nests_whose_first_levels_are_its_rows_on_cuda_emu():
+    """A nest of ``b`` (from ``j * 3``) and ``t`` (64) whose points are a product's 192
+    rows, row-major: one chain, its loops over a tile's rows as over whole ``b``'s (a
+    tile of 128 rows two of them, the last one), on cuda-emu NumPy's values; a loop
+    reading another row's product is no chain's."""
+    from timerlc.runtime.cuda import EmuDevice
+
+    assert render._row_levels(_nested().body[0], S * T2) == [
+        ("b", kir.mul(Ref("j"), S), S),
+        ("t", kir.i64(0), T2),
+    ]
+    r = render._Kernel(_nested())
+    text = r.render()
+    assert isinstance(r.phases[0], items.ChainCall)
+    apart = render._Kernel(_nested(shift=1))
+    apart.render()
+    assert not any(isinstance(p, items.ChainCall) for p in apart.phases)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2 * S * T2, 4)).astype(np.float32)
+    w = rng.standard_normal((4, 8)).astype(np.float32)
+    dev = EmuDevice()
+    module = dev.load(render.head() + "\n" + text)
+    ptrs = [dev.alloc(a.nbytes) for a in (x, w)]
+    ptrs += [dev.alloc(S * T2 * 4 * 4), dev.alloc(S * T2 * 8 * 4), dev.alloc(2 * S * T2 * 4)]
+    for p, a in zip(ptrs, (x, w)):
+        dev.upload(p, a)
+    dev.upload(ptrs[4], np.zeros(2 * S * T2, np.float32))
+    table = dev.alloc(8 * len(ptrs))
+    dev.upload(table, np.array(ptrs, np.uint64))
+    chain = dev.function(module, f"{r.k.name}_0c")
+    dev.launch(chain, table, np.array([1], np.int64), dev.alloc(8), 2)  # (j = 1)
+    z = np.empty(2 * S * T2, np.float32)
+    dev.download(ptrs[4], z)
+    h = np.tanh(x[S * T2 :].astype(np.float64))
+    want = (h @ w)[:, 0]
+    np.testing.assert_allclose(z[S * T2 :], want, rtol=1e-5, atol=1e-5)
+    assert not z[: S * T2].any()  # (b of j = 0: not this call's)

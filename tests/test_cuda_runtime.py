@@ -181,12 +181,16 @@ def test_cuda_emu_runs_a_build_as_the_cpu_backend_does(tmp_path):
     # kernels (the emulation's policy: all of them)
     r = cli("run", out, "--backend", "cuda-emu", "--no-progress")
     assert r.exit_code == 0, r.stderr
-    line, products = r.stderr.splitlines()
-    assert re.fullmatch(
-        r"  products of (\d+) shapes with kernels of ours: \1 ran as ours, 0 as the BLAS's "
-        r"\(ours\)",
-        products,
-    )
+    # (and which chains ran as one function, and which products outside them ran as
+    # ours: the emulation's policy, all of them; REINFORCE's products all in chains)
+    line, chains, *products = r.stderr.splitlines()
+    assert re.fullmatch(r"  chains: (\d+) of \1 ran as one function, 0 as the launches .*", chains)
+    for got in products:
+        assert re.fullmatch(
+            r"  products of (\d+) shapes with kernels of ours: \1 ran as ours, 0 as the "
+            r"BLAS's \(ours\)",
+            got,
+        )
     assert re.search(r"device runtime: .* launches .* \(\d+ of them replayed from \d+ CUDA", line)
     assert re.search(r"device peak .* \(\d+ bytes\)", line)  # (what bench.py reads)
     assert line.endswith("; the kernels' module loaded, not compiled")
@@ -1236,7 +1240,7 @@ def test_a_crafted_plan_s_calls_of_left_out_or_missing_functions(tmp_path):
     every = plan["kernels"]["launches"] + plan["kernels"]["fused_launches"]
     for _, phases, *_ in every:  # (a product's own function: called by a fused kernel)
         for f in phases:
-            if isinstance(f, dict) and f["gemm"].get("own"):
+            if isinstance(f, dict) and f.get("gemm", {}).get("own"):
                 f["gemm"]["own"][0][0] = "zz_nowhere"
                 renamed += 1
     assert renamed

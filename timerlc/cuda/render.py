@@ -1158,10 +1158,10 @@ class _Kernel:
             if n is None:
                 close()
                 continue
-            if rows is not None and n != rows or not _chain_fits([steps[q] for q in [*run, j]]):
+            if rows is not None and not rows & n or not _chain_fits([steps[q] for q in [*run, j]]):
                 close()
             run.append(j)
-            rows = n
+            rows = n if rows is None else rows & n
         close()
         return out
 
@@ -1178,7 +1178,7 @@ class _Kernel:
         last block of each group of copies, then the last group's, which runs the steps
         after the grams' sums). The threads it asks for."""
         inner = list(st.body)
-        n, r = _chain_rows(inner[0]), _chain_tile(inner)
+        n, r = _chain_count(inner), _chain_tile(inner)
         grams = [q for q, x in enumerate(inner) if _is_gram(x)]
         count = products.parts(n) if grams else -(-n // r)
         chunk = _chunk(n) if grams else r
@@ -1245,8 +1245,15 @@ class _Kernel:
                 self.emit(3, "__syncthreads();  // (the step before done with these rows)")
             if x.kind in ("parallel", "either"):  # (an either's loops touch nothing of each
                 self.rows = True  # other's, or one of them runs: one after another)
-                for loop in x.body if x.kind == "either" else (x.body,):
+                for loop in _chain_loops(x):
+                    points = n // _row_levels(loop, n)[0][2]  # (a row of its first level's)
+                    if points > 1:  # (the tile's rows as its first level's: a nest's points)
+                        div = f"tl_nb = tl_rb / {points}, tl_ne = tl_re / {points}"
+                        self.emit(3, f"{{ const long long {div};")
+                        self.emit(3, "{ const long long tl_rb = tl_nb, tl_re = tl_ne;")
                     self.grid_loop(loop, 3, epilogue=False, collapse=True)
+                    if points > 1:
+                        self.emit(3, "} }")
                 self.rows = False
                 continue
             g = x.form
@@ -4397,24 +4404,24 @@ def _merged(st: _Step) -> bool:
     return products.merged(s.m, s.n, s.k)
 
 
-def _chain_rows(st: _Step) -> int | None:
-    """The rows step ``st`` runs over where it may be a chain's (``_Kernel._chains``): a
-    parallel loop from 0 over a constant count (under no condition, nothing in it that
-    fails, needs the grid or an order: ``_row_loop``), or loops side by side (``either``)
-    each so over the same count, or a product of the device's BLAS
-    at every call that ours make in the rows form, whose tile of rows divides
-    ``CHAIN_ROWS``; else None."""
+def _chain_rows(st: _Step) -> frozenset | None:
+    """The counts of rows step ``st`` may run over as a chain's (``_Kernel._chains``): a
+    parallel loop over a constant count from a start the call's values say (under no
+    condition, nothing in it that fails, needs the grid or an order), its rows those of
+    its first levels of parallel loops (``_row_levels``: each count of points of the
+    nest's first 1, 2, ... levels), or loops side by side (``either``) each so; or the
+    rows of a product of the device's BLAS at every call that ours make in the rows form
+    or as a gram over its rows (each chunk of rows a copy, none empty); else None."""
     if st.guard is not None:
         return None
     if st.kind in ("parallel", "either"):
-        counts = set()
+        counts = None
         for s in st.body if st.kind == "either" else (st.body,):
-            if not (isinstance(s, For) and s.parallel and not s.reduce and _row_loop(s)):
+            got = _loop_counts(s)
+            if got is None:
                 return None
-            if not (isinstance(s.lo, Const) and s.lo.value == 0 and isinstance(s.hi, Const)):
-                return None
-            counts.add(int(s.hi.value))
-        return counts.pop() if len(counts) == 1 else None
+            counts = got if counts is None else counts & got
+        return counts or None
     if st.kind != "blas" or st.body.when is not True or st.after and st.own is None:
         return None
     g = st.form
@@ -4424,10 +4431,80 @@ def _chain_rows(st: _Step) -> int | None:
     if g.c in (g.a, g.b):
         return None
     if what == "gram" and g.ta and not g.tb and (g.k - 1) // _chunk(g.k) < products.parts(g.k):
-        return g.k  # (each chunk of rows a copy, none empty)
+        return frozenset({g.k})
     if what != "rows" or CHAIN_ROWS % products.rows_tile(g)[0]:
         return None
-    return g.m
+    return frozenset({g.m})
+
+
+def _loop_counts(s) -> frozenset | None:
+    """The counts of rows a parallel loop may run over in a chain (``_chain_rows``): the
+    points of its nest's first levels (``_nest``), its own over a constant count."""
+    if not (isinstance(s, For) and s.parallel and not s.reduce):
+        return None
+    if any(isinstance(x, (Fail, Gemm, Permute)) for x in kir.walk_tree(s.body)):
+        return None
+    if any(isinstance(e, kir.Fn) for e in _exprs(s.body)) or _lin(s.lo) is None:
+        return None
+    count = _extent(s, 0)
+    if count <= 0:
+        return None
+    counts = {count}
+    for x in _nest(s)[1:]:
+        count *= _extent(x)
+        counts.add(count)
+    return frozenset(counts)
+
+
+def _row_levels(s: For, rows: int) -> list | None:
+    """The levels of parallel loop ``s``'s nest that make ``rows`` rows (``_loop_counts``):
+    ``[(variable, start, count), ...]``, a row the points of the levels after the first
+    for a point of the first, in order; None where no first levels make them."""
+    levels, count = [], 1
+    for x in _nest(s):
+        n = _extent(x, 0)
+        levels.append((x.var, x.lo, n))
+        count *= n
+        if count == rows:
+            return levels
+        if count > rows or n <= 0:
+            return None
+    return None
+
+
+def _chain_count(run: list) -> int | None:
+    """The rows of a chain of the steps ``run`` (its products'), or None where it has no
+    product."""
+    for st in run:
+        if st.kind == "blas":
+            return next(iter(_chain_rows(st)))
+    return None
+
+
+def _lin(e) -> dict | None:
+    """The integer expression ``e`` as a sum of its names each times a constant, and a
+    constant (key None), where it is one (sums, differences, products by constants)."""
+    if isinstance(e, Const) and not isinstance(e.value, (bool, float)):
+        return {None: int(e.value)}
+    if isinstance(e, Ref):
+        return {e.name: 1}
+    if not (isinstance(e, Bin) and e.op in ("add", "sub", "mul")):
+        return None
+    a, b = _lin(e.a), _lin(e.b)
+    if a is None or b is None:
+        return None
+    if e.op == "mul":
+        if set(b) <= {None}:
+            a, b = b, a
+        if not set(a) <= {None}:
+            return None
+        k = a.get(None, 0)
+        return {v: c * k for v, c in b.items()}
+    sign = -1 if e.op == "sub" else 1
+    out = dict(a)
+    for v, c in b.items():
+        out[v] = out.get(v, 0) + sign * c
+    return out
 
 
 def _is_gram(st: _Step) -> bool:
@@ -4466,12 +4543,25 @@ def _chain_fits(run: list) -> bool:
     """Whether the steps ``run`` (``_chain_rows``': a chain's, over one count of rows) fit
     one function: their shared memory (``_chain_floats``), each rows product's tile a
     divisor of the chain's (``_chain_tile``)."""
-    tile = _chain_tile(run)
+    tile, rows = _chain_tile(run), _chain_count(run)
+    if rows is not None:  # (a loop's rows a tile's: its first level's points whole)
+        for st in run:
+            for s in _chain_loops(st):
+                levels = _row_levels(s, rows)
+                if levels is None or tile % (rows // levels[0][2]):
+                    return False
     return _chain_floats(run) <= products.SMEM_FLOATS and all(
         tile % products.rows_tile(st.form)[0] == 0
         for st in run
         if st.kind == "blas" and not _is_gram(st)
     )
+
+
+def _chain_loops(st: _Step) -> list:
+    """A chain's loop step's loops (none for a product)."""
+    if st.kind == "either":
+        return list(st.body)
+    return [st.body] if st.kind == "parallel" else []
 
 
 def _chain_local(run: list) -> bool:
@@ -4481,7 +4571,7 @@ def _chain_local(run: list) -> bool:
     loops, weights, mine = [], set(), []
     for k, st in enumerate(run):
         if st.kind in ("parallel", "either"):
-            loops += list(st.body) if st.kind == "either" else [st.body]
+            loops += _chain_loops(st)
             continue
         g = st.form
         if _is_gram(st):  # (its C, its sums and what runs after them: its own)
@@ -4498,7 +4588,88 @@ def _chain_local(run: list) -> bool:
         others = [x for q, st in enumerate(run) if q != k for x in _chain_statements(st)]
         if own & _buffers(others):
             return False
-    return not weights & _written(loops) and _rows_local(loops)
+    rows = _chain_count(run)
+    levels = [_row_levels(s, rows) for s in loops]
+    if any(x is None for x in levels):
+        return False
+    return not weights & _written(loops) and _levels_local(list(zip(loops, levels)))
+
+
+def _levels_local(items: list) -> bool:
+    """Whether each buffer one of the loops of ``items`` (``(loop, its row levels)``:
+    ``_row_levels``; a row ``r`` the points of its levels, ``sum((v - start) * W)``, the
+    last level's ``W`` 1) writes and another touches is accessed, in all of them, only at
+    ``S * r + f + base``: one row stride ``S`` per buffer, ``f`` within ``[0, S)`` over the
+    inner loops' ranges, ``base`` of the call's values alone and the same for all (a ring
+    buffer's slot) — a thread doing every loop's points of its rows touches nothing of
+    another's rows (``_rows_local``'s rule over one loop variable, here over levels)."""
+    accesses: dict = {}  # buffer -> [(loop number, index, inner ranges, written)]
+    for k, (loop, levels) in enumerate(items):
+        node = loop
+        for _ in levels[1:]:  # (the nest's levels: each the only statement of the one before)
+            node = node.body[0]
+        _collect(node.body, k, {}, accesses)
+    varying = set().union(*(_lets(loop.body) for loop, _ in items))
+    for uses in accesses.values():
+        if not any(w for _, _, _, w in uses) or len({k for k, _, _, _ in uses}) < 2:
+            continue
+        stride, base = None, None
+        for k, index, ranges, _ in uses:
+            levels = items[k][1]
+            lin = _lin(index)
+            if lin is None:
+                return False
+            s = lin.get(levels[-1][0], 0)
+            if s <= 0 or stride not in (None, s):
+                return False
+            stride = s
+            rest = {v: c for v, c in lin.items() if v not in {x for x, _, _ in levels}}
+            w = 1
+            for var, lo, n in reversed(levels):
+                if lin.get(var, 0) != s * w:
+                    return False
+                for v, c in _lin(lo).items():  # (the start's part: the base's)
+                    rest[v] = rest.get(v, 0) + s * w * c
+                w *= n
+            lo = hi = rest.pop(None, 0)
+            sym = {}
+            for v, c in rest.items():
+                r = ranges.get(v)
+                if v in ranges and r is None or v in varying and c:
+                    return False  # (an inner loop's of no constant bounds; a local's)
+                if r is not None:
+                    lo += min(c * r[0], c * r[1])
+                    hi += max(c * r[0], c * r[1])
+                elif c:
+                    sym[v] = c
+            if base not in (None, sym) or lo < 0 or hi >= s:
+                return False
+            base = sym
+    return True
+
+
+def _collect(stmts, k: int, ranges: dict, accesses: dict):
+    """The loads and stores of ``stmts`` into ``accesses`` (buffer -> ``[(k, index, the
+    inner loops' ranges, written)]``), each inner loop's range where its bounds are
+    constants, else None (``_rows_local``, ``_levels_local``)."""
+    for x in stmts:
+        if isinstance(x, For):
+            inner = dict(ranges)
+            if isinstance(x.lo, Const) and isinstance(x.hi, Const):
+                inner[x.var] = (int(x.lo.value), int(x.hi.value) - 1)
+            else:
+                inner[x.var] = None
+            _collect(x.body, k, inner, accesses)
+            continue
+        if isinstance(x, If):
+            _collect(x.then, k, ranges, accesses)
+            _collect(x.orelse, k, ranges, accesses)
+        if isinstance(x, Store):
+            accesses.setdefault(x.buf, []).append((k, x.index, ranges, True))
+        for e in kir.own_exprs(x):
+            for y in kir.subexprs(e):
+                if isinstance(y, Load):
+                    accesses.setdefault(y.buf, []).append((k, y.index, ranges, False))
 
 
 def _chain_statements(st: _Step) -> list:
@@ -4574,29 +4745,8 @@ def _rows_local(loops: list) -> bool:
     from timerlc.codegen.lower import _affine
 
     accesses: dict = {}  # buffer -> [(loop number, index, inner ranges, written)]
-
-    def visit(stmts, k: int, ranges: dict):
-        for x in stmts:
-            if isinstance(x, For):
-                inner = dict(ranges)
-                if isinstance(x.lo, Const) and isinstance(x.hi, Const):
-                    inner[x.var] = (int(x.lo.value), int(x.hi.value) - 1)
-                else:
-                    inner[x.var] = None
-                visit(x.body, k, inner)
-                continue
-            if isinstance(x, If):
-                visit(x.then, k, ranges)
-                visit(x.orelse, k, ranges)
-            if isinstance(x, Store):
-                accesses.setdefault(x.buf, []).append((k, x.index, ranges, True))
-            for e in kir.own_exprs(x):
-                for y in kir.subexprs(e):
-                    if isinstance(y, Load):
-                        accesses.setdefault(y.buf, []).append((k, y.index, ranges, False))
-
     for k, loop in enumerate(loops):
-        visit(loop.body, k, {loop.var: "row"})
+        _collect(loop.body, k, {loop.var: "row"}, accesses)
     # (a buffer's accesses may all start at one offset that is not a constant, the same for
     # every thread: of the call's values alone, as a ring buffer's slot, ``mod(j, 2) * 256``)
     varying = set().union(*(_lets(loop.body) for loop in loops))
