@@ -52,14 +52,15 @@ def _layer(shift: int = 0, n: int = N) -> Kernel:
     first = Load("y", row, "f32")
     last = Load("y", kir.add(row, kir.i64(n - 1)), "f32")
     tail = For("r", kir.i64(0), kir.i64(M), (Store("z", r, Bin("add", first, last, "f32")),), True)
-    slots = (
-        Slot("x", "f32", 0, 0, 0, False),
-        Slot("w", "f32", 1, 1, 0, False),
-        Slot("b", "f32", 2, 2, 0, False),
-        Slot("y", "f32", 3, 3, 0, True),
-        Slot("z", "f32", 4, 4, 0, True),
+    return Kernel(
+        "layer", 0, ("j",), _slots("x", "w", "b", "y", "z", written=3), (), (gemm, epilogue, tail)
     )
-    return Kernel("layer", 0, ("j",), slots, (), (gemm, epilogue, tail))
+
+
+def _slots(*names: str, written: int) -> tuple:
+    """Float32 slots ``names`` at table entries 0, 1, ...: the first ``written`` read only,
+    the others written."""
+    return tuple(Slot(x, "f32", k, k, 0, k >= written) for k, x in enumerate(names))
 
 
 def test_a_layer_and_a_loop_over_its_rows_are_one_function():
@@ -313,14 +314,9 @@ def _nested(shift: int = 0) -> Kernel:
             ),
         )
     )
-    slots = (
-        Slot("x", "f32", 0, 0, 0, False),
-        Slot("w", "f32", 1, 1, 0, False),
-        Slot("h", "f32", 2, 2, 0, True),
-        Slot("y", "f32", 3, 3, 0, True),
-        Slot("z", "f32", 4, 4, 0, True),
+    return Kernel(
+        "nested", 0, ("j",), _slots("x", "w", "h", "y", "z", written=2), (), (h, gemm, z)
     )
-    return Kernel("nested", 0, ("j",), slots, (), (h, gemm, z))
 
 
 @needs_cxx
