@@ -26,6 +26,14 @@ summed). On an H100 cuBLAS took 25-32 us for each in float32 where their bytes t
 Both copy their operands into shared memory 8 loads of a thread at a time, 16 bytes each
 where the operands are aligned (``_copy``).
 
+In a chain (``render._Kernel._chains``: steps over the same rows as one function, each
+block a chunk of the rows through all of them) each is a step over the chain's tile of
+rows ``tl_rb ..< tl_re``: a rows product ``CHAIN_TILE`` rows at a time, op(B) the chain's
+copy (``rows_chain_head``) and A's tile in the chain's pool of shared memory
+(``rows_lines(..., chain=)``); a gram's tile added into the chunk's copy, ``CHAIN_STAGE``
+rows at a time in the pool (``gram_part_lines(..., chain=True)``), the copies of all the
+chain's grams added at its end by tickets (``chain_sums_lines``).
+
 Each sum's order is fixed by the shapes (and the block's threads): the same values whatever
 the grid. The runtime times each against the device's BLAS at its first call and keeps the
 faster (``runtime.cuda``); the emulated device runs ours.

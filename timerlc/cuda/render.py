@@ -18,7 +18,12 @@ of blocks of ``THREADS`` threads (``Launches``: each step and the threads it ask
   merge sort by rank and its indices, each a step over its elements;
 - a run of the other statements runs on one thread (of block 0). A local it assigns that
   another step reads goes through the scratch memory, after the kernel's temporaries (the
-  step stores it at its end, the others load it at their start).
+  step stores it at its end, the others load it at their start);
+- consecutive steps over the same rows whose rows never meet (loops, rows products and
+  grams of ours) may run as one function, a *chain* (``_Kernel._chains``,
+  ``chain_body``), each block a few rows through all of them in turn: the plan has the
+  chain's function and the launches it stands for after it (``items.ChainCall``), the
+  runtime runs one.
 
 An ``if`` whose condition reads only the call's loop values (a merge's branch, a domain) is
 taken apart first: each statement inside it is a statement of the kernel under its
