@@ -4,6 +4,7 @@ NumPy, and where rows meet, no chain."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -357,3 +358,49 @@ def test_a_chain_s_loops_may_be_nests_whose_first_levels_are_its_rows_on_cuda_em
     want = (h @ w)[:, 0]
     np.testing.assert_allclose(z[S * T2 :], want, rtol=1e-5, atol=1e-5)
     assert not z[: S * T2].any()  # (b of j = 0: not this call's)
+
+
+def test_a_reduction_moves_ahead_of_the_loops_it_touches_nothing_of():
+    """``render._reductions_ahead``: a sum (its accumulator's first value, the loop, the
+    statement after it) moves ahead of the loop before it that it touches nothing of, so
+    that loop and the loop after may be one; not ahead of a loop that writes what it
+    reads."""
+    r, e = Ref("r"), Ref("e")
+
+    def rows(buf: str, value) -> For:
+        return For("r", kir.i64(0), kir.i64(M), (Store(buf, r, value),), True)
+
+    gather = rows("g", Load("x", r, "f32"))
+    acc = kir.Let("acc", "f64", kir.Const("f64", 0.0))
+    total = kir.Cast(Load("u", e, "f32"), "f64")
+    red = For(
+        "e",
+        kir.i64(0),
+        kir.i64(M),
+        (kir.Let("acc", "f64", Bin("add", Ref("acc", "f64"), total, "f64")),),
+        False,
+        (("acc", "add"),),
+    )
+    mean = Store("m", kir.i64(0), kir.Cast(Ref("acc", "f64"), "f32"))
+    after = rows("h", Bin("mul", Load("g", r, "f32"), Load("m", kir.i64(0), "f32"), "f32"))
+    k = Kernel(
+        "k",
+        0,
+        ("j",),
+        _slots("x", "u", "g", "m", "h", written=2),
+        (),
+        (gather, acc, red, mean, after),
+    )
+    assert render._reductions_ahead(k.body, k) == (acc, red, mean, gather, after)
+    reads = dataclasses.replace(
+        red,
+        body=(
+            kir.Let(
+                "acc",
+                "f64",
+                Bin("add", Ref("acc", "f64"), kir.Cast(Load("g", e, "f32"), "f64"), "f64"),
+            ),
+        ),
+    )
+    k2 = dataclasses.replace(k, body=(gather, acc, reads, mean, after))
+    assert render._reductions_ahead(k2.body, k2) == k2.body

@@ -134,6 +134,39 @@ class _Tree:
                     out[-1] = Launch(k.name, sids[0], it.args, box, sids)
                     continue
             out.append(it)
+        return self.chain_joins(out) if self.chains is not None else out
+
+    def chain_joins(self, items: list) -> list:
+        """``items`` (``fuse``'s) with two launches one after the other at the same loop
+        values one kernel (``fuse.seq``) where a chain then crosses them (``chained``):
+        the fusion goes call by call, and a call that joined nothing before it (PPO's
+        gathers of a minibatch's rows, whose loop reads no row of theirs as the first
+        layer's does) may join the kernel the next calls made."""
+        out: list = []
+        for it in items:
+            prev = out[-1] if out else None
+            if (
+                isinstance(it, Launch)
+                and isinstance(prev, Launch)
+                and prev.args == it.args
+                and len(prev.box) == len(it.box)
+            ):
+                sids = (prev.sids or (prev.sid,)) + (it.sids or (it.sid,))
+                k = self.fused.get(sids)
+                if k is None and sids not in self.refused:
+                    a, b = self.launched[prev.kernel], self.launched[it.kernel]
+                    k = seq(a, b, f"f{sids[0]}_{len(self.fused)}")
+                    if k is None or k.scratch_bytes > self.cap() or not self.chained(k, a, b):
+                        k = None
+                        self.refused.add(sids)
+                    else:
+                        self.fused[sids] = k
+                if k is not None:
+                    self.launched[k.name] = k
+                    box = tuple(min(x, y) for x, y in zip(prev.box, it.box))
+                    out[-1] = Launch(k.name, sids[0], it.args, box, sids)
+                    continue
+            out.append(it)
         return out
 
     def chained(self, k: kir.Kernel, a: kir.Kernel, b: kir.Kernel) -> bool:

@@ -553,6 +553,9 @@ GRAM_TAILS = True
 # (``_Kernel._chains``, the runtime's choice): CHAIN_ROWS rows at a time (a multiple of
 # each rows product's tile); CHAIN_GRAM_ROWS where a gram is among them (its copies'
 # chunks whole tiles of them)
+# a kernel's reductions moved ahead of the loops before them that they touch nothing of,
+# so that those loops may join the ones after (``_reductions_ahead``)
+REDUCTIONS_AHEAD = True
 CHAINS = True
 CHAIN_ROWS = 128
 CHAIN_GRAM_ROWS = 64
@@ -734,6 +737,44 @@ def _blas_call(k: kir.Kernel, s: Gemm, guard=None):
     return items.GemmCall(s.dtype, s.m, s.n, s.k, a, b, c, when)
 
 
+def _reductions_ahead(body, k: kir.Kernel) -> tuple:
+    """``body`` with each reduction (``For.reduce``), the locals set just before it (its
+    accumulators' first values) and the statements after it up to the next parallel loop
+    moved ahead of the parallel loops just before them that they touch nothing of, none of
+    which can fail: the loops before and the loop after may then be
+    one loop over their rows (``_row_merged``; PPO's gathers of a minibatch's rows and its
+    first layers, a launch each side of the advantages' mean and variance, which read
+    none of theirs)."""
+    out: list = []
+    shared = frozenset(k.shared)
+    items = list(body)
+    q = 0
+    while q < len(items):
+        s = items[q]
+        if not (isinstance(s, For) and s.reduce):
+            out.append(s)
+            q += 1
+            continue
+        end = q + 1
+        while end < len(items) and not (isinstance(items[end], For) and items[end].parallel):
+            end += 1
+        group = items[q:end]
+        while out and isinstance(out[-1], Let):  # (its accumulators' first values)
+            group.insert(0, out.pop())
+        at = len(out)
+        while (
+            at > 0
+            and isinstance(out[at - 1], For)
+            and out[at - 1].parallel
+            and not _fails_any([out[at - 1], *group])
+            and _independent([out[at - 1]], group, shared)
+        ):
+            at -= 1
+        out[at:at] = group
+        q = end
+    return tuple(out)
+
+
 def _gemms_first(body, k: kir.Kernel) -> tuple:
     """``body`` with each product of the device's BLAS (``_blas_call``) among its
     statements moved ahead of those before it that touch nothing of its and cannot fail,
@@ -880,6 +921,7 @@ class _Kernel:
         merge_rows = merge_rows and not k.shared
         body = _gemms_first(k.body, k) if blas else k.body
         temps = frozenset(t.name for t in k.temps)
+        body = _reductions_ahead(body, k) if merge_rows and REDUCTIONS_AHEAD else body
         body = _reductions_joined(_fissioned(body, temps), k) if merge_rows else body
         body, self.row_shared = _row_merged(body) if merge_rows else (body, set())
         self.k = k = dataclasses.replace(k, body=_spread(body))
