@@ -91,57 +91,18 @@ class _Tree:
 
     def fuse(self, items: list) -> list:
         """Consecutive launches at the same loop values as one fused kernel where
-        ``codegen.fuse`` makes one."""
-        out: list = []
-        for it in items:
-            prev = out[-1] if out else None
-            if (
-                isinstance(it, Launch)
-                and isinstance(prev, Launch)
-                and prev.args == it.args
-                and len(prev.box) == len(it.box)
-            ):
-                sids = (prev.sids or (prev.sid,)) + (it.sid,)
-                k = self.fused.get(sids)
-                if k is None and sids not in self.refused:
-                    a = self.launched[prev.kernel]
-                    name = f"f{sids[0]}_{len(self.fused)}"
-                    k = fuse(a, self.kernels[it.sid], name)
-                    if k is None and self.horizontal:
-                        k = concat(a, self.kernels[it.sid], name)
-                    if k is None and self.horizontal and self.cost is not None:
-                        k = seq(a, self.kernels[it.sid], name)
-                        b = self.kernels[it.sid]
-                        both = self.cost_of(a) + self.cost_of(b)
-                        if (
-                            k is not None
-                            and self.cost_of(k) >= both + SEQ_TIES
-                            and not self.chained(k, a, b)
-                        ):
-                            k = None
-                    if k is not None and self.horizontal and k.scratch_bytes > self.cap():
-                        # (the cuda target's scratch is one block, the largest any kernel
-                        # needs: a fused kernel's temporaries side by side must not grow it;
-                        # PPO's second layers' two products, 16 MiB each: 32 MiB)
-                        k = None
-                    if k is None:
-                        self.refused.add(sids)
-                    else:
-                        self.fused[sids] = k
-                if k is not None:
-                    self.launched[k.name] = k
-                    box = tuple(min(x, y) for x, y in zip(prev.box, it.box))
-                    out[-1] = Launch(k.name, sids[0], it.args, box, sids)
-                    continue
-            out.append(it)
-        return self.chain_joins(out) if self.chains is not None else out
+        ``codegen.fuse`` makes one (``join_calls``); then, with ``chains``, two fused
+        kernels one after the other as one where a chain then crosses them
+        (``join_fused``: the fusion goes call by call, and a call that joined nothing
+        before it, PPO's gathers of a minibatch's rows, whose loop reads no row of theirs
+        as the first layer's does, may join the kernel the next calls made)."""
+        out = self.pairs(items, self.join_calls)
+        return self.pairs(out, self.join_fused) if self.chains is not None else out
 
-    def chain_joins(self, items: list) -> list:
-        """``items`` (``fuse``'s) with two launches one after the other at the same loop
-        values one kernel (``fuse.seq``) where a chain then crosses them (``chained``):
-        the fusion goes call by call, and a call that joined nothing before it (PPO's
-        gathers of a minibatch's rows, whose loop reads no row of theirs as the first
-        layer's does) may join the kernel the next calls made."""
+    def pairs(self, items: list, join) -> list:
+        """``items`` with each launch that ``join`` (its kernel's and the next launch's
+        kernel, and a name: a kernel or None) joins with the next at the same loop values
+        one launch, the joins kept (``fused``, ``refused``)."""
         out: list = []
         for it in items:
             prev = out[-1] if out else None
@@ -155,9 +116,8 @@ class _Tree:
                 k = self.fused.get(sids)
                 if k is None and sids not in self.refused:
                     a, b = self.launched[prev.kernel], self.launched[it.kernel]
-                    k = seq(a, b, f"f{sids[0]}_{len(self.fused)}")
-                    if k is None or k.scratch_bytes > self.cap() or not self.chained(k, a, b):
-                        k = None
+                    k = join(a, b, f"f{sids[0]}_{len(self.fused)}")
+                    if k is None:
                         self.refused.add(sids)
                     else:
                         self.fused[sids] = k
@@ -168,6 +128,34 @@ class _Tree:
                     continue
             out.append(it)
         return out
+
+    def join_calls(self, a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
+        """Kernel ``a`` (a call's or a fused one) then a call's kernel ``b`` as one, where
+        ``codegen.fuse`` makes one (``fuse``; ``horizontal``: ``concat``, and with ``cost``
+        ``seq`` where that costs less or a chain then crosses them), within the scratch
+        memory's cap; else None."""
+        k = fuse(a, b, name)
+        if k is None and self.horizontal:
+            k = concat(a, b, name)
+        if k is None and self.horizontal and self.cost is not None:
+            k = seq(a, b, name)
+            both = self.cost_of(a) + self.cost_of(b)
+            if k is not None and self.cost_of(k) >= both + SEQ_TIES and not self.chained(k, a, b):
+                k = None
+        if k is not None and self.horizontal and k.scratch_bytes > self.cap():
+            # (the cuda target's scratch is one block, the largest any kernel needs: a fused
+            # kernel's temporaries side by side must not grow it; PPO's second layers' two
+            # products, 16 MiB each: 32 MiB)
+            return None
+        return k
+
+    def join_fused(self, a: kir.Kernel, b: kir.Kernel, name: str) -> kir.Kernel | None:
+        """Two fused kernels one after the other as one (``seq``) where a chain then
+        crosses them (``chained``), within the scratch memory's cap; else None."""
+        k = seq(a, b, name)
+        if k is None or k.scratch_bytes > self.cap() or not self.chained(k, a, b):
+            return None
+        return k
 
     def chained(self, k: kir.Kernel, a: kir.Kernel, b: kir.Kernel) -> bool:
         """Whether kernel ``k`` (``a`` then ``b``, ``fuse.seq``) saves more launches by its
