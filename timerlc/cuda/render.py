@@ -548,14 +548,14 @@ BESIDE = True
 # gradient's cast to float32 and copy) in its last function's last block, where they were a
 # launch of their own (``_Kernel._sums_tail``)
 GRAM_TAILS = True
+# a kernel's reductions moved ahead of the loops before them that they touch nothing of,
+# so that those loops may join the ones after (``_reductions_ahead``)
+REDUCTIONS_AHEAD = True
 # consecutive steps of loops over a product's rows and products of ours over them whose
 # rows never meet may run as one function, a block's rows through all of them in turn
 # (``_Kernel._chains``, the runtime's choice): CHAIN_ROWS rows at a time (a multiple of
 # each rows product's tile); CHAIN_GRAM_ROWS where a gram is among them (its copies'
 # chunks whole tiles of them)
-# a kernel's reductions moved ahead of the loops before them that they touch nothing of,
-# so that those loops may join the ones after (``_reductions_ahead``)
-REDUCTIONS_AHEAD = True
 CHAINS = True
 CHAIN_ROWS = 128
 CHAIN_GRAM_ROWS = 64
@@ -829,13 +829,20 @@ def functions(k: kir.Kernel, blas: bool = True) -> int:
     """The functions a call of kernel ``k`` launches (its products by the device's BLAS
     aside); one more than its statements' where it renders none (``Unsupported``: they are
     launched one by one then). Kept for the next build's asking (``_COUNTS``)."""
+    return _kept(_COUNTS, k, (blas,), lambda: _functions(k, blas))
+
+
+def _kept(store: dict, k: kir.Kernel, more: tuple, work):
+    """``work()``'s value for kernel ``k`` (and ``more``) as ``store`` keeps it, by the
+    kernel and the settings (``_settings``); ``store`` emptied when it holds
+    ``COUNTS_KEPT``."""
     key = (k.parts or (k.sid,), k.params, k.body, k.temps, k.slots, k.shared, k.repeat)
-    key += (blas, _settings())
-    got = _COUNTS.get(key)
+    key += (*more, _settings())
+    got = store.get(key)
     if got is None:
-        if len(_COUNTS) >= COUNTS_KEPT:
-            _COUNTS.clear()
-        got = _COUNTS[key] = _functions(k, blas)
+        if len(store) >= COUNTS_KEPT:
+            store.clear()
+        got = store[key] = work()
     return got
 
 
@@ -869,14 +876,7 @@ def chain_saved(k: kir.Kernel) -> int:
     many as its functions of ours); 0 where it renders none (``Unsupported``). For the
     fusion search (``codegen.tree``: two kernels one after the other are one where their
     chains then save more). Kept as ``functions``' counts."""
-    key = (k.parts or (k.sid,), k.params, k.body, k.temps, k.slots, k.shared, k.repeat)
-    key += (_settings(),)
-    got = _SAVED.get(key)
-    if got is None:
-        if len(_SAVED) >= COUNTS_KEPT:
-            _SAVED.clear()
-        got = _SAVED[key] = _chain_saved(k)
-    return got
+    return _kept(_SAVED, k, (), lambda: _chain_saved(k))
 
 
 def _chain_saved(k: kir.Kernel) -> int:
@@ -886,10 +886,7 @@ def _chain_saved(k: kir.Kernel) -> int:
     try:
         r = _Kernel(k)
         _check_supported(r.k.body)
-        steps = r._steps()
-        r._partners_next(steps)
-        units = r._units(steps)
-        chains = r._chains(steps, units, *reversed(r._passing(steps)))
+        steps, _, _, _, _, chains = r._chained_steps()
     except Unsupported:
         return 0
 
@@ -980,11 +977,7 @@ class _Kernel:
         a value a serial step computes and a later step reads goes through the scratch
         memory after the temporaries; a failing step sets ``*err`` and the steps after it
         return at once."""
-        steps = self._steps()
-        self._partners_next(steps)
-        units = self._units(steps)
-        defined, used, passed = self._passing(steps)
-        chains = self._chains(steps, units, passed, used, defined)
+        steps, units, defined, used, passed, chains = self._chained_steps()
         self._repack(steps, units, chains)
         offset = (self.k.scratch_bytes + 7) // 8 * 8  # (after the temporaries placed anew)
         for v, (dt, _) in passed.items():
@@ -1067,6 +1060,24 @@ class _Kernel:
                 self.phases[i] = dataclasses.replace(self.phases[i], joint=joint)
                 paired.add(j + 1)
         return "\n".join(out + own)
+
+    def _chained_steps(self) -> tuple:
+        """``(steps, units, defined, used, passed, chains)``: the kernel's steps
+        (``_steps``, partners next), the functions they run as (``_units``), what each
+        assigns and reads and the locals passed between them (``_passing``), and the runs
+        of them that may be chains (``_chains``)."""
+        steps = self._steps()
+        self._partners_next(steps)
+        units = self._units(steps)
+        defined, used, passed = self._passing(steps)
+        return (
+            steps,
+            units,
+            defined,
+            used,
+            passed,
+            self._chains(steps, units, passed, used, defined),
+        )
 
     def _passing(self, steps: list[_Step]) -> tuple[list, list, dict]:
         """Per step, the locals it assigns (a run on one thread's) and those it reads; and
@@ -4723,7 +4734,7 @@ def _chain_statements(st: _Step) -> list:
     """What a chain's step touches in the chain (a gram's rows and A and B: ``_gram_loop``;
     a rows product's, its epilogue's; a loop step's)."""
     if st.kind in ("parallel", "either"):
-        return list(st.body) if st.kind == "either" else [st.body]
+        return _chain_loops(st)
     g = st.form
     if _is_gram(st):
         return [_gram_loop(g, "tl_chain")]
@@ -4736,7 +4747,7 @@ def _chain_used(st: _Step) -> list:
     product, its sums' first values (its column sums' buffer) and the steps after its
     sums; a rows product and its epilogue; a loop step's loops."""
     if st.kind in ("parallel", "either"):
-        return list(st.body) if st.kind == "either" else [st.body]
+        return _chain_loops(st)
     own = st.own
     if _is_gram(st):
         sums = list(own.sums[:1]) if own is not None else []

@@ -1006,10 +1006,7 @@ class _Reader:
 
     def chain_call(self, v) -> ChainCall:
         d = self.field(self.obj(v, ("chain",)), "chain", self.obj, ("functions", "covers"))
-        functions = self.functions(d, "functions")
-        if not functions:
-            self.path.append(".chain.functions")
-            self.fail("a chain of no functions")
+        functions = self.functions(d, "functions")  # (1 to MAX_PHASES of them)
         covers = self.field(d, "covers", self.int_, 1, MAX_PHASES)
         return ChainCall(functions, covers)
 
