@@ -72,9 +72,8 @@ def test_a_layer_and_a_loop_over_its_rows_are_one_function():
     r = render._Kernel(_layer())
     text = r.render()
     chain, gemm, loop = r.phases
-    assert chain == items.ChainCall(
-        (("layer_0c", -(-M // render.CHAIN_ROWS) * render.THREADS),), 2
-    )
+    threads = -(-M // render.CHAIN_ROWS) * render.THREADS
+    assert chain == items.ChainCall((("layer_0c", threads),), 2, (("layer_0ct", threads),))
     assert isinstance(gemm, items.GemmCall) and loop == ("layer", M)  # (the first, its name)
     assert "for (long long r0 = tl_rb; r0 < tl_re; r0 += 64) {" in text
     apart = render._Kernel(_layer(shift=1))
@@ -135,6 +134,51 @@ def test_a_chain_computes_the_layer_and_the_loop_on_cuda_emu(n):
 
 
 @needs_cxx
+def test_a_chain_s_tf32_function_computes_the_layer_on_cuda_emu():
+    """A chain whose product has TF32 functions (``products.tf32_form``) has a TF32
+    function too (``ChainCall.tf32``, ``render.chain_tf32``): the product made as
+    ``products.rows_tf32_lines`` makes it (its operands rounded to TF32, ties away from
+    zero, float32 sums), on cuda-emu ``tanh(x @ w + b)`` of the rounded operands within
+    float32's bound, beyond it from the float32 function's values; the loop over its rows
+    as in the float32 function. A head of 2 columns has none (no TF32 form)."""
+    from timerlc.runtime import cuda
+    from timerlc.runtime.cuda import EmuDevice
+
+    r = render._Kernel(_layer())
+    text = r.render()
+    threads = -(-M // render.CHAIN_ROWS) * render.THREADS
+    assert r.phases[0].tf32 == (("layer_0ct", threads),)
+    narrow = render._Kernel(_layer(n=2))
+    narrow.render()
+    assert isinstance(narrow.phases[0], items.ChainCall) and not narrow.phases[0].tf32
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    w = (rng.standard_normal((K, N)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    dev = EmuDevice("tensorfloat32")
+    module = dev.load(render.head() + "\n" + text)
+    ptrs = [dev.alloc(a.nbytes) for a in (x, w, b)] + [dev.alloc(M * N * 4), dev.alloc(M * 4)]
+    for p, a in zip(ptrs, (x, w, b)):
+        dev.upload(p, a)
+    table = dev.alloc(8 * len(ptrs))
+    dev.upload(table, np.array(ptrs, np.uint64))
+    got = {}
+    for name in ("layer_0c", "layer_0ct"):
+        dev.launch(dev.function(module, name), table, np.zeros(1, np.int64), dev.alloc(8), 2)
+        y, z = np.empty((M, N), np.float32), np.empty(M, np.float32)
+        dev.download(ptrs[3], y)
+        dev.download(ptrs[4], z)
+        np.testing.assert_array_equal(z, y[:, 0] + y[:, N - 1])
+        got[name] = y.astype(np.float64)
+    t = lambda a: cuda.tf32(a, away=True).astype(np.float64)
+    bound = K * 2.0**-23 * (abs(t(x)) @ abs(t(w)) + abs(b)) + 2.0**-23  # (and tanh's)
+    assert (abs(got["layer_0ct"] - np.tanh(t(x) @ t(w) + b)) <= bound).all()
+    exact = np.tanh(x.astype(np.float64) @ w + b)
+    assert (abs(got["layer_0c"] - exact) <= bound).all()
+    assert (abs(got["layer_0ct"] - exact) > bound).any()  # (the operands were TF32)
+
+
+@needs_cxx
 def test_a_chain_on_blocks_of_a_gpu_s_128_threads():
     """The chain's functions on cuda-emu with blocks of 128 threads, a GPU's (the products'
     and copies' ways for them: ``blockDim.x == 128``): the test above in a process of its
@@ -152,7 +196,7 @@ def test_a_chain_on_blocks_of_a_gpu_s_128_threads():
         cwd=ROOT,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "5 passed" in r.stdout
+    assert "8 passed" in r.stdout
 
 
 @needs_cxx
@@ -198,7 +242,8 @@ def test_plans_chains_are_checked():
     """A plan's chain (``{"chain": {"functions": [...], "covers": n}}`` among a call's
     launches) is read back as written, and refused where it stands for more launches than
     follow it, for none, inside another chain's, where its function is named twice, where
-    it parts a pair of products with joint functions, or with a field of its own."""
+    it parts a pair of products with joint functions, or with a field of its own; its TF32
+    functions as many as its functions, named once."""
     import json
 
     from rtl_helpers import refuses_changed_plans
@@ -217,7 +262,7 @@ def test_plans_chains_are_checked():
         if isinstance(f, dict) and "chain" in f
     ]
     assert at
-    r, q = at[0]
+    r, q = next((r, q) for r, q in at if "tf32" in rows[r][1][q]["chain"])
     joint = [  # (a chain whose launches hold a pair with joint functions)
         (r2, q2, q3)
         for r2, q2 in at
@@ -243,6 +288,9 @@ def test_plans_chains_are_checked():
         (lambda k: chain(k).__setitem__("then", []), "unknown field"),
         (nested, "inside another chain's"),
         (lambda k: chain(k)["functions"][0].__setitem__(0, k["statements"][0][1]), "twice"),
+        (lambda k: chain(k)["tf32"].append(["zz_ct", 128]), "2 TF32 functions for 1"),
+        (lambda k: chain(k)["tf32"][0].__setitem__(0, chain(k)["functions"][0][0]), "twice"),
+        (lambda k: chain(k)["tf32"][0].__setitem__(1, 0), "out of range"),
     ]
     assert joint
     r2, q2, q3 = joint[0]
@@ -404,3 +452,65 @@ def test_a_reduction_moves_ahead_of_the_loops_it_touches_nothing_of():
     )
     k2 = dataclasses.replace(k, body=(gather, acc, reads, mean, after))
     assert render._reductions_ahead(k2.body, k2) == k2.body
+
+
+TF32_GRADIENTS = """
+config I = 2, N = 600
+dim i < I
+s[0] = 1.0
+s[i+1] = s[i] * 0.5 + sum(g[i]) * 0.0001
+x[i] = sin(reshape(f32(arange(N * 16)) * 0.37, [N, 16])) * s[i]
+dy[i] = cos(reshape(f32(arange(N * 16)) * 0.23, [N, 16])) * s[i]
+dz[i] = sin(reshape(f32(arange(N * 16)) * 0.11, [N, 16])) + s[i]
+g[i] = concat([reshape(x[i].T @ dy[i], [256]), sum(dy[i], 0),
+               reshape(x[i].T @ dz[i], [256]), sum(dz[i], 0)], 0)
+out g, s, x, dy, dz
+"""
+
+
+@needs_cxx
+@pytest.mark.parametrize("precision", ["float32", "tensorfloat32"])
+def test_grams_tf32_function_in_a_chain_on_cuda_emu(precision, monkeypatch):
+    """Two grams of ours over the same 600 rows with TF32 functions (16 x 16, B's column
+    sums in float64) as one chain: its TF32 function runs where TF32 products are asked
+    for (each tile's rows ``CHAIN_STAGE`` at a time through the tensor cores' path,
+    ``products.gram_part_tf32_lines(..., chain=True)``, added into the chunk's copy), its
+    float32 one else. The gradients within float32's bound of the exact ones of the
+    operands as the products round them (TF32, ties away from zero, or not at all), and
+    with TF32 nearer those than the rounding moved them."""
+    from test_cuda import cuda_gen, generated
+
+    from timerlc.runtime import cuda
+    from timerlc.runtime.cuda import DeviceRuntime, EmuDevice
+
+    monkeypatch.setenv("TIMERLC_PRODUCTS", "ours")
+    _, gen = generated("p.rtl", TF32_GRADIENTS)
+    cu = cuda_gen(gen)
+    rt = DeviceRuntime(cu.plan, text=cu.text, device=EmuDevice(precision))
+    rt.run()
+    (key,) = rt.chain_choices  # (the fused kernel's chain: the one that ran)
+    (chain,) = [
+        f
+        for _, phases in cu.plan.kernels.fused_launches
+        for f in phases
+        if isinstance(f, items.ChainCall)
+    ]
+    assert chain.tf32 == ((chain.functions[0][0] + "t", 256),)
+    assert key[1:] == (chain.tf32 if precision != "float32" else chain.functions)[0][:1]
+    assert rt.chain_choices[key][2]  # (the chain ran)
+    tf32 = precision == "tensorfloat32"
+    rounded = (lambda a: cuda.tf32(a, away=True)) if tf32 else (lambda a: a)
+    u = 2.0**-24
+    for i in range(2):
+        x, dy, dz = (rt.value(n)[i] for n in ("x", "dy", "dz"))
+        g = rt.value("g")[i].astype(np.float64)
+        for q, d in enumerate((dy, dz)):
+            got = g[q * 272 : q * 272 + 256].reshape(16, 16)
+            xr, dr = (rounded(a).astype(np.float64) for a in (x, d))
+            want = xr.T @ dr
+            assert (abs(got - want) <= 2 * 600 * u * (abs(xr).T @ abs(dr))).all()
+            if tf32:  # (nearer the rounded operands' than the rounding moved it)
+                moved = abs(want - x.astype(np.float64).T @ d).max()
+                assert abs(got - want).max() < moved / 10
+            sums = g[q * 272 + 256 : q * 272 + 272]
+            np.testing.assert_allclose(sums, d.astype(np.float64).sum(0), rtol=1e-6, atol=1e-6)

@@ -82,7 +82,7 @@ def test_compile_for_cuda_writes_the_cuda_kernels_of_the_build(tmp_path):
 
     def ours(g: dict) -> list:  # (and a chain's functions: render._Kernel._chains)
         if "chain" in g:
-            return g["chain"]["functions"]
+            return g["chain"]["functions"] + g["chain"].get("tf32", [])
         return [f for key in ("own", "then", "tf32", "joint") for f in g["gemm"].get(key, [])]
 
     functions += [f for _, ph in launches for g in ph if isinstance(g, dict) for f in ours(g)]

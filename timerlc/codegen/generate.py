@@ -197,6 +197,8 @@ def _with_launches(text: str, phases) -> str:
     def step(f) -> str:
         if isinstance(f, ChainCall):
             fns = " then ".join(f"{x} ({n} threads)" for x, n in f.functions)
+            if f.tf32:
+                fns = f"{fns[:-1]}; TF32: {' then '.join(x for x, _ in f.tf32)})"
             after = "the launch" if f.covers == 1 else f"the {f.covers} launches"
             return f"chain {fns} or {after} after it"
         if isinstance(f, GemmCall):

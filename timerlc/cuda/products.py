@@ -232,28 +232,42 @@ def rows_threads(m: int, n: int, k: int) -> int:
     return -(-m // bm) * MAX_THREADS
 
 
-def rows_tile(s) -> tuple[int, int]:
+def rows_tile(s, tf32: bool = False) -> tuple[int, int]:
     """``(BM, floats)``: the rows a rows product of ours takes at a time in a chain, and the
     floats its tile of A takes in shared memory (the chain's pool holds the largest:
-    ``rows_lines(..., chain=)``)."""
+    ``rows_lines(..., chain=)``; with ``tf32``, ``rows_tf32_lines(..., chain=)``'s: A's
+    tile, then C's in its place)."""
     n, k = s.n, s.k
+    if tf32:
+        return TF32_ROWS, TF32_ROWS * max(_stride(k, 4), n + 4)
     _, tn, _, bm, bmp = _rows_tiling(n, k, True)
     if _rows_vec(tn, bm, n, k):
         return bm, bm * _vec_stride(k)
     return bm, k * bmp
 
 
-def rows_chain_head(s, b: str, j: int) -> list[str]:
+def weights_floats(s, tf32: bool = False) -> int:
+    """The floats a chain's copy of op(B) of rows product ``s`` takes (``rows_chain_head``)."""
+    return s.k * (_stride(s.n, 8) if tf32 else s.n)
+
+
+def rows_chain_head(s, b: str, j: int, tf32: bool = False) -> list[str]:
     """The lines (indented from depth 0) that declare ``tl_w{j}``, the chain's copy of op(B)
-    of rows product ``s`` (its ``j``-th: ``rows_lines(..., chain=j)`` reads it), and copy
+    of rows product ``s`` (its ``j``-th: ``rows_lines(..., chain=j)`` reads it, or with
+    ``tf32`` ``rows_tf32_lines(..., chain=j)``, its rows ``_stride(n, 8)`` apart), and copy
     it from ``b`` (the C expression of B's first element) once a block, as a rows function
     copies it (``_weights``), before the chain's first rows."""
     n, k = s.n, s.k
+    w = f"tl_w{j}"
+    if tf32:
+        nb = _stride(n, 8)
+        copy = _weights(s, "B", nb)[1:]
+        declared = f"__shared__ float {w}[{k * nb}];  // op(B) of the chain's product {j}"
+        return [declared, "{", f"  const float *B = {b};", f"  float *tl_bs = {w};", *copy, "}"]
     _, tn, ct, bm, _ = _rows_tiling(n, k, True)
     vec = _rows_vec(tn, bm, n, k)
     column = _vec_column(ct) if vec else None
     weights = _weights(s, "B", n, column)
-    w = f"tl_w{j}"
     declared = (
         f"__shared__ float4 {w}[{k * n // 4}];  // op(B) of the chain's product {j}"
         if vec
@@ -537,9 +551,12 @@ def _gram_tiling(m: int, n: int) -> tuple[int, int, int, int]:
     return tm, tn, n // tn, (m // tm) * (n // tn)
 
 
-def gram_chain_floats(s) -> int:
+def gram_chain_floats(s, tf32: bool = False) -> int:
     """The floats of a chain's pool a gram's rows take (``gram_part_lines(..., chain=True)``:
-    a stage of A's and B's rows, or the threads' tiles of C in turn)."""
+    a stage of A's and B's rows, or the threads' tiles of C in turn; with ``tf32``,
+    ``gram_part_tf32_lines(..., chain=True)``'s stage, lines ``_stride`` apart)."""
+    if tf32:
+        return CHAIN_STAGE * (_stride(s.m, 8) + _stride(s.n, 8))
     tm, tn, _, _ = _gram_tiling(s.m, s.n)
     return max(CHAIN_STAGE * (s.m + s.n), MAX_THREADS * tm * tn)
 
@@ -760,7 +777,7 @@ def rows_tf32_threads(m: int) -> int:
 
 
 def rows_tf32_lines(
-    s, a: str, b: str, c: str, store: tuple[str, str, str] | None = None
+    s, a: str, b: str, c: str, store: tuple[str, str, str] | None = None, chain=None
 ) -> list[str]:
     """``rows_lines``'s product with TF32 operands (``tf32_form``): a block a tile of
     ``TF32_ROWS`` rows of A at a time, each warp 16 of them by all of op(B)'s columns,
@@ -768,23 +785,19 @@ def rows_tf32_lines(
     leaves shared memory, ``tl_tf32``; float32 sums), then the tile through shared memory
     and stored a row's columns together (``store``: an epilogue's, as ``rows_lines``).
     With other than 128 threads a block (the emulation's default) each element is summed
-    by one thread over k in order, as the tensor cores' path sums it on the emulation."""
+    by one thread over k in order, as the tensor cores' path sums it on the emulation.
+    With ``chain`` (as ``rows_lines``'): the chain's rows, its copy of op(B)
+    (``rows_chain_head(..., tf32=True)``) and its pool for the tiles (``rows_tile``)."""
     m, n, k = s.m, s.n, s.k
     bm, nt = TF32_ROWS, n // 8
     ka, nb, cs = _stride(k, 4), _stride(n, 8), n + 4
     rows, col, value = store if store is not None else ("(void)r;", "tl_col", "tl_v")
+    tile = [f"__shared__ float tl_as[{bm * max(ka, cs)}];  // A's tile, rows {ka} apart; then C's"]
+    if chain is not None:
+        tile = ["float *tl_as = (float *)tl_sm4;  // A's tile, then C's (the chain's pool)"]
     return [
         *_rows_head(
-            s,
-            a,
-            b,
-            c,
-            bm,
-            nb,
-            [
-                f"__shared__ float tl_as[{bm * max(ka, cs)}];  // A's tile, rows {ka} apart; then C's"
-            ],
-            lambda o, i: f"tl_as[({o}) * {ka} + {i}]",
+            s, a, b, c, bm, nb, tile, lambda o, i: f"tl_as[({o}) * {ka} + {i}]", chain=chain
         ),
         "    const int tl_w = threadIdx.x / 32, tl_g = threadIdx.x % 32 / 4, tl_t = threadIdx.x % 4;",
         f"    if (blockDim.x == {MAX_THREADS}) {{",
@@ -852,7 +865,7 @@ def rows_tf32_lines(
 
 
 def gram_part_tf32_lines(
-    s, a: str, b: str, copies: str, c: str, sums: str | None = None, final=()
+    s, a: str, b: str, copies: str, c: str, sums: str | None = None, final=(), chain=False
 ) -> list[str]:
     """``gram_part_lines``'s copies with TF32 operands (``tf32_form``): each stage's rows
     of A and B in shared memory (lines apart so that no two lanes of a fragment read one
@@ -862,19 +875,30 @@ def gram_part_tf32_lines(
     at a time (``_gram_mma``); B's column sums (float64) each stage's rows in order into the
     copy's. With other than 128 threads a block each element of the copy is summed by one
     thread over the rows in order (into the copy's memory), as the tensor cores' path sums
-    it on the emulation. A merged gram's copies added as ``gram_part_lines`` adds them."""
+    it on the emulation. A merged gram's copies added as ``gram_part_lines`` adds them. In
+    a chain (``chain``, as ``gram_part_lines``'): the rows ``tl_rb ..< tl_re`` of copy
+    ``tl_p``'s chunk alone, ``CHAIN_STAGE`` rows at a time in the chain's pool, added into
+    the copy (stored into it at the chunk's first rows, ``tl_first``)."""
     m, n = s.m, s.n
-    sr = STAGE_ROWS
+    sr = CHAIN_STAGE if chain else STAGE_ROWS
     ms, ns = _stride(m, 8), _stride(n, 8)
-    last = merged(m, n, s.k)
+    last = merged(m, n, s.k) and not chain
+    stage = [
+        f"  __shared__ float tl_ga[{sr * ms}];  // a stage's rows of A: a row's m, {ms} apart",
+        f"  __shared__ float tl_gb[{sr * ns}];  // and of B: a row's n, {ns} apart",
+    ]
+    if chain:
+        stage = [
+            f"  float *tl_ga = (float *)tl_sm4;  // a stage's rows of A: a row's m, {ms} apart",
+            f"  float *tl_gb = tl_ga + {sr * ms};  // and of B: a row's n, {ns} apart",
+        ]
     return [
         "{",
         f"  const float *A = {a};",
         f"  const float *B = {b};",
         *_copies(s, copies, c, sums),
         *(["  __shared__ int tl_last;  // (a ticket's: _merged_sums)"] if last else []),
-        f"  __shared__ float tl_ga[{sr * ms}];  // a stage's rows of A: a row's m, {ms} apart",
-        f"  __shared__ float tl_gb[{sr * ns}];  // and of B: a row's n, {ns} apart",
+        *stage,
         *_gram_tf32_copies(
             s,
             sr,
@@ -888,38 +912,57 @@ def gram_part_tf32_lines(
                 *_indented(_column_sums(n, sr) if sums is not None else [], "        "),
             ],
             _merged_sums(s, c, sums, list(final)) if last else [],
+            chain,
         ),
         "}",
     ]
 
 
-def _gram_tf32_copies(s, sr: int, sums: bool, compute: list[str], after=()) -> list[str]:
+def _gram_tf32_copies(
+    s, sr: int, sums: bool, compute: list[str], after=(), chain: bool = False
+) -> list[str]:
     """A TF32 gram's loop over its copies (``gram_part_tf32_lines``, ``joint_tf32_lines``):
     each copy's chunk of rows (as the float32 gram's) a stage of ``sr`` rows at a time into
     ``tl_ga`` and ``tl_gb`` (``_stages``), then ``compute`` on it (lines at the stage's
     depth); the copy's ``tl_d`` (``_gram_mma``'s) stored after its last stage, then the
-    lines ``after`` (at the loop's depth). Lines at depth 1."""
+    lines ``after`` (at the loop's depth). Lines at depth 1. In a chain (``chain``): copy
+    ``tl_p``'s rows ``tl_rb ..< tl_re`` alone, added into the copy but at the chunk's first
+    rows (``tl_first``: the copy and its sums stored, zeros first where they are summed in
+    their memory)."""
     m, n, k = s.m, s.n, s.k
     p = parts(k)
     chunk = -(-k // p // STAGE_ROWS) * STAGE_ROWS  # (whole stages of the float32 gram's)
     ld = s.ldc if p == 1 else n
     ms, ns, nt, mt = _stride(m, 8), _stride(n, 8), n // 8, m // 16
+    loop = [
+        f"  for (long long p = blockIdx.x; p < {p}; p += gridDim.x) {{",
+        f"    const long long lo = p * {chunk}, hi = lo + {chunk} < {k}LL ? lo + {chunk} : {k}LL;",
+    ]
+    first, zeros, zero = "", f"blockDim.x != {MAX_THREADS}", f"tl_pd[p * {n} + j] = 0.0;"
+    stores = [
+        "        tl_c0[j * 8] = tl_d[j][0], tl_c0[j * 8 + 1] = tl_d[j][1];",
+        f"        tl_c0[{8 * ld} + j * 8] = tl_d[j][2], tl_c0[{8 * ld} + j * 8 + 1] = tl_d[j][3];",
+    ]
+    if chain:
+        loop = ["  {", "    const long long p = tl_p, lo = tl_rb, hi = tl_re;"]
+        first, zeros = "if (tl_first) ", f"{zeros} && tl_first"
+        places = ("tl_c0[j * 8]", "tl_c0[j * 8 + 1]", f"tl_c0[{8 * ld} + j * 8]")
+        places += (f"tl_c0[{8 * ld} + j * 8 + 1]",)
+        stores = [
+            f"        {at} = tl_first ? tl_d[j][{q}] : {at} + tl_d[j][{q}];"
+            for q, at in enumerate(places)
+        ]
     return [
         "  const int tl_w = threadIdx.x / 32, tl_g = threadIdx.x % 32 / 4, tl_t = threadIdx.x % 4;",
         f"  const int tl_mi = tl_w % {mt};  // (this warp's 16 rows of C)",
-        f"  for (long long p = blockIdx.x; p < {p}; p += gridDim.x) {{",
-        f"    const long long lo = p * {chunk}, hi = lo + {chunk} < {k}LL ? lo + {chunk} : {k}LL;",
+        *loop,
         f"    float tl_d[{nt}][4] = {{}};",
-        f"    if (blockDim.x != {MAX_THREADS}) {{  // (the copy summed in its memory)",
+        f"    if ({zeros}) {{  // (the copy summed in its memory)",
         "      __syncthreads();  // (the copy before read)",
         f"      for (int e = threadIdx.x; e < {m * n}; e += blockDim.x)",
         f"        tl_pp[p * {m * n} + e / {n} * {ld} + e % {n}] = 0.0f;",
         "    }",
-        *(
-            [f"    for (int j = threadIdx.x; j < {n}; j += blockDim.x) tl_pd[p * {n} + j] = 0.0;"]
-            if sums
-            else []
-        ),
+        *([f"    {first}for (int j = threadIdx.x; j < {n}; j += blockDim.x) {zero}"] * sums),
         *_stages(
             (s.ta, "A", s.lda, m, sr, "0", ms, "tl_ga"),
             (not s.tb, "B", s.ldb, n, sr, "0", ns, "tl_gb"),
@@ -929,8 +972,7 @@ def _gram_tf32_copies(s, sr: int, sums: bool, compute: list[str], after=()) -> l
         f"      float *tl_c0 = tl_pp + p * {m * n} + (tl_mi * 16 + tl_g) * {ld} + 2 * tl_t;",
         "#pragma unroll",
         f"      for (int j = 0; j < {nt}; j++) {{",
-        "        tl_c0[j * 8] = tl_d[j][0], tl_c0[j * 8 + 1] = tl_d[j][1];",
-        f"        tl_c0[{8 * ld} + j * 8] = tl_d[j][2], tl_c0[{8 * ld} + j * 8 + 1] = tl_d[j][3];",
+        *stores,
         "      }",
         "    }",
         *after,

@@ -1013,8 +1013,8 @@ class _Kernel:
         made = 0  # (the chains' functions in ``out``)
 
         def resolve():  # (the chain stands for the launches of its steps, made after it)
-            at, _, fn = pending
-            self.phases[at] = items.ChainCall((fn,), len(self.phases) - at - 1)
+            at, _, fn, tf32 = pending
+            self.phases[at] = items.ChainCall((fn,), len(self.phases) - at - 1, tf32)
 
         for j, head, tail in units:
             st = steps[j]
@@ -1026,8 +1026,14 @@ class _Kernel:
                 self.others = set().union(*(b for q, b in enumerate(bufs) if q not in mine))
                 run = _Step("chain", tuple(steps[q] for q in firsts[j]))
                 out.append(self.phase(f"{self.k.name}_{j}c", run, [], [], passed))
-                pending = (len(self.phases) - 1, firsts[j][-1], self.phases[-1])
-                made += 1
+                tf32 = ()
+                if chain_tf32(run.body):  # (its TF32 function: compiled where TF32 is asked)
+                    run = dataclasses.replace(run, form=True)
+                    text = self.phase(f"{self.k.name}_{j}ct", run, [], [], passed)
+                    out.append(leave_out(text, NO_TF32))
+                    tf32 = (self.phases.pop(),)
+                pending = (len(self.phases) - 1, firsts[j][-1], self.phases[-1], tf32)
+                made += 1 + len(tf32)
             if j in beside.values():  # (in its product's launch)
                 continue
             if st.kind == "blas":  # (the device's BLAS; and the functions of ours, if any)
@@ -1234,22 +1240,19 @@ class _Kernel:
         added into the chunk's copy (``products.gram_part_lines``). After a chunk's last
         tile, its copies are added as a merged gram's (``products.chain_sums_lines``: the
         last block of each group of copies, then the last group's, which runs the steps
-        after the grams' sums). The threads it asks for."""
+        after the grams' sums). With ``st.form`` True, the products that have TF32 functions
+        (``products.tf32_form``) are made as theirs make them (``_chain_tf32``). The threads
+        it asks for."""
         inner = list(st.body)
         n, r = _chain_count(inner), _chain_tile(inner)
         grams = [q for q, x in enumerate(inner) if _is_gram(x)]
         count = products.parts(n) if grams else -(-n // r)
         chunk = _chunk(n) if grams else r
-        pool = max(
-            products.rows_tile(x.form)[1]
-            if not _is_gram(x)
-            else products.gram_chain_floats(x.form)
-            for x in inner
-            if x.kind == "blas"
-        )
+        tf32 = {q: st.form is True and _chain_tf32(x) for q, x in enumerate(inner)}
+        pool = _chain_pool(inner, st.form is True)
         self.emit(1, f"__shared__ float4 tl_sm4[{-(-pool // 4)}];  // the products' tiles")
         acc = {q: inner[q].own.acc if inner[q].own is not None else None for q in grams}
-        if any(acc.values()):
+        if any(acc[q] and not tf32[q] for q in grams):  # (a TF32 gram's sums: in the copy)
             self.emit(1, f"__shared__ double tl_sd[{products.MAX_THREADS * 8}];  // (the sums')")
         copies, arrays, tails = {}, [], []
         if grams:
@@ -1267,7 +1270,7 @@ class _Kernel:
             if x.kind == "blas" and not _is_gram(x):
                 g = x.form
                 b = f"{buf(g.b)} + ({self.expr(g.boff)})"
-                for line in products.rows_chain_head(g, b, q):
+                for line in products.rows_chain_head(g, b, q, tf32[q]):
                     self.emit(0 if line.startswith("#") else 1, line)
         if grams and count > 1:  # (each gram's copies: its sums' first, doubles)
             self.emit(1, "__shared__ int tl_last;  // (a ticket's: products.chain_sums_lines)")
@@ -1320,11 +1323,13 @@ class _Kernel:
             if _is_gram(x):
                 b = f"{buf(g.b)} + ({self.expr(g.boff)})"
                 sums = buf(acc[q]) if acc[q] else None
-                lines = products.gram_part_lines(g, a, b, copies[q], c, sums, chain=True)
+                part = products.gram_part_tf32_lines if tf32[q] else products.gram_part_lines
+                lines = part(g, a, b, copies[q], c, sums, chain=True)
             else:
                 epilogue = x.own.epilogue if x.own is not None else None
                 store = self._epilogue_store(g, epilogue) if epilogue is not None else None
-                lines = products.rows_lines(g, a, "B", c, store, chain=q)
+                rows = products.rows_tf32_lines if tf32[q] else products.rows_lines
+                lines = rows(g, a, "B", c, store, chain=q)
             for line in lines:
                 self.emit(0 if line.startswith("#") else 3, line)
         self.others = outside
@@ -4582,19 +4587,49 @@ def _chain_tile(run: list) -> int:
     return CHAIN_GRAM_ROWS if any(_is_gram(st) for st in run) else CHAIN_ROWS
 
 
-def _chain_floats(run: list) -> int:
-    """The floats of shared memory a chain of the steps ``run`` takes (``chain_body``): its
-    rows products' copies of op(B); the largest of their tiles of A and of its grams'
-    stages (``products.gram_chain_floats``), one pool; its grams' column sums' groups."""
-    rows = [st.form for st in run if st.kind == "blas" and not _is_gram(st)]
-    grams = [st for st in run if _is_gram(st)]
-    pool = max(
-        [products.rows_tile(g)[1] for g in rows]
-        + [products.gram_chain_floats(st.form) for st in grams],
+def _chain_tf32(st: _Step) -> bool:
+    """Whether a chain's step is a product with TF32 functions (``products.tf32_form``): a
+    chain's TF32 function makes it as they do (``chain_body``)."""
+    g = st.form
+    return st.kind == "blas" and products.tf32_form(g.m, g.n, g.k, g.ta, g.tb)
+
+
+def _chain_pool(run: list, tf32: bool = False) -> int:
+    """The floats of a chain's pool (``chain_body``'s ``tl_sm4``): the largest of its rows
+    products' tiles of A and of its grams' stages (``products.rows_tile``,
+    ``products.gram_chain_floats``); with ``tf32``, those of the products with TF32
+    functions as theirs (``_chain_tf32``)."""
+    return max(
+        (
+            products.rows_tile(st.form, tf32 and _chain_tf32(st))[1]
+            if not _is_gram(st)
+            else products.gram_chain_floats(st.form, tf32 and _chain_tf32(st))
+            for st in run
+            if st.kind == "blas"
+        ),
         default=0,
     )
+
+
+def _chain_floats(run: list, tf32: bool = False) -> int:
+    """The floats of shared memory a chain of the steps ``run`` takes (``chain_body``): its
+    rows products' copies of op(B); the largest of their tiles of A and of its grams'
+    stages, one pool (``_chain_pool``); its grams' column sums' groups. With ``tf32``, its
+    TF32 function's (op(B)'s rows of those products ``products._stride`` apart)."""
+    weights = 0
+    for st in run:
+        if st.kind == "blas" and not _is_gram(st):
+            g = st.form
+            weights += products.weights_floats(g, tf32 and _chain_tf32(st))
+    grams = [st for st in run if _is_gram(st)]
     sums = any(st.own is not None and st.own.acc is not None for st in grams)
-    return pool + sum(g.k * g.n for g in rows) + 2 * products.MAX_THREADS * 8 * sums
+    return _chain_pool(run, tf32) + weights + 2 * products.MAX_THREADS * 8 * sums
+
+
+def chain_tf32(run: list) -> bool:
+    """Whether the chain of the steps ``run`` has a TF32 function too: a product among them
+    has TF32 functions (``_chain_tf32``), and its shared memory fits a function."""
+    return any(_chain_tf32(st) for st in run) and _chain_floats(run, True) <= products.SMEM_FLOATS
 
 
 def _chain_fits(run: list) -> bool:

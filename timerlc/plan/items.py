@@ -284,10 +284,14 @@ class ChainCall:
     as one function, each block a few rows through all of them) and the launches they
     stand for: the next ``covers`` launches of the call, which the runtime runs instead
     where it chooses (as it chooses between a product of ours and the BLAS's: timed both
-    ways at the first call, ``fastest``; ``ours``: the chain; ``blas``: the launches)."""
+    ways at the first call, ``fastest``; ``ours``: the chain; ``blas``: the launches).
+    ``tf32``: functions that do what ``functions`` do with the products that have TF32
+    functions made as those make them (``cuda.products.tf32_form``), run instead of them
+    where TF32 products are asked for (``--matmul-precision tensorfloat32``)."""
 
     functions: tuple[tuple[str, int], ...]
     covers: int
+    tf32: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,7 +508,8 @@ def digest(plan: Plan) -> str:
 
 def _phase_json(f) -> list | dict:
     if isinstance(f, ChainCall):
-        return {"chain": {"functions": [list(x) for x in f.functions], "covers": f.covers}}
+        d = {"functions": [list(x) for x in f.functions], "covers": f.covers}
+        return {"chain": d | ({"tf32": [list(x) for x in f.tf32]} if f.tf32 else {})}
     if not isinstance(f, GemmCall):
         return list(f)
 
@@ -871,7 +876,7 @@ class _Reader:
                 g[0]
                 for _, phases in launches + fused_launches
                 for f in phases
-                for g in (f.functions if isinstance(f, ChainCall) else (f,))
+                for g in (f.functions + f.tf32 if isinstance(f, ChainCall) else (f,))
                 if isinstance(g, tuple)
             ]
             if len(set(names)) != len(names):
@@ -1005,10 +1010,16 @@ class _Reader:
         return tuple(phases)
 
     def chain_call(self, v) -> ChainCall:
-        d = self.field(self.obj(v, ("chain",)), "chain", self.obj, ("functions", "covers"))
+        d = self.field(
+            self.obj(v, ("chain",)), "chain", self.obj, ("functions", "covers"), ("tf32",)
+        )
         functions = self.functions(d, "functions")  # (1 to MAX_PHASES of them)
         covers = self.field(d, "covers", self.int_, 1, MAX_PHASES)
-        return ChainCall(functions, covers)
+        tf32 = self.functions(d, "tf32")
+        if tf32 and len(tf32) != len(functions):
+            self.path.append(".chain.tf32")
+            self.fail(f"{len(tf32)} TF32 functions for {len(functions)}")
+        return ChainCall(functions, covers, tf32)
 
     def fused_launch_row(self, v, loops: tuple) -> tuple[int, tuple]:
         """``[scratch bytes, [[function, threads] | {gemm}, ...]]`` of a fused kernel whose

@@ -157,7 +157,7 @@ def function_names(phases) -> list[str]:
         if isinstance(f, GemmCall):
             out += [name for name, _ in f.own + f.then + f.tf32 + f.joint]
         elif isinstance(f, ChainCall):
-            out += [name for name, _ in f.functions]
+            out += [name for name, _ in f.functions + f.tf32]
         else:
             out.append(f[0])
     return out
@@ -1614,9 +1614,12 @@ class DeviceRuntime(CpuRuntime):
         ``_phase_fns``') as one function of the call's loop values and the scratch memory's
         address: as the products policy chooses between two ways (``_product_choice``,
         keyed by the chain's functions; ``fastest``: both timed at the first call; the
-        launches apart while a graph is captured before then)."""
-        fns = [self._function(*f) for f in call.functions]
-        key = ("chain", *(f for f, _ in call.functions))
+        launches apart while a graph is captured before then). Where TF32 products are asked
+        for, the chain's TF32 functions (``ChainCall.tf32``), where it has them."""
+        tf32 = getattr(self.device, "matmul", "float32") == "tensorfloat32" and call.tf32
+        mine = call.tf32 if tf32 else call.functions
+        fns = [self._function(*f) for f in mine]
+        key = ("chain", *(f for f, _ in mine))
         chosen: list = []
 
         def run(args, scratch_ptr: int):
