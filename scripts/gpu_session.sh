@@ -20,7 +20,8 @@
 # default): cuda_sweep.py's small grams adding their copies in their part function or not,
 # and loops in a product's launch or not. "chain" (not by default): scripts/cuda_chain.py,
 # a row-tile chain's probe (one network's backward in one kernel) against cuBLAS.
-# "chains" (not by default): cuda_sweep.py without chains and with them as timed.
+# "chains" (not by default): cuda_sweep.py without chains and with them as timed;
+# "chains-tf32" (not by default) the same with TF32 products (the chains' TF32 functions).
 # "profile" (not by default): PPO at 2048 environments with --profile (each statement
 # launched alone). "products" (not by default): scripts/cuda_sweep.py over PPO 2048 with
 # its products as cuBLAS's or timed against ours, and its bias gradients riding on their
@@ -137,6 +138,10 @@ stage chain 60 $PY scripts/cuda_chain.py "${CHECK[@]}" --parts 256,512,1024
 # cuda_sweep.py --chains 0,1, ~120 s; a run prints each chain's two times)
 stage chains 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --products fastest --chains 0,1 \
   --set B=2048 --set T=128 --set total_steps=786432
+# (not by default: the same with TF32 products: the chains' TF32 functions, ChainCall.tf32,
+# against the launches with their TF32 products)
+stage chains-tf32 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --matmul-precision tensorfloat32 \
+  --products fastest --chains 0,1 --set B=2048 --set T=128 --set total_steps=786432
 # (not by default: our float32 rows products with each thread's tile of C forced, TM x TN;
 # the default is 4 x 8 for PPO's 64-wide layers, at a quarter of the bandwidth on the H200)
 stage tilings 60 $PY scripts/cuda_skinny.py "${CHECK[@]}" --tilings 4x8,2x8,1x8,4x4,8x4,2x4,4x2
