@@ -133,6 +133,93 @@ def test_a_chain_computes_the_layer_and_the_loop_on_cuda_emu(n):
     np.testing.assert_allclose(z, y[:, 0] + y[:, n - 1], rtol=1e-6, atol=1e-6)
 
 
+def _two_layers() -> Kernel:
+    """``h = x / 2``, ``y = tanh(h @ w1 + b)``, ``z = y @ w2``, ``out[r] = z[r, 0] + z[r,
+    N-1]``: two 64-wide layers, whose copies of op(B) and tile pass a function's static
+    shared memory."""
+    r, c = Ref("r"), Ref("c")
+    zero = kir.i64(0)
+    xa = kir.add(kir.mul(r, K), c)
+    half = Bin("mul", Load("x", xa, "f32"), kir.Const("f32", 0.5), "f32")
+    pre = For("r", zero, kir.i64(M), (For("c", zero, kir.i64(K), (Store("h", xa, half),)),), True)
+    g1 = Gemm("f32", False, False, M, N, K, "h", zero, K, "w1", zero, N, "y", zero, N)
+    at = kir.add(kir.mul(r, N), c)
+    inner = For(
+        "c",
+        zero,
+        kir.i64(N),
+        (
+            Store(
+                "y",
+                at,
+                Un("tanh", Bin("add", Load("y", at, "f32"), Load("b", c, "f32"), "f32"), "f32"),
+            ),
+        ),
+    )
+    epilogue = For("r", zero, kir.i64(M), (inner,), True)
+    g2 = Gemm("f32", False, False, M, N, N, "y", zero, N, "w2", zero, N, "z", zero, N)
+    row = kir.mul(r, N)
+    both = Bin("add", Load("z", row, "f32"), Load("z", kir.add(row, kir.i64(N - 1)), "f32"), "f32")
+    tail = For("r", zero, kir.i64(M), (Store("out", r, both),), True)
+    slots = _slots("x", "w1", "b", "w2", "h", "y", "z", "out", written=4)
+    return Kernel("two", 0, ("j",), slots, (), (pre, g1, epilogue, g2, tail))
+
+
+@needs_cxx
+def test_a_chain_of_chains_in_the_launch_s_dynamic_shared_memory_on_cuda_emu():
+    """Two layers' products each fit a function's static shared memory as a chain of their
+    own, both together only with the launch's dynamic shared memory: a chain of each, and
+    around them a chain of both (``ChainCall.shared``: the bytes of ``TL_DYNAMIC_SHARED``'s
+    array, the pool, then each op(B)), standing for the two chains and their launches
+    (``covers`` all). On cuda-emu the outer chain, and the inner two one after the other,
+    make NumPy's values, the same bits either way."""
+    import re
+
+    from timerlc.runtime.cuda import EmuDevice
+
+    r = render._Kernel(_two_layers())
+    text = r.render()
+    outer, first, *_ = r.phases
+    second = next(p for p in r.phases[2:] if isinstance(p, items.ChainCall))
+    assert isinstance(outer, items.ChainCall) and outer.covers == len(r.phases) - 1
+    assert outer.functions[0][0] == "two_0o" and first.functions[0][0] == "two_0c"
+    assert first.shared == second.shared == 0
+    count = int(re.search(r"TL_DYNAMIC_SHARED\(tl_dyn, (\d+)\)", text).group(1))
+    assert outer.shared == 16 * count > 4 * products.SMEM_FLOATS
+    tile = products.rows_tile(_two_layers().body[1])[1]
+    assert outer.shared == 16 * (tile // 4 + 2 * K * N // 4)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    w1, w2 = ((rng.standard_normal((K, N)) * 0.2).astype(np.float32) for _ in range(2))
+    b = rng.standard_normal(N).astype(np.float32)
+    dev = EmuDevice()
+    module = dev.load(render.head() + "\n" + text)
+    sizes = [M * K * 4, M * N * 4, M * N * 4, M * 4]
+    ptrs = [dev.alloc(a.nbytes) for a in (x, w1, b, w2)] + [dev.alloc(n) for n in sizes]
+    for p, a in zip(ptrs, (x, w1, b, w2)):
+        dev.upload(p, a)
+    table = dev.alloc(8 * len(ptrs))
+    dev.upload(table, np.array(ptrs, np.uint64))
+    got = []
+    for names in (["two_0o"], [first.functions[0][0], second.functions[0][0]]):
+        for name in names:
+            dev.launch(dev.function(module, name), table, np.zeros(1, np.int64), dev.alloc(8), 2)
+        y, z, out = (
+            np.empty((M, N), np.float32),
+            np.empty((M, N), np.float32),
+            np.empty(M, np.float32),
+        )
+        for p, a in zip(ptrs[5:], (y, z, out)):
+            dev.download(p, a)
+        got.append((y, z, out))
+    want_y = np.tanh((x * np.float32(0.5)).astype(np.float64) @ w1 + b)
+    np.testing.assert_allclose(got[0][0], want_y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[0][1], got[0][0].astype(np.float64) @ w2, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[0][2], got[0][1][:, 0] + got[0][1][:, N - 1])
+    for a, b2 in zip(*got):
+        np.testing.assert_array_equal(a, b2)
+
+
 @needs_cxx
 def test_a_chain_s_tf32_function_computes_the_layer_on_cuda_emu():
     """A chain whose product has TF32 functions (``products.tf32_form``) has a TF32
@@ -196,7 +283,7 @@ def test_a_chain_on_blocks_of_a_gpu_s_128_threads():
         cwd=ROOT,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "8 passed" in r.stdout
+    assert "9 passed" in r.stdout
 
 
 @needs_cxx
@@ -240,10 +327,12 @@ def test_weights_and_biases_gradients_in_a_chain_on_cuda_emu(policy, monkeypatch
 
 def test_plans_chains_are_checked():
     """A plan's chain (``{"chain": {"functions": [...], "covers": n}}`` among a call's
-    launches) is read back as written, and refused where it stands for more launches than
-    follow it, for none, inside another chain's, where its function is named twice, where
-    it parts a pair of products with joint functions, or with a field of its own; its TF32
-    functions as many as its functions, named once."""
+    launches) is read back as written (a chain inside another's too), and refused where it
+    stands for more launches than follow it, for none, past the end of a chain's it is
+    inside of, where its function is named twice, where it parts a pair of products with
+    joint functions, or with a field of its own; its TF32 functions as many as its
+    functions, named once; its dynamic shared memory in range, none for TF32 functions it
+    has none of."""
     import json
 
     from rtl_helpers import refuses_changed_plans
@@ -263,6 +352,9 @@ def test_plans_chains_are_checked():
     ]
     assert at
     r, q = next((r, q) for r, q in at if "tf32" in rows[r][1][q]["chain"])
+    assert any(  # (a chain of chains among them, its dynamic shared memory)
+        rows[r2][1][q2]["chain"].get("shared") and (r2, q2 + 1) in at for r2, q2 in at
+    )
     joint = [  # (a chain whose launches hold a pair with joint functions)
         (r2, q2, q3)
         for r2, q2 in at
@@ -276,21 +368,24 @@ def test_plans_chains_are_checked():
     def more(k):
         chain(k)["covers"] = len(k["fused_launches"][r][1]) - q
 
-    def nested(k):
+    def overlapping(k):  # (a chain inside another's, past its end)
         phases = k["fused_launches"][r][1]
-        phases.insert(q + 1, {"chain": {"functions": [["zz_c", 128]], "covers": 1}})
-        chain(k)["covers"] += 1
+        covers = chain(k)["covers"]
+        phases.insert(q + 1, {"chain": {"functions": [["zz_c", 128]], "covers": covers}})
 
     cases = [
         (more, "a chain stands for"),
         (lambda k: chain(k).__setitem__("covers", 0), "out of range"),
         (lambda k: chain(k).__setitem__("functions", []), "expected 1 to"),
         (lambda k: chain(k).__setitem__("then", []), "unknown field"),
-        (nested, "inside another chain's"),
+        (overlapping, "past the end of a chain's it is inside of"),
         (lambda k: chain(k)["functions"][0].__setitem__(0, k["statements"][0][1]), "twice"),
         (lambda k: chain(k)["tf32"].append(["zz_ct", 128]), "2 TF32 functions for 1"),
         (lambda k: chain(k)["tf32"][0].__setitem__(0, chain(k)["functions"][0][0]), "twice"),
         (lambda k: chain(k)["tf32"][0].__setitem__(1, 0), "out of range"),
+        (lambda k: chain(k).__setitem__("shared", -1), "out of range"),
+        (lambda k: chain(k).__setitem__("shared", 1 << 20), "out of range"),
+        (lambda k: (chain(k).pop("tf32"), chain(k).__setitem__("tf32_shared", 64)), "none of"),
     ]
     assert joint
     r2, q2, q3 = joint[0]
@@ -514,3 +609,46 @@ def test_grams_tf32_function_in_a_chain_on_cuda_emu(precision, monkeypatch):
                 assert abs(got - want).max() < moved / 10
             sums = g[q * 272 + 256 : q * 272 + 272]
             np.testing.assert_allclose(sums, d.astype(np.float64).sum(0), rtol=1e-6, atol=1e-6)
+
+
+@needs_cxx
+@pytest.mark.parametrize("room", [True, False])
+def test_a_chain_of_chains_or_its_chains_as_the_device_s_blocks_hold(room, monkeypatch):
+    """PPO (small) with its chains run (``ours``): where the device's blocks hold a chain's
+    dynamic shared memory (``dynamic_shared``), the chains of chains run; where they do
+    not, the launches they stand for, among them their chains, which do; the values the
+    cpu's either way."""
+    import math
+
+    from test_cuda import PROGRAMS, SMALL, cuda_gen, generated
+
+    from timerlc.runtime.cpu import CpuRuntime
+    from timerlc.runtime.cuda import DeviceRuntime, EmuDevice
+
+    monkeypatch.setenv("TIMERLC_PRODUCTS", "ours")
+    _, gen = generated(PROGRAMS / "ppo.rtl", **SMALL["ppo"])
+    cu = cuda_gen(gen)
+    chains = [
+        f
+        for _, phases in cu.plan.kernels.launches + cu.plan.kernels.fused_launches
+        for f in phases
+        if isinstance(f, items.ChainCall)
+    ]
+    outer = {("chain", f.functions[0][0]) for f in chains if f.shared}
+    assert outer
+
+    class Device(EmuDevice):
+        def dynamic_shared(self, fn, nbytes):
+            return room
+
+    got, want = [], []
+    rt = DeviceRuntime(cu.plan, lambda *m: got.append(m), text=cu.text, device=Device())
+    rt.run()
+    CpuRuntime(gen.plan, lambda *m: want.append(m), native=gen.text).run()
+    ran = {key: c[2] for key, c in rt.chain_choices.items()}
+    assert all(ran[key] == room for key in outer if key in ran)
+    assert outer & ran.keys()
+    inner = {key for key in ran if key not in outer}
+    assert all(ran[key] for key in inner) and (room or inner)
+    for (n, _, a), (_, _, b) in zip(got, want, strict=True):
+        assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5), n

@@ -1644,6 +1644,69 @@ def test_cupy_device_takes_its_grid_limit_from_the_gpu_s_multiprocessors(monkeyp
     assert [dev.grid_limit(fn) for fn in (1, 2, 3, 4)] == [114 * 12, 114 * 16, 114 * 16, 1]
 
 
+def test_cupy_device_gives_a_chain_s_function_its_dynamic_shared_memory(monkeypatch):
+    """A chain's function past 48 KB of shared memory (``ChainCall.shared``: its array the
+    launch's dynamic shared memory, ``render._Kernel.chain_body``): ``CupyDevice.
+    dynamic_shared`` sets the function's most (``cuFuncSetAttribute``, a stand-in for CuPy
+    here) where its static and dynamic bytes fit a block of the GPU (its opt-in most),
+    and then launches it with them and counts them in its occupancy; where they do not
+    fit, it says so (the runtime then runs the launches the chain stands for) and leaves
+    the function as it was."""
+    import types
+
+    class Stream:
+        ptr = 5
+
+        def __init__(self, non_blocking=False):
+            pass
+
+        def use(self):
+            pass
+
+    attrs = {
+        "MultiProcessorCount": 132,
+        "MaxThreadsPerMultiProcessor": 2048,
+        "MaxSharedMemoryPerBlockOptin": 232448,
+    }
+    fake = types.ModuleType("cupy")
+    fake.int64 = np.int64
+    fake.zeros = lambda n, dt: types.SimpleNamespace(data=types.SimpleNamespace(ptr=64))
+    fake.cuda = types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1),
+        Device=lambda: types.SimpleNamespace(attributes=attrs),
+        Stream=Stream,
+    )
+    launched, set_to = [], []
+    static = {1: 1024, 2: 200000}  # (each function's static shared memory)
+    driver = types.SimpleNamespace(
+        launchKernel=lambda fn, gx, gy, gz, bx, by, bz, shared, *rest: launched.append(
+            (fn, shared)
+        ),
+        occupancyMaxActiveBlocksPerMultiprocessor=lambda fn, threads, smem: (
+            228 * 1024 // (smem + static[fn] + 1024)
+        ),
+        funcGetAttribute=lambda attribute, fn: (
+            static[fn] if attribute == cuda.FUNC_SHARED_SIZE_BYTES else -1
+        ),
+        funcSetAttribute=lambda fn, attribute, value: set_to.append((fn, attribute, value)),
+    )
+    fake_cuda = types.ModuleType("cupy.cuda")
+    fake_cuda.driver = driver
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", fake_cuda)
+    dev = cuda.CupyDevice()
+    assert dev.grid_limit(1) == dev.MAX_BLOCKS == 132 * 16  # (2 KB a block: 114 an SM)
+    assert dev.dynamic_shared(1, 96 * 1024)
+    assert set_to == [(1, cuda.FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES, 96 * 1024)]
+    assert dev.grid_limit(1) == 132 * 2
+    dev.launch(1, 0, np.zeros(1, np.int64), 0, 4)
+    assert launched == [(1, 96 * 1024)]
+    assert not dev.dynamic_shared(2, 48 * 1024)  # (200,000 + 49,152 bytes: too many)
+    assert len(set_to) == 1
+    dev.launch(2, 0, np.zeros(1, np.int64), 0, 4)
+    assert launched[-1] == (2, 0)
+
+
 def _check_gemm(blas, ta, tb, ldc_extra, dtype, cp=None, dev=None, matmul="float32"):
     """``CupyDevice.gemm`` of random matrices (rows further apart than they are long)
     through ``blas`` (a ``_FakeCublas``) equals numpy's product; the device used."""
@@ -1752,7 +1815,7 @@ def test_cupy_device_s_launch_passes_the_loop_values_as_the_module_s_struct():
         return ctype.from_address(ptrs[k]).value
 
     dev = object.__new__(cuda.CupyDevice)
-    dev._driver, dev._stream = _Driver, 0
+    dev._driver, dev._stream, dev._dynamic = _Driver, 0, {}
     dev._launch_params(4242)
     dev.launch(99, 1000, np.array([3, -5], np.int64), 2000, 17, 3000)
     (f, grid, block, shared, stream, params), *_ = seen

@@ -251,28 +251,32 @@ def weights_floats(s, tf32: bool = False) -> int:
     return s.k * (_stride(s.n, 8) if tf32 else s.n)
 
 
-def rows_chain_head(s, b: str, j: int, tf32: bool = False) -> list[str]:
+def rows_chain_head(s, b: str, j: int, tf32: bool = False, at: str | None = None) -> list[str]:
     """The lines (indented from depth 0) that declare ``tl_w{j}``, the chain's copy of op(B)
     of rows product ``s`` (its ``j``-th: ``rows_lines(..., chain=j)`` reads it, or with
     ``tf32`` ``rows_tf32_lines(..., chain=j)``, its rows ``_stride(n, 8)`` apart), and copy
     it from ``b`` (the C expression of B's first element) once a block, as a rows function
-    copies it (``_weights``), before the chain's first rows."""
+    copies it (``_weights``), before the chain's first rows. With ``at`` (a C expression
+    of a ``float4 *`` into the chain's dynamic shared memory), a pointer there."""
     n, k = s.n, s.k
     w = f"tl_w{j}"
+    note = f"  // op(B) of the chain's product {j}"
+
+    def declare(dtype: str, count: int) -> str:
+        if at is None:
+            return f"__shared__ {dtype} {w}[{count}];{note}"
+        return f"{dtype} *{w} = ({dtype} *)({at});{note}"
+
     if tf32:
         nb = _stride(n, 8)
         copy = _weights(s, "B", nb)[1:]
-        declared = f"__shared__ float {w}[{k * nb}];  // op(B) of the chain's product {j}"
+        declared = declare("float", k * nb)
         return [declared, "{", f"  const float *B = {b};", f"  float *tl_bs = {w};", *copy, "}"]
     _, tn, ct, bm, _ = _rows_tiling(n, k, True)
     vec = _rows_vec(tn, bm, n, k)
     column = _vec_column(ct) if vec else None
     weights = _weights(s, "B", n, column)
-    declared = (
-        f"__shared__ float4 {w}[{k * n // 4}];  // op(B) of the chain's product {j}"
-        if vec
-        else f"__shared__ float {w}[{k * n}];  // op(B) of the chain's product {j}"
-    )
+    declared = declare("float4", k * n // 4) if vec else declare("float", k * n)
     alias = f"float *tl_bs = (float *){w};"
     copy = weights[2:] if vec else weights[1:]
     return [declared, "{", f"  const float *B = {b};", f"  {alias}", *copy, "}"]

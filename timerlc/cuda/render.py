@@ -119,6 +119,14 @@ PRELUDE = r"""
 #else /* (a loop's next loads go out before its sums wait for the first: UNROLL) */
 #define TL_UNROLL _Pragma("unroll @UNROLL@")
 #endif
+/* a chain's shared memory past what a function may declare (render._Kernel.chain_body):
+   the launch's dynamic shared memory on a GPU, whose bytes the runtime asks for
+   (ChainCall.shared); a block's array of ``count`` on the emulation */
+#ifdef TL_EMU
+#define TL_DYNAMIC_SHARED(name, count) static float4 name[count]
+#else
+#define TL_DYNAMIC_SHARED(name, count) extern __shared__ float4 name[]
+#endif
 typedef long long i64;
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -559,6 +567,13 @@ REDUCTIONS_AHEAD = True
 CHAINS = True
 CHAIN_ROWS = 128
 CHAIN_GRAM_ROWS = 64
+# the most shared memory a chain's function takes, in floats (100 KB: two blocks an SM of
+# sm_90's 228 KB; PPO's minibatch step's forward and backward as one chain with TF32
+# products takes 99 KB, with float32 ones 90); past ``products.SMEM_FLOATS`` the launch's
+# dynamic shared memory (``chain_body``), which a device whose blocks hold less (sm_86's and
+# sm_89's 99 KB) does not give: the runtime then runs the launches the chain stands for
+# (``CupyDevice.dynamic_shared``), among them the chains within static shared memory
+CHAIN_SMEM_FLOATS = 25600
 # a thread of a grid's loop whose points are stores alone takes this many of its points at
 # once, all their loads before any store (``_Kernel.batched``): one point's load, then its
 # store, which the next point's load may not pass (the buffers may alias), kept a single
@@ -896,7 +911,8 @@ def _chain_saved(k: kir.Kernel) -> int:
         g = st.form
         return max(1, len(products.launches(g.m, g.n, g.k, g.ta, g.tb)))
 
-    return sum(sum(launches(steps[q]) for q in run) - 1 for run in chains)
+    outermost = [r for r in chains if not any(set(r) < set(x) for x in chains)]
+    return sum(sum(launches(steps[q]) for q in run) - 1 for run in outermost)
 
 
 def name(v: str) -> str:
@@ -1002,37 +1018,46 @@ class _Kernel:
 
         out, own = [], []
         blas_at: dict[int, int] = {}  # (a blas step -> its phase)
-        chain_of = {q: c for c, run in enumerate(chains) for q in run}
-        firsts = {run[0]: run for run in chains}
+        # (the chains each step is in: a chain of chains' and its own)
+        chain_of = {
+            q: tuple(c for c, run in enumerate(chains) if q in run) for q in range(len(steps))
+        }
+        firsts: dict[int, list] = {}  # (a step -> the chains it starts, the longest first)
+        for run in sorted(chains, key=len, reverse=True):
+            firsts.setdefault(run[0], []).append(run)
         beside = {  # (both steps of a chain's, or neither: its launches are the steps')
             j: q
             for j, q in self._beside(steps, units, passed, used, defined).items()
             if chain_of.get(j) == chain_of.get(q)
         }
-        pending = None  # (a chain's place among the phases, its last step, its function)
+        # (each chain's place among the phases, its last step, its functions and their
+        # dynamic shared memory; the innermost last)
+        pending: list[tuple] = []
         made = 0  # (the chains' functions in ``out``)
 
         def resolve():  # (the chain stands for the launches of its steps, made after it)
-            at, _, fn, tf32 = pending
-            self.phases[at] = items.ChainCall((fn,), len(self.phases) - at - 1, tf32)
+            at, _, fn, tf32, shared = pending.pop()
+            covers = len(self.phases) - at - 1
+            self.phases[at] = items.ChainCall((fn,), covers, tf32, *shared)
 
         for j, head, tail in units:
             st = steps[j]
-            if pending is not None and j > pending[1]:
+            while pending and j > pending[-1][1]:
                 resolve()
-                pending = None
-            if j in firsts:  # (a chain's steps: one function, _chains; then the steps')
-                mine = set(firsts[j])
+            for run in firsts.get(j, ()):  # (a chain's steps: one function; then the steps')
+                mine = set(run)
                 self.others = set().union(*(b for q, b in enumerate(bufs) if q not in mine))
-                run = _Step("chain", tuple(steps[q] for q in firsts[j]))
-                out.append(self.phase(f"{self.k.name}_{j}c", run, [], [], passed))
-                tf32 = ()
-                if chain_tf32(run.body):  # (its TF32 function: compiled where TF32 is asked)
-                    run = dataclasses.replace(run, form=True)
-                    text = self.phase(f"{self.k.name}_{j}ct", run, [], [], passed)
+                outer = any(set(x) < mine for x in chains)  # (a chain of chains: o)
+                name = f"{self.k.name}_{j}{'o' if outer else 'c'}"
+                chain = _Step("chain", tuple(steps[q] for q in run))
+                out.append(self.phase(name, chain, [], [], passed))
+                tf32, shared = (), [self.chain_shared, 0]
+                if chain_tf32(chain.body):  # (its TF32 function: compiled where TF32 is asked)
+                    chain = dataclasses.replace(chain, form=True)
+                    text = self.phase(f"{name}t", chain, [], [], passed)
                     out.append(leave_out(text, NO_TF32))
-                    tf32 = (self.phases.pop(),)
-                pending = (len(self.phases) - 1, firsts[j][-1], self.phases[-1], tf32)
+                    tf32, shared[1] = (self.phases.pop(),), self.chain_shared
+                pending.append((len(self.phases) - 1, run[-1], self.phases[-1], tf32, shared))
                 made += 1 + len(tf32)
             if j in beside.values():  # (in its product's launch)
                 continue
@@ -1049,7 +1074,7 @@ class _Kernel:
             self.others = others(j)
             then = [(steps[t], others(t)) for t in tail]
             out.append(self.phase(fname, st, loads, stores, passed, then or None))
-        if pending is not None:
+        while pending:
             resolve()
         paired: set[int] = set()
         for j, i in blas_at.items():  # (two products in one pass over their rows: _joint)
@@ -1200,9 +1225,28 @@ class _Kernel:
         memory by the next: PPO's policy head's 65,536 x 2 logits and their log-softmax,
         a layer's gradient and its weight's). The plan has both ways
         (``items.ChainCall``), the runtime runs one. None for ``functions()``'s count, nor
-        where buffers share memory (a donor's)."""
+        where buffers share memory (a donor's).
+
+        Cut where a function's static shared memory would pass (``products.SMEM_FLOATS``);
+        and where those runs and the steps between them make longer ones within
+        ``CHAIN_SMEM_FLOATS`` (the launch's dynamic shared memory, ``chain_body``), those
+        too, each around the runs it holds whole (none that only overlaps one): a chain of
+        chains, whose launches the runtime chooses between as for any chain (the shorter
+        chains, or their launches, each as chosen). Outer runs after the runs they hold."""
         if not (self.choosing and CHAINS) or self.k.shared:
             return []
+        inner = self._chain_runs(steps, units, passed, used, defined, products.SMEM_FLOATS)
+        outer = self._chain_runs(steps, units, passed, used, defined, CHAIN_SMEM_FLOATS)
+        mine = [set(r) for r in inner]
+        outer = [
+            r for r in outer if r not in inner and all(x <= set(r) or not x & set(r) for x in mine)
+        ]
+        return inner + outer
+
+    def _chain_runs(
+        self, steps: list[_Step], units: list, passed, used, defined, limit: int
+    ) -> list[list]:
+        """``_chains``' runs whose shared memory is at most ``limit`` floats each."""
         out: list[list[int]] = []
         run: list[int] = []
         rows = None
@@ -1222,7 +1266,11 @@ class _Kernel:
             if n is None:
                 close()
                 continue
-            if rows is not None and not rows & n or not _chain_fits([steps[q] for q in [*run, j]]):
+            if (
+                rows is not None
+                and not rows & n
+                or not _chain_fits([steps[q] for q in [*run, j]], limit)
+            ):
                 close()
             run.append(j)
             rows = n if rows is None else rows & n
@@ -1241,8 +1289,11 @@ class _Kernel:
         tile, its copies are added as a merged gram's (``products.chain_sums_lines``: the
         last block of each group of copies, then the last group's, which runs the steps
         after the grams' sums). With ``st.form`` True, the products that have TF32 functions
-        (``products.tf32_form``) are made as theirs make them (``_chain_tf32``). The threads
-        it asks for."""
+        (``products.tf32_form``) are made as theirs make them (``_chain_tf32``). Where its
+        shared memory passes what a function may declare (``products.SMEM_FLOATS``), the
+        pool, the sums' groups and the copies of op(B) are one array of the launch's dynamic
+        shared memory (``TL_DYNAMIC_SHARED``), its bytes ``self.chain_shared`` (the plan's
+        ``ChainCall.shared``, the runtime's to ask for; else 0). The threads it asks for."""
         inner = list(st.body)
         n, r = _chain_count(inner), _chain_tile(inner)
         grams = [q for q, x in enumerate(inner) if _is_gram(x)]
@@ -1250,10 +1301,30 @@ class _Kernel:
         chunk = _chunk(n) if grams else r
         tf32 = {q: st.form is True and _chain_tf32(x) for q, x in enumerate(inner)}
         pool = _chain_pool(inner, st.form is True)
-        self.emit(1, f"__shared__ float4 tl_sm4[{-(-pool // 4)}];  // the products' tiles")
         acc = {q: inner[q].own.acc if inner[q].own is not None else None for q in grams}
-        if any(acc[q] and not tf32[q] for q in grams):  # (a TF32 gram's sums: in the copy)
-            self.emit(1, f"__shared__ double tl_sd[{products.MAX_THREADS * 8}];  // (the sums')")
+        sd = any(acc[q] and not tf32[q] for q in grams)  # (a TF32 gram's sums: in the copy)
+        places: dict[int, str | None] = {q: None for q in range(len(inner))}
+        self.chain_shared = 0
+        if _chain_floats(inner, st.form is True) > products.SMEM_FLOATS:
+            at = -(-pool // 4)  # (float4s: the pool, the sums' groups, the copies of op(B))
+            lines = ["float4 *tl_sm4 = tl_dyn;  // the products' tiles"]
+            if sd:
+                lines.append(f"double *tl_sd = (double *)(tl_dyn + {at});  // (the sums')")
+                at += products.MAX_THREADS * 8 // 2
+            for q, x in enumerate(inner):
+                if x.kind == "blas" and not _is_gram(x):
+                    places[q] = f"tl_dyn + {at}"
+                    at += -(-products.weights_floats(x.form, tf32[q]) // 4)
+            self.emit(1, f"TL_DYNAMIC_SHARED(tl_dyn, {at});  // (the launch's: {16 * at} bytes)")
+            for line in lines:
+                self.emit(1, line)
+            self.chain_shared = 16 * at
+        else:
+            self.emit(1, f"__shared__ float4 tl_sm4[{-(-pool // 4)}];  // the products' tiles")
+            if sd:
+                self.emit(
+                    1, f"__shared__ double tl_sd[{products.MAX_THREADS * 8}];  // (the sums')"
+                )
         copies, arrays, tails = {}, [], []
         if grams:
             sizes = []
@@ -1270,7 +1341,7 @@ class _Kernel:
             if x.kind == "blas" and not _is_gram(x):
                 g = x.form
                 b = f"{buf(g.b)} + ({self.expr(g.boff)})"
-                for line in products.rows_chain_head(g, b, q, tf32[q]):
+                for line in products.rows_chain_head(g, b, q, tf32[q], places[q]):
                     self.emit(0 if line.startswith("#") else 1, line)
         if grams and count > 1:  # (each gram's copies: its sums' first, doubles)
             self.emit(1, "__shared__ int tl_last;  // (a ticket's: products.chain_sums_lines)")
@@ -1304,34 +1375,16 @@ class _Kernel:
             self.others = outside.union(*(b for i, b in enumerate(bufs) if i != q))
             if q:
                 self.emit(3, "__syncthreads();  // (the step before done with these rows)")
-            if x.kind in ("parallel", "either"):  # (an either's loops touch nothing of each
-                self.rows = True  # other's, or one of them runs: one after another)
-                for loop in _chain_loops(x):
-                    points = n // _row_levels(loop, n)[0][2]  # (a row of its first level's)
-                    if points > 1:  # (the tile's rows as its first level's: a nest's points)
-                        div = f"tl_nb = tl_rb / {points}, tl_ne = tl_re / {points}"
-                        self.emit(3, f"{{ const long long {div};")
-                        self.emit(3, "{ const long long tl_rb = tl_nb, tl_re = tl_ne;")
-                    self.grid_loop(loop, 3, epilogue=False, collapse=True)
-                    if points > 1:
-                        self.emit(3, "} }")
-                self.rows = False
-                continue
-            g = x.form
-            a = f"{buf(g.a)} + ({self.expr(g.aoff)})"
-            c = f"{buf(g.c)} + ({self.expr(g.coff)})"
-            if _is_gram(x):
-                b = f"{buf(g.b)} + ({self.expr(g.boff)})"
-                sums = buf(acc[q]) if acc[q] else None
-                part = products.gram_part_tf32_lines if tf32[q] else products.gram_part_lines
-                lines = part(g, a, b, copies[q], c, sums, chain=True)
-            else:
-                epilogue = x.own.epilogue if x.own is not None else None
-                store = self._epilogue_store(g, epilogue) if epilogue is not None else None
-                rows = products.rows_tf32_lines if tf32[q] else products.rows_lines
-                lines = rows(g, a, "B", c, store, chain=q)
-            for line in lines:
-                self.emit(0 if line.startswith("#") else 3, line)
+            # (the step's buffers' addresses read from the table again: none kept in
+            # registers across the chain's steps, where they took some 80 of PPO's whole
+            # minibatch step's, spilled)
+            self.emit(3, "{")
+            for slot in self.k.slots:
+                if slot.name in bufs[q]:
+                    t, b = MTYPE[slot.dtype], buf(slot.name)
+                    self.emit(4, f"[[maybe_unused]] {t} *{b} = ({t} *)table[{slot.index}];")
+            self._chain_step(x, q, n, acc, copies, tf32)
+            self.emit(3, "}")
         self.others = outside
         self.emit(2, "}")
         if arrays:  # (the chunk's copies done: the grams' sums, by tickets)
@@ -1346,6 +1399,40 @@ class _Kernel:
         self.emit(1, "}")
         self.block_done(1)
         return count * THREADS
+
+    def _chain_step(self, x: _Step, q: int, n: int, acc: dict, copies: dict, tf32: dict):
+        """Step ``x`` (the ``q``-th) of a chain of ``n`` rows over a tile (``chain_body``'s
+        ``tl_rb ..< tl_re``): a loop a thread a point of the tile's rows, a rows product of
+        ours over them or a gram's rows added into the chunk's copy (``copies``; its column
+        sums into ``acc``'s), with TF32 operands where ``tf32`` says."""
+        if x.kind in ("parallel", "either"):  # (an either's loops touch nothing of each
+            self.rows = True  # other's, or one of them runs: one after another)
+            for loop in _chain_loops(x):
+                points = n // _row_levels(loop, n)[0][2]  # (a row of its first level's)
+                if points > 1:  # (the tile's rows as its first level's: a nest's points)
+                    div = f"tl_nb = tl_rb / {points}, tl_ne = tl_re / {points}"
+                    self.emit(3, f"{{ const long long {div};")
+                    self.emit(3, "{ const long long tl_rb = tl_nb, tl_re = tl_ne;")
+                self.grid_loop(loop, 3, epilogue=False, collapse=True)
+                if points > 1:
+                    self.emit(3, "} }")
+            self.rows = False
+            return
+        g = x.form
+        a = f"{buf(g.a)} + ({self.expr(g.aoff)})"
+        c = f"{buf(g.c)} + ({self.expr(g.coff)})"
+        if _is_gram(x):
+            b = f"{buf(g.b)} + ({self.expr(g.boff)})"
+            sums = buf(acc[q]) if acc[q] else None
+            part = products.gram_part_tf32_lines if tf32[q] else products.gram_part_lines
+            lines = part(g, a, b, copies[q], c, sums, chain=True)
+        else:
+            epilogue = x.own.epilogue if x.own is not None else None
+            store = self._epilogue_store(g, epilogue) if epilogue is not None else None
+            rows = products.rows_tf32_lines if tf32[q] else products.rows_lines
+            lines = rows(g, a, "B", c, store, chain=q)
+        for line in lines:
+            self.emit(0 if line.startswith("#") else 3, line)
 
     def _joint_pair(self, first: _Step, second: _Step) -> tuple | None:
         """Two consecutive blas steps as ``(rows, gram)`` where one pass over their rows can
@@ -1519,7 +1606,10 @@ class _Kernel:
         temps = {t.name: t for t in self.k.temps}
         if len(temps) < 2:
             return
-        first = {q: run[0] for run in chains for q in run}  # (a chain's steps: its first's)
+        first: dict[int, int] = {}  # (a chain's steps: its first's, the outermost chain's)
+        for run in chains:
+            for q in run:
+                first[q] = min(first.get(q, q), run[0])
         at = {j: u for u, (j, _, _) in enumerate(units)}
         span: dict[str, list[int]] = {}
         for u, (j, _, tail) in enumerate(units):
@@ -2104,6 +2194,10 @@ class _Kernel:
         if kind == "perm":  # (its scratch; its output at the last step only)
             last = st.form[0] in ("out", "sort")
             head += self.pointers([], [body.scratch] + ([body.out] if last else []))
+        elif kind == "chain":  # (its steps read their buffers' addresses themselves; the
+            temps = {t.name for t in self.k.temps} | set(self.parts)  # temporaries' here)
+            steps = sorted(_buffers(st.statements()) & temps)
+            head += self.pointers(_chain_top(st.body), steps)
         else:
             used = st.statements() + [x for t, _ in then or () for x in t.statements()]
             if kind == "gemm" and st.form is not None:  # (a gram's launches: no C; C alone)
@@ -4587,6 +4681,26 @@ def _chain_tile(run: list) -> int:
     return CHAIN_GRAM_ROWS if any(_is_gram(st) for st in run) else CHAIN_ROWS
 
 
+def _chain_top(run) -> list:
+    """What a chain's function reads outside its steps (``chain_body``; each step reads its
+    own buffers' addresses): its rows products' B (copied once a block), its grams' C
+    (their copies added at the end; a gram of one copy has C for it) and the steps after
+    their sums (the column sums themselves temporaries, declared for the steps)."""
+    out: list = []
+    for st in run:
+        if st.kind != "blas":
+            continue
+        g = st.form
+        if not _is_gram(st):
+            out.append(dataclasses.replace(g, a=g.b, c=g.b))
+            continue
+        if products.parts(g.k) > 1:  # (else its one copy C itself, the step's own)
+            out.append(dataclasses.replace(g, a=g.c, b=g.c))
+            if st.own is not None:
+                out += [x for t in st.own.tail for x in t.statements()]
+    return out
+
+
 def _chain_tf32(st: _Step) -> bool:
     """Whether a chain's step is a product with TF32 functions (``products.tf32_form``): a
     chain's TF32 function makes it as they do (``chain_body``)."""
@@ -4629,13 +4743,13 @@ def _chain_floats(run: list, tf32: bool = False) -> int:
 def chain_tf32(run: list) -> bool:
     """Whether the chain of the steps ``run`` has a TF32 function too: a product among them
     has TF32 functions (``_chain_tf32``), and its shared memory fits a function."""
-    return any(_chain_tf32(st) for st in run) and _chain_floats(run, True) <= products.SMEM_FLOATS
+    return any(_chain_tf32(st) for st in run) and _chain_floats(run, True) <= CHAIN_SMEM_FLOATS
 
 
-def _chain_fits(run: list) -> bool:
+def _chain_fits(run: list, limit: int = CHAIN_SMEM_FLOATS) -> bool:
     """Whether the steps ``run`` (``_chain_rows``': a chain's, over one count of rows) fit
-    one function: their shared memory (``_chain_floats``), each rows product's tile a
-    divisor of the chain's (``_chain_tile``)."""
+    one function: their shared memory (``_chain_floats``) at most ``limit`` floats, each
+    rows product's tile a divisor of the chain's (``_chain_tile``)."""
     tile, rows = _chain_tile(run), _chain_count(run)
     if rows is not None:  # (a loop's rows a tile's: its first level's points whole)
         for st in run:
@@ -4643,7 +4757,7 @@ def _chain_fits(run: list) -> bool:
                 levels = _row_levels(s, rows)
                 if levels is None or tile % (rows // levels[0][2]):
                     return False
-    return _chain_floats(run) <= products.SMEM_FLOATS and all(
+    return _chain_floats(run) <= limit and all(
         tile % products.rows_tile(st.form)[0] == 0
         for st in run
         if st.kind == "blas" and not _is_gram(st)

@@ -42,6 +42,9 @@ _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 MAX_SCRATCH = 1 << 34  # bytes of scratch memory one kernel call needs
 MAX_PHASES = 64  # launches of one statement's CUDA kernel
 MAX_THREADS = 1 << 31  # the threads a launch asks for
+MAX_DYNAMIC_SHARED = (
+    227 * 1024
+)  # the dynamic shared memory a chain's launch asks for (sm_90's most)
 MAX_REPEAT = 1 << 20  # the times a call runs a CUDA kernel's launches (its blocks)
 # the loop over a repeated CUDA kernel's blocks: its launches see it after the statement's
 # loops (no dim is named so)
@@ -292,6 +295,10 @@ class ChainCall:
     functions: tuple[tuple[str, int], ...]
     covers: int
     tf32: tuple[tuple[str, int], ...] = ()
+    # the bytes of dynamic shared memory a launch of each of ``functions`` (of ``tf32``'s)
+    # asks for: 0, or what the function's array past the 48 KB it may declare takes
+    shared: int = 0
+    tf32_shared: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,7 +516,9 @@ def digest(plan: Plan) -> str:
 def _phase_json(f) -> list | dict:
     if isinstance(f, ChainCall):
         d = {"functions": [list(x) for x in f.functions], "covers": f.covers}
-        return {"chain": d | ({"tf32": [list(x) for x in f.tf32]} if f.tf32 else {})}
+        d |= {"tf32": [list(x) for x in f.tf32]} if f.tf32 else {}
+        d |= {key: v for key in ("shared", "tf32_shared") if (v := getattr(f, key))}
+        return {"chain": d}
     if not isinstance(f, GemmCall):
         return list(f)
 
@@ -980,17 +989,19 @@ class _Reader:
                     f"{_short(f)}"
                 )
             phases.append((self.ident(f[0]), self.int_(f[1], 1, MAX_THREADS)))
-        end = 0  # (the launches a chain stands for: after it, of the call, no chain's)
-        for q, f in enumerate(phases):
+        ends: list[int] = []  # (the launches a chain stands for: after it, of the call, all
+        for q, f in enumerate(phases):  # of them inside each chain it is inside of)
+            while ends and q >= ends[-1]:
+                ends.pop()
             if not isinstance(f, ChainCall):
                 continue
-            if q < end or q + f.covers >= len(phases):
+            if q + f.covers >= len(phases) or ends and q + f.covers >= ends[-1]:
                 self.path.append(f"[{q}].chain.covers")
                 self.fail(
                     f"a chain stands for {f.covers} launches after it, where the call has "
-                    f"{len(phases) - q - 1}, or inside another chain's"
+                    f"{len(phases) - q - 1}, or past the end of a chain's it is inside of"
                 )
-            end = q + f.covers + 1
+            ends.append(q + f.covers + 1)
         for q, f in enumerate(phases):  # (a product's joint functions make the next one's)
             if not (isinstance(f, GemmCall) and f.joint):
                 continue
@@ -1011,7 +1022,11 @@ class _Reader:
 
     def chain_call(self, v) -> ChainCall:
         d = self.field(
-            self.obj(v, ("chain",)), "chain", self.obj, ("functions", "covers"), ("tf32",)
+            self.obj(v, ("chain",)),
+            "chain",
+            self.obj,
+            ("functions", "covers"),
+            ("tf32", "shared", "tf32_shared"),
         )
         functions = self.functions(d, "functions")  # (1 to MAX_PHASES of them)
         covers = self.field(d, "covers", self.int_, 1, MAX_PHASES)
@@ -1019,7 +1034,14 @@ class _Reader:
         if tf32 and len(tf32) != len(functions):
             self.path.append(".chain.tf32")
             self.fail(f"{len(tf32)} TF32 functions for {len(functions)}")
-        return ChainCall(functions, covers, tf32)
+        shared, tf32_shared = (
+            self.field(d, key, self.int_, 0, MAX_DYNAMIC_SHARED) if key in d else 0
+            for key in ("shared", "tf32_shared")
+        )
+        if tf32_shared and not tf32:
+            self.path.append(".chain.tf32_shared")
+            self.fail("dynamic shared memory for TF32 functions the chain has none of")
+        return ChainCall(functions, covers, tf32, shared, tf32_shared)
 
     def fused_launch_row(self, v, loops: tuple) -> tuple[int, tuple]:
         """``[scratch bytes, [[function, threads] | {gemm}, ...]]`` of a fused kernel whose

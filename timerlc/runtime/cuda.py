@@ -68,6 +68,10 @@ RECORD = 2 + ARGS
 # of its blocks (tl_groups: at most 256 groups, the square root of 65,536 blocks), as
 # unsigned ints; the failure record's buffer is ERR_WORDS long longs in all
 ERR_WORDS = RECORD + 1 + 128
+# the driver's CUfunction_attribute values: a function's static shared memory, and the most
+# dynamic shared memory its launches may ask for (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, _MAX_
+# DYNAMIC_SHARED_SIZE_BYTES)
+FUNC_SHARED_SIZE_BYTES, FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES = 1, 8
 FUSED = 1 << 40  # the ids of fused kernels as statements of the tree: FUSED + their index
 LOOP = 1 << 41  # the ids of loop kernels as statements of the tree: LOOP + their index
 
@@ -242,6 +246,11 @@ class EmuDevice:
     def grid_limit(self, fn) -> int:
         """The most blocks a launch of ``fn`` gets (``CupyDevice.grid_limit``)."""
         return self.MAX_BLOCKS
+
+    def dynamic_shared(self, fn, nbytes: int) -> bool:
+        """(``CupyDevice.dynamic_shared``: the emulation's array is a block's static one,
+        ``TL_DYNAMIC_SHARED``, as large as the function says)"""
+        return True
 
     def alloc(self, nbytes: int) -> int:
         block = np.full(max(nbytes, 8), self.POISON, np.uint8)
@@ -610,6 +619,11 @@ class CupyDevice:
             attrs["MultiProcessorCount"], attrs["MaxThreadsPerMultiProcessor"]
         )
         self._sms = attrs["MultiProcessorCount"]
+        # the most shared memory a block may have (a function's dynamic and static together,
+        # once the function asks for more than 48 KB: dynamic_shared), and each function's
+        # dynamic shared memory its launches ask for
+        self._optin = int(attrs.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+        self._dynamic: dict[int, int] = {}
         self._mem: dict[int, object] = {}
         self._arenas: dict[int, object] = {}
         # the failure record (tl_failed), then a reduction's ticket counters (tl_count,
@@ -679,8 +693,22 @@ class CupyDevice:
         shared memory). A function of 40 registers a thread fits 12 blocks of 128 threads
         an SM, not 16: on a grid of 16 an SM, a quarter of the blocks waited for the others,
         each with the same points to stride over (a second wave)."""
-        per_sm = self._driver.occupancyMaxActiveBlocksPerMultiprocessor(fn, THREADS, 0)
+        dynamic = self._dynamic.get(fn, 0)
+        per_sm = self._driver.occupancyMaxActiveBlocksPerMultiprocessor(fn, THREADS, dynamic)
         return max(1, min(self.MAX_BLOCKS, self._sms * per_sm))
+
+    def dynamic_shared(self, fn: int, nbytes: int) -> bool:
+        """Whether function ``fn``'s launches may have ``nbytes`` of dynamic shared memory
+        (a chain's array past the 48 KB a function may declare, ``ChainCall.shared``): its
+        static shared memory and those within the GPU's most a block (the driver's
+        ``MAX_SHARED_MEMORY_PER_BLOCK_OPTIN``); if so, the function's largest set to them
+        (``cuFuncSetAttribute``), and its launches ask for them from now on."""
+        static = self._driver.funcGetAttribute(FUNC_SHARED_SIZE_BYTES, fn)
+        if static + nbytes > self._optin:
+            return False
+        self._driver.funcSetAttribute(fn, FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
+        self._dynamic[fn] = nbytes
+        return True
 
     def alloc(self, nbytes: int) -> int:
         mem = self.cp.cuda.alloc(max(nbytes, 8))
@@ -747,7 +775,17 @@ class CupyDevice:
         p[1 + ARGS] = scratch
         p[3 + ARGS] = shift
         self._driver.launchKernel(
-            fn, blocks, 1, 1, THREADS, 1, 1, 0, self._stream, self._param_ptrs.ctypes.data, 0
+            fn,
+            blocks,
+            1,
+            1,
+            THREADS,
+            1,
+            1,
+            self._dynamic.get(fn, 0),
+            self._stream,
+            self._param_ptrs.ctypes.data,
+            0,
         )
 
     def set_shift(self, fn: int, shift: int, index: int, n: int, deltas: np.ndarray):
@@ -1615,12 +1653,17 @@ class DeviceRuntime(CpuRuntime):
         address: as the products policy chooses between two ways (``_product_choice``,
         keyed by the chain's functions; ``fastest``: both timed at the first call; the
         launches apart while a graph is captured before then). Where TF32 products are asked
-        for, the chain's TF32 functions (``ChainCall.tf32``), where it has them."""
+        for, the chain's TF32 functions (``ChainCall.tf32``), where it has them; the launches
+        always where its dynamic shared memory is more than the device's blocks hold."""
         tf32 = getattr(self.device, "matmul", "float32") == "tensorfloat32" and call.tf32
         mine = call.tf32 if tf32 else call.functions
-        fns = [self._function(*f) for f in mine]
+        shared = call.tf32_shared if tf32 else call.shared
+        fns = [self._function(*f, shared) for f in mine]
         key = ("chain", *(f for f, _ in mine))
         chosen: list = []
+        if None in fns:  # (its shared memory more than the device's blocks hold: the launches)
+            self.chain_choices[key] = (None, None, False)
+            chosen.append(False)
 
         def run(args, scratch_ptr: int):
             def launches():
@@ -1640,10 +1683,12 @@ class DeviceRuntime(CpuRuntime):
 
         return run
 
-    def _function(self, name: str, threads: int) -> tuple:
+    def _function(self, name: str, threads: int, shared: int = 0) -> tuple | None:
         """A function of the module and the blocks a launch of it gets: as many as its
         ``threads`` ask for, at most as many as the device holds at once (``grid_limit``:
-        each strides over its grid)."""
+        each strides over its grid). With ``shared``, its launches' bytes of dynamic shared
+        memory (a chain's), or None where the device's blocks cannot hold them
+        (``dynamic_shared``)."""
         module = self._whole_module() if name in self._left_out else self._module
         try:
             fn = self.device.function(module, name)
@@ -1661,6 +1706,8 @@ class DeviceRuntime(CpuRuntime):
                     f"the plan's kernel file has no function {name} (a corrupt or crafted "
                     "plan): compile the program again"
                 ) from None
+        if shared and not self.device.dynamic_shared(fn, shared):
+            return None
         return fn, min(-(-threads // THREADS), self.device.grid_limit(fn))
 
     @property
