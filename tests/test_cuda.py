@@ -1658,6 +1658,42 @@ def test_bias_gradients_ride_on_their_weight_gradients_products(policy, monkeypa
     _assert_within_bounds(rt, ref)
 
 
+@needs_cxx
+@pytest.mark.parametrize("policy", ["ours", "blas"])
+def test_a_value_head_s_bias_gradient_rides_on_its_weight_gradient(policy, monkeypatch):
+    """A gram of one column (a value head's weight gradient, ``x^T @ dy`` with dy of 600
+    x 1) and its bias's gradient (``sum(dy, 0)``: a scalar's zeros and reduction, without
+    the loop over one column that wider sums have) take the wider sums' way
+    (``render._one_column``: the scalar forms as loops of one, which ``_gram_sums`` then
+    bundles with the gram, the cast after them its tail): no reduce step of their own, no
+    serial step between; the values the cpu's, within float32's bound of the exact
+    ones."""
+    monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
+    monkeypatch.setattr(render, "CHAINS", False)
+    _, gen = generated("p.rtl", src(BIAS_GRADIENTS).replace("W = 80", "W = 1"))
+    cu = cuda_gen(gen)
+    bundled = []
+    for k in cu.kernels:
+        steps = render._Kernel(k)._steps()
+        got = [st for st in steps if st.kind == "blas" and st.own and st.own.acc]
+        for st in got:
+            assert st.form.n == 1 and len(st.own.tail) == 1, k.name
+            bundled.append(st.own.acc)
+        if got:
+            assert [st.kind for st in steps] == ["blas", "blas", "serial", "parallel"], k.name
+    assert len(bundled) == 2, bundled  # (dy's and dz's)
+    ref, rt, _, _, _ = run_both(gen)
+    assert (rt.blas_calls > 0) == (policy == "blas")
+    for run in (rt, ref):
+        for name, (exact, bound) in _bias_gradients_exact(run).items():
+            err = abs(run.value(name).astype(np.float64) - exact)
+            assert (err <= bound).all(), (name, float((err - bound).max()))
+    # (s from the sum of g, whose 600-term float32 products each way sums in its own order;
+    # gn from s times 1,200)
+    for name in ("s", "gn"):
+        np.testing.assert_allclose(rt.value(name), ref.value(name), rtol=3e-5, atol=1e-6)
+
+
 def test_sums_over_one_range_that_need_nothing_between_are_one_step():
     """Two reductions into locals over a grid's worth of terms, over one range, the second
     needing nothing computed between them (a gradient norm's sums of squares of two

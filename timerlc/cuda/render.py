@@ -1825,6 +1825,8 @@ class _Kernel:
                 continue
             for j in range(i + 1, len(out) - 1):
                 (g1, _, init), (g2, _, red) = out[j], out[j + 1]
+                if s.n == 1:  # (a value head's bias: its one column's sum, a scalar's form)
+                    init, red = _one_column(init), _one_column(red, s)
                 acc = _column_sum(red, s) if g1 == guard == g2 else None
                 t = temps.get(acc)
                 if t is None or t.dtype != "f64" or t.size != s.n or acc == s.c:
@@ -1857,6 +1859,8 @@ class _Kernel:
         tail: list = []
         made = {acc}
         for g, _, t in items:
+            if s.n == 1 and isinstance(t, Store):  # (a scalar's: a loop of one)
+                t = For(f"{t.buf}$one", kir.i64(0), kir.i64(1), (t,), True)
             if not (
                 g == guard
                 and isinstance(t, For)
@@ -4089,6 +4093,49 @@ def _store_apart(x, c: str) -> tuple:
         dataclasses.replace(x, body=(mine,)),
         dataclasses.replace(x, body=others) if others else None,
     )
+
+
+def _one_column(x, s: Gemm | None = None):
+    """A scalar accumulator's statement in the form of an array's of one element
+    (``_gram_sums``, a gram of one column, PPO's value head's: ``_zeros`` and
+    ``_column_sum`` then match): ``t[0] = 0`` as a parallel loop of one that sets it;
+    the reduction ``t[0] = t[0] + f64(B[r])`` (``s``'s B, over the rows' loops) with its
+    store in a parallel loop over B's one column (``c``: ``t[c] = t[c] + f64(B[r + c *
+    stride])``, the column's stride in B's memory). Anything else as it is."""
+    zero = kir.i64(0)
+    if isinstance(x, Store) and x.index == zero and isinstance(x.value, Const):
+        v = f"{x.buf}$one"
+        return For(v, zero, kir.i64(1), (Store(x.buf, Ref(v), x.value),), True)
+    if not (s is not None and isinstance(x, For) and len(x.reduce) == 1):
+        return x
+    acc = x.reduce[0][0]
+
+    def inner(loop: For):
+        (body,) = loop.body if len(loop.body) == 1 else (None,)
+        if isinstance(body, For) and not body.parallel:
+            got = inner(body)
+            return None if got is None else dataclasses.replace(loop, body=(got,))
+        v = body.value if isinstance(body, Store) else None
+        if not (
+            isinstance(body, Store)
+            and body.buf == acc
+            and body.index == zero
+            and isinstance(v, Bin)
+            and v.op == "add"
+            and v.a == Load(acc, zero, "f64")
+            and isinstance(v.b, Cast)
+            and isinstance(v.b.x, Load)
+            and v.b.x.buf == s.b
+        ):
+            return None
+        c = Ref(f"{acc}$one")
+        at = kir.add(v.b.x.index, kir.mul(c, s.ldb if s.tb else 1))
+        term = dataclasses.replace(v.b, x=dataclasses.replace(v.b.x, index=at))
+        store = Store(acc, c, Bin("add", Load(acc, c, "f64"), term, v.dtype))
+        return dataclasses.replace(loop, body=(For(c.name, zero, kir.i64(1), (store,), True),))
+
+    got = inner(x)
+    return x if got is None else got
 
 
 def _zeros(init, acc: str, n: int) -> bool:
