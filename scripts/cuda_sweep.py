@@ -47,6 +47,9 @@ all of them. The knobs:
   function where the runtime finds that faster, ``_Kernel._chains``; 0: no chain), with
   ``--products``: ``ours`` runs every chain, ``blas`` none (the launches they stand for),
   ``fastest`` each as timed.
+- ``--chain-floats``: ``cuda.render.CHAIN_SMEM_FLOATS``, the most shared memory a chain's
+  function takes (floats; past 12,000 the launch's dynamic shared memory: chains of chains;
+  12000: none).
 
 ``--matmul-precision tensorfloat32`` runs them all with TF32 products (ours, cuBLAS's, the
 joint functions).
@@ -116,6 +119,9 @@ def main() -> int:
     ap.add_argument("--merged-sums", default="256", help="comma-separated MERGED_SUMS values")
     ap.add_argument("--beside", default="1", help="comma-separated BESIDE values (0, 1)")
     ap.add_argument("--chains", default="1", help="comma-separated CHAINS values (0, 1)")
+    ap.add_argument(
+        "--chain-floats", default="25600", help="comma-separated CHAIN_SMEM_FLOATS values"
+    )
     from cuda_gpu_check import add_matmul_precision, open_device
 
     add_matmul_precision(ap)
@@ -152,6 +158,7 @@ def main() -> int:
         numbers(args.merged_sums),
         numbers(args.beside),
         numbers(args.chains),
+        numbers(args.chain_floats),
     )
     for (
         parts,
@@ -173,6 +180,7 @@ def main() -> int:
         merged,
         beside,
         chains,
+        chain_floats,
     ) in knobs:
         render.PARTS, render.ARRAY_PARTS, render.UNROLL = parts, array_parts, unroll
         render.GRAM_SUMS, products.MAX_PARTS, products.COPY_BATCH = bool(sums), pparts, batch
@@ -180,6 +188,7 @@ def main() -> int:
         render.IN_FLIGHT, products.VEC_ROWS = flight, bool(vec)
         products.VEC_GRAMS, products.MERGED_SUMS = bool(vec_grams), merged
         render.BESIDE, render.CHAINS = bool(beside), bool(chains)
+        render.CHAIN_SMEM_FLOATS = chain_floats
         render.PERM_BUCKETS, render.LONG_ROW = buckets, long_row
         device.MAX_BLOCKS = blocks or own
         device.products = policy
@@ -190,7 +199,8 @@ def main() -> int:
             f"blocks {device.MAX_BLOCKS:6d} products {policy} GRAM_SUMS {sums} EPILOGUES {epi} "
             f"MAX_PARTS {pparts} COPY_BATCH {batch} JOINTS {joints} SEQ_TIES {ties} "
             f"IN_FLIGHT {flight} VEC_ROWS {vec} VEC_GRAMS {vec_grams} PERM_BUCKETS {buckets} "
-            f"LONG_ROW {long_row} MERGED_SUMS {merged} BESIDE {beside} CHAINS {chains}"
+            f"LONG_ROW {long_row} MERGED_SUMS {merged} BESIDE {beside} CHAINS {chains} "
+            f"CHAIN_SMEM_FLOATS {chain_floats}"
         )
         try:
             r = co.program(device, args.program, sets, True, True, True)

@@ -134,14 +134,20 @@ stage skinny 40 $PY scripts/cuda_skinny.py "${CHECK[@]}"
 # (not by default: a row-tile chain's probe, one MLP's backward over a tile of rows at a time
 # in one kernel, against cuBLAS's five products of it: scripts/cuda_chain.py, ~30 s)
 stage chain 60 $PY scripts/cuda_chain.py "${CHECK[@]}" --parts 256,512,1024
-# (not by default: PPO 2048 without chains and with them, each as the runtime times it:
-# cuda_sweep.py --chains 0,1, ~120 s; a run prints each chain's two times)
-stage chains 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --products fastest --chains 0,1 \
-  --set B=2048 --set T=128 --set total_steps=786432
+# (not by default: PPO 2048 without chains, with chains in static shared memory only
+# (CHAIN_SMEM_FLOATS 12000) and with chains of chains (25600, the default), each as the
+# runtime times it: three runs, ~60 s each; a run prints each chain's two times)
+stage chains 240 bash -c "$PY scripts/cuda_sweep.py ${CHECK[*]} --products fastest --chains 0 \
+  --set B=2048 --set T=128 --set total_steps=786432 && $PY scripts/cuda_sweep.py ${CHECK[*]} \
+  --products fastest --chain-floats 12000,25600 --set B=2048 --set T=128 \
+  --set total_steps=786432"
 # (not by default: the same with TF32 products: the chains' TF32 functions, ChainCall.tf32,
 # against the launches with their TF32 products)
-stage chains-tf32 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --matmul-precision tensorfloat32 \
-  --products fastest --chains 0,1 --set B=2048 --set T=128 --set total_steps=786432
+stage chains-tf32 240 bash -c "$PY scripts/cuda_sweep.py ${CHECK[*]} --matmul-precision \
+  tensorfloat32 --products fastest --chains 0 --set B=2048 --set T=128 \
+  --set total_steps=786432 && $PY scripts/cuda_sweep.py ${CHECK[*]} --matmul-precision \
+  tensorfloat32 --products fastest --chain-floats 12000,25600 --set B=2048 --set T=128 \
+  --set total_steps=786432"
 # (not by default: our float32 rows products with each thread's tile of C forced, TM x TN;
 # the default is 4 x 8 for PPO's 64-wide layers, at a quarter of the bandwidth on the H200)
 stage tilings 60 $PY scripts/cuda_skinny.py "${CHECK[@]}" --tilings 4x8,2x8,1x8,4x4,8x4,2x4,4x2
