@@ -64,6 +64,30 @@ def _slots(*names: str, written: int) -> tuple:
     return tuple(Slot(x, "f32", k, k, 0, k >= written) for k, x in enumerate(names))
 
 
+def _emulated(dev, text: str, inputs: tuple, outputs: tuple):
+    """A runner of functions of the module ``text`` on the emulated device ``dev``: its
+    table the ``inputs`` (arrays, uploaded) then float32 arrays of the shapes ``outputs``;
+    ``run(name, ...)`` launches each function over two blocks (the loop value 0) in turn
+    and gives the outputs as they are then."""
+    module = dev.load(render.head() + "\n" + text)
+    ptrs = [dev.alloc(a.nbytes) for a in inputs]
+    ptrs += [dev.alloc(4 * int(np.prod(shape))) for shape in outputs]
+    for p, a in zip(ptrs, inputs):
+        dev.upload(p, a)
+    table = dev.alloc(8 * len(ptrs))
+    dev.upload(table, np.array(ptrs, np.uint64))
+
+    def run(*names: str) -> list:
+        for name in names:
+            dev.launch(dev.function(module, name), table, np.zeros(1, np.int64), dev.alloc(8), 2)
+        got = [np.empty(shape, np.float32) for shape in outputs]
+        for p, a in zip(ptrs[len(inputs) :], got):
+            dev.download(p, a)
+        return got
+
+    return run
+
+
 def test_a_layer_and_a_loop_over_its_rows_are_one_function():
     """A rows product of ours, its epilogue and a loop reading its C at each row alone: one
     function, a block ``CHAIN_ROWS`` rows at a time (``items.ChainCall``), or the launches
@@ -116,18 +140,7 @@ def test_a_chain_computes_the_layer_and_the_loop_on_cuda_emu(n):
     x = rng.standard_normal((M, K)).astype(np.float32)
     w = (rng.standard_normal((K, n)) * 0.2).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
-    dev = EmuDevice()
-    module = dev.load(render.head() + "\n" + text)
-    ptrs = [dev.alloc(a.nbytes) for a in (x, w, b)] + [dev.alloc(M * n * 4), dev.alloc(M * 4)]
-    for p, a in zip(ptrs, (x, w, b)):
-        dev.upload(p, a)
-    table = dev.alloc(8 * len(ptrs))
-    dev.upload(table, np.array(ptrs, np.uint64))
-    chain = dev.function(module, "layer_0c")
-    dev.launch(chain, table, np.zeros(1, np.int64), dev.alloc(8), 2)
-    y, z = np.empty((M, n), np.float32), np.empty(M, np.float32)
-    dev.download(ptrs[3], y)
-    dev.download(ptrs[4], z)
+    y, z = _emulated(EmuDevice(), text, (x, w, b), ((M, n), (M,)))("layer_0c")
     want = np.tanh(x.astype(np.float64) @ w + b)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(z, y[:, 0] + y[:, n - 1], rtol=1e-6, atol=1e-6)
@@ -192,26 +205,8 @@ def test_a_chain_of_chains_in_the_launch_s_dynamic_shared_memory_on_cuda_emu():
     x = rng.standard_normal((M, K)).astype(np.float32)
     w1, w2 = ((rng.standard_normal((K, N)) * 0.2).astype(np.float32) for _ in range(2))
     b = rng.standard_normal(N).astype(np.float32)
-    dev = EmuDevice()
-    module = dev.load(render.head() + "\n" + text)
-    sizes = [M * K * 4, M * N * 4, M * N * 4, M * 4]
-    ptrs = [dev.alloc(a.nbytes) for a in (x, w1, b, w2)] + [dev.alloc(n) for n in sizes]
-    for p, a in zip(ptrs, (x, w1, b, w2)):
-        dev.upload(p, a)
-    table = dev.alloc(8 * len(ptrs))
-    dev.upload(table, np.array(ptrs, np.uint64))
-    got = []
-    for names in (["two_0o"], [first.functions[0][0], second.functions[0][0]]):
-        for name in names:
-            dev.launch(dev.function(module, name), table, np.zeros(1, np.int64), dev.alloc(8), 2)
-        y, z, out = (
-            np.empty((M, N), np.float32),
-            np.empty((M, N), np.float32),
-            np.empty(M, np.float32),
-        )
-        for p, a in zip(ptrs[5:], (y, z, out)):
-            dev.download(p, a)
-        got.append((y, z, out))
+    run = _emulated(EmuDevice(), text, (x, w1, b, w2), ((M, K), (M, N), (M, N), (M,)))
+    got = [run("two_0o")[1:], run(first.functions[0][0], second.functions[0][0])[1:]]
     want_y = np.tanh((x * np.float32(0.5)).astype(np.float64) @ w1 + b)
     np.testing.assert_allclose(got[0][0], want_y, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got[0][1], got[0][0].astype(np.float64) @ w2, rtol=1e-5, atol=1e-5)
@@ -242,19 +237,10 @@ def test_a_chain_s_tf32_function_computes_the_layer_on_cuda_emu():
     x = rng.standard_normal((M, K)).astype(np.float32)
     w = (rng.standard_normal((K, N)) * 0.2).astype(np.float32)
     b = rng.standard_normal(N).astype(np.float32)
-    dev = EmuDevice("tensorfloat32")
-    module = dev.load(render.head() + "\n" + text)
-    ptrs = [dev.alloc(a.nbytes) for a in (x, w, b)] + [dev.alloc(M * N * 4), dev.alloc(M * 4)]
-    for p, a in zip(ptrs, (x, w, b)):
-        dev.upload(p, a)
-    table = dev.alloc(8 * len(ptrs))
-    dev.upload(table, np.array(ptrs, np.uint64))
+    run = _emulated(EmuDevice("tensorfloat32"), text, (x, w, b), ((M, N), (M,)))
     got = {}
     for name in ("layer_0c", "layer_0ct"):
-        dev.launch(dev.function(module, name), table, np.zeros(1, np.int64), dev.alloc(8), 2)
-        y, z = np.empty((M, N), np.float32), np.empty(M, np.float32)
-        dev.download(ptrs[3], y)
-        dev.download(ptrs[4], z)
+        y, z = run(name)
         np.testing.assert_array_equal(z, y[:, 0] + y[:, N - 1])
         got[name] = y.astype(np.float64)
     t = lambda a: cuda.tf32(a, away=True).astype(np.float64)

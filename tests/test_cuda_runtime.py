@@ -1600,11 +1600,9 @@ def test_a_gpu_s_grids_are_the_blocks_it_holds_at_once():
     assert cuda.resident_blocks(10**5, 2048) == 65535
 
 
-def test_cupy_device_takes_its_grid_limit_from_the_gpu_s_multiprocessors(monkeypatch):
-    """``CupyDevice`` reads the GPU's multiprocessors and threads each (a stand-in for
-    CuPy here) and launches grids of at most ``resident_blocks`` of them; a function's
-    launches at most as many as its occupancy lets each multiprocessor hold (12 blocks of
-    a function of 40 registers a thread), never more than ``resident_blocks``."""
+def _stand_in_cupy_device(monkeypatch, attrs: dict, driver):
+    """A ``CupyDevice`` over a stand-in for CuPy: one GPU of device attributes ``attrs``,
+    its streams and memory placeholders, ``driver`` as ``cupy.cuda.driver``."""
     import types
 
     class Stream:
@@ -1616,7 +1614,6 @@ def test_cupy_device_takes_its_grid_limit_from_the_gpu_s_multiprocessors(monkeyp
         def use(self):
             pass
 
-    attrs = {"MultiProcessorCount": 114, "MaxThreadsPerMultiProcessor": 2048}
     fake = types.ModuleType("cupy")
     fake.int64 = np.int64
     fake.zeros = lambda n, dt: types.SimpleNamespace(data=types.SimpleNamespace(ptr=64))
@@ -1625,6 +1622,20 @@ def test_cupy_device_takes_its_grid_limit_from_the_gpu_s_multiprocessors(monkeyp
         Device=lambda: types.SimpleNamespace(attributes=attrs),
         Stream=Stream,
     )
+    fake_cuda = types.ModuleType("cupy.cuda")
+    fake_cuda.driver = driver
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", fake_cuda)
+    return cuda.CupyDevice()
+
+
+def test_cupy_device_takes_its_grid_limit_from_the_gpu_s_multiprocessors(monkeypatch):
+    """``CupyDevice`` reads the GPU's multiprocessors and threads each (a stand-in for
+    CuPy here) and launches grids of at most ``resident_blocks`` of them; a function's
+    launches at most as many as its occupancy lets each multiprocessor hold (12 blocks of
+    a function of 40 registers a thread), never more than ``resident_blocks``."""
+    import types
+
     launched = []
     occupancy = {1: 12, 2: 16, 3: 40, 4: 0}  # (blocks of 128 threads an SM, each function)
     driver = types.SimpleNamespace(
@@ -1633,11 +1644,8 @@ def test_cupy_device_takes_its_grid_limit_from_the_gpu_s_multiprocessors(monkeyp
             occupancy[fn] if (threads, smem) == (cuda.THREADS, 0) else -1
         ),
     )
-    fake_cuda = types.ModuleType("cupy.cuda")
-    fake_cuda.driver = driver
-    monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setitem(sys.modules, "cupy.cuda", fake_cuda)
-    dev = cuda.CupyDevice()
+    attrs = {"MultiProcessorCount": 114, "MaxThreadsPerMultiProcessor": 2048}
+    dev = _stand_in_cupy_device(monkeypatch, attrs, driver)
     assert dev.MAX_BLOCKS == 114 * 16
     dev.set_shift(1, 0, 0, 10**7, np.zeros(1, np.int64))  # (10 M shifts: capped)
     assert launched == [114 * 16]
@@ -1654,28 +1662,6 @@ def test_cupy_device_gives_a_chain_s_function_its_dynamic_shared_memory(monkeypa
     the function as it was."""
     import types
 
-    class Stream:
-        ptr = 5
-
-        def __init__(self, non_blocking=False):
-            pass
-
-        def use(self):
-            pass
-
-    attrs = {
-        "MultiProcessorCount": 132,
-        "MaxThreadsPerMultiProcessor": 2048,
-        "MaxSharedMemoryPerBlockOptin": 232448,
-    }
-    fake = types.ModuleType("cupy")
-    fake.int64 = np.int64
-    fake.zeros = lambda n, dt: types.SimpleNamespace(data=types.SimpleNamespace(ptr=64))
-    fake.cuda = types.SimpleNamespace(
-        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1),
-        Device=lambda: types.SimpleNamespace(attributes=attrs),
-        Stream=Stream,
-    )
     launched, set_to = [], []
     static = {1: 1024, 2: 200000}  # (each function's static shared memory)
     driver = types.SimpleNamespace(
@@ -1690,11 +1676,12 @@ def test_cupy_device_gives_a_chain_s_function_its_dynamic_shared_memory(monkeypa
         ),
         funcSetAttribute=lambda fn, attribute, value: set_to.append((fn, attribute, value)),
     )
-    fake_cuda = types.ModuleType("cupy.cuda")
-    fake_cuda.driver = driver
-    monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setitem(sys.modules, "cupy.cuda", fake_cuda)
-    dev = cuda.CupyDevice()
+    attrs = {
+        "MultiProcessorCount": 132,
+        "MaxThreadsPerMultiProcessor": 2048,
+        "MaxSharedMemoryPerBlockOptin": 232448,
+    }
+    dev = _stand_in_cupy_device(monkeypatch, attrs, driver)
     assert dev.grid_limit(1) == dev.MAX_BLOCKS == 132 * 16  # (2 KB a block: 114 an SM)
     assert dev.dynamic_shared(1, 96 * 1024)
     assert set_to == [(1, cuda.FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES, 96 * 1024)]
