@@ -1611,7 +1611,8 @@ def test_bias_gradients_after_their_products_are_one_step():
 
 @needs_cxx
 @pytest.mark.parametrize("policy", ["ours", "blas"])
-def test_bias_gradients_ride_on_their_weight_gradients_products(policy, monkeypatch):
+@pytest.mark.parametrize("w", [16, 1])
+def test_bias_gradients_ride_on_their_weight_gradients_products(policy, w, monkeypatch):
     """Where the weight's gradient is a gram of ours (16 columns: ``x^T @ dy`` over 600
     rows, two copies, added in its part function), its bias's gradient (``sum(dy, 0)``:
     float64 sums into a temporary,
@@ -1621,10 +1622,13 @@ def test_bias_gradients_ride_on_their_weight_gradients_products(policy, monkeypa
     sum's reduce step, whose last block makes the zeros first and combines the copies),
     chosen at run time (``ours``: no BLAS call; ``blas``: no function of ours); the sums'
     cast to float32 after them runs in the last block of either way's last function
-    (``_sums_tail``). The values are the cpu's either way."""
+    (``_sums_tail``). The values are the cpu's either way. Of one column too (a value
+    head's: ``sum(dy, 0)`` a scalar's zeros, reduction and cast, without the loop over the
+    one column, ``render._one_column`` gives them; ``s`` then within 3e-5: the sum of ``g``,
+    whose float32 products each way sum in their own order, ``gn`` ``s`` times 1,200)."""
     monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
     monkeypatch.setattr(render, "CHAINS", False)  # (a chain's grams: test_cuda_chains.py)
-    text = src(BIAS_GRADIENTS).replace("W = 80", "W = 16")
+    text = src(BIAS_GRADIENTS).replace("W = 80", f"W = {w}")
     _, gen = generated("p.rtl", text)
     cu = cuda_gen(gen)
     # (each gram with its column sums a blas step of its own; the sum it stands for, its
@@ -1656,38 +1660,7 @@ def test_bias_gradients_ride_on_their_weight_gradients_products(policy, monkeypa
     assert "tl_s[j] += (double)tl_b[j];" in cu.text and "tl_pd" in cu.text
     ref, rt, _, _, _ = run_both(gen)
     assert (rt.blas_calls > 0) == (policy == "blas")
-    _assert_within_bounds(rt, ref)
-
-
-@needs_cxx
-@pytest.mark.parametrize("policy", ["ours", "blas"])
-def test_a_value_head_s_bias_gradient_rides_on_its_weight_gradient(policy, monkeypatch):
-    """A gram of one column (a value head's weight gradient, ``x^T @ dy`` with dy of 600
-    x 1) and its bias's gradient (``sum(dy, 0)``: a scalar's zeros and reduction, without
-    the loop over one column that wider sums have) take the wider sums' way
-    (``render._one_column``: the scalar forms as loops of one, which ``_gram_sums`` then
-    bundles with the gram, the cast after them its tail): no reduce step of their own, no
-    serial step between; the values the cpu's, within float32's bound of the exact
-    ones."""
-    monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
-    monkeypatch.setattr(render, "CHAINS", False)
-    _, gen = generated("p.rtl", src(BIAS_GRADIENTS).replace("W = 80", "W = 1"))
-    cu = cuda_gen(gen)
-    bundled = []
-    for k in cu.kernels:
-        steps = render._Kernel(k)._steps()
-        got = [st for st in steps if st.kind == "blas" and st.own and st.own.acc]
-        for st in got:
-            assert st.form.n == 1 and len(st.own.tail) == 1, k.name
-            bundled.append(st.own.acc)
-        if got:
-            assert [st.kind for st in steps] == ["blas", "blas", "serial", "parallel"], k.name
-    assert len(bundled) == 2, bundled  # (dy's and dz's)
-    ref, rt, _, _, _ = run_both(gen)
-    assert (rt.blas_calls > 0) == (policy == "blas")
-    # (s from the sum of g, whose 600-term float32 products each way sums in its own order;
-    # gn from s times 1,200)
-    _assert_within_bounds(rt, ref, rtol=3e-5)
+    _assert_within_bounds(rt, ref, 4e-6 if w > 1 else 3e-5)
 
 
 def test_sums_over_one_range_that_need_nothing_between_are_one_step():
