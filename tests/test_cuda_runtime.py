@@ -1600,9 +1600,10 @@ def test_a_gpu_s_grids_are_the_blocks_it_holds_at_once():
     assert cuda.resident_blocks(10**5, 2048) == 65535
 
 
-def _stand_in_cupy_device(monkeypatch, attrs: dict, driver):
-    """A ``CupyDevice`` over a stand-in for CuPy: one GPU of device attributes ``attrs``,
-    its streams and memory placeholders, ``driver`` as ``cupy.cuda.driver``."""
+def _stand_in_cupy_device(monkeypatch, attrs: dict, driver, codes=None):
+    """A ``CupyDevice`` over a stand-in for CuPy: one GPU of device attributes ``attrs``
+    (and ``codes``, the runtime's by number: ``deviceGetAttribute``), its streams and
+    memory placeholders, ``driver`` as ``cupy.cuda.driver``."""
     import types
 
     class Stream:
@@ -1618,8 +1619,10 @@ def _stand_in_cupy_device(monkeypatch, attrs: dict, driver):
     fake.int64 = np.int64
     fake.zeros = lambda n, dt: types.SimpleNamespace(data=types.SimpleNamespace(ptr=64))
     fake.cuda = types.SimpleNamespace(
-        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1),
-        Device=lambda: types.SimpleNamespace(attributes=attrs),
+        runtime=types.SimpleNamespace(
+            getDeviceCount=lambda: 1, deviceGetAttribute=lambda code, dev: (codes or {})[code]
+        ),
+        Device=lambda: types.SimpleNamespace(attributes=attrs, id=0),
         Stream=Stream,
     )
     fake_cuda = types.ModuleType("cupy.cuda")
@@ -1656,8 +1659,9 @@ def test_cupy_device_gives_a_chain_s_function_its_dynamic_shared_memory(monkeypa
     """A chain's function past 48 KB of shared memory (``ChainCall.shared``: its array the
     launch's dynamic shared memory, ``render._Kernel.chain_body``): ``CupyDevice.
     dynamic_shared`` sets the function's most (``cuFuncSetAttribute``, a stand-in for CuPy
-    here) where its static and dynamic bytes fit a block of the GPU (its opt-in most),
-    and then launches it with them and counts them in its occupancy; where they do not
+    here) where its static and dynamic bytes fit a block of the GPU (its opt-in most, from
+    CuPy's device attributes or the runtime's; 48 KB where neither has it), and then
+    launches it with them and counts them in its occupancy; where they do not
     fit, it says so (the runtime then runs the launches the chain stands for) and leaves
     the function as it was."""
     import types
@@ -1676,11 +1680,11 @@ def test_cupy_device_gives_a_chain_s_function_its_dynamic_shared_memory(monkeypa
         ),
         funcSetAttribute=lambda fn, attribute, value: set_to.append((fn, attribute, value)),
     )
-    attrs = {
-        "MultiProcessorCount": 132,
-        "MaxThreadsPerMultiProcessor": 2048,
-        "MaxSharedMemoryPerBlockOptin": 232448,
-    }
+    attrs = {"MultiProcessorCount": 132, "MaxThreadsPerMultiProcessor": 2048}
+    assert _stand_in_cupy_device(monkeypatch, attrs, driver)._optin == 48 * 1024
+    codes = {cuda.DEV_MAX_SHARED_PER_BLOCK_OPTIN: 232448}  # (not in CuPy's dictionary)
+    assert _stand_in_cupy_device(monkeypatch, attrs, driver, codes)._optin == 232448
+    attrs["MaxSharedMemoryPerBlockOptin"] = 232448
     dev = _stand_in_cupy_device(monkeypatch, attrs, driver)
     assert dev.grid_limit(1) == dev.MAX_BLOCKS == 132 * 16  # (2 KB a block: 114 an SM)
     assert dev.dynamic_shared(1, 96 * 1024)

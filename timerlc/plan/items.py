@@ -42,9 +42,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 MAX_SCRATCH = 1 << 34  # bytes of scratch memory one kernel call needs
 MAX_PHASES = 64  # launches of one statement's CUDA kernel
 MAX_THREADS = 1 << 31  # the threads a launch asks for
-MAX_DYNAMIC_SHARED = (
-    227 * 1024
-)  # the dynamic shared memory a chain's launch asks for (sm_90's most)
+MAX_DYNAMIC_SHARED = 227 * 1024  # a chain's launch's dynamic shared memory (sm_90's most)
 MAX_REPEAT = 1 << 20  # the times a call runs a CUDA kernel's launches (its blocks)
 # the loop over a repeated CUDA kernel's blocks: its launches see it after the statement's
 # loops (no dim is named so)

@@ -72,6 +72,7 @@ ERR_WORDS = RECORD + 1 + 128
 # dynamic shared memory its launches may ask for (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, _MAX_
 # DYNAMIC_SHARED_SIZE_BYTES)
 FUNC_SHARED_SIZE_BYTES, FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES = 1, 8
+DEV_MAX_SHARED_PER_BLOCK_OPTIN = 97  # (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 FUSED = 1 << 40  # the ids of fused kernels as statements of the tree: FUSED + their index
 LOOP = 1 << 41  # the ids of loop kernels as statements of the tree: LOOP + their index
 
@@ -622,7 +623,14 @@ class CupyDevice:
         # the most shared memory a block may have (a function's dynamic and static together,
         # once the function asks for more than 48 KB: dynamic_shared), and each function's
         # dynamic shared memory its launches ask for
-        self._optin = int(attrs.get("MaxSharedMemoryPerBlockOptin", 48 * 1024))
+        self._optin = attrs.get("MaxSharedMemoryPerBlockOptin")
+        if self._optin is None:  # (CuPy's dictionary without it: the runtime's attribute)
+            try:
+                self._optin = cupy.cuda.runtime.deviceGetAttribute(
+                    DEV_MAX_SHARED_PER_BLOCK_OPTIN, cupy.cuda.Device().id
+                )
+            except Exception:  # noqa: BLE001 - none to be had: 48 KB, a function's own
+                self._optin = 48 * 1024
         self._dynamic: dict[int, int] = {}
         self._mem: dict[int, object] = {}
         self._arenas: dict[int, object] = {}
