@@ -217,9 +217,8 @@ if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
 fi
 # (BENCH_MATMUL may name both precisions, "float32,tensorfloat32": one bench, timerlc run
 # twice, as timerlc and timerlc-tf32, against the same runs of the baselines; 360 s: since
-# the chains of chains, 2026-11-29, PPO 2048's module compiles some 9 s longer here in
-# float32 and 44 s longer with its TF32 functions, once each: CuPy keeps the compiled
-# module for the second run)
+# the chains of chains, 2026-11-29, PPO 2048's module compiles some 9 s longer here with
+# float32 products, once: CuPy keeps the compiled module for the second run)
 stage bench 360 $PY scripts/bench.py --device $DEVICE --backend $BACKEND --algos "$BENCH_ALGOS" \
   --configs "$BENCH_CONFIGS" --iters 10 --repeats 1 --min-diff-seconds "$BENCH_MIN_SECONDS" \
   --baselines "$BENCH_BASELINES" --matmul-precision "$BENCH_MATMUL" --json "$OUT/bench.json"

@@ -1184,7 +1184,8 @@ def test_plans_covered_statements_are_checked():
 @needs_cxx
 def test_a_run_compiles_only_what_it_launches_and_the_rest_where_a_call_needs_it():
     """A run that is not profiled compiles the module without the covered statements'
-    kernels (``FUSED_ONLY``) nor the TF32 functions (``NO_TF32``, float32 products); a call
+    kernels (``FUSED_ONLY``) nor the TF32 functions (``NO_TF32``, float32 products; with
+    TF32 products, ``TF32_ONLY``: nor the float32 functions of chains with TF32 ones); a call
     of a covered statement's own kernel (here: no fused kernel matched, as in a crafted
     plan's run) loads the whole module then, and computes the same values."""
     plan = compile_plan(run_passes(_reinforce_small()))
@@ -1210,7 +1211,7 @@ def test_a_run_compiles_only_what_it_launches_and_the_rest_where_a_call_needs_it
     assert profiled.defines == ("TL_NO_TF32",)
     assert all(hasattr(profiled._module.lib, n) for n in names)
     tf32 = DeviceRuntime(gen.plan, text=gen.text, device=EmuDevice("tensorfloat32"))
-    assert tf32.defines == ("TL_FUSED_ONLY",)
+    assert tf32.defines == ("TL_TF32_ONLY", "TL_FUSED_ONLY")
 
 
 @needs_cxx

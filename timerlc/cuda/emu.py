@@ -145,7 +145,7 @@ class EmuModule:
     """The kernels of a CUDA C text, compiled for the host (kept by the text's hash in
     ``folder``; without one, in ``$TIMERLC_EMU_MODULES`` where set, else in a temporary
     folder removed once the library is loaded); ``defines``: the macros the compile defines
-    (``nvrtc.NO_TF32``, ``nvrtc.FUSED_ONLY``: what a run leaves out of the module, as
+    (``nvrtc.NO_TF32``, ``TF32_ONLY``, ``FUSED_ONLY``: what a run leaves out of the module, as
     the GPU's compile does). Processes may share a folder: each compiles into files of
     their own and renames the library into place."""
 

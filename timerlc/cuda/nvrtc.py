@@ -20,10 +20,14 @@ OPTIONS = ("-std=c++17", "--fmad=false")
 # (docs/cuda.md, "What a run compiles"), defining these where it leaves some out:
 NO_TF32 = "TL_NO_TF32"  # the TF32 functions (a device whose float32 products are float32)
 FUSED_ONLY = "TL_FUSED_ONLY"  # the kernels of the statements fused kernels compute (unprofiled)
+# the float32 functions of chains that have TF32 ones (a device whose float32 products are
+# TF32 runs those: ``ChainCall.tf32``)
+TF32_ONLY = "TL_TF32_ONLY"
 
 
 def options(defines: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """``OPTIONS`` with each of ``defines`` (``NO_TF32``, ``FUSED_ONLY``) defined."""
+    """``OPTIONS`` with each of ``defines`` (``NO_TF32``, ``FUSED_ONLY``, ``TF32_ONLY``)
+    defined."""
     return OPTIONS + tuple(f"-D{d}" for d in defines)
 
 

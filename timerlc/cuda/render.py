@@ -80,7 +80,7 @@ from timerlc.codegen.kir import (
     Un,
 )
 from timerlc.cuda import products
-from timerlc.cuda.nvrtc import NO_TF32
+from timerlc.cuda.nvrtc import NO_TF32, TF32_ONLY
 from timerlc.plan import expr as px
 from timerlc.plan import items
 from timerlc.plan.arena import first_fit
@@ -1050,9 +1050,11 @@ class _Kernel:
                 outer = any(set(x) < mine for x in chains)  # (a chain of chains: o)
                 name = f"{self.k.name}_{j}{'o' if outer else 'c'}"
                 chain = _Step("chain", tuple(steps[q] for q in run))
-                out.append(self.phase(name, chain, [], [], passed))
+                text = self.phase(name, chain, [], [], passed)
                 tf32, shared = (), [self.chain_shared, 0]
-                if chain_tf32(chain.body):  # (its TF32 function: compiled where TF32 is asked)
+                has_tf32 = chain_tf32(chain.body)  # (a run of TF32 products: that one only)
+                out.append(leave_out(text, TF32_ONLY) if has_tf32 else text)
+                if has_tf32:  # (its TF32 function: compiled where TF32 is asked for)
                     chain = dataclasses.replace(chain, form=True)
                     text = self.phase(f"{name}t", chain, [], [], passed)
                     out.append(leave_out(text, NO_TF32))

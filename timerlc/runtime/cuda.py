@@ -1073,15 +1073,20 @@ class DeviceRuntime(CpuRuntime):
         self.device_seconds: dict[int, float] = {}
         self._marks: list[tuple[int, object, object]] = []
         # what the run compiles of the module (docs/cuda.md, "What a run compiles"): not the
-        # TF32 functions where the device's products are float32, nor, unprofiled, the
+        # TF32 functions where the device's products are float32 (where they are TF32, not
+        # the float32 functions of chains that have TF32 ones), nor, unprofiled, the
         # kernels of the statements that only fused kernels compute (kernels.covered): a
         # call of one of those (a run of calls no fused kernel matched) loads the whole
         # module (_whole_module)
-        from timerlc.cuda.nvrtc import FUSED_ONLY, NO_TF32  # (the module's macros)
+        from timerlc.cuda.nvrtc import (  # (the module's macros)
+            FUSED_ONLY,
+            NO_TF32,
+            TF32_ONLY,
+        )
 
         tf32 = getattr(device, "matmul", "float32") == "tensorfloat32"
         lean = bool(plan.kernels.covered) and not profile
-        self.defines = (*(() if tf32 else (NO_TF32,)), *((FUSED_ONLY,) if lean else ()))
+        self.defines = ((TF32_ONLY,) if tf32 else (NO_TF32,)) + ((FUSED_ONLY,) if lean else ())
         phases_of = dict(plan.kernels.launches)
         self._left_out = frozenset(
             name
