@@ -556,7 +556,7 @@ def test_grams_tf32_function_in_a_chain_on_cuda_emu(precision, monkeypatch):
     sums in float64) as one chain: its TF32 function runs where TF32 products are asked
     for (each tile's rows ``CHAIN_STAGE`` at a time through the tensor cores' path,
     ``products.gram_part_tf32_lines(..., chain=True)``, added into the chunk's copy), its
-    float32 one else. The gradients within float32's bound of the exact ones of the
+    float32 one else, each run compiling only the one it runs. The gradients within float32's bound of the exact ones of the
     operands as the products round them (TF32, ties away from zero, or not at all), and
     with TF32 nearer those than the rounding moved them."""
     from test_cuda import cuda_gen, generated
@@ -580,6 +580,9 @@ def test_grams_tf32_function_in_a_chain_on_cuda_emu(precision, monkeypatch):
     assert key[1:] == (chain.tf32 if precision != "float32" else chain.functions)[0][:1]
     assert rt.chain_choices[key][2]  # (the chain ran)
     tf32 = precision == "tensorfloat32"
+    # (each run compiles the one it runs: TL_NO_TF32, TL_TF32_ONLY)
+    assert hasattr(rt._module.lib, chain.functions[0][0]) != tf32
+    assert hasattr(rt._module.lib, chain.tf32[0][0]) == tf32
     rounded = (lambda a: cuda.tf32(a, away=True)) if tf32 else (lambda a: a)
     u = 2.0**-24
     for i in range(2):
