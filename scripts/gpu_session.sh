@@ -203,8 +203,11 @@ stage merged 180 $PY scripts/cuda_sweep.py "${CHECK[@]}" --products fastest \
 # twenty-third session's cut of the value head's gradient out of its row loop: the 64 x 64
 # gram with its sums f521_N_0p/0s (the BLAS's then the sums: 0e), the rows product with
 # `1 - h^2` f521_N_1r (the vector form), the value loss's rows f172_N and the elementwise
-# pass it left, in f530_N; the permutation by buckets' count s119 and sort s119_3)
-NCU_KERNELS=${NCU_KERNELS:-f521_[0-9]+_0p|f521_[0-9]+_0s|f521_[0-9]+_0e|f521_[0-9]+_1r|f142_[0-9]+_0r|f146_[0-9]+_1r|f172_[0-9]+|f530_[0-9]+|f0_[0-9]+|f248_[0-9]+|s119|s119_3}
+# pass it left, in f530_N; the permutation by buckets' count s119 and sort s119_3). Since the
+# twenty-sixth session's chains of chains: the minibatch step's whole forward and backward
+# f121_N_5o (float32; TF32 f121_N_5ot), its inner chains f121_N_Mc, the parameters' copies
+# f283_N, the advantages' gathers and sums f121_N and f121_N_3, Adam's f248_N and f307_N)
+NCU_KERNELS=${NCU_KERNELS:-f121_[0-9]+_5o|f121_[0-9]+_5ot|f121_[0-9]+_[0-9]+c|f121_[0-9]+|f121_[0-9]+_3|f283_[0-9]+|f248_[0-9]+|f307_[0-9]+|s119|s119_3}
 if [ "$DEVICE" = cuda ] && command -v ncu >/dev/null; then
   # (--launch-count is of all the launches the regex matches, in their order: 16 covers
   # each name's first launches, most of them in the first minibatch step; it was 3, which
