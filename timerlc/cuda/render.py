@@ -1051,14 +1051,15 @@ class _Kernel:
                 name = f"{self.k.name}_{j}{'o' if outer else 'c'}"
                 chain = _Step("chain", tuple(steps[q] for q in run))
                 text = self.phase(name, chain, [], [], passed)
-                tf32, shared = (), [self.chain_shared, 0]
+                tf32, shared = (), [16 * _chain_dynamic(chain.body)[0], 0]
                 has_tf32 = chain_tf32(chain.body)  # (a run of TF32 products: that one only)
                 out.append(leave_out(text, TF32_ONLY) if has_tf32 else text)
                 if has_tf32:  # (its TF32 function: compiled where TF32 is asked for)
                     chain = dataclasses.replace(chain, form=True)
                     text = self.phase(f"{name}t", chain, [], [], passed)
                     out.append(leave_out(text, NO_TF32))
-                    tf32, shared[1] = (self.phases.pop(),), self.chain_shared
+                    tf32 = (self.phases.pop(),)
+                    shared[1] = 16 * _chain_dynamic(chain.body, True)[0]
                 pending.append((len(self.phases) - 1, run[-1], self.phases[-1], tf32, shared))
                 made += 1 + len(tf32)
             if j in beside.values():  # (in its product's launch)
@@ -1294,36 +1295,27 @@ class _Kernel:
         (``products.tf32_form``) are made as theirs make them (``_chain_tf32``). Where its
         shared memory passes what a function may declare (``products.SMEM_FLOATS``), the
         pool, the sums' groups and the copies of op(B) are one array of the launch's dynamic
-        shared memory (``TL_DYNAMIC_SHARED``), its bytes ``self.chain_shared`` (the plan's
-        ``ChainCall.shared``, the runtime's to ask for; else 0). The threads it asks for."""
+        shared memory (``TL_DYNAMIC_SHARED``, ``_chain_dynamic``: its bytes the plan's
+        ``ChainCall.shared``, the runtime's to ask for). The threads it asks for."""
         inner = list(st.body)
         n, r = _chain_count(inner), _chain_tile(inner)
         grams = [q for q, x in enumerate(inner) if _is_gram(x)]
         count = products.parts(n) if grams else -(-n // r)
         chunk = _chunk(n) if grams else r
         tf32 = {q: st.form is True and _chain_tf32(x) for q, x in enumerate(inner)}
-        pool = _chain_pool(inner, st.form is True)
         acc = {q: inner[q].own.acc if inner[q].own is not None else None for q in grams}
-        sd = any(acc[q] and not tf32[q] for q in grams)  # (a TF32 gram's sums: in the copy)
-        places: dict[int, str | None] = {q: None for q in range(len(inner))}
-        self.chain_shared = 0
-        if _chain_floats(inner, st.form is True) > products.SMEM_FLOATS:
-            at = -(-pool // 4)  # (float4s: the pool, the sums' groups, the copies of op(B))
-            lines = ["float4 *tl_sm4 = tl_dyn;  // the products' tiles"]
-            if sd:
-                lines.append(f"double *tl_sd = (double *)(tl_dyn + {at});  // (the sums')")
-                at += products.MAX_THREADS * 8 // 2
-            for q, x in enumerate(inner):
-                if x.kind == "blas" and not _is_gram(x):
-                    places[q] = f"tl_dyn + {at}"
-                    at += -(-products.weights_floats(x.form, tf32[q]) // 4)
-            self.emit(1, f"TL_DYNAMIC_SHARED(tl_dyn, {at});  // (the launch's: {16 * at} bytes)")
-            for line in lines:
-                self.emit(1, line)
-            self.chain_shared = 16 * at
+        count4, sd, places = _chain_dynamic(inner, st.form is True)
+        if count4:
+            self.emit(
+                1, f"TL_DYNAMIC_SHARED(tl_dyn, {count4});  // (the launch's: {16 * count4} bytes)"
+            )
+            self.emit(1, "float4 *tl_sm4 = tl_dyn;  // the products' tiles")
+            if sd is not None:
+                self.emit(1, f"double *tl_sd = (double *)(tl_dyn + {sd});  // (the sums')")
         else:
+            pool = _chain_pool(inner, st.form is True)
             self.emit(1, f"__shared__ float4 tl_sm4[{-(-pool // 4)}];  // the products' tiles")
-            if sd:
+            if sd is not None:
                 self.emit(
                     1, f"__shared__ double tl_sd[{products.MAX_THREADS * 8}];  // (the sums')"
                 )
@@ -1343,7 +1335,8 @@ class _Kernel:
             if x.kind == "blas" and not _is_gram(x):
                 g = x.form
                 b = f"{buf(g.b)} + ({self.expr(g.boff)})"
-                for line in products.rows_chain_head(g, b, q, tf32[q], places[q]):
+                at = f"tl_dyn + {places[q]}" if q in places else None
+                for line in products.rows_chain_head(g, b, q, tf32[q], at):
                     self.emit(0 if line.startswith("#") else 1, line)
         if grams and count > 1:  # (each gram's copies: its sums' first, doubles)
             self.emit(1, "__shared__ int tl_last;  // (a ticket's: products.chain_sums_lines)")
@@ -4755,6 +4748,31 @@ def _chain_tf32(st: _Step) -> bool:
     chain's TF32 function makes it as they do (``chain_body``)."""
     g = st.form
     return st.kind == "blas" and products.tf32_form(g.m, g.n, g.k, g.ta, g.tb)
+
+
+def _chain_dynamic(run: list, tf32: bool = False) -> tuple[int, int | None, dict]:
+    """Where a chain of the steps ``run`` keeps its shared memory (``chain_body``; with
+    ``tf32``, its TF32 function): ``(float4s, the sums' groups, {rows product: its copy of
+    op(B)})``, the float4s of the launch's dynamic shared memory and each array's first
+    float4 in it, the pool first, where they pass what a function may declare
+    (``products.SMEM_FLOATS``); else ``(0, sums, {})``, ``sums`` 0 where the chain has
+    float32 grams' column sums (their groups' doubles, ``tl_sd``), None where not."""
+    mine = {q: tf32 and _chain_tf32(st) for q, st in enumerate(run)}
+    sums = any(
+        _is_gram(st) and st.own is not None and st.own.acc is not None and not mine[q]
+        for q, st in enumerate(run)
+    )  # (a TF32 gram's sums: in its copy)
+    if _chain_floats(run, tf32) <= products.SMEM_FLOATS:
+        return 0, 0 if sums else None, {}
+    at = -(-_chain_pool(run, tf32) // 4)
+    sd = at if sums else None
+    at += products.MAX_THREADS * 8 // 2 if sums else 0
+    places = {}
+    for q, st in enumerate(run):
+        if st.kind == "blas" and not _is_gram(st):
+            places[q] = at
+            at += -(-products.weights_floats(st.form, mine[q]) // 4)
+    return at, sd, places
 
 
 def _chain_pool(run: list, tf32: bool = False) -> int:
