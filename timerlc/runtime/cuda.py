@@ -1600,7 +1600,7 @@ class DeviceRuntime(CpuRuntime):
             fns, reads, touched, args, nloops, repeat, blocks = state
             self._current_on_device(touched)
             fresh = self.fresh
-            device, table, scratch_ptr = self.device, self.dtable, self._scratch
+            device, scratch_ptr = self.device, self._scratch
             if self._capturing:  # (what the call waits for in the graph)
                 weight = len(fns) * repeat
                 device.depend(self._order.call(*self._resources(sid), weight))
@@ -1613,13 +1613,7 @@ class DeviceRuntime(CpuRuntime):
                     blocks[:nloops] = args[:nloops]
                     blocks[nloops] = r
                     values = blocks
-                for fn, grid in fns:
-                    if grid:  # (the loop values go by value, with the launch)
-                        device.launch(fn, table, values, scratch_ptr, grid, self._shift)
-                        self.launches += 1
-                        self.chained += 1
-                    else:  # a product (GemmCall)
-                        fn(values, scratch_ptr)
+                self._launch_all(fns, values, scratch_ptr)
             if self._capturing:  # (a product's functions, each one after another)
                 self._order.weigh(self.launches + self.blas_calls - made)
             if self.profile:
@@ -1680,11 +1674,7 @@ class DeviceRuntime(CpuRuntime):
 
         def run(args, scratch_ptr: int):
             def launches():
-                for fn, grid in apart:
-                    if grid:
-                        self._launch_all([(fn, grid)], args, scratch_ptr)
-                    else:
-                        fn(args, scratch_ptr)
+                self._launch_all(apart, args, scratch_ptr)
 
             def chain():
                 self._launch_all(fns, args, scratch_ptr)
@@ -1851,11 +1841,17 @@ class DeviceRuntime(CpuRuntime):
         return run
 
     def _launch_all(self, fns, args, scratch_ptr: int):
-        """Functions of the module launched one after another (``_function``'s)."""
+        """Runs one after another (``_phase_fns``'): a function of the module launched over
+        its blocks (``_function``'s), the loop values ``args`` going by value with the
+        launch, or, where its blocks are 0, a callable of them and the scratch memory's
+        address (a product, a chain)."""
         for fn, grid in fns:
-            self.device.launch(fn, self.dtable, args, scratch_ptr, grid, self._shift)
-            self.launches += 1
-            self.chained += 1
+            if grid:
+                self.device.launch(fn, self.dtable, args, scratch_ptr, grid, self._shift)
+                self.launches += 1
+                self.chained += 1
+            else:
+                fn(args, scratch_ptr)
 
     def _joint(self, call: GemmCall, first, second):
         """Products ``first`` and ``second`` (``_gemm``'s, of ``call`` and the launch after
