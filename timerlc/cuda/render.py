@@ -4813,12 +4813,10 @@ def chain_tf32(run: list) -> bool:
     return any(_chain_tf32(st) for st in run) and _chain_floats(run, True) <= CHAIN_SMEM_FLOATS
 
 
-def _chain_fits(run: list, limit: int | None = None) -> bool:
+def _chain_fits(run: list, limit: int) -> bool:
     """Whether the steps ``run`` (``_chain_rows``': a chain's, over one count of rows) fit
-    one function: their shared memory (``_chain_floats``) at most ``limit`` floats
-    (``CHAIN_SMEM_FLOATS`` by default), each rows product's tile a divisor of the chain's
-    (``_chain_tile``)."""
-    limit = CHAIN_SMEM_FLOATS if limit is None else limit
+    one function: their shared memory (``_chain_floats``) at most ``limit`` floats, each
+    rows product's tile a divisor of the chain's (``_chain_tile``)."""
     tile, rows = _chain_tile(run), _chain_count(run)
     if rows is not None:  # (a loop's rows a tile's: its first level's points whole)
         for st in run:
