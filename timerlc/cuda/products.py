@@ -269,16 +269,15 @@ def rows_chain_head(s, b: str, j: int, tf32: bool = False, at: str | None = None
 
     if tf32:
         nb = _stride(n, 8)
+        declared, alias = declare("float", k * nb), f"float *tl_bs = {w};"
         copy = _weights(s, "B", nb)[1:]
-        declared = declare("float", k * nb)
-        return [declared, "{", f"  const float *B = {b};", f"  float *tl_bs = {w};", *copy, "}"]
-    _, tn, ct, bm, _ = _rows_tiling(n, k, True)
-    vec = _rows_vec(tn, bm, n, k)
-    column = _vec_column(ct) if vec else None
-    weights = _weights(s, "B", n, column)
-    declared = declare("float4", k * n // 4) if vec else declare("float", k * n)
-    alias = f"float *tl_bs = (float *){w};"
-    copy = weights[2:] if vec else weights[1:]
+    else:
+        _, tn, ct, bm, _ = _rows_tiling(n, k, True)
+        vec = _rows_vec(tn, bm, n, k)
+        weights = _weights(s, "B", n, _vec_column(ct) if vec else None)
+        declared = declare("float4", k * n // 4) if vec else declare("float", k * n)
+        alias = f"float *tl_bs = (float *){w};"
+        copy = weights[2:] if vec else weights[1:]
     return [declared, "{", f"  const float *B = {b};", f"  {alias}", *copy, "}"]
 
 
