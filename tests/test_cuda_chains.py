@@ -64,11 +64,11 @@ def _slots(*names: str, written: int) -> tuple:
     return tuple(Slot(x, "f32", k, k, 0, k >= written) for k, x in enumerate(names))
 
 
-def _emulated(dev, text: str, inputs: tuple, outputs: tuple):
+def _emulated(dev, text: str, inputs: tuple, outputs: tuple, scratch: int = 8):
     """A runner of functions of the module ``text`` on the emulated device ``dev``: its
-    table the ``inputs`` (arrays, uploaded) then float32 arrays of the shapes ``outputs``;
-    ``run(name, ...)`` launches each function over two blocks (the loop value 0) in turn
-    and gives the outputs as they are then."""
+    table the ``inputs`` (arrays, uploaded) then float32 arrays of the shapes ``outputs``,
+    ``scratch`` bytes of scratch memory; ``run(name, ...)`` launches each function over two
+    blocks (the loop value 0) in turn and gives the outputs as they are then."""
     module = dev.load(render.head() + "\n" + text)
     ptrs = [dev.alloc(a.nbytes) for a in inputs]
     ptrs += [dev.alloc(4 * int(np.prod(shape))) for shape in outputs]
@@ -79,7 +79,8 @@ def _emulated(dev, text: str, inputs: tuple, outputs: tuple):
 
     def run(*names: str) -> list:
         for name in names:
-            dev.launch(dev.function(module, name), table, np.zeros(1, np.int64), dev.alloc(8), 2)
+            args = np.zeros(1, np.int64)
+            dev.launch(dev.function(module, name), table, args, dev.alloc(scratch), 2)
         got = [np.empty(shape, np.float32) for shape in outputs]
         for p, a in zip(ptrs[len(inputs) :], got):
             dev.download(p, a)
@@ -269,7 +270,7 @@ def test_a_chain_on_blocks_of_a_gpu_s_128_threads():
         cwd=ROOT,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "9 passed" in r.stdout
+    assert "10 passed" in r.stdout
 
 
 @needs_cxx
@@ -641,3 +642,89 @@ def test_a_chain_of_chains_or_its_chains_as_the_device_s_blocks_hold(room, monke
     assert all(ran[key] for key in inner) and (room or inner)
     for (n, _, a), (_, _, b) in zip(got, want, strict=True):
         assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5), n
+
+
+R2 = 1024  # (a gram over them: four copies, each a chunk of four tiles of a chain's)
+
+
+def _layer_and_gradient() -> Kernel:
+    """``u = x / 2``, ``h = tanh(u @ w + b)``, ``dz = h * d``, ``gw = h^T @ dz``, ``z[r] =
+    u[r, 0] + dz[r, N-1]`` over ``R2`` rows: a chain of a loop, a rows product, its
+    epilogue, a loop, a gram and a loop, ``u``, ``h`` and ``dz`` its own, the first step
+    writing ``u`` and the last reading it (no barrier between a tile's last and the next's
+    first but ``_chain_remap``'s)."""
+    r, c = Ref("r"), Ref("c")
+    zero = kir.i64(0)
+    at, xa = kir.add(kir.mul(r, N), c), kir.add(kir.mul(r, K), c)
+    half = Bin("mul", Load("x", xa, "f32"), kir.Const("f32", 0.5), "f32")
+    pre = For("r", zero, kir.i64(R2), (For("c", zero, kir.i64(K), (Store("u", xa, half),)),), True)
+    g1 = Gemm("f32", False, False, R2, N, K, "u", zero, K, "w", zero, N, "h", zero, N)
+    act = Un("tanh", Bin("add", Load("h", at, "f32"), Load("b", c, "f32"), "f32"), "f32")
+    epilogue = For("r", zero, kir.i64(R2), (For("c", zero, kir.i64(N), (Store("h", at, act),)),))
+    epilogue = dataclasses.replace(epilogue, parallel=True)
+    dz = Bin("mul", Load("h", at, "f32"), Load("d", at, "f32"), "f32")
+    loop = For("r", zero, kir.i64(R2), (For("c", zero, kir.i64(N), (Store("dz", at, dz),)),), True)
+    g2 = Gemm("f32", True, False, N, N, R2, "h", zero, N, "dz", zero, N, "gw", zero, N)
+    first = Load("u", kir.mul(r, K), "f32")
+    last = Load("dz", kir.add(kir.mul(r, N), kir.i64(N - 1)), "f32")
+    tail = For("r", zero, kir.i64(R2), (Store("z", r, Bin("add", first, last, "f32")),), True)
+    slots = _slots("x", "w", "b", "d", "u", "h", "dz", "gw", "z", written=4)
+    return Kernel("grad", 0, ("j",), slots, (), (pre, g1, epilogue, loop, g2, tail))
+
+
+@needs_cxx
+def test_a_chain_keeps_its_own_buffers_a_tile_at_a_time_on_cuda_emu():
+    """Buffers only a chain touches, written afresh at each call (``confined``: the plan's,
+    ``codegen.generate._confined``), go a tile at a time into the chunk's first tile's rows
+    (``_chain_remap``: each tile read only by its own later steps; the tile's threads meet
+    before the next tile's first step writes them): on cuda-emu the gram makes NumPy's
+    ``h^T @ (h * d)`` and the last loop its sums, the same bits as with whole buffers, and
+    of ``u``, ``h`` and ``dz`` only each chunk's first tile's rows are written, with its
+    last tile's values. A buffer the kernel touches outside the chain, or not
+    ``confined``, stays whole."""
+    from timerlc.runtime.cuda import EmuDevice
+
+    k = _layer_and_gradient()
+    whole = render._Kernel(k)
+    text = whole.render()
+    mine = render._Kernel(k, confined=frozenset({"u", "h", "dz", "x"}))
+    remapped = mine.render()
+    assert isinstance(mine.phases[0], items.ChainCall) and whole.phases == mine.phases
+    assert "_chain_remap" not in text
+    assert "__syncthreads();  // (in the first tile's rows: m_dz, m_h, m_u; _chain_remap)" in (
+        remapped
+    )
+    assert "(float *)table[5] + 64LL * (tl_lo - tl_rb)" in remapped  # (h)
+    assert "(float *)table[0] + 64LL" not in remapped  # (x: read only)
+    chunk, tile = render._chunk(R2), render.CHAIN_GRAM_ROWS
+    assert chunk == 4 * tile
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((R2, K)).astype(np.float32)
+    w = (rng.standard_normal((K, N)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    d = rng.standard_normal((R2, N)).astype(np.float32)
+    shapes = ((R2, K), (R2, N), (R2, N), (N, N), (R2,))
+    name = mine.phases[0].functions[0][0]
+    assert whole.scratch == mine.scratch >= 4 * N * N * 4  # (the gram's four copies)
+    u0, h0, dz0, gw0, z0 = _emulated(EmuDevice(), text, (x, w, b, d), shapes, whole.scratch)(name)
+    u, h, dz, gw, z = _emulated(EmuDevice(), remapped, (x, w, b, d), shapes, mine.scratch)(name)
+    want_h = np.tanh((x * np.float32(0.5)).astype(np.float64) @ w + b)
+    np.testing.assert_allclose(h0, want_h, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gw0, h0.T.astype(np.float64) @ (h0 * d), rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(z0, u0[:, 0] + dz0[:, N - 1])
+    np.testing.assert_array_equal(gw, gw0)
+    np.testing.assert_array_equal(z, z0)
+    poison = np.full(4, EmuDevice.POISON, np.uint8).view(np.uint32)[0]
+    for a, a0 in ((u, u0), (h, h0), (dz, dz0)):
+        for p in range(0, R2, chunk):
+            np.testing.assert_array_equal(a[p : p + tile], a0[p + chunk - tile : p + chunk])
+            assert (a[p + tile : p + chunk].view(np.uint32) == poison).all()
+    # (dz read after the chain, by a loop of one thread the last loop then joins: h alone)
+    r = Ref("r")
+    after = For("r", kir.i64(0), kir.i64(R2), (Store("e", r, Load("dz", kir.mul(r, N), "f32")),))
+    slots = (*k.slots, Slot("e", "f32", len(k.slots), len(k.slots), 0, True))
+    late = dataclasses.replace(k, slots=slots, body=(*k.body, after))
+    outside = render._Kernel(late, confined=frozenset({"u", "h", "dz"}))
+    got = outside.render()
+    assert isinstance(outside.phases[0], items.ChainCall)
+    assert "(in the first tile's rows: m_h; _chain_remap)" in got

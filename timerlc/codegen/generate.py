@@ -29,7 +29,10 @@ from timerlc.plan.items import (
     GemmCall,
     Kernels,
     Plan,
+    SwapIn,
+    SwapOut,
     digest,
+    walk,
 )
 
 KERNEL_FILE = "kernels/cpu.ll"
@@ -121,7 +124,11 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
     fused: dict[tuple, kir.Kernel] = {}
     trees = lower_tree(plan, eligible, fused, horizontal=True, cost=cost, chains=chain_saved)
     used = {s.kernel for t in trees for s in kir.walk_tree(t.body) if isinstance(s, kir.Launch)}
-    more, refused, fused_launches = render_kernels([k for k in fused.values() if k.name in used])
+    mine = [k for k in fused.values() if k.name in used]
+    fails = {k.sid for k in kernels if launches[k.name].fails}
+    more, refused, fused_launches = render_kernels(
+        mine, confined=_confined(plan, mine, recorded, fails)
+    )
     fused_ok = [k for k in fused.values() if k.name in used and k.name not in refused]
     # the statements whose every call the trees make through a fused kernel: only a profile
     # launches their own kernels (a run that is not profiled compiles the module without
@@ -161,6 +168,44 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
         interpreted,
         tuple(fused_ok),
     )
+
+
+def _confined(plan: Plan, fused: list, recorded: set, fails: set) -> dict[str, frozenset]:
+    """Per fused kernel, the slots whose buffers nothing but its statements touches (no
+    other statement reads them, nor the run: no output, metric or swap, no donor's memory),
+    each call of the kernel writing them afresh (a window of one slot along one of its
+    loop dims: a call reads only what it wrote), none of those statements able to fail (a
+    failure's statement is computed again from its inputs: ``runtime``): the buffers its
+    chains may keep a tile at a time (``cuda.render._chain_remap``)."""
+    touched: dict[int, set] = {}  # (a statement's buffer -> the statements touching it)
+    for s in plan.statements:
+        touched.setdefault(s.id, set()).add(s.id)
+        for node in s.nodes:
+            for r in node.inputs:
+                if r.stored:
+                    touched.setdefault(r.src, set()).add(s.id)
+    kept = set(recorded)
+    for it in walk(plan.tree):
+        if isinstance(it, (SwapIn, SwapOut)):
+            kept.update(it.buffers)
+    for b in plan.buffers:
+        if b.donor is not None:
+            kept.update((b.id, b.donor))
+    out = {}
+    for k in fused:
+        parts = set(k.parts)
+        names = []
+        for slot in k.slots:
+            sid = slot.sid
+            if slot.state or sid not in parts or sid in kept:
+                continue
+            window = plan.buffer(sid).window
+            if window is None or window.size != 1 or window.dim not in k.params:
+                continue
+            if touched.get(sid, {sid}) <= parts and not touched[sid] & fails:
+                names.append(slot.name)
+        out[k.name] = frozenset(names)
+    return out
 
 
 def listing(gen: Generated) -> str:

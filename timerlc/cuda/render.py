@@ -690,23 +690,29 @@ extern "C" void tl_set_shift_emu(long long *shift, const int *index, long long n
 """
 
 
-def render_module(kernels, blas: bool = True) -> tuple[str, dict[str, str], dict[str, Launches]]:
+def render_module(
+    kernels, blas: bool = True, confined: dict | None = None
+) -> tuple[str, dict[str, str], dict[str, Launches]]:
     """The CUDA C text of the ``kernels`` it renders (after ``head()``), why it renders none
     of the others (kernel name -> reason), and how each it renders runs; ``blas``: a gemm
     whose offsets are plan expressions is a call of the device's BLAS (else a step of
-    ours, one thread per element of the product)."""
-    parts, skipped, launches = render_kernels(kernels, blas)
+    ours, one thread per element of the product); ``confined``: per kernel name, the
+    buffers only it touches, written afresh at each call (``codegen.generate._confined``:
+    its chains may keep them a tile at a time, ``_chain_remap``)."""
+    parts, skipped, launches = render_kernels(kernels, blas, confined)
     return "\n".join([head(), SHIFT_KERNEL, *parts]), skipped, launches
 
 
-def render_kernels(kernels, blas: bool = True) -> tuple[list[str], dict[str, str], dict]:
+def render_kernels(
+    kernels, blas: bool = True, confined: dict | None = None
+) -> tuple[list[str], dict[str, str], dict]:
     """``render_module``'s kernels without the module's head: the text of each it renders,
     why it renders none of the others, how each it renders runs."""
     parts, skipped, launches = [], {}, {}
     _TOUCHED.clear()  # (a build's statements: they go)
     for k in kernels:
         try:
-            r = _Kernel(k, blas)
+            r = _Kernel(k, blas, confined=(confined or {}).get(k.name, frozenset()))
             parts.append(r.render())
             fails = any(isinstance(s, Fail) for s in kir.walk_tree(k.body))
             launches[k.name] = Launches(tuple(r.phases), r.scratch, fails, k.repeat)
@@ -927,7 +933,12 @@ def buf(b: str) -> str:
 
 class _Kernel:
     def __init__(
-        self, k: kir.Kernel, blas: bool = True, merge_rows: bool = True, choosing: bool = True
+        self,
+        k: kir.Kernel,
+        blas: bool = True,
+        merge_rows: bool = True,
+        choosing: bool = True,
+        confined: frozenset = frozenset(),
     ):
         # (not where two of its buffers are one memory, a donation's: a loop reading the
         # donor's at one row and another writing the statement's at another would meet)
@@ -947,6 +958,9 @@ class _Kernel:
         self.phases: list[tuple[str, int]] = []  # (function, threads) launched in order
         self.parts: dict[str, list] = {}  # a reduction's scratch: name -> [dtype, n, offset]
         self.others: set[str] = set()  # the buffers the other steps use
+        # the buffers nothing but this kernel touches, written afresh at each call
+        # (``codegen.generate._confined``; a chain's, ``_chain_remap``)
+        self.confined = frozenset(confined)
         self.scratch = k.scratch_bytes
         self.copies_at = 0  # (the scratch byte our products' copies start at: _copies_region)
         self.rows = False  # (a statement of a loop kernel: cuda/loops.py)
@@ -1365,6 +1379,11 @@ class _Kernel:
         )
         self.emit(3, "const bool tl_first = tl_c0 == tl_lo;  (void)tl_first;")
         outside = self.others
+        # (the buffers whose tiles take turns in the chunk's first tile's rows)
+        remap = _chain_remap(inner, self.confined - outside) if chunk > r else {}
+        if remap:  # (the tile before read them to its last step: none writes them yet)
+            names = ", ".join(buf(x) for x in remap)
+            self.emit(3, f"__syncthreads();  // (in the first tile's rows: {names}; _chain_remap)")
         bufs = [_buffers(x.statements()) for x in inner]
         for q, x in enumerate(inner):
             self.others = outside.union(*(b for i, b in enumerate(bufs) if i != q))
@@ -1377,7 +1396,10 @@ class _Kernel:
             for slot in self.k.slots:
                 if slot.name in bufs[q]:
                     t, b = MTYPE[slot.dtype], buf(slot.name)
-                    self.emit(4, f"[[maybe_unused]] {t} *{b} = ({t} *)table[{slot.index}];")
+                    at = f"({t} *)table[{slot.index}]"
+                    if slot.name in remap:
+                        at = f"{at} + {remap[slot.name]}LL * (tl_lo - tl_rb)"
+                    self.emit(4, f"[[maybe_unused]] {t} *{b} = {at};")
             self._chain_step(x, q, n, acc, copies, tf32)
             self.emit(3, "}")
         self.others = outside
@@ -4842,6 +4864,20 @@ def _chain_local(run: list) -> bool:
     """Whether the steps ``run`` (``_chain_rows``'s, over one count of rows) never meet
     across rows (``_rows_local``: a product as the loop nest of its accesses, A's and C's,
     with its epilogue's), and none writes what a product reads as its B."""
+    loops, weights, mine = _chain_accesses(run)
+    for k, own in mine:
+        others = [x for q, st in enumerate(run) if q != k for x in _chain_statements(st)]
+        if own & _buffers(others):
+            return False
+    items = _chain_levels(run, loops)
+    return items is not None and not weights & _written(loops) and _levels_local(items)
+
+
+def _chain_accesses(run: list) -> tuple[list, set, list]:
+    """``(loops, weights, grams' own)``: the steps ``run``'s accesses as loops (a product's
+    as the loop nest of its A's and C's, ``_product_loop``, with its epilogue; a gram's of
+    its A's and B's, ``_gram_loop``), the rows products' B, and per gram ``(its number, its
+    C, its sums and what runs after them)``."""
     loops, weights, mine = [], set(), []
     for k, st in enumerate(run):
         if st.kind in ("parallel", "either"):
@@ -4858,15 +4894,45 @@ def _chain_local(run: list) -> bool:
         loops.append(_product_loop(g, f"tl_chain{k}"))
         if st.own is not None and st.own.epilogue is not None:
             loops.append(st.own.epilogue)
-    for k, own in mine:
-        others = [x for q, st in enumerate(run) if q != k for x in _chain_statements(st)]
-        if own & _buffers(others):
-            return False
+    return loops, weights, mine
+
+
+def _chain_levels(run: list, loops: list) -> list | None:
+    """``[(loop, its row levels)]`` of a chain's ``loops`` over its rows (``_row_levels``),
+    or None where one has none."""
     rows = _chain_count(run)
     levels = [_row_levels(s, rows) for s in loops]
-    if any(x is None for x in levels):
-        return False
-    return not weights & _written(loops) and _levels_local(list(zip(loops, levels)))
+    return None if any(x is None for x in levels) else list(zip(loops, levels))
+
+
+def _chain_remap(run: list, confined: frozenset) -> dict[str, int]:
+    """The buffers of ``confined`` (no step of the kernel outside the chain ``run`` touches
+    them, nothing outside the kernel does, and each call writes them afresh: the plan's
+    ``codegen.generate._confined``) that a chain may keep a tile at a time in its chunk's
+    first tile's rows (``chain_body``), by their row stride ``S``: written by its steps,
+    accessed in all of them only at ``S * r + f + base`` (``_row_stride``), not a rows
+    product's B nor a gram's C, sums or what runs after them. Each tile's values are
+    read only by the tile's later steps, so the chunk's tiles may take turns in one
+    tile's memory: the chunks' first tiles, a quarter of the rows where a chunk has four,
+    stay in the GPU's L2 cache where the whole arrays (PPO's minibatch step: 132 MiB of
+    activations and their gradients) went out to its memory."""
+    if not confined:
+        return {}
+    loops, weights, mine = _chain_accesses(run)
+    items = _chain_levels(run, loops)
+    if items is None:
+        return {}
+    banned = set(weights).union(*(own for _, own in mine))
+    written = _written(loops)
+    accesses, varying = _level_accesses(items)
+    out = {}
+    for name in sorted(confined - banned):
+        uses = accesses.get(name)
+        if name in written and uses:
+            stride = _row_stride(uses, items, varying)
+            if stride is not None:
+                out[name] = stride
+    return out
 
 
 def _levels_local(items: list) -> bool:
@@ -4877,49 +4943,64 @@ def _levels_local(items: list) -> bool:
     inner loops' ranges, ``base`` of the call's values alone and the same for all (a ring
     buffer's slot) — a thread doing every loop's points of its rows touches nothing of
     another's rows (``_rows_local``'s rule over one loop variable, here over levels)."""
-    accesses: dict = {}  # buffer -> [(loop number, index, inner ranges, written)]
+    accesses, varying = _level_accesses(items)
+    for uses in accesses.values():
+        if not any(w for _, _, _, w in uses) or len({k for k, _, _, _ in uses}) < 2:
+            continue
+        if _row_stride(uses, items, varying) is None:
+            return False
+    return True
+
+
+def _level_accesses(items: list) -> tuple[dict, set]:
+    """The loads and stores of the loops of ``items`` (``_levels_local``'s), by buffer
+    (``_collect``: ``[(loop number, index, inner ranges, written)]``), and the locals their
+    bodies set."""
+    accesses: dict = {}
     for k, (loop, levels) in enumerate(items):
         node = loop
         for _ in levels[1:]:  # (the nest's levels: each the only statement of the one before)
             node = node.body[0]
         _collect(node.body, k, {}, accesses)
-    varying = set().union(*(_lets(loop.body) for loop, _ in items))
-    for uses in accesses.values():
-        if not any(w for _, _, _, w in uses) or len({k for k, _, _, _ in uses}) < 2:
-            continue
-        stride, base = None, None
-        for k, index, ranges, _ in uses:
-            levels = items[k][1]
-            lin = _lin(index)
-            if lin is None:
-                return False
-            s = lin.get(levels[-1][0], 0)
-            if s <= 0 or stride not in (None, s):
-                return False
-            stride = s
-            rest = {v: c for v, c in lin.items() if v not in {x for x, _, _ in levels}}
-            w = 1
-            for var, lo, n in reversed(levels):
-                if lin.get(var, 0) != s * w:
-                    return False
-                for v, c in _lin(lo).items():  # (the start's part: the base's)
-                    rest[v] = rest.get(v, 0) + s * w * c
-                w *= n
-            lo = hi = rest.pop(None, 0)
-            sym = {}
-            for v, c in rest.items():
-                r = ranges.get(v)
-                if v in ranges and r is None or v in varying and c:
-                    return False  # (an inner loop's of no constant bounds; a local's)
-                if r is not None:
-                    lo += min(c * r[0], c * r[1])
-                    hi += max(c * r[0], c * r[1])
-                elif c:
-                    sym[v] = c
-            if base not in (None, sym) or lo < 0 or hi >= s:
-                return False
-            base = sym
-    return True
+    return accesses, set().union(*(_lets(loop.body) for loop, _ in items))
+
+
+def _row_stride(uses: list, items: list, varying: set) -> int | None:
+    """The row stride ``S`` of a buffer whose every access of ``uses`` (``_level_accesses``'
+    of the loops of ``items``) is at ``S * r + f + base`` (``_levels_local``); else None."""
+    stride, base = None, None
+    for k, index, ranges, _ in uses:
+        levels = items[k][1]
+        lin = _lin(index)
+        if lin is None:
+            return None
+        s = lin.get(levels[-1][0], 0)
+        if s <= 0 or stride not in (None, s):
+            return None
+        stride = s
+        rest = {v: c for v, c in lin.items() if v not in {x for x, _, _ in levels}}
+        w = 1
+        for var, lo, n in reversed(levels):
+            if lin.get(var, 0) != s * w:
+                return None
+            for v, c in _lin(lo).items():  # (the start's part: the base's)
+                rest[v] = rest.get(v, 0) + s * w * c
+            w *= n
+        lo = hi = rest.pop(None, 0)
+        sym = {}
+        for v, c in rest.items():
+            r = ranges.get(v)
+            if v in ranges and r is None or v in varying and c:
+                return None  # (an inner loop's of no constant bounds; a local's)
+            if r is not None:
+                lo += min(c * r[0], c * r[1])
+                hi += max(c * r[0], c * r[1])
+            elif c:
+                sym[v] = c
+        if base not in (None, sym) or lo < 0 or hi >= s:
+            return None
+        base = sym
+    return stride
 
 
 def _collect(stmts, k: int, ranges: dict, accesses: dict):
