@@ -1126,6 +1126,35 @@ def test_the_cuda_build_joins_ifs_of_one_condition_and_moves_calls_across_ifs():
     assert set(calls(cu.plan)) == set(calls(gen.plan))
 
 
+def test_calls_between_two_ifs_of_a_metric_run_before_them():
+    """Two ``if``s of one condition with calls between them become one (``by_level``'s
+    ``merged``); where they hold a metric's call (which the host records: no device graph
+    holds its branch), calls that touch nothing of theirs run once before them rather
+    than in both branches: PPO's minibatch clip fraction, between its statistics' ``if``
+    and ``last_clipfrac``'s, is called at every step of the loop outside any ``if``, in a
+    graph with the step's other launches. Where the ifs record nothing the calls go into
+    both branches, as before (the parameters' merges beside the minibatch step's)."""
+    path = Path(__file__).resolve().parent.parent / "programs" / "ppo.rtl"
+    _, gen = generated(path, B=8, T=16, total_steps=256)
+    cu = cuda_gen(gen)
+    last = {name: sid for name, sid, _ in gen.plan.metrics}["last_clipfrac"]
+    (frac,) = {r.src for n in gen.plan.statement(last).nodes for r in n.inputs if r.stored}
+
+    def paths(tree, sid, path=()):  # (the ifs' branches around each call of ``sid``)
+        for it in tree:
+            if isinstance(it, items.Loop):
+                yield from paths(it.body, sid, path)
+            elif isinstance(it, items.If):
+                yield from paths(it.then, sid, (*path, "then"))
+                yield from paths(it.orelse, sid, (*path, "else"))
+            elif isinstance(it, items.Call) and it.statement == sid:
+                yield path
+
+    assert list(paths(cu.plan.tree, frac)) == [()]
+    merge = next(b.id for b in gen.plan.buffers if b.name == "net.pi_w1")
+    assert sorted(paths(cu.plan.tree, merge)) == [("else",), ("then",)]
+
+
 def test_loops_over_one_range_that_meet_only_at_their_row_are_one_step():
     """A statement's ops over the rows of its value, each into a temporary (PPO's gradient
     of the logits: six loops over 65,536 rows, five launches), are one loop, a thread per

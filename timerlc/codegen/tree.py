@@ -457,9 +457,14 @@ def by_level(plan: Plan, kernels: dict[int, kir.Kernel], recorded: set[int], cos
 
     def merged(items) -> tuple[list, set[int]]:
         """``items`` with each two ``if``s of one condition with only calls between them as
-        one, the calls in both branches (a condition reads only the loop values, which
-        nothing in a body changes: ``if c: A else: B; X; if c: C else: D`` is
-        ``if c: A X C else: B X D``), and the positions of the ``if``s made so."""
+        one (a condition reads only the loop values, which nothing in a body changes), and
+        the positions of the ``if``s made so: ``if c: A else: B; X; if c: C else: D`` is
+        ``X; if c: A C else: B D`` where the ``if``s hold a call the host records and the
+        calls ``X`` may run before the first (``movable``, touching nothing its branches
+        write, writing nothing they read), else ``if c: A X C else: B X D`` (the calls in
+        both branches, where they may join a branch's launches). A branch with a host's
+        record is no device graph's (``runtime.graphs``): PPO's minibatch clip fraction,
+        in both branches of its statistics' ``if``, was a launch of its own each step."""
         out = list(items)
         made: set[int] = set()
         k = 0
@@ -477,11 +482,28 @@ def by_level(plan: Plan, kernels: dict[int, kir.Kernel], recorded: set[int], cos
                 k += 1
                 continue
             between, last = tuple(out[k + 1 : j]), out[j]
+            if before(between, first) and recording(first, last):
+                joint = PlanIf(first.cond, first.then + last.then, first.orelse + last.orelse)
+                out[k : j + 1] = [*between, joint]
+                made.add(k + len(between))
+                k += len(between)
+                continue
             then = first.then + between + last.then
             orelse = first.orelse + tuple(map(copied, between)) + last.orelse
             out[k : j + 1] = [PlanIf(first.cond, then, orelse)]
             made.add(k)
         return out, made
+
+    def recording(*its) -> bool:
+        """Whether the items ``its`` hold a call whose values the host records."""
+        return any(isinstance(c, Call) and c.statement in recorded for c in walk(its))
+
+    def before(calls: tuple, it) -> bool:
+        """Whether the ``calls`` right after item ``it`` may run before it (``merged``)."""
+        if not calls or not all(movable(c) for c in calls):
+            return False
+        reads, writes = touches(it)
+        return not any(w & (reads | writes) or r & writes for r, w in map(touches, calls))
 
     def joined(order: list) -> list:
         """``order`` with its ``if``s of one condition joined (``merged``), the branches of
