@@ -203,6 +203,25 @@ def test_ppo_s_rollout_is_one_kernel_computing_what_the_launches_compute():
     assert saved >= 3 * 17 * 6
 
 
+def test_a_loop_kernel_whose_temporaries_are_all_in_shared_memory_takes_no_scratch():
+    """A loop kernel whose temporaries are each in a block's shared memory
+    (``_shared_temps``) or a thread's own takes no scratch memory (its plan row's 0): the
+    graph's launches that use the scratch memory need not wait for it, nor it for them (the
+    rollout beside the permutation of the epoch's minibatches). Where a temporary does not
+    fit (PPO's rollout at 1,024 hidden units: three of 8 KiB a block), the kernel takes its
+    bytes, as its function's pointers into the scratch memory say."""
+    for hidden, scratch in ((64, False), (1024, True)):
+        _, gen = _program("ppo", B=16, T=16, total_steps=768, H=hidden)
+        ops = {s.id: {n.op for n in s.nodes} for s in gen.plan.statements}
+        (rollout,) = [r for r in gen.plan.kernels.loops if any("env_step" in ops[s] for s in r[0])]
+        bodies = [  # (the loop kernels' functions: the rollout's steps the environments)
+            gen.text[k : gen.text.index("\n}\n", k)]
+            for k in (m.start() for m in re.finditer(r"void tl_loop_\w+\(", gen.text))
+        ]
+        (text,) = [b for b in bodies if "m_E_state" in b]
+        assert (rollout[2] > 0) == ("(scratch + " in text) == scratch, hidden
+
+
 def test_a_block_keeps_the_temporaries_whose_accesses_stay_in_their_row_in_shared_memory():
     """``_shared_temps``: a temporary each of whose accesses is at byte ``C * row + f``,
     ``f`` within the row's ``C`` bytes, is the block's rows in its shared memory; not one

@@ -945,7 +945,7 @@ class _Reader:
         self.path[-1] = "[1]"
         blocks = self.int_(v[1], 1, MAX_LOOP_BLOCKS)
         self.path[-1] = "[2]"
-        scratch = self.int_(v[2], 8, MAX_LOOP_SCRATCH)
+        scratch = self.int_(v[2], 0, MAX_LOOP_SCRATCH)
         self.path.pop()
         return sids, blocks, scratch
 
