@@ -298,6 +298,30 @@ def test_the_waits_of_a_call_are_those_that_touch_its_bytes():
     assert order.call((), ("c",)) == {1, 4}  # 5 writes c: after its writer and readers
 
 
+def test_calls_take_halves_of_the_scratch_memory_in_turn():
+    """``DeviceRuntime._scratch_for``: a call that fits in half of the scratch memory takes
+    the half the last such call did not (its bytes at the start, or ending at the end,
+    256-byte aligned), and that half is its resource in the graph (``"scratch"``,
+    ``"scratch-top"``): two such calls one after the other wait for nothing of each
+    other's; a larger call takes both, after both; a call of none takes none."""
+    gen = _program("ppo", {"B": 4, "T": 16, "total_steps": 256})
+    rt = DeviceRuntime(gen.plan, lambda *m: None, text=gen.text, device=EmuDevice())
+    total, base = rt._scratch_bytes, rt._scratch
+    rt._statement_scratch.update({-1: 0, -2: 1000, -3: total})
+    assert total >= 4 * 1000 and total % 256 == 0
+    assert rt._scratch_for(-1) == (base, ())
+    first, second, third = (rt._scratch_for(-2) for _ in range(3))
+    assert first == third and {first[1], second[1]} == {("scratch",), ("scratch-top",)}
+    bottom, top = sorted((first, second))
+    assert bottom == (base, ("scratch",)) and top[1] == ("scratch-top",)
+    assert (top[0] - base) % 256 == 0 and base + total // 2 <= top[0] <= base + total - 1000
+    assert rt._scratch_for(-3) == (base, ("scratch", "scratch-top"))
+    order = graphs.Order({})
+    order.call((), first[1])
+    assert order.call((), second[1]) == set()
+    assert order.call((), ("scratch", "scratch-top")) == {0, 1}
+
+
 def test_a_graph_s_longest_chain_counts_the_launches_that_wait_for_each_other():
     """``graphs.Order.chain``: the launches and products a GPU runs one after another (a
     call's own in a row, then the longest chain of the calls it waits for); calls beside it

@@ -75,6 +75,7 @@ FUNC_SHARED_SIZE_BYTES, FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES = 1, 8
 DEV_MAX_SHARED_PER_BLOCK_OPTIN = 97  # (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 FUSED = 1 << 40  # the ids of fused kernels as statements of the tree: FUSED + their index
 LOOP = 1 << 41  # the ids of loop kernels as statements of the tree: LOOP + their index
+SCRATCH_ALIGN = 256  # bytes: where a call's scratch memory may start (``_scratch_for``)
 
 
 # which computes a product that has functions of ours too (``GemmCall.own``,
@@ -1150,9 +1151,10 @@ class DeviceRuntime(CpuRuntime):
         # metrics on their way down: (name, dims, points, the device's copy, offset, dtype)
         self._metrics: collections.deque = collections.deque()
         loop_scratch = [n for _, _, n in plan.kernels.loops] if self.use_loops else []
-        self._scratch = self._alloc(
-            max([8] + [n for _, _, n in plan.kernels.statements] + fused_scratch + loop_scratch)
-        )
+        most = max([8] + [n for _, _, n in plan.kernels.statements] + fused_scratch + loop_scratch)
+        self._scratch_bytes = -(-most // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        self._scratch = self._alloc(self._scratch_bytes)
+        self._scratch_top = False  # (where the last call that fits a half took its scratch)
         phases = self.phases = dict(plan.kernels.launches)
         for k, (_, fphases) in enumerate(plan.kernels.fused_launches):
             phases[FUSED + k] = fphases
@@ -1367,16 +1369,33 @@ class DeviceRuntime(CpuRuntime):
             self.device.upload(self.dtable, self.dtable_host)
             self._table_dirty = False
 
+    def _scratch_for(self, sid: int) -> tuple[int, tuple]:
+        """Where a call of statement ``sid`` takes its scratch memory, and the halves of it
+        that are then its (``graphs.Order``'s ``"scratch"``, ``"scratch-top"``): a call
+        that fits in half of it takes the half the last such call did not, its bytes at the
+        start or at the end, so that two calls one after the other that touch nothing of
+        each other's need not wait for each other (PPO's rollout's permutation of the
+        epoch's minibatches and the critic's pass after the rollout); a larger one, both."""
+        need = self._statement_scratch.get(sid, 0)
+        if need <= 0:
+            return self._scratch, ()
+        if 2 * need + 2 * SCRATCH_ALIGN > self._scratch_bytes:
+            return self._scratch, ("scratch", "scratch-top")
+        self._scratch_top = not self._scratch_top
+        if not self._scratch_top:
+            return self._scratch, ("scratch",)
+        at = (self._scratch_bytes - need) // SCRATCH_ALIGN * SCRATCH_ALIGN
+        return self._scratch + at, ("scratch-top",)
+
     def _resources(self, sid: int) -> tuple[tuple, tuple]:
         """What a call of statement ``sid`` reads and writes (``graphs.Order``): buffers by
-        id, the scratch memory, the environments' state, the BLAS (its workspace)."""
+        id, the environments' state, the BLAS (its workspace); the scratch memory's halves
+        are the call's own (``_scratch_for``)."""
         got = self._resources_of.get(sid)
         if got is None:
             touched = self.touched_of((sid,))
             reads = tuple(s for s, w in touched if not w)
             writes = tuple(s for s, w in touched if w)
-            if self._statement_scratch.get(sid, 0) > 0:
-                writes += ("scratch",)
             if any(self.statements[p].is_env for p in self.parts(sid)):
                 writes += ("env",)
             if any(isinstance(f, GemmCall) for f in self.phases.get(sid, ())):
@@ -1600,10 +1619,12 @@ class DeviceRuntime(CpuRuntime):
             fns, reads, touched, args, nloops, repeat, blocks = state
             self._current_on_device(touched)
             fresh = self.fresh
-            device, scratch_ptr = self.device, self._scratch
+            device = self.device
+            scratch_ptr, halves = self._scratch_for(sid)
             if self._capturing:  # (what the call waits for in the graph)
                 weight = len(fns) * repeat
-                device.depend(self._order.call(*self._resources(sid), weight))
+                reads, writes = self._resources(sid)
+                device.depend(self._order.call(reads, writes + halves, weight))
                 made = self.launches + self.blas_calls
             if self.profile:
                 start = device.mark()

@@ -243,7 +243,8 @@ def capturable_fn(launch_only: set[int]):
 class Order:
     """What each call of a graph must wait for (its launches wait as one): the calls before it
     that wrote what it reads or writes, or read what it writes. What a call touches is
-    named by resources (a buffer's id, ``"scratch"``, ``"env"``); ``alias`` maps a resource
+    named by resources (a buffer's id, the scratch memory's halves ``"scratch"`` and
+    ``"scratch-top"``, ``"env"``); ``alias`` maps a resource
     to those whose bytes meet its (itself among them: the arena gives buffers that do not
     live at once the same bytes, a donee its donor's). The device runs calls that need not
     wait for each other at once (``depend``): a replay is a graph, not a chain."""
