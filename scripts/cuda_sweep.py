@@ -50,6 +50,8 @@ all of them. The knobs:
 - ``--chain-floats``: ``cuda.render.CHAIN_SMEM_FLOATS``, the most shared memory a chain's
   function takes (floats; past 12,000 the launch's dynamic shared memory: chains of chains;
   12000: none).
+- ``--chain-remap``: ``cuda.render.CHAIN_REMAP`` (1: a chain's own buffers a tile at a time
+  in its chunk's first tile's rows, ``_chain_remap``; 0: the whole buffers).
 
 ``--matmul-precision tensorfloat32`` runs them all with TF32 products (ours, cuBLAS's, the
 joint functions).
@@ -119,6 +121,7 @@ def main() -> int:
     ap.add_argument("--merged-sums", default="256", help="comma-separated MERGED_SUMS values")
     ap.add_argument("--beside", default="1", help="comma-separated BESIDE values (0, 1)")
     ap.add_argument("--chains", default="1", help="comma-separated CHAINS values (0, 1)")
+    ap.add_argument("--chain-remap", default="1", help="comma-separated CHAIN_REMAP (0, 1)")
     ap.add_argument(
         "--chain-floats", default="25600", help="comma-separated CHAIN_SMEM_FLOATS values"
     )
@@ -159,6 +162,7 @@ def main() -> int:
         numbers(args.beside),
         numbers(args.chains),
         numbers(args.chain_floats),
+        numbers(args.chain_remap),
     )
     for (
         parts,
@@ -181,6 +185,7 @@ def main() -> int:
         beside,
         chains,
         chain_floats,
+        remap,
     ) in knobs:
         render.PARTS, render.ARRAY_PARTS, render.UNROLL = parts, array_parts, unroll
         render.GRAM_SUMS, products.MAX_PARTS, products.COPY_BATCH = bool(sums), pparts, batch
@@ -188,7 +193,7 @@ def main() -> int:
         render.IN_FLIGHT, products.VEC_ROWS = flight, bool(vec)
         products.VEC_GRAMS, products.MERGED_SUMS = bool(vec_grams), merged
         render.BESIDE, render.CHAINS = bool(beside), bool(chains)
-        render.CHAIN_SMEM_FLOATS = chain_floats
+        render.CHAIN_SMEM_FLOATS, render.CHAIN_REMAP = chain_floats, bool(remap)
         render.PERM_BUCKETS, render.LONG_ROW = buckets, long_row
         device.MAX_BLOCKS = blocks or own
         device.products = policy
@@ -200,7 +205,7 @@ def main() -> int:
             f"MAX_PARTS {pparts} COPY_BATCH {batch} JOINTS {joints} SEQ_TIES {ties} "
             f"IN_FLIGHT {flight} VEC_ROWS {vec} VEC_GRAMS {vec_grams} PERM_BUCKETS {buckets} "
             f"LONG_ROW {long_row} MERGED_SUMS {merged} BESIDE {beside} CHAINS {chains} "
-            f"CHAIN_SMEM_FLOATS {chain_floats}"
+            f"CHAIN_SMEM_FLOATS {chain_floats} CHAIN_REMAP {remap}"
         )
         try:
             r = co.program(device, args.program, sets, True, True, True)

@@ -565,6 +565,8 @@ REDUCTIONS_AHEAD = True
 # each rows product's tile); CHAIN_GRAM_ROWS where a gram is among them (its copies'
 # chunks whole tiles of them)
 CHAINS = True
+# a chain's own buffers a tile at a time in its chunk's first tile's rows (_chain_remap)
+CHAIN_REMAP = True
 CHAIN_ROWS = 128
 CHAIN_GRAM_ROWS = 64
 # the most shared memory a chain's function takes, in floats (100 KB: two blocks an SM of
@@ -1380,7 +1382,7 @@ class _Kernel:
         self.emit(3, "const bool tl_first = tl_c0 == tl_lo;  (void)tl_first;")
         outside = self.others
         # (the buffers whose tiles take turns in the chunk's first tile's rows)
-        remap = _chain_remap(inner, self.confined - outside) if chunk > r else {}
+        remap = _chain_remap(inner, self.confined - outside) if CHAIN_REMAP and chunk > r else {}
         if remap:  # (the tile before read them to its last step: none writes them yet)
             names = ", ".join(buf(x) for x in remap)
             self.emit(3, f"__syncthreads();  // (in the first tile's rows: {names}; _chain_remap)")
