@@ -270,7 +270,7 @@ def test_a_chain_on_blocks_of_a_gpu_s_128_threads():
         cwd=ROOT,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "10 passed" in r.stdout
+    assert "11 passed" in r.stdout
 
 
 @needs_cxx
@@ -488,6 +488,53 @@ def test_a_chain_s_loops_may_be_nests_whose_first_levels_are_its_rows_on_cuda_em
     want = (h @ w)[:, 0]
     np.testing.assert_allclose(z[S * T2 :], want, rtol=1e-5, atol=1e-5)
     assert not z[: S * T2].any()  # (b of j = 0: not this call's)
+
+
+@needs_cxx
+def test_a_chain_of_nests_keeps_its_own_buffers_a_tile_at_a_time_on_cuda_emu():
+    """The nests' chain with a gram after it (``gw = h^T @ y`` over the 192 rows: one copy,
+    one chunk of three tiles, each a ``b``): ``h`` and ``y`` a tile at a time in the
+    chunk's first tile's rows (``_chain_remap``: the nest's row ``(b - j * 3) * 64 + t``,
+    its stride the row's 4 and 8 elements) make the same ``z`` and ``gw`` bits as whole."""
+    from timerlc.runtime.cuda import EmuDevice
+
+    k = _nested()
+    gram = Gemm(
+        "f32",
+        True,
+        False,
+        4,
+        8,
+        S * T2,
+        "h",
+        kir.i64(0),
+        4,
+        "y",
+        kir.i64(0),
+        8,
+        "gw",
+        kir.i64(0),
+        8,
+    )
+    slots = (*k.slots, Slot("gw", "f32", len(k.slots), len(k.slots), 0, True))
+    k = dataclasses.replace(k, slots=slots, body=(*k.body, gram))
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2 * S * T2, 4)).astype(np.float32)
+    w = rng.standard_normal((4, 8)).astype(np.float32)
+    got = []
+    for confined in (frozenset(), frozenset({"h", "y"})):
+        r = render._Kernel(k, confined=confined)
+        text = r.render()
+        assert isinstance(r.phases[0], items.ChainCall)
+        assert ("(in the first tile's rows: m_h, m_y; _chain_remap)" in text) == bool(confined)
+        shapes = ((S * T2, 4), (S * T2, 8), (2 * S * T2,), (4, 8))
+        run = _emulated(EmuDevice(), text, (x, w), shapes, max(r.scratch, 8))
+        got.append(run(r.phases[0].functions[0][0]))
+    (h0, y0, z0, gw0), (h, y, z, gw) = got
+    np.testing.assert_allclose(gw0, h0.T.astype(np.float64) @ y0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(z, z0)
+    np.testing.assert_array_equal(gw, gw0)
+    np.testing.assert_array_equal(h[:T2], h0[2 * T2 :])  # (the last tile's, in the first's)
 
 
 def test_a_reduction_moves_ahead_of_the_loops_it_touches_nothing_of():

@@ -129,13 +129,11 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
     more, refused, fused_launches = render_kernels(
         mine, confined=_confined(plan, mine, recorded, fails)
     )
-    fused_ok = [k for k in fused.values() if k.name in used and k.name not in refused]
+    fused_ok = [k for k in mine if k.name not in refused]
     # the statements whose every call the trees make through a fused kernel: only a profile
     # launches their own kernels (a run that is not profiled compiles the module without
     # them: render.FUSED_ONLY)
-    apart = {
-        sid for k in fused.values() if k.name in used and k.name in refused for sid in k.parts
-    }
+    apart = {sid for k in mine if k.name in refused for sid in k.parts}
     in_fused = {sid for k in fused_ok for sid in k.parts} - apart
     covered = {k.sid for k in kernels if k.sid in in_fused and k.name not in used}
     texts = [leave_out(t, FUSED_ONLY) if k.sid in covered else t for k, t in zip(kernels, texts)]

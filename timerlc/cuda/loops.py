@@ -235,9 +235,10 @@ def render_loop(plan, around, loop, kernels, launches, recorded, fname) -> LoopK
     blocks = max(1, min(-(-rows // per_block), 1 << 20))
     text = _LoopText(plan, scope, loop, rowk, fname, per_block, rows).render()
     # (none of its temporaries in the scratch memory, each in a block's shared memory or a
-    # thread's own: the kernel takes none, and a graph's launches that do need not wait
-    # for it, nor it for them: the rollout beside the next epoch's permutation)
-    if not any(rk.in_scratch for rk in rowk.values()):
+    # thread's own, and nothing else of its text naming it but its signature: the kernel
+    # takes none, and a graph's launches that do need not wait for it, nor it for them:
+    # the rollout beside the next epoch's permutation)
+    if not any(rk.in_scratch for rk in rowk.values()) and text.count("scratch") == 1:
         scratch = 0
     return LoopKernel(fname, calls, blocks, scratch, text)
 
