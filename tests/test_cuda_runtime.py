@@ -2061,3 +2061,29 @@ def test_matmul_precision_tensorfloat32_rounds_the_products_operands(tmp_path):
     r = cli("run", prog, "--matmul-precision", "tensorfloat32", "--no-progress")
     assert r.exit_code == 2
     assert "--matmul-precision tensorfloat32 is for the cuda backends" in r.stderr
+
+
+def test_a_run_prints_its_chains_and_joint_products_as_chosen(capsys):
+    """``runner._print_chains`` and ``_print_joints`` (one helper, ``_print_choices``): a
+    line of how many ran each way, then a line for each that was timed at its first call
+    (a choice untimed, as on the emulation, has none)."""
+    import types
+
+    from timerlc import runner
+
+    rt = types.SimpleNamespace(
+        chain_choices={
+            ("chain", "f_0o"): (2e-5, 1e-5, True),
+            ("chain", "f_3c"): (None, None, False),
+        },
+        joint_choices={("joint", "a", "b"): (3e-6, 4e-6, False)},
+        product_disagreements={},
+    )
+    runner._print_chains(rt)
+    runner._print_joints(rt)
+    assert capsys.readouterr().err.splitlines() == [
+        "  chains: 1 of 2 ran as one function, 1 as the launches they stand for",
+        "    f_0o: the chain 10.0 us, the launches 20.0 us -> the chain",
+        "  pairs of products in one pass (TF32): 0 ran so, 1 apart",
+        "    a then b: joint 4.0 us, apart 3.0 us -> apart",
+    ]

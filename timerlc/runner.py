@@ -256,47 +256,56 @@ def _print_chains(rt):
     """Which chains (steps over the same rows as one function: ``DeviceRuntime.
     chain_choices``) ran, and which ran as the launches they stand for, with the times
     where they were timed."""
-    choices = getattr(rt, "chain_choices", None)
-    if not choices:
-        return
-    ran = sum(1 for *_, c in choices.values() if c)
-    print(
-        f"  chains: {ran} of {len(choices)} ran as one function, {len(choices) - ran} as the "
-        "launches they stand for",
-        file=sys.stderr,
-    )
-    for key, (apart, chain, mine) in sorted(choices.items()):
-        if apart is None:
-            continue
-        print(
-            f"    {' '.join(key[1:])}: the chain {1e6 * chain:.1f} us, the launches "
-            f"{1e6 * apart:.1f} us -> {'the chain' if mine else 'the launches'}",
-            file=sys.stderr,
+
+    def row(key, apart, chain, mine):
+        return (
+            f"{' '.join(key[1:])}: the chain {1e6 * chain:.1f} us, the launches "
+            f"{1e6 * apart:.1f} us -> {'the chain' if mine else 'the launches'}"
         )
+
+    _print_choices(
+        getattr(rt, "chain_choices", None),
+        lambda ran, apart: (
+            f"chains: {ran} of {ran + apart} ran as one function, {apart} as "
+            "the launches they stand for"
+        ),
+        row,
+    )
 
 
 def _print_joints(rt):
     """Which pairs of products with joint functions (a layer's ``dz @ W^T`` and its
     weight's gradient in one pass, TF32: ``DeviceRuntime.joint_choices``) ran joint, with
     the times where they were timed."""
-    choices = getattr(rt, "joint_choices", None)
-    if not choices:
-        return
-    joint = sum(1 for *_, j in choices.values() if j)
-    print(
-        f"  pairs of products in one pass (TF32): {joint} ran so, {len(choices) - joint} apart",
-        file=sys.stderr,
-    )
-    for key, (apart, together, mine) in sorted(choices.items()):
-        if apart is None:
-            continue
+
+    def row(key, apart, together, mine):
         far = getattr(rt, "product_disagreements", {}).get(key)
         wrong = "" if far is None else f" (joint faster, but a C {far:.1e} from the other's)"
-        print(
-            f"    {' then '.join(key[1:])}: joint {1e6 * together:.1f} us, apart "
-            f"{1e6 * apart:.1f} us -> {'joint' if mine else 'apart'}{wrong}",
-            file=sys.stderr,
+        return (
+            f"{' then '.join(key[1:])}: joint {1e6 * together:.1f} us, apart "
+            f"{1e6 * apart:.1f} us -> {'joint' if mine else 'apart'}{wrong}"
         )
+
+    _print_choices(
+        getattr(rt, "joint_choices", None),
+        lambda joint, apart: (
+            f"pairs of products in one pass (TF32): {joint} ran so, {apart} apart"
+        ),
+        row,
+    )
+
+
+def _print_choices(choices, count, row):
+    """A line of how many of ``choices`` (key -> ``(the other way's seconds or None, this
+    way's, whether this way ran)``) ran this way and how many the other (``count``), then
+    a line for each that was timed (``row``)."""
+    if not choices:
+        return
+    mine = sum(1 for *_, c in choices.values() if c)
+    print(f"  {count(mine, len(choices) - mine)}", file=sys.stderr)
+    for key, (other, this, chosen) in sorted(choices.items()):
+        if other is not None:
+            print(f"    {row(key, other, this, chosen)}", file=sys.stderr)
 
 
 def _print_plan_profile(plan: Plan, rt, wall: float):
