@@ -234,11 +234,11 @@ def render_loop(plan, around, loop, kernels, launches, recorded, fname) -> LoopK
     _shared_temps(facts, rowk, per_block)
     blocks = max(1, min(-(-rows // per_block), 1 << 20))
     text = _LoopText(plan, scope, loop, rowk, fname, per_block, rows).render()
-    # (none of its temporaries in the scratch memory, each in a block's shared memory or a
-    # thread's own, and nothing else of its text naming it but its signature: the kernel
-    # takes none, and a graph's launches that do need not wait for it, nor it for them:
-    # the rollout beside the next epoch's permutation)
-    if not any(rk.in_scratch for rk in rowk.values()) and text.count("scratch") == 1:
+    # (its text naming the scratch memory only in its signature, each temporary in a
+    # block's shared memory or a thread's own: the kernel takes none, and a graph's
+    # launches that do need not wait for it, nor it for them: the rollout beside the next
+    # epoch's permutation)
+    if text.count("scratch") == 1:
         scratch = 0
     return LoopKernel(fname, calls, blocks, scratch, text)
 
@@ -462,7 +462,6 @@ class _RowKernel(render._Kernel):
         # temporaries in the block's shared memory: name -> (array, bytes a row, bytes)
         self.in_shared: dict[str, tuple[str, int, int]] = {}
         self.pointed: set[str] = set()  # (those a call points at: declared)
-        self.in_scratch = False  # (a temporary of the device's scratch memory pointed at)
         self.rows = True
         self.step_list = self._steps()
         for st in self.step_list:
@@ -490,7 +489,6 @@ class _RowKernel(render._Kernel):
 
     def temp_pointer(self, tmp: str, dt: str, off: int) -> str:
         if tmp not in self.in_shared:
-            self.in_scratch = True
             return super().temp_pointer(tmp, dt, off)
         self.pointed.add(tmp)
         array, c, _ = self.in_shared[tmp]
