@@ -885,7 +885,7 @@ def _functions(k: kir.Kernel, blas: bool) -> int:
         r = _Kernel(k, blas, choosing=False)
         _check_supported(r.k.body)
         steps = r._steps()
-        return sum(1 for j, _, _ in r._units(steps) if steps[j].kind != "blas")
+        return sum(1 for j, _, _ in r._units(steps, spread=True) if steps[j].kind != "blas")
     except Unsupported:
         return len(k.parts or (k.sid,)) + 1
 
@@ -967,6 +967,8 @@ class _Kernel:
         self.copies_at = 0  # (the scratch byte our products' copies start at: _copies_region)
         self.rows = False  # (a statement of a loop kernel: cuda/loops.py)
         self.one_block = False  # (a step run by one block, the last of a reduction's)
+        self.spreading = False  # (steps every block runs alike: ``spread_phase``)
+        self.spread: set[int] = set()  # (the reductions every block makes: ``_spread``)
         self.groups_of = None  # (the number of the reduction whose groups' copies are combined)
         self.hoisted: dict = {}  # a load -> the local it was read into (column_loop)
         # the values a thread stored that it may read back from a local (``forwarded``):
@@ -1015,7 +1017,10 @@ class _Kernel:
         for v, (dt, _) in passed.items():
             passed[v] = (dt, offset)
             offset += 8
-        for part in self.parts.values():  # the reductions' partial results, after them
+        shared = {p for j in self.spread for p in self._parts_of(steps[j].number)}
+        for p, part in self.parts.items():  # the reductions' partial results, after them
+            if p in shared:  # (in each block's shared memory: spread_phase)
+                continue
             part[2] = offset
             offset += (part[1] * _SIZE[part[0]] + 7) // 8 * 8
         self.scratch = max(self.k.scratch_bytes, offset)
@@ -1092,7 +1097,9 @@ class _Kernel:
             stores = sorted(v for v in passed if any(v in defined[q] for q in at))
             self.others = others(j)
             then = [(steps[t], others(t)) for t in tail]
-            out.append(self.phase(fname, st, loads, stores, passed, then or None))
+            spread = j in self.spread  # (no value it passes read elsewhere: _spread)
+            stores = [] if spread else stores
+            out.append(self.phase(fname, st, loads, stores, passed, then or None, spread))
         while pending:
             resolve()
         paired: set[int] = set()
@@ -1118,7 +1125,7 @@ class _Kernel:
         of them that may be chains (``_chains``)."""
         steps = self._steps()
         self._partners_next(steps)
-        units = self._units(steps)
+        units = self._units(steps, spread=True)
         defined, used, passed = self._passing(steps)
         return (
             steps,
@@ -1558,11 +1565,17 @@ class _Kernel:
             then.append(self.phases.pop())
         return dataclasses.replace(call, own=tuple(mine), then=tuple(then))
 
-    def _units(self, steps: list[_Step]) -> list[tuple[int, list[int], list[int]]]:
+    def _units(
+        self, steps: list[_Step], spread: bool = False
+    ) -> list[tuple[int, list[int], list[int]]]:
         """The functions the ``steps`` run as, in order: ``(j, head, tail)``, step ``j`` and
         the steps ``tail`` (``head``'s among them) that its last block runs after it (a
-        ``blas`` step: a product of the device's BLAS, no function)."""
+        ``blas`` step: a product of the device's BLAS, no function). With ``spread``, the
+        reductions every block makes whole, then its steps, the last over the grid
+        (``_spread``), are ``self.spread``."""
         units = []
+        if spread:
+            self.spread = set()
         j = 0
         while j < len(steps):
             st = steps[j]
@@ -1609,9 +1622,66 @@ class _Kernel:
                     )
                 ):
                     tail.append(tail[-1] + 1)
+                whole = self._spread(steps, j, head) if spread else None
+                if whole is not None and whole[-1] > tail[-1]:
+                    tail = whole
+                    self.spread.add(j)
             units.append((j, head, tail))
             j = (tail[-1] if tail else j) + 1
         return units
+
+    def _spread(self, steps: list[_Step], j: int, head: list[int]) -> list[int] | None:
+        """The steps a function runs after reduction ``j`` (into locals, of at most
+        ``SPREAD_TERMS`` terms over loops of constant bounds) where every block makes the
+        whole reduction itself (``spread_phase``): ``head``, the step that combines it,
+        the runs on one thread after it, then the step of parallel loops after them, over
+        the grid; None where that could compute other values. The blocks make the same
+        sums in the same order, so each block's thread 0 computes the same values and
+        stores the same bits; that holds while nothing the blocks read changes during the
+        launch: the runs read nothing they (or the reduction) write but after writing it,
+        the loops write nothing the runs or the reduction touch and read none of the runs'
+        locals, none of them can fail, no buffer is another's memory, and no value the runs
+        pass on is read by another function. Gradient clipping's norm and the Adam
+        updates that scale by it (PPO's minibatch step): one launch, no ticket, where the
+        updates were a launch after the norm's (the last block's updates of a few
+        thousand points, then the rest)."""
+        red = steps[j]
+        if not SPREAD or self.rows or self.k.shared or red.form[0] != "scalar":
+            return None
+        loops = [x for x in kir.walk_tree([red.body]) if isinstance(x, For)]
+        if any(not (isinstance(x.lo, Const) and isinstance(x.hi, Const)) for x in loops):
+            return None
+        if _terms(red.body) > SPREAD_TERMS:
+            return None
+        q = j + 2  # (after the combining step: runs on one thread, then the loops)
+        while q < len(steps) and steps[q].kind == "serial":
+            q += 1
+        if q >= len(steps) or steps[q].kind not in ("parallel", "either"):
+            return None
+        last = steps[q]
+        order = [steps[x] for x in (j, *head, *range(j + 1, q))]  # (as the function runs)
+        if any(_fails(x) for x in order + [last]):
+            return None
+        region = [x for st in order for x in st.statements()]
+        if _written(last.statements()) & _buffers(region):
+            return None
+        lets = set().union(*(_lets(st.body) for st in order if st.kind == "serial"))
+        if _refs(last.statements()) & lets:
+            return None
+        writes, before = _written(region), set()
+        for st in order:
+            for x in st.body if st.kind == "serial" else st.statements():
+                if _read(x) & writes - before:
+                    return None
+                before |= _written([x])
+        mine = {j, *head, *range(j + 1, q + 1)}
+        defined, used, passed = self._passing(steps)
+        outside = set().union(
+            *(used[x] | set(defined[x]) for x in range(len(steps)) if x not in mine)
+        )
+        if lets & set(passed) & outside:
+            return None
+        return [*head, *range(j + 1, q + 1)]
 
     def _repack(self, steps: list[_Step], units: list, chains=()):
         """The temporaries placed anew in the scratch memory, two sharing bytes only where no
@@ -2162,28 +2232,25 @@ class _Kernel:
             body.append(For(b, kir.i64(0), nparts, (Store(acc, Ref(q), total),)))
         return For(q, kir.i64(0), kir.i64(size), tuple(body), True), n
 
-    def phase(self, fname: str, st: _Step, loads, stores, passed, then=None) -> str:
+    def phase(self, fname: str, st: _Step, loads, stores, passed, then=None, spread=False) -> str:
         """One step as a function (``then``: the step that combines a reduction's results
-        and what the other steps use, run by the reduction's last block to finish)."""
+        and what the other steps use, run by the reduction's last block to finish; with
+        ``spread``, by every block after it made the whole reduction, ``spread_phase``)."""
         self.lines = []
         self.local_temps = set()
         self.jumps = set()
         self.one_block = False
         kind, body = st.kind, st.body
-        if kind == "reduce":
+        if kind == "reduce" and spread:
+            threads = self.spread_phase(st, then, loads, stores, passed)
+        elif kind == "reduce":
             if then is not None:  # (its own accumulators, apart from the values passed on)
                 self.emit(1, "{")
             grouped = self._grouped(st, then)
             threads = self.reduction(st, grouped)
             if then is not None:
                 self.emit(1, "}")
-                # a temporary the reduction kept per thread or per block: the temporary
-                # itself for the combining step
-                wanted = set().union(*(_buffers(t.statements()) for t, _ in then))
-                for t in self.k.temps:
-                    if t.name in self.local_temps and t.name in wanted:
-                        mt = MTYPE[t.dtype]
-                        self.emit(1, f"{mt} *{buf(t.name)} = ({mt} *)(scratch + {t.offset});")
+                self.temps_again(then)
                 self.last_block(then, loads, stores, passed, st if grouped else None)
         tail = st.form.tail if kind == "gemm" and isinstance(st.form, _Own) else ()
         if kind != "reduce":
@@ -2247,6 +2314,50 @@ class _Kernel:
         if barrier:
             head.append("  if (__syncthreads_or(tl_stop)) return;  // an earlier step failed")
         return "\n".join(head + self.lines + ["}"]) + "\n"
+
+    def spread_phase(self, st: _Step, then: list, loads, stores, passed) -> int:
+        """A reduction (``_spread``'s) that every block makes whole: its threads each every
+        ``blockDim.x``-th term (``TL_UNROLL``: the loads of several terms in flight), a tree
+        in shared memory into the block's one partial result (in shared memory too, the
+        count of results 1); then the steps ``then`` but the last, each as the last block
+        of a reduction runs it (the combination the same loop, over one result), the
+        threads meeting between two; then the last (parallel loops) over the grid. The
+        threads it asks for: the last step's."""
+        count = st.number
+        for p in self._parts_of(count):
+            self.emit(1, f"__shared__ {MTYPE[self.parts[p][0]]} {buf(p)}[1];")
+            self.local_temps.add(p)
+        self.emit(1, "{")
+        self.one_block = True
+        self.reduction(st)
+        self.emit(1, "}")
+        self.temps_again(then)
+        self.emit(1, "__syncthreads();")
+        self.spreading = True
+        self.in_one_block(then[:-1], loads, stores, passed)
+        self.spreading = False
+        self.emit(1, "__syncthreads();")
+        last, others = then[-1]
+        outside, self.others = self.others, others
+        threads = self.step_body(last, loads, stores, passed)
+        self.others = outside
+        return threads
+
+    def temps_again(self, then: list):
+        """After a reduction's scope: each temporary the reduction kept per thread or per
+        block that the steps ``then`` use, the temporary itself again (for the combining
+        step)."""
+        wanted = set().union(*(_buffers(t.statements()) for t, _ in then))
+        for t in self.k.temps:
+            if t.name in self.local_temps and t.name in wanted:
+                mt = MTYPE[t.dtype]
+                self.emit(1, f"{mt} *{buf(t.name)} = ({mt} *)(scratch + {t.offset});")
+
+    def _parts_of(self, count: int) -> list[str]:
+        """The scratch names of reduction ``count``'s partial results (``_combine``)."""
+        return [
+            p for p in self.parts if p == f"tl_nparts{count}" or p.startswith(f"tl_part{count}_")
+        ]
 
     def last_block(self, then: list, loads, stores, passed, grouped=None):
         """After a reduction's partial results: each block takes a ticket, and the last to
@@ -2368,7 +2479,7 @@ class _Kernel:
             threads = 1
             mine = _lets(body)
             skip = self.label()
-            if self.one_block and body:
+            if self.one_block and body and not self.spreading:
                 body = self.combined_by_block(body)
             who = "threadIdx.x == 0" if self.one_block else "blockIdx.x == 0 && threadIdx.x == 0"
             segments = self._block_sums(body)
@@ -2993,7 +3104,7 @@ class _Kernel:
                     self.emit(1, f"{CTYPE[dt]} {name(acc)} = {identity(ops[acc], dt)};")
                     own[acc] = name(acc)
             depth = self.open_guard(st)
-            self.grid_loop(loop, depth, epilogue=False, own=set(accs))
+            self.grid_loop(loop, depth, epilogue=False, own=set(accs), unroll=self.one_block)
             if st.guard is not None:
                 self.emit(1, "}")
             for acc in accs:
@@ -3010,8 +3121,9 @@ class _Kernel:
             self.emit(2, "__syncthreads();")
             self.emit(1, "}")
             self.emit(1, "if (threadIdx.x == 0) {")
+            at = "0" if self.one_block else "blockIdx.x"  # (every block's own: spread_phase)
             for j, (acc, dt) in enumerate(accs.items()):
-                self.emit(2, f"{buf(f'tl_part{count}_{j}')}[blockIdx.x] = tl_red_{name(acc)}[0];")
+                self.emit(2, f"{buf(f'tl_part{count}_{j}')}[{at}] = tl_red_{name(acc)}[0];")
             threads = min(_extent(loop, PARTS * THREADS), PARTS * THREADS)
         else:
             _, accs, inner = form
@@ -3071,7 +3183,10 @@ class _Kernel:
             self.emit(1, "if (threadIdx.x == 0) {")
             blocks = _array_blocks(t.size, grouped)
             threads = min(_extent(loop, blocks), blocks) * THREADS
-        self.emit(2, f"if (blockIdx.x == 0) {buf(f'tl_nparts{count}')}[0] = gridDim.x;")
+        if self.one_block:  # (every block's own result: spread_phase)
+            self.emit(2, f"{buf(f'tl_nparts{count}')}[0] = 1;")
+        else:
+            self.emit(2, f"if (blockIdx.x == 0) {buf(f'tl_nparts{count}')}[0] = gridDim.x;")
         self.emit(2, f"if (tl_fail) tl_failed(err, tl_fail, {self.k.sid}, args);")
         self.emit(1, "}")
         return threads
@@ -3301,6 +3416,7 @@ class _Kernel:
         own=(),
         collapse=False,
         skew=0,
+        unroll=False,
     ):
         """A parallel loop over the grid (or, given ``first`` and ``step``, over what they
         say): each thread its iterations, its own locals (but ``own``, declared before) and
@@ -3358,6 +3474,8 @@ class _Kernel:
                 if epilogue:
                     self.block_done(depth)
                 return
+            if unroll:  # (a sum's terms: their loads in flight, spread_phase)
+                self.emit(depth, "TL_UNROLL")
             self.emit(depth, f"for (long long {v} = {first}; {v} < {hi}; {v} += {step}) {{")
             body = s.body
         self.point(s, body, depth, mine, own)
@@ -3905,6 +4023,12 @@ def _pushed_in(s):
 # the most a step before or after a reduction's combination may ask to join it (a 64x64
 # weight gradient's copy: 32 points a thread of the last block)
 TAIL_THREADS = 4096
+# a reduction into locals of at most this many terms, over loops of constant bounds, whose
+# results the grid's next step needs (more points than a last block takes): every block
+# sums all of its terms itself and goes on with that step (``_Kernel._spread``), where the
+# step was a launch of its own after the reduction's
+SPREAD = True
+SPREAD_TERMS = 16384
 
 
 def _apart(run: _Step, red: _Step, shared=()) -> bool:
@@ -4235,6 +4359,14 @@ def _touched(s) -> tuple[frozenset, frozenset]:
         got = (s, frozenset(both), frozenset(written))
         _TOUCHED[id(s)] = got
     return got[1], got[2]
+
+
+def _read(s) -> set[str]:
+    """The buffers statement ``s`` reads."""
+    out = {e.buf for e in _exprs((s,)) if isinstance(e, Load)}
+    for x in kir.walk_tree((s,)):
+        out.update(kir.own_buffers(x)[0])
+    return out
 
 
 def _buffers(body) -> set[str]:

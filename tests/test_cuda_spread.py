@@ -1,0 +1,131 @@
+"""A small reduction that every block makes whole, then the loops after it over the grid:
+one function where they were two (``cuda.render._Kernel._spread``, ``spread_phase``), and
+the cases where the blocks could compute other values, which stay two."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from timerlc.codegen import kir
+from timerlc.codegen.kir import Bin, Cast, For, Let, Load, Ref, Slot, Store, Temp, Un
+from timerlc.cuda import render
+from timerlc.cuda.emu import compiler
+from timerlc.runtime.cuda import EmuDevice
+
+needs_cxx = pytest.mark.skipif(compiler() is None, reason="no host C++ compiler")
+
+N = 6000  # (more points than a reduction's last block takes, TAIL_THREADS)
+F32, F64 = "f32", "f64"
+
+
+def _kernel(loops_write_x=False, run_reads_first=False, loops_read_local=False, local_after=False):
+    """``acc = sum(x * x)`` (float64), then on one thread ``t[0] = f32(acc)`` (or, with
+    ``run_reads_first``, ``c[0] = c[0] + f32(acc)``: the run reads what it writes before
+    writing it), then ``y[k] = x[k] / sqrt(t[0])`` for ``N`` points (with ``loops_write_x``
+    into ``x`` itself; with ``loops_read_local``, times a local of the run's; with
+    ``local_after``, that local plus ``y[0]`` stored into ``c`` after the loops)."""
+    e, k = Ref("e"), Ref("k")
+    x = Load("x", e, F32)
+    term = Cast(Bin("mul", x, x, F32), F64)
+    red = For(
+        "e", kir.i64(0), kir.i64(N), (Let("acc", F64, Bin("add", Ref("acc", F64), term, F64)),)
+    )
+    red = For(red.var, red.lo, red.hi, red.body, reduce=(("acc", "add"),))
+    total = Cast(Ref("acc", F64), F32)
+    if run_reads_first:
+        run = [Store("c", kir.i64(0), Bin("add", Load("c", kir.i64(0), F32), total, F32))]
+        norm = Load("c", kir.i64(0), F32)
+    else:
+        run = [Store("t", kir.i64(0), total)]
+        norm = Load("t", kir.i64(0), F32)
+    value = Bin("div", Load("x", k, F32), Un("sqrt", norm, F32), F32)
+    if loops_read_local or local_after:
+        run.append(Let("s", F32, Bin("mul", total, total, F32)))
+    if loops_read_local:
+        value = Bin("mul", value, Ref("s", F32), F32)
+    out = "x" if loops_write_x else "y"
+    loop = For("k", kir.i64(0), kir.i64(N), (Store(out, k, value),), True)
+    later = Bin("add", Ref("s", F32), Load("y", kir.i64(0), F32), F32)  # (after the loops)
+    after = (Store("c", kir.i64(0), later),) if local_after else ()
+    body = (Let("acc", F64, kir.Const(F64, 0.0)), red, *run, loop, *after)
+    slots = (Slot("x", F32, 0, 0, 0, loops_write_x), Slot("y", F32, 1, 1, 0, True))
+    slots += (Slot("c", F32, 2, 2, 0, True),)
+    return kir.Kernel("s0", 0, (), slots, (Temp("t", F32, 0, 1),), body)
+
+
+def _run(k: kir.Kernel, c0: float = 1.0) -> tuple:
+    """The kernel rendered, its functions run in turn on the emulated device over three
+    blocks each (``EmuDevice.MAX_BLOCKS``: one after another, so a block sees what the
+    blocks before it wrote); the renderer, its text and ``(x, y, c)`` after the run (``x``
+    the sines, ``c`` starting at ``c0``)."""
+    r = render._Kernel(k)
+    text = r.render()
+    dev = EmuDevice()
+    module = dev.load(render.head() + "\n" + text)
+    arrays = [X.copy(), np.zeros(N, np.float32), np.full(1, c0, np.float32)]
+    ptrs = [dev.alloc(a.nbytes) for a in arrays]
+    for ptr, a in zip(ptrs, arrays):
+        dev.upload(ptr, a)
+    table = dev.alloc(8 * len(ptrs))
+    dev.upload(table, np.array(ptrs, np.uint64))
+    scratch = dev.alloc(max(r.scratch, 8))
+    for fn, _ in r.phases:
+        dev.launch(dev.function(module, fn), table, np.zeros(1, np.int64), scratch, 3)
+    for ptr, a in zip(ptrs, arrays):
+        dev.download(ptr, a)
+    return r, text, arrays
+
+
+X = (np.sin(np.arange(N) * 0.01) + 0.5).astype(np.float32)
+NORM = np.float32(np.sum(X.astype(np.float64) ** 2))
+
+
+@needs_cxx
+def test_a_small_norm_and_the_loops_after_it_are_one_function():
+    """Every block sums the 6,000 squares itself (its threads every ``blockDim.x``-th,
+    a tree), its thread 0 stores the norm, then the block takes its points of the loop:
+    one function over the loop's points, no ticket; the values NumPy's. Off
+    (``SPREAD``), the reduction's last block runs the run, and the loops are a launch
+    after it."""
+    r, text, (x, y, _) = _run(_kernel())
+    assert r.phases == [("s0", N)]
+    assert "tl_count(err)" not in text and "m_tl_nparts0[0] = 1;" in text
+    assert "__shared__ double m_tl_part0_0[1];" in text
+    np.testing.assert_allclose(y, X / np.sqrt(NORM), rtol=1e-6)
+    np.testing.assert_array_equal(x, X)
+    assert render.functions(_kernel()) == 1
+    old = render.SPREAD
+    try:
+        render.SPREAD = False
+        apart, _, (_, y_apart, _) = _run(_kernel())
+        assert render.functions(_kernel()) == 2
+    finally:
+        render.SPREAD = old
+    assert apart.phases == [("s0", N), ("s0_3", N)]
+    np.testing.assert_allclose(y_apart, y, rtol=1e-6)
+
+
+@needs_cxx
+@pytest.mark.parametrize(
+    "case", ["loops_write_x", "run_reads_first", "loops_read_local", "local_after"]
+)
+def test_a_reduction_whose_blocks_could_differ_stays_apart(case):
+    """Where a block could read what another block's run or loops already changed, the
+    loops stay a launch after the reduction's: the loops write what the reduction reads
+    (x normalized in place: a later block would sum the normalized values); the run reads
+    what it writes before writing it (``c += norm``: each block would add again); the
+    loops read a local of the run's (thread 0's alone); a function after the loops reads
+    a local of the run's (which the run would not pass on). The values NumPy's."""
+    r, _, (x, y, c) = _run(_kernel(**{case: True}))
+    assert len(r.phases) == 2 + (case == "local_after"), r.phases
+    if case == "loops_write_x":
+        np.testing.assert_allclose(x, X / np.sqrt(NORM), rtol=1e-6)
+    elif case == "run_reads_first":
+        np.testing.assert_allclose(c, [1 + NORM], rtol=1e-6)
+        np.testing.assert_allclose(y, X / np.sqrt(1 + NORM), rtol=1e-6)
+    elif case == "loops_read_local":
+        np.testing.assert_allclose(y, X / np.sqrt(NORM) * NORM * NORM, rtol=1e-5)
+    else:
+        np.testing.assert_allclose(y, X / np.sqrt(NORM), rtol=1e-6)
+        np.testing.assert_allclose(c, [NORM * NORM + y[0]], rtol=1e-6)
