@@ -52,6 +52,9 @@ all of them. The knobs:
   12000: none).
 - ``--chain-remap``: ``cuda.render.CHAIN_REMAP`` (1: a chain's own buffers a tile at a time
   in its chunk's first tile's rows, ``_chain_remap``; 0: the whole buffers).
+- ``--spread``: ``cuda.render.SPREAD`` (1: a small reduction every block makes whole, then
+  the loops after it over the grid, one launch, ``_Kernel._spread``; 0: the loops a launch
+  after the reduction's).
 
 ``--matmul-precision tensorfloat32`` runs them all with TF32 products (ours, cuBLAS's, the
 joint functions).
@@ -122,6 +125,7 @@ def main() -> int:
     ap.add_argument("--beside", default="1", help="comma-separated BESIDE values (0, 1)")
     ap.add_argument("--chains", default="1", help="comma-separated CHAINS values (0, 1)")
     ap.add_argument("--chain-remap", default="1", help="comma-separated CHAIN_REMAP (0, 1)")
+    ap.add_argument("--spread", default="1", help="comma-separated SPREAD values (0, 1)")
     ap.add_argument(
         "--chain-floats", default="25600", help="comma-separated CHAIN_SMEM_FLOATS values"
     )
@@ -163,6 +167,7 @@ def main() -> int:
         numbers(args.chains),
         numbers(args.chain_floats),
         numbers(args.chain_remap),
+        numbers(args.spread),
     )
     for (
         parts,
@@ -186,6 +191,7 @@ def main() -> int:
         chains,
         chain_floats,
         remap,
+        spread,
     ) in knobs:
         render.PARTS, render.ARRAY_PARTS, render.UNROLL = parts, array_parts, unroll
         render.GRAM_SUMS, products.MAX_PARTS, products.COPY_BATCH = bool(sums), pparts, batch
@@ -194,6 +200,7 @@ def main() -> int:
         products.VEC_GRAMS, products.MERGED_SUMS = bool(vec_grams), merged
         render.BESIDE, render.CHAINS = bool(beside), bool(chains)
         render.CHAIN_SMEM_FLOATS, render.CHAIN_REMAP = chain_floats, bool(remap)
+        render.SPREAD = bool(spread)
         render.PERM_BUCKETS, render.LONG_ROW = buckets, long_row
         device.MAX_BLOCKS = blocks or own
         device.products = policy
@@ -205,7 +212,7 @@ def main() -> int:
             f"MAX_PARTS {pparts} COPY_BATCH {batch} JOINTS {joints} SEQ_TIES {ties} "
             f"IN_FLIGHT {flight} VEC_ROWS {vec} VEC_GRAMS {vec_grams} PERM_BUCKETS {buckets} "
             f"LONG_ROW {long_row} MERGED_SUMS {merged} BESIDE {beside} CHAINS {chains} "
-            f"CHAIN_SMEM_FLOATS {chain_floats} CHAIN_REMAP {remap}"
+            f"CHAIN_SMEM_FLOATS {chain_floats} CHAIN_REMAP {remap} SPREAD {spread}"
         )
         try:
             r = co.program(device, args.program, sets, True, True, True)

@@ -25,6 +25,9 @@
 # "remap" (not by default): cuda_sweep.py's chains (all run, --products ours) with their own
 # buffers a tile at a time (the twenty-seventh session's _chain_remap) and without, float32
 # and TF32: four builds of PPO 2048.
+# "spread" (not by default): cuda_sweep.py with the twenty-eighth session's small reductions
+# every block makes whole (render.SPREAD: a minibatch step's gradient norm and Adam updates
+# one launch) and without, float32: two builds of PPO 2048.
 # "profile" (not by default): PPO at 2048 environments with --profile (each statement
 # launched alone). "products" (not by default): scripts/cuda_sweep.py over PPO 2048 with
 # its products as cuBLAS's or timed against ours, and its bias gradients riding on their
@@ -158,6 +161,10 @@ stage remap 300 bash -c "$PY scripts/cuda_sweep.py ${CHECK[*]} --products ours \
   --chain-remap 0,1 --set B=2048 --set T=128 --set total_steps=786432 && \
   $PY scripts/cuda_sweep.py ${CHECK[*]} --matmul-precision tensorfloat32 --products ours \
   --chain-remap 0,1 --set B=2048 --set T=128 --set total_steps=786432"
+# (not by default: the small reductions every block makes whole, SPREAD, against the
+# launch after the reduction's; float32)
+stage spread 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --spread 0,1 --set B=2048 \
+  --set T=128 --set total_steps=786432
 # (not by default: our float32 rows products with each thread's tile of C forced, TM x TN;
 # the default is 4 x 8 for PPO's 64-wide layers, at a quarter of the bandwidth on the H200)
 stage tilings 60 $PY scripts/cuda_skinny.py "${CHECK[@]}" --tilings 4x8,2x8,1x8,4x4,8x4,2x4,4x2

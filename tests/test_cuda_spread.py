@@ -106,6 +106,16 @@ def test_a_small_norm_and_the_loops_after_it_are_one_function():
     np.testing.assert_allclose(y_apart, y, rtol=1e-6)
 
 
+def test_a_reduction_the_blocks_would_load_too_often_stays_apart(monkeypatch):
+    """The loops' 6,000 points are 47 blocks, each of which would load the 6,000 terms:
+    282,000 loads in all; past ``SPREAD_LOADS`` the loops stay a launch of their own."""
+    blocks = -(-N // render.THREADS)
+    monkeypatch.setattr(render, "SPREAD_LOADS", blocks * N)
+    assert render.functions(_kernel()) == 1
+    monkeypatch.setattr(render, "SPREAD_LOADS", blocks * N - 1)
+    assert render.functions(_kernel()) == 2
+
+
 @needs_cxx
 @pytest.mark.parametrize(
     "case", ["loops_write_x", "run_reads_first", "loops_read_local", "local_after"]

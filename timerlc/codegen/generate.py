@@ -175,13 +175,10 @@ def _confined(plan: Plan, fused: list, recorded: set, fails: set) -> dict[str, f
     loop dims: a call reads only what it wrote), none of those statements able to fail (a
     failure's statement is computed again from its inputs: ``runtime``): the buffers its
     chains may keep a tile at a time (``cuda.render._chain_remap``)."""
-    touched: dict[int, set] = {}  # (a statement's buffer -> the statements touching it)
-    for s in plan.statements:
-        touched.setdefault(s.id, set()).add(s.id)
-        for node in s.nodes:
-            for r in node.inputs:
-                if r.stored:
-                    touched.setdefault(r.src, set()).add(s.id)
+    # (a statement's buffer -> the statements touching it: its own and its readers)
+    touched = {s.id: {s.id} for s in plan.statements}
+    for b, reads in plan.readers().items():
+        touched.setdefault(b, set()).update(sid for sid, _ in reads)
     kept = set(recorded)
     for it in walk(plan.tree):
         if isinstance(it, (SwapIn, SwapOut)):

@@ -1632,7 +1632,8 @@ class _Kernel:
 
     def _spread(self, steps: list[_Step], j: int, head: list[int]) -> list[int] | None:
         """The steps a function runs after reduction ``j`` (into locals, of at most
-        ``SPREAD_TERMS`` terms over loops of constant bounds) where every block makes the
+        ``SPREAD_TERMS`` terms over loops of constant bounds, at most ``SPREAD_LOADS`` in
+        all the blocks the loops after it ask for) where every block makes the
         whole reduction itself (``spread_phase``): ``head``, the step that combines it,
         the runs on one thread after it, then the step of parallel loops after them, over
         the grid; None where that could compute other values. The blocks make the same
@@ -1659,6 +1660,8 @@ class _Kernel:
         if q >= len(steps) or steps[q].kind not in ("parallel", "either"):
             return None
         last = steps[q]
+        if -(-_points(last) // THREADS) * _terms(red.body) > SPREAD_LOADS:
+            return None
         order = [steps[x] for x in (j, *head, *range(j + 1, q))]  # (as the function runs)
         if any(_fails(x) for x in order + [last]):
             return None
@@ -4029,6 +4032,9 @@ TAIL_THREADS = 4096
 # step was a launch of its own after the reduction's
 SPREAD = True
 SPREAD_TERMS = 16384
+# ... and at most this many terms all the blocks load together (the loops' points over a
+# block's threads, times the terms): past it the loads cost more than a launch's wait
+SPREAD_LOADS = 1 << 21
 
 
 def _apart(run: _Step, red: _Step, shared=()) -> bool:

@@ -311,12 +311,7 @@ def iteration_local(plan: Plan) -> dict[int, list[Call]]:
                 calls.setdefault(c.statement, []).append(c)
                 if isinstance(it, Loop):
                     loop_of[id(c)] = it
-    readers: dict[int, list[tuple[int, object]]] = {}
-    for st in plan.statements:
-        for n in st.nodes:
-            for r in n.inputs:
-                if r.stored:
-                    readers.setdefault(r.src, []).append((st.id, r))
+    readers = plan.readers()
     out: dict[int, list[Call]] = {}
     for b in plan.buffers:
         st = plan.statement(b.id)

@@ -378,6 +378,17 @@ class Plan:
     def statement(self, sid: int) -> Statement:
         return self._statements[sid]
 
+    def readers(self) -> dict[int, list[tuple[int, Any]]]:
+        """Per buffer, the statements that read it, each with its read (an input of one of
+        its nodes that is stored), in the plan's order."""
+        out: dict[int, list[tuple[int, Any]]] = {}
+        for st in self.statements:
+            for n in st.nodes:
+                for r in n.inputs:
+                    if r.stored:
+                        out.setdefault(r.src, []).append((st.id, r))
+        return out
+
     def tensor(self, name: str) -> tuple[int, int]:
         """The (statement, output) of an output or a metric."""
         for n, sid, out in self.outputs + self.metrics:
