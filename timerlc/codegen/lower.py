@@ -1739,7 +1739,7 @@ class _Lowering:
 
                 return self.loops((n,), clear) + self.loops((kk,), term)
 
-            return self.loops((m,), lambda idx: row(idx[0]))
+            return self.loops((m,), lambda idx: row(idx[0]), parallel=True)
 
         if blas:
 
