@@ -340,7 +340,11 @@ def test_plans_chains_are_checked():
     assert at
     r, q = next((r, q) for r, q in at if "tf32" in rows[r][1][q]["chain"])
     assert any(  # (a chain of chains among them, its dynamic shared memory)
-        rows[r2][1][q2]["chain"].get("shared") and (r2, q2 + 1) in at for r2, q2 in at
+        rows[r2][1][q2]["chain"].get("shared")
+        and any(
+            (r2, q3) in at for q3 in range(q2 + 1, q2 + 1 + rows[r2][1][q2]["chain"]["covers"])
+        )
+        for r2, q2 in at
     )
     joint = [  # (a chain whose launches hold a pair with joint functions)
         (r2, q2, q3)

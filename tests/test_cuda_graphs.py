@@ -164,8 +164,8 @@ def _program(name: str, sets: dict):
     ("program", "sets"),
     [
         ("ppo", {"B": 4, "T": 16, "total_steps": 256}),
-        ("reinforce", {"I": 4, "B": 4, "T": 16}),
-        ("rnn_reinforce", {"I": 4, "B": 4, "T": 16}),
+        ("reinforce", {"I": 8, "B": 4, "T": 16}),
+        ("rnn_reinforce", {"I": 8, "B": 4, "T": 16}),
     ],
 )
 def test_replayed_graphs_compute_what_the_launches_compute(program, sets):

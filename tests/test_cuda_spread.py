@@ -139,3 +139,61 @@ def test_a_reduction_whose_blocks_could_differ_stays_apart(case):
     else:
         np.testing.assert_allclose(y, X / np.sqrt(NORM), rtol=1e-6)
         np.testing.assert_allclose(c, [NORM * NORM + y[0]], rtol=1e-6)
+
+
+def _mean_var_kernel(n: int, m: int) -> kir.Kernel:
+    """``t = mean(x[:n])``, then ``u = sum((x[:n] - t) ** 2)`` (float64 sums), then
+    ``y[k] = (x[k] - t) / sqrt(u)`` for ``m`` points (none: ``y[0], y[1] = t, u``): two
+    small sums one after the other, the second reading the first (the advantages'
+    normalization in PPO's minibatch step)."""
+    e, k = Ref("e"), Ref("k")
+    t, u = Load("t", kir.i64(0), F32), Load("u", kir.i64(0), F32)
+    term1 = Cast(Load("x", e, F32), F64)
+    d = Bin("sub", Load("x", e, F32), t, F32)
+    term2 = Cast(Bin("mul", d, d, F32), F64)
+    body = []
+    for acc, term, out, value in (
+        ("a1", term1, "t", lambda a: Bin("div", a, kir.Const(F64, float(n)), F64)),
+        ("a2", term2, "u", lambda a: a),
+    ):
+        update = Let(acc, F64, Bin("add", Ref(acc, F64), term, F64))
+        red = For("e", kir.i64(0), kir.i64(n), (update,), reduce=((acc, "add"),))
+        body += [Let(acc, F64, kir.Const(F64, 0.0)), red]
+        body.append(Store(out, kir.i64(0), Cast(value(Ref(acc, F64)), F32)))
+    y = Bin("div", Bin("sub", Load("x", k, F32), t, F32), Un("sqrt", u, F32), F32)
+    if m:
+        body.append(For("k", kir.i64(0), kir.i64(m), (Store("y", k, y),), True))
+    else:  # (the two sums' results alone)
+        body += [Store("y", kir.i64(0), t), Store("y", kir.i64(1), u)]
+    slots = (Slot("x", F32, 0, 0, 0, False), Slot("y", F32, 1, 1, 0, True))
+    slots += (Slot("c", F32, 2, 2, 0, True),)
+    temps = (Temp("t", F32, 0, 1), Temp("u", F32, 8, 1))
+    return kir.Kernel("s0", 0, (), slots, temps, tuple(body))
+
+
+@needs_cxx
+@pytest.mark.parametrize("m", [0, 512, N])
+def test_two_small_sums_one_after_the_other_are_one_function(m):
+    """A mean of 512 terms, then the sum of squares about it: every block makes both, then
+    its points of the loop after them, over the grid (512 or 6,000 points); with no loop,
+    the sums and the stores of their results are one launch of one block. Where they were
+    two launches of the grid, each with its tickets, and the loop a third of 6,000 points.
+    The values NumPy's."""
+    k = _mean_var_kernel(512, m)
+    r, text, (x, y, _) = _run(k)
+    assert r.phases == [("s0", m or render.THREADS)]
+    assert "tl_count(err)" not in text
+    x64 = X[:512].astype(np.float64)
+    mean = np.float32(x64.mean())
+    var = np.float32(np.sum(((X[:512] - mean) * (X[:512] - mean)).astype(np.float64)))
+    if m:
+        np.testing.assert_allclose(y[:m], (X[:m] - mean) / np.sqrt(var), rtol=1e-5)
+    else:
+        np.testing.assert_allclose(y[:2], [mean, var], rtol=1e-6)
+    np.testing.assert_array_equal(x, X)
+    old = render.SPREAD
+    try:
+        render.SPREAD = False
+        assert render.functions(_mean_var_kernel(512, m)) == 2 + (m == N)
+    finally:
+        render.SPREAD = old

@@ -968,7 +968,8 @@ class _Kernel:
         self.rows = False  # (a statement of a loop kernel: cuda/loops.py)
         self.one_block = False  # (a step run by one block, the last of a reduction's)
         self.spreading = False  # (steps every block runs alike: ``spread_phase``)
-        self.spread: set[int] = set()  # (the reductions every block makes: ``_spread``)
+        # (the reductions every block makes, ``_spread``: whether the grid runs loops after)
+        self.spread: dict[int, bool] = {}
         self.groups_of = None  # (the number of the reduction whose groups' copies are combined)
         self.hoisted: dict = {}  # a load -> the local it was read into (column_loop)
         # the values a thread stored that it may read back from a local (``forwarded``):
@@ -1017,7 +1018,12 @@ class _Kernel:
         for v, (dt, _) in passed.items():
             passed[v] = (dt, offset)
             offset += 8
-        shared = {p for j in self.spread for p in self._parts_of(steps[j].number)}
+        shared = set()  # (the sums every block makes: spread_phase)
+        for j, _, tail in units:
+            if j in self.spread:
+                for x in (j, *tail):
+                    if steps[x].kind == "reduce":
+                        shared.update(self._parts_of(steps[x].number))
         for p, part in self.parts.items():  # the reductions' partial results, after them
             if p in shared:  # (in each block's shared memory: spread_phase)
                 continue
@@ -1097,7 +1103,7 @@ class _Kernel:
             stores = sorted(v for v in passed if any(v in defined[q] for q in at))
             self.others = others(j)
             then = [(steps[t], others(t)) for t in tail]
-            spread = j in self.spread  # (no value it passes read elsewhere: _spread)
+            spread = self.spread.get(j)  # (over the grid: no value it passes read elsewhere)
             stores = [] if spread else stores
             out.append(self.phase(fname, st, loads, stores, passed, then or None, spread))
         while pending:
@@ -1575,7 +1581,7 @@ class _Kernel:
         (``_spread``), are ``self.spread``."""
         units = []
         if spread:
-            self.spread = set()
+            self.spread = {}
         j = 0
         while j < len(steps):
             st = steps[j]
@@ -1623,68 +1629,95 @@ class _Kernel:
                 ):
                     tail.append(tail[-1] + 1)
                 whole = self._spread(steps, j, head) if spread else None
-                if whole is not None and whole[-1] > tail[-1]:
-                    tail = whole
-                    self.spread.add(j)
+                if whole is not None and whole[0][-1] > tail[-1]:
+                    tail, self.spread[j] = whole
             units.append((j, head, tail))
             j = (tail[-1] if tail else j) + 1
         return units
 
-    def _spread(self, steps: list[_Step], j: int, head: list[int]) -> list[int] | None:
-        """The steps a function runs after reduction ``j`` (into locals, of at most
-        ``SPREAD_TERMS`` terms over loops of constant bounds, at most ``SPREAD_LOADS`` in
-        all the blocks the loops after it ask for) where every block makes the
-        whole reduction itself (``spread_phase``): ``head``, the step that combines it,
-        the runs on one thread after it, then the step of parallel loops after them, over
-        the grid; None where that could compute other values. The blocks make the same
-        sums in the same order, so each block's thread 0 computes the same values and
-        stores the same bits; that holds while nothing the blocks read changes during the
-        launch: the runs read nothing they (or the reduction) write but after writing it,
-        the loops write nothing the runs or the reduction touch and read none of the runs'
-        locals, none of them can fail, no buffer is another's memory, and no value the runs
-        pass on is read by another function. Gradient clipping's norm and the Adam
-        updates that scale by it (PPO's minibatch step): one launch, no ticket, where the
-        updates were a launch after the norm's (the last block's updates of a few
+    def _spread(self, steps: list[_Step], j: int, head: list[int]) -> tuple | None:
+        """``(tail, grid)``: the steps a function runs after reduction ``j`` where every
+        block makes the whole reduction itself (``spread_phase``), each a small sum
+        (``_small_sum``); None where that could compute other values, or saves no launch.
+        ``head``, the step that combines it and the runs on one thread after it, then any
+        further small sums with their combinations and runs (the advantages' mean, then
+        their variance: each a launch of its own); then, with ``grid``, the step of
+        parallel loops after them over the grid; else, where there are two sums or more,
+        the small steps after them (a last block's, ``_small``), the function one block.
+
+        Over a grid, the blocks make the same sums in the same order, so each block's
+        thread 0 computes the same values and stores the same bits; that holds while
+        nothing the blocks read changes during the launch: the runs read nothing they (or
+        the sums) write but after writing it, the loops write nothing the runs or the sums
+        touch and read none of the runs' locals, none of them can fail, no buffer is
+        another's memory, no value the runs pass on is read by another function, and all
+        the blocks load at most ``SPREAD_LOADS`` terms. Gradient clipping's norm and the
+        Adam updates that scale by it (PPO's minibatch step): one launch, no ticket, where
+        the updates were a launch after the norm's (the last block's updates of a few
         thousand points, then the rest)."""
-        red = steps[j]
-        if not SPREAD or self.rows or self.k.shared or red.form[0] != "scalar":
+        if not SPREAD or self.rows or self.k.shared or not _small_sum(steps[j]):
             return None
-        loops = [x for x in kir.walk_tree([red.body]) if isinstance(x, For)]
-        if any(not (isinstance(x.lo, Const) and isinstance(x.hi, Const)) for x in loops):
-            return None
-        if _terms(red.body) > SPREAD_TERMS:
-            return None
-        q = j + 2  # (after the combining step: runs on one thread, then the loops)
-        while q < len(steps) and steps[q].kind == "serial":
-            q += 1
-        if q >= len(steps) or steps[q].kind not in ("parallel", "either"):
-            return None
-        last = steps[q]
-        if -(-_points(last) // THREADS) * _terms(red.body) > SPREAD_LOADS:
-            return None
+        n = len(steps)
+        sums, q = [j], j + 2  # (after the combining step: runs on one thread, more sums)
+        while True:
+            while q < n and steps[q].kind == "serial":
+                q += 1
+            if q + 1 < n and _small_sum(steps[q]) and _combines(steps[q + 1], steps[q].number):
+                sums.append(q)
+                q += 2
+                continue
+            break
         order = [steps[x] for x in (j, *head, *range(j + 1, q))]  # (as the function runs)
-        if any(_fails(x) for x in order + [last]):
-            return None
-        region = [x for st in order for x in st.statements()]
-        if _written(last.statements()) & _buffers(region):
+        if any(_fails(x) for x in order):
             return None
         lets = set().union(*(_lets(st.body) for st in order if st.kind == "serial"))
-        if _refs(last.statements()) & lets:
+        terms = sum(_terms(steps[x].body) for x in sums)
+        mine = {j, *head, *range(j + 1, q + 1)}
+        if (
+            q < n
+            and steps[q].kind in ("parallel", "either")
+            and -(-_points(steps[q]) // THREADS) * terms <= SPREAD_LOADS
+            and self._spread_apart(steps, order, steps[q], lets, mine)
+        ):
+            return [*head, *range(j + 1, q + 1)], True
+        if len(sums) < 2:
             return None
+        tail = [*head, *range(j + 1, q)]  # (one block: the small steps after, a last block's)
+        points = sum(_points(steps[x]) for x in tail)
+        while (
+            q < n
+            and steps[q].kind in ("serial", "parallel", "either")
+            and _small(steps[q])
+            and points + _points(steps[q]) <= TAIL_THREADS
+            and (steps[q].kind == "serial" or not _refs(steps[q].statements()) & lets)
+        ):
+            points += _points(steps[q])
+            tail.append(q)
+            q += 1
+        return tail, False
+
+    def _spread_apart(self, steps: list[_Step], order: list, last: _Step, lets, mine) -> bool:
+        """Whether every block may run the steps ``order`` (sums and runs on one thread)
+        and then the loops ``last`` over the grid (``_spread``): the values every block
+        reads stay the same during the launch."""
+        if _fails(last):
+            return False
+        region = [x for st in order for x in st.statements()]
+        if _written(last.statements()) & _buffers(region):
+            return False
+        if _refs(last.statements()) & lets:
+            return False
         writes, before = _written(region), set()
         for st in order:
             for x in st.body if st.kind == "serial" else st.statements():
                 if _read(x) & writes - before:
-                    return None
+                    return False
                 before |= _written([x])
-        mine = {j, *head, *range(j + 1, q + 1)}
         defined, used, passed = self._passing(steps)
         outside = set().union(
             *(used[x] | set(defined[x]) for x in range(len(steps)) if x not in mine)
         )
-        if lets & set(passed) & outside:
-            return None
-        return [*head, *range(j + 1, q + 1)]
+        return not lets & set(passed) & outside
 
     def _repack(self, steps: list[_Step], units: list, chains=()):
         """The temporaries placed anew in the scratch memory, two sharing bytes only where no
@@ -2235,17 +2268,18 @@ class _Kernel:
             body.append(For(b, kir.i64(0), nparts, (Store(acc, Ref(q), total),)))
         return For(q, kir.i64(0), kir.i64(size), tuple(body), True), n
 
-    def phase(self, fname: str, st: _Step, loads, stores, passed, then=None, spread=False) -> str:
+    def phase(self, fname: str, st: _Step, loads, stores, passed, then=None, spread=None) -> str:
         """One step as a function (``then``: the step that combines a reduction's results
         and what the other steps use, run by the reduction's last block to finish; with
-        ``spread``, by every block after it made the whole reduction, ``spread_phase``)."""
+        ``spread`` not None, by every block after it made the whole reduction, the last
+        over the grid where ``spread`` is true: ``spread_phase``)."""
         self.lines = []
         self.local_temps = set()
         self.jumps = set()
         self.one_block = False
         kind, body = st.kind, st.body
-        if kind == "reduce" and spread:
-            threads = self.spread_phase(st, then, loads, stores, passed)
+        if kind == "reduce" and spread is not None:
+            threads = self.spread_phase(st, then, loads, stores, passed, spread)
         elif kind == "reduce":
             if then is not None:  # (its own accumulators, apart from the values passed on)
                 self.emit(1, "{")
@@ -2318,30 +2352,42 @@ class _Kernel:
             head.append("  if (__syncthreads_or(tl_stop)) return;  // an earlier step failed")
         return "\n".join(head + self.lines + ["}"]) + "\n"
 
-    def spread_phase(self, st: _Step, then: list, loads, stores, passed) -> int:
-        """A reduction (``_spread``'s) that every block makes whole: its threads each every
+    def spread_phase(self, st: _Step, then: list, loads, stores, passed, grid: bool) -> int:
+        """A small sum (``_spread``'s) that every block makes whole: its threads each every
         ``blockDim.x``-th term (``TL_UNROLL``: the loads of several terms in flight), a tree
         in shared memory into the block's one partial result (in shared memory too, the
-        count of results 1); then the steps ``then`` but the last, each as the last block
-        of a reduction runs it (the combination the same loop, over one result), the
-        threads meeting between two; then the last (parallel loops) over the grid. The
-        threads it asks for: the last step's."""
-        count = st.number
-        for p in self._parts_of(count):
-            self.emit(1, f"__shared__ {MTYPE[self.parts[p][0]]} {buf(p)}[1];")
-            self.local_temps.add(p)
+        count of results 1); then the steps ``then``, each as the last block of a reduction
+        runs it (a combination the same loop, over one result; a further sum as the first),
+        the threads meeting between two; with ``grid``, the last of them (parallel loops)
+        over the grid. The threads it asks for: the last step's, or one block's."""
+        sums = [st] + [t for t, _ in then if t.kind == "reduce"]
+        for r in sums:
+            for p in self._parts_of(r.number):
+                self.emit(1, f"__shared__ {MTYPE[self.parts[p][0]]} {buf(p)}[1];")
+                self.local_temps.add(p)
+        outside = self.others
+        self.one_block = self.spreading = True
         self.emit(1, "{")
-        self.one_block = True
         self.reduction(st)
         self.emit(1, "}")
         self.temps_again(then)
-        self.emit(1, "__syncthreads();")
-        self.spreading = True
-        self.in_one_block(then[:-1], loads, stores, passed)
-        self.spreading = False
+        for k, (t, others) in enumerate(then[:-1] if grid else then):
+            self.emit(1, "__syncthreads();")
+            self.others = others
+            if t.kind == "reduce":
+                self.emit(1, "{")
+                self.reduction(t)
+                self.emit(1, "}")
+                self.temps_again(then[k + 1 :])
+            else:
+                self.step_body(t, loads, stores, passed)
+        self.one_block = self.spreading = False
+        self.others = outside
+        if not grid:
+            return THREADS
         self.emit(1, "__syncthreads();")
         last, others = then[-1]
-        outside, self.others = self.others, others
+        self.others = others
         threads = self.step_body(last, loads, stores, passed)
         self.others = outside
         return threads
@@ -4073,6 +4119,17 @@ def _first_values(st: _Step, red: _Step) -> bool:
 
 def _fails(st: _Step) -> bool:
     return any(isinstance(s, Fail) for s in kir.walk_tree(st.statements()))
+
+
+def _small_sum(st: _Step) -> bool:
+    """Whether step ``st`` is a reduction into locals that every block may make whole
+    (``_Kernel._spread``): at most ``SPREAD_TERMS`` terms over loops of constant bounds."""
+    if st.kind != "reduce" or st.form[0] != "scalar":
+        return False
+    loops = [x for x in kir.walk_tree([st.body]) if isinstance(x, For)]
+    if any(not (isinstance(x.lo, Const) and isinstance(x.hi, Const)) for x in loops):
+        return False
+    return _terms(st.body) <= SPREAD_TERMS
 
 
 def _small(st: _Step) -> bool:
