@@ -1692,6 +1692,8 @@ class _Kernel:
             and (steps[q].kind == "serial" or not _refs(steps[q].statements()) & lets)
         ):
             points += _points(steps[q])
+            if steps[q].kind == "serial":  # (its locals thread 0's: no loop after reads them)
+                lets |= set(_lets(steps[q].body))
             tail.append(q)
             q += 1
         return tail, False
