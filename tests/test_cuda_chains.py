@@ -534,7 +534,7 @@ def test_a_chain_of_nests_keeps_its_own_buffers_a_tile_at_a_time_on_cuda_emu():
         shapes = ((S * T2, 4), (S * T2, 8), (2 * S * T2,), (4, 8))
         run = _emulated(EmuDevice(), text, (x, w), shapes, max(r.scratch, 8))
         got.append(run(r.phases[0].functions[0][0]))
-    (h0, y0, z0, gw0), (h, y, z, gw) = got
+    (h0, y0, z0, gw0), (h, _, z, gw) = got
     np.testing.assert_allclose(gw0, h0.T.astype(np.float64) @ y0, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(z, z0)
     np.testing.assert_array_equal(gw, gw0)
