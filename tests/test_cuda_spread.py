@@ -197,3 +197,13 @@ def test_two_small_sums_one_after_the_other_are_one_function(m):
         assert render.functions(_mean_var_kernel(512, m)) == 2 + (m == N)
     finally:
         render.SPREAD = old
+
+
+def test_sums_join_while_their_terms_together_are_few(monkeypatch):
+    """Two sums of 512 terms join one function while ``SPREAD_TERMS`` holds both (a
+    block makes them all); past it each is a launch over the grid again, the loop after
+    them a third."""
+    monkeypatch.setattr(render, "SPREAD_TERMS", 1024)
+    assert render.functions(_mean_var_kernel(512, N)) == 1
+    monkeypatch.setattr(render, "SPREAD_TERMS", 1023)
+    assert render.functions(_mean_var_kernel(512, N)) == 3

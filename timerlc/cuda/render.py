@@ -1659,11 +1659,18 @@ class _Kernel:
             return None
         n = len(steps)
         sums, q = [j], j + 2  # (after the combining step: runs on one thread, more sums)
+        terms = _terms(steps[j].body)
         while True:
             while q < n and steps[q].kind == "serial":
                 q += 1
-            if q + 1 < n and _small_sum(steps[q]) and _combines(steps[q + 1], steps[q].number):
+            if (
+                q + 1 < n
+                and _small_sum(steps[q])
+                and _combines(steps[q + 1], steps[q].number)
+                and terms + _terms(steps[q].body) <= SPREAD_TERMS  # (in all: a block's work)
+            ):
                 sums.append(q)
+                terms += _terms(steps[q].body)
                 q += 2
                 continue
             break
@@ -1671,7 +1678,6 @@ class _Kernel:
         if any(_fails(x) for x in order):
             return None
         lets = set().union(*(_lets(st.body) for st in order if st.kind == "serial"))
-        terms = sum(_terms(steps[x].body) for x in sums)
         mine = {j, *head, *range(j + 1, q + 1)}
         if (
             q < n
@@ -4077,7 +4083,8 @@ TAIL_THREADS = 4096
 # a reduction into locals of at most this many terms, over loops of constant bounds, whose
 # results the grid's next step needs (more points than a last block takes): every block
 # sums all of its terms itself and goes on with that step (``_Kernel._spread``), where the
-# step was a launch of its own after the reduction's
+# step was a launch of its own after the reduction's; further sums join it while all of
+# their terms together are at most this many too
 SPREAD = True
 SPREAD_TERMS = 16384
 # ... and at most this many terms all the blocks load together (the loops' points over a
