@@ -19,17 +19,20 @@ N = 6000  # (more points than a reduction's last block takes, TAIL_THREADS)
 F32, F64 = "f32", "f64"
 
 
-def _kernel(loops_write_x=False, run_reads_first=False, loops_read_local=False, local_after=False):
+def _kernel(
+    loops_write_x=False, run_reads_first=False, loops_read_local=False, local_after=False, n=N
+):
     """``acc = sum(x * x)`` (float64), then on one thread ``t[0] = f32(acc)`` (or, with
     ``run_reads_first``, ``c[0] = c[0] + f32(acc)``: the run reads what it writes before
     writing it), then ``y[k] = x[k] / sqrt(t[0])`` for ``N`` points (with ``loops_write_x``
     into ``x`` itself; with ``loops_read_local``, times a local of the run's; with
-    ``local_after``, that local plus ``y[0]`` stored into ``c`` after the loops)."""
+    ``local_after``, that local plus ``y[0]`` stored into ``c`` after the loops); ``n``
+    terms and points (``N``)."""
     e, k = Ref("e"), Ref("k")
     x = Load("x", e, F32)
     term = Cast(Bin("mul", x, x, F32), F64)
     red = For(
-        "e", kir.i64(0), kir.i64(N), (Let("acc", F64, Bin("add", Ref("acc", F64), term, F64)),)
+        "e", kir.i64(0), kir.i64(n), (Let("acc", F64, Bin("add", Ref("acc", F64), term, F64)),)
     )
     red = For(red.var, red.lo, red.hi, red.body, reduce=(("acc", "add"),))
     total = Cast(Ref("acc", F64), F32)
@@ -45,7 +48,7 @@ def _kernel(loops_write_x=False, run_reads_first=False, loops_read_local=False, 
     if loops_read_local:
         value = Bin("mul", value, Ref("s", F32), F32)
     out = "x" if loops_write_x else "y"
-    loop = For("k", kir.i64(0), kir.i64(N), (Store(out, k, value),), True)
+    loop = For("k", kir.i64(0), kir.i64(n), (Store(out, k, value),), True)
     later = Bin("add", Ref("s", F32), Load("y", kir.i64(0), F32), F32)  # (after the loops)
     after = (Store("c", kir.i64(0), later),) if local_after else ()
     body = (Let("acc", F64, kir.Const(F64, 0.0)), red, *run, loop, *after)
@@ -55,10 +58,11 @@ def _kernel(loops_write_x=False, run_reads_first=False, loops_read_local=False, 
 
 
 def _run(k: kir.Kernel, c0: float = 1.0) -> tuple:
-    """The kernel rendered, its functions run in turn on the emulated device over three
-    blocks each (``EmuDevice.MAX_BLOCKS``: one after another, so a block sees what the
-    blocks before it wrote); the renderer, its text and ``(x, y, c)`` after the run (``x``
-    the sines, ``c`` starting at ``c0``)."""
+    """The kernel rendered, its functions run in turn on the emulated device over the
+    blocks each asks for, three at most (``EmuDevice.MAX_BLOCKS``: one after another, so a
+    block sees what the blocks before it wrote); the renderer, its text and ``(x, y, c)``
+    after the run (``x`` the sines, ``c`` starting at ``c0``). The scratch memory starts
+    as float32 1000s (a value read before it was written shows)."""
     r = render._Kernel(k)
     text = r.render()
     dev = EmuDevice()
@@ -70,8 +74,10 @@ def _run(k: kir.Kernel, c0: float = 1.0) -> tuple:
     table = dev.alloc(8 * len(ptrs))
     dev.upload(table, np.array(ptrs, np.uint64))
     scratch = dev.alloc(max(r.scratch, 8))
-    for fn, _ in r.phases:
-        dev.launch(dev.function(module, fn), table, np.zeros(1, np.int64), scratch, 3)
+    dev.upload(scratch, np.full(max(r.scratch, 8) // 4, 1000.0, np.float32))
+    for fn, threads in r.phases:  # (the blocks it asks for, three at most)
+        blocks = min(-(-threads // render.THREADS), 3)
+        dev.launch(dev.function(module, fn), table, np.zeros(1, np.int64), scratch, blocks)
     for ptr, a in zip(ptrs, arrays):
         dev.download(ptr, a)
     return r, text, arrays
@@ -207,3 +213,50 @@ def test_sums_join_while_their_terms_together_are_few(monkeypatch):
     assert render.functions(_mean_var_kernel(512, N)) == 1
     monkeypatch.setattr(render, "SPREAD_TERMS", 1023)
     assert render.functions(_mean_var_kernel(512, N)) == 3
+
+
+def _mean_local_kernel() -> kir.Kernel:
+    """``mv = f32(mean(x[:512]))`` a local of the run after the first sum, then
+    ``sum((x[:512] - mv) ** 2)`` reading it, both stored into ``y[0]``, ``y[1]``."""
+    e, n = Ref("e"), 512
+    x = Load("x", e, F32)
+    first = Let("a1", F64, Bin("add", Ref("a1", F64), Cast(x, F64), F64))
+    r1 = For("e", kir.i64(0), kir.i64(n), (first,), reduce=(("a1", "add"),))
+    mean = Let("mv", F32, Cast(Bin("div", Ref("a1", F64), kir.Const(F64, float(n)), F64), F32))
+    d = Bin("sub", x, Ref("mv", F32), F32)
+    second = Let("a2", F64, Bin("add", Ref("a2", F64), Cast(Bin("mul", d, d, F32), F64), F64))
+    r2 = For("e", kir.i64(0), kir.i64(n), (second,), reduce=(("a2", "add"),))
+    body = (Let("a1", F64, kir.Const(F64, 0.0)), r1, mean, Let("a2", F64, kir.Const(F64, 0.0)))
+    body += (r2, Store("y", kir.i64(0), Cast(Ref("a2", F64), F32)))
+    body += (Store("y", kir.i64(1), Ref("mv", F32)),)
+    slots = (Slot("x", F32, 0, 0, 0, False), Slot("y", F32, 1, 1, 0, True))
+    slots += (Slot("c", F32, 2, 2, 0, True),)
+    return kir.Kernel("s0", 0, (), slots, (), body)
+
+
+@needs_cxx
+def test_a_sum_that_reads_a_local_of_the_runs_before_it_stays_apart():
+    """A further sum whose terms read a local of a run before it (the mean as a local, not
+    in memory) is a launch of its own: in one function the block's other threads would
+    read the value the function loaded at its start (thread 0 alone assigns it). The
+    values NumPy's."""
+    r, _, (_, y, _) = _run(_mean_local_kernel())
+    assert len(r.phases) == 2, r.phases
+    mean = np.float32(X[:512].astype(np.float64).mean())
+    var = np.float32(np.sum(((X[:512] - mean) * (X[:512] - mean)).astype(np.float64)))
+    np.testing.assert_allclose(y[:2], [var, mean], rtol=1e-6)
+
+
+@needs_cxx
+@pytest.mark.parametrize("spread", [True, False])
+def test_a_small_loop_that_reads_a_local_of_the_run_is_not_the_last_block_s(spread, monkeypatch):
+    """A loop of 1,000 points after a sum (few enough for the sum's last block) that reads
+    a local of the run combining it is a launch of its own: in the last block, the block's
+    other threads would read the value the function loaded at its start (thread 0 alone
+    assigns it). The values NumPy's, with ``SPREAD`` on and off."""
+    monkeypatch.setattr(render, "SPREAD", spread)
+    n = 1000
+    r, _, (_, y, _) = _run(_kernel(loops_read_local=True, n=n))
+    assert len(r.phases) == 2, r.phases
+    norm = np.float32(np.sum(X[:n].astype(np.float64) ** 2))
+    np.testing.assert_allclose(y[:n], X[:n] / np.sqrt(norm) * norm * norm, rtol=1e-5)

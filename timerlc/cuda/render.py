@@ -1616,18 +1616,25 @@ class _Kernel:
             tail: list[int] = []
             if st.kind == "reduce" and j + 1 < len(steps) and _combines(steps[j + 1], st.number):
                 tail = [*head, j + 1]
-                mine = set(_lets(steps[head[0]].statements())) if head else set()
+                # (the locals of the runs it holds: thread 0's alone, so that no loop after
+                # them in the last block may read one: the block's other threads have the
+                # value the function loaded at its start)
+                mine = set().union(
+                    *(_lets(steps[q].body) for q in tail if steps[q].kind == "serial")
+                )
                 while (
                     tail[-1] + 1 < len(steps)
                     and not _fails(steps[tail[-1]])
                     and _small(steps[tail[-1] + 1])
                     and sum(_points(steps[q]) for q in [*tail, tail[-1] + 1]) <= TAIL_THREADS
-                    and (  # (a local of the run is thread 0's: the grid's loops load theirs)
+                    and (
                         steps[tail[-1] + 1].kind == "serial"
                         or not _refs(steps[tail[-1] + 1].statements()) & mine
                     )
                 ):
                     tail.append(tail[-1] + 1)
+                    if steps[tail[-1]].kind == "serial":
+                        mine |= set(_lets(steps[tail[-1]].body))
                 whole = self._spread(steps, j, head) if spread else None
                 if whole is not None and whole[0][-1] > tail[-1]:
                     tail, self.spread[j] = whole
@@ -1668,6 +1675,7 @@ class _Kernel:
                 and _small_sum(steps[q])
                 and _combines(steps[q + 1], steps[q].number)
                 and terms + _terms(steps[q].body) <= SPREAD_TERMS  # (in all: a block's work)
+                and not self._reads_runs(steps[q], [steps[x] for x in (*head, *range(j + 1, q))])
             ):
                 sums.append(q)
                 terms += _terms(steps[q].body)
@@ -1703,6 +1711,17 @@ class _Kernel:
             tail.append(q)
             q += 1
         return tail, False
+
+    @staticmethod
+    def _reads_runs(red: _Step, before: list[_Step]) -> bool:
+        """Whether the sum ``red`` reads a local that a run on one thread of ``before``
+        assigns (thread 0's alone: the block's other threads have the value the function
+        loaded at its start), its accumulators aside."""
+        lets = set().union(*(_lets(st.body) for st in before if st.kind == "serial"))
+        refs = _refs(red.statements()) - set(red.form[1])
+        if red.guard is not None:
+            refs |= _refs_of(red.guard)
+        return bool(refs & lets)
 
     def _spread_apart(self, steps: list[_Step], order: list, last: _Step, lets, mine) -> bool:
         """Whether every block may run the steps ``order`` (sums and runs on one thread)
