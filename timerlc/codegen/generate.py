@@ -197,7 +197,7 @@ def _confined(plan: Plan, fused: list, recorded: set, fails: set) -> dict[str, f
             window = plan.buffer(sid).window
             if window is None or window.size != 1 or window.dim not in k.params:
                 continue
-            if touched.get(sid, {sid}) <= parts and not touched[sid] & fails:
+            if touched[sid] <= parts and not touched[sid] & fails:
                 names.append(slot.name)
         out[k.name] = frozenset(names)
     return out

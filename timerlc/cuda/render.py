@@ -1615,26 +1615,7 @@ class _Kernel:
             # cannot fail (one block does them: the bias gradient's cast and copy)
             tail: list[int] = []
             if st.kind == "reduce" and j + 1 < len(steps) and _combines(steps[j + 1], st.number):
-                tail = [*head, j + 1]
-                # (the locals of the runs it holds: thread 0's alone, so that no loop after
-                # them in the last block may read one: the block's other threads have the
-                # value the function loaded at its start)
-                mine = set().union(
-                    *(_lets(steps[q].body) for q in tail if steps[q].kind == "serial")
-                )
-                while (
-                    tail[-1] + 1 < len(steps)
-                    and not _fails(steps[tail[-1]])
-                    and _small(steps[tail[-1] + 1])
-                    and sum(_points(steps[q]) for q in [*tail, tail[-1] + 1]) <= TAIL_THREADS
-                    and (
-                        steps[tail[-1] + 1].kind == "serial"
-                        or not _refs(steps[tail[-1] + 1].statements()) & mine
-                    )
-                ):
-                    tail.append(tail[-1] + 1)
-                    if steps[tail[-1]].kind == "serial":
-                        mine |= set(_lets(steps[tail[-1]].body))
+                tail = _small_after(steps, [*head, j + 1])
                 whole = self._spread(steps, j, head) if spread else None
                 if whole is not None and whole[0][-1] > tail[-1]:
                     tail, self.spread[j] = whole
@@ -1696,21 +1677,8 @@ class _Kernel:
             return [*head, *range(j + 1, q + 1)], True
         if len(sums) < 2:
             return None
-        tail = [*head, *range(j + 1, q)]  # (one block: the small steps after, a last block's)
-        points = sum(_points(steps[x]) for x in tail)
-        while (
-            q < n
-            and steps[q].kind in ("serial", "parallel", "either")
-            and _small(steps[q])
-            and points + _points(steps[q]) <= TAIL_THREADS
-            and (steps[q].kind == "serial" or not _refs(steps[q].statements()) & lets)
-        ):
-            points += _points(steps[q])
-            if steps[q].kind == "serial":  # (its locals thread 0's: no loop after reads them)
-                lets |= set(_lets(steps[q].body))
-            tail.append(q)
-            q += 1
-        return tail, False
+        # (one block: the small steps after, as a last block's)
+        return _small_after(steps, [*head, *range(j + 1, q)]), False
 
     @staticmethod
     def _reads_runs(red: _Step, before: list[_Step]) -> bool:
@@ -2343,8 +2311,7 @@ class _Kernel:
         head.append("  const tl_args args = tl_shifted(args_in, shift);")
         if barrier:
             head += ["  __shared__ int tl_fail;", "  if (threadIdx.x == 0) tl_fail = 0;"]
-        extra = [p for p in self.parts if p == f"tl_nparts{st.number}"]
-        extra += [p for p in self.parts if p.startswith(f"tl_part{st.number}_")]
+        extra = self._parts_of(st.number)
         if kind == "perm":  # (its scratch; its output at the last step only)
             last = st.form[0] in ("out", "sort")
             head += self.pointers([], [body.scratch] + ([body.out] if last else []))
@@ -4147,6 +4114,29 @@ def _first_values(st: _Step, red: _Step) -> bool:
 
 def _fails(st: _Step) -> bool:
     return any(isinstance(s, Fail) for s in kir.walk_tree(st.statements()))
+
+
+def _small_after(steps: list[_Step], tail: list[int]) -> list[int]:
+    """``tail`` (the steps a reduction's last block runs, one after another, ending with
+    its last) with the small steps after it that the block may run too: none can fail, at
+    most ``TAIL_THREADS`` points in all (``_small``, ``_points``), and no loop among them
+    reads a local of the runs before it (thread 0's alone: the block's other threads have
+    the value the function loaded at its start)."""
+    tail = list(tail)
+    lets = set().union(*(_lets(steps[q].body) for q in tail if steps[q].kind == "serial"))
+    points = sum(_points(steps[q]) for q in tail)
+    while (
+        tail[-1] + 1 < len(steps)
+        and not _fails(steps[tail[-1]])
+        and _small(nxt := steps[tail[-1] + 1])
+        and points + _points(nxt) <= TAIL_THREADS
+        and (nxt.kind == "serial" or not _refs(nxt.statements()) & lets)
+    ):
+        tail.append(tail[-1] + 1)
+        points += _points(nxt)
+        if nxt.kind == "serial":
+            lets |= set(_lets(nxt.body))
+    return tail
 
 
 def _small_sum(st: _Step) -> bool:
