@@ -288,6 +288,38 @@ def test_a_replay_runs_the_calls_in_any_order_their_waits_allow(monkeypatch):
     assert got != want
 
 
+def test_a_replay_s_box_check_is_each_part_s_range_of_changes():
+    """``graphs.part_bounds``: a replay checks each outer part's change since the capture
+    against a range worked out once; the range lets through exactly the changes at which
+    every call site's shifted loop values stay inside its box (as checking every site and
+    value would), sites and values never launched (``_FAR``) aside; a value no part
+    shifts that is outside its box refuses every change."""
+    far = graphs._FAR
+    rng = random.Random(7)
+    for case in range(300):
+        sites, parts = rng.randint(1, 4), rng.randint(0, 3)
+        index = np.array(
+            [[rng.randint(0, parts) for _ in range(graphs.ARGS)] for _ in range(sites)], np.int64
+        )
+        lo = np.full((sites, graphs.ARGS), far, np.int64)
+        hi = np.full((sites, graphs.ARGS), -far, np.int64)
+        box = np.full((sites, graphs.ARGS), far, np.int64)
+        for k in range(sites):
+            n = rng.randint(0, graphs.ARGS)  # (the site's loop values; the rest unused)
+            box[k, :n] = [rng.randint(1, 12) for _ in range(n)]
+            if rng.random() < 0.8:  # (else a site the capture never launched)
+                for j in range(n):
+                    a = rng.randint(-1 if case % 10 == 0 else 0, box[k, j] - 1)
+                    lo[k, j], hi[k, j] = a, rng.randint(a, box[k, j])
+        bounds = graphs.part_bounds(index, lo, hi, box, parts)
+        for _ in range(20):
+            deltas = [rng.randint(-12, 12) for _ in range(parts)]
+            shifts = np.array([0, *deltas], np.int64)[index]
+            inside = not (np.any(lo + shifts < 0) or np.any(hi + shifts >= box))
+            got = bounds is not None and all(a <= d <= b for d, (a, b) in zip(deltas, bounds))
+            assert got == inside, (case, deltas)
+
+
 def test_the_waits_of_a_call_are_those_that_touch_its_bytes():
     order = graphs.Order({"a": ["a", "b"], "b": ["b", "a"]})  # (a and b share bytes)
     assert order.call((), ("a",)) == set()  # 0 writes a

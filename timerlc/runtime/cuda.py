@@ -1042,6 +1042,14 @@ class DeviceRuntime(CpuRuntime):
         self.device = device
         self.dev: dict[int, list[int]] = {}  # per buffer on the device: its outputs' memory
         self.fresh: dict[int, int] = {}  # per buffer with device memory: HOST, DEVICE, ...
+        # the buffers the host wrote since the device did (HOST, POINTS) among others whose
+        # state was so once (``_mark``; ``_current_on_device`` drops those it no longer is)
+        self._stale: set[int] = set()
+        # the buffers that lost their memory (freed, swapped out, donated) so far; and per
+        # list of touched buffers that ``allocate`` or ``prepare`` went through, the count
+        # then (none lost since: every one still has its memory, or was freed for good)
+        self._released = 0
+        self._ready: dict[tuple, tuple] = {}  # (id(touched), freed) -> (touched, _released, ids)
         self.dirty: dict[int, list] = {}  # per POINTS buffer: (output, offset, nbytes)
         self._sizes: dict[int, int] = {}  # device allocations -> bytes
         self.device_bytes = 0  # bytes of device memory held now
@@ -1225,6 +1233,8 @@ class DeviceRuntime(CpuRuntime):
             # still unread can have read them
             self._settle()
         super()._set(sid, bufs, donor)
+        if bufs is None or donor is not None:
+            self._released += 1
         if bufs is None:
             self._release_buffer(sid)
             self.fresh.pop(sid, None)
@@ -1237,7 +1247,7 @@ class DeviceRuntime(CpuRuntime):
             if donor in self._carved:
                 self._carved.discard(donor)
                 self._carved.add(sid)
-            self.fresh[sid] = self.fresh.pop(donor)
+            self._mark(sid, self.fresh.pop(donor))
             if donor in self.dirty:
                 self.dirty[sid] = self.dirty.pop(donor)
         else:  # new arrays (zeros) or a swap's copies (``swap_in`` marks them)
@@ -1314,8 +1324,14 @@ class DeviceRuntime(CpuRuntime):
         bufs = super().written(sid)
         self._to_host(sid)  # a call writes some points: the others must be current too
         if sid in self.fresh:
-            self.fresh[sid] = HOST
+            self._mark(sid, HOST)
         return bufs
+
+    def _mark(self, sid: int, state: int):
+        """Buffer ``sid``'s state ``state`` where it may be stale (``_stale``)."""
+        self.fresh[sid] = state
+        if state in _STALE:
+            self._stale.add(sid)
 
     def written_at(self, sid: int, idx: tuple) -> list[np.ndarray]:
         """The arrays of ``sid`` for a write of the point ``idx``: where the device holds
@@ -1330,13 +1346,28 @@ class DeviceRuntime(CpuRuntime):
         for k, b in enumerate(bufs):
             at = b[idx]  # the point's elements: contiguous (its leading indices fixed)
             dirty.append((k, at.ctypes.data - b.ctypes.data, at.nbytes))
-        self.fresh[sid] = POINTS
+        self._mark(sid, POINTS)
         return bufs
 
     def allocate(self, touched: list[tuple[int, bool]]):
+        self._allocated(touched, False)
+
+    def _allocated(self, touched: list[tuple[int, bool]], freed: bool) -> frozenset:
+        """The buffers ``touched`` each with its memory (``freed``: but those freed for good,
+        given to another by a donation); their ids. Where none lost its memory since the
+        last time (``_released``), each has it still: nothing to go through."""
+        got = self._ready.get((id(touched), freed))
+        if got is not None and got[1] == self._released:
+            return got[2]
+        buffers, released = self.buffers, self._released
         for sid, write in touched:
-            if self.buffers[sid] is None:
+            if buffers[sid] is None and not (freed and sid in self._freed):
                 self._allocate(sid, write)
+        ids = got[2] if got is not None else frozenset(sid for sid, _ in touched)
+        # (the count before: a donation among them goes through them again next time; the
+        # list held with its id: no other list can take the id while it is kept)
+        self._ready[id(touched), freed] = (touched, released, ids)
+        return ids
 
     def swap_out(self, sid: int):
         self._settle()
@@ -1347,24 +1378,23 @@ class DeviceRuntime(CpuRuntime):
         self._settle()
         super().swap_in(sid)
         if self.buffers[sid] is not None:
-            self.fresh[sid] = HOST  # copied back to the mirror: up at the next launch
+            self._mark(sid, HOST)  # copied back to the mirror: up at the next launch
 
     def prepare(self, touched: list[tuple[int, bool]]):
         """Before a graph's work is captured or replayed: the buffers it touches allocated
         (but those given to another by a donation) and current on the device, the table
         copied up (nothing may be copied while a graph is captured)."""
-        for sid, write in touched:
-            if self.buffers[sid] is None and sid not in self._freed:
-                self._allocate(sid, write)
-        self._current_on_device(sid for sid, _ in touched)
+        self._current_on_device(self._allocated(touched, True))
 
-    def _current_on_device(self, sids):
+    def _current_on_device(self, sids: frozenset):
         """Before a launch (or a graph's): the buffers ``sids`` current on the device (the
         host's writes copied up), the table copied up if an entry changed."""
-        fresh = self.fresh
-        for s in sids:
-            if fresh.get(s) in _STALE:  # (the host wrote it since the device did)
-                self._to_device(s)
+        stale = self._stale
+        if stale:
+            fresh = self.fresh
+            for s in [s for s in stale if s in sids]:
+                self._to_device(s)  # (the host wrote it since the device did)
+            stale.difference_update([s for s in stale if fresh.get(s) not in _STALE])
         if self._table_dirty:
             self.device.upload(self.dtable, self.dtable_host)
             self._table_dirty = False
@@ -1609,7 +1639,7 @@ class DeviceRuntime(CpuRuntime):
                 fns = tuple(self._phase_fns(sid, phases, scratch))
                 # (a kernel that cannot fail leaves the code 0: not read, no wait)
                 reads = self.can_fail(sid) and any(b for _, b in fns)
-                touched = tuple(s for s, _ in self.touched_of((sid,)))
+                touched = frozenset(s for s, _ in self.touched_of((sid,)))
                 nloops = len(self.loops_of(sid))
                 repeat = self._repeats.get(sid, 1)
                 # (a repeated kernel's blocks: its launches see the block's number after the

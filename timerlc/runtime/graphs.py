@@ -316,23 +316,45 @@ def aliases(layout, sizes: dict[int, int]) -> dict:
 _FAR = 1 << 62  # beyond any loop value: the ranges of a site the capture never launched
 
 
+def part_bounds(index, lo, hi, box, parts: int) -> list[tuple[int, int]] | None:
+    """Per outer part, the least and most change of its value since a graph's capture at
+    which every call site's loop values stay inside its box: value ``j`` of site ``k``
+    ranged over ``lo[k, j]..hi[k, j]`` then, is shifted by the change of part
+    ``index[k, j] - 1`` (none where it is 0) and must stay in ``0..box[k, j] - 1`` (a
+    replay's check, worked out once); None where a value no part shifts is outside it."""
+    bounds = [[-_FAR, _FAR] for _ in range(parts)]
+    for row, los, his, boxes in zip(index.tolist(), lo.tolist(), hi.tolist(), box.tolist()):
+        for p, a, b, n in zip(row, los, his, boxes):
+            if p == 0:
+                if a < 0 or b >= n:
+                    return None
+                continue
+            got = bounds[p - 1]
+            got[0] = max(got[0], -a)
+            got[1] = min(got[1], n - 1 - b)
+    return [(a, b) for a, b in bounds]
+
+
 @dataclass
 class _Graph:
     """One key's graph: the device's graph and its shift memory, the outer parts' values
-    when it was captured (``at[0]`` is 0: no part), the least and most loop value each call
-    site launched then, and what one replay does (loop steps, launches, products)."""
+    when it was captured, the least and most loop value each call site launched then, and
+    what one replay does (loop steps, launches, products)."""
 
     graph: object
     shift: int
-    at: np.ndarray
+    at: tuple
     lo: np.ndarray
     hi: np.ndarray
     steps: int = 0
     launches: int = 0
     blas: int = 0
     chain: int = 0  # the launches and products on its longest chain of waits (``Order``)
-    last: np.ndarray | None = None  # the shifts it holds now
+    last: tuple = ()  # the outer parts' changes its shifts were set from (``deltas``)
     index: int = 0  # the device address of the shifts' indices (tl_set_shift's)
+    # (per outer part: the least and most change of it since the capture that keeps every
+    # call site inside its box; None where a site with no part is outside its own: _bounds)
+    bounds: list | None = None
 
 
 class GraphRun:
@@ -364,7 +386,10 @@ class GraphRun:
         self.index32 = self.index.astype(np.int32).reshape(-1)
         sids = {sid for sid, _ in shape.sites}
         self.touched = rt.touched_of(sids)
+        from timerlc.runtime.cuda import DEVICE
+
         self.written = sorted({p for sid in sids for p in rt.parts(sid)})
+        self.on_device = dict.fromkeys(self.written, DEVICE)  # (the state after a replay)
         self.failable = [(sid, None) for sid in sorted(sids) if rt.can_fail(sid)]
         self._sites = iter(range(n))
         self.capture = self._build(items, scope)
@@ -395,8 +420,8 @@ class GraphRun:
             self.graphs[key] = g
 
     # ------------------------------------------------------------------ capture
-    def _parts(self, env) -> np.ndarray:
-        return np.array([0] + [f(env) for f in self.part_fns], np.int64)
+    def _parts(self, env) -> tuple:
+        return tuple(f(env) for f in self.part_fns)
 
     def _capture(self, env) -> _Graph:
         """Capture the run at ``env`` (its launches made, not run), then replay it."""
@@ -412,7 +437,7 @@ class GraphRun:
             self._parts(env),
             np.full((n, ARGS), _FAR, np.int64),
             np.full((n, ARGS), -_FAR, np.int64),
-            last=np.zeros((n, ARGS), np.int64),
+            last=(0,) * len(self.shape.parts),
         )
         before = (rt.steps_left, rt.launches, rt.blas_calls)
         self._current = g
@@ -455,6 +480,7 @@ class GraphRun:
         if g.launches or g.blas:  # (the launches counted while captured: this replay's)
             self._launch(g)
         self._after(g)
+        g.bounds = part_bounds(self.index, g.lo, g.hi, self.box, len(self.shape.parts))
         return g
 
     def _build(self, items, scope: tuple[str, ...]):
@@ -491,16 +517,16 @@ class GraphRun:
     # ------------------------------------------------------------------ replay
     def _replay(self, g: _Graph, env):
         rt = self.rt
-        parts = self._parts(env)
-        shifts = parts[self.index] - g.at[self.index]
-        if np.any(g.lo + shifts < 0) or np.any(g.hi + shifts >= self.box):
-            # a call outside its box: the launches refuse it, saying which
+        deltas = tuple(f(env) - a for f, a in zip(self.part_fns, g.at))
+        if g.bounds is None or any(
+            d < lo or d > hi for d, (lo, hi) in zip(deltas, g.bounds)
+        ):  # a call outside its box: the launches refuse it, saying which
             return self.launches(env)
         rt.prepare(self.touched)
-        if not np.array_equal(shifts, g.last):
+        if deltas != g.last:  # (the shifts are the parts' changes, set on the device)
             fn = rt.shift_function()
-            rt.device.set_shift(fn, g.shift, g.index, shifts.size, parts[1:] - g.at[1:])
-            g.last = shifts
+            rt.device.set_shift(fn, g.shift, g.index, self.index.size, deltas)
+            g.last = deltas
         rt.steps_left -= g.steps
         if rt.steps_left < 0:
             rt._step()  # (raises: the plan's loops run on and on)
@@ -521,13 +547,10 @@ class GraphRun:
         rt.mark_replay(self.name, start, rt.device.mark())
 
     def _after(self, g: _Graph):
-        from timerlc.runtime.cuda import DEVICE
-
         """What the runtime knows after a replay: the run's buffers current on the device,
         its calls that can fail read at the next wait (the record names the call)."""
         rt = self.rt
-        for sid in self.written:
-            rt.fresh[sid] = DEVICE
+        rt.fresh.update(self.on_device)
         rt._pending.extend(self.failable)
         rt.graph_replays += 1
         rt.graph_launches += g.launches + g.blas
