@@ -1568,6 +1568,33 @@ out g, h, s, x, dy, dz, gn, dn
 """
 
 
+@needs_cxx
+@pytest.mark.parametrize("n", [300, 1000, 5000])
+def test_a_sum_into_one_element_of_more_terms_than_the_grid_has_threads(n):
+    """The sum over the rows of an [N, 1] array is a reduction into a temporary of one
+    element (``t[0] = t[0] + x``, a thread's own register). Over the grid (300 terms run on
+    one thread), past its threads (cuda-emu's 3 blocks) a thread adds several terms; the
+    loads-in-flight form of a grid loop (``_Kernel.batched``: a pass of points, their values
+    first, then their stores) is for parallel loops alone, where it kept one term of each
+    pass of a sum (PPO's value head's bias gradient, 75 % off at 1,000 rows). The cpu's
+    values, and the kernel's sum not in that form."""
+    text = f"""
+config I = 3, N = {n}
+dim i < I
+s[0] = 1.0
+s[i+1] = s[i] * 0.5 + g[i][0] * 0.001
+y[i] = reshape(sin(f32(arange(N)) * 0.37) + 0.5, [N, 1]) * s[i]
+g[i] = sum(y[i], 0)
+out g, s
+"""
+    _, gen = generated("p.rtl", text)
+    ref, rt, _, _, skipped = run_both(gen)
+    assert not skipped
+    for name in ("g", "s"):
+        np.testing.assert_allclose(rt.value(name), ref.value(name), rtol=1e-6)
+    assert "tl_x0_1 = (m_t1[(0LL)] +" not in cuda_gen(gen).text
+
+
 def _bias_gradients_exact(rt):
     """BIAS_GRADIENTS' ``g`` and ``h`` made in float64 from the run's own ``x``, ``dy``,
     ``dz`` (outputs), and the bound a float32 evaluation in any order of its terms keeps

@@ -270,7 +270,7 @@ def test_a_chain_on_blocks_of_a_gpu_s_128_threads():
         cwd=ROOT,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "11 passed" in r.stdout
+    assert "12 passed" in r.stdout
 
 
 @needs_cxx
@@ -309,6 +309,35 @@ def test_weights_and_biases_gradients_in_a_chain_on_cuda_emu(policy, monkeypatch
     (choice,) = rt.chain_choices.values()
     assert choice == (None, None, policy == "ours")
     assert (rt.blas_calls > 0) == (policy == "blas")
+    _assert_within_bounds(rt, ref)
+
+
+@needs_cxx
+def test_a_chain_s_chunk_past_its_rows_adds_zero_copies_on_cuda_emu(monkeypatch):
+    """Whole tiles a chunk can leave a gram chain's last chunk without rows: 1,600 rows in
+    6 copies (``products.parts``) of 320 rows (``render._chunk``, whole tiles of 64). No
+    tile of that chunk stores its copies, so the chain stores zeros into them
+    (``chain_body``); the copies' bytes were the scratch memory's before (PPO at 1,600
+    rows a minibatch trained on them: NaN losses). The scratch memory poisoned with
+    1000s, the gradients within float32's bound of the exact ones."""
+    from test_cuda import BIAS_GRADIENTS, _assert_within_bounds, cuda_gen, generated
+
+    from timerlc.runtime.cpu import CpuRuntime
+    from timerlc.runtime.cuda import DeviceRuntime, EmuDevice
+
+    monkeypatch.setenv("TIMERLC_PRODUCTS", "ours")
+    n = 1600
+    assert (products.parts(n) - 1) * render._chunk(n) >= n  # (the last chunk: no rows)
+    text = BIAS_GRADIENTS.replace("N = 600", f"N = {n}").replace("W = 80", "W = 16")
+    _, gen = generated("p.rtl", text)
+    cu = cuda_gen(gen)
+    assert "if (tl_lo >= tl_hi) {  // (no rows: its copies zeros)" in cu.text
+    rt = DeviceRuntime(cu.plan, text=cu.text, device=EmuDevice())
+    rt.device.upload(rt._scratch, np.full(rt._scratch_bytes // 4, 1000.0, np.float32))
+    rt.run()
+    assert rt.chain_choices and all(c[2] for c in rt.chain_choices.values())
+    ref = CpuRuntime(gen.plan, native=gen.text)
+    ref.run()
     _assert_within_bounds(rt, ref)
 
 

@@ -1419,6 +1419,18 @@ class _Kernel:
             self.emit(3, "}")
         self.others = outside
         self.emit(2, "}")
+        if arrays:  # (a chunk past the rows, where whole tiles a chunk leave the last
+            # empty: its copies, which no tile stored, are zeros; PPO at 1,600 rows a
+            # minibatch, 6 chunks of 320: its gradients took the scratch memory's bytes)
+            self.emit(2, "if (tl_lo >= tl_hi) {  // (no rows: its copies zeros)")
+            for t, arr, size, _ in arrays:
+                zero = "0.0" if t == "double" else "0.0f"
+                self.emit(
+                    3,
+                    f"for (int e = threadIdx.x; e < {size}; e += blockDim.x) "
+                    f"{arr}[tl_p * {size} + e] = {zero};",
+                )
+            self.emit(2, "}")
         if arrays:  # (the chunk's copies done: the grams' sums, by tickets)
             final = []
             if tails:
@@ -3509,7 +3521,11 @@ class _Kernel:
             if self.rows:
                 lo = self.expr(s.lo)
                 first, hi = f"({lo}) + tl_rb + threadIdx.x", f"({lo}) + tl_re"
-            elif not self.one_block and self.batchable(s.body, mine):
+            elif not self.one_block and not s.reduce and self.batchable(s.body, mine):
+                # (not a reduction's terms: a sum into a temporary of one element stores
+                # into the same element at every point, and a pass's points each took the
+                # value before the pass, all but the last's term lost wherever a thread
+                # had more than one term: on a GPU past PARTS blocks' threads)
                 self.emit(depth, "{")
                 self.emit(depth + 1, f"const long long tl_rs = {step};")
                 self.batched(s.var, first, hi, "tl_rs", s.body, depth + 1)
