@@ -28,6 +28,9 @@
 # "spread" (not by default): cuda_sweep.py with the twenty-eighth session's small reductions
 # every block makes whole (render.SPREAD: a minibatch step's gradient norm and Adam updates
 # one launch) and without, float32: two builds of PPO 2048.
+# "soak" (not by default): scripts/cuda_soak.py --gpu, each program at sizes with many
+# blocks, odd row counts and layers past 64 wide against the cpu backend (the twenty-ninth
+# session's two bugs were at such sizes).
 # "profile" (not by default): PPO at 2048 environments with --profile (each statement
 # launched alone). "products" (not by default): scripts/cuda_sweep.py over PPO 2048 with
 # its products as cuBLAS's or timed against ours, and its bias gradients riding on their
@@ -165,6 +168,10 @@ stage remap 300 bash -c "$PY scripts/cuda_sweep.py ${CHECK[*]} --products ours \
 # launch after the reduction's; float32)
 stage spread 200 $PY scripts/cuda_sweep.py "${CHECK[@]}" --spread 0,1 --set B=2048 \
   --set T=128 --set total_steps=786432
+# (not by default: the programs at sizes the tests do not take, against the cpu backend)
+SOAK_FLAG="--gpu"
+[ "$DEVICE" = cuda ] || SOAK_FLAG=""
+stage soak 300 $PY scripts/cuda_soak.py $SOAK_FLAG
 # (not by default: our float32 rows products with each thread's tile of C forced, TM x TN;
 # the default is 4 x 8 for PPO's 64-wide layers, at a quarter of the bandwidth on the H200)
 stage tilings 60 $PY scripts/cuda_skinny.py "${CHECK[@]}" --tilings 4x8,2x8,1x8,4x4,8x4,2x4,4x2

@@ -205,6 +205,51 @@ def test_two_small_sums_one_after_the_other_are_one_function(m):
         render.SPREAD = old
 
 
+def _sums_into_temps_kernel(n: int) -> kir.Kernel:
+    """``a1[0] = 0; a1[0] += x[e]`` over ``n`` terms, ``t[0] = f32(a1[0])``, then
+    ``a2[0] = 0; a2[0] += x[e] * x[e]``, ``u[0] = f32(a2[0])``, and ``y[0], y[1] = t, u``:
+    two sums into temporaries of one element (float64), the second's first value set by
+    the run after the first (REINFORCE-TD's two bias gradients of its value head)."""
+    e = Ref("e")
+    x = Load("x", e, F32)
+    body: list = []
+    for acc, term, out in (
+        ("a1", Cast(x, F64), "t"),
+        ("a2", Cast(Bin("mul", x, x, F32), F64), "u"),
+    ):
+        at = kir.i64(0)
+        update = Store(acc, at, Bin("add", Load(acc, at, F64), term, F64))
+        body += [
+            Store(acc, at, kir.Const(F64, 0.0)),
+            For("e", kir.i64(0), kir.i64(n), (update,), reduce=((acc, "add"),)),
+            Store(out, at, Cast(Load(acc, at, F64), F32)),
+        ]
+    body += [
+        Store("y", kir.i64(0), Load("t", kir.i64(0), F32)),
+        Store("y", kir.i64(1), Load("u", kir.i64(0), F32)),
+    ]
+    slots = (Slot("x", F32, 0, 0, 0, False), Slot("y", F32, 1, 1, 0, True))
+    slots += (Slot("c", F32, 2, 2, 0, True),)
+    temps = (Temp("a1", F64, 0, 1), Temp("t", F32, 8, 1), Temp("a2", F64, 16, 1))
+    temps += (Temp("u", F32, 24, 1),)
+    return kir.Kernel("s0", 0, (), slots, temps, tuple(body))
+
+
+@needs_cxx
+def test_two_sums_into_temporaries_in_one_block():
+    """Two small sums into temporaries of one element, the second's first value set
+    between them: one function of one block, each sum's scope the thread's copy of its
+    accumulator and the temporary itself declared once after the first sum (the store of
+    the second's first value came before any declaration of it: the host compiler, nvcc
+    and NVRTC refused the module of REINFORCE-TD at 1,000 environments and 80 units). The
+    values NumPy's."""
+    r, text, (x, y, _) = _run(_sums_into_temps_kernel(512))
+    assert r.phases == [("s0", render.THREADS)] and "tl_count(err)" not in text
+    x64 = X[:512].astype(np.float64)
+    np.testing.assert_allclose(y[:2], [x64.sum(), (x64 * x64).sum()], rtol=1e-6)
+    np.testing.assert_array_equal(x, X)
+
+
 def test_sums_join_while_their_terms_together_are_few(monkeypatch):
     """Two sums of 512 terms join one function while ``SPREAD_TERMS`` holds both (a
     block makes them all); past it each is a launch over the grid again, the loop after

@@ -956,6 +956,7 @@ class _Kernel:
         self.labels = 0
         self.bufs = {s.name: s.dtype for s in k.slots} | {t.name: t.dtype for t in k.temps}
         self.local_temps: set[str] = set()  # temps of a parallel loop's own (per thread)
+        self.again: set[str] = set()  # (temporaries declared again: temps_again)
         self.jumps: set[str] = set()  # the labels a Fail jumps to
         self.phases: list[tuple[str, int]] = []  # (function, threads) launched in order
         self.parts: dict[str, list] = {}  # a reduction's scratch: name -> [dtype, n, offset]
@@ -2282,6 +2283,7 @@ class _Kernel:
         over the grid where ``spread`` is true: ``spread_phase``)."""
         self.lines = []
         self.local_temps = set()
+        self.again = set()
         self.jumps = set()
         self.one_block = False
         kind, body = st.kind, st.body
@@ -2371,6 +2373,12 @@ class _Kernel:
             for p in self._parts_of(r.number):
                 self.emit(1, f"__shared__ {MTYPE[self.parts[p][0]]} {buf(p)}[1];")
                 self.local_temps.add(p)
+        # (a later sum's accumulator of one element, which the steps before it set to its
+        # first value: the temporary itself after the first sum, each sum's own scope
+        # holding the thread's copy, so that it is declared before those steps use it)
+        for r in sums[1:]:
+            if r.form[0] == "scalar":
+                self.local_temps.update(acc for acc in r.form[1] if acc in self.bufs)
         outside = self.others
         self.one_block = self.spreading = True
         self.emit(1, "{")
@@ -2404,9 +2412,10 @@ class _Kernel:
         step)."""
         wanted = set().union(*(_buffers(t.statements()) for t, _ in then))
         for t in self.k.temps:
-            if t.name in self.local_temps and t.name in wanted:
+            if t.name in self.local_temps and t.name in wanted and t.name not in self.again:
                 mt = MTYPE[t.dtype]
                 self.emit(1, f"{mt} *{buf(t.name)} = ({mt} *)(scratch + {t.offset});")
+                self.again.add(t.name)  # (once a function: a later sum's scope shadows it)
 
     def _parts_of(self, count: int) -> list[str]:
         """The scratch names of reduction ``count``'s partial results (``_combine``)."""

@@ -1,0 +1,122 @@
+"""The cuda backend's kernels on cuda-emu against the cpu backend's, at sizes the tests do
+not take (a long check, never a test).
+
+The test suite runs the programs at small sizes, where a reduction, a chain or a loop kernel
+gets a block or two. This script runs each program of ``programs/`` (or the ones named) at
+sizes with many blocks, odd row counts and layers wider than the products of ours take,
+on the cpu backend and on cuda-emu (graphs on, as a run), and prints for each the largest
+relative difference of its metrics (each relative to the cpu's value, or to 1e-4 where that
+is smaller) and outputs (each array's relative to its largest value: a near-zero element of
+a sum whose terms cancel differs in its last digits by the sum's order). A difference past ``--tolerance`` is a line starting ``DIFF`` and
+the exit status 1.
+
+Two of the cuda renderer's bugs were found so (the twenty-ninth session): a gram chain's
+chunk past its rows added the scratch memory's bytes into the gradients, and a sum into a
+temporary of one element lost terms where a thread had several. Each config takes from a
+few seconds to a minute here (the emulation runs each block's threads as fibers)::
+
+    .venv/bin/python scripts/cuda_soak.py                      # the configs below
+    .venv/bin/python scripts/cuda_soak.py ppo B=100 T=16 total_steps=3200 MB=1 H=65
+    python scripts/cuda_soak.py --gpu                           # on a lent GPU (CuPy)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# (program, configs): many blocks, rows that whole tiles do not divide, layers past 64 wide
+CONFIGS = [
+    ("ppo", "B=100 T=16 total_steps=3200 MB=1 H=100"),
+    ("ppo", "B=64 T=16 total_steps=2048 MB=1 H=65 EPOCHS=2"),
+    ("ppo", "B=300 T=16 total_steps=9600 MB=3"),
+    ("ppo", "B=37 T=50 total_steps=3700 MB=2"),
+    ("ppo", "B=1000 T=8 total_steps=16000 MB=4 EPOCHS=1"),
+    ("reinforce", "I=2 B=1000 T=20 H=65"),
+    ("reinforce", "I=2 B=3 T=400 H=128"),
+    ("reinforce_td", "I=2 B=1000 T=10 H=80 N=4"),
+    ("rnn_reinforce", "I=2 B=500 T=10 H=70"),
+    ("rnn_reinforce", "I=2 B=5 T=200 H=8"),
+    ("attention", "B=1000"),
+    ("rnn", "B=1000 T=5 H=70"),
+    ("cumsum", "I=1000 T=40"),
+    ("window_mean", "B=1000 T=100 W=9"),
+    ("returns", "I=2 B=1000 T=50"),
+]
+
+
+def run(program: str, sets: dict[str, str], gpu: bool = False) -> float:
+    """The largest relative difference of the program's metrics and outputs between the cpu
+    backend and cuda-emu (``gpu``: the cuda backend on a GPU) at ``sets``."""
+    from timerlc.compiler import compile_plan, generate_code, run_passes
+    from timerlc.diagnostics import Source
+    from timerlc.frontend.check import check_source
+    from timerlc.runtime.cpu import CpuRuntime
+    from timerlc.runtime.cuda import DeviceRuntime, EmuDevice, device_for
+
+    path = ROOT / "programs" / f"{program}.rtl"
+    graph = check_source(Source(str(path), path.read_text()), overrides=sets)
+    plan = compile_plan(run_passes(graph))
+    metrics: dict[str, list] = {}
+    outputs: dict[str, dict] = {}
+    for target in ("cpu", "cuda"):
+        gen = generate_code(plan, target=target)
+        got: list = []
+
+        def on_metric(name, coords, value, got=got):
+            got.append(float(value))
+
+        if target == "cuda":
+            device = device_for("cuda") if gpu else EmuDevice()
+            rt = DeviceRuntime(gen.plan, on_metric, text=gen.text, device=device)
+        else:
+            rt = CpuRuntime(gen.plan, on_metric, native=gen.text)
+        rt.run()
+        metrics[target] = got
+        outputs[target] = {name: rt.value(name) for name, _, _ in plan.outputs}
+    if len(metrics["cpu"]) != len(metrics["cuda"]):
+        return float("inf")
+    worst = 0.0
+    for a, b in zip(metrics["cpu"], metrics["cuda"]):
+        worst = max(worst, abs(a - b) / max(1e-4, abs(a)))
+    for name, want in outputs["cpu"].items():
+        x = np.asarray(want, np.float64)
+        y = np.asarray(outputs["cuda"][name], np.float64)
+        if x.size:  # (an array's: against its largest value, as float32's rounding goes)
+            scale = max(float(np.max(np.abs(x))), 1e-6)
+            worst = max(worst, float(np.max(np.abs(x - y))) / scale)
+    return worst
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("program", nargs="?", help="a program of programs/ (default: the configs)")
+    ap.add_argument("sets", nargs="*", metavar="NAME=VALUE", help="its configs")
+    ap.add_argument("--tolerance", type=float, default=1e-3, help="the largest difference let by")
+    ap.add_argument("--gpu", action="store_true", help="the cuda backend on a GPU, not cuda-emu")
+    args = ap.parse_args()
+    configs = [(args.program, " ".join(args.sets))] if args.program else CONFIGS
+    bad = 0
+    for program, text in configs:
+        sets = dict(kv.split("=", 1) for kv in text.split())
+        started = time.perf_counter()
+        worst = run(program, sets, args.gpu)
+        mark = "DIFF" if not worst <= args.tolerance else "ok  "
+        bad += mark == "DIFF"
+        print(
+            f"{mark} {program} {text}: largest relative difference {worst:.2e} "
+            f"({time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
