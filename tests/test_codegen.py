@@ -732,6 +732,29 @@ def test_reductions_of_slices_whose_length_depends_on_the_point():
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6, err_msg=name)
 
 
+def test_a_sum_over_an_axis_of_length_one_of_one_element():
+    """The sum over axis 0 of a [1, 1] array (a value head's [B, 1] output over one
+    environment: REINFORCE-TD at B = 1) is one term and no loop: the kernel adds it in
+    (the code generator took the term for a loop to mark as the reduction's, and every
+    compile of the program stopped on a TypeError). The reference's values, with the
+    means and maxima of the same shapes."""
+    text = """
+    config I = 3
+    dim i < I
+    y[i] = reshape(f32(arange(1)) + 2.5 + f32(i), [1, 1])
+    z[i] = reshape(f32(arange(2)) - 0.5 * f32(i), [1, 2])
+    g[i] = sum(y[i], 0)
+    m[i] = mean(z[i], 0)
+    h[i] = max(y[i], 1)
+    out g, m, h
+    """
+    rt, want, _ = native(text)
+    for name in ("g", "m", "h"):
+        got, ref = rt.value(name), want[name]
+        assert got.dtype == ref.dtype and got.shape == ref.shape, name
+        np.testing.assert_allclose(got, ref, rtol=1e-7, err_msg=name)
+
+
 def test_a_reduction_that_no_point_changes_is_computed_once_per_call():
     """``max(x[0:K])`` and ``mean(x[0:K])`` in ``y[k] = x[k] - max(x[0:K]) + mean(x[0:K])``
     do not depend on ``k``: the kernel computes them before its loop over ``k``, once, not at

@@ -1504,7 +1504,7 @@ class _Lowering:
                 terms = _marked(terms, 0, parallel=True)
             else:  # rows of terms, each iteration of the first kept axis' loop its own
                 terms = _marked(_marked(terms, kbig[0], parallel=True), 0, reduce=((acc, comb),))
-        elif terms:  # one column: every term into acc[0]
+        elif terms and big:  # one column: every term into acc[0] (one term: no loop)
             terms = _marked(terms, 0, reduce=((acc, comb),))
         stmts = init + terms + self.loops(shape, out, True)
         self.emit(stmts, x.vdep)
