@@ -18,6 +18,9 @@ few seconds to a minute here (the emulation runs each block's threads as fibers)
     .venv/bin/python scripts/cuda_soak.py                      # the configs below
     .venv/bin/python scripts/cuda_soak.py ppo B=100 T=16 total_steps=3200 MB=1 H=65
     python scripts/cuda_soak.py --gpu                           # on a lent GPU (CuPy)
+    .venv/bin/python scripts/cuda_soak.py --random 600 --seed 3  # sizes drawn for 10 min
+
+A failure (an exception of the compile or of either run) is a line starting ``FAIL``.
 """
 
 from __future__ import annotations
@@ -50,6 +53,37 @@ CONFIGS = [
     ("window_mean", "B=1000 T=100 W=9"),
     ("returns", "I=2 B=1000 T=50"),
 ]
+
+
+# (program -> configs to draw from, for --random: each a list of values; ppo's total_steps
+# makes two iterations, its minibatches must divide B * T)
+RANDOM = {
+    "ppo": {
+        "B": [3, 16, 50, 100, 333],
+        "T": [5, 8, 16, 33],
+        "MB": [1, 2, 3, 4],
+        "H": [8, 33, 64, 65, 100],
+        "EPOCHS": [1, 2],
+    },
+    "reinforce": {"I": [2], "B": [1, 3, 16, 100, 1000], "T": [2, 9, 40, 200]},
+    "reinforce_td": {"I": [2], "B": [1, 3, 16, 100, 1000], "T": [3, 9, 40], "N": [1, 2, 3]},
+    "rnn_reinforce": {"I": [2], "B": [1, 3, 16, 100, 500], "T": [3, 9, 40], "H": [4, 8, 50, 70]},
+}
+RANDOM_H = [4, 33, 64, 65, 80, 100]  # (the hidden units of reinforce's and reinforce_td's)
+
+
+def drawn(rng) -> tuple[str, str]:
+    """A program and configs of ``RANDOM`` (``--random``)."""
+    while True:
+        program = rng.choice(sorted(RANDOM))
+        sets = {k: rng.choice(v) for k, v in RANDOM[program].items()}
+        if program in ("reinforce", "reinforce_td"):
+            sets["H"] = rng.choice(RANDOM_H)
+        if program == "ppo":
+            if sets["B"] * sets["T"] % sets["MB"]:
+                continue
+            sets["total_steps"] = 2 * sets["B"] * sets["T"]
+        return program, " ".join(f"{k}={v}" for k, v in sets.items())
 
 
 def run(program: str, sets: dict[str, str], gpu: bool = False) -> float:
@@ -101,13 +135,30 @@ def main() -> int:
     ap.add_argument("sets", nargs="*", metavar="NAME=VALUE", help="its configs")
     ap.add_argument("--tolerance", type=float, default=1e-3, help="the largest difference let by")
     ap.add_argument("--gpu", action="store_true", help="the cuda backend on a GPU, not cuda-emu")
+    ap.add_argument(
+        "--random",
+        type=float,
+        metavar="SECONDS",
+        help="configs drawn at random (RANDOM) for this long, not the list",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="the draws' seed (--random)")
     args = ap.parse_args()
     configs = [(args.program, " ".join(args.sets))] if args.program else CONFIGS
+    if args.random is not None:
+        import random
+
+        rng, until = random.Random(args.seed), time.perf_counter() + args.random
+        configs = iter(lambda: drawn(rng) if time.perf_counter() < until else None, None)
     bad = 0
     for program, text in configs:
         sets = dict(kv.split("=", 1) for kv in text.split())
         started = time.perf_counter()
-        worst = run(program, sets, args.gpu)
+        try:
+            worst = run(program, sets, args.gpu)
+        except Exception as e:  # noqa: BLE001 - a compile or a run that failed: said, counted
+            bad += 1
+            print(f"FAIL {program} {text}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            continue
         mark = "DIFF" if not worst <= args.tolerance else "ok  "
         bad += mark == "DIFF"
         print(
