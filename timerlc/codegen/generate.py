@@ -95,6 +95,7 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
         chain_saved,
         functions,
         head,
+        kernel_key,
         leave_out,
         render_kernels,
     )
@@ -112,13 +113,14 @@ def _generate_cuda(plan: Plan, kernels: list, interpreted: dict) -> Generated:
     # (the calls inside its loops in the order that joins the most: codegen.tree.by_level)
     # (each fused kernel's functions counted once: the orders by level and the lowering
     # after them fuse the same runs of statements into the same kernels, under other names)
-    counted: dict[tuple, int] = {}
+    counted: dict = {}
 
     def cost(k: kir.Kernel) -> int:
-        key = (k.parts or (k.sid,), k.params, k.body, k.temps, k.slots, k.shared, k.repeat)
-        if key not in counted:
-            counted[key] = functions(k)
-        return counted[key]
+        key = kernel_key(k)
+        got = counted.get(key)
+        if got is None:
+            got = counted[key] = functions(k)
+        return got
 
     plan = by_level(plan, eligible, recorded, cost)
     fused: dict[tuple, kir.Kernel] = {}

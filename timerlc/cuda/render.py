@@ -712,6 +712,8 @@ def render_kernels(
     why it renders none of the others, how each it renders runs."""
     parts, skipped, launches = [], {}, {}
     _TOUCHED.clear()  # (a build's statements: they go)
+    _FACTS.clear()
+    _KEYS.clear()
     for k in kernels:
         try:
             r = _Kernel(k, blas, confined=(confined or {}).get(k.name, frozenset()))
@@ -855,12 +857,47 @@ def functions(k: kir.Kernel, blas: bool = True) -> int:
     return _kept(_COUNTS, k, (blas,), lambda: _functions(k, blas))
 
 
+class _Key:
+    """A kernel's fields that its counts depend on (``kernel_key``), their hash worked out
+    once: a kernel's body is a tree of statements whose hash is the whole tree's."""
+
+    __slots__ = ("fields", "hash")
+
+    def __init__(self, fields: tuple):
+        self.fields = fields
+        self.hash = hash(fields)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Key) and (
+            self.fields is other.fields
+            or (self.hash == other.hash and self.fields == other.fields)
+        )
+
+
+# per kernel, by its identity (the kernel kept with it, as ``_TOUCHED``'s): its key (emptied
+# by each ``render_kernels``, as ``_TOUCHED``)
+_KEYS: dict[int, tuple] = {}
+
+
+def kernel_key(k: kir.Kernel) -> _Key:
+    """What a kernel's counts (``functions``, ``chain_saved``) depend on of it, as a key:
+    kernels of the same fields under other names (a fused kernel the orders by level and
+    the lowering after them both make) have one."""
+    got = _KEYS.get(id(k))
+    if got is None or got[0] is not k:
+        fields = (k.parts or (k.sid,), k.params, k.body, k.temps, k.slots, k.shared, k.repeat)
+        got = _KEYS[id(k)] = (k, _Key(fields))
+    return got[1]
+
+
 def _kept(store: dict, k: kir.Kernel, more: tuple, work):
     """``work()``'s value for kernel ``k`` (and ``more``) as ``store`` keeps it, by the
     kernel and the settings (``_settings``); ``store`` emptied when it holds
     ``COUNTS_KEPT``."""
-    key = (k.parts or (k.sid,), k.params, k.body, k.temps, k.slots, k.shared, k.repeat)
-    key += (*more, _settings())
+    key = (kernel_key(k), *more, _settings())
     got = store.get(key)
     if got is None:
         if len(store) >= COUNTS_KEPT:
@@ -4056,12 +4093,11 @@ def _perm_digits(n: int) -> int | None:
 
 
 def _check_supported(body):
-    for s in kir.walk_tree(body):
-        if isinstance(s, (kir.Loop, kir.Launch, kir.Host)):
-            raise Unsupported(f"a {type(s).__name__} (a tree's statement)")
-    for e in _exprs(body):
-        if isinstance(e, Fn) and e.name not in RNG_FUNCTIONS:
-            raise Unsupported(f"a call of {e.name}")
+    facts = [_facts(s) for s in body]
+    for k in (2, 3):  # (a tree's statement first, then a call)
+        why = next((f[k] for f in facts if f[k] is not None), None)
+        if why is not None:
+            raise Unsupported(why)
 
 
 def _pushed_in(s):
@@ -4443,7 +4479,37 @@ def _exprs(body):
 
 def _refs(body) -> set[str]:
     """Every local (and loop variable) the statements of ``body`` read."""
-    return {e.name for e in _exprs(body) if isinstance(e, Ref)}
+    return set().union(*(_facts(s)[1] for s in body))
+
+
+# per statement, by its identity (the statement kept with them, as ``_TOUCHED``'s): what
+# ``_facts`` found, each statement walked once a build
+_FACTS: dict[int, tuple] = {}
+
+
+def _facts(s) -> tuple:
+    """``(s, the locals it reads, a tree's statement in it or None, a call the renderer has
+    no function for or None, whether it has a failure, a product or a permutation, whether
+    it calls a function)`` of statement ``s`` and the statements inside it (why the renderer
+    cannot render it: ``_check_supported``; ``_row_loop``)."""
+    got = _FACTS.get(id(s))
+    if got is None or got[0] is not s:
+        refs: set[str] = set()
+        tree = call = None
+        stops = fn = False
+        for x in kir.walk_tree((s,)):
+            if tree is None and isinstance(x, (kir.Loop, kir.Launch, kir.Host)):
+                tree = f"a {type(x).__name__} (a tree's statement)"
+            stops = stops or isinstance(x, (Fail, Gemm, Permute))
+        for e in _exprs((s,)):
+            if isinstance(e, Ref):
+                refs.add(e.name)
+            elif isinstance(e, Fn):
+                fn = True
+                if call is None and e.name not in RNG_FUNCTIONS:
+                    call = f"a call of {e.name}"
+        got = _FACTS[id(s)] = (s, frozenset(refs), tree, call, stops, fn)
+    return got
 
 
 # a statement's buffers (``_touched``), by its identity: the statement kept with them, so
@@ -5325,11 +5391,7 @@ def _product_loop(g: Gemm, var: str) -> For:
 def _row_loop(s) -> bool:
     """A parallel loop over a constant range with nothing in it that stops (a failure) or
     needs the grid (a product, a permutation) or an order (a draw)."""
-    return (
-        _nestable(s)
-        and not any(isinstance(x, (Fail, Gemm, Permute)) for x in kir.walk_tree(s.body))
-        and not any(isinstance(e, kir.Fn) for e in _exprs(s.body))
-    )
+    return _nestable(s) and not any(_facts(x)[4] or _facts(x)[5] for x in s.body)
 
 
 def _rows_local(loops: list) -> bool:
