@@ -133,7 +133,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("program", nargs="?", help="a program of programs/ (default: the configs)")
     ap.add_argument("sets", nargs="*", metavar="NAME=VALUE", help="its configs")
-    ap.add_argument("--tolerance", type=float, default=1e-3, help="the largest difference let by")
+    # (3e-3: a metric that cancels to near zero differs by rounding alone, PPO's policy loss
+    # of 5e-5 at B=16 T=8 by 1.1e-3 on cuda-emu, the cpu's by 2.2e-3 from the reference's;
+    # the wrong values this found were 7e-3 and more)
+    ap.add_argument("--tolerance", type=float, default=3e-3, help="the largest difference let by")
     ap.add_argument("--gpu", action="store_true", help="the cuda backend on a GPU, not cuda-emu")
     ap.add_argument(
         "--random",
