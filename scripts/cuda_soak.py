@@ -56,7 +56,7 @@ CONFIGS = [
 
 
 # (program -> configs to draw from, for --random: each a list of values; ppo's total_steps
-# makes two iterations, its minibatches must divide B * T)
+# makes two iterations, its minibatches must divide B * T; the demo programs' too)
 RANDOM = {
     "ppo": {
         "B": [3, 16, 50, 100, 333],
@@ -68,6 +68,11 @@ RANDOM = {
     "reinforce": {"I": [2], "B": [1, 3, 16, 100, 1000], "T": [2, 9, 40, 200]},
     "reinforce_td": {"I": [2], "B": [1, 3, 16, 100, 1000], "T": [3, 9, 40], "N": [1, 2, 3]},
     "rnn_reinforce": {"I": [2], "B": [1, 3, 16, 100, 500], "T": [3, 9, 40], "H": [4, 8, 50, 70]},
+    "attention": {"B": [1, 4, 100, 1000], "S": [1, 6, 33], "E": [8, 65], "A": [1, 5]},
+    "cumsum": {"T": [8, 32, 257], "I": [1, 4, 1000]},
+    "rnn": {"B": [1, 2, 300], "T": [1, 12, 40], "D": [1, 3], "H": [8, 70], "O": [1, 2]},
+    "window_mean": {"B": [1, 3, 1000], "T": [9, 40, 300], "W": [1, 5, 9]},
+    "returns": {"I": [2, 3], "B": [1, 4, 1000], "T": [5, 16, 50], "N": [1, 3], "period": [2, 7]},
 }
 RANDOM_H = [4, 33, 64, 65, 80, 100]  # (the hidden units of reinforce's and reinforce_td's)
 

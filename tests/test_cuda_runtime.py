@@ -138,6 +138,22 @@ def test_run_on_cuda_where_it_cannot_run_is_one_line_and_exit_2(tmp_path, monkey
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "cuda backend cannot run" in r.stderr
 
 
+def test_a_plan_just_compiled_that_the_runtime_refuses_is_an_internal_error(monkeypatch):
+    """``timerlc run FILE.rtl``: a plan the compiler just made that the runtime refuses is
+    the compiler's error, not the user's: a failure while running (exit 3, one line, no
+    traceback: LANGUAGE.md's exit statuses), where it was a traceback (a product's operand
+    refused, attention at B=1 on cuda-emu)."""
+    from timerlc import runner
+
+    def refuse(*args, **kwargs):
+        raise items.PlanError("the plan is not valid: refused here")
+
+    monkeypatch.setattr(runner, "run_plan", refuse)
+    r = cli("run", PROGRAMS / "returns.rtl", "--no-progress")
+    assert r.exit_code == 3
+    assert r.stderr == "timerlc: run failed: internal error: the plan is not valid: refused here\n"
+
+
 @pytest.mark.skipif(gpu_here(), reason="a GPU is here")
 def test_run_on_cuda_on_this_machine_without_a_gpu_says_why(tmp_path):
     r = subprocess.run(
@@ -307,6 +323,33 @@ def test_a_donation_hands_the_donor_s_device_memory_to_the_statement():
     cpu, _ = compiled_run(graph, backend="cpu")
     same_outputs(rt, cpu, ("z",))
     np.testing.assert_allclose(rt.value("z"), outputs(run_graph(graph))["z"])
+
+
+DONATE_PRODUCT = """
+config R = 6, C = 65
+w = reshape(sin(f32(arange(C * C)) * 0.3), [C, C])
+x = reshape(cos(f32(arange(R * C)) * 0.7), [R, C])
+y = x @ w
+out y
+"""
+
+
+@needs_cxx
+def test_a_product_reads_its_statement_s_donor():
+    """A statement whose product (the device's BLAS: 65 columns) reads the buffer that
+    donates its memory to the statement: the donor's values are there until the statement
+    writes its own, its table entry the same address. The product's operand is looked up
+    through the donation (it was refused as a table entry that holds no buffer: attention
+    at B=1). The cpu backend's values."""
+    graph = graph_of(DONATE_PRODUCT)
+    rt, gen = compiled_run(graph, backend="cuda-emu")
+    x = next(b.id for b in gen.plan.buffers if b.name == "x")
+    donee = next(b for b in gen.plan.buffers if b.donor == x)
+    kernels = dict(gen.plan.kernels.launches)
+    assert any(isinstance(f, items.GemmCall) for f in kernels[donee.id])
+    assert (donee.id, x) in rt.donated
+    cpu, _ = compiled_run(graph, backend="cpu")
+    same_outputs(rt, cpu, ("y",))
 
 
 @needs_cxx

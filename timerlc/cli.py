@@ -689,7 +689,10 @@ def run(
         )
         if plan is None:
             run_reference(graph, outputs_path, metrics_path, progress, profile, allow_nonfinite)
-        else:
+            return
+        from timerlc.runtime.plan import PlanError
+
+        try:
             run_plan(
                 plan,
                 outputs_path,
@@ -700,6 +703,8 @@ def run(
                 code,
                 device=device,
             )
+        except PlanError as e:  # (the plan just compiled: the compiler's error, not the user's)
+            raise RunError(f"internal error: {e}") from e
 
     _guard(body)(debug=debug)
 

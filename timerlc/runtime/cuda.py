@@ -1804,13 +1804,19 @@ class DeviceRuntime(CpuRuntime):
             if o.space == "scratch":
                 return scratch_ptr + o.at, scratch - o.at
             key = index_of.get(o.at)
-            ptrs = self.dev.get(key[0]) if key is not None else None
+            owner = key[0] if key is not None else None
+            if owner is not None and owner not in self.dev:
+                # (a donor: its memory is the statement's that it was given to, its entry
+                # the same address, its values there until that statement writes its own;
+                # a product of the statement itself reads them: attention at B=1)
+                owner = next((s for s, d in reversed(self.donated) if d == owner), None)
+            ptrs = self.dev.get(owner) if owner is not None else None
             if not ptrs:
                 raise PlanError(
                     f"the plan is not valid: a product of statement {sid}'s kernel names table "
                     f"entry {o.at}, which holds no buffer"
                 )
-            return ptrs[key[1]], self._dev_bytes[key[0]][key[1]]  # (current: the launch's)
+            return ptrs[key[1]], self._dev_bytes[owner][key[1]]  # (current: the launch's)
 
         # (ours with TF32 operands where TF32 is asked for and the product has them)
         tf32 = getattr(self.device, "matmul", "float32") == "tensorfloat32" and call.tf32
