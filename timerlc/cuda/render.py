@@ -60,6 +60,7 @@ import itertools
 import math
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from timerlc.codegen import kir
 from timerlc.codegen.kir import (
@@ -877,8 +878,7 @@ class _Key:
         )
 
 
-# per kernel, by its identity (the kernel kept with it, as ``_TOUCHED``'s): its key (emptied
-# by each ``render_kernels``, as ``_TOUCHED``)
+# per kernel, by its identity: its key (``_by_id``)
 _KEYS: dict[int, tuple] = {}
 
 
@@ -886,11 +886,13 @@ def kernel_key(k: kir.Kernel) -> _Key:
     """What a kernel's counts (``functions``, ``chain_saved``) depend on of it, as a key:
     kernels of the same fields under other names (a fused kernel the orders by level and
     the lowering after them both make) have one."""
-    got = _KEYS.get(id(k))
-    if got is None or got[0] is not k:
-        fields = (k.parts or (k.sid,), k.params, k.body, k.temps, k.slots, k.shared, k.repeat)
-        got = _KEYS[id(k)] = (k, _Key(fields))
-    return got[1]
+    return _by_id(
+        _KEYS,
+        k,
+        lambda k: _Key(
+            (k.parts or (k.sid,), k.params, k.body, k.temps, k.slots, k.shared, k.repeat)
+        ),
+    )
 
 
 def _kept(store: dict, k: kir.Kernel, more: tuple, work):
@@ -1457,9 +1459,10 @@ class _Kernel:
             self.emit(3, "}")
         self.others = outside
         self.emit(2, "}")
-        if arrays:  # (a chunk past the rows, where whole tiles a chunk leave the last
-            # empty: its copies, which no tile stored, are zeros; PPO at 1,600 rows a
-            # minibatch, 6 chunks of 320: its gradients took the scratch memory's bytes)
+        if arrays:  # (the chunk's copies done: the grams' sums, by tickets)
+            # (a chunk past the rows, where whole tiles a chunk leave the last empty: its
+            # copies, which no tile stored, are zeros; PPO at 1,600 rows a minibatch, 6
+            # chunks of 320: its gradients took the scratch memory's bytes)
             self.emit(2, "if (tl_lo >= tl_hi) {  // (no rows: its copies zeros)")
             for t, arr, size, _ in arrays:
                 zero = "0.0" if t == "double" else "0.0f"
@@ -1469,7 +1472,6 @@ class _Kernel:
                     f"{arr}[tl_p * {size} + e] = {zero};",
                 )
             self.emit(2, "}")
-        if arrays:  # (the chunk's copies done: the grams' sums, by tickets)
             final = []
             if tails:
                 lines, self.lines = self.lines, []
@@ -4094,10 +4096,10 @@ def _perm_digits(n: int) -> int | None:
 
 def _check_supported(body):
     facts = [_facts(s) for s in body]
-    for k in (2, 3):  # (a tree's statement first, then a call)
-        why = next((f[k] for f in facts if f[k] is not None), None)
-        if why is not None:
-            raise Unsupported(why)
+    why = next((f.tree for f in facts if f.tree), None)  # (a tree's statement first)
+    why = why or next((f.call for f in facts if f.call), None)
+    if why is not None:
+        raise Unsupported(why)
 
 
 def _pushed_in(s):
@@ -4479,58 +4481,76 @@ def _exprs(body):
 
 def _refs(body) -> set[str]:
     """Every local (and loop variable) the statements of ``body`` read."""
-    return set().union(*(_facts(s)[1] for s in body))
+    return set().union(*(_facts(s).refs for s in body))
 
 
-# per statement, by its identity (the statement kept with them, as ``_TOUCHED``'s): what
-# ``_facts`` found, each statement walked once a build
+class _Facts(NamedTuple):
+    """What the renderer asks of a statement and the statements inside it, again and again
+    (``_facts``): the locals it reads, a tree's statement in it or a call it has no function
+    for (why it cannot render it: ``_check_supported``), whether it has a failure, a product
+    or a permutation, and whether it calls a function (``_row_loop``)."""
+
+    refs: frozenset
+    tree: str | None
+    call: str | None
+    stops: bool
+    calls: bool
+
+
+# per statement, by its identity: its ``_Facts``, each statement walked once a build
 _FACTS: dict[int, tuple] = {}
 
 
-def _facts(s) -> tuple:
-    """``(s, the locals it reads, a tree's statement in it or None, a call the renderer has
-    no function for or None, whether it has a failure, a product or a permutation, whether
-    it calls a function)`` of statement ``s`` and the statements inside it (why the renderer
-    cannot render it: ``_check_supported``; ``_row_loop``)."""
-    got = _FACTS.get(id(s))
-    if got is None or got[0] is not s:
-        refs: set[str] = set()
-        tree = call = None
-        stops = fn = False
-        for x in kir.walk_tree((s,)):
-            if tree is None and isinstance(x, (kir.Loop, kir.Launch, kir.Host)):
-                tree = f"a {type(x).__name__} (a tree's statement)"
-            stops = stops or isinstance(x, (Fail, Gemm, Permute))
-        for e in _exprs((s,)):
-            if isinstance(e, Ref):
-                refs.add(e.name)
-            elif isinstance(e, Fn):
-                fn = True
-                if call is None and e.name not in RNG_FUNCTIONS:
-                    call = f"a call of {e.name}"
-        got = _FACTS[id(s)] = (s, frozenset(refs), tree, call, stops, fn)
-    return got
+def _facts(s) -> _Facts:
+    """Statement ``s``'s ``_Facts``."""
+    return _by_id(_FACTS, s, _facts_of)
 
 
-# a statement's buffers (``_touched``), by its identity: the statement kept with them, so
-# that its id is not another's while it is here (emptied by each ``render_kernels``: a
-# build's fused kernels share their parts' statements)
+def _facts_of(s) -> _Facts:
+    refs: set[str] = set()
+    tree = call = None
+    stops = calls = False
+    for x in kir.walk_tree((s,)):
+        if tree is None and isinstance(x, (kir.Loop, kir.Launch, kir.Host)):
+            tree = f"a {type(x).__name__} (a tree's statement)"
+        stops = stops or isinstance(x, (Fail, Gemm, Permute))
+    for e in _exprs((s,)):
+        if isinstance(e, Ref):
+            refs.add(e.name)
+        elif isinstance(e, Fn):
+            calls = True
+            if call is None and e.name not in RNG_FUNCTIONS:
+                call = f"a call of {e.name}"
+    return _Facts(frozenset(refs), tree, call, stops, calls)
+
+
+def _by_id(store: dict, x, make):
+    """``make(x)``, kept in ``store`` by ``x``'s identity with ``x`` itself (so that its id is
+    not another's while it is there): ``_TOUCHED``, ``_FACTS``, ``_KEYS``, each emptied by
+    ``render_kernels`` (a build's fused kernels share their parts' statements)."""
+    got = store.get(id(x))
+    if got is None or got[0] is not x:
+        got = store[id(x)] = (x, make(x))
+    return got[1]
+
+
+# a statement's buffers (``_touched``), by its identity
 _TOUCHED: dict[int, tuple] = {}
 
 
 def _touched(s) -> tuple[frozenset, frozenset]:
     """The buffers statement ``s`` reads or writes, and those it writes."""
-    got = _TOUCHED.get(id(s))
-    if got is None or got[0] is not s:
-        both = {e.buf for e in _exprs((s,)) if isinstance(e, Load)}
-        written = set()
-        for x in kir.walk_tree((s,)):
-            read, wrote = kir.own_buffers(x)
-            both.update(read + wrote)
-            written.update(wrote)
-        got = (s, frozenset(both), frozenset(written))
-        _TOUCHED[id(s)] = got
-    return got[1], got[2]
+    return _by_id(_TOUCHED, s, _touched_of)
+
+
+def _touched_of(s) -> tuple[frozenset, frozenset]:
+    both = {e.buf for e in _exprs((s,)) if isinstance(e, Load)}
+    written = set()
+    for x in kir.walk_tree((s,)):
+        read, wrote = kir.own_buffers(x)
+        both.update(read + wrote)
+        written.update(wrote)
+    return frozenset(both), frozenset(written)
 
 
 def _read(s) -> set[str]:
@@ -5391,7 +5411,7 @@ def _product_loop(g: Gemm, var: str) -> For:
 def _row_loop(s) -> bool:
     """A parallel loop over a constant range with nothing in it that stops (a failure) or
     needs the grid (a product, a permutation) or an order (a draw)."""
-    return _nestable(s) and not any(_facts(x)[4] or _facts(x)[5] for x in s.body)
+    return _nestable(s) and not any(f.stops or f.calls for f in map(_facts, s.body))
 
 
 def _rows_local(loops: list) -> bool:

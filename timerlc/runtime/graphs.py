@@ -353,7 +353,8 @@ class _Graph:
     last: tuple = ()  # the outer parts' changes its shifts were set from (``deltas``)
     index: int = 0  # the device address of the shifts' indices (tl_set_shift's)
     # (per outer part: the least and most change of it since the capture that keeps every
-    # call site inside its box; None where a site with no part is outside its own: _bounds)
+    # call site inside its box; None where a site with no part is outside its own:
+    # part_bounds)
     bounds: list | None = None
 
 
@@ -388,8 +389,8 @@ class GraphRun:
         self.touched = rt.touched_of(sids)
         from timerlc.runtime.cuda import DEVICE
 
-        self.written = sorted({p for sid in sids for p in rt.parts(sid)})
-        self.on_device = dict.fromkeys(self.written, DEVICE)  # (the state after a replay)
+        # (the run's buffers' state after a replay)
+        self.on_device = dict.fromkeys(sorted({p for sid in sids for p in rt.parts(sid)}), DEVICE)
         self.failable = [(sid, None) for sid in sorted(sids) if rt.can_fail(sid)]
         self._sites = iter(range(n))
         self.capture = self._build(items, scope)
@@ -517,7 +518,7 @@ class GraphRun:
     # ------------------------------------------------------------------ replay
     def _replay(self, g: _Graph, env):
         rt = self.rt
-        deltas = tuple(f(env) - a for f, a in zip(self.part_fns, g.at))
+        deltas = tuple(p - a for p, a in zip(self._parts(env), g.at))
         if g.bounds is None or any(
             d < lo or d > hi for d, (lo, hi) in zip(deltas, g.bounds)
         ):  # a call outside its box: the launches refuse it, saying which
