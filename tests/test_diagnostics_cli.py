@@ -591,3 +591,33 @@ def test_a_run_failure_names_the_tensor_on_both_backends(tmp_path):
         out = diagnose(tmp_path, program, "--backend", backend, cmd="run")
         assert out.status == 3, out.stderr
         assert "while computing v at t=4 (line 4)" in out.stderr, (backend, out.stderr)
+
+
+def _a_bug(*args, **kwargs):
+    raise TypeError("unsupported operand type(s) for +: 'int' and 'NoneType'")
+
+
+def test_an_internal_error_is_one_line_and_exit_3_not_a_traceback(tmp_path, monkeypatch):
+    """A bug of the compiler's own (an exception no stage turned into a diagnostic) is not the
+    program's error: one line naming it an internal error, exit 3 (a failure, not status 1, the
+    program's errors', which Python's uncaught exception would give), the traceback only on
+    request (TIMERLC_DEBUG=1, or ``run --debug``)."""
+    from timerlc import compiler
+
+    monkeypatch.delenv("TIMERLC_DEBUG", raising=False)
+    monkeypatch.setattr(compiler, "compile_source", _a_bug)
+    for cmd in ("compile", "run"):
+        out = diagnose(tmp_path, VALID, cmd=cmd)
+        assert_no_traceback(out)
+        assert out.status == 3, out.stderr
+        assert out.stderr == (
+            "timerlc: internal error: TypeError: unsupported operand type(s) for +: 'int' and "
+            "'NoneType'; this is a bug in timerlc, not in your program; please report it "
+            "(TIMERLC_DEBUG=1 shows the traceback)\n"
+        )
+    out = diagnose(tmp_path, VALID, "--debug", cmd="run")
+    assert out.status == 3 and "Traceback" in out.stderr and "in _a_bug" in out.stderr
+    assert out.stderr.endswith("please report it\n"), out.stderr
+    monkeypatch.setenv("TIMERLC_DEBUG", "1")
+    out = diagnose(tmp_path, VALID, cmd="compile")
+    assert out.status == 3 and "Traceback" in out.stderr and "in _a_bug" in out.stderr

@@ -7,6 +7,7 @@ Exit status: 0 success; 1 an error in the program (``FILE:LINE:COL: error: ...``
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -207,6 +208,19 @@ def _guard(fn):
         except KeyboardInterrupt:
             click.echo("timerlc: interrupted", err=True)
             sys.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise  # click's own: a bad option value is a usage error (exit 2), as click says
+        except Exception as e:  # noqa: BLE001 - a bug of timerlc's own
+            shown = debug or bool(os.environ.get("TIMERLC_DEBUG"))
+            if shown:
+                traceback.print_exc()
+            where = "" if shown else " (TIMERLC_DEBUG=1 shows the traceback)"
+            click.echo(
+                f"timerlc: internal error: {type(e).__name__}: {e}; this is a bug in timerlc, "
+                f"not in your program; please report it{where}",
+                err=True,
+            )
+            sys.exit(3)
 
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
