@@ -19,6 +19,7 @@ few seconds to a minute here (the emulation runs each block's threads as fibers)
     .venv/bin/python scripts/cuda_soak.py ppo B=100 T=16 total_steps=3200 MB=1 H=65
     python scripts/cuda_soak.py --gpu                           # on a lent GPU (CuPy)
     .venv/bin/python scripts/cuda_soak.py --random 600 --seed 3  # sizes drawn for 10 min
+    .venv/bin/python scripts/cuda_soak.py reinforce I=2 B=100 budget=0.5  # under a budget
 
 A failure (an exception of the compile or of either run) is a line starting ``FAIL``.
 """
@@ -72,9 +73,14 @@ RANDOM = {
     "cumsum": {"T": [8, 32, 257], "I": [1, 4, 1000]},
     "rnn": {"B": [1, 2, 300], "T": [1, 12, 40], "D": [1, 3], "H": [8, 70], "O": [1, 2]},
     "window_mean": {"B": [1, 3, 1000], "T": [9, 40, 300], "W": [1, 5, 9]},
+    "swaps": {"K": [1, 100, 4097], "P": [1, 64, 65]},  # (tests/programs/: it swaps)
     "returns": {"I": [2, 3], "B": [1, 4, 1000], "T": [5, 16, 50], "N": [1, 3], "period": [2, 7]},
 }
 RANDOM_H = [4, 33, 64, 65, 80, 100]  # (the hidden units of reinforce's and reinforce_td's)
+# budget=F (not a config: the plan's memory budget, F times its peak without one), drawn for
+# the programs whose plans swap at their default sizes under one (swaps and attention; the
+# others' buffers are all in use at their peak) and a tenth of the others
+BUDGETS = [0.2, 0.5, 0.8]
 
 
 def drawn(rng) -> tuple[str, str]:
@@ -88,21 +94,32 @@ def drawn(rng) -> tuple[str, str]:
             if sets["B"] * sets["T"] % sets["MB"]:
                 continue
             sets["total_steps"] = 2 * sets["B"] * sets["T"]
+        if program in ("swaps", "attention") or rng.random() < 0.1:  # (--memory-budget)
+            sets["budget"] = rng.choice(BUDGETS)
         return program, " ".join(f"{k}={v}" for k, v in sets.items())
 
 
-def run(program: str, sets: dict[str, str], gpu: bool = False) -> float:
+def run(program: str, sets: dict[str, str], gpu: bool = False) -> tuple[float, int]:
     """The largest relative difference of the program's metrics and outputs between the cpu
-    backend and cuda-emu (``gpu``: the cuda backend on a GPU) at ``sets``."""
+    backend and cuda-emu (``gpu``: the cuda backend on a GPU) at ``sets`` (``budget=F`` among
+    them: a memory budget of F times the plan's peak without one, both backends' plan), and
+    the plan's swaps to host memory."""
     from timerlc.compiler import compile_plan, generate_code, run_passes
     from timerlc.diagnostics import Source
     from timerlc.frontend.check import check_source
+    from timerlc.plan.items import SwapOut, walk
     from timerlc.runtime.cpu import CpuRuntime
     from timerlc.runtime.cuda import DeviceRuntime, EmuDevice, device_for
 
     path = ROOT / "programs" / f"{program}.rtl"
-    graph = check_source(Source(str(path), path.read_text()), overrides=sets)
-    plan = compile_plan(run_passes(graph))
+    if not path.exists():  # (swaps: a test's program)
+        path = ROOT / "tests" / "programs" / f"{program}.rtl"
+    sets = dict(sets)
+    budget = sets.pop("budget", None)
+    graph = run_passes(check_source(Source(str(path), path.read_text()), overrides=sets))
+    plan = compile_plan(graph)
+    if budget is not None:
+        plan = compile_plan(graph, memory_budget=int(float(budget) * plan.memory_peak))
     metrics: dict[str, list] = {}
     outputs: dict[str, dict] = {}
     for target in ("cpu", "cuda"):
@@ -120,8 +137,9 @@ def run(program: str, sets: dict[str, str], gpu: bool = False) -> float:
         rt.run()
         metrics[target] = got
         outputs[target] = {name: rt.value(name) for name, _, _ in plan.outputs}
+    swaps = sum(isinstance(item, SwapOut) for item in walk(plan.tree))
     if len(metrics["cpu"]) != len(metrics["cuda"]):
-        return float("inf")
+        return float("inf"), swaps
     worst = 0.0
     for a, b in zip(metrics["cpu"], metrics["cuda"]):
         worst = max(worst, abs(a - b) / max(1e-4, abs(a)))
@@ -131,7 +149,7 @@ def run(program: str, sets: dict[str, str], gpu: bool = False) -> float:
         if x.size:  # (an array's: against its largest value, as float32's rounding goes)
             scale = max(float(np.max(np.abs(x))), 1e-6)
             worst = max(worst, float(np.max(np.abs(x - y))) / scale)
-    return worst
+    return worst, swaps
 
 
 def main() -> int:
@@ -162,7 +180,7 @@ def main() -> int:
         sets = dict(kv.split("=", 1) for kv in text.split())
         started = time.perf_counter()
         try:
-            worst = run(program, sets, args.gpu)
+            worst, swaps = run(program, sets, args.gpu)
         except Exception as e:  # noqa: BLE001 - a compile or a run that failed: said, counted
             bad += 1
             print(f"FAIL {program} {text}: {type(e).__name__}: {str(e)[:300]}", flush=True)
@@ -171,7 +189,7 @@ def main() -> int:
         bad += mark == "DIFF"
         print(
             f"{mark} {program} {text}: largest relative difference {worst:.2e} "
-            f"({time.perf_counter() - started:.0f} s)",
+            f"({time.perf_counter() - started:.0f} s{f', {swaps} swaps' if swaps else ''})",
             flush=True,
         )
     return 1 if bad else 0
