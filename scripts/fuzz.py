@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Fuzz the timerlc CLI: every input must give exit 0, 1, 2 or 3, never a traceback or a hang.
+"""Fuzz the timerlc CLI: every input must give exit 0, 1, 2 or 3, never a traceback, an
+internal error or a hang.
 
 Inputs are seeded mutants of ``programs/*.rtl`` and ``tests/programs/*.rtl``: tokens and
 lines deleted, duplicated, swapped or replaced (numbers by extreme values, names by other
@@ -67,7 +68,7 @@ class Outcome:
     seconds: float
 
 
-class Hang(Exception):
+class Hang(BaseException):  # (not an Exception: the CLI reports those as internal errors)
     pass
 
 
@@ -311,6 +312,8 @@ def run_case(case: Case, work: Path, timeout: float) -> Outcome:
         failure = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     elif "Traceback (most recent call last)" in output:
         failure = "a traceback was printed"
+    elif "timerlc: internal error:" in output:
+        failure = next(line for line in output.splitlines() if "internal error:" in line)
     elif result.exit_code not in (0, 1, 2, 3):
         failure = f"exit status {result.exit_code}"
     return Outcome(case, result.exit_code, output, failure, seconds)

@@ -621,3 +621,17 @@ def test_an_internal_error_is_one_line_and_exit_3_not_a_traceback(tmp_path, monk
     monkeypatch.setenv("TIMERLC_DEBUG", "1")
     out = diagnose(tmp_path, VALID, cmd="compile")
     assert out.status == 3 and "Traceback" in out.stderr and "in _a_bug" in out.stderr
+
+
+def test_running_out_of_host_memory_while_compiling_is_exit_3_in_one_line(tmp_path, monkeypatch):
+    """A MemoryError outside a run (the compile's: a run's own are run failures) is a failure,
+    not the program's error nor timerlc's: one line, exit 3."""
+    from timerlc import compiler
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(compiler, "compile_source", no_memory)
+    out = diagnose(tmp_path, VALID, cmd="compile")
+    assert_no_traceback(out)
+    assert (out.status, out.stderr) == (3, "timerlc: error: out of memory\n")

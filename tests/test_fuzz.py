@@ -39,7 +39,7 @@ def test_the_mutants_are_the_same_for_a_seed():
     assert a == b and len({t for _, t in a}) > 20
 
 
-def test_a_traceback_is_a_failure(tmp_path, monkeypatch):
+def test_a_traceback_or_an_internal_error_is_a_failure(tmp_path, monkeypatch):
     fuzz = _fuzz()
     from timerlc import compiler
 

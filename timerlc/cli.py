@@ -208,6 +208,11 @@ def _guard(fn):
         except KeyboardInterrupt:
             click.echo("timerlc: interrupted", err=True)
             sys.exit(130)
+        except MemoryError as e:  # (a run's own are RunErrors: runner.run_plan)
+            if debug:
+                traceback.print_exc()
+            click.echo(f"timerlc: error: out of memory{f': {e}' if str(e) else ''}", err=True)
+            sys.exit(3)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise  # click's own: a bad option value is a usage error (exit 2), as click says
         except Exception as e:  # noqa: BLE001 - a bug of timerlc's own
