@@ -11,6 +11,7 @@ with their size configs set to 2. The CLI runs in this process (click's test run
 a time limit per case.
 
     scripts/fuzz.py --n 10000 --seed 1 --out fuzz-failures/
+    scripts/fuzz.py --n 2000 --backend cuda      # the compiles make CUDA kernels (no GPU)
 
 prints a summary; each failing input and its output go to ``--out``. Exit status 1 when
 any case failed. tests/test_fuzz.py runs a bounded number of cases in CI.
@@ -280,7 +281,7 @@ def _memory_limit(extra_bytes: int):
         resource.setrlimit(resource.RLIMIT_AS, old)
 
 
-def run_case(case: Case, work: Path, timeout: float) -> Outcome:
+def run_case(case: Case, work: Path, timeout: float, backend: str | None = None) -> Outcome:
     from click.testing import CliRunner
 
     from timerlc.cli import cli
@@ -288,6 +289,8 @@ def run_case(case: Case, work: Path, timeout: float) -> Outcome:
     path = work / f"case{case.index}.rtl"
     path.write_text(case.text, encoding="utf-8", errors="surrogatepass")
     args = [case.command, str(path)]
+    if backend and case.command != "check":
+        args += ["--backend", backend]
     if case.command == "compile":
         args += ["-o", str(work / f"build{case.index}")]
     elif case.command == "run":
@@ -319,13 +322,21 @@ def run_case(case: Case, work: Path, timeout: float) -> Outcome:
     return Outcome(case, result.exit_code, output, failure, seconds)
 
 
-def fuzz(n: int, seed: int, timeout: float = 60.0, out: Path | None = None, progress=None):
-    """Run ``n`` cases; the outcomes."""
+def fuzz(
+    n: int,
+    seed: int,
+    timeout: float = 60.0,
+    out: Path | None = None,
+    progress=None,
+    backend: str | None = None,
+):
+    """Run ``n`` cases (the compiles and runs on ``backend``: None, the default); the
+    outcomes."""
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="timerlc-fuzz-") as tmp:
         work = Path(tmp)
         for case in cases(n, seed):
-            outcome = run_case(case, work, timeout)
+            outcome = run_case(case, work, timeout, backend)
             outcomes.append(outcome)
             if outcome.failure and out is not None:
                 out.mkdir(parents=True, exist_ok=True)
@@ -370,6 +381,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the mutations (default 0)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case (default 60)")
     ap.add_argument("--out", type=Path, default=None, help="folder for failing inputs")
+    ap.add_argument(
+        "--backend",
+        default=None,
+        help="the compiles' and runs' backend (default: the CLI's; cuda compiles the CUDA "
+        "kernels without a GPU, cuda-emu runs them on the CPU)",
+    )
     args = ap.parse_args(argv)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
     started = time.perf_counter()
@@ -382,7 +399,7 @@ def main(argv=None) -> int:
             print(f"  FAILED case {o.case.index} ({o.case.command}, {o.case.kind})",
                   file=sys.stderr, flush=True)  # fmt: skip
 
-    outcomes = fuzz(args.n, args.seed, args.timeout, args.out, progress)
+    outcomes = fuzz(args.n, args.seed, args.timeout, args.out, progress, args.backend)
     print(summary(outcomes, time.perf_counter() - started))
     return 1 if any(o.failure for o in outcomes) else 0
 

@@ -312,7 +312,7 @@ def test_a_one_batch_statement_takes_the_memory_of_its_dying_input():
     assert x in frees(plan) and z not in frees(plan)
     ref, ref_m, rt, cpu_m = run_both(source, {}, plan)
     assert_same(graph_of(source, {}, optimize=False), ref, ref_m, rt, cpu_m)
-    assert rt.donated == [(y, x), (z, y)]
+    assert rt.donated == {y: x, z: y}
     assert rt.peak_bytes < 2 * N_BYTES  # one f32[6] at a time (and a few scalars)
     want = [(2 * (5 - (n + 1) % 6) + 1) * 3 - 1 for n in range(6)]
     np.testing.assert_array_equal(rt.value("z"), want)

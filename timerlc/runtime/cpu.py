@@ -350,14 +350,12 @@ class _Statement:
         """After this statement's kernel failed at ``key``: the interpreter computes the call
         again, and raises the error that names the failing op and point."""
         rt = self.rt
-        for sid, donor in rt.donated:
-            # the kernel failed before it wrote: its memory still holds the donor's values
-            if sid == self.id and rt.buffers[donor] is None and rt.buffers[sid] is not None:
-                spec = rt.plan.buffer(donor)
-                rt.buffers[donor] = [
-                    rt.buffers[sid][0].reshape(spec.extents + spec.outputs[0].shape)
-                ]
-                rt._freed.discard(donor)
+        donor, sid = rt.donated.get(self.id), self.id
+        # the kernel failed before it wrote: its memory still holds the donor's values
+        if donor is not None and rt.buffers[donor] is None and rt.buffers[sid] is not None:
+            spec = rt.plan.buffer(donor)
+            rt.buffers[donor] = [rt.buffers[sid][0].reshape(spec.extents + spec.outputs[0].shape)]
+            rt._freed.discard(donor)
         self.native = None
         self._run(key, explain=self.is_env)
         raise RunError(f"internal error: the kernel of statement {self.id} failed at {key}")
@@ -641,7 +639,10 @@ class CpuRuntime:
         self.host_peak_bytes = 0  # the most it held at once
         self.swapped = 0  # buffers copied to the host pool (each swap_out of an array)
         self.swapped_bytes = 0  # bytes copied to the host pool, all swaps together
-        self.donated: list[tuple[int, int]] = []  # (statement, donor) of each memory taken
+        # the memory taken: each statement's donor, and each donor's statement (the latest
+        # donation: a plan gives a buffer one donor, but a loop's donations repeat)
+        self.donated: dict[int, int] = {}
+        self.donee: dict[int, int] = {}
         # checking mode: per ring buffer, the window dim's index each slot holds (-1: none)
         self.slots: dict[int, np.ndarray] | None = {} if check_windows else None
         self.metric_of = {sid: name for name, sid, _ in plan.metrics}
@@ -733,7 +734,8 @@ class CpuRuntime:
             # sid's kernel, which reads the donor's values before it writes its own
             self.buffers[donor] = None
             self._freed.add(donor)
-            self.donated.append((sid, donor))
+            self.donated[sid] = donor
+            self.donee[donor] = sid
         else:
             bufs = [np.zeros(s, d) for s, d in zip(shapes, dtypes)]
             self._grow(sum(b.nbytes for b in bufs))

@@ -1809,7 +1809,7 @@ class DeviceRuntime(CpuRuntime):
                 # (a donor: its memory is the statement's that it was given to, its entry
                 # the same address, its values there until that statement writes its own;
                 # a product of the statement itself reads them: attention at B=1)
-                owner = next((s for s, d in reversed(self.donated) if d == owner), None)
+                owner = self.donee.get(owner)
             ptrs = self.dev.get(owner) if owner is not None else None
             if not ptrs:
                 raise PlanError(
