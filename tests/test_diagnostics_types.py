@@ -7,7 +7,8 @@ disagrees with an earlier one. See test_diagnostics.py for the helpers.
 
 from __future__ import annotations
 
-from test_diagnostics import expect_error
+import pytest
+from test_diagnostics import diagnose, expect_error
 
 
 # ----------------------------------------------------------------------------- shapes
@@ -284,6 +285,31 @@ def test_constant_spatial_index_out_of_range(tmp_path):
         "index 5",
         "length 3",
     )
+
+
+@pytest.mark.parametrize("index", ["[0]", "[t]", "[a]"])
+def test_an_index_into_an_empty_axis(tmp_path, index):
+    """No index is in range of an axis of length 0 (a config of 0 actions: attention.rtl with
+    A = 0 crashed the type rule); an index tensor of no elements is (NumPy's too)."""
+    expect_error(
+        tmp_path,
+        f"""
+        config A = 0, T = 4
+        dim t < T
+        a[t] = t % 3
+        x[t] = zeros([A]){index}
+    """,
+        4,
+        19,  # (under the index)
+        "axis 0",
+        "f32[0]",
+        "empty",
+    )
+
+
+def test_an_empty_index_tensor_into_an_empty_axis_is_empty(tmp_path):
+    out = diagnose(tmp_path, "config A = 0\ndim t < 2\nx[t] = zeros([A])[arange(A)]\nout x\n")
+    assert out.status == 0, out.stderr
 
 
 def test_params_initializer_of_the_wrong_shape(tmp_path):

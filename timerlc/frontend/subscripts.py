@@ -157,6 +157,10 @@ class Subscripts:
                 e = to_index(item, scope)
             except NotIndex:
                 e = None
+            if n == 0 and e is not None:  # (NumPy's x[i] raises on an empty axis too)
+                raise ProgramError(
+                    f"an index into axis {k} of {x.type}, which is empty", item.span
+                )
             if e is not None:
                 if e.is_Integer:
                     v = int(e)
@@ -178,6 +182,12 @@ class Subscripts:
                 raise ProgramError(f"an index must be an integer, got {g.type}", item.span)
             if gather is not None:
                 raise ProgramError("only one tensor index is allowed in one subscript", item.span)
+            if n == 0 and 0 not in g.type.shape:
+                raise ProgramError(
+                    f"an index {g.type} into axis {k} of {x.type}, which is empty: no index is "
+                    "in range",
+                    item.span,
+                )
             gather = g
             out.append(("gather",))
         args = [x] + ([gather] if gather is not None else [])
@@ -217,7 +227,8 @@ class Subscripts:
             )
         if not 0 <= int(length) <= n:
             raise ProgramError(
-                f"a slice of length {int(length)} does not fit axis {axis} of length {n}", item.span
+                f"a slice of length {int(length)} does not fit axis {axis} of length {n}",
+                item.span,
             )
         return ("slice", lo, int(length))
 

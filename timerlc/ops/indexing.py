@@ -227,6 +227,9 @@ def _index_infer(attrs, ts):
         raise TypeRuleError("at most one tensor index is allowed")
     dummy = []
     for k, it in enumerate(items):
+        empty = x.shape[k] == 0 and (it[0] == "int" or it[0] == "gather" and 0 not in ts[1].shape)
+        if empty:  # (no index is in range)
+            raise TypeRuleError(f"an index into axis {k} of {x}, which is empty")
         if it[0] == "int":
             dummy.append(0)
         elif it[0] == "slice":
