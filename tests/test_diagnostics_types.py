@@ -307,6 +307,27 @@ def test_an_index_into_an_empty_axis(tmp_path, index):
     )
 
 
+@pytest.mark.parametrize("index", ["[0]", "[0:2]", "[arange(2)]"])
+def test_an_index_into_an_axis_past_the_limits(tmp_path, index):
+    """An extent past 2^63 (a config of 10^30) is past timerlc's limits, said at the tensor,
+    where the index type rule crashed (NumPy refuses such an array: fuzz.py). (``check``
+    leaves the limits to ``compile``, which plans the buffers.)"""
+    expect_error(
+        tmp_path,
+        f"""
+        config A = 999999999999999999999999999999
+        dim t < 2
+        x[t] = zeros([A]){index}
+        out x
+    """,
+        3,
+        8,
+        "999999999999999999999999999999",
+        "limits",
+        cmd="compile",
+    )
+
+
 def test_an_empty_index_tensor_into_an_empty_axis_is_empty(tmp_path):
     out = diagnose(tmp_path, "config A = 0\ndim t < 2\nx[t] = zeros([A])[arange(A)]\nout x\n")
     assert out.status == 0, out.stderr

@@ -431,3 +431,39 @@ def test_dim_dependent_negative_spatial_index_counts_from_the_end():
         """
     )
     close(out["y"], np.array([0, 10, 20], np.float32))
+
+
+def test_the_index_type_rule_gives_numpys_shapes():
+    """``ops.indexing.index_shape`` works out ``x[items]``'s shape from the extents (NumPy
+    refuses an array of extents past 2^63 before timerlc's limits could name them); here
+    against NumPy's own indexing on random small cases: ints, slices, full axes and one
+    gather anywhere (its ints advanced indices too, the gather's shape in their place when
+    they are next to each other, else first)."""
+    import random
+
+    from timerlc.ops.indexing import index_shape
+
+    rng = random.Random(1)
+    for _ in range(3000):
+        shape = tuple(rng.randint(1, 4) for _ in range(rng.randint(1, 4)))
+        m = rng.randint(0, len(shape))
+        gpos = rng.randrange(m) if m and rng.random() < 0.6 else -1
+        gshape = tuple(rng.randint(0, 3) for _ in range(rng.randint(0, 2)))
+        items, numpy_items = [], []
+        for k in range(m):
+            kind = "gather" if k == gpos else rng.choice(("int", "slice", "full"))
+            if kind == "gather":
+                items.append(("gather",))
+                numpy_items.append(np.zeros(gshape, np.intp))
+            elif kind == "int":
+                items.append(("int", 0))
+                numpy_items.append(0)
+            elif kind == "slice":
+                n = rng.randint(0, shape[k])
+                items.append(("slice", 0, n))
+                numpy_items.append(slice(0, n))
+            else:
+                items.append(("full",))
+                numpy_items.append(slice(None))
+        want = np.zeros(shape)[tuple(numpy_items)].shape
+        assert index_shape(shape, items, gshape if gpos >= 0 else None) == want, (shape, items)

@@ -225,27 +225,43 @@ def _index_infer(attrs, ts):
     gathers = [k for k, it in enumerate(items) if it[0] == "gather"]
     if len(gathers) != len(ts) - 1 or len(gathers) > 1:
         raise TypeRuleError("at most one tensor index is allowed")
-    dummy = []
     for k, it in enumerate(items):
         empty = x.shape[k] == 0 and (it[0] == "int" or it[0] == "gather" and 0 not in ts[1].shape)
         if empty:  # (no index is in range)
             raise TypeRuleError(f"an index into axis {k} of {x}, which is empty")
-        if it[0] == "int":
-            dummy.append(0)
-        elif it[0] == "slice":
-            if it[2] > x.shape[k] or it[2] < 0:
-                raise TypeRuleError(f"slice of length {it[2]} does not fit axis {k} of {x}")
-            dummy.append(slice(0, it[2]))
-        elif it[0] == "full":
-            dummy.append(slice(None))
-        else:
+        if it[0] == "slice" and not 0 <= it[2] <= x.shape[k]:
+            raise TypeRuleError(f"slice of length {it[2]} does not fit axis {k} of {x}")
+        if it[0] == "gather":
             idx = ts[1]
             if idx.dtype not in ("i32", "i64"):
                 raise TypeRuleError(f"a tensor index must be an integer, got {idx}")
             static(idx, "a tensor index")
-            dummy.append(np.zeros(idx.shape, np.intp))
-    shape = np.broadcast_to(np.empty((), np.int8), x.shape)[tuple(dummy)].shape
+    shape = index_shape(x.shape, items, ts[1].shape if gathers else None)
     return x.with_shape(tuple(int(s) for s in shape))
+
+
+def index_shape(shape: tuple, items, gathered: tuple | None) -> tuple:
+    """The shape of NumPy's ``x[items]`` for ``x`` of ``shape``: an item ``("int", i)``
+    drops its axis, ``("slice", start, n)`` keeps ``n`` of it, ``("full",)`` all of it,
+    ``("gather",)`` an index of shape ``gathered``. With a gather the ints are advanced
+    indices too (NumPy's rule): the gather's shape stands where they and it are, when they
+    are next to each other, else first. Worked out from the extents, not by indexing an
+    array of ``shape`` (whose extents NumPy refuses past 2^63 before timerlc's limits can
+    say so: ``check_limits``)."""
+    rest = list(shape[len(items) :])
+    kept = [
+        shape[k] if it[0] == "full" else it[2] if it[0] == "slice" else None
+        for k, it in enumerate(items)
+    ]
+    advanced = [k for k, it in enumerate(items) if it[0] in ("int", "gather")]
+    basic = [n for k, n in enumerate(kept) if k not in advanced]
+    if gathered is None:
+        return tuple(basic + rest)
+    if advanced == list(range(advanced[0], advanced[-1] + 1)):  # next to each other
+        before = [n for k, n in enumerate(kept) if k < advanced[0] and k not in advanced]
+        after = [n for k, n in enumerate(kept) if k > advanced[-1]]
+        return tuple(before + list(gathered) + after + rest)
+    return tuple(list(gathered) + basic + rest)
 
 
 def _index_vjp(em, node, k, g):
