@@ -784,3 +784,33 @@ def test_a_reduction_that_no_point_changes_is_computed_once_per_call():
 
     assert loops(loop.body) == 0, kir.text(k)  # nothing is summed at a point
     np.testing.assert_allclose(rt.value("y"), want["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_block_of_a_prime_extent_near_the_limit_is_found_at_once(tmp_path):
+    """The blocks of a statement over many points take the largest divisor of its extent
+    that fits a block (``lower.largest_divisor``); counting every number up to the extent
+    took minutes at attention's B = 2^31 - 1 (a prime: no divisor but 1), a size within the
+    limits (``cfgsweep``: every program's configs at extreme values). The compile for the
+    cuda backend, whose blocks follow the scratch memory, in a minute at most."""
+    import subprocess
+    from pathlib import Path
+
+    from rtl_helpers import timerlc_cmd
+
+    from timerlc.codegen.lower import largest_divisor
+
+    for n in (1, 2, 12, 97, 360, 1024, 4096, 65535):
+        for cap in (0, 1, 5, 64, 1024, n, n + 1):
+            want = max([d for d in range(1, n + 1) if n % d == 0 and d <= cap] or [1])
+            assert largest_divisor(n, cap) == want, (n, cap)
+    program = Path(__file__).parent.parent / "programs" / "attention.rtl"
+    r = subprocess.run(
+        timerlc_cmd()
+        + ["compile", str(program), "--set", "B=2147483647", "--backend", "cuda"]
+        + ["-o", str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
