@@ -57,7 +57,8 @@ CONFIGS = [
 
 
 # (program -> configs to draw from, for --random: each a list of values; ppo's total_steps
-# makes two iterations, its minibatches must divide B * T; the demo programs' too)
+# makes two iterations, its minibatches must divide B * T; the demo programs' too; the bool
+# configs, whose branches are other kernels)
 RANDOM = {
     "ppo": {
         "B": [3, 16, 50, 100, 333],
@@ -65,10 +66,25 @@ RANDOM = {
         "MB": [1, 2, 3, 4],
         "H": [8, 33, 64, 65, 100],
         "EPOCHS": [1, 2],
+        "norm_adv": ["true", "false"],
+        "clip_vloss": ["true", "false"],
+        "anneal_lr": ["true", "false"],
     },
-    "reinforce": {"I": [2], "B": [1, 3, 16, 100, 1000], "T": [2, 9, 40, 200]},
+    "reinforce": {
+        "I": [2],
+        "B": [1, 3, 16, 100, 1000],
+        "T": [2, 9, 40, 200],
+        "baseline": ["true", "false"],
+    },
     "reinforce_td": {"I": [2], "B": [1, 3, 16, 100, 1000], "T": [3, 9, 40], "N": [1, 2, 3]},
-    "rnn_reinforce": {"I": [2], "B": [1, 3, 16, 100, 500], "T": [3, 9, 40], "H": [4, 8, 50, 70]},
+    "rnn_reinforce": {
+        "I": [2],
+        "B": [1, 3, 16, 100, 500],
+        "T": [3, 9, 40],
+        "H": [4, 8, 50, 70],
+        "baseline": ["true", "false"],
+        "partial": ["true", "false"],
+    },
     "attention": {"B": [1, 4, 100, 1000], "S": [1, 6, 33], "E": [8, 65], "A": [1, 5]},
     "cumsum": {"T": [8, 32, 257], "I": [1, 4, 1000]},
     "rnn": {"B": [1, 2, 300], "T": [1, 12, 40], "D": [1, 3], "H": [8, 70], "O": [1, 2]},
