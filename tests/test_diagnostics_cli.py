@@ -635,3 +635,43 @@ def test_running_out_of_host_memory_while_compiling_is_exit_3_in_one_line(tmp_pa
     out = diagnose(tmp_path, VALID, cmd="compile")
     assert_no_traceback(out)
     assert (out.status, out.stderr) == (3, "timerlc: error: out of memory\n")
+
+
+def test_an_internal_error_while_running_keeps_the_metrics_and_the_outputs(tmp_path, monkeypatch):
+    """A bug of timerlc's in the middle of a run loses nothing either: the metrics written so
+    far stay, the outputs computed so far are saved with their masks (as after a run
+    failure), and the error is the internal error's one line, exit 3."""
+    from timerlc.runtime import cpu
+
+    calls = {"n": 0}
+    real = cpu.CpuRuntime.emit
+
+    def flaky(self, *args, **kwargs):  # (a metric's point: one an iteration of t's loop)
+        calls["n"] += 1
+        if calls["n"] == 10:
+            raise TypeError("a bug at the tenth point")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cpu.CpuRuntime, "emit", flaky)
+    monkeypatch.delenv("TIMERLC_DEBUG", raising=False)
+    npz, csv = tmp_path / "o.npz", tmp_path / "m.csv"
+    program = """
+        config T = 30
+        dim t < T
+        x[0] = 1.0
+        x[t+1] = x[t] * 0.5 + 1.0
+        out x
+        metric x
+    """
+    out = diagnose(tmp_path, program, "--outputs", str(npz), "--metrics", str(csv), cmd="run")
+    assert_no_traceback(out)
+    assert out.status == 3, out.stderr
+    lines = out.stderr.splitlines()
+    assert lines[-1].startswith("timerlc: internal error: TypeError: a bug at the tenth point")
+    assert "saved to" in lines[0] and "__valid__" in lines[0], out.stderr
+    import numpy as np
+
+    saved = np.load(npz)
+    assert saved["x.__valid__"].any() and not saved["x.__valid__"].all()
+    rows = csv.read_text().splitlines()
+    assert rows[0] == "name,t,value" and len(rows) == 10, rows  # (the header, 9 points)

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from timerlc.diagnostics import RunError
+from timerlc.diagnostics import RunError, TimerlcError
 from timerlc.metrics import MetricsFile, Progress
 
 if TYPE_CHECKING:  # the plan path below must not import the compiler
@@ -377,7 +377,7 @@ def _execute(
 
     Before anything is opened: ``needed_bytes`` must fit in the memory available (else a
     ``RunError``, exit 3). Whatever stops the
-    run (a failure, Ctrl-C, SIGTERM), the metrics written so far are flushed and the outputs
+    run (a failure, Ctrl-C, SIGTERM, a bug of timerlc's), the metrics written so far are flushed and the outputs
     computed so far are saved, with a ``NAME.__valid__`` mask per array (docs/interruptions.md);
     a second interruption during the save abandons it and leaves an earlier file as it was.
     """
@@ -406,7 +406,7 @@ def _execute(
 
     engine = None
     failure = None
-    interrupted = None
+    stopped = None
     complete = False
     try:
         engine = make(on_metric)
@@ -417,8 +417,10 @@ def _execute(
     except MemoryError as e:  # NumPy's allocation failures are MemoryErrors too
         failure = RunError(f"out of memory: {e}")
         failure.__cause__ = e
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: save what was computed, then stop
-        interrupted = e
+    except TimerlcError:
+        raise  # (a program's or a usage error found on the way: nothing ran)
+    except (KeyboardInterrupt, Exception) as e:  # noqa: BLE001 - save what was computed, then
+        stopped = e  # stop: Ctrl-C, SIGTERM, or a bug of timerlc's (cli: an internal error)
     finally:
         if bar:
             bar.close()
@@ -429,13 +431,18 @@ def _execute(
                 print(f"timerlc: warning: {warning}", file=sys.stderr)
     note = ""
     if outputs_path and engine is not None:
-        note = _save_outputs(engine, outputs, outputs_path, complete)
+        try:
+            note = _save_outputs(engine, outputs, outputs_path, complete)
+        except Exception:  # (after a bug of timerlc's the state may not hold together)
+            if not isinstance(stopped, Exception):
+                raise
+            note = f"the outputs could not be saved to {outputs_path}"
     elif outputs_path:
         note = f"nothing was computed; {outputs_path} was not written"
-    if interrupted is not None:
+    if stopped is not None:
         if note:
             print(f"timerlc: {note}", file=sys.stderr)
-        raise interrupted
+        raise stopped
     if failure is not None:
         raise RunError(f"{failure}{f' ({note})' if note else ''}") from failure
     return engine
