@@ -1,7 +1,8 @@
 """The ``timerlc`` command line (LANGUAGE.md section 12).
 
 Exit status: 0 success; 1 an error in the program (``FILE:LINE:COL: error: ...``);
-2 a usage error; 3 a failure while running.
+2 a usage error; 3 a failure while running, or a bug of timerlc's (``timerlc: internal
+error: ...``, one line; ``TIMERLC_DEBUG=1`` or ``run --debug`` shows the traceback).
 """
 
 from __future__ import annotations
