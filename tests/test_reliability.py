@@ -429,3 +429,41 @@ def test_a_second_signal_interrupts_held_code_at_once():
     with pytest.raises(KeyboardInterrupt):
         deepstack.call(work)
     assert time.monotonic() - started < 10
+
+
+def test_the_parsers_tables_are_kept_in_the_users_own_cache_folder(tmp_path, monkeypatch):
+    """Lark's ``cache=True`` kept the parser's tables (a pickle, loaded as code) in the shared
+    temporary folder under a name anyone can work out: a file another user put there first
+    would have run in our process. They are in ``$XDG_CACHE_HOME/timerlc/lark`` now, a folder
+    of the user's own (0700), and not cached at all where that folder is another's to
+    write."""
+    import tempfile
+
+    from timerlc.files import user_cache
+    from timerlc.frontend import parser
+
+    def shared():
+        return set(Path(tempfile.gettempdir()).glob(".lark_cache_*"))
+
+    before = shared()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    parser._parser.cache_clear()
+    try:
+        parser.parse("dim t < 2\nx[t] = 1.0\n")
+        kept = list((tmp_path / "cache" / "timerlc" / "lark").iterdir())
+        assert len(kept) == 1 and kept[0].name.startswith("rtl-"), kept
+        assert (kept[0].parent.stat().st_mode & 0o777) == 0o700
+        parser._parser.cache_clear()
+        parser.parse("dim t < 2\nx[t] = 2.0\n")  # (from the cache)
+        assert shared() == before
+        open_folder = tmp_path / "open"
+        (open_folder / "timerlc" / "lark").mkdir(parents=True)
+        (open_folder / "timerlc" / "lark").chmod(0o777)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(open_folder))
+        assert user_cache("lark") is None
+        parser._parser.cache_clear()
+        parser.parse("dim t < 2\nx[t] = 3.0\n")  # (no cache)
+        assert list((open_folder / "timerlc" / "lark").iterdir()) == []
+        assert shared() == before
+    finally:
+        parser._parser.cache_clear()

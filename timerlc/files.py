@@ -4,7 +4,8 @@ In: the ``--outputs`` / ``--metrics`` paths, the arrays to save, a build's files
 ``probe_writable`` (can a file be created there: checked before anything runs),
 ``save_npz`` and ``write_text`` (a temporary file in the same folder, renamed over the
 target only once complete: an interrupted or failed write leaves an earlier file as it
-was), and ``memory_available``.
+was), ``memory_available`` and ``user_cache`` (the user's own folder for what timerlc
+keeps between runs).
 """
 
 from __future__ import annotations
@@ -117,3 +118,20 @@ def memory_available() -> int | None:
             avail = min(avail, max(int(limit) - used, 0))
         break
     return avail
+
+
+def user_cache(name: str) -> Path | None:
+    """``$XDG_CACHE_HOME/timerlc/NAME`` (else ``~/.cache/timerlc/NAME``), made if need be
+    and private to the user (mode 0700), or None where it cannot be made or is not the
+    user's own: what is kept there is loaded as code (a parser's tables, compiled modules),
+    so never from a folder another user can write, as a shared temporary folder is."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    folder = Path(base) / "timerlc" / name
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = folder.stat()
+    except (OSError, RuntimeError):  # (RuntimeError: no home folder)
+        return None
+    if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
+        return None
+    return folder

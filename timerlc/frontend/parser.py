@@ -9,10 +9,12 @@ CLI gives them (``timerlc.deepstack``).
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from importlib import resources
 from pathlib import Path
 
+import lark
 from lark import Lark, Token, Transformer_NonRecursive, Tree, v_args
 from lark.exceptions import (
     UnexpectedCharacters,
@@ -92,14 +94,27 @@ def grammar_text() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _parser() -> Lark:
+    """The LALR parser, its tables kept in the user's cache folder (lark's ``cache``: some
+    0.3 s a start saved). Lark's own ``cache=True`` keeps them in the shared temporary
+    folder under a name anyone can work out, and loads them with pickle: a file another
+    user put there first would run as code in ours. Where the user's folder cannot be
+    used, no cache."""
+    from timerlc.files import user_cache
+
+    text = grammar_text()
+    folder = user_cache("lark")
+    cache: str | bool = False
+    if folder is not None:
+        key = hashlib.sha256(f"{text}\0{lark.__version__}".encode()).hexdigest()[:24]
+        cache = str(folder / f"rtl-{key}.lark")
     return Lark(
-        grammar_text(),
+        text,
         parser="lalr",
         lexer="contextual",
         postlex=BracketNewlines(),
         propagate_positions=True,
         maybe_placeholders=True,
-        cache=True,
+        cache=cache,
     )
 
 
