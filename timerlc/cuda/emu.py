@@ -67,16 +67,20 @@ def _run(cmd: list[str], what: str):
 
 
 def _cache_folder() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    folder = Path(base) / "timerlc" / "emu"
+    """The user's own cache folder (``files.user_cache``: the libraries there are loaded as
+    code), else a private temporary one."""
+    from timerlc.files import user_cache
+
+    folder = user_cache("emu")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-        return folder
+        if folder is not None:
+            probe = folder / f".probe-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+            return folder
     except OSError:
-        return Path(tempfile.mkdtemp(prefix="timerlc-emu-"))
+        pass
+    return Path(tempfile.mkdtemp(prefix="timerlc-emu-"))
 
 
 _BUILT: dict[str, Path] = {}  # per compiler, flags and text: the file made once
