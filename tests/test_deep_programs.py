@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from test_diagnostics import assert_diagnostic, diagnose, invoke
 
 
@@ -74,3 +73,39 @@ def test_an_expression_nested_too_deeply_is_an_error_at_a_position(tmp_path, rhs
     if col is None:  # somewhere on the line, where the limit is crossed
         col = int(out.stderr.split(":")[2]) if out.stderr.count(":") > 2 else -1
     assert_diagnostic(out, 2, col, "too deeply nested")
+
+
+def test_a_program_past_the_token_limit_is_refused_at_once(tmp_path):
+    """A program of millions of tokens (fuzz.py: a sum of 2.5 million terms, 10 MB on one
+    line) took minutes to parse before the nesting limit refused it; the postlexer stops at
+    ``MAX_TOKENS``, where the token is, and the diagnostic shows the long line only around
+    the caret (``diagnostics.SHOWN`` characters, cut with ...)."""
+    from timerlc.diagnostics import SHOWN
+    from timerlc.frontend.parser import MAX_TOKENS
+
+    terms = " + 0" * 1_000_000
+    out = diagnose(tmp_path, f"dim t < 3\nr[t] = f32(t){terms}\nout r\n", raw=True)
+    col = 15 + 4 * ((MAX_TOKENS - 13) // 2)  # (the 200,001st token: a + or a 0 of the sum)
+    assert abs(int(out.stderr.split(":")[2]) - col) <= 4, out.stderr[:300]
+    assert out.status == 1 and out.lines[0].endswith(
+        "error: the program has more than 200,000 tokens, timerlc's limit"
+    ), out.stderr[:300]
+    shown, caret = out.stderr.splitlines()[1:3]
+    assert shown.startswith("...") and shown.endswith("...") and len(shown) == SHOWN + 6
+    assert caret.index("^") < len(shown) and shown[caret.index("^")] in "+0"
+
+
+def test_a_long_lines_diagnostic_shows_the_part_around_the_caret(tmp_path):
+    """An error at column 50,000 of a line of 100,000 characters: the line is shown from a
+    third of ``SHOWN`` before the caret, the caret under the offending name."""
+    from timerlc.diagnostics import SHOWN
+
+    text = f"dim t < 3\nr[t] = {' ' * 50_000}f32(t) + nope  # {'x' * 50_000}\nout r\n"
+    out = diagnose(tmp_path, text, raw=True)
+    col = text.splitlines()[1].index("nope") + 1
+    assert out.status == 1 and out.lines[0].startswith(f"{out.file}:2:{col}: error: "), out.lines
+    assert "nope" in out.lines[0]
+    shown, caret = out.stderr.splitlines()[1:3]
+    assert len(shown) == SHOWN + 6 and shown.startswith("...") and shown.endswith("...")
+    at = caret.index("^")
+    assert shown[at : at + 4] == "nope" and caret[at:] == "^~~~"

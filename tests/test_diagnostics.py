@@ -25,6 +25,7 @@ import pytest
 from click.testing import CliRunner
 
 from timerlc.cli import cli
+from timerlc.diagnostics import SHOWN
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -101,10 +102,17 @@ def assert_diagnostic(out: Outcome, line: int, col: int, *words) -> str:
     for w in words:
         assert _has(message, w), f"{w!r} not in the message:\n{out.stderr}"
     assert len(lines) >= 3, f"no source line and caret:\n{out.stderr}"
-    assert lines[1] == out.text.splitlines()[line - 1], (
-        f"the second line is not source line {line}:\n{out.stderr}"
-    )
-    caret = lines[2]
+    source, shown, caret = out.text.splitlines()[line - 1], lines[1], lines[2]
+    if len(source) > SHOWN:  # (a long line: the part around the caret, cut with ...)
+        at = caret.index("^") if "^" in caret else -1
+        start = col - 1 - at + (3 if shown.startswith("...") else 0)
+        part = shown.removeprefix("...").removesuffix("...")
+        assert len(part) <= SHOWN and source[start : start + len(part)] == part, (
+            f"the second line is not a part of source line {line}:\n{out.stderr[:1000]}"
+        )
+        assert at >= 0 and caret[:at].strip() == "", f"no caret:\n{out.stderr[:1000]}"
+        return message
+    assert shown == source, f"the second line is not source line {line}:\n{out.stderr}"
     assert caret[col - 1 : col] == "^" and caret[: col - 1].strip() == "", (
         f"the third line has no caret under column {col}:\n{out.stderr}"
     )

@@ -51,6 +51,9 @@ class TimerlcError(Exception):
     """Base of the errors timerlc reports to users (never a bug)."""
 
 
+SHOWN = 200  # characters of a source line a diagnostic shows (a longer one: around the caret)
+
+
 class ProgramError(TimerlcError):
     """An error in a user program, pointing at the source."""
 
@@ -67,10 +70,19 @@ class ProgramError(TimerlcError):
         out = [f"{source.name}:{span.line}:{span.col}: error: {self.message}"]
         text = source.line(span.line)
         if text:
-            out.append(text)
-            prefix = "".join(c if c == "\t" else " " for c in text[: span.col - 1])
             width = span.end_col - span.col if span.end_line == span.line else 1
             width = max(1, min(width, len(text) - span.col + 1))
+            col = span.col
+            if len(text) > SHOWN:  # (a long line: the part around the caret, cut with ...)
+                start = max(0, min(col - 1 - SHOWN // 3, len(text) - SHOWN))
+                end = start + SHOWN
+                text = (
+                    ("..." if start else "") + text[start:end] + ("..." if end < len(text) else "")
+                )
+                col += (3 if start else 0) - start
+                width = max(1, min(width, end - span.col + 1))
+            out.append(text)
+            prefix = "".join(c if c == "\t" else " " for c in text[: col - 1])
             out.append(prefix + "^" + "~" * (width - 1))
         out.extend(f"note: {n}" for n in self.notes)
         return "\n".join(out)

@@ -42,6 +42,10 @@ _CLOSE = {"RPAR", "RSQB", "RBRACE"}
 
 
 MAX_NAME = 100  # characters of a name (docs/language.md); a record field is NAME.FIELD
+# tokens of a program (docs/language.md): the parser takes some 30 us a token, so that a
+# program of millions (a generated sum of 2.5 million terms: fuzz.py) took minutes to reach
+# its first error; PPO has some 1,700
+MAX_TOKENS = 200_000
 
 
 class BracketNewlines:
@@ -56,7 +60,12 @@ class BracketNewlines:
 
     def process(self, stream):
         self.open = []
-        for tok in stream:
+        for count, tok in enumerate(stream):
+            if count == MAX_TOKENS:
+                raise ProgramError(
+                    f"the program has more than {MAX_TOKENS:,} tokens, timerlc's limit",
+                    _token_span(tok),
+                )
             if tok.type == "_NL":
                 if not self.open or self.open[-1].type == "LBRACE":
                     yield tok
