@@ -467,3 +467,16 @@ def test_the_parsers_tables_are_kept_in_the_users_own_cache_folder(tmp_path, mon
         assert shared() == before
     finally:
         parser._parser.cache_clear()
+
+
+def test_no_home_folder_means_no_cache_not_a_crash(monkeypatch):
+    """Without ``XDG_CACHE_HOME`` and a home folder (``Path.home()`` raises), there is no
+    user cache: None, where the lookup of the home folder escaped the ``try``."""
+    from timerlc.files import user_cache
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert user_cache("lark") is None

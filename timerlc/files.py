@@ -125,9 +125,9 @@ def user_cache(name: str) -> Path | None:
     and private to the user (mode 0700), or None where it cannot be made or is not the
     user's own: what is kept there is loaded as code (a parser's tables, compiled modules),
     so never from a folder another user can write, as a shared temporary folder is."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    folder = Path(base) / "timerlc" / name
     try:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        folder = Path(base) / "timerlc" / name
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = folder.stat()
     except (OSError, RuntimeError):  # (RuntimeError: no home folder)

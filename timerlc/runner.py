@@ -376,10 +376,10 @@ def _execute(
     """Run the engine ``make(on_metric)`` gives, streaming metrics, then save the outputs.
 
     Before anything is opened: ``needed_bytes`` must fit in the memory available (else a
-    ``RunError``, exit 3). Whatever stops the
-    run (a failure, Ctrl-C, SIGTERM, a bug of timerlc's), the metrics written so far are flushed and the outputs
-    computed so far are saved, with a ``NAME.__valid__`` mask per array (docs/interruptions.md);
-    a second interruption during the save abandons it and leaves an earlier file as it was.
+    ``RunError``, exit 3). Whatever stops the run (a failure, Ctrl-C, SIGTERM, a bug of
+    timerlc's), the metrics written so far are flushed and the outputs computed so far are
+    saved, with a ``NAME.__valid__`` mask per array (docs/interruptions.md); a second
+    interruption during the save abandons it and leaves an earlier file as it was.
     """
     from timerlc import files
 

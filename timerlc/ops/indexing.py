@@ -258,9 +258,7 @@ def index_shape(shape: tuple, items, gathered: tuple | None) -> tuple:
     if gathered is None:
         return tuple(basic + rest)
     if advanced == list(range(advanced[0], advanced[-1] + 1)):  # next to each other
-        before = [n for k, n in enumerate(kept) if k < advanced[0] and k not in advanced]
-        after = [n for k, n in enumerate(kept) if k > advanced[-1]]
-        return tuple(before + list(gathered) + after + rest)
+        return tuple(kept[: advanced[0]] + list(gathered) + kept[advanced[-1] + 1 :] + rest)
     return tuple(list(gathered) + basic + rest)
 
 
