@@ -1047,11 +1047,14 @@ def test_when_that_is_not_a_comparison(tmp_path):
 
 def test_a_long_cycle_through_the_parameters_is_found_in_seconds(tmp_path):
     """PPO with the gradient taken at ``net[I]`` (fuzz.py: ``j`` renamed ``I``): every update
-    reads the parameters of iteration I, which the updates before make, a cycle. isl's
-    closure of the group was inexact, and the search that confirms the cycle step by step
-    multiplied its sets' pieces (``mod 16`` constraints) until it did not answer in minutes
-    at PPO's 3,904 minibatch steps; each step's sets are coalesced now (a 26-step search,
-    some 20 s for the whole check)."""
+    reads the parameters of iteration I, which the updates before make, a cycle through 70
+    tensors. isl's scheduler took 10 s to find no order for the group and its closure 7 s
+    (inexact: a step-by-step search then confirmed the cycle, which multiplied its sets'
+    pieces until it did not answer in minutes, before each step's sets were coalesced); a
+    group this large is now searched from the first point of each tensor first
+    (``checks._search_cycle``: the cycle in 26 steps, the check some 3 s), and the caret
+    goes to the read that closes the cycle, ``net[I]`` (the closure's answer pointed at
+    ``loss[j]``)."""
     import subprocess
     from pathlib import Path
 
@@ -1070,4 +1073,56 @@ def test_a_long_cycle_through_the_parameters_is_found_in_seconds(tmp_path):
         check=False,
     )
     assert r.returncode == 1, r.stderr[:500]
-    assert "cyclic definition: 'net." in r.stderr and "depends on itself" in r.stderr
+    assert "cyclic definition: 'net.pi_w1' at j=1 depends on itself" in r.stderr
+    line, caret = r.stderr.splitlines()[1:3]
+    assert line[caret.index("^") :].startswith("net[I]"), r.stderr[-400:]
+
+
+def _chain(n: int, dims: list[str], head: str) -> str:
+    """A program whose ``x1`` is defined by ``head`` (reading ``x{n}``), and each ``x{k}`` is
+    ``x{k-1}`` + 1: a group of ``n`` tensors, as many as ``checks.SEARCH_FIRST_NODES`` or
+    more."""
+    at = ", ".join(d for d, _ in dims)
+    lines = ["config N = 5", *(f"dim {d} < N" for d, _ in dims), head.strip()]
+    lines += [f"x{k}[{at}] = x{k - 1}[{at}] + 1.0" for k in range(2, n + 1)]
+    return "\n".join(lines + [f"out x{n}"]) + "\n"
+
+
+def _searches(monkeypatch) -> list:
+    """What each ``checks._search_cycle`` call returned."""
+    from timerlc.poly import checks
+
+    assert checks.SEARCH_FIRST_NODES <= 20
+    found: list = []
+    search = checks._search_cycle
+    monkeypatch.setattr(checks, "_search_cycle", lambda *a: found.append(search(*a)) or found[-1])
+    return found
+
+
+def test_a_cycle_through_a_large_group_is_found_by_the_search(tmp_path, monkeypatch):
+    found = _searches(monkeypatch)
+    # x1[t] reads x20[t] at t = 2, which reads x19[t], ... x1[t]: a cycle through 20 tensors
+    head = """
+x1[t] = x20[t] + 1.0 when t == 2
+x1[t] = 0.0
+"""
+    out = diagnose(tmp_path, _chain(20, [("t", "N")], head), raw=True)
+    line, col, msg = expect_format(out, "cyclic", "'x1'", "x20")
+    assert found and found[-1] is not None
+    _point(msg, t=2)
+    assert (line, col) == (3, 9), out.stderr  # (x20[t]: the read that closes the cycle)
+
+
+def test_an_acyclic_large_group_only_a_skewed_order_splits_checks(tmp_path, monkeypatch):
+    """A wavefront through 20 tensors (tests/test_cpu_backend.py's, through one): the search
+    finds no cycle from any start, and isl's scheduler orders the group."""
+    found = _searches(monkeypatch)
+    head = """
+x1[0, j] = f32(j)
+x1[i, N-1] = f32(i)
+x1[i, j] = x20[i-1, j+1] + 0.5 * x20[i+1, j-2] when i + 1 < N and j >= 2
+x1[i, j] = x20[i-1, j+1] + 1.0
+"""
+    out = diagnose(tmp_path, _chain(20, [("i", "N"), ("j", "N")], head), raw=True)
+    assert out.status == 0, out.stderr
+    assert found == [None]
