@@ -22,6 +22,16 @@ few seconds to a minute here (the emulation runs each block's threads as fibers)
     .venv/bin/python scripts/cuda_soak.py reinforce I=2 B=100 budget=0.5  # under a budget
 
 A failure (an exception of the compile or of either run) is a line starting ``FAIL``.
+
+``--matmul-precision tensorfloat32`` runs cuda-emu's float32 products as TF32 (its BLAS's
+with the inputs rounded to 10 bits of mantissa, and the chains' TF32 functions) against the
+cpu backend's float32: a FAIL is a bug as ever, but a DIFF is to be looked at, not a bug by
+itself. TF32's rounding moves a product's value by some 1e-3 of its scale, which a softmax
+at a temperature of 0.1 or a recurrence over a dozen steps makes 1e-2, and an argmax or a
+sampled action then flips where two values were close (attention at ``E=65 A=5``: 2 of 100
+greedy actions, a relative difference of 1.0 on the outputs that follow them)::
+
+    .venv/bin/python scripts/cuda_soak.py --random 2400 --seed 45 --matmul-precision tensorfloat32
 """
 
 from __future__ import annotations
@@ -115,17 +125,20 @@ def drawn(rng) -> tuple[str, str]:
         return program, " ".join(f"{k}={v}" for k, v in sets.items())
 
 
-def run(program: str, sets: dict[str, str], gpu: bool = False) -> tuple[float, int]:
+def run(
+    program: str, sets: dict[str, str], gpu: bool = False, matmul: str = "float32"
+) -> tuple[float, int]:
     """The largest relative difference of the program's metrics and outputs between the cpu
     backend and cuda-emu (``gpu``: the cuda backend on a GPU) at ``sets`` (``budget=F`` among
     them: a memory budget of F times the plan's peak without one, both backends' plan), and
-    the plan's swaps to host memory."""
+    the plan's swaps to host memory. ``matmul``: the device's float32 products (the cpu's
+    are float32 always)."""
     from timerlc.compiler import compile_plan, generate_code, run_passes
     from timerlc.diagnostics import Source
     from timerlc.frontend.check import check_source
     from timerlc.plan.items import SwapOut, walk
     from timerlc.runtime.cpu import CpuRuntime
-    from timerlc.runtime.cuda import DeviceRuntime, EmuDevice, device_for
+    from timerlc.runtime.cuda import DeviceRuntime, device_for
 
     path = ROOT / "programs" / f"{program}.rtl"
     if not path.exists():  # (swaps: a test's program)
@@ -146,7 +159,7 @@ def run(program: str, sets: dict[str, str], gpu: bool = False) -> tuple[float, i
             got.append(float(value))
 
         if target == "cuda":
-            device = device_for("cuda") if gpu else EmuDevice()
+            device = device_for("cuda" if gpu else "cuda-emu", matmul)
             rt = DeviceRuntime(gen.plan, on_metric, text=gen.text, device=device)
         else:
             rt = CpuRuntime(gen.plan, on_metric, native=gen.text)
@@ -184,6 +197,9 @@ def main() -> int:
         help="configs drawn at random (RANDOM) for this long, not the list",
     )
     ap.add_argument("--seed", type=int, default=0, help="the draws' seed (--random)")
+    from cuda_gpu_check import add_matmul_precision
+
+    add_matmul_precision(ap)
     args = ap.parse_args()
     configs = [(args.program, " ".join(args.sets))] if args.program else CONFIGS
     if args.random is not None:
@@ -196,7 +212,7 @@ def main() -> int:
         sets = dict(kv.split("=", 1) for kv in text.split())
         started = time.perf_counter()
         try:
-            worst, swaps = run(program, sets, args.gpu)
+            worst, swaps = run(program, sets, args.gpu, args.matmul_precision)
         except Exception as e:  # noqa: BLE001 - a compile or a run that failed: said, counted
             bad += 1
             print(f"FAIL {program} {text}: {type(e).__name__}: {str(e)[:300]}", flush=True)
