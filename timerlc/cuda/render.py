@@ -4506,21 +4506,40 @@ def _facts(s) -> _Facts:
     return _by_id(_FACTS, s, _facts_of)
 
 
+def _nested(s) -> tuple:
+    """The statements statement ``s`` holds (a loop's body, an if's branches), as
+    ``kir.walk_tree`` goes into them."""
+    if isinstance(s, (For, kir.Loop)):
+        return s.body
+    if isinstance(s, If):
+        return (*s.then, *s.orelse)
+    return ()
+
+
 def _facts_of(s) -> _Facts:
+    # (its own expressions, then the facts of the statements it holds, each kept: a nest's
+    # statements are walked once, not once for each statement around them)
     refs: set[str] = set()
     tree = call = None
-    stops = calls = False
-    for x in kir.walk_tree((s,)):
-        if tree is None and isinstance(x, (kir.Loop, kir.Launch, kir.Host)):
-            tree = f"a {type(x).__name__} (a tree's statement)"
-        stops = stops or isinstance(x, (Fail, Gemm, Permute))
-    for e in _exprs((s,)):
-        if isinstance(e, Ref):
-            refs.add(e.name)
-        elif isinstance(e, Fn):
-            calls = True
-            if call is None and e.name not in RNG_FUNCTIONS:
-                call = f"a call of {e.name}"
+    calls = False
+    if isinstance(s, (kir.Loop, kir.Launch, kir.Host)):
+        tree = f"a {type(s).__name__} (a tree's statement)"
+    stops = isinstance(s, (Fail, Gemm, Permute))
+    for own in kir.own_exprs(s):
+        for e in kir.subexprs(own):
+            if isinstance(e, Ref):
+                refs.add(e.name)
+            elif isinstance(e, Fn):
+                calls = True
+                if call is None and e.name not in RNG_FUNCTIONS:
+                    call = f"a call of {e.name}"
+    for x in _nested(s):
+        f = _facts(x)
+        refs |= f.refs
+        tree = tree or f.tree
+        call = call or f.call
+        stops = stops or f.stops
+        calls = calls or f.calls
     return _Facts(frozenset(refs), tree, call, stops, calls)
 
 
@@ -4544,12 +4563,15 @@ def _touched(s) -> tuple[frozenset, frozenset]:
 
 
 def _touched_of(s) -> tuple[frozenset, frozenset]:
-    both = {e.buf for e in _exprs((s,)) if isinstance(e, Load)}
-    written = set()
-    for x in kir.walk_tree((s,)):
-        read, wrote = kir.own_buffers(x)
-        both.update(read + wrote)
-        written.update(wrote)
+    # (its own, then those of the statements it holds, each kept, as ``_facts_of``)
+    both = {e.buf for own in kir.own_exprs(s) for e in kir.subexprs(own) if isinstance(e, Load)}
+    read, wrote = kir.own_buffers(s)
+    both.update(read + wrote)
+    written = set(wrote)
+    for x in _nested(s):
+        b, w = _touched(x)
+        both |= b
+        written |= w
     return frozenset(both), frozenset(written)
 
 
