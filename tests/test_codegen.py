@@ -434,6 +434,106 @@ def test_a_build_keeps_its_machine_code(tmp_path):
     assert cli("run", build, "--no-progress").exit_code == 0
 
 
+def _program_plan(name: str, **sets):
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "programs" / f"{name}.rtl"
+    overrides = {k: str(v) for k, v in sets.items()}
+    graph = check_source(Source(str(path), path.read_text()), overrides=overrides)
+    return generate_code(compile_plan(run_passes(graph)))
+
+
+@pytest.mark.parametrize(
+    "name, sets",
+    [
+        ("ppo", {"total_steps": 64, "B": 2, "T": 16}),
+        ("reinforce", {"I": 2, "B": 4, "T": 8}),
+        ("rnn_reinforce", {"I": 2, "B": 2, "T": 6}),
+    ],
+)
+def test_a_run_compiles_only_what_its_trees_and_lone_statements_call(name, sets):
+    """The kernels of statements that run only inside fused kernels are left out of the
+    machine code a run compiles (``native.lean_text``: a fifth of PPO's functions), and a
+    whole run never asks for one of them (else its first call would compile the whole
+    text again: ``NativeModule.whole``)."""
+    gen = _program_plan(name, **sets)
+    rt = CpuRuntime(gen.plan, native=gen.text)
+    fused = {sid for group in gen.plan.kernels.fused for sid in group}
+    names = {n for sid, n, _ in gen.plan.kernels.statements if sid in fused}
+    assert rt.module.left_out and rt.module.left_out <= names | {
+        n
+        for n in rt.module.left_out
+        if n.startswith("k")  # (bodies only they call)
+    }
+    rt.run()
+    assert rt.module._whole is None
+
+
+def test_a_kernel_left_out_is_compiled_with_the_whole_text_at_its_first_call():
+    """Where the runtime runs the fused statements one by one (the loop tree in Python, not
+    as its native functions), their own kernels come from the whole text, compiled at the
+    first call of one of them, and compute what the fused kernels do."""
+    gen = _program_plan("ppo", total_steps=64, B=2, T=16)
+    fused = CpuRuntime(gen.plan, native=gen.text)
+    fused.run()
+    alone = CpuRuntime(gen.plan, native=gen.text)
+    assert alone.module.left_out and alone.module._whole is None
+    alone.trees = {}
+    alone.tree = alone._build(gen.plan.tree, ())
+    alone.run()
+    assert alone.module._whole is not None and not alone.module._whole.left_out
+    for name, _, _ in gen.plan.outputs:
+        np.testing.assert_allclose(alone.value(name), fused.value(name), rtol=1e-5, atol=1e-6)
+
+
+def test_lean_text_keeps_what_the_roots_reach():
+    from timerlc.runtime.native import lean_text
+
+    text = "\n".join(
+        [
+            "declare void @ext()",
+            "define internal void @tl_helper() {",
+            "  ret void",
+            "}",
+            "",
+            "define void @k1(ptr %t) {",
+            "  call void @tl_helper()",
+            "  ret void",
+            "}",
+            "",
+            "define void @s1(ptr %t) {",
+            "  call void @k1(ptr %t)",
+            "  ret void",
+            "}",
+            "",
+            "define void @s2(ptr %t) {",
+            "  call void @k2(ptr %t)",
+            "  ret void",
+            "}",
+            "",
+            "define void @k2(ptr %t) {",
+            "  ret void",
+            "}",
+            "",
+            "define void @tl_cycles() {",
+            "  ret void",
+            "}",
+            "",
+            "define void @tree0(ptr %t) {",
+            "  call void @s1(ptr %t)",
+            "  ret void",
+            "}",
+            "",
+        ]
+    )
+    lean, out = lean_text(text, {"tree0"})
+    assert out == {"s2", "k2"}
+    assert "@s2(" not in lean and "define void @k2" not in lean
+    for kept in ("@tree0(", "define void @s1", "define void @k1", "@tl_helper()", "@tl_cycles"):
+        assert kept in lean, kept
+    assert lean_text(text, {"tree0", "s2"}) == (text, frozenset())
+
+
 def test_a_large_module_compiles_in_parts_that_link():
     """A module of many functions is split into parts compiled at once (forked processes);
     the parts' objects link: tree functions call kernels of the other part."""

@@ -664,11 +664,14 @@ class CpuRuntime:
             self.env_state[(a.env, a.name)] = arr
             self.table[a.index] = arr.ctypes.data
         if native is not None:
-            from timerlc.runtime.native import NativeModule, check_kernels
+            from timerlc.runtime.native import NativeModule, check_kernels, roots_of
 
             check_kernels(plan, native)
             started = time.perf_counter()
-            self.module = NativeModule(native, cache)
+            # (where the tree functions run, only what they and the statements outside the
+            # fused kernels call is compiled now: the rest at its first call, if any)
+            trees = plan.kernels.trees and not check_windows and kernels is None
+            self.module = NativeModule(native, cache, roots_of(plan) if trees else None)
             self.native_seconds = time.perf_counter() - started
             for sid, name, scratch in plan.kernels.statements:
                 fn = (kernels or {}).get(name) or self.module.function(name)

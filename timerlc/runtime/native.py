@@ -59,15 +59,26 @@ class NativeModule:
     it, and a later run of the build loads them instead of compiling again (``cached`` says
     whether it did). A cached object whose bytes do not match their hash is ignored and
     compiled again.
+
+    With ``roots`` (``roots_of``: the functions a run calls at once), only the functions
+    they reach are compiled (``lean_text``: the kernels of statements that run only inside a
+    fused kernel are left out, a fifth of PPO's text); a function left out is compiled
+    with the whole text, as a module of its own, at its first call (``left_out``,
+    ``whole``).
     """
 
-    def __init__(self, text: str, cache=None):
+    def __init__(self, text: str, cache=None, roots=None):
         import hashlib
         import os
 
         import llvmlite
 
         llvm = _llvm()
+        self.text, self.cache = text, cache
+        self.left_out: frozenset = frozenset()
+        self._whole: NativeModule | None = None
+        if roots is not None:
+            text, self.left_out = lean_text(text, roots)
         self.tm = target_machine()
         # the kernels' gemm calls go to the BLAS's gemm, or where there is none to the
         # file's own loops, compiled only then
@@ -115,16 +126,101 @@ class NativeModule:
             ctypes.c_void_p.from_address(at).value = gemm
 
     def address(self, name: str) -> int:
+        if name in self.left_out:
+            return self.whole().address(name)
         addr = self.engine.get_function_address(name)
         if not addr:
             raise KeyError(f"no function {name} in the native module")
         return addr
 
     def function(self, name: str):
+        """Kernel ``name`` as a ctypes function; one that the module left out (``left_out``)
+        as a function that compiles the whole text at its first call."""
         fn = self._functions.get(name)
         if fn is None:
+            if name in self.left_out:
+                return _Later(self, name)
             fn = self._functions[name] = KERNEL(self.address(name))
         return fn
+
+    def whole(self) -> NativeModule:
+        """The module of the whole text (this one where nothing was left out), compiled at
+        the first call that needs it."""
+        if not self.left_out:
+            return self
+        if self._whole is None:
+            self._whole = NativeModule(self.text, self.cache)
+        return self._whole
+
+
+class _Later:
+    """A kernel the module left out (``NativeModule.left_out``): its first call compiles the
+    whole text (``NativeModule.whole``)."""
+
+    __slots__ = ("fn", "module", "name")
+
+    def __init__(self, module: NativeModule, name: str):
+        self.module, self.name, self.fn = module, name, None
+
+    def __call__(self, *args):
+        if self.fn is None:
+            self.fn = self.module.whole().function(self.name)
+        return self.fn(*args)
+
+
+def roots_of(plan) -> set[str]:
+    """The functions of ``plan``'s kernel file a cpu run whose tree functions run calls at
+    once: the tree functions, and the kernels of the statements outside every fused kernel
+    (``plan.kernels.fused``; a fused statement's own kernel runs only where the runtime runs
+    that statement alone: a run that checks its windows, a rerun)."""
+    k = plan.kernels
+    fused = {sid for group in k.fused for sid in group}
+    return {name for _, name, _ in k.trees} | {
+        name for sid, name, _ in k.statements if sid not in fused
+    }
+
+
+def lean_text(text: str, roots) -> tuple[str, frozenset]:
+    """``text`` with only the functions ``roots`` reach through calls (and the runtime
+    library's, ``tl_*``, the gemm loops and every internal one, which LLVM drops where no
+    call is left), and the names of the functions left out."""
+    lines = text.split("\n")
+    defs: dict[str, tuple[int, int]] = {}
+    k = 0
+    while k < len(lines):
+        line = lines[k]
+        if line.startswith("define "):
+            m = re.match(_DEFINE, line)
+            end = lines.index("}", k)
+            if m is not None and " internal " not in line.split("@", 1)[0] + " ":
+                defs[m.group(2)] = (k, end)
+            k = end + 1
+            continue
+        k += 1
+    keep = {n for n in defs if n in roots or n.startswith("tl_")}
+    work = list(keep)
+    while work:
+        start, end = defs[work.pop()]
+        for line in lines[start + 1 : end]:
+            if "@" not in line:
+                continue
+            for name in re.findall(r"@([\w.$]+)", line):
+                if name in defs and name not in keep:
+                    keep.add(name)
+                    work.append(name)
+    out = set(defs) - keep
+    if not out:
+        return text, frozenset()
+    drop = sorted(defs[n] for n in out)
+    kept: list[str] = []
+    at = 0
+    for start, end in drop:
+        kept.extend(lines[at:start])
+        at = end + 1
+        if at < len(lines) and lines[at] == "":  # (the blank line after a definition)
+            at += 1
+    kept.extend(lines[at:])
+    return "\n".join(kept), frozenset(out)
 
 
 def _optimized(text: str, tm):
