@@ -489,43 +489,39 @@ def test_a_kernel_left_out_is_compiled_with_the_whole_text_at_its_first_call():
 def test_lean_text_keeps_what_the_roots_reach():
     from timerlc.runtime.native import lean_text
 
-    text = "\n".join(
-        [
-            "declare void @ext()",
-            "define internal void @tl_helper() {",
-            "  ret void",
-            "}",
-            "",
-            "define void @k1(ptr %t) {",
-            "  call void @tl_helper()",
-            "  ret void",
-            "}",
-            "",
-            "define void @s1(ptr %t) {",
-            "  call void @k1(ptr %t)",
-            "  ret void",
-            "}",
-            "",
-            "define void @s2(ptr %t) {",
-            "  call void @k2(ptr %t)",
-            "  ret void",
-            "}",
-            "",
-            "define void @k2(ptr %t) {",
-            "  ret void",
-            "}",
-            "",
-            "define void @tl_cycles() {",
-            "  ret void",
-            "}",
-            "",
-            "define void @tree0(ptr %t) {",
-            "  call void @s1(ptr %t)",
-            "  ret void",
-            "}",
-            "",
-        ]
-    )
+    text = """declare void @ext()
+define internal void @tl_helper() {
+  ret void
+}
+
+define void @k1(ptr %t) {
+  call void @tl_helper()
+  ret void
+}
+
+define void @s1(ptr %t) {
+  call void @k1(ptr %t)
+  ret void
+}
+
+define void @s2(ptr %t) {
+  call void @k2(ptr %t)
+  ret void
+}
+
+define void @k2(ptr %t) {
+  ret void
+}
+
+define void @tl_cycles() {
+  ret void
+}
+
+define void @tree0(ptr %t) {
+  call void @s1(ptr %t)
+  ret void
+}
+"""
     lean, out = lean_text(text, {"tree0"})
     assert out == {"s2", "k2"}
     assert "@s2(" not in lean and "define void @k2" not in lean
