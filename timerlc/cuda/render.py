@@ -1939,9 +1939,14 @@ class _Kernel:
                     prev is not None
                     and prev.kind in ("parallel", "either")
                     and prev.form
-                    and all(
-                        _exclusive(lits, other) or _independent([other_loop], [loop], shared)
-                        for other, other_loop in zip(prev.form, before)
+                    and (
+                        # (touching nothing of all of them's is touching nothing of each
+                        # one's: a step of Adam's loops of every parameter checks once)
+                        _independent(before, [loop], shared)
+                        or all(
+                            _exclusive(lits, other) or _independent([other_loop], [loop], shared)
+                            for other, other_loop in zip(prev.form, before)
+                        )
                     )
                 ):  # (one of them runs at a call, or they touch nothing of each other's:
                     # one launch for both)
