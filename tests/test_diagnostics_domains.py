@@ -460,6 +460,41 @@ def test_when_clause_that_is_never_true(tmp_path):
     )
 
 
+def test_an_equation_a_config_leaves_empty_says_the_dims_bounds(tmp_path):
+    """PPO over one iteration (``--set total_steps`` of ``B * T``): ``run[i, b, 0]`` for
+    i >= 1 defines nothing, an error as LANGUAGE.md asks; the message gives the bounds the
+    configs made (``dim i < 1``), the cause a user looks for."""
+    expect_error(
+        tmp_path,
+        """
+        config I = 3, T = 4
+        dim i < I
+        dim t < T
+        run[0, t] = 1.0
+        run[i, t] = run[i-1, t] * 0.5
+    """,
+        5,
+        1,
+        "defines no point",
+        "'run'",
+        "(line 4), with dims i < 1, t < 4",
+        args=("--set", "I=1"),
+    )
+    expect_error(
+        tmp_path,
+        """
+        config T = 4, N = 2
+        dim t < T
+        x[t] = 1.0 when t + N < T
+        y[t] = 2.0
+    """,
+        3,
+        1,
+        "its domain is empty, with dim t < 2",
+        args=("--set", "T=2"),
+    )
+
+
 def test_contradictory_when_clause(tmp_path):
     expect_error(
         tmp_path,

@@ -450,7 +450,9 @@ def _defined_points(info: ProgramInfo, t: TensorInfo):
             defined = sympy.And(ix.substitute(eq.iter_cond, shift), *consts)
             if pisl.is_empty(t.dims, defined):
                 raise ProgramError(
-                    f"this equation defines no point of '{t.name}': its domain is empty", lhs.span
+                    f"this equation defines no point of '{t.name}': its domain is empty"
+                    f"{_at_sizes(info, t)}",
+                    lhs.span,
                 )
             for d, e in zip(t.dims, lhs.entries):
                 if e.dim is None:
@@ -469,7 +471,7 @@ def _defined_points(info: ProgramInfo, t: TensorInfo):
         if eq.stmt is not None and pisl.is_empty(t.dims, effective):
             t.shadowed.add(len(earlier))
             if len(eq.lhs) == 1:
-                raise _shadowed_error(t, len(earlier))
+                raise _shadowed_error(t, len(earlier), info)
         t.defined.append(defined)
         t.effective.append(effective)
         earlier.append(defined)
@@ -479,7 +481,17 @@ def _defined_points(info: ProgramInfo, t: TensorInfo):
     t.branch_conds = [pisl.simplify(t.dims, c, t.domain) for c in t.effective]
 
 
-def _shadowed_error(t: TensorInfo, k: int) -> ProgramError:
+def _at_sizes(info: ProgramInfo, t: TensorInfo) -> str:
+    """The bounds of ``t``'s dims, for an error that a config's value may have caused (PPO
+    with ``total_steps`` of one iteration: ``dim i < 1``, where ``run[i, b, 0]`` for i >= 1
+    defines nothing)."""
+    if not t.dims:
+        return ""
+    bounds = ", ".join(f"{d} < {info.dims[d].bound}" for d in t.dims)
+    return f", with dim{'s' if len(t.dims) > 1 else ''} {bounds}"
+
+
+def _shadowed_error(t: TensorInfo, k: int, info: ProgramInfo) -> ProgramError:
     lines = sorted({e.line for e, _ in t.definitions[:k] if e.stmt is not None})
     where = (
         f" (line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))})"
@@ -489,7 +501,7 @@ def _shadowed_error(t: TensorInfo, k: int) -> ProgramError:
     eq, pos = t.definitions[k]
     return ProgramError(
         f"this equation defines no point of '{t.name}': every point it would define "
-        f"is defined by an earlier equation{where}",
+        f"is defined by an earlier equation{where}{_at_sizes(info, t)}",
         eq.lhs[pos].span,
     )
 
@@ -507,7 +519,7 @@ def _check_tuple_equations(info: ProgramInfo):
                 break
             ks.append((t, k))
         else:
-            raise _shadowed_error(*ks[0])
+            raise _shadowed_error(*ks[0], info)
 
 
 def _effective_iteration_domain(info: ProgramInfo, eq: EquationInfo):
