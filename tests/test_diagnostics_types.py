@@ -713,3 +713,20 @@ def test_division_by_zero_in_an_index(tmp_path):
         12,
         "division by zero",
     )
+
+
+def test_division_by_a_config_that_is_zero_in_an_index_names_it(tmp_path):
+    """cumsum.rtl at T < 4: its P = T // 4 is 0, and ``t % P`` divides by it."""
+    expect_error(
+        tmp_path,
+        """
+        config T = 4, P = T // 4
+        dim t < T
+        x[t] = 1.0 when t % P == 0
+        x[t] = 2.0
+    """,
+        3,
+        19,
+        "division by zero in an index expression: 'P' is 0",
+        args=("--set", "T=3"),
+    )

@@ -134,7 +134,15 @@ def to_index(expr: ast.Expr, scope: IndexScope) -> sympy.Expr:
             a, b = to_index(expr.left, scope), to_index(expr.right, scope)
             if not b.is_Integer or int(b) <= 0:
                 if b.is_Integer and int(b) == 0:
-                    raise ProgramError("division by zero in an index expression", expr.op_span)
+                    # (a config's value made it so, as cumsum.rtl's P = T // 4 at T < 4)
+                    what = (
+                        f"'{expr.right.id}' is 0"
+                        if isinstance(expr.right, ast.Name)
+                        else "its divisor is 0"
+                    )
+                    raise ProgramError(
+                        f"division by zero in an index expression: {what}", expr.op_span
+                    )
                 raise NotIndex(
                     f"'{expr.op}' in an index needs a positive constant divisor", expr.op_span
                 )
