@@ -207,24 +207,42 @@ def main() -> int:
 
         rng, until = random.Random(args.seed), time.perf_counter() + args.random
         configs = iter(lambda: drawn(rng) if time.perf_counter() < until else None, None)
-    bad = 0
-    for program, text in configs:
+
+    def one(program: str, text: str) -> tuple[float, str]:
         sets = dict(kv.split("=", 1) for kv in text.split())
+        worst, swaps = run(program, sets, args.gpu, args.matmul_precision)
+        return worst, f", {swaps} swaps" if swaps else ""
+
+    draws = ((program, text, text) for program, text in configs)
+    return 1 if soaked(draws, one, args.tolerance) else 0
+
+
+def soaked(draws, one, tolerance: float, program_error: type | None = None) -> int:
+    """Each ``(program, text, what)`` of ``draws`` run by ``one(program, what)`` (its
+    largest difference and a note for its line), a line printed for each, ``text`` naming
+    the draw: ``ok``, ``DIFF`` past ``tolerance``, ``FAIL`` for an exception, ``PROG`` for a
+    ``program_error`` (a program error at that config). The count of DIFF and FAIL lines.
+    (scripts/reference_soak.py's too.)"""
+    bad = 0
+    for program, text, what in draws:
         started = time.perf_counter()
         try:
-            worst, swaps = run(program, sets, args.gpu, args.matmul_precision)
+            worst, note = one(program, what)
         except Exception as e:  # noqa: BLE001 - a compile or a run that failed: said, counted
+            if program_error is not None and isinstance(e, program_error):
+                print(f"PROG {program} {text}: {str(e)[:200]}", flush=True)
+                continue
             bad += 1
             print(f"FAIL {program} {text}: {type(e).__name__}: {str(e)[:300]}", flush=True)
             continue
-        mark = "DIFF" if not worst <= args.tolerance else "ok  "
+        mark = "DIFF" if not worst <= tolerance else "ok  "
         bad += mark == "DIFF"
         print(
             f"{mark} {program} {text}: largest relative difference {worst:.2e} "
-            f"({time.perf_counter() - started:.0f} s{f', {swaps} swaps' if swaps else ''})",
+            f"({time.perf_counter() - started:.0f} s{note})",
             flush=True,
         )
-    return 1 if bad else 0
+    return bad
 
 
 if __name__ == "__main__":
