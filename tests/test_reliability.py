@@ -469,6 +469,39 @@ def test_the_parsers_tables_are_kept_in_the_users_own_cache_folder(tmp_path, mon
         parser._parser.cache_clear()
 
 
+def test_no_cache_where_another_user_may_write_a_folder_above_it(tmp_path, monkeypatch):
+    """The cache folder's own folder (``timerlc/``) and the base must be the user's alone
+    too: where another user may write ``timerlc/``, they could put a folder of theirs in
+    place of ``lark/`` (a ``timerlc/`` of the user's own that others may write, as an older
+    version made it under a umask of 002, is made private first). A base that others may
+    write is refused unless its sticky bit keeps them from moving what is ours (a shared
+    temporary folder's)."""
+    from timerlc.files import user_cache
+
+    base = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(base))
+    assert user_cache("lark") == base / "timerlc" / "lark"
+    (base / "timerlc").chmod(0o777)  # (ours: made private again, as an older version's)
+    assert user_cache("lark") == base / "timerlc" / "lark"
+    assert (base / "timerlc").stat().st_mode & 0o777 == 0o700
+    base.chmod(0o777)
+    assert user_cache("lark") is None
+    base.chmod(0o1777)
+    assert user_cache("lark") == base / "timerlc" / "lark"
+    base.chmod(0o775)  # (the user's private group, a umask of 002)
+    assert user_cache("lark") == base / "timerlc" / "lark"
+    fresh = tmp_path / "fresh"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(fresh))
+    assert user_cache("emu") == fresh / "timerlc" / "emu"
+    assert (fresh / "timerlc").stat().st_mode & 0o777 == 0o700
+    if hasattr(os, "getuid") and os.getuid() == 0:  # (only root may give a folder away)
+        os.chown(fresh / "timerlc", 54321, -1)  # (another user's timerlc/)
+        assert user_cache("emu") is None
+        os.chown(fresh / "timerlc", 0, -1)
+        os.chown(fresh / "timerlc" / "emu", 54321, -1)  # (another user's emu/)
+        assert user_cache("emu") is None
+
+
 def test_no_home_folder_means_no_cache_not_a_crash(monkeypatch):
     """Without ``XDG_CACHE_HOME`` and a home folder (``Path.home()`` raises), there is no
     user cache: None, where the lookup of the home folder escaped the ``try``."""

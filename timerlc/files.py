@@ -126,12 +126,27 @@ def user_cache(name: str) -> Path | None:
     user's own: what is kept there is loaded as code (a parser's tables, compiled modules),
     so never from a folder another user can write, as a shared temporary folder is."""
     try:
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        folder = Path(base) / "timerlc" / name
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = folder.stat()
+        base = Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache"))
+        folder = base / "timerlc" / name
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        middle = folder.parent.stat()
+        if hasattr(os, "getuid") and middle.st_uid == os.getuid() and middle.st_mode & 0o022:
+            # (ours, made by an earlier version under a umask of 002: made private; a
+            # folder another user put in it meanwhile is theirs, refused below)
+            folder.parent.chmod(0o700)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        # (the folders above it too: another user who may write ``timerlc/`` could put a
+        # folder of theirs in place of ``NAME/``, and one who may write the base could move
+        # ``timerlc/`` itself, unless the base's sticky bit keeps them from moving what is
+        # ours, as the shared temporary folder's does; a base only the user's group may
+        # write, as a umask of 002 makes ``~/.cache``, is the user's private group's)
+        stats = [(base.stat(), 0o002), (folder.parent.stat(), 0o022), (folder.stat(), 0o022)]
     except (OSError, RuntimeError):  # (RuntimeError: no home folder)
         return None
-    if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
-        return None
+    if hasattr(os, "getuid"):
+        for k, (st, others) in enumerate(stats):
+            owner = st.st_uid == os.getuid() or (k == 0 and st.st_uid == 0)
+            sticky = k == 0 and st.st_mode & 0o1000
+            if not owner or (st.st_mode & others and not sticky):
+                return None
     return folder
