@@ -659,6 +659,27 @@ def test_dim_bound_of_zero(tmp_path):
     )
 
 
+@pytest.mark.parametrize("cmd", ["check", "compile"])
+def test_dim_bound_past_the_limit(tmp_path, cmd):
+    """A dim of more than 2^31 points is past timerlc's limits: known from the configs
+    alone, so ``check`` says it too (it said nothing, and ``compile`` named no line), at
+    the bound. (The limits of an array's size need the plan: ``compile``'s.)"""
+    expect_error(
+        tmp_path,
+        """
+        config B = 2147483649
+        dim b < B
+        x[b] = 1.0
+    """,
+        2,
+        9,
+        "'b'",
+        "bound 2147483649",
+        "limit is 2147483648",
+        cmd=cmd,
+    )
+
+
 def test_float_config_as_a_shape(tmp_path):
     expect_error(
         tmp_path,

@@ -173,6 +173,14 @@ def collect(
                     f"dim '{stmt.name.name}' has bound {bound}; it must be at least 1",
                     stmt.bound.span,
                 )
+            from timerlc.plan.items import MAX_EXTENT
+
+            if bound > MAX_EXTENT:  # (a plan's limit, known here: `check` says it too)
+                raise ProgramError(
+                    f"dim '{stmt.name.name}' has bound {bound}; timerlc's limit is "
+                    f"{MAX_EXTENT} (2^31) points per dim",
+                    stmt.bound.span,
+                )
             info.dims[stmt.name.name] = DimInfo(
                 stmt.name.name, bound, len(info.dims), stmt.name.span
             )
