@@ -528,6 +528,8 @@ define void @tree0(ptr %t) {
     for kept in ("@tree0(", "define void @s1", "define void @k1", "@tl_helper()", "@tl_cycles"):
         assert kept in lean, kept
     assert lean_text(text, {"tree0", "s2"}) == (text, frozenset())
+    pointed = text + "@table = global ptr @s2\n"  # (a global that points at s2 keeps it)
+    assert lean_text(pointed, {"tree0"})[1] == frozenset()  # (s2, and k2 that it calls)
 
 
 def test_a_large_module_compiles_in_parts_that_link():

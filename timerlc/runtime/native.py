@@ -198,6 +198,11 @@ def lean_text(text: str, roots) -> tuple[str, frozenset]:
             continue
         k += 1
     keep = {n for n in defs if n in roots or n.startswith("tl_")}
+    # (and what a line outside the definitions names: a global that points at a function)
+    inside = {k for start, end in defs.values() for k in range(start, end + 1)}
+    for k, line in enumerate(lines):
+        if "@" in line and k not in inside and not line.startswith("define "):
+            keep.update(n for n in re.findall(r"@([\w.$]+)", line) if n in defs)
     work = list(keep)
     while work:
         start, end = defs[work.pop()]
