@@ -1082,7 +1082,7 @@ def test_when_that_is_not_a_comparison(tmp_path):
 
 def test_a_long_cycle_through_the_parameters_is_found_in_seconds(tmp_path):
     """PPO with the gradient taken at ``net[I]`` (fuzz.py: ``j`` renamed ``I``): every update
-    reads the parameters of iteration I, which the updates before make, a cycle through 70
+    reads the parameters of iteration I, which the updates before make, a cycle through 69
     tensors. isl's scheduler took 10 s to find no order for the group and its closure 7 s
     (inexact: a step-by-step search then confirmed the cycle, which multiplied its sets'
     pieces until it did not answer in minutes, before each step's sets were coalesced); a

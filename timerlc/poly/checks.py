@@ -327,7 +327,7 @@ def _cycle_error(graph: Graph, comp, reads, nid: int, start: isl.Set, span):
 
 # A group of this many tensors or more is first searched for a cycle from one point of each
 # (``_search_cycle``), before isl's scheduler and closure: on a large group with a cycle
-# those take long to fail (PPO with ``grad(loss[j], net[I])``, 36 tensors: the scheduler 10
+# those take long to fail (PPO with ``grad(loss[j], net[I])``, 69 tensors: the scheduler 10
 # s, the closure 7 s), where a cycle through the first point of a tensor's reads is found in
 # a few dozen steps. Smaller groups go to them at once (each takes milliseconds there).
 SEARCH_FIRST_NODES = 16
