@@ -287,9 +287,7 @@ def _check_component(graph: Graph, comp, sub, reads):
     found = _search_cycle(comp, sub, total) if len(comp) >= SEARCH_FIRST_NODES else None
     if found is not None:
         nid, start, layers = found
-        _cycle_error(
-            graph, comp, reads, nid, start, _closing_read_of(reads[nid], start, layers, total)
-        )
+        _cycle_error(graph, comp, reads, nid, start, _search_lead(start, layers, total))
     if _schedulable(graph, comp, maps):
         return
     closure, exact = total.transitive_closure()
@@ -309,19 +307,28 @@ def _check_component(graph: Graph, comp, sub, reads):
         start = fixed.domain().lexmin()
         if not exact and not _confirm_cycle(total, start):
             continue
-        _cycle_error(graph, comp, reads, nid, start, _closing_read(reads[nid], start, closure))
+        point = isl.UnionSet.from_set(start)
+
+        def leads_back(image, point=point):
+            return (
+                not image.intersect(point).is_empty()
+                or not image.apply(closure).intersect(point).is_empty()
+            )
+
+        _cycle_error(graph, comp, reads, nid, start, leads_back)
 
 
-def _cycle_error(graph: Graph, comp, reads, nid: int, start: isl.Set, span):
-    """The error of point ``start`` of node ``nid`` depending on itself, at ``span`` (the
-    read that closes the cycle; else the equation that defines the point)."""
+def _cycle_error(graph: Graph, comp, reads, nid: int, start: isl.Set, leads_back):
+    """The error of point ``start`` of node ``nid`` depending on itself, at the read that
+    closes the cycle (``_closing_read`` with ``leads_back``), else at the equation that
+    defines the point."""
     node = graph.node(nid)
     p = pisl.point_of(start.sample_point(), node.dims)
     others = sorted({_label(graph, m) for m in comp if m != nid})
     via = f" (through {', '.join(others)})" if others else ""
     raise ProgramError(
         f"cyclic definition: '{node.name}' at {pisl.format_point(p)} depends on itself{via}",
-        span or _defining_span(node, p),
+        _closing_read(reads[nid], start, leads_back) or _defining_span(node, p),
     )
 
 
@@ -337,49 +344,36 @@ SEARCH_STEPS = 64  # the search's steps in all, over every start (a bound, not a
 def _search_cycle(comp, sub, total: isl.UnionMap):
     """A point that depends on itself, searched from the first point of each tensor's reads
     inside the group (in the order of the tensors' ids): ``(nid, start, layers)``, the
-    points reached at each step from ``start`` (the last holds it), or None where none of
-    the starts is found on a cycle within ``SEARCH_STEPS`` steps in all (the group may
-    still have a cycle elsewhere: the exact checks follow)."""
+    points reached at each step from ``start`` (``_steps``: the last holds it), or None
+    where none of the starts is found on a cycle within ``SEARCH_STEPS`` steps in all (the
+    group may still have a cycle elsewhere: the exact checks follow)."""
+    reading: dict[int, isl.Set] = {}  # (each tensor's points that read inside the group)
+    for (nid, _), m in sub.items():
+        reading[nid] = reading[nid].union(m.domain()) if nid in reading else m.domain()
     budget = SEARCH_STEPS
-    for nid in sorted(comp):
-        doms = [m.domain() for (a, _), m in sorted(sub.items()) if a == nid]
-        if not doms:
-            continue
-        dom = doms[0]
-        for d in doms[1:]:
-            dom = dom.union(d)
-        start = dom.lexmin()
+    for nid in sorted(reading):
+        start = reading[nid].lexmin()
         start_u = isl.UnionSet.from_set(start)
-        frontier = start_u.apply(total).coalesce()
-        reached = frontier
-        layers = [frontier]
-        while budget > 0:
+        layers = []
+        for frontier in _steps(total, start_u):
+            if budget == 0:
+                return None
             budget -= 1
+            layers.append(frontier)
             if not start_u.intersect(frontier).is_empty():
                 return nid, start, layers
-            frontier = frontier.apply(total).subtract(reached).coalesce()
-            if frontier.is_empty():
-                break
-            layers.append(frontier)
-            reached = reached.union(frontier).coalesce()
-        if budget <= 0:
-            return None
     return None
 
 
-def _closing_read_of(reads, start: isl.Set, layers: list, total: isl.UnionMap):
-    """``_closing_read`` from a search's ``layers`` (``_search_cycle``) instead of the
-    closure: the points of each layer that lead back to ``start``, from the last layer to
-    the first, then the first read (in source order) whose image of ``start`` holds one."""
-    point = isl.UnionSet.from_set(start)
+def _search_lead(start: isl.Set, layers: list, total: isl.UnionMap):
+    """``_closing_read``'s ``leads_back`` from a search's ``layers`` (``_search_cycle``)
+    instead of a closure: the points of the first layer that lead back to ``start``, found
+    from the last layer to the first."""
     back = total.reverse()
-    lead = point
+    lead = isl.UnionSet.from_set(start)
     for layer in reversed(layers[:-1]):
         lead = lead.apply(back).intersect(layer).coalesce()
-    for m, span in sorted(reads, key=lambda r: _span_order(r[1])):
-        if not point.apply(m).intersect(lead).is_empty():
-            return span
-    return None
+    return lambda image: not image.intersect(lead).is_empty()
 
 
 def _schedulable(graph: Graph, comp, maps: list[isl.Map]) -> bool:
@@ -391,38 +385,40 @@ def _schedulable(graph: Graph, comp, maps: list[isl.Map]) -> bool:
     return lv.isl_schedule(domains, maps) is not None
 
 
-def _closing_read(reads, start: isl.Set, closure: isl.UnionMap):
-    """The span of the read, among those of ``start``'s equation, that leads back to it."""
+def _closing_read(reads, start: isl.Set, leads_back):
+    """The span of the read, among those of ``start``'s equation, that leads back to it: the
+    first (in source order) whose image of ``start`` ``leads_back`` says so of."""
     point = isl.UnionSet.from_set(start)
     for m, span in sorted(reads, key=lambda r: _span_order(r[1])):
         image = point.apply(m)
-        if image.is_empty():
-            continue
-        if (
-            not image.intersect(point).is_empty()
-            or not image.apply(closure).intersect(point).is_empty()
-        ):
+        if not image.is_empty() and leads_back(image):
             return span
     return None
 
 
-def _confirm_cycle(rel: isl.UnionMap, start: isl.Set, limit: int = 100000) -> bool:
-    """Whether ``start`` really reaches itself (the closure was only an approximation): the
-    points it reaches, step by step. Each step's sets are coalesced: without it their pieces
+def _steps(rel: isl.UnionMap, start: isl.UnionSet):
+    """The points ``start`` reaches through ``rel`` first at step 1, 2, ..., each step's set
+    coalesced, until a step reaches nothing new. Coalesced: without it their pieces
     multiplied (PPO with ``grad(loss[j], net[I])``, a cycle 26 steps long: each step's sets
     split by ``mod 16`` constraints, 4 s by the 20th step, no answer in minutes; coalesced,
     2 s in all)."""
-    start_u = isl.UnionSet.from_set(start)
-    frontier = start_u.apply(rel).coalesce()
+    frontier = start.apply(rel).coalesce()
     reached = frontier
-    for _ in range(limit):
-        if not start_u.intersect(reached).is_empty():
-            return True
+    while not frontier.is_empty():
+        yield frontier
         frontier = frontier.apply(rel).subtract(reached).coalesce()
-        if frontier.is_empty():
-            return False
         reached = reached.union(frontier).coalesce()
-    return True
+
+
+def _confirm_cycle(rel: isl.UnionMap, start: isl.Set, limit: int = 100000) -> bool:
+    """Whether ``start`` really reaches itself (the closure was only an approximation): the
+    points it reaches, step by step (``_steps``; ``limit`` steps without an answer count as
+    yes)."""
+    start_u = isl.UnionSet.from_set(start)
+    for k, frontier in enumerate(_steps(rel, start_u)):
+        if k == limit or not start_u.intersect(frontier).is_empty():
+            return True
+    return False
 
 
 def _defining_span(node: Node, point: dict[str, int]):
