@@ -663,6 +663,7 @@ class CpuRuntime:
             arr = np.zeros(a.size, ops.numpy_dtype(a.dtype))
             self.env_state[(a.env, a.name)] = arr
             self.table[a.index] = arr.ctypes.data
+        trees = not check_windows and kernels is None  # (the tree functions run the tree)
         if native is not None:
             from timerlc.runtime.native import NativeModule, check_kernels, roots_of
 
@@ -670,7 +671,6 @@ class CpuRuntime:
             started = time.perf_counter()
             # (where the tree functions run, only what they and the statements outside the
             # fused kernels call is compiled now: the rest at its first call, if any)
-            trees = plan.kernels.trees and not check_windows and kernels is None
             self.module = NativeModule(native, cache, roots_of(plan) if trees else None)
             self.native_seconds = time.perf_counter() - started
             for sid, name, scratch in plan.kernels.statements:
@@ -693,7 +693,7 @@ class CpuRuntime:
         # CPU's cycles per statement (``tl_launch``) into ``self.cycles``
         self.trees: dict[int, tuple] = {}
         self.cycles: np.ndarray | None = None
-        if self.module is not None and not check_windows and kernels is None:
+        if self.module is not None and trees:
             self._bind_trees(plan)
         self.tree = self._build(plan.tree, ())
 

@@ -168,12 +168,15 @@ class _Later:
         return self.fn(*args)
 
 
-def roots_of(plan) -> set[str]:
+def roots_of(plan) -> set[str] | None:
     """The functions of ``plan``'s kernel file a cpu run whose tree functions run calls at
     once: the tree functions, and the kernels of the statements outside every fused kernel
     (``plan.kernels.fused``; a fused statement's own kernel runs only where the runtime runs
-    that statement alone: a run that checks its windows, a rerun)."""
+    that statement alone: a run that checks its windows, a rerun). None (all of them) for
+    a plan without tree functions."""
     k = plan.kernels
+    if not k.trees:
+        return None
     fused = {sid for group in k.fused for sid in group}
     return {name for _, name, _ in k.trees} | {
         name for sid, name, _ in k.statements if sid not in fused
@@ -185,23 +188,11 @@ def lean_text(text: str, roots) -> tuple[str, frozenset]:
     library's, ``tl_*``, the gemm loops and every internal one, which LLVM drops where no
     call is left), and the names of the functions left out."""
     lines = text.split("\n")
-    defs: dict[str, tuple[int, int]] = {}
-    k = 0
-    while k < len(lines):
-        line = lines[k]
-        if line.startswith("define "):
-            m = re.match(_DEFINE, line)
-            end = lines.index("}", k)
-            if m is not None and " internal " not in line.split("@", 1)[0] + " ":
-                defs[m.group(2)] = (k, end)
-            k = end + 1
-            continue
-        k += 1
+    defs = _definitions(lines)
     keep = {n for n in defs if n in roots or n.startswith("tl_")}
     # (and what a line outside the definitions names: a global that points at a function)
-    inside = {k for start, end in defs.values() for k in range(start, end + 1)}
-    for k, line in enumerate(lines):
-        if "@" in line and k not in inside and not line.startswith("define "):
+    for line in _without(lines, defs.values()):
+        if "@" in line and not line.startswith("define "):
             keep.update(n for n in re.findall(r"@([\w.$]+)", line) if n in defs)
     work = list(keep)
     while work:
@@ -216,16 +207,41 @@ def lean_text(text: str, roots) -> tuple[str, frozenset]:
     out = set(defs) - keep
     if not out:
         return text, frozenset()
-    drop = sorted(defs[n] for n in out)
-    kept: list[str] = []
+    return "\n".join(_without(lines, [defs[n] for n in out], True)), frozenset(out)
+
+
+def _definitions(lines: list[str]) -> dict[str, tuple[int, int]]:
+    """The module's function definitions but the internal ones, in order: name -> the
+    numbers of its first line and of its closing ``}`` (``split_module``'s and
+    ``lean_text``'s)."""
+    out: dict[str, tuple[int, int]] = {}
+    k = 0
+    while k < len(lines):
+        line = lines[k]
+        if line.startswith("define ") and " internal " not in line.split("@", 1)[0] + " ":
+            m = re.search(r"@([\w.$]+)\(", line)  # (its parameters may go on over lines)
+            if m is None:  # pragma: no cover - the renderer writes every definition this way
+                raise ValueError(f"not a function definition: {line[:80]}")
+            end = lines.index("}", k)
+            out[m.group(1)] = (k, end)
+            k = end + 1
+            continue
+        k += 1
+    return out
+
+
+def _without(lines: list[str], spans, blank: bool = False) -> list[str]:
+    """``lines`` but those of ``spans`` (``(first, last)`` each, apart from one another;
+    with ``blank``, and the blank line after each)."""
+    out: list[str] = []
     at = 0
-    for start, end in drop:
-        kept.extend(lines[at:start])
+    for start, end in sorted(spans):
+        out.extend(lines[at:start])
         at = end + 1
-        if at < len(lines) and lines[at] == "":  # (the blank line after a definition)
+        if blank and at < len(lines) and lines[at] == "":
             at += 1
-    kept.extend(lines[at:])
-    return "\n".join(kept), frozenset(out)
+    out.extend(lines[at:])
+    return out
 
 
 def _optimized(text: str, tm):
@@ -274,20 +290,13 @@ def split_module(text: str, n: int, gemm_loops: bool = True) -> list[str]:
     the runtime sets, are left out unless ``gemm_loops`` (no BLAS), else defined in the
     first module only."""
     lines = text.split("\n")
-    head: list[str] = []
+    defs = _definitions(lines)
+    head = _without(lines, defs.values())
     funcs: list[list[str]] = []
     loops: list[list[str]] = []
-    k = 0
-    while k < len(lines):
-        line = lines[k]
-        if line.startswith("define ") and " internal " not in line.split("@", 1)[0] + " ":
-            end = lines.index("}", k)
-            fallback = line.startswith(f"define void @{GEMM_FALLBACK}")
-            (loops if fallback else funcs).append(lines[k : end + 1])
-            k = end + 1
-            continue
-        head.append(line)
-        k += 1
+    for start, end in defs.values():
+        fallback = lines[start].startswith(f"define void @{GEMM_FALLBACK}")
+        (loops if fallback else funcs).append(lines[start : end + 1])
     first = head + [line for f in loops for line in f] if gemm_loops else head
     if n < 2 or len(funcs) < SPLIT_MIN_FUNCTIONS:
         if gemm_loops or not loops:
