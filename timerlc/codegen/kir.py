@@ -373,14 +373,20 @@ def children(e) -> tuple:
 
 def walk_tree(body):
     """Every statement of a kernel's or a tree function's body, outer first, loops' and ifs'
-    bodies included."""
+    bodies included (``nested``)."""
     for s in body:
         yield s
-        if isinstance(s, (For, Loop)):
-            yield from walk_tree(s.body)
-        elif isinstance(s, If):
-            yield from walk_tree(s.then)
-            yield from walk_tree(s.orelse)
+        yield from walk_tree(nested(s))
+
+
+def nested(s) -> tuple:
+    """The statements statement ``s`` holds: a loop's body, an if's branches one after the
+    other."""
+    if isinstance(s, (For, Loop)):
+        return s.body
+    if isinstance(s, If):
+        return (*s.then, *s.orelse)
+    return ()
 
 
 _LEAVES = (Const, Ref)  # (expressions without operands)

@@ -4511,16 +4511,6 @@ def _facts(s) -> _Facts:
     return _by_id(_FACTS, s, _facts_of)
 
 
-def _nested(s) -> tuple:
-    """The statements statement ``s`` holds (a loop's body, an if's branches), as
-    ``kir.walk_tree`` goes into them."""
-    if isinstance(s, (For, kir.Loop)):
-        return s.body
-    if isinstance(s, If):
-        return (*s.then, *s.orelse)
-    return ()
-
-
 def _facts_of(s) -> _Facts:
     # (its own expressions, then the facts of the statements it holds, each kept: a nest's
     # statements are walked once, not once for each statement around them)
@@ -4538,7 +4528,7 @@ def _facts_of(s) -> _Facts:
                 calls = True
                 if call is None and e.name not in RNG_FUNCTIONS:
                     call = f"a call of {e.name}"
-    for x in _nested(s):
+    for x in kir.nested(s):
         f = _facts(x)
         refs |= f.refs
         tree = tree or f.tree
@@ -4573,7 +4563,7 @@ def _touched_of(s) -> tuple[frozenset, frozenset]:
     read, wrote = kir.own_buffers(s)
     both.update(read + wrote)
     written = set(wrote)
-    for x in _nested(s):
+    for x in kir.nested(s):
         b, w = _touched(x)
         both |= b
         written |= w
