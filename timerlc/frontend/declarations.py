@@ -24,8 +24,9 @@ from timerlc.frontend.indexing import (
     to_index,
 )
 from timerlc.ir import index as ix
-from timerlc.types import DTYPES, TensorType
+from timerlc.plan.items import MAX_EXTENT
 from timerlc.poly import isl as pisl
+from timerlc.types import DTYPES, TensorType
 
 
 @dataclass(frozen=True)
@@ -173,8 +174,6 @@ def collect(
                     f"dim '{stmt.name.name}' has bound {bound}; it must be at least 1",
                     stmt.bound.span,
                 )
-            from timerlc.plan.items import MAX_EXTENT
-
             if bound > MAX_EXTENT:  # (a plan's limit, known here: `check` says it too)
                 raise ProgramError(
                     f"dim '{stmt.name.name}' has bound {bound}; timerlc's limit is "
