@@ -8,6 +8,7 @@ wrong values here, as it would on a GPU."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -705,6 +706,43 @@ extern "C" __global__ void k(void **table, const tl_args args_in, char *scratch,
             np.testing.assert_array_equal(
                 ok[:, right_even[even], 1], want[:, even][:, right_even[even], 1]
             )
+
+
+@needs_cxx
+def test_the_emulation_runs_every_other_grid_s_blocks_last_to_first():
+    """cuda-emu runs a grid's blocks one after another, and every other grid of the process
+    last to first: a block that reads what another block of the same launch writes (a race
+    on a GPU) sees the write in one launch and not in the next."""
+    text = (
+        render.head()
+        + """
+extern "C" __global__ void k(void **table, const tl_args args_in, char *scratch, int *err,
+                             const long long *shift) {
+  int *out = (int *)table[0], *seen = (int *)table[1];
+  if (threadIdx.x == 0) {
+    out[blockIdx.x] = 1;
+    seen[blockIdx.x] = out[(blockIdx.x + 1) % gridDim.x];  // the next block's, raced
+  }
+}
+"""
+    )
+    dev = EmuDevice()
+    fn = dev.function(dev.load(text), "k")
+    n = 5
+    out, seen, table = dev.alloc(4 * n), dev.alloc(4 * n), dev.alloc(16)
+    dev.upload(table, np.array([out, seen], np.uint64))
+    forward = np.array([0, 0, 0, 0, 1], np.int32)  # (each block before the next one wrote)
+    runs = []
+    for _ in range(4):
+        dev.upload(out, np.zeros(n, np.int32))
+        dev.launch(fn, table, np.zeros(1, np.int64), 0, n)
+        got = np.empty(n, np.int32)
+        dev.download(seen, got)
+        runs.append(got)
+    orders = [(r == forward).all() or (r == 1 - forward).all() for r in runs]
+    assert all(orders), runs
+    for a, b in itertools.pairwise(runs):  # (one launch forward, the next backward)
+        assert (a == 1 - b).all(), runs
 
 
 # a grid of 3 blocks of 8 threads on the emulation's runtime alone: each thread's value,

@@ -14,7 +14,12 @@
 // threads a block on a 2-core machine whose other core ran another test made the tests of
 // the TF32 products 3-4x slower than alone. The rounds take the threads in turn, first to
 // last, then last to first: a read that a missing barrier leaves unordered with another
-// thread's write sees the write in one order and not in the other, on every run alike.
+// thread's write sees the write in one order and not in the other, on every run of a
+// process alike.
+// The blocks likewise: every other grid runs them last to first, so that a block that reads
+// what another block of the same grid writes (with no ticket, no atomic between them: a
+// race on a GPU, whose blocks run in any order and side by side) reads it in one launch and
+// not in the next.
 //
 // A switch between fibers saves and restores the registers a call keeps (x86-64: its own
 // few instructions below; elsewhere ucontext's swapcontext, which also saves the signal
@@ -118,6 +123,7 @@ struct Block {
 };
 Block *tl_block = nullptr;
 std::mutex tl_lock;  // one grid at a time
+unsigned long tl_launches = 0;  // the grids run so far: an odd one runs its blocks last to first
 
 [[noreturn]] void entry() {
   Block &b = *tl_block;
@@ -209,7 +215,9 @@ extern "C" void tl_emu_run(unsigned blocks, unsigned n, void (*fn)(void *), void
   b.ctx = ctx;
   blockDim = {n, 1, 1};
   gridDim = {blocks, 1, 1};
-  for (unsigned k = 0; k < blocks; k++) {
+  const bool backwards = tl_launches++ % 2 == 1;
+  for (unsigned j = 0; j < blocks; j++) {
+    const unsigned k = backwards ? blocks - 1 - j : j;
     blockIdx = {k, 0, 0};
     for (unsigned t = 0; t < n; t++) start(b.fibers[t]);
     b.or_next = b.or_done = 0;
