@@ -47,14 +47,17 @@ def simplify(graph: Graph) -> Graph:
     nodes = list(graph.nodes)
     assert all(n.id == k for k, n in enumerate(nodes))
     identities = _identities(graph, nodes)
+    first = len(nodes)
     for _ in range(len(nodes)):
         changed = _bypass(graph, nodes, identities)
+        changed |= _forward_reshapes(nodes)
         changed |= _share(nodes, roots)
         if not changed:
             break
+    forwarded = range(first, len(nodes))
     if _contract(nodes):
         _share(nodes, roots)
-    return _drop_dead(graph, nodes, roots)
+    return _drop_dead(graph, _before_readers(nodes, forwarded), roots)
 
 
 def _identities(graph: Graph, nodes: list[Node]) -> dict[int, int]:
@@ -135,6 +138,56 @@ def _bypass(graph: Graph, nodes: list[Node], identities: dict[int, int]) -> bool
                 e, seen = new, seen + 1
             if seen:
                 inputs[j] = e
+        if inputs != list(n.inputs):
+            nodes[k] = replace(n, inputs=tuple(inputs))
+            changed = True
+    return changed
+
+
+def _reshaped(n: Node) -> Edge | None:
+    """The read a ``reshape`` node reshapes (its one input, unconditional), or None."""
+    if n.op != "reshape" or len(n.inputs) != 1 or n.inputs[0].cond is not None:
+        return None
+    return n.inputs[0]
+
+
+def _forward_reshapes(nodes: list[Node]) -> bool:
+    """Each read of a ``reshape`` node ``r`` (whose value is its input's elements in their
+    row-major order) reads ``r``'s input instead, where that composes:
+
+    - a ``reshape`` reading ``r`` reshapes ``r``'s input (a reshape of a reshape is one);
+    - any other node reading ``r`` at points (``take(flat_o[j // K], idx[j], 0)``, where
+      ``flat_o[i] = reshape(o[i, 0:B, 0:T], [B * T, E.obs_dim])``) reads a reshape of its own,
+      over its domain, of ``r``'s input at the composed points
+      (``reshape(o[j // K, 0:B, 0:T], ...)``), which the schedule computes with it: a view
+      of the stored input, so ``r`` need not be stored (a copy of every observation of an
+      iteration, PPO's), where no other node reads ``r`` at its own point.
+
+    New nodes are appended (``_drop_dead`` renumbers)."""
+    changed = False
+    for k in range(len(nodes)):
+        n = nodes[k]
+        inputs = list(n.inputs)
+        for j, e in enumerate(inputs):
+            r = nodes[e.src]
+            inner = _reshaped(r)
+            if inner is None or e.out != 0:
+                continue
+            if n.op == "reshape":
+                new = _compose(e, inner, r)
+                if new is not None:
+                    inputs[j] = new
+                continue
+            if r.dims == n.dims and e.access == identity_access(n.dims):
+                continue  # (computed with n already where nothing else stores it)
+            if not all(isinstance(a, Point) for a in e.access):
+                continue
+            read = _compose(e, inner, r)
+            dom = n.domain if e.cond is None else type(n.domain)(n.dims, n.domain.cond & e.cond)
+            m = Node(len(nodes), "reshape", dom, (replace(read, cond=None),), r.types, r.attrs)
+            m = replace(m, span=r.span)
+            nodes.append(m)
+            inputs[j] = Edge(m.id, identity_access(n.dims), 0, e.cond, e.span)
         if inputs != list(n.inputs):
             nodes[k] = replace(n, inputs=tuple(inputs))
             changed = True
@@ -297,7 +350,35 @@ def _share(nodes: list[Node], roots: set[int]) -> bool:
     return changed
 
 
+def _before_readers(nodes: list[Node], moved) -> list[Node]:
+    """``nodes`` with each of ``moved`` (nodes appended by a rewrite) placed right before
+    the first node that reads it (at the end if none does), the others in their order: the
+    numbering ``_drop_dead`` gives then keeps every other node where it was, and the
+    schedule's ties, broken by number, fall as they did without the rewrite."""
+    moved = set(moved)
+    if not moved:
+        return nodes
+    at: dict[int, list[Node]] = {}
+    placed: set[int] = set()
+    for n in nodes:
+        if n.id in moved:
+            continue
+        for e in n.inputs:
+            if e.src in moved and e.src not in placed:
+                placed.add(e.src)
+                at.setdefault(n.id, []).append(nodes[e.src])
+    out: list[Node] = []
+    for n in nodes:
+        if n.id in moved:
+            continue
+        out.extend(at.get(n.id, ()))
+        out.append(n)
+    out.extend(nodes[k] for k in sorted(moved - placed))
+    return out
+
+
 def _drop_dead(graph: Graph, nodes: list[Node], roots: set[int]) -> Graph:
+    by_id = {n.id: n for n in nodes}
     live: set[int] = set()
     todo = list(roots)
     while todo:
@@ -305,7 +386,7 @@ def _drop_dead(graph: Graph, nodes: list[Node], roots: set[int]) -> Graph:
         if k in live:
             continue
         live.add(k)
-        todo.extend(e.src for e in nodes[k].inputs)
+        todo.extend(e.src for e in by_id[k].inputs)
     order = [n for n in nodes if n.id in live]
     new_id = {n.id: k for k, n in enumerate(order)}
     renumbered = tuple(
