@@ -96,12 +96,13 @@ def check_decisions(plan: Plan):
     kept = {sid for _, sid, _ in plan.outputs + plan.metrics}
     for b in plan.buffers:
         if b.window is not None:
-            k = b.dims.index(b.window.dim)
-            assert b.id not in kept
-            assert 1 <= b.window.size == b.extents[k] < b.box[k]
-            assert b.extents[:k] + b.extents[k + 1 :] == b.box[:k] + b.box[k + 1 :]
+            wraps = dict(b.wraps())
+            assert b.id not in kept and len(wraps) == len(b.windows)  # (two dims apart)
+            for k, size in wraps.items():
+                assert 1 <= size == b.extents[k] < b.box[k]
+            assert all(b.extents[k] == b.box[k] for k in range(len(b.box)) if k not in wraps)
         else:
-            assert b.extents == b.box
+            assert b.inner is None and b.extents == b.box
     freed = frees(plan)
     assert len(freed) == len(set(freed)) and not set(freed) & kept
     # no budget, no swaps (tests/test_memory_budget.py has the swaps)
@@ -163,7 +164,15 @@ def test_ppo_plan_windows_frees_and_donations():
     assert frees(plan) and donors(plan)
 
 
-@pytest.mark.parametrize("name, sets", [("reinforce", REINFORCE), ("ppo", PPO)])
+@pytest.mark.parametrize(
+    "name, sets",
+    [
+        ("reinforce", REINFORCE),
+        ("ppo", PPO),
+        ("rnn_reinforce", {"I": 3, "B": 3, "T": 12}),
+        ("reinforce_td", {"I": 3, "B": 3, "T": 12}),
+    ],
+)
 def test_program_with_memory_plan_equals_reference(name, sets):
     source = source_of(name)
     ref, ref_m, rt, cpu_m = run_both(source, sets)
@@ -345,6 +354,73 @@ def test_freed_buffers_are_dropped_and_outputs_survive_the_run():
     for sid in frees(plan):
         assert rt.buffers[sid] is None
     assert rt.value("z").shape == (6,)
+
+
+# a rollout that goes on from one iteration to the next (PPO's environments): step t of
+# iteration i reads the state of step t - 1, and step 0 the last step of iteration i - 1
+CARRIED = """
+    config I = 4, B = 3, T = 9
+    dim i < I
+    dim b < B
+    dim t < T
+    s[0, b, 0] = f32(b) + 0.5
+    s[i, b, 0] = stepped[i - 1, b, T - 1]
+    s[i, b, t+1] = stepped[i, b, t]
+    stepped[i, b, t] = 0.9 * s + 0.1 * sin(f32(i * 10 + t))
+    total[i] = sum(s[i, 0:B, 0:T])
+    metric total
+"""
+
+
+def carried_plan() -> tuple[Source, Plan]:
+    source = Source("carried.rtl", src(CARRIED))
+    return source, compile_plan(graph_of(source, {}))
+
+
+def test_a_rollout_carried_across_iterations_keeps_two_slots_along_its_steps():
+    """The step's value, read at the next step and by the next iteration's first step (at
+    ``t = T - 1``), gets a second ring buffer along ``t`` (docs/plan.md, Storage): two slots,
+    where there were ``T``; the run (checking its windows) equals the reference."""
+    source, plan = carried_plan()
+    check_decisions(plan)
+    inner = {b.name or b.id: (b.window, b.inner) for b in plan.buffers if b.inner is not None}
+    assert (Window("i", 2), Window("t", 2)) in inner.values(), inner
+    ref, ref_m, rt, cpu_m = run_both(source, {}, plan)
+    assert_same(graph_of(source, {}, optimize=False), ref, ref_m, rt, cpu_m)
+    assert ref_m
+
+
+def test_an_inner_window_too_small_is_caught_and_would_be_wrong():
+    """A step that also reads the step three before it: four slots along ``t``; with one,
+    the checking run fails and the plain run's metric differs from the reference's."""
+    text = CARRIED.replace(
+        "s[i, b, t+1] = stepped[i, b, t]",
+        "s[i, b, t+1] = stepped[i, b, t] + 0.5 * stepped[i, b, max(t - 3, 0)]",
+    )
+    source = Source("carried3.rtl", src(text))
+    plan = compile_plan(graph_of(source, {}))
+    data = items.to_json(plan)
+    (buf,) = [b for b in data["buffers"] if b["storage"].get("inner", {}).get("size") == 4]
+    ref, ref_m, rt, cpu_m = run_both(source, {}, plan)
+    assert_same(graph_of(source, {}, optimize=False), ref, ref_m, rt, cpu_m)
+    buf["storage"]["inner"]["size"] = 1
+    with pytest.raises(RunError, match="window too small"):
+        CpuRuntime(items.from_json(data), check_windows=True).run()
+    got = []
+    CpuRuntime(items.from_json(data), lambda n, p, v: got.append(float(v))).run()
+    assert not np.allclose(got, [v for _, _, v in sorted(ref_m, key=lambda m: m[1])])
+
+
+def test_an_inner_window_along_its_window_s_dim_is_refused():
+    _, plan = carried_plan()
+    data = items.to_json(plan)
+    (k, buf) = next((k, b) for k, b in enumerate(data["buffers"]) if "inner" in b["storage"])
+    buf["storage"]["inner"]["dim"] = buf["storage"]["dim"]
+    with pytest.raises(PlanError, match=rf"buffers\[{k}\]\.storage\.inner\.dim: "):
+        items.from_json(data)
+    buf["storage"] = {"kind": "block", "inner": {"dim": "t", "size": 2}}
+    with pytest.raises(PlanError, match="unknown storage"):
+        items.from_json(data)
 
 
 # ----------------------------------------------------------------------------- the format

@@ -68,7 +68,7 @@ def budget_warning(plan: Plan) -> str | None:
         if sid in kept:
             why = "an output or metric, kept to the end"
         elif buf.window is not None:
-            why = f"a ring buffer along {buf.window.dim}"
+            why = f"a ring buffer along {' and '.join(w.dim for w in buf.windows)}"
         else:
             why = "used there"
         rows.append(f"  {_buffer_name(plan, sid)}: {format_bytes(buf.nbytes)}, {why}")

@@ -197,6 +197,8 @@ def _confined(plan: Plan, fused: list, recorded: set, fails: set) -> dict[str, f
             if slot.state or sid not in parts or sid in kept:
                 continue
             window = plan.buffer(sid).window
+            if plan.buffer(sid).inner is not None:
+                continue
             if window is None or window.size != 1 or window.dim not in k.params:
                 continue
             if touched[sid] <= parts and not touched[sid] & fails:

@@ -726,14 +726,14 @@ class _Lowering:
         buffer) times its outputs' element count, the dim of a ring buffer wrapped."""
         buf = self.plan.buffer(sid)
         extents = buf.extents
-        win = buf.dims.index(buf.window.dim) if buf.window is not None else None
+        wraps = dict(buf.wraps())
         pos: Expr = kir.i64(0)
         stride = math.prod(buf.outputs[out].shape)
         for k in reversed(range(len(extents))):
             e = index[k]
-            if k == win and buf.window.size != 1:
-                e = Bin("mod", e, kir.i64(buf.window.size), "i64")
-            elif k == win:
+            if wraps.get(k, 1) != 1:
+                e = Bin("mod", e, kir.i64(wraps[k]), "i64")
+            elif k in wraps:
                 e = kir.i64(0)
             pos = kir.add(pos, kir.mul(e, stride))
             stride *= extents[k]
@@ -781,9 +781,9 @@ class _Lowering:
             return Load(name, kir.add(base, kir.linear(idx[nsl:], spatial)), o.dtype)
 
         layout = None
-        win = buf.dims.index(buf.window.dim) if buf.window is not None else None
+        wraps = dict(buf.wraps())
         sliced = [k for k, a in enumerate(r.access) if not isinstance(a, At)]
-        if win not in sliced or buf.window.size == 1:
+        if all(wraps.get(k, 1) == 1 for k in sliced):
             offset = self.point_index(sid, [e for _, e in fixed], r.out)
             dstride = _contiguous(tuple(buf.extents) + spatial)
             strides = tuple(dstride[k] for k in sliced) + _contiguous(spatial)

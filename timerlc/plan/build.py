@@ -102,7 +102,7 @@ def build_plan(
     memory = plan_memory(graph, schedule, blocks, kept, memory_budget)
     buffers = []
     for nid, b in blocks.items():
-        window = memory.windows.get(nid)
+        window, inner = memory.windows.get(nid), memory.inner.get(nid)
         buffers.append(
             Buffer(
                 b.id,
@@ -112,6 +112,7 @@ def build_plan(
                 b.outputs,
                 None if window is None else Window(*window),
                 memory.donors.get(nid),
+                None if inner is None else Window(*inner),
             )
         )
     tree = []

@@ -100,13 +100,25 @@ class Buffer:
     outputs: tuple[Output, ...]
     window: Window | None = None
     donor: int | None = None  # the buffer whose memory it takes at its first write
+    # a second ring buffer, along a loop nested in ``window``'s (only with ``window``)
+    inner: Window | None = None
+
+    @property
+    def windows(self) -> tuple[Window, ...]:
+        return tuple(w for w in (self.window, self.inner) if w is not None)
+
+    def wraps(self) -> tuple[tuple[int, int], ...]:
+        """``(axis, slots)`` of each ring buffer: where the index of a point wraps."""
+        return tuple((self.dims.index(w.dim), w.size) for w in self.windows)
 
     @property
     def extents(self) -> tuple[int, ...]:
         if self.window is None:
             return self.box
-        k = self.dims.index(self.window.dim)
-        return self.box[:k] + (self.window.size,) + self.box[k + 1 :]
+        out = list(self.box)
+        for k, size in self.wraps():
+            out[k] = size
+        return tuple(out)
 
     @property
     def nbytes(self) -> int:
@@ -556,6 +568,8 @@ def _buffer_json(b: Buffer) -> dict:
     storage = {"kind": "block"}
     if b.window is not None:
         storage = {"kind": "window", "dim": b.window.dim, "size": b.window.size}
+    if b.inner is not None:
+        storage["inner"] = {"dim": b.inner.dim, "size": b.inner.size}
     return {
         "id": b.id,
         "name": b.name,
@@ -1202,14 +1216,23 @@ class _Reader:
         outputs = self.field(d, "outputs", self.each, self.output, limit=8)
         if not outputs:
             self.fail("a buffer with no outputs")
-        storage = self.obj(d["storage"], ("kind",), ("dim", "size"))
-        window = None
+        storage = self.obj(d["storage"], ("kind",), ("dim", "size", "inner"))
+        window = inner = None
         self.path.append(".storage")
         if storage["kind"] == "window":
-            self.obj(storage, ("kind", "dim", "size"))
+            self.obj(storage, ("kind", "dim", "size"), ("inner",))
             dim = self.field(storage, "dim", self.name_in, dims, "a dim of the buffer")
             size = self.field(storage, "size", self.int_, 1)
             window = Window(dim, size)
+            if "inner" in storage:
+                self.path.append(".inner")
+                w = self.obj(storage["inner"], ("dim", "size"))
+                other = tuple(x for x in dims if x != dim)
+                inner = Window(
+                    self.field(w, "dim", self.name_in, other, "another dim of the buffer"),
+                    self.field(w, "size", self.int_, 1),
+                )
+                self.path.pop()
         elif storage["kind"] != "block" or len(storage) != 1:
             self.fail(f"unknown storage {_short(storage)}")
         self.path.pop()
@@ -1221,6 +1244,7 @@ class _Reader:
             outputs,
             window,
             self.field(d, "donor", self.opt_int),
+            inner,
         )
         for o in outputs:
             if math.prod(b.extents) * math.prod(o.shape) > MAX_ELEMENTS:

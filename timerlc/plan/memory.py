@@ -10,7 +10,10 @@ dying buffer a statement takes over instead of allocating its own.
   ``phi_X(p) + |s| * w``, so ``|s| * w > max distance`` keeps ``p`` there until its last
   read, whatever the order of the reader and ``X`` inside the band at an equal coordinate.
   Outputs, metrics, and tensors read at points they do not define (0 in a block) stay
-  blocks.
+  blocks. A windowed statement of a nest of two loops may get a second ring buffer along
+  the inner loop's dim (``_inner_window``): the slots its reads in the same outer
+  iteration need, and for reads after that iteration, enough that the point read is one of
+  the last the iteration wrote.
 - **Frees.** A buffer that is not an output or a metric is dropped right after the last
   top-level item of the loop tree that writes or reads it (unless that is the last item).
 - **Donation.** A statement that runs as one batch (no loop dims), is itself a top-level
@@ -66,6 +69,8 @@ class MemoryPlan:
     # the budget from being met; the smallest budget that can be met is their sum
     floor_item: int | None = None
     floor_buffers: tuple[int, ...] = ()
+    # statement -> (dim, slots) of a second ring buffer, along a loop nested in its window's
+    inner: dict[int, tuple[str, int]] = field(default_factory=dict)
 
 
 def plan_memory(
@@ -87,11 +92,14 @@ def plan_memory(
     for (y, x), m in schedule.reads.items():
         if x in direct[y]:  # not the order of an environment's calls
             maps.setdefault(x, {})[y] = m
-    windows = {}
+    windows, inner = {}, {}
     for x in schedule.statements:
         w = _window(graph, schedule, x, readers.get(x, set()), maps.get(x, {}), buffers, kept)
         if w is not None:
             windows[x] = w
+            v = _inner_window(graph, schedule, x, maps.get(x, {}), buffers, w)
+            if v is not None:
+                inner[x] = v
     uses: dict[int, list[int]] = {}  # per buffer, the top-level items that write or read it
     for k, item in enumerate(schedule.tree):
         touched: set[int] = set()
@@ -106,17 +114,22 @@ def plan_memory(
         if x not in kept and k < len(schedule.tree) - 1:
             frees.setdefault(k, []).append(x)
     donors = _donations(graph, schedule, buffers, windows, direct, last, kept)
-    sizes = {x: buffer_bytes(buffers[x], windows.get(x)) for x in schedule.statements}
+    sizes = {
+        x: buffer_bytes(buffers[x], windows.get(x), inner.get(x)) for x in schedule.statements
+    }
     swap = _swaps(len(schedule.tree), uses, sizes, kept, windows, donors, budget)
-    return MemoryPlan(windows, frees, donors, *swap)
+    return MemoryPlan(windows, frees, donors, *swap, inner=inner)
 
 
-def buffer_bytes(buf: Buffer, window: tuple[str, int] | None = None) -> int:
+def buffer_bytes(
+    buf: Buffer, window: tuple[str, int] | None = None, inner: tuple[str, int] | None = None
+) -> int:
     """The bytes of a statement's buffer: its box (``window``: ``(dim, slots)`` along one
-    dim) times each output's points."""
+    dim; ``inner``: along a second) times each output's points."""
     if window is None:
         return buf.nbytes
-    return replace(buf, window=Window(*window)).nbytes
+    second = None if inner is None else Window(*inner)
+    return replace(buf, window=Window(*window), inner=second).nbytes
 
 
 def _swaps(n: int, uses, sizes, kept, windows, donors, budget):
@@ -233,6 +246,79 @@ def _window(graph: Graph, schedule: Schedule, x: int, readers, maps, buffers, ke
         far = -lo.to_python()
         most = far if most is None else max(most, far)
     size = (most or 0) // scale + 1
+    if size >= buffers[x].box[node.dims.index(dim)]:
+        return None
+    return dim, size
+
+
+def _inner_window(graph: Graph, schedule: Schedule, x: int, maps, buffers, outer):
+    """``(dim, slots)`` of a second ring buffer for ``x``, along the inner loop of a nest of
+    two (its time vector ``(top, phi_1, position, phi_2, position)``), or None.
+
+    A read of ``x`` in the same nest and the same iteration of the outer loop needs the
+    slots the distance along ``phi_2`` asks for (as ``_window``'s along ``phi_1``). Any
+    other read comes after the outer iteration that wrote the point (a later iteration, a
+    statement after the inner loop, a later top-level item): there the point must be one
+    of the last ``slots`` its outer iteration wrote, so that no later write of that
+    iteration took its slot (PPO's first observation of an iteration is the step's
+    observation at ``t = T - 1`` of the iteration before: 2 slots along ``t``, where there
+    were ``T``). The outer window (``outer``, ``_window``'s) keeps the outer iterations
+    apart."""
+    node = graph.node(x)
+    tx = schedule.times[x]
+    if len(tx) != 5 or _PHI.match(tx[1]) is None:
+        return None
+    phi = _PHI.match(tx[3])
+    if phi is None:
+        return None
+    names = {ix.isl_name(d): d for d in node.dims}
+    dim, scale = names.get(phi.group(2)), abs(int(phi.group(1)))
+    if dim is None or scale == 0 or dim == outer[0]:
+        return None
+    outer_x, inner_x = _phi_map(graph, x, tx[1]), _phi_map(graph, x, tx[3])
+    most = 0
+    late = []  # the points read after the outer iteration that wrote them
+    for y, m in maps.items():
+        ty = schedule.times[y]
+        if ty[0] != tx[0]:
+            if int(ty[0]) < int(tx[0]):
+                return None  # (no schedule reads a point before its write)
+            late.append(m.range())
+            continue
+        outer_y = _phi_map(graph, y, ty[1])
+        same = outer_y.apply_range(outer_x.reverse())  # q -> p in one outer iteration
+        now, before = m.intersect(same), m.subtract(same)
+        if not before.is_empty():
+            delta = before.apply_domain(outer_y).apply_range(outer_x).deltas()
+            hi = delta.dim_max_val(0)
+            if not hi.is_int() or hi.to_python() >= 0:
+                return None  # not an earlier iteration's point
+            late.append(before.range())
+        if now.is_empty():
+            continue
+        if len(ty) == 5 and ty[2] == tx[2] and _PHI.match(ty[3]) is not None:
+            delta = now.apply_domain(_phi_map(graph, y, ty[3])).apply_range(inner_x).deltas()
+            lo, hi = delta.dim_min_val(0), delta.dim_max_val(0)
+            if not (lo.is_int() and hi.is_int()) or hi.to_python() > 0:
+                return None
+            most = max(most, -lo.to_python())
+        elif int(ty[2]) > int(tx[2]):
+            late.append(now.range())  # after the inner loop, in the same outer iteration
+        else:
+            return None
+    if late:
+        read = late[0]
+        for s in late[1:]:
+            read = read.union(s)
+        # p -> each point p2 its outer iteration writes: phi_2(p2) - phi_2(p) is below the
+        # slots' span, so that no write after p's takes p's slot
+        plane = outer_x.apply_range(outer_x.reverse())
+        plane = plane.intersect_domain(read).intersect_range(_written(graph, x))
+        hi = plane.apply_domain(inner_x).apply_range(inner_x).deltas().dim_max_val(0)
+        if not hi.is_int():
+            return None
+        most = max(most, hi.to_python())
+    size = most // scale + 1
     if size >= buffers[x].box[node.dims.index(dim)]:
         return None
     return dim, size

@@ -22,6 +22,8 @@ def _storage(buf) -> str:
     text = "block"
     if buf.window is not None:
         text = f"window dim={buf.window.dim} size={buf.window.size}"
+    if buf.inner is not None:
+        text += f", inner dim={buf.inner.dim} size={buf.inner.size}"
     if buf.donor is not None:
         text += f", donated by {buf.donor}"
     return text

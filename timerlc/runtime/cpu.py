@@ -134,7 +134,7 @@ class _Read:
         for k, a in enumerate(access):
             exprs = (a.index,) if isinstance(a, At) else (a.lo, a.hi)
             names = set().union(*(px.names(e) for e in exprs))
-            windowed = self.window is not None and self.window[0] == k
+            windowed = self.window is not None and k in self.window
             if isinstance(a, At) and not names & vector:
                 out.append(("int", px.compile_expr(a.index, dims)))
             elif isinstance(a, At) and a.index in vector and not ranged and not windowed:
@@ -308,8 +308,8 @@ class _Statement:
     def _where(self, coords) -> tuple:
         idx = [coords[d] for d in self.dims]
         if self.window is not None:
-            k, size = self.window
-            idx[k] = idx[k] % size
+            for k, size in self.window.items():
+                idx[k] = idx[k] % size
         return tuple(idx)
 
     def _branches(self, values, n):
@@ -393,8 +393,8 @@ class _Statement:
             if d in values:
                 v = values[d]
                 scalars[k] = v
-                if self.window is not None and self.window[0] == k:
-                    v = v % self.window[1]
+                if self.window is not None and k in self.window:
+                    v = v % self.window[k]
                 basic.append(v)
             else:
                 basic.append(self.vec_slice[d])
@@ -483,8 +483,8 @@ class _Statement:
             else:
                 mask[self._fancy(batch)] = True
         if self.window is not None and self.rt.slots is not None:
-            k, _ = self.window
-            self.rt.slot_owner(self.id)[self._fancy(batch)] = batch.coords[self.dims[k]]
+            coords = [batch.coords[self.dims[k]] for k in self.window]
+            self.rt.slot_owner(self.id)[self._fancy(batch)] = _slot_code(coords)
 
     def _first_failure(self, batch: _Batch, failed: "_OpFailed") -> RunError:
         """The error of the first point of a failed batch, in the order of the statement's
@@ -559,10 +559,9 @@ class _Statement:
             values = [v[:1] for v in values]
         idx, batched = read.index(values)
         if read.window is not None:
-            k, size = read.window
             if self.rt.slots is not None:
-                self.rt.check_slots(read.src, idx, k, size, node.where)
-            idx = idx[:k] + (idx[k] % size,) + idx[k + 1 :]
+                self.rt.check_slots(read.src, idx, read.window, node.where)
+            idx = tuple(v % read.window[k] if k in read.window else v for k, v in enumerate(idx))
         return src[idx] if batched else src[idx][None]  # [None]: one value for the batch
 
     def _view(self, read: _Read, src: np.ndarray, batch: _Batch) -> np.ndarray:
@@ -575,8 +574,8 @@ class _Statement:
                 v = int(e[1](*sc))
                 if v < 0:  # before the wrap of a ring buffer, which would hide it
                     raise IndexError(f"index {_number(v)} is below 0")
-                if read.window is not None and read.window[0] == k:
-                    v %= read.window[1]
+                if read.window is not None and k in read.window:
+                    v %= read.window[k]
                 idx.append(v)
             elif e[0] == "vec":
                 idx.append(self.vec_slice[e[1]])
@@ -814,13 +813,19 @@ class CpuRuntime:
             self.slots[sid] = np.full(self.plan.buffer(sid).extents, -1, np.int64)
         return self.slots[sid]
 
-    def check_slots(self, sid: int, idx: tuple, k: int, size: int, where):
-        """Checking mode: a read of a ring buffer must find the points it asks for."""
-        held = self.slot_owner(sid)[idx[:k] + (idx[k] % size,) + idx[k + 1 :]]
-        wrong = held != np.broadcast_to(idx[k], np.shape(held))
+    def check_slots(self, sid: int, idx: tuple, wraps: dict[int, int], where):
+        """Checking mode: a read of a ring buffer must find the points it asks for
+        (``wraps``: axis -> slots)."""
+        held = self.slot_owner(sid)[
+            tuple(v % wraps[k] if k in wraps else v for k, v in enumerate(idx))
+        ]
+        want = _slot_code([np.asarray(idx[k], np.int64) for k in wraps])
+        wrong = held != np.broadcast_to(want, np.shape(held))
         if np.any(wrong):
             at = tuple(np.broadcast_to(i, np.shape(held))[wrong][0] for i in idx)
-            got = held[wrong][0]
+            got = int(held[wrong][0])
+            if len(wraps) > 1:
+                got = (got >> 32, got & 0xFFFFFFFF)
             raise RunError(
                 f"internal error: while computing {where[0]}, a read of buffer {sid} at "
                 f"{at} found the slot holding index {got} (a window too small for the plan)"
@@ -1149,9 +1154,16 @@ def _nonnegative(index: np.ndarray) -> np.ndarray:
     return index
 
 
-def _window(plan: Plan, sid: int) -> tuple[int, int] | None:
-    """(axis, slots) of a ring buffer, or None for a block."""
-    buf = plan.buffer(sid)
-    if buf.window is None:
-        return None
-    return buf.dims.index(buf.window.dim), buf.window.size
+def _window(plan: Plan, sid: int) -> dict[int, int] | None:
+    """axis -> slots of each ring buffer of a buffer (its window's, then its inner
+    window's), or None for a block."""
+    return dict(plan.buffer(sid).wraps()) or None
+
+
+def _slot_code(coords):
+    """Checking mode: the points of the windowed dims a slot holds, as one number (two
+    dims: the first's index in the high 32 bits; an index is below 2**31)."""
+    code = np.asarray(coords[0], np.int64)
+    for c in coords[1:]:
+        code = code * (1 << 32) + np.asarray(c, np.int64)
+    return code
