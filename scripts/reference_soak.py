@@ -16,6 +16,10 @@ or the memory plan, which both backends share, shows only here::
 
     .venv/bin/python scripts/reference_soak.py --seconds 1800 --seed 3
 
+With ``--check-windows`` the plan is interpreted in the runtime's checking mode instead:
+a read of a ring buffer (a window, an inner window) that finds another point than the one
+it asks for fails the draw, where a wrong value might otherwise round away.
+
 A line starts ``ok``, ``DIFF`` (past ``--tolerance``: exit status 1), ``FAIL`` (an
 exception of the compile or of either run that is not a program error: exit status 1) or
 ``PROG`` (a program error at that config, as the CLI would print it: PPO over one
@@ -104,8 +108,10 @@ def drawn(rng) -> tuple[str, dict, float | None]:
         return program, sets, rng.choice(BUDGETS)
 
 
-def run(program: str, sets: dict, budget: float | None) -> float:
-    """The largest relative difference between the reference and the cpu backend."""
+def run(program: str, sets: dict, budget: float | None, check_windows: bool = False) -> float:
+    """The largest relative difference between the reference and the cpu backend
+    (``check_windows``: its statements interpreted, every read of a ring buffer checked to
+    find the point it asks for, ``CpuRuntime(check_windows=True)``)."""
     from timerlc.compiler import compile_plan, generate_code, run_passes
     from timerlc.diagnostics import Source
     from timerlc.frontend.check import check_source
@@ -131,7 +137,10 @@ def run(program: str, sets: dict, budget: float | None) -> float:
         plan = compile_plan(graph, memory_budget=int(budget * plan.memory_peak))
     gen = generate_code(plan, target="cpu")
     got: list = []
-    rt = CpuRuntime(gen.plan, sink(got), native=gen.text)
+    if check_windows:
+        rt = CpuRuntime(gen.plan, sink(got), check_windows=True)
+    else:
+        rt = CpuRuntime(gen.plan, sink(got), native=gen.text)
     try:
         rt.run()
     finally:
@@ -159,6 +168,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=600.0, help="draw for this long")
     ap.add_argument("--seed", type=int, default=0, help="the draws' seed")
     ap.add_argument("--tolerance", type=float, default=1e-3, help="the largest difference let by")
+    ap.add_argument(
+        "--check-windows",
+        action="store_true",
+        help="interpret the plan, checking that every read of a ring buffer finds its point "
+        "(a window too small fails the draw), instead of running its kernels",
+    )
     args = ap.parse_args()
     from cuda_soak import soaked
 
@@ -174,7 +189,7 @@ def main() -> int:
             yield program, text, (sets, budget)
 
     def one(program: str, what: tuple) -> tuple[float, str]:
-        return run(program, *what), ""
+        return run(program, *what, args.check_windows), ""
 
     return 1 if soaked(drawing(), one, args.tolerance, ProgramError) else 0
 
