@@ -96,7 +96,7 @@ def check_decisions(plan: Plan):
     kept = {sid for _, sid, _ in plan.outputs + plan.metrics}
     for b in plan.buffers:
         if b.window is not None:
-            wraps = dict(b.wraps())
+            wraps = b.wraps()
             assert b.id not in kept and len(wraps) == len(b.windows)  # (two dims apart)
             for k, size in wraps.items():
                 assert 1 <= size == b.extents[k] < b.box[k]

@@ -196,10 +196,11 @@ def _confined(plan: Plan, fused: list, recorded: set, fails: set) -> dict[str, f
             sid = slot.sid
             if slot.state or sid not in parts or sid in kept:
                 continue
-            window = plan.buffer(sid).window
-            if plan.buffer(sid).inner is not None:
-                continue
+            buf = plan.buffer(sid)
+            window = buf.window
             if window is None or window.size != 1 or window.dim not in k.params:
+                continue
+            if buf.inner is not None:  # (its slots along another dim outlive the call)
                 continue
             if touched[sid] <= parts and not touched[sid] & fails:
                 names.append(slot.name)

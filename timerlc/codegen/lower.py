@@ -726,7 +726,7 @@ class _Lowering:
         buffer) times its outputs' element count, the dim of a ring buffer wrapped."""
         buf = self.plan.buffer(sid)
         extents = buf.extents
-        wraps = dict(buf.wraps())
+        wraps = buf.wraps()
         pos: Expr = kir.i64(0)
         stride = math.prod(buf.outputs[out].shape)
         for k in reversed(range(len(extents))):
@@ -781,7 +781,7 @@ class _Lowering:
             return Load(name, kir.add(base, kir.linear(idx[nsl:], spatial)), o.dtype)
 
         layout = None
-        wraps = dict(buf.wraps())
+        wraps = buf.wraps()
         sliced = [k for k, a in enumerate(r.access) if not isinstance(a, At)]
         if all(wraps.get(k, 1) == 1 for k in sliced):
             offset = self.point_index(sid, [e for _, e in fixed], r.out)

@@ -184,8 +184,8 @@ def _forward_reshapes(nodes: list[Node]) -> bool:
                 continue
             read = _compose(e, inner, r)
             dom = n.domain if e.cond is None else type(n.domain)(n.dims, n.domain.cond & e.cond)
-            m = Node(len(nodes), "reshape", dom, (replace(read, cond=None),), r.types, r.attrs)
-            m = replace(m, span=r.span)
+            read = replace(read, cond=None)
+            m = Node(len(nodes), "reshape", dom, (read,), r.types, r.attrs, span=r.span)
             nodes.append(m)
             inputs[j] = Edge(m.id, identity_access(n.dims), 0, e.cond, e.span)
         if inputs != list(n.inputs):

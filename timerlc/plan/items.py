@@ -107,16 +107,16 @@ class Buffer:
     def windows(self) -> tuple[Window, ...]:
         return tuple(w for w in (self.window, self.inner) if w is not None)
 
-    def wraps(self) -> tuple[tuple[int, int], ...]:
-        """``(axis, slots)`` of each ring buffer: where the index of a point wraps."""
-        return tuple((self.dims.index(w.dim), w.size) for w in self.windows)
+    def wraps(self) -> dict[int, int]:
+        """axis -> slots of each ring buffer: where the index of a point wraps."""
+        return {self.dims.index(w.dim): w.size for w in self.windows}
 
     @property
     def extents(self) -> tuple[int, ...]:
         if self.window is None:
             return self.box
         out = list(self.box)
-        for k, size in self.wraps():
+        for k, size in self.wraps().items():
             out[k] = size
         return tuple(out)
 

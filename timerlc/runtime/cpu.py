@@ -306,11 +306,8 @@ class _Statement:
         return batch.where
 
     def _where(self, coords) -> tuple:
-        idx = [coords[d] for d in self.dims]
-        if self.window is not None:
-            for k, size in self.window.items():
-                idx[k] = idx[k] % size
-        return tuple(idx)
+        idx = tuple(coords[d] for d in self.dims)
+        return idx if self.window is None else _wrapped(idx, self.window)
 
     def _branches(self, values, n):
         """Merges: per input, the positions of the batch it defines (``values``: per dim,
@@ -561,7 +558,7 @@ class _Statement:
         if read.window is not None:
             if self.rt.slots is not None:
                 self.rt.check_slots(read.src, idx, read.window, node.where)
-            idx = tuple(v % read.window[k] if k in read.window else v for k, v in enumerate(idx))
+            idx = _wrapped(idx, read.window)
         return src[idx] if batched else src[idx][None]  # [None]: one value for the batch
 
     def _view(self, read: _Read, src: np.ndarray, batch: _Batch) -> np.ndarray:
@@ -816,10 +813,8 @@ class CpuRuntime:
     def check_slots(self, sid: int, idx: tuple, wraps: dict[int, int], where):
         """Checking mode: a read of a ring buffer must find the points it asks for
         (``wraps``: axis -> slots)."""
-        held = self.slot_owner(sid)[
-            tuple(v % wraps[k] if k in wraps else v for k, v in enumerate(idx))
-        ]
-        want = _slot_code([np.asarray(idx[k], np.int64) for k in wraps])
+        held = self.slot_owner(sid)[_wrapped(idx, wraps)]
+        want = _slot_code([idx[k] for k in wraps])
         wrong = held != np.broadcast_to(want, np.shape(held))
         if np.any(wrong):
             at = tuple(np.broadcast_to(i, np.shape(held))[wrong][0] for i in idx)
@@ -1157,7 +1152,13 @@ def _nonnegative(index: np.ndarray) -> np.ndarray:
 def _window(plan: Plan, sid: int) -> dict[int, int] | None:
     """axis -> slots of each ring buffer of a buffer (its window's, then its inner
     window's), or None for a block."""
-    return dict(plan.buffer(sid).wraps()) or None
+    return plan.buffer(sid).wraps() or None
+
+
+def _wrapped(idx, wraps: dict[int, int]) -> tuple:
+    """A point's index in a buffer: each axis of a ring buffer (``wraps``: axis -> slots)
+    modulo its slots."""
+    return tuple(v % wraps[k] if k in wraps else v for k, v in enumerate(idx))
 
 
 def _slot_code(coords):
