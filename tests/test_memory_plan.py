@@ -96,13 +96,17 @@ def check_decisions(plan: Plan):
     kept = {sid for _, sid, _ in plan.outputs + plan.metrics}
     for b in plan.buffers:
         if b.window is not None:
-            wraps = b.wraps()
-            assert b.id not in kept and len(wraps) == len(b.windows)  # (two dims apart)
-            for k, size in wraps.items():
-                assert 1 <= size == b.extents[k] < b.box[k]
-            assert all(b.extents[k] == b.box[k] for k in range(len(b.box)) if k not in wraps)
+            assert b.id not in kept
+            for out in range(len(b.outputs)):
+                wraps, ext = b.wraps(out), b.extents(out)
+                assert len(wraps) == len(b.windows_of(out))  # (two dims apart)
+                for k, size in wraps.items():
+                    assert 1 <= size == ext[k] < b.box[k]
+                assert all(ext[k] == b.box[k] for k in range(len(b.box)) if k not in wraps)
+            if b.inner_outputs is not None:
+                assert b.inner is not None and 0 < len(b.inner_outputs) < len(b.outputs)
         else:
-            assert b.inner is None and b.extents == b.box
+            assert b.inner is None and b.inner_outputs is None and b.extents(0) == b.box
     freed = frees(plan)
     assert len(freed) == len(set(freed)) and not set(freed) & kept
     # no budget, no swaps (tests/test_memory_budget.py has the swaps)
@@ -140,7 +144,7 @@ def test_reinforce_plan_windows_frees_and_donations():
     assert len(grads) >= 4
     # (two iterations at most: a window, or a block of two where the domain has two points,
     # Adam's new values at I = 3: the last update's, which no one reads, not computed)
-    assert all(b.extents[0] <= 2 for b in grads), [(b.name, b.window, b.box) for b in grads]
+    assert all(b.extents(0)[0] <= 2 for b in grads), [(b.name, b.window, b.box) for b in grads]
     assert storage(plan, "net.w1") == one  # read only in its own iteration
     # (what used to be computed for all i ahead of the loop, and donated, now runs inside
     # it, one iteration at a time: the schedule joins such producers to their loop)
@@ -420,6 +424,52 @@ def test_an_inner_window_along_its_window_s_dim_is_refused():
         items.from_json(data)
     buf["storage"] = {"kind": "block", "inner": {"dim": "t", "size": 2}}
     with pytest.raises(PlanError, match="unknown storage"):
+        items.from_json(data)
+
+
+def test_an_environment_step_keeps_one_observation_and_every_reward_of_its_rollout():
+    """REINFORCE's step returns (observation, reward, done): the observation is read at
+    the next step, the rewards and ``done``s after the rollout. A window per output: the
+    observations keep one slot along ``t``, the others every step (docs/plan.md, Storage).
+    The run (checking its windows) equals the reference; the same ring buffer given to the
+    rewards too is caught in checking mode."""
+    source = source_of("reinforce")
+    plan = compile_plan(graph_of(source, REINFORCE))
+    check_decisions(plan)
+    (step,) = [s.id for s in plan.statements if s.node.op == "env_step"]
+    buf = plan.buffer(step)
+    assert (buf.window, buf.inner, buf.inner_outputs) == (Window("i", 1), Window("t", 1), (0,))
+    assert buf.extents(0) == (1, 1) and buf.extents(1) == buf.extents(2) == (1, REINFORCE["T"])
+    ref, ref_m, rt, cpu_m = run_both(source, REINFORCE, plan)
+    assert_same(graph_of(source, REINFORCE, optimize=False), ref, ref_m, rt, cpu_m)
+    data = items.to_json(plan)
+    (k,) = [k for k, b in enumerate(data["buffers"]) if b["id"] == step]
+    assert data["buffers"][k]["storage"]["inner"]["outputs"] == [0]
+    data["buffers"][k]["storage"]["inner"]["outputs"] = [0, 1]
+    rt = CpuRuntime(items.from_json(data), check_windows=True)
+    with pytest.raises(RunError, match="window too small"):
+        rt.run()
+    rt.envs.close()
+
+
+@pytest.mark.parametrize(
+    "outputs, message",
+    [
+        ([], "not increasing"),
+        ([1, 0], "not increasing"),
+        ([0, 0], "not increasing"),
+        ([3], "output 3 of 3 outputs"),
+        ("0", "expected a list"),
+    ],
+)
+def test_an_inner_window_s_bad_outputs_are_refused(outputs, message):
+    plan = compile_plan(graph_of(source_of("reinforce"), REINFORCE))
+    data = items.to_json(plan)
+    (k, buf) = next(
+        (k, b) for k, b in enumerate(data["buffers"]) if "outputs" in b["storage"].get("inner", {})
+    )
+    buf["storage"]["inner"]["outputs"] = outputs
+    with pytest.raises(PlanError, match=rf"buffers\[{k}\]\.storage\.inner.*{message}"):
         items.from_json(data)
 
 

@@ -357,7 +357,7 @@ class _Lowering:
         if buf.donor is not None:
             # the buffer takes its donor's memory, which the statement may still read: the
             # values go to a temporary first, and into the buffer once all are computed
-            size = math.prod(buf.extents) * math.prod(buf.outputs[0].shape)
+            size = math.prod(buf.extents(0)) * math.prod(buf.outputs[0].shape)
             self.target = self.temp(buf.outputs[0].dtype, size)
         for n in st.nodes:
             if n.op not in SUPPORTED:
@@ -725,8 +725,8 @@ class _Lowering:
         """The linear index of the point ``index`` (one i64 expression per dim of ``sid``'s
         buffer) times its outputs' element count, the dim of a ring buffer wrapped."""
         buf = self.plan.buffer(sid)
-        extents = buf.extents
-        wraps = buf.wraps()
+        extents = buf.extents(out)
+        wraps = buf.wraps(out)
         pos: Expr = kir.i64(0)
         stride = math.prod(buf.outputs[out].shape)
         for k in reversed(range(len(extents))):
@@ -781,11 +781,11 @@ class _Lowering:
             return Load(name, kir.add(base, kir.linear(idx[nsl:], spatial)), o.dtype)
 
         layout = None
-        wraps = buf.wraps()
+        wraps = buf.wraps(r.out)
         sliced = [k for k, a in enumerate(r.access) if not isinstance(a, At)]
         if all(wraps.get(k, 1) == 1 for k in sliced):
             offset = self.point_index(sid, [e for _, e in fixed], r.out)
-            dstride = _contiguous(tuple(buf.extents) + spatial)
+            dstride = _contiguous(tuple(buf.extents(r.out)) + spatial)
             strides = tuple(dstride[k] for k in sliced) + _contiguous(spatial)
             layout = (name, offset, strides)
         return Val(o.dtype, shape, at, vdep, 0, layout)

@@ -91,8 +91,7 @@ def _meet(spans: tuple, other: tuple) -> bool:
 
 def output_bytes(plan: Plan, sid: int) -> list[int]:
     buf = plan.buffer(sid)
-    points = math.prod(buf.extents)
-    return [points * math.prod(o.shape) * DTYPES[o.dtype] for o in buf.outputs]
+    return [buf.output_bytes(k) for k in range(len(buf.outputs))]
 
 
 def layout(plan: Plan) -> Layout | None:

@@ -113,6 +113,7 @@ def build_plan(
                 None if window is None else Window(*window),
                 memory.donors.get(nid),
                 None if inner is None else Window(*inner),
+                memory.inner_outputs.get(nid),
             )
         )
     tree = []

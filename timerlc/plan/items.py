@@ -102,28 +102,42 @@ class Buffer:
     donor: int | None = None  # the buffer whose memory it takes at its first write
     # a second ring buffer, along a loop nested in ``window``'s (only with ``window``)
     inner: Window | None = None
+    # the outputs that have ``inner`` (None: every output); the others keep every index of
+    # its dim (an environment step's observation is read at the next step, its reward
+    # after the rollout)
+    inner_outputs: tuple[int, ...] | None = None
 
     @property
     def windows(self) -> tuple[Window, ...]:
         return tuple(w for w in (self.window, self.inner) if w is not None)
 
-    def wraps(self) -> dict[int, int]:
-        """axis -> slots of each ring buffer: where the index of a point wraps."""
-        return {self.dims.index(w.dim): w.size for w in self.windows}
+    def windows_of(self, out: int) -> tuple[Window, ...]:
+        """The ring buffers of output ``out``."""
+        if self.inner is None or self.inner_outputs is None or out in self.inner_outputs:
+            return self.windows
+        return () if self.window is None else (self.window,)
 
-    @property
-    def extents(self) -> tuple[int, ...]:
+    def wraps(self, out: int) -> dict[int, int]:
+        """axis -> slots of each ring buffer of output ``out``: where the index of a point
+        wraps."""
+        return {self.dims.index(w.dim): w.size for w in self.windows_of(out)}
+
+    def extents(self, out: int) -> tuple[int, ...]:
+        """The extents of output ``out``'s array along the dims (before its own shape)."""
         if self.window is None:
             return self.box
-        out = list(self.box)
-        for k, size in self.wraps().items():
-            out[k] = size
-        return tuple(out)
+        out_ = list(self.box)
+        for k, size in self.wraps(out).items():
+            out_[k] = size
+        return tuple(out_)
+
+    def output_bytes(self, out: int) -> int:
+        o = self.outputs[out]
+        return math.prod(self.extents(out)) * math.prod(o.shape) * DTYPES[o.dtype]
 
     @property
     def nbytes(self) -> int:
-        points = math.prod(self.extents)
-        return sum(points * math.prod(o.shape) * DTYPES[o.dtype] for o in self.outputs)
+        return sum(self.output_bytes(k) for k in range(len(self.outputs)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -570,6 +584,8 @@ def _buffer_json(b: Buffer) -> dict:
         storage = {"kind": "window", "dim": b.window.dim, "size": b.window.size}
     if b.inner is not None:
         storage["inner"] = {"dim": b.inner.dim, "size": b.inner.size}
+        if b.inner_outputs is not None:
+            storage["inner"]["outputs"] = list(b.inner_outputs)
     return {
         "id": b.id,
         "name": b.name,
@@ -1217,7 +1233,7 @@ class _Reader:
         if not outputs:
             self.fail("a buffer with no outputs")
         storage = self.obj(d["storage"], ("kind",), ("dim", "size", "inner"))
-        window = inner = None
+        window = inner = inner_outputs = None
         self.path.append(".storage")
         if storage["kind"] == "window":
             self.obj(storage, ("kind", "dim", "size"), ("inner",))
@@ -1226,12 +1242,18 @@ class _Reader:
             window = Window(dim, size)
             if "inner" in storage:
                 self.path.append(".inner")
-                w = self.obj(storage["inner"], ("dim", "size"))
+                w = self.obj(storage["inner"], ("dim", "size"), ("outputs",))
                 other = tuple(x for x in dims if x != dim)
                 inner = Window(
                     self.field(w, "dim", self.name_in, other, "another dim of the buffer"),
                     self.field(w, "size", self.int_, 1),
                 )
+                if "outputs" in w:
+                    inner_outputs = self.field(w, "outputs", self.each, self.int_, limit=8)
+                    if not inner_outputs or list(inner_outputs) != sorted(set(inner_outputs)):
+                        self.fail(f"outputs {_short(w['outputs'])}: not increasing numbers")
+                    if inner_outputs[-1] >= len(outputs):
+                        self.fail(f"output {inner_outputs[-1]} of {len(outputs)} outputs")
                 self.path.pop()
         elif storage["kind"] != "block" or len(storage) != 1:
             self.fail(f"unknown storage {_short(storage)}")
@@ -1245,9 +1267,10 @@ class _Reader:
             window,
             self.field(d, "donor", self.opt_int),
             inner,
+            inner_outputs,
         )
-        for o in outputs:
-            if math.prod(b.extents) * math.prod(o.shape) > MAX_ELEMENTS:
+        for k, o in enumerate(outputs):
+            if math.prod(b.extents(k)) * math.prod(o.shape) > MAX_ELEMENTS:
                 self.fail(f"a buffer of more than {MAX_ELEMENTS} elements")
         return b
 

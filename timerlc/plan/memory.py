@@ -13,7 +13,9 @@ dying buffer a statement takes over instead of allocating its own.
   blocks. A windowed statement of a nest of two loops may get a second ring buffer along
   the inner loop's dim (``_inner_window``): the slots its reads in the same outer
   iteration need, and for reads after that iteration, enough that the point read is one of
-  the last the iteration wrote.
+  the last the iteration wrote. Each output gets the slots its own reads need, and
+  outputs whose reads allow no second ring buffer keep every index of that dim (an
+  environment step's observation is read at the next step, its reward after the rollout).
 - **Frees.** A buffer that is not an output or a metric is dropped right after the last
   top-level item of the loop tree that writes or reads it (unless that is the last item).
 - **Donation.** A statement that runs as one batch (no loop dims), is itself a top-level
@@ -71,6 +73,8 @@ class MemoryPlan:
     floor_buffers: tuple[int, ...] = ()
     # statement -> (dim, slots) of a second ring buffer, along a loop nested in its window's
     inner: dict[int, tuple[str, int]] = field(default_factory=dict)
+    # statement -> the outputs that have that second ring buffer, where not all of them do
+    inner_outputs: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 def plan_memory(
@@ -92,14 +96,16 @@ def plan_memory(
     for (y, x), m in schedule.reads.items():
         if x in direct[y]:  # not the order of an environment's calls
             maps.setdefault(x, {})[y] = m
-    windows, inner = {}, {}
+    windows, inner, inner_outputs = {}, {}, {}
     for x in schedule.statements:
         w = _window(graph, schedule, x, readers.get(x, set()), maps.get(x, {}), buffers, kept)
         if w is not None:
             windows[x] = w
-            v = _inner_window(graph, schedule, x, maps.get(x, {}), buffers, w)
+            v = _inner_windows(graph, schedule, x, maps.get(x, {}), buffers, w)
             if v is not None:
-                inner[x] = v
+                inner[x], outs = v
+                if outs is not None:
+                    inner_outputs[x] = outs
     uses: dict[int, list[int]] = {}  # per buffer, the top-level items that write or read it
     for k, item in enumerate(schedule.tree):
         touched: set[int] = set()
@@ -115,21 +121,26 @@ def plan_memory(
             frees.setdefault(k, []).append(x)
     donors = _donations(graph, schedule, buffers, windows, direct, last, kept)
     sizes = {
-        x: buffer_bytes(buffers[x], windows.get(x), inner.get(x)) for x in schedule.statements
+        x: buffer_bytes(buffers[x], windows.get(x), inner.get(x), inner_outputs.get(x))
+        for x in schedule.statements
     }
     swap = _swaps(len(schedule.tree), uses, sizes, kept, windows, donors, budget)
-    return MemoryPlan(windows, frees, donors, *swap, inner=inner)
+    return MemoryPlan(windows, frees, donors, *swap, inner=inner, inner_outputs=inner_outputs)
 
 
 def buffer_bytes(
-    buf: Buffer, window: tuple[str, int] | None = None, inner: tuple[str, int] | None = None
+    buf: Buffer,
+    window: tuple[str, int] | None = None,
+    inner: tuple[str, int] | None = None,
+    inner_outputs: tuple[int, ...] | None = None,
 ) -> int:
     """The bytes of a statement's buffer: its box (``window``: ``(dim, slots)`` along one
-    dim; ``inner``: along a second) times each output's points."""
+    dim; ``inner``: along a second, for the outputs ``inner_outputs``, None: all) times
+    each output's points."""
     if window is None:
         return buf.nbytes
     second = None if inner is None else Window(*inner)
-    return replace(buf, window=Window(*window), inner=second).nbytes
+    return replace(buf, window=Window(*window), inner=second, inner_outputs=inner_outputs).nbytes
 
 
 def _swaps(n: int, uses, sizes, kept, windows, donors, budget):
@@ -249,6 +260,35 @@ def _window(graph: Graph, schedule: Schedule, x: int, readers, maps, buffers, ke
     if size >= buffers[x].box[node.dims.index(dim)]:
         return None
     return dim, size
+
+
+def _inner_windows(graph: Graph, schedule: Schedule, x: int, maps, buffers, outer):
+    """``((dim, slots), outputs)`` of the second ring buffer of ``x`` (``_inner_window``),
+    or None: each output gets the slots its own readers need (a reader of several outputs
+    counts for each), and the buffer the most of them; ``outputs``: those that have it,
+    None where every output does (an environment step's observation is read at the next
+    step, its reward and ``done`` after the rollout: only the observation has it)."""
+    n = len(graph.node(x).types)
+    if n == 1:
+        v = _inner_window(graph, schedule, x, maps, buffers, outer)
+        return None if v is None else (v, None)
+    read = {}  # reader -> the outputs of x it reads
+    for y in maps:
+        read[y] = {
+            e.out for k in schedule.statements[y].body for e in graph.node(k).inputs if e.src == x
+        }
+    each = [
+        _inner_window(
+            graph, schedule, x, {y: m for y, m in maps.items() if k in read[y]}, buffers, outer
+        )
+        for k in range(n)
+    ]
+    have = tuple(k for k, v in enumerate(each) if v is not None)
+    if not have:
+        return None
+    (dim,) = {each[k][0] for k in have}
+    size = max(each[k][1] for k in have)
+    return (dim, size), (None if len(have) == n else have)
 
 
 def _inner_window(graph: Graph, schedule: Schedule, x: int, maps, buffers, outer):

@@ -24,6 +24,8 @@ def _storage(buf) -> str:
         text = f"window dim={buf.window.dim} size={buf.window.size}"
     if buf.inner is not None:
         text += f", inner dim={buf.inner.dim} size={buf.inner.size}"
+        if buf.inner_outputs is not None:
+            text += f" of outputs {','.join(str(k) for k in buf.inner_outputs)}"
     if buf.donor is not None:
         text += f", donated by {buf.donor}"
     return text
@@ -47,7 +49,10 @@ def render(plan: Plan) -> str:
     out.append("buffers:")
     for b in plan.buffers:
         types = ", ".join(f"{o.dtype}{list(o.shape)}" for o in b.outputs)
-        ext = "x".join(str(x) for x in b.extents) or "scalar"
+        exts = dict.fromkeys(
+            "x".join(str(x) for x in b.extents(k)) or "scalar" for k in range(len(b.outputs))
+        )
+        ext = " | ".join(exts)
         dims = ",".join(b.dims)
         out.append(f"  {b.id:>5} {_name(plan, b.id):24s} [{dims}] {ext} of {types}: {_storage(b)}")
     out.append("")

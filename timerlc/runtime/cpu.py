@@ -113,7 +113,7 @@ class _Read:
         self.src = read.src
         self.out = read.out
         self.stored = read.stored
-        self.window = _window(plan, self.src) if self.stored else None
+        self.window = _window(plan, self.src, self.out) if self.stored else None
         self.parts = []
         self.broadcast = True  # reads the same points for every point of the batch
         for a in read.access:
@@ -230,7 +230,14 @@ class _Statement:
         self._branch_cache: dict[tuple, list] = {}
         self.rt = runtime
         self.native = None  # the kernel's ctypes function, if the plan has one
-        self.window = _window(plan, spec.id)
+        self.window = _window(plan, spec.id, 0)
+        # outputs whose ring buffers are not output 0's: output -> their wraps
+        self.n_outputs = len(spec.node.types)
+        self.own_windows = {
+            k: w
+            for k in range(1, self.n_outputs)
+            if (w := _window(plan, spec.id, k)) != self.window
+        }
         box = plan.buffer(spec.id).box
         self.loop_box = tuple(box[self.dims.index(d)] for d in self.loops)
         try:
@@ -309,6 +316,11 @@ class _Statement:
         idx = tuple(coords[d] for d in self.dims)
         return idx if self.window is None else _wrapped(idx, self.window)
 
+    def _out_index(self, idx: tuple, k: int) -> tuple:
+        """Where output ``k`` holds the point ``idx`` (its own indices, or their arrays)."""
+        wraps = self.own_windows.get(k, self.window)
+        return idx if wraps is None else _wrapped(idx, wraps)
+
     def _branches(self, values, n):
         """Merges: per input, the positions of the batch it defines (``values``: per dim,
         the batch's coordinates or one number)."""
@@ -351,7 +363,9 @@ class _Statement:
         # the kernel failed before it wrote: its memory still holds the donor's values
         if donor is not None and rt.buffers[donor] is None and rt.buffers[sid] is not None:
             spec = rt.plan.buffer(donor)
-            rt.buffers[donor] = [rt.buffers[sid][0].reshape(spec.extents + spec.outputs[0].shape)]
+            rt.buffers[donor] = [
+                rt.buffers[sid][0].reshape(spec.extents(0) + spec.outputs[0].shape)
+            ]
             rt._freed.discard(donor)
         self.native = None
         self._run(key, explain=self.is_env)
@@ -455,8 +469,9 @@ class _Statement:
             except RunError as e:
                 at = ", ".join(f"{d}={v}" for d, v in point.items())
                 raise _OpFailed(self.node.where, e).error(at) from e
-            idx = tuple(int(i[0]) for i in self._fancy(batch))
-            for buf, v in zip(rt.written_at(self.id, idx), outs):
+            at = tuple(point[d] for d in self.dims)
+            idxs = [self._out_index(at, k) for k in range(len(outs))]
+            for buf, idx, v in zip(rt.written_at(self.id, idxs), idxs, outs):
                 buf[idx] = v
             self._record(batch)
             return
@@ -480,8 +495,13 @@ class _Statement:
             else:
                 mask[self._fancy(batch)] = True
         if self.window is not None and self.rt.slots is not None:
-            coords = [batch.coords[self.dims[k]] for k in self.window]
-            self.rt.slot_owner(self.id)[self._fancy(batch)] = _slot_code(coords)
+            raw = tuple(batch.coords[d] for d in self.dims)
+            for k in range(self.n_outputs):
+                wraps = self.own_windows.get(k, self.window)
+                if wraps is not None:
+                    where = self._fancy(batch) if wraps is self.window else _wrapped(raw, wraps)
+                    coords = [batch.coords[self.dims[j]] for j in wraps]
+                    self.rt.slot_owner(self.id, k)[where] = _slot_code(coords)
 
     def _first_failure(self, batch: _Batch, failed: "_OpFailed") -> RunError:
         """The error of the first point of a failed batch, in the order of the statement's
@@ -526,9 +546,12 @@ class _Statement:
                     buf[tuple(i[pos] for i in self._fancy(batch))] = v
         else:
             outs = self._node_values(self.id, batch, {})
-            for buf, v in zip(self.rt.written(self.id), outs):
+            for k, (buf, v) in enumerate(zip(self.rt.written(self.id), outs)):
                 if not self.dims:
                     buf[()] = v[0]
+                elif k in self.own_windows:
+                    raw = tuple(batch.coords[d] for d in self.dims)
+                    buf[self._out_index(raw, k)] = v
                 elif batch.scalars is not None:
                     self._write_box(buf, batch, v)
                 else:
@@ -557,7 +580,7 @@ class _Statement:
         idx, batched = read.index(values)
         if read.window is not None:
             if self.rt.slots is not None:
-                self.rt.check_slots(read.src, idx, read.window, node.where)
+                self.rt.check_slots(read.src, read.out, idx, read.window, node.where)
             idx = _wrapped(idx, read.window)
         return src[idx] if batched else src[idx][None]  # [None]: one value for the batch
 
@@ -640,7 +663,7 @@ class CpuRuntime:
         self.donated: dict[int, int] = {}
         self.donee: dict[int, int] = {}
         # checking mode: per ring buffer, the window dim's index each slot holds (-1: none)
-        self.slots: dict[int, np.ndarray] | None = {} if check_windows else None
+        self.slots: dict[tuple[int, int], np.ndarray] | None = {} if check_windows else None
         self.metric_of = {sid: name for name, sid, _ in plan.metrics}
         self.envs = EnvRunner.of_plan(plan, allow_nonfinite)
         # per output statement, which points of its box are computed (docs/interruptions.md)
@@ -703,8 +726,9 @@ class CpuRuntime:
         bufs = self.buffers[sid]
         return bufs if bufs is not None else self._allocate(sid, True)
 
-    def written_at(self, sid: int, idx: tuple) -> list[np.ndarray]:
-        """The arrays of ``sid`` for a write of the one point ``idx`` (ints, one per dim)."""
+    def written_at(self, sid: int, idxs: list[tuple]) -> list[np.ndarray]:
+        """The arrays of ``sid`` for a write of one point, at ``idxs`` in each output's array
+        (ints, one per dim)."""
         return self.written(sid)
 
     def _allocate(self, sid: int, write: bool) -> list[np.ndarray]:
@@ -717,7 +741,7 @@ class CpuRuntime:
                 "(a bad plan: no swap_in before this use)"
             )
         spec = self.plan.buffer(sid)
-        shapes = [spec.extents + o.shape for o in spec.outputs]
+        shapes = [spec.extents(k) + o.shape for k, o in enumerate(spec.outputs)]
         dtypes = [ops.numpy_dtype(o.dtype) for o in spec.outputs]
         donor = spec.donor
         given = self.buffers.get(donor) if write and donor is not None else None
@@ -805,15 +829,17 @@ class CpuRuntime:
         self._grow(nbytes)
         self._set(sid, bufs)
 
-    def slot_owner(self, sid: int) -> np.ndarray:
-        if sid not in self.slots:
-            self.slots[sid] = np.full(self.plan.buffer(sid).extents, -1, np.int64)
-        return self.slots[sid]
+    def slot_owner(self, sid: int, out: int) -> np.ndarray:
+        """Checking mode: per slot of output ``out`` of ``sid``, the point it holds."""
+        if (sid, out) not in self.slots:
+            shape = self.plan.buffer(sid).extents(out)
+            self.slots[(sid, out)] = np.full(shape, -1, np.int64)
+        return self.slots[(sid, out)]
 
-    def check_slots(self, sid: int, idx: tuple, wraps: dict[int, int], where):
+    def check_slots(self, sid: int, out: int, idx: tuple, wraps: dict[int, int], where):
         """Checking mode: a read of a ring buffer must find the points it asks for
-        (``wraps``: axis -> slots)."""
-        held = self.slot_owner(sid)[_wrapped(idx, wraps)]
+        (``wraps``: axis -> slots of output ``out``)."""
+        held = self.slot_owner(sid, out)[_wrapped(idx, wraps)]
         want = _slot_code([idx[k] for k in wraps])
         wrong = held != np.broadcast_to(want, np.shape(held))
         if np.any(wrong):
@@ -1073,7 +1099,8 @@ class CpuRuntime:
     def _valid(self, sid: int) -> np.ndarray:
         mask = self.valid[sid]
         if mask is None:
-            mask = self.valid[sid] = np.zeros(self.plan.buffer(sid).extents, bool)
+            # (an output's buffer is a block: every output has its box)
+            mask = self.valid[sid] = np.zeros(self.plan.buffer(sid).box, bool)
         return mask
 
 
@@ -1149,10 +1176,10 @@ def _nonnegative(index: np.ndarray) -> np.ndarray:
     return index
 
 
-def _window(plan: Plan, sid: int) -> dict[int, int] | None:
-    """axis -> slots of each ring buffer of a buffer (its window's, then its inner
-    window's), or None for a block."""
-    return plan.buffer(sid).wraps() or None
+def _window(plan: Plan, sid: int, out: int) -> dict[int, int] | None:
+    """axis -> slots of each ring buffer of output ``out`` of a buffer (its window's, then
+    its inner window's), or None for a block."""
+    return plan.buffer(sid).wraps(out) or None
 
 
 def _wrapped(idx, wraps: dict[int, int]) -> tuple:

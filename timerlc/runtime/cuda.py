@@ -1333,9 +1333,10 @@ class DeviceRuntime(CpuRuntime):
         if state in _STALE:
             self._stale.add(sid)
 
-    def written_at(self, sid: int, idx: tuple) -> list[np.ndarray]:
-        """The arrays of ``sid`` for a write of the point ``idx``: where the device holds
-        the rest of the buffer, only the point's bytes will go up (nothing comes down)."""
+    def written_at(self, sid: int, idxs: list[tuple]) -> list[np.ndarray]:
+        """The arrays of ``sid`` for a write of one point, at ``idxs`` in each output's
+        array: where the device holds the rest of the buffer, only the point's bytes will go
+        up (nothing comes down)."""
         self._settle()
         bufs = self.buffers[sid]
         if bufs is None:
@@ -1343,7 +1344,7 @@ class DeviceRuntime(CpuRuntime):
         if self.fresh.get(sid) not in (DEVICE, BOTH, POINTS):
             return self.written(sid)
         dirty = self.dirty.setdefault(sid, [])
-        for k, b in enumerate(bufs):
+        for k, (b, idx) in enumerate(zip(bufs, idxs)):
             at = b[idx]  # the point's elements: contiguous (its leading indices fixed)
             dirty.append((k, at.ctypes.data - b.ctypes.data, at.nbytes))
         self._mark(sid, POINTS)
