@@ -360,6 +360,41 @@ def test_freed_buffers_are_dropped_and_outputs_survive_the_run():
     assert rt.value("z").shape == (6,)
 
 
+# an update read by the next iteration's merge (Adam's new moments: net[i+1] = adam(net[i]))
+UPDATE = """
+    config I = 6
+    dim i < I
+    x[0] = ones([3])
+    x[i+1] = y[i]
+    y[i] = 0.5 * x[i] + f32(i)
+    total[i] = sum(x[i])
+    metric total
+"""
+
+
+@pytest.mark.parametrize("later", [False, True])
+def test_an_update_read_by_the_next_iteration_s_merge_keeps_one_slot(later):
+    """``y[i]`` is read by ``x[i+1]``, which runs before ``y[i+1]`` takes its slot: one
+    slot, where the distance alone (one iteration) asked for two. Read also by a statement
+    after it, at ``i - 1``: two. Both runs (checking their windows) equal the reference."""
+    text = UPDATE
+    if later:
+        text += "    z[i] = sum(y[i] + y[max(i - 1, 0)])\n    metric z\n"
+    source = Source("update.rtl", src(text))
+    plan = compile_plan(graph_of(source, {}))
+    check_decisions(plan)
+    (y,) = [
+        b
+        for b in plan.buffers
+        if b.dims == ("i",) and b.outputs[0].shape == (3,) and b.name != "x"
+    ]
+    assert y.window == Window("i", 2 if later else 1)
+    assert storage(plan, "x") == Window("i", 1)
+    ref, ref_m, rt, cpu_m = run_both(source, {}, plan)
+    assert_same(graph_of(source, {}, optimize=False), ref, ref_m, rt, cpu_m)
+    assert len(ref_m) == 6 * (2 if later else 1)
+
+
 # a rollout that goes on from one iteration to the next (PPO's environments): step t of
 # iteration i reads the state of step t - 1, and step 0 the last step of iteration i - 1
 CARRIED = """

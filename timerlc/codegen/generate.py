@@ -25,6 +25,7 @@ from timerlc.plan import expr as px
 from timerlc.plan.items import (
     CUDA_KERNELS_HEADER,
     KERNELS_HEADER,
+    At,
     ChainCall,
     GemmCall,
     Kernels,
@@ -179,7 +180,8 @@ def _confined(plan: Plan, fused: list, recorded: set, fails: set) -> dict[str, f
     chains may keep a tile at a time (``cuda.render._chain_remap``)."""
     # (a statement's buffer -> the statements touching it: its own and its readers)
     touched = {s.id: {s.id} for s in plan.statements}
-    for b, reads in plan.readers().items():
+    readers = plan.readers()
+    for b, reads in readers.items():
         touched.setdefault(b, set()).update(sid for sid, _ in reads)
     kept = set(recorded)
     for it in walk(plan.tree):
@@ -202,6 +204,12 @@ def _confined(plan: Plan, fused: list, recorded: set, fails: set) -> dict[str, f
                 continue
             if buf.inner is not None:  # (its slots along another dim outlive the call)
                 continue
+            k_dim = buf.dims.index(window.dim)
+            if any(
+                not isinstance(r.access[k_dim], At) or r.access[k_dim].index != window.dim
+                for _, r in readers.get(sid, ())
+            ):
+                continue  # (read at another index of its dim: a slot an earlier call wrote)
             if touched[sid] <= parts and not touched[sid] & fails:
                 names.append(slot.name)
         out[k.name] = frozenset(names)

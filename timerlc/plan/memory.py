@@ -9,6 +9,10 @@ dying buffer a statement takes over instead of allocating its own.
   isl): the next write into the slot of ``p`` (the point ``p +- w`` along ``d``) runs at
   ``phi_X(p) + |s| * w``, so ``|s| * w > max distance`` keeps ``p`` there until its last
   read, whatever the order of the reader and ``X`` inside the band at an equal coordinate.
+  A reader that runs before ``X`` at an equal coordinate (an earlier position in the band)
+  and reads at a distance of exactly ``|s| * k`` needs only ``k`` slots: the write that
+  takes its slot comes after it (Adam's new moments, read by the next step's parameters
+  before the step writes its own: one slot, not two).
   Outputs, metrics, and tensors read at points they do not define (0 in a block) stay
   blocks. A windowed statement of a nest of two loops may get a second ring buffer along
   the inner loop's dim (``_inner_window``): the slots its reads in the same outer
@@ -244,7 +248,7 @@ def _window(graph: Graph, schedule: Schedule, x: int, readers, maps, buffers, ke
         return None
     defined = _written(graph, x)
     phi_x = _phi_map(graph, x, times[x][1])
-    most = None
+    size = 1
     for y, m in maps.items():
         if not m.range().is_subset(defined):
             return None  # reads a point x does not write: a block reads 0 there
@@ -255,11 +259,23 @@ def _window(graph: Graph, schedule: Schedule, x: int, readers, maps, buffers, ke
         if not (lo.is_int() and hi.is_int()) or hi.to_python() > 0:
             return None  # unbounded, or a read before the write (no schedule does that)
         far = -lo.to_python()
-        most = far if most is None else max(most, far)
-    size = (most or 0) // scale + 1
+        if far and far % scale == 0 and _runs_before(times[y], times[x]):
+            # the write that takes the slot, |s| * w later, comes after y's read at that
+            # coordinate: w = far / |s| slots (Adam's new moment, read by the next step's
+            # merge before the step writes its own: one slot, where there were two)
+            size = max(size, far // scale)
+        else:
+            size = max(size, far // scale + 1)
     if size >= buffers[x].box[node.dims.index(dim)]:
         return None
     return dim, size
+
+
+def _runs_before(ty: tuple, tx: tuple) -> bool:
+    """Whether, at an equal coordinate of their band (``t[1]``), the statement of time vector
+    ``ty`` runs before that of ``tx``: an earlier position at the next level (statements of
+    one nested loop share theirs: then not)."""
+    return len(ty) > 2 and len(tx) > 2 and int(ty[2]) < int(tx[2])
 
 
 def _inner_windows(graph: Graph, schedule: Schedule, x: int, maps, buffers, outer):
