@@ -360,6 +360,18 @@ def test_freed_buffers_are_dropped_and_outputs_survive_the_run():
     assert rt.value("z").shape == (6,)
 
 
+def test_an_array_of_one_value_is_computed_where_it_is_read_not_stored():
+    """Adam's moments start as ``zeros`` of each parameter's shape: each merge computes its
+    zeros at its first step (docs/plan.md); no buffer holds them for the whole run."""
+    plan = compile_plan(graph_of(source_of("ppo"), PPO))
+    stored = [s.id for s in plan.statements if s.node.op == "const" and s.node.types[0].shape]
+    assert not stored
+    merges = [s for s in plan.statements if s.node.op == "merge"]
+    inline = [s for s in merges if any(n.op == "const" and n.types[0].shape for n in s.nodes)]
+    assert len(inline) >= 24  # the moments of PPO's 12 parameters, and its zero biases
+    check_decisions(plan)
+
+
 # an update read by the next iteration's merge (Adam's new moments: net[i+1] = adam(net[i]))
 UPDATE = """
     config I = 6

@@ -214,13 +214,24 @@ def _node(n, owner, schedule: Schedule, names: dict[int, str]) -> Node:
                     if isinstance(a, Point)
                     else Slice(ix.to_plan(a.lo), ix.to_plan(a.hi))
                     for a in e.access
-                ),
+                )
+                # an array of one value, computed in the statement (``schedule.build``,
+                # ``_filled``): the same at each of its points
+                or _here(e, owner, schedule),
                 None if e.cond is None else _branch_cond(n, e.cond),
             )
             for e in n.inputs
         ),
         _where(names, n, owner),
     )
+
+
+def _here(e, owner, schedule: Schedule) -> tuple:
+    """The access of an inlined node of no dims read in a statement over some: the
+    statement's point (a plan's inlined node is computed at the statement's points)."""
+    if e.src in schedule.statements:
+        return ()
+    return tuple(At(d) for d in owner.dims)
 
 
 def _where(names: dict[int, str], n, owner) -> tuple[str, int | None]:

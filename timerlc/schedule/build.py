@@ -60,10 +60,12 @@ def stored_nodes(graph: Graph) -> set[int]:
     for n in graph.nodes:
         if n.op == "grad":
             raise ValueError("the schedule needs a graph after the autodiff pass")
-        if n.op == "merge" or ops.is_env(n.op) or not n.dims or _noise(n):
+        if n.op == "merge" or ops.is_env(n.op) or (not n.dims and not _filled(n)) or _noise(n):
             stored.add(n.id)
         for e in n.inputs:
             src = graph.node(e.src)
+            if _filled(src):
+                continue
             if src.dims != n.dims or e.access != identity_access(n.dims):
                 stored.add(e.src)
     readers: dict[int, set[int]] = {}
@@ -108,6 +110,18 @@ def _sole_reader_top(graph: Graph, k: int, readers: dict, stored: set[int]) -> i
             break
         k = r
     return k
+
+
+def _filled(n) -> bool:
+    """An array of one value (``zeros([obs_dim, 64])``, Adam's first moments): computed in
+    each statement that reads it, never stored (a buffer of it would hold as many bytes as a
+    parameter, for as long as its last reader runs)."""
+    return (
+        n.op == "const"
+        and not n.dims
+        and bool(n.types[0].shape)
+        and not isinstance(dict(n.attrs).get("value"), tuple)
+    )
 
 
 def _noise(n) -> bool:
