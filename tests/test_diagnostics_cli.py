@@ -529,6 +529,9 @@ def test_running_out_of_memory_is_a_run_failure(tmp_path, monkeypatch):
     from timerlc import files
 
     monkeypatch.setattr(files, "memory_available", lambda: None)  # found while running
+    # (a buffer the run allocates: ``ones([N, N])`` alone is computed where it is read, a
+    # view of one value, and its sum would run for hours)
+    program = "config N = 500000\ndim t < 2\ny[t] = ones([N, N]) * f32(t)\nout y\n"
     out = diagnose(tmp_path, program, cmd="run")
     assert_no_traceback(out)
     assert out.status == 3 and "out of memory" in out.stderr, out.stderr

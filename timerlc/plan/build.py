@@ -190,6 +190,26 @@ def check_limits(graph: Graph, plan: Plan) -> None:
                     f"{MAX_ELEMENTS} (2^40) elements and {MAX_RANK} axes per array",
                     graph.node(b.id).span,
                 )
+    # a value computed where it is read, no buffer of its own (``zeros([A])``: an array of
+    # one value), at each point of its statement
+    for st in plan.statements:
+        for n in st.nodes:
+            for o in n.types:
+                big = [x for x in o.shape if x > MAX_EXTENT]
+                points = math.prod(o.shape)
+                if big or points > MAX_ELEMENTS or len(o.shape) > MAX_RANK:
+                    what = (
+                        f"an axis of {big[0]}"
+                        if big
+                        else f"{points} elements"
+                        if points > MAX_ELEMENTS
+                        else f"{len(o.shape)} axes"
+                    )
+                    raise ProgramError(
+                        f"this value has {what}; timerlc's limits are {MAX_EXTENT} (2^31) per "
+                        f"axis, {MAX_ELEMENTS} (2^40) elements and {MAX_RANK} axes per array",
+                        graph.node(n.id).span,
+                    )
 
 
 def _config(v):
