@@ -7,6 +7,7 @@ the loop tree (failures, callbacks, the budget of loop steps)."""
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -432,6 +433,46 @@ def test_a_build_keeps_its_machine_code(tmp_path):
     again = NativeModule(text, build / "kernels")
     assert not again.cached and obj.read_bytes() == good
     assert cli("run", build, "--no-progress").exit_code == 0
+
+
+def test_a_run_of_a_program_keeps_its_machine_code_in_the_user_s_cache(tmp_path, monkeypatch):
+    """`timerlc run FILE.rtl` (no build folder) keeps the machine code in the user's cache
+    (``$XDG_CACHE_HOME/timerlc/llvm``): the same run again loads it, and prints the same
+    outputs; the cache keeps only the newest objects."""
+    from pathlib import Path
+
+    from rtl_helpers import cli
+
+    from timerlc.runtime import native
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    program = Path(__file__).resolve().parent.parent / "programs" / "returns.rtl"
+    lines, outs = [], []
+    for k in range(2):
+        out = tmp_path / f"o{k}.npz"
+        r = cli("run", program, "--no-progress", "--profile", "--outputs", out)
+        assert r.exit_code == 0, r.output
+        lines.append(next(x for x in r.output.splitlines() if x.startswith("cpu runtime")))
+        outs.append(dict(np.load(out)))
+    assert "the kernels compiled for this CPU" in lines[0]
+    assert "the kernels loaded, not compiled," in lines[1]
+    assert outs[0].keys() == outs[1].keys() and all(
+        np.array_equal(outs[0][k], outs[1][k]) for k in outs[0]
+    )
+    folder = tmp_path / "cache" / "timerlc" / "llvm"
+    objs = sorted(folder.glob("cpu-*.o"))
+    assert objs and all(Path(f"{o}.sha256").is_file() for o in objs)
+    # the newest SHARED_KEPT objects stay (an object's hash goes with it)
+    for k in range(5):
+        old = folder / f"cpu-old{k}-0.o"
+        old.write_bytes(b"x")
+        Path(f"{old}.sha256").write_text("0\n")
+        os.utime(old, (1000 + k, 1000 + k))
+    monkeypatch.setattr(native, "SHARED_KEPT", len(objs) + 2)
+    assert native.shared_cache() == folder
+    left = sorted(o.name for o in folder.glob("cpu-*.o"))
+    assert left == sorted([o.name for o in objs] + ["cpu-old3-0.o", "cpu-old4-0.o"])
+    assert not (folder / "cpu-old0-0.o.sha256").exists()
 
 
 def _program_plan(name: str, **sets):

@@ -710,6 +710,7 @@ def run(
         if plan is None:
             run_reference(graph, outputs_path, metrics_path, progress, profile, allow_nonfinite)
             return
+        from timerlc.runtime.native import shared_cache
         from timerlc.runtime.plan import PlanError
 
         try:
@@ -721,6 +722,9 @@ def run(
                 profile,
                 allow_nonfinite,
                 code,
+                # (the cpu's machine code, kept in the user's cache: the same program run
+                # again loads it; cuda-emu keeps its own module there, a GPU's is CuPy's)
+                shared_cache() if code is not None and device is None else None,
                 device=device,
             )
         except PlanError as e:  # (the plan just compiled: the compiler's error, not the user's)

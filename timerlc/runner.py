@@ -321,7 +321,7 @@ def _print_plan_profile(plan: Plan, rt, wall: float):
             "each statement's calls launched alone: no CUDA graphs, no fused kernels)"
         )
     elif rt.module is not None:
-        how = "loaded from the build" if rt.module.cached else "compiled for this CPU"
+        how = "loaded, not compiled," if rt.module.cached else "compiled for this CPU"
         native = f" (the kernels {how} in {rt.native_seconds:.3f} s)"
     print(
         f"{'device' if hasattr(rt, 'device') else 'cpu'} runtime: {wall:.3f} s run{native}, "

@@ -390,6 +390,37 @@ def _llvm_object(text: str, tm) -> bytes:
     return tm.emit_object(_optimized(text, tm))
 
 
+SHARED_KEPT = 256  # the most objects the user's cache keeps (the newest)
+
+
+def shared_cache():
+    """The user's own cache of machine code (``files.user_cache("llvm")``: private to the
+    user, since what is there is loaded as code), for a run of a program that has no build
+    folder: a run of the same program again, on the same CPU, loads its kernels instead of
+    compiling them (their key is a hash of their text, the CPU and the options). Only the
+    newest ``SHARED_KEPT`` objects are kept. None where there is no such folder."""
+    import os
+
+    from timerlc.files import user_cache
+
+    folder = user_cache("llvm")
+    if folder is None:
+        return None
+    try:
+        objects = sorted(
+            (e.stat().st_mtime, e.path) for e in os.scandir(folder) if e.name.endswith(".o")
+        )
+        for _, path in objects[: max(0, len(objects) - SHARED_KEPT)]:
+            for p in (path, path + ".sha256"):
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+    except OSError:
+        pass
+    return folder
+
+
 def _read_object(path: str) -> bytes | None:
     """A cached object file, if it is there and its bytes match their recorded hash."""
     import hashlib
@@ -410,7 +441,7 @@ def _write_object(path: str, data: bytes) -> None:
     import os
 
     try:
-        tmp = path + ".tmp"
+        tmp = f"{path}.{os.getpid()}.tmp"  # (another process may write the same object)
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
