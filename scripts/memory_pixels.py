@@ -7,6 +7,7 @@ compiler's count) and its largest buffers.
 
     python scripts/memory_pixels.py
     python scripts/memory_pixels.py --obs 3x64x64 --set B=64 --set T=128
+    python scripts/memory_pixels.py --live --top 20   # what the peak holds
 
 What a CleanRL-style PyTorch PPO holds at the same sizes, for comparison: its rollout's
 observations, ``T * B * obs_dim * 4`` bytes (1.5 GiB at 3x256x256, B=16, T=128), a
@@ -60,6 +61,40 @@ def flattened(name: str) -> str:
     return text
 
 
+def live_at_peak(plan) -> tuple[int, list[int]]:
+    """The top-level item of the tree where the buffers hold the most bytes, and those
+    buffers: each from the first top-level item whose calls write or read it to its free
+    (an output or a metric: to the end), as ``plan.memory`` counts them (a loop is one item,
+    so a buffer its body uses counts for all of it; no swaps, no donations)."""
+    from timerlc.plan.items import Call, Free, walk
+
+    readers = plan.readers()
+    reads: dict[int, set[int]] = {}
+    for src, rs in readers.items():
+        for sid, _ in rs:
+            reads.setdefault(sid, set()).add(src)
+    kept = {sid for _, sid, _ in plan.outputs + plan.metrics}
+    first: dict[int, int] = {}
+    end: dict[int, int] = {}
+    for k, item in enumerate(plan.tree):
+        if isinstance(item, Free):
+            for sid in item.buffers:
+                end[sid] = k
+            continue
+        for c in walk([item]):
+            if isinstance(c, Call):
+                for sid in {c.statement} | reads.get(c.statement, set()):
+                    first.setdefault(sid, k)
+    n = len(plan.tree)
+    held = [
+        [sid for sid, a in first.items() if a <= k <= (n if sid in kept else end.get(sid, n))]
+        for k in range(n)
+    ]
+    bytes_at = [sum(plan.buffer(sid).nbytes for sid in h) for h in held]
+    k = max(range(n), key=lambda j: bytes_at[j])
+    return k, held[k]
+
+
 def main(argv=None) -> int:
     from timerlc.compiler import compile_plan, run_passes
     from timerlc.diagnostics import Source
@@ -71,6 +106,11 @@ def main(argv=None) -> int:
     p.add_argument("--programs", default="ppo,reinforce")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--top", type=int, default=6, help="the largest buffers to list")
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="list the largest buffers on the device during the top-level item of the peak",
+    )
     args = p.parse_args(argv)
     env = f"trivial?obs={args.obs}&actions=6"
     obs_bytes = 4 * math.prod(int(x) for x in args.obs.split("x"))
@@ -86,7 +126,13 @@ def main(argv=None) -> int:
             f"plan peak {format_bytes(plan.memory_peak)}; one rollout's observations "
             f"{format_bytes(rollout)}"
         )
-        for b in sorted(plan.buffers, key=lambda b: -b.nbytes)[: args.top]:
+        shown = plan.buffers
+        if args.live:
+            k, held = live_at_peak(plan)
+            total = sum(plan.buffer(sid).nbytes for sid in held)
+            print(f"  during top-level item {k} of {len(plan.tree)}: {format_bytes(total)}")
+            shown = [plan.buffer(sid) for sid in held]
+        for b in sorted(shown, key=lambda b: -b.nbytes)[: args.top]:
             storage = (
                 "block" if b.window is None else ", ".join(f"{w.dim}:{w.size}" for w in b.windows)
             )
