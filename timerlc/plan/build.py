@@ -172,22 +172,17 @@ def check_limits(graph: Graph, plan: Plan) -> None:
             raise ProgramError(
                 f"dim {name} has {bound} points; timerlc's limit is {MAX_EXTENT} (2^31)", None
             )
+    limits = (
+        f"timerlc's limits are {MAX_EXTENT} (2^31) per axis, {MAX_ELEMENTS} (2^40) elements "
+        f"and {MAX_RANK} axes per array"
+    )
     for b in plan.buffers:
         for o in b.outputs:
-            points = math.prod(b.box) * math.prod(o.shape)
-            big = [n for n in b.box + o.shape if n > MAX_EXTENT]
-            if big or points > MAX_ELEMENTS or len(b.dims) + len(o.shape) > MAX_RANK:
-                what = (
-                    f"an axis of {big[0]}"
-                    if big
-                    else f"{points} elements"
-                    if points > MAX_ELEMENTS
-                    else f"{len(b.dims) + len(o.shape)} axes"
-                )
+            what = _past_limits(b.box + o.shape)
+            if what is not None:
+                name = f"{b.name!r}" if b.name else "this value"
                 raise ProgramError(
-                    f"{f'{b.name!r}' if b.name else 'this value'} has {what} over its "
-                    f"dims and shape; timerlc's limits are {MAX_EXTENT} (2^31) per axis, "
-                    f"{MAX_ELEMENTS} (2^40) elements and {MAX_RANK} axes per array",
+                    f"{name} has {what} over its dims and shape; {limits}",
                     graph.node(b.id).span,
                 )
     # a value computed where it is read, no buffer of its own (``zeros([A])``: an array of
@@ -195,21 +190,22 @@ def check_limits(graph: Graph, plan: Plan) -> None:
     for st in plan.statements:
         for n in st.nodes:
             for o in n.types:
-                big = [x for x in o.shape if x > MAX_EXTENT]
-                points = math.prod(o.shape)
-                if big or points > MAX_ELEMENTS or len(o.shape) > MAX_RANK:
-                    what = (
-                        f"an axis of {big[0]}"
-                        if big
-                        else f"{points} elements"
-                        if points > MAX_ELEMENTS
-                        else f"{len(o.shape)} axes"
-                    )
-                    raise ProgramError(
-                        f"this value has {what}; timerlc's limits are {MAX_EXTENT} (2^31) per "
-                        f"axis, {MAX_ELEMENTS} (2^40) elements and {MAX_RANK} axes per array",
-                        graph.node(n.id).span,
-                    )
+                what = _past_limits(o.shape)
+                if what is not None:
+                    raise ProgramError(f"this value has {what}; {limits}", graph.node(n.id).span)
+
+
+def _past_limits(axes: tuple[int, ...]) -> str | None:
+    """What of an array of extents ``axes`` is past a plan's limits (an axis, its elements,
+    its number of axes), or None."""
+    big = [n for n in axes if n > MAX_EXTENT]
+    if big:
+        return f"an axis of {big[0]}"
+    if math.prod(axes) > MAX_ELEMENTS:
+        return f"{math.prod(axes)} elements"
+    if len(axes) > MAX_RANK:
+        return f"{len(axes)} axes"
+    return None
 
 
 def _config(v):
