@@ -65,7 +65,8 @@ def live_at_peak(plan) -> tuple[int, list[int]]:
     """The top-level item of the tree where the buffers hold the most bytes, and those
     buffers: each from the first top-level item whose calls write or read it to its free
     (an output or a metric: to the end), as ``plan.memory`` counts them (a loop is one item,
-    so a buffer its body uses counts for all of it; no swaps, no donations)."""
+    so a buffer its body uses counts for all of it; no swaps, no donations; a buffer in
+    another's memory counts as that one)."""
     from timerlc.plan.items import Call, Free, walk
 
     readers = plan.readers()
@@ -84,7 +85,7 @@ def live_at_peak(plan) -> tuple[int, list[int]]:
         for c in walk([item]):
             if isinstance(c, Call):
                 for sid in {c.statement} | reads.get(c.statement, set()):
-                    first.setdefault(sid, k)
+                    first.setdefault(plan.storage_of(sid), k)  # (in another's memory: that)
     n = len(plan.tree)
     held = [
         [sid for sid, a in first.items() if a <= k <= (n if sid in kept else end.get(sid, n))]

@@ -446,6 +446,13 @@ def test_the_arena_gives_buffers_that_live_at_once_bytes_of_their_own(name):
             assert off % arena.ALIGN == 0 and off + n <= lay.size
             spans.append((b.id, off, off + n, first.get(b.id, len(plan.tree)), last.get(b.id)))
     donors = {(b.id, b.donor) for b in plan.buffers if b.donor is not None}
+    # (and buffers in one's memory: the same bytes, by design)
+    donors |= {
+        (a.id, b.id)
+        for a in plan.buffers
+        for b in plan.buffers
+        if a.id != b.id and plan.storage_of(a.id) == plan.storage_of(b.id)
+    }
     for a, lo, hi, s, t in spans:
         for b, lo2, hi2, s2, t2 in spans:
             if a >= b or (a, b) in donors or (b, a) in donors:
@@ -569,6 +576,7 @@ def test_the_buffers_a_fused_kernel_touches_never_share_bytes():
             touched = set(parts)
             for sid in parts:
                 touched |= {r.src for n in plan.statement(sid).nodes for r in n.inputs if r.stored}
+            touched = {plan.storage_of(t) for t in touched}  # (one memory: one buffer)
             touched = sorted(
                 t for t in touched if t in lay.offsets and (t not in lay.local or t in called)
             )

@@ -14,13 +14,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rtl_helpers import src
+from rtl_helpers import plan_run, src
 
+from timerlc.codegen import kir
 from timerlc.compiler import compile_plan, run_passes
 from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
 from timerlc.plan import items
-from timerlc.plan.items import Buffer, Call, Free, Plan, Slice, SwapIn, SwapOut, Window
+from timerlc.plan.items import (
+    Buffer,
+    Call,
+    Free,
+    Home,
+    Plan,
+    Slice,
+    SwapIn,
+    SwapOut,
+    Window,
+)
 from timerlc.reference.interpreter import run_graph
 from timerlc.runtime.cpu import CpuRuntime
 from timerlc.runtime.plan import PlanError, load_plan
@@ -517,6 +528,166 @@ def test_an_inner_window_s_bad_outputs_are_refused(outputs, message):
     )
     buf["storage"]["inner"]["outputs"] = outputs
     with pytest.raises(PlanError, match=rf"buffers\[{k}\]\.storage\.inner.*{message}"):
+        items.from_json(data)
+
+
+# ----------------------------------------------------------------------------- in place
+# ``x[i+1] = y[i]`` with ``y[i]`` an elementwise update of ``x[i]``, which ``g`` reads first
+IN_PLACE = """
+    config I = 6
+    dim i < I
+    x[0] = ones([3])
+    x[i+1] = y[i]
+    g[i] = sum(x[i]) * 0.25 + f32(i)
+    y[i] = 0.5 * x[i] + g[i]
+    metric g
+"""
+
+
+def homes(plan: Plan) -> dict[int, Home]:
+    return {b.id: b.home for b in plan.buffers if b.home is not None}
+
+
+def in_place_run(text: str):
+    """The plan of ``text``, checked against the reference in checking mode and by the
+    kernels of the backend under test; the kernels' listing."""
+    source = Source("inplace.rtl", src(text))
+    plan = compile_plan(graph_of(source, {}))
+    check_decisions(plan)
+    ref, ref_m, rt, cpu_m = run_both(source, {}, plan)
+    assert_same(graph_of(source, {}, optimize=False), ref, ref_m, rt, cpu_m)
+    got = []
+    runtime, gen = plan_run(plan, lambda n, p, v: got.append((n, tuple(p.items()), float(v))))
+    runtime.envs.close()
+    assert len(got) == len(ref_m)
+    for (n1, p1, v1), (n2, p2, v2) in zip(sorted(ref_m), sorted(got)):
+        assert (n1, p1) == (n2, p2) and np.isclose(v1, v2, rtol=1e-5, atol=1e-6), (n1, p1)
+    return plan, {k.sid: kir.text(k) for k in gen.kernels}
+
+
+def test_an_update_is_written_in_place_of_the_value_it_updates():
+    """``y[i]`` is stored where ``x[i+1]`` is (``Buffer.home``): it is written over
+    ``x[i]`` once ``g[i]`` has read it, and the merge ``x[i+1] = y[i]`` copies nothing (its
+    kernel stores only at ``i = 0``). The plan's peak is ``y``'s slot less."""
+    plan, kernels = in_place_run(IN_PLACE)
+    x = buffer_named(plan, "x")
+    ((y, home),) = homes(plan).items()
+    assert home == Home(x.id, (("add", "i", 1),)) and plan.buffer(y).window == x.window == Window(
+        "i", 1
+    )
+    assert f"(buffer {x.id}.0, rw)" in kernels[y] and f"b{y}_0" not in kernels[y]
+    assert f"b{y}_0" not in kernels[x.id] and kernels[x.id].count("] = ") == 1
+    no_home = replace(plan, buffers=tuple(replace(b, home=None) for b in plan.buffers))
+    assert plan.storage_of(y) == x.id and no_home.storage_of(y) == y
+    assert (
+        sum(b.nbytes for b in plan.buffers if b.home is None)
+        == sum(b.nbytes for b in no_home.buffers) - plan.buffer(y).nbytes
+    )
+
+
+def calls_of(plan: Plan, sid: int) -> int:
+    return sum(1 for it in items.walk(plan.tree) if isinstance(it, Call) and it.statement == sid)
+
+
+def test_an_initial_value_is_written_where_the_merge_s_first_point_is():
+    """``x[0] = normal([3])``: the draw is stored where ``x[0]`` is, so that it does not
+    live through the loop; with ``y[i]`` where ``x[i+1]`` is, every value of ``x`` is in its
+    memory already, and the plan calls ``x`` no more."""
+    plan, _ = in_place_run(IN_PLACE.replace("ones([3])", "normal([3])"))
+    x = buffer_named(plan, "x")
+    got = homes(plan)
+    (w,) = [sid for sid, h in got.items() if h.at == (0,)]
+    assert got[w] == Home(x.id, (0,)) and plan.buffer(w).window is None
+    assert len(got) == 2 and calls_of(plan, x.id) == 0 and calls_of(plan, w) == 1
+
+
+def test_no_initial_value_in_place_where_another_statement_reads_it():
+    text = IN_PLACE.replace("x[0] = ones([3])", "w = normal([3])\n    x[0] = w")
+    plan, _ = in_place_run(text + "    h[i] = sum(w) * f32(i)\n    metric h\n")
+    x = buffer_named(plan, "x")
+    assert [h.at for h in homes(plan).values()] == [(("add", "i", 1),)]
+    assert calls_of(plan, x.id) == 1  # (its call in the loop)
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        # x[i] is read after y[i] is written: d reads both
+        ("    metric g\n", "    metric g\n    d[i] = sum(y[i] - x[i])\n    metric d\n"),
+        # y[i] reads x[i] at other elements (its transpose)
+        ("ones([3])", "ones([2, 2])"),
+        # x[i+1] is not y[i] at i = 3
+        ("x[i+1] = y[i]", "x[4] = zeros([3])\n    x[i+1] = y[i]"),
+    ],
+)
+def test_no_update_in_place_where_the_old_value_is_still_wanted(old, new):
+    text = IN_PLACE.replace(old, new)
+    if "2, 2" in new:
+        text = text.replace("0.5 * x[i] + g[i]", "0.5 * transpose(x[i], [1, 0]) + g[i]")
+    plan, _ = in_place_run(text)
+    assert homes(plan) == {}
+
+
+def test_an_update_in_place_where_the_old_value_is_still_read_is_caught():
+    """A plan.json that gives ``y`` the memory of ``x`` where ``d`` reads ``x[i]`` after
+    ``y[i]``: checking mode finds the slot holding ``x[i+1]``."""
+    text = IN_PLACE + "    d[i] = sum(y[i] - x[i])\n    metric d\n"
+    plan = compile_plan(graph_of(Source("inplace.rtl", src(text)), {}))
+    x = buffer_named(plan, "x")
+    data = items.to_json(plan)
+    # (y: what the merge x reads, a ring buffer)
+    (ysid,) = {
+        r.src
+        for n in plan.statement(x.id).nodes
+        for r in n.inputs
+        if r.stored and plan.buffer(r.src).window is not None
+    }
+    (y,) = [b for b in data["buffers"] if b["id"] == ysid]
+    y["storage"]["home"] = {"buffer": x.id, "at": [["add", "i", 1]]}
+    bad = items.from_json(data)
+    with pytest.raises(RunError, match="found the slot holding index"):
+        CpuRuntime(bad, check_windows=True).run()
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda y, x: {"buffer": y["id"], "at": ["i"]}, "not another buffer"),
+        (lambda y, x: {"buffer": 10**6, "at": ["i"]}, "not another buffer"),
+        (lambda y, x: {"buffer": x["id"]}, "missing"),
+        (lambda y, x: {"buffer": x["id"], "at": ["i"], "shift": 1}, "unknown field"),
+        (lambda y, x: {"buffer": x["id"], "at": [2**62]}, "out of range"),
+        (lambda y, x: {"buffer": x["id"], "at": ["t"]}, "unknown name"),
+        (lambda y, x: {"buffer": x["id"], "at": []}, "one index"),
+        (lambda y, x: {"buffer": x["id"], "at": ["i", "i"]}, "at most 1"),
+        (
+            lambda y, x: {"buffer": (x.update(storage={"kind": "block"}), x["id"])[1], "at": [0]},
+            "not a ring buffer of one slot",
+        ),
+        (
+            lambda y, x: {"buffer": (x["outputs"][0].update(dtype="f64"), x["id"])[1], "at": [0]},
+            "other outputs",
+        ),
+    ],
+)
+def test_a_bad_home_is_refused(edit, message):
+    plan = compile_plan(graph_of(Source("inplace.rtl", src(IN_PLACE)), {}))
+    data = items.to_json(plan)
+    ((ysid, home),) = homes(plan).items()
+    (y,) = [b for b in data["buffers"] if b["id"] == ysid]
+    (x,) = [b for b in data["buffers"] if b["id"] == home.buffer]
+    y["storage"]["home"] = edit(y, x)
+    with pytest.raises(PlanError, match=message):
+        items.from_json(data)
+
+
+def test_a_buffer_in_another_s_memory_is_never_freed_on_its_own():
+    plan = compile_plan(graph_of(Source("inplace.rtl", src(IN_PLACE)), {}))
+    ((ysid, _),) = homes(plan).items()
+    assert ysid not in frees(plan)
+    data = items.to_json(plan)
+    data["tree"].append({"free": [ysid]})
+    with pytest.raises(PlanError, match=f"buffer {ysid} lives in the memory of buffer"):
         items.from_json(data)
 
 

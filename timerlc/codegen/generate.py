@@ -190,6 +190,8 @@ def _confined(plan: Plan, fused: list, recorded: set, fails: set) -> dict[str, f
     for b in plan.buffers:
         if b.donor is not None:
             kept.update((b.id, b.donor))
+        if b.home is not None:  # (their values live from one call to the next)
+            kept.update((b.id, b.home.buffer))
     out = {}
     for k in fused:
         parts = set(k.parts)

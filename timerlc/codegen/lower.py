@@ -327,6 +327,7 @@ class _Lowering:
         return f"{stem}{self.names}"
 
     def slot(self, sid: int, out: int, write: bool = False) -> str:
+        sid = self.plan.storage_of(sid)  # (a buffer in another's memory: that one's slot)
         key = (sid, out)
         s = self.slots.get(key)
         if s is None or (write and not s.write):
@@ -593,6 +594,16 @@ class _Lowering:
         out: tuple = ()
         for k in reversed(range(len(node.inputs))):
             r = node.inputs[k]
+            there = self._in_place_input(r)
+            if there is not None and there == r.cond:
+                there = True  # (in place wherever the input applies)
+            if there is True:
+                # (its values are where this merge's are: nothing to copy)
+                if r.cond is None or not out:
+                    out = ()
+                else:
+                    out = (If(Un("not", self.index(r.cond), "bool"), tuple(out)),)
+                continue
             saved = self.point, self.vals
             self.point, self.vals, self.branch = [], {}, True
             batchable, self.batchable = self.batchable, False
@@ -606,6 +617,8 @@ class _Lowering:
             stored = [] if self.wrote_dest else self._store(v)
             self.dest, self.dest_node, self.wrote_dest = None, None, False
             branch = tuple(self.point) + tuple(stored)
+            if there is not None:  # (in place at that point only: copied elsewhere)
+                branch = (If(Un("not", self.index(there), "bool"), branch),)
             (self.point, self.vals), self.branch = saved, False
             self.batchable = batchable
             if r.cond is None:
@@ -613,6 +626,27 @@ class _Lowering:
             else:
                 out = (If(self.index(r.cond), branch, out),)
         return list(out)
+
+    def _in_place_input(self, r):
+        """Where input ``r`` of the merge being lowered reads a buffer that lives in the
+        merge's memory (``Buffer.home``) at the point the merge's own is stored at, so that
+        there is nothing to copy (``plan.memory._homes``): True at every point (an update
+        written in place of the value it updates: ``U[d - 1]`` at ``d``), a condition in
+        the plan's form (an initial value of no dims where the merge's first point ``c``
+        is: ``d == c``), or None."""
+        if not r.stored:
+            return None
+        src = self.plan.buffer(r.src)
+        if src.home is None or src.home.buffer != self.st.id or len(self.st.dims) != 1:
+            return None
+        (d,) = self.st.dims
+        if any(not isinstance(a, At) for a in r.access):
+            return None
+        (at,) = src.home.at
+        at = px.substitute(at, {x: a.index for x, a in zip(src.dims, r.access)})
+        if px.difference(at, d) == 0:
+            return True
+        return ("eq", d, at) if not px.names(at) else None
 
     def _inside_box(self, e):
         """The domain without the conjuncts every point of the box meets (``d >= 0``,

@@ -144,6 +144,8 @@ def layout(plan: Plan) -> Layout | None:
     for b in plan.buffers:
         if b.donor is not None and b.donor in owner:
             owner[root(b.id)] = root(b.donor)
+        if b.home is not None and b.home.buffer in owner:  # (its values in its home's)
+            owner[root(b.id)] = root(b.home.buffer)
     lives: dict[int, list[int]] = {}
     sizes: dict[int, int] = {}
     offsets_in: dict[int, tuple[int, ...]] = {}
@@ -311,6 +313,9 @@ def iteration_local(plan: Plan) -> dict[int, list[Call]]:
                 if isinstance(it, Loop):
                     loop_of[id(c)] = it
     readers = plan.readers()
+    # (a buffer in another's memory, and that one: their bytes hold a value from one
+    # iteration to the next)
+    kept |= {x for b in plan.buffers if b.home is not None for x in (b.id, b.home.buffer)}
     out: dict[int, list[Call]] = {}
     for b in plan.buffers:
         st = plan.statement(b.id)

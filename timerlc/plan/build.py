@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import math
+from dataclasses import replace
 
 import sympy
 
@@ -26,7 +27,11 @@ from timerlc.plan.items import (
     At,
     Buffer,
     Env,
+    Call,
     Free,
+    Home,
+    If,
+    Loop,
     Node,
     Output,
     Plan,
@@ -62,6 +67,30 @@ def _branch_cond(node, cond):
         return c
 
     return ix.cond_to_plan(simplify(cond))
+
+
+def _idle_merges(graph: Graph, homes: dict) -> set[int]:
+    """The merges every input of which lives in the merge's own memory (``memory._homes``:
+    ``net[0]``, the initial value, and ``net[j + 1]``, the update, both where the merge keeps
+    ``net[j]``): at every point the value is there already, and a call would do nothing."""
+    inside: dict[int, set[int]] = {}
+    for x, (m, _) in homes.items():
+        inside.setdefault(m, set()).add(x)
+    return {m for m, xs in inside.items() if {e.src for e in graph.node(m).inputs} <= xs}
+
+
+def _without_calls(item, idle: set[int]):
+    """``item`` without the calls of the statements ``idle`` (None where nothing is left)."""
+    if isinstance(item, Call):
+        return None if item.statement in idle else item
+    if isinstance(item, Loop):
+        body = tuple(x for x in (_without_calls(x, idle) for x in item.body) if x is not None)
+        return replace(item, body=body) if body else None
+    if isinstance(item, If):
+        then = tuple(x for x in (_without_calls(x, idle) for x in item.then) if x is not None)
+        orelse = tuple(x for x in (_without_calls(x, idle) for x in item.orelse) if x is not None)
+        return replace(item, then=then, orelse=orelse) if then or orelse else None
+    return item
 
 
 def _outputs(types) -> tuple[Output, ...]:
@@ -114,16 +143,20 @@ def build_plan(
                 memory.donors.get(nid),
                 None if inner is None else Window(*inner),
                 memory.inner_outputs.get(nid),
+                None if nid not in memory.homes else Home(*memory.homes[nid]),
             )
         )
     tree = []
     floor_item = None  # the plan's index of memory.floor_item
+    idle = _idle_merges(graph, memory.homes)
     for k, item in enumerate(schedule.tree):
+        item = _without_calls(item, idle) if idle else item
         if k in memory.swap_ins:
             tree.append(SwapIn(tuple(memory.swap_ins[k])))
-        if k == memory.floor_item:
+        if k == memory.floor_item and item is not None:
             floor_item = len(tree)
-        tree.append(item)
+        if item is not None:
+            tree.append(item)
         if k in memory.frees:
             tree.append(Free(tuple(memory.frees[k])))
         if k in memory.swap_outs:

@@ -88,6 +88,19 @@ class Window:
 
 
 @dataclass(frozen=True, slots=True)
+class Home:
+    """A buffer that lives in another's memory (docs/plan.md, Storage): its point ``p`` is
+    stored where ``buffer``'s point ``at(p)`` is (one index expression over its dims per
+    dim of ``buffer``), and holds that point's value. An update written in place of the
+    value it updates: Adam's new parameters at ``j`` where the merge ``net[j + 1]`` that
+    reads them keeps its own (``at = (j + 1,)``); an initial value where the merge's first
+    point is (``net[0]``: ``at = (0,)``)."""
+
+    buffer: int
+    at: tuple
+
+
+@dataclass(frozen=True, slots=True)
 class Buffer:
     """The storage of a statement's values: one array per output, of shape ``extents +
     output.shape``. A block spans ``box``, the bounding box of the statement's domain from
@@ -106,6 +119,7 @@ class Buffer:
     # its dim (an environment step's observation is read at the next step, its reward
     # after the rollout)
     inner_outputs: tuple[int, ...] | None = None
+    home: Home | None = None  # the buffer whose memory holds its values
 
     @property
     def windows(self) -> tuple[Window, ...]:
@@ -426,10 +440,22 @@ class Plan:
         """The entry of each buffer's output in the table of addresses a kernel receives:
         the buffers' outputs in the plan's order."""
         out: dict[tuple[int, int], int] = {}
+        n = 0
         for b in self.buffers:
-            for k in range(len(b.outputs)):
-                out[(b.id, k)] = len(out)
+            if b.home is None:
+                for k in range(len(b.outputs)):
+                    out[(b.id, k)] = n
+                    n += 1
+        for b in self.buffers:  # (a buffer in another's memory: that one's entries)
+            if b.home is not None:
+                for k in range(len(b.outputs)):
+                    out[(b.id, k)] = out[(b.home.buffer, k)]
         return out
+
+    def storage_of(self, sid: int) -> int:
+        """The buffer whose memory holds ``sid``'s values: its ``home``'s, else its own."""
+        home = self.buffer(sid).home
+        return sid if home is None else home.buffer
 
 
 def walk(items):
@@ -586,6 +612,8 @@ def _buffer_json(b: Buffer) -> dict:
         storage["inner"] = {"dim": b.inner.dim, "size": b.inner.size}
         if b.inner_outputs is not None:
             storage["inner"]["outputs"] = list(b.inner_outputs)
+    if b.home is not None:
+        storage["home"] = {"buffer": b.home.buffer, "at": [px.to_json(e) for e in b.home.at]}
     return {
         "id": b.id,
         "name": b.name,
@@ -813,6 +841,8 @@ class _Reader:
         for b in buffers:
             if b.donor is not None and (b.donor not in self.buffers or b.donor == b.id):
                 self.fail(f"buffer {b.id} takes the memory of {b.donor}, not another buffer")
+            if b.home is not None:
+                self._check_home(b)
         self.path.pop()
         statements = self.field(d, "statements", self.each, self.statement)
         if {s.id for s in statements} != set(self.buffers) or len(statements) != len(buffers):
@@ -1223,6 +1253,31 @@ class _Reader:
             self.fail(f"a shape of {math.prod(shape)} elements (at most {MAX_ELEMENTS})")
         return shape
 
+    def _check_home(self, b: Buffer):
+        """A buffer in another's memory: the home a ring buffer of one slot along its only
+        dim, with one output, in no other memory itself; the buffer a ring buffer of one
+        slot along the same dim, its only one, or a block of no dims, with the same output;
+        neither a donor's memory nor a donor."""
+        h = self.buffers.get(b.home.buffer)
+        what = f"buffer {b.id} lives in the memory of buffer {b.home.buffer}"
+        if h is None or h.id == b.id:
+            self.fail(f"{what}, not another buffer")
+        for x in (h, b) if b.window is not None else (h,):
+            if x.window is None or x.window.size != 1 or x.inner is not None:
+                self.fail(f"{what}: buffer {x.id} is not a ring buffer of one slot")
+            if x.dims != (h.window.dim,):
+                self.fail(f"{what}: buffer {x.id} has dims other than {h.window.dim}")
+        if b.window is None and b.dims:
+            self.fail(f"{what}: a block over dims {', '.join(b.dims)}")
+        if h.home is not None or h.outputs != b.outputs or len(b.outputs) != 1:
+            self.fail(f"{what}, which has other outputs or lives in another's memory")
+        if (
+            b.donor is not None
+            or h.donor is not None
+            or any(x.donor in (b.id, h.id) for x in self.buffers.values())
+        ):
+            self.fail(f"{what}: one of them takes or gives a donor's memory")
+
     def buffer(self, v) -> Buffer:
         d = self.obj(v, ("id", "name", "dims", "box", "outputs", "storage", "donor"))
         dims = self.field(d, "dims", self.names_in, self.bounds, "a dim", self.dim_order)
@@ -1232,11 +1287,21 @@ class _Reader:
         outputs = self.field(d, "outputs", self.each, self.output, limit=8)
         if not outputs:
             self.fail("a buffer with no outputs")
-        storage = self.obj(d["storage"], ("kind",), ("dim", "size", "inner"))
-        window = inner = inner_outputs = None
+        storage = self.obj(d["storage"], ("kind",), ("dim", "size", "inner", "home"))
+        window = inner = inner_outputs = home = None
         self.path.append(".storage")
+        if "home" in storage:
+            self.path.append(".home")
+            h = self.obj(storage["home"], ("buffer", "at"))
+            home = Home(
+                self.field(h, "buffer", self.int_),
+                self.field(h, "at", self.each, self.expr, set(dims), limit=1),
+            )
+            if len(home.at) != 1:
+                self.fail("expected one index (a home has one dim)")
+            self.path.pop()
         if storage["kind"] == "window":
-            self.obj(storage, ("kind", "dim", "size"), ("inner",))
+            self.obj(storage, ("kind", "dim", "size"), ("inner", "home"))
             dim = self.field(storage, "dim", self.name_in, dims, "a dim of the buffer")
             size = self.field(storage, "size", self.int_, 1)
             window = Window(dim, size)
@@ -1255,7 +1320,7 @@ class _Reader:
                     if inner_outputs[-1] >= len(outputs):
                         self.fail(f"output {inner_outputs[-1]} of {len(outputs)} outputs")
                 self.path.pop()
-        elif storage["kind"] != "block" or len(storage) != 1:
+        elif storage["kind"] != "block" or len(storage) != 1 + (home is not None):
             self.fail(f"unknown storage {_short(storage)}")
         self.path.pop()
         b = Buffer(
@@ -1268,6 +1333,7 @@ class _Reader:
             self.field(d, "donor", self.opt_int),
             inner,
             inner_outputs,
+            home,
         )
         for k, o in enumerate(outputs):
             if math.prod(b.extents(k)) * math.prod(o.shape) > MAX_ELEMENTS:
@@ -1455,6 +1521,10 @@ class _Reader:
                 unknown = [s for s in sids if s not in self.buffers]
                 if unknown:
                     self.fail(f"buffer {unknown[0]} does not exist")
+                homed = [s for s in sids if self.buffers[s].home is not None]
+                if homed:
+                    home = self.buffers[homed[0]].home.buffer
+                    self.fail(f"buffer {homed[0]} lives in the memory of buffer {home}")
                 return kind(sids)
         self.fail(f"unknown loop tree item with fields {_short(sorted(v))}")
 

@@ -20,6 +20,12 @@ dying buffer a statement takes over instead of allocating its own.
   the last the iteration wrote. Each output gets the slots its own reads need, and
   outputs whose reads allow no second ring buffer keep every index of that dim (an
   environment step's observation is read at the next step, its reward after the rollout).
+- **In place** (``_homes``). An update ``U`` read by the next step's merge ``M``
+  (``net[j + 1] = adam(net[j], ...)``), both ring buffers of one slot, is stored where
+  ``M[j + 1]`` is, over ``M[j]`` once every other reader has read it; the merge's initial
+  value, a statement of no dims only the merge's first point reads, where that point is.
+  The buffer then has no memory of its own (``Buffer.home``), and a merge all of whose
+  inputs are in its memory is not called (``build._idle_merges``).
 - **Frees.** A buffer that is not an output or a metric is dropped right after the last
   top-level item of the loop tree that writes or reads it (unless that is the last item).
 - **Donation.** A statement that runs as one batch (no loop dims), is itself a top-level
@@ -49,8 +55,9 @@ from dataclasses import dataclass, field, replace
 
 import islpy as isl
 
+from timerlc import ops
 from timerlc.ir import index as ix
-from timerlc.ir.pdg import Graph
+from timerlc.ir.pdg import Graph, Point
 from timerlc.plan.items import Buffer, Call, Loop, Window
 from timerlc.poly import isl as pisl
 from timerlc.schedule.build import Schedule
@@ -79,6 +86,9 @@ class MemoryPlan:
     inner: dict[int, tuple[str, int]] = field(default_factory=dict)
     # statement -> the outputs that have that second ring buffer, where not all of them do
     inner_outputs: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # statement -> (the statement whose memory holds its values, where: its point p is that
+    # one's at(p), one index expression in the plan's form)
+    homes: dict[int, tuple[int, tuple]] = field(default_factory=dict)
 
 
 def plan_memory(
@@ -110,26 +120,31 @@ def plan_memory(
                 inner[x], outs = v
                 if outs is not None:
                     inner_outputs[x] = outs
+    homes = _homes(graph, schedule, windows, inner, maps, kept, readers)
     uses: dict[int, list[int]] = {}  # per buffer, the top-level items that write or read it
     for k, item in enumerate(schedule.tree):
         touched: set[int] = set()
         for y in _calls(item):
             touched.add(y)
             touched |= direct[y]
-        for x in touched:
+        for x in {homes[x][0] if x in homes else x for x in touched}:
             uses.setdefault(x, []).append(k)
     last = {x: ks[-1] for x, ks in uses.items()}  # the last item that writes or reads it
     frees: dict[int, list[int]] = {}
     for x, k in sorted(last.items()):
         if x not in kept and k < len(schedule.tree) - 1:
             frees.setdefault(k, []).append(x)
-    donors = _donations(graph, schedule, buffers, windows, direct, last, kept)
+    donors = _donations(graph, schedule, buffers, windows, direct, last, kept, homes)
     sizes = {
-        x: buffer_bytes(buffers[x], windows.get(x), inner.get(x), inner_outputs.get(x))
+        x: 0
+        if x in homes
+        else buffer_bytes(buffers[x], windows.get(x), inner.get(x), inner_outputs.get(x))
         for x in schedule.statements
     }
     swap = _swaps(len(schedule.tree), uses, sizes, kept, windows, donors, budget)
-    return MemoryPlan(windows, frees, donors, *swap, inner=inner, inner_outputs=inner_outputs)
+    return MemoryPlan(
+        windows, frees, donors, *swap, inner=inner, inner_outputs=inner_outputs, homes=homes
+    )
 
 
 def buffer_bytes(
@@ -271,6 +286,167 @@ def _window(graph: Graph, schedule: Schedule, x: int, readers, maps, buffers, ke
     return dim, size
 
 
+def _homes(graph: Graph, schedule: Schedule, windows, inner, maps, kept, readers) -> dict:
+    """``{update: (merge, (d + 1,))}``: the updates written in place of the values they
+    update; and ``{initial value: (merge, (first,))}``: the initial values written where the
+    merge's first point is (``_initial``).
+
+    ``net[j + 1] = adam(net[j], ...)`` is a merge ``M`` (``net[j]``: the initial value at
+    ``j = 0``, else ``U[j - 1]``) and an update ``U``, both ring buffers of one slot along
+    ``j``: the merge copies the update into its own slot at every step. The update's values
+    can be stored in the merge's slot instead (``U[p]`` where ``M[p + 1]`` is), and the copy
+    left out: the merge's slot holds ``M[p]`` until ``U[p]`` is written over it, and
+    ``U[p]``, which is ``M[p + 1]``, from then on. That is right where
+
+    - ``M`` and ``U`` are statements of one dim, the window's, with one output of one type,
+      ``M`` reads ``U`` at ``d - 1`` only, and takes that input wherever ``U[d - 1]`` is
+      defined (first match wins: no input before it applies there);
+    - every read of ``M[p]`` by another statement comes before ``U[p]`` is written (by the
+      band's coordinate, then the position at an equal one); ``U[p]``'s reads, before
+      ``U[p + 1]``'s write, as its window of one slot already says;
+    - ``U`` reads ``M`` at its own point only, through elementwise ops (each element of its
+      value is computed from the same element of ``M`` before it is written over), and
+      cannot fail (a failed call is computed again from its inputs: ``runtime``).
+
+    Adam's new parameters and moments, in every program: a buffer each less (PPO at 3x256x256
+    observations: 288 MiB)."""
+    times = schedule.times
+    homes: dict[int, tuple[int, int]] = {}
+    for m in sorted(schedule.statements):
+        node = graph.node(m)
+        w = windows.get(m)
+        if node.op != "merge" or w is None or w[1] != 1 or m in inner or node.dims != (w[0],):
+            continue
+        dim = w[0]
+        for k, e in enumerate(node.inputs):
+            u = e.src
+            if (
+                u == m
+                or u not in schedule.statements
+                or u in kept
+                or u in homes
+                or windows.get(u) != w
+                or u in inner
+                or graph.node(u).dims != node.dims
+                or graph.node(u).types != node.types
+                or len(node.types) != 1
+                or not isinstance(e.access[0], Point)
+                or ix.affine_offset(e.access[0].expr, dim) != -1
+            ):
+                continue
+            if _in_place(graph, schedule, m, u, k, maps.get(m, {}), times):
+                homes[u] = (m, (ix.to_plan(ix.sym(dim) + 1),))
+                break
+        at = _initial(graph, schedule, m, homes, readers, kept)
+        if at is not None:
+            homes[at[0]] = (m, (at[1],))
+    return homes
+
+
+def _initial(graph: Graph, schedule: Schedule, m: int, homes, readers, kept):
+    """``(x, first)``: the initial value ``x`` of merge ``m`` (``net[0]``, the orthogonal
+    weights) written where ``m``'s first point ``first`` is, or None. The merge would copy
+    it there at its first call, and nothing but that call reads it: it lived through the
+    training loop (a weight's size more). Right where ``x`` is a statement of no dims with
+    ``m``'s type, read by ``m`` alone through one input, which applies at ``m``'s first
+    point only; and nothing else is written into ``m``'s memory before that point (an
+    update in place, ``U[p]`` at ``p + 1``, writes after it)."""
+    node = graph.node(m)
+    dom = pisl.domain_set(node.domain, f"n{m}")
+    first = dom.lexmin()
+    if not first.is_singleton():
+        return None
+    taken = dom.subtract(dom)
+    for e in node.inputs:
+        x = e.src
+        where = dom if e.cond is None else pisl.cond_set(node.dims, e.cond, f"n{m}")
+        where = where.intersect(dom).subtract(taken)
+        taken = taken.union(where)
+        if (
+            x == m
+            or x not in schedule.statements
+            or x in kept
+            or x in homes
+            or graph.node(x).dims
+            or ops.is_env(graph.node(x).op)
+            or graph.node(x).types != node.types
+            or readers.get(x, set()) != {m}
+            or sum(e2.src == x for j in schedule.statements[m].body for e2 in graph.node(j).inputs)
+            != 1
+            or not where.is_equal(first)
+        ):
+            continue
+        p0 = first.dim_min_val(0).to_python()
+        (d,) = (ix.isl_name(v) for v in node.dims)
+        for u, (h, _) in homes.items():  # (each U[p] at p + 1: after the first point)
+            if h == m:
+                later = _written(graph, u).apply(isl.Map(f"{{ n{u}[{d}] -> n{m}[{d} + 1] }}"))
+                if not later.is_empty() and later.dim_min_val(0).to_python() <= p0:
+                    return None
+        return x, p0
+    return None
+
+
+def _in_place(graph: Graph, schedule: Schedule, m: int, u: int, k: int, maps, times) -> bool:
+    """Whether update ``u`` may be written in place of merge ``m``, whose input ``k`` reads
+    ``u`` at ``d - 1`` (``_homes``)."""
+    node = graph.node(m)
+    reads_u = [e for j in schedule.statements[m].body for e in graph.node(j).inputs if e.src == u]
+    if len(reads_u) != 1:
+        return False
+    if times[u][0] != times[m][0] or _PHI.match(times[u][1]) is None:
+        return False
+    # where U[p - 1] is defined, M[p] takes input k: U[p - 1] is M[p]
+    (d,) = (ix.isl_name(x) for x in node.dims)
+    after = isl.Map(f"{{ n{u}[{d}] -> n{m}[{d} + 1] }}")
+    covered = _written(graph, u).apply(after).intersect(pisl.domain_set(node.domain, f"n{m}"))
+    taken = covered.subtract(covered)
+    for j, e in enumerate(node.inputs[: k + 1]):
+        where = (
+            pisl.domain_set(node.domain, f"n{m}")
+            if e.cond is None
+            else pisl.cond_set(node.dims, e.cond, f"n{m}")
+        )
+        if j < k:
+            taken = taken.union(where)
+        elif not covered.is_subset(where.subtract(taken)):
+            return False
+    # U reads M at its own point only, through elementwise ops that cannot fail
+    for j in schedule.statements[u].body:
+        n = graph.node(j)
+        kind = ops.get(n.op).kind
+        if kind != "elementwise" and not (kind == "source" and not n.inputs):
+            return False
+        for e in n.inputs:
+            if e.src == m and (
+                e.cond is not None
+                or not isinstance(e.access[0], Point)
+                or ix.affine_offset(e.access[0].expr, node.dims[0]) != 0
+            ):
+                return False
+    # every other read of M[p] comes before U[p]'s write
+    own = isl.Map(f"{{ n{u}[{d}] -> n{m}[{d}] }}")
+    overwritten = _written(graph, u).apply(own)
+    phi_u = _phi_map(graph, m, times[u][1])
+    for y, rmap in maps.items():
+        if y == u:
+            continue
+        delta = (
+            rmap.intersect_range(overwritten)
+            .apply_domain(_phi_map(graph, y, times[y][1]))
+            .apply_range(phi_u)
+            .deltas()
+        )  # phi_U(p) - phi_Y(q)
+        if delta.is_empty():
+            continue
+        lo = delta.dim_min_val(0)
+        if not lo.is_int() or lo.to_python() < 0:
+            return False
+        if lo.to_python() == 0 and not _runs_before(times[y], times[u]):
+            return False
+    return True
+
+
 def _runs_before(ty: tuple, tx: tuple) -> bool:
     """Whether, at an equal coordinate of their band (``t[1]``), the statement of time vector
     ``ty`` runs before that of ``tx``: an earlier position at the next level (statements of
@@ -395,12 +571,14 @@ def _calls(item) -> set[int]:
     return out
 
 
-def _donations(graph, schedule: Schedule, buffers, windows, direct, last, kept) -> dict:
+def _donations(graph, schedule: Schedule, buffers, windows, direct, last, kept, homes) -> dict:
     donors: dict[int, int] = {}
-    taken: set[int] = set()
+    taken: set[int] = set(homes)  # (in another's memory: it neither takes nor gives one)
     for k, item in enumerate(schedule.tree):
         y = item.statement if isinstance(item, Call) else None
         if y is None or schedule.statements[y].loops or len(buffers[y].outputs) != 1:
+            continue
+        if y in homes:
             continue
         if not _fills_box(graph, y, buffers[y].box):
             continue

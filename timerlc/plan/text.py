@@ -28,6 +28,9 @@ def _storage(buf) -> str:
             text += f" of outputs {','.join(str(k) for k in buf.inner_outputs)}"
     if buf.donor is not None:
         text += f", donated by {buf.donor}"
+    if buf.home is not None:
+        at = ", ".join(px.text(e) for e in buf.home.at)
+        text += f", in the memory of {buf.home.buffer} at [{at}]"
     return text
 
 

@@ -231,6 +231,7 @@ class _Statement:
         self.rt = runtime
         self.native = None  # the kernel's ctypes function, if the plan has one
         self.window = _window(plan, spec.id, 0)
+        self.home = plan.buffer(spec.id).home  # (its values in another buffer's memory)
         # outputs whose ring buffers are not output 0's: output -> their wraps
         self.n_outputs = len(spec.node.types)
         self.own_windows = {
@@ -352,7 +353,7 @@ class _Statement:
         self.bookkeeping = (
             self.id in self.rt.valid
             or self.id in self.rt.metric_of
-            or (self.window is not None and self.rt.slots is not None)
+            or ((self.window is not None or self.home is not None) and self.rt.slots is not None)
         )
 
     def rerun(self, key: tuple):
@@ -494,6 +495,10 @@ class _Statement:
                 mask[batch.basic_where] = True
             else:
                 mask[self._fancy(batch)] = True
+        if self.home is not None and self.window is None and self.rt.slots is not None:
+            # (a value of no dims in another's memory: it holds its home's point ``at``)
+            at = home_point(self.rt.plan.buffer(self.id), ())
+            self.rt.slot_owner(self.id, 0)[(0,)] = _slot_code([at])
         if self.window is not None and self.rt.slots is not None:
             raw = tuple(batch.coords[d] for d in self.dims)
             for k in range(self.n_outputs):
@@ -501,6 +506,9 @@ class _Statement:
                 if wraps is not None:
                     where = self._fancy(batch) if wraps is self.window else _wrapped(raw, wraps)
                     coords = [batch.coords[self.dims[j]] for j in wraps]
+                    if self.home is not None:  # (recorded as its home's points)
+                        raw = tuple(batch.coords[d] for d in self.dims)
+                        coords = [home_point(self.rt.plan.buffer(self.id), raw)]
                     self.rt.slot_owner(self.id, k)[where] = _slot_code(coords)
 
     def _first_failure(self, batch: _Batch, failed: "_OpFailed") -> RunError:
@@ -664,6 +672,9 @@ class CpuRuntime:
         self.donee: dict[int, int] = {}
         # checking mode: per ring buffer, the window dim's index each slot holds (-1: none)
         self.slots: dict[tuple[int, int], np.ndarray] | None = {} if check_windows else None
+        # the buffers that live in another's memory (``Buffer.home``): each its home's arrays
+        self.homes = {b.id: b.home.buffer for b in plan.buffers if b.home is not None}
+        self._views: dict[int, tuple] = {}  # per such buffer: (its home's arrays, views)
         self.metric_of = {sid: name for name, sid, _ in plan.metrics}
         self.envs = EnvRunner.of_plan(plan, allow_nonfinite)
         # per output statement, which points of its box are computed (docs/interruptions.md)
@@ -718,13 +729,34 @@ class CpuRuntime:
 
     # ------------------------------------------------------------------ buffers
     def read(self, sid: int) -> list[np.ndarray]:
+        """The arrays of ``sid`` for a read (a buffer in another's memory: views of that
+        one's, in its own shape)."""
+        home = self.homes.get(sid)
+        if home is not None:
+            return self._viewed(sid, self.read(home))
         bufs = self.buffers[sid]
         return bufs if bufs is not None else self._allocate(sid, False)
 
     def written(self, sid: int) -> list[np.ndarray]:
         """The arrays of ``sid`` for a write: its donor's memory at its first write."""
+        home = self.homes.get(sid)
+        if home is not None:
+            return self._viewed(sid, self.written(home))
         bufs = self.buffers[sid]
         return bufs if bufs is not None else self._allocate(sid, True)
+
+    def _viewed(self, sid: int, bufs: list[np.ndarray]) -> list[np.ndarray]:
+        """``bufs`` (its home's arrays) in the shapes of ``sid``'s (the same memory: one slot
+        of the home, all of a value of no dims)."""
+        got = self._views.get(sid)
+        if got is None or got[0] is not bufs:
+            spec = self.plan.buffer(sid)
+            views = [
+                b.reshape(spec.extents(k) + o.shape)
+                for k, (b, o) in enumerate(zip(bufs, spec.outputs))
+            ]
+            got = self._views[sid] = (bufs, views)
+        return got[1]
 
     def written_at(self, sid: int, idxs: list[tuple]) -> list[np.ndarray]:
         """The arrays of ``sid`` for a write of one point, at ``idxs`` in each output's array
@@ -777,6 +809,8 @@ class CpuRuntime:
         """Buffer ``sid``'s arrays (None: none), and their addresses for the kernels;
         ``donor``: the buffer whose memory they are (a donation)."""
         self.buffers[sid] = bufs
+        if bufs is None and self._views:  # (no views keep a freed home's arrays alive)
+            self._views = {x: v for x, v in self._views.items() if self.homes[x] != sid}
         for k in range(len(self.plan.buffer(sid).outputs)):
             self.table[self.slot[(sid, k)]] = 0 if bufs is None else bufs[k].ctypes.data
 
@@ -830,7 +864,10 @@ class CpuRuntime:
         self._set(sid, bufs)
 
     def slot_owner(self, sid: int, out: int) -> np.ndarray:
-        """Checking mode: per slot of output ``out`` of ``sid``, the point it holds."""
+        """Checking mode: per slot of output ``out`` of ``sid``, the point it holds (of the
+        buffer whose memory it is: a buffer in another's memory records its points as that
+        one's, at ``Home.at``)."""
+        sid = self.homes.get(sid, sid)
         if (sid, out) not in self.slots:
             shape = self.plan.buffer(sid).extents(out)
             self.slots[(sid, out)] = np.full(shape, -1, np.int64)
@@ -839,6 +876,10 @@ class CpuRuntime:
     def check_slots(self, sid: int, out: int, idx: tuple, wraps: dict[int, int], where):
         """Checking mode: a read of a ring buffer must find the points it asks for
         (``wraps``: axis -> slots of output ``out``)."""
+        spec = self.plan.buffer(sid)
+        if spec.home is not None:  # (its point p is its home's at(p))
+            idx = (home_point(spec, idx),)
+            wraps = self.plan.buffer(spec.home.buffer).wraps(out)
         held = self.slot_owner(sid, out)[_wrapped(idx, wraps)]
         want = _slot_code([idx[k] for k in wraps])
         wrong = held != np.broadcast_to(want, np.shape(held))
@@ -1142,6 +1183,12 @@ def _env_states(plan: Plan) -> list:
         raise RunError(f"an environment of the plan could not be made: {e.message}") from None
 
 
+def home_point(spec, idx: tuple):
+    """The index, along its home's dim, where a buffer in another's memory holds its
+    points ``idx`` (index arrays, one per dim): ``Home.at``."""
+    return np.asarray(px.compile_expr(spec.home.at[0], spec.dims, vector=True)(*idx))
+
+
 def _touched(plan: Plan, calls: set[int]) -> list[tuple[int, bool]]:
     """The buffers the statements ``calls`` write or read, with whether they are written
     (allocated before native code runs them; not an interpreted statement that takes a
@@ -1151,11 +1198,11 @@ def _touched(plan: Plan, calls: set[int]) -> list[tuple[int, bool]]:
     for sid in calls:
         if sid not in kernels and plan.buffer(sid).donor is not None:
             continue  # interpreted: it allocates, and takes its donor's memory, itself
-        out[sid] = True
+        out[plan.storage_of(sid)] = True  # (a buffer in another's memory: that one)
         for n in plan.statement(sid).nodes:
             for r in n.inputs:
-                if r.stored and r.src not in out:
-                    out[r.src] = False
+                if r.stored and plan.storage_of(r.src) not in out:
+                    out[plan.storage_of(r.src)] = False
     # the reads first: a donor is allocated before the statement takes its memory
     return sorted(out.items(), key=lambda kv: (kv[1], kv[0]))
 

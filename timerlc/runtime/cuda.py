@@ -1315,11 +1315,15 @@ class DeviceRuntime(CpuRuntime):
 
     # the host's accesses: current values, and what the host writes is current there only
     def read(self, sid: int) -> list[np.ndarray]:
+        if sid in self.homes:  # (views of its home's arrays)
+            return self._viewed(sid, self.read(self.homes[sid]))
         bufs = super().read(sid)
         self._to_host(sid)
         return bufs
 
     def written(self, sid: int) -> list[np.ndarray]:
+        if sid in self.homes:
+            return self._viewed(sid, self.written(self.homes[sid]))
         self._settle()  # (the host's write could change a failed call's inputs)
         bufs = super().written(sid)
         self._to_host(sid)  # a call writes some points: the others must be current too
@@ -1337,6 +1341,8 @@ class DeviceRuntime(CpuRuntime):
         """The arrays of ``sid`` for a write of one point, at ``idxs`` in each output's
         array: where the device holds the rest of the buffer, only the point's bytes will go
         up (nothing comes down)."""
+        if sid in self.homes:  # (its points are its home's: all of it goes up)
+            return self.written(sid)
         self._settle()
         bufs = self.buffers[sid]
         if bufs is None:
@@ -1799,7 +1805,8 @@ class DeviceRuntime(CpuRuntime):
             (call.m, call.n),
         )
         size = DTYPES[call.dtype]
-        index_of = {index: key for key, index in self.slot.items()}
+        # (a buffer in another's memory has that one's entries: the entry is that one's)
+        index_of = {index: key for key, index in self.slot.items() if key[0] not in self.homes}
 
         def memory(o, scratch_ptr: int) -> tuple[int, int]:
             if o.space == "scratch":
