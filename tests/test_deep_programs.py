@@ -51,6 +51,25 @@ def test_a_when_chain_of_150_conditions(tmp_path):
     np.testing.assert_array_equal(r, np.where(np.arange(300) % 2 == 0, 1.0, 2.0))
 
 
+def test_a_when_chain_past_the_comparison_limit_is_refused_at_once(tmp_path):
+    """A ``when`` of 1,500 ``or``s (fuzz.py) took minutes to check: the points of each
+    equation exclude every earlier one's, worked out in time that grows as the square of
+    the comparisons. A tensor's conditions hold at most ``MAX_COMPARISONS`` (256)."""
+    conds = " or ".join(f"t == {k}" for k in range(0, 3000, 2))
+    text = f"dim t < 3000\nr[t] = 1.0 when {conds}\nr[t] = 2.0\nout r\n"
+    out = diagnose(tmp_path, text, raw=True)
+    assert_diagnostic(out, 2, 17, "1500 comparisons", "at most 256", "t % 3 == 0")
+
+
+def test_a_tensor_of_more_than_64_equations_is_refused_at_the_65th(tmp_path):
+    eqs = "".join(f"r[t] = {k}.0 when t == {k}\n" for k in range(64))
+    out = diagnose(tmp_path, f"dim t < 100\n{eqs}r[t] = -1.0\nout r\n", raw=True)
+    assert_diagnostic(out, 66, 1, "'r' has 65 equations", "at most 64", "where(")
+    # 64 of them are taken (r is defined at t < 64)
+    r = _run_both(tmp_path, f"dim t < 100\n{eqs}out r\n")
+    np.testing.assert_array_equal(r, np.arange(64.0))
+
+
 def test_a_line_of_100000_characters(tmp_path):
     terms = " + 0.25" * 1500
     text = f"dim t < 3\nr[t] = f32(t){terms}  # {'x' * 100_000}\nout r\n"

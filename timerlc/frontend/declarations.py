@@ -28,6 +28,13 @@ from timerlc.plan.items import MAX_EXTENT
 from timerlc.poly import isl as pisl
 from timerlc.types import DTYPES, TensorType
 
+# A tensor's equations and the comparisons of their ``when`` conditions
+# (docs/language.md): each equation's points exclude every earlier one's, which the checks
+# work out in time that grows as the square of the equations and the comparisons (200
+# equations of one tensor took a minute to check; a fuzzed ``when`` of 1,500 ``or``s, more)
+MAX_EQUATIONS = 64
+MAX_COMPARISONS = 256
+
 
 @dataclass(frozen=True)
 class DimInfo:
@@ -67,6 +74,7 @@ class EquationInfo:
     iter_cond: object = sympy.true  # box and when
     eff_cond: object = sympy.true  # where at least one of its left sides is in effect
     params: ast.ParamsDecl | None = None
+    comparisons: int = 0  # in its ``when`` condition
 
     @property
     def span(self) -> Span | None:
@@ -244,9 +252,19 @@ def collect(
             info.equations.append(eq)
 
     for t in info.tensors.values():
+        if len(t.definitions) > MAX_EQUATIONS:
+            eq, pos = t.definitions[MAX_EQUATIONS]
+            raise ProgramError(
+                f"'{t.name}' has {len(t.definitions)} equations; timerlc takes at most "
+                f"{MAX_EQUATIONS} for one tensor (the points of each exclude those of every "
+                "earlier one): fold the cases into fewer equations with where(...)",
+                eq.lhs[pos].span,
+            )
         _assign_dims(info, t)
     for eq in info.equations:
         _iteration_domain(info, eq)
+    for t in info.tensors.values():
+        _count_comparisons(t)
     for t in info.tensors.values():
         _defined_points(info, t)
     _check_tuple_equations(info)
@@ -436,11 +454,28 @@ def _iteration_domain(info: ProgramInfo, eq: EquationInfo):
             )
     eq.iter_dims = info.canonical(used[0])
     cond = info.box(eq.iter_dims)
+    eq.comparisons = 0
     if eq.stmt is not None and eq.stmt.when is not None:
-        cond = sympy.And(
-            cond, to_condition(eq.stmt.when, info.scope(iterated=frozenset(eq.iter_dims)))
-        )
+        when = to_condition(eq.stmt.when, info.scope(iterated=frozenset(eq.iter_dims)))
+        eq.comparisons = sum(1 for x in sympy.preorder_traversal(when) if x.is_Relational)
+        cond = sympy.And(cond, when)
     eq.iter_cond = cond
+
+
+def _count_comparisons(t: TensorInfo):
+    """At most ``MAX_COMPARISONS`` comparisons in the ``when`` conditions of ``t``'s
+    equations, all together (a tuple equation's count for each of its tensors)."""
+    total = 0
+    for eq, _ in t.definitions:
+        total += eq.comparisons
+        if total > MAX_COMPARISONS:
+            raise ProgramError(
+                f"the 'when' conditions of '{t.name}' hold {total} comparisons up to this "
+                f"one; timerlc takes at most {MAX_COMPARISONS} for one tensor: a set of points "
+                "is often "
+                "one comparison (t % 3 == 0 for t == 0 or t == 3 or ...)",
+                eq.stmt.when.span,
+            )
 
 
 def _defined_points(info: ProgramInfo, t: TensorInfo):
