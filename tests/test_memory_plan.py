@@ -585,6 +585,20 @@ def test_an_update_is_written_in_place_of_the_value_it_updates():
     )
 
 
+def test_a_metric_of_the_old_value_runs_before_the_update():
+    """``total[i] = sum(x[i])``, a metric, joins the loop after it was built, where it went
+    at the end of the body, after ``y[i]``, the update of ``x[i]``: then ``y`` could not be
+    written over ``x[i]``. A joined item that reads a merge and not its update goes before
+    the update: ``total`` runs first and ``y`` lives in ``x``'s memory."""
+    plan, _ = in_place_run(UPDATE)
+    x, total = buffer_named(plan, "x"), buffer_named(plan, "total")
+    ((y, home),) = homes(plan).items()
+    assert home.buffer == x.id
+    (loop,) = [it for it in plan.tree if isinstance(it, items.Loop)]
+    order = [c.statement for c in items.walk(loop.body) if isinstance(c, Call)]
+    assert order.index(total.id) < order.index(y)
+
+
 def calls_of(plan: Plan, sid: int) -> int:
     return sum(1 for it in items.walk(plan.tree) if isinstance(it, Call) and it.statement == sid)
 

@@ -221,6 +221,7 @@ def build_schedule(graph: Graph) -> Schedule:
     tree = build(list(stored), pairs, {}, top=True)
     metric_nodes = {graph.tensor(name).node for name in graph.metrics} & stored
     fuse = _Fuse(graph, pairs, build)
+    fuse.updates = _carried_updates(graph, bodies)
     tree = _stream_metrics(tree, fuse, metric_nodes)
     tree = _join_producers(tree, fuse)
 
@@ -282,6 +283,24 @@ def build_schedule(graph: Graph) -> Schedule:
     groups = _groups(graph, statements, looped, slots)
     tree = _loop_tree(graph, statements, padded, groups, points, width)
     return Schedule(statements, tuple(order), padded, tree, pairs)
+
+
+def _carried_updates(graph: Graph, bodies: dict) -> dict[int, int]:
+    """The stored nodes a merge reads (``net[j + 1] = U[j]``) that read the merge too
+    (``U[j] = adam(net[j], ...)``): each update carried to the next step, with its merge."""
+    out = {}
+    for m in bodies:
+        if graph.node(m).op != "merge":
+            continue
+        for e in graph.node(m).inputs:
+            u = e.src
+            if (
+                u != m
+                and u in bodies
+                and any(x.src == m for k in bodies[u] for x in graph.node(k).inputs)
+            ):
+                out[u] = m
+    return out
 
 
 def _domain(graph: Graph, nid: int) -> isl.Set:
@@ -371,6 +390,7 @@ class _Fuse:
         self.dims_of = {n.id: n.dims for n in graph.nodes}
         self._spans: dict[tuple, tuple | None] = {}  # (node, its map) -> (lo, hi), () empty
         self.reads_of: dict[int, set[int]] = {}
+        self.updates: dict[int, int] = {}  # an update carried to the next step -> its merge
         for a, b in pairs:
             if a != b:
                 self.reads_of.setdefault(a, set()).add(b)
@@ -577,6 +597,15 @@ def _join(host, items, fuse: _Fuse, stream: str):
     for n, c in level.coords.items():
         if c is not None and dims_of[n][c] not in names:
             names.append(dims_of[n][c])
+    # the updates carried to the next step at the end of the host's body (Adam's, an SGD
+    # step's): an item that reads their merges and not them goes before them, so that the
+    # memory plan can write each over its merge's value (``plan.memory._homes``); once one
+    # goes after them, every later one does
+    at = len(children)
+    while at and children[at - 1][0] == "leaf" and children[at - 1][1] in fuse.updates:
+        at -= 1
+    ups = {it[1] for it in children[at:]}
+    merges = {fuse.updates[u] for u in ups}
     for pos, item in enumerate(items):
         mine = _members(item)
         # the host's loop dims this item has, most shared first; if none, a fixed coordinate
@@ -609,7 +638,13 @@ def _join(host, items, fuse: _Fuse, stream: str):
             shift.update(sh)
             phi.update(ph)
             used.update(now)
-            children.extend(sub)
+            reads = set().union(*(fuse.reads_of.get(n, set()) for n in mine))
+            if ups and reads & merges and not reads & ups:
+                children[at:at] = sub
+                at += len(sub)
+            else:
+                children.extend(sub)
+                ups = set()
             break
         else:
             return None
