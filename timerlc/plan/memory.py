@@ -311,11 +311,13 @@ def _homes(graph: Graph, schedule: Schedule, windows, inner, maps, kept, readers
     Adam's new parameters and moments, in every program: a buffer each less (PPO at 3x256x256
     observations: 288 MiB)."""
     times = schedule.times
-    homes: dict[int, tuple[int, int]] = {}
+    homes: dict[int, tuple[int, tuple]] = {}
     for m in sorted(schedule.statements):
         node = graph.node(m)
         w = windows.get(m)
         if node.op != "merge" or w is None or w[1] != 1 or m in inner or node.dims != (w[0],):
+            continue
+        if len(node.types) != 1:
             continue
         dim = w[0]
         for k, e in enumerate(node.inputs):
@@ -329,7 +331,6 @@ def _homes(graph: Graph, schedule: Schedule, windows, inner, maps, kept, readers
                 or u in inner
                 or graph.node(u).dims != node.dims
                 or graph.node(u).types != node.types
-                or len(node.types) != 1
                 or not isinstance(e.access[0], Point)
                 or ix.affine_offset(e.access[0].expr, dim) != -1
             ):
@@ -352,16 +353,11 @@ def _initial(graph: Graph, schedule: Schedule, m: int, homes, readers, kept):
     point only; and nothing else is written into ``m``'s memory before that point (an
     update in place, ``U[p]`` at ``p + 1``, writes after it)."""
     node = graph.node(m)
-    dom = pisl.domain_set(node.domain, f"n{m}")
-    first = dom.lexmin()
+    first = pisl.domain_set(node.domain, f"n{m}").lexmin()
     if not first.is_singleton():
         return None
-    taken = dom.subtract(dom)
-    for e in node.inputs:
+    for e, where in zip(node.inputs, _applies(graph, m)):
         x = e.src
-        where = dom if e.cond is None else pisl.cond_set(node.dims, e.cond, f"n{m}")
-        where = where.intersect(dom).subtract(taken)
-        taken = taken.union(where)
         if (
             x == m
             or x not in schedule.statements
@@ -371,16 +367,14 @@ def _initial(graph: Graph, schedule: Schedule, m: int, homes, readers, kept):
             or ops.is_env(graph.node(x).op)
             or graph.node(x).types != node.types
             or readers.get(x, set()) != {m}
-            or sum(e2.src == x for j in schedule.statements[m].body for e2 in graph.node(j).inputs)
-            != 1
+            or _reads_of(graph, schedule, m, x) != 1
             or not where.is_equal(first)
         ):
             continue
         p0 = first.dim_min_val(0).to_python()
-        (d,) = (ix.isl_name(v) for v in node.dims)
         for u, (h, _) in homes.items():  # (each U[p] at p + 1: after the first point)
             if h == m:
-                later = _written(graph, u).apply(isl.Map(f"{{ n{u}[{d}] -> n{m}[{d} + 1] }}"))
+                later = _next_points(graph, u, m)
                 if not later.is_empty() and later.dim_min_val(0).to_python() <= p0:
                     return None
         return x, p0
@@ -391,26 +385,14 @@ def _in_place(graph: Graph, schedule: Schedule, m: int, u: int, k: int, maps, ti
     """Whether update ``u`` may be written in place of merge ``m``, whose input ``k`` reads
     ``u`` at ``d - 1`` (``_homes``)."""
     node = graph.node(m)
-    reads_u = [e for j in schedule.statements[m].body for e in graph.node(j).inputs if e.src == u]
-    if len(reads_u) != 1:
+    if _reads_of(graph, schedule, m, u) != 1:
         return False
     if times[u][0] != times[m][0] or _PHI.match(times[u][1]) is None:
         return False
     # where U[p - 1] is defined, M[p] takes input k: U[p - 1] is M[p]
-    (d,) = (ix.isl_name(x) for x in node.dims)
-    after = isl.Map(f"{{ n{u}[{d}] -> n{m}[{d} + 1] }}")
-    covered = _written(graph, u).apply(after).intersect(pisl.domain_set(node.domain, f"n{m}"))
-    taken = covered.subtract(covered)
-    for j, e in enumerate(node.inputs[: k + 1]):
-        where = (
-            pisl.domain_set(node.domain, f"n{m}")
-            if e.cond is None
-            else pisl.cond_set(node.dims, e.cond, f"n{m}")
-        )
-        if j < k:
-            taken = taken.union(where)
-        elif not covered.is_subset(where.subtract(taken)):
-            return False
+    covered = _next_points(graph, u, m).intersect(pisl.domain_set(node.domain, f"n{m}"))
+    if not covered.is_subset(_applies(graph, m)[k]):
+        return False
     # U reads M at its own point only, through elementwise ops that cannot fail
     for j in schedule.statements[u].body:
         n = graph.node(j)
@@ -425,6 +407,7 @@ def _in_place(graph: Graph, schedule: Schedule, m: int, u: int, k: int, maps, ti
             ):
                 return False
     # every other read of M[p] comes before U[p]'s write
+    (d,) = (ix.isl_name(x) for x in node.dims)
     own = isl.Map(f"{{ n{u}[{d}] -> n{m}[{d}] }}")
     overwritten = _written(graph, u).apply(own)
     phi_u = _phi_map(graph, m, times[u][1])
@@ -445,6 +428,32 @@ def _in_place(graph: Graph, schedule: Schedule, m: int, u: int, k: int, maps, ti
         if lo.to_python() == 0 and not _runs_before(times[y], times[u]):
             return False
     return True
+
+
+def _applies(graph: Graph, m: int) -> list[isl.Set]:
+    """Where each input of merge ``m`` applies, as points of ``m`` (first match wins)."""
+    node = graph.node(m)
+    dom = pisl.domain_set(node.domain, f"n{m}")
+    taken = dom.subtract(dom)
+    out = []
+    for e in node.inputs:
+        where = dom if e.cond is None else pisl.cond_set(node.dims, e.cond, f"n{m}")
+        where = where.intersect(dom).subtract(taken)
+        taken = taken.union(where)
+        out.append(where)
+    return out
+
+
+def _next_points(graph: Graph, u: int, m: int) -> isl.Set:
+    """The points ``u`` writes, as points of ``m`` one further along their dim: where an
+    update in place holds them (``U[p]`` at ``M[p + 1]``)."""
+    (d,) = (ix.isl_name(x) for x in graph.node(m).dims)
+    return _written(graph, u).apply(isl.Map(f"{{ n{u}[{d}] -> n{m}[{d} + 1] }}"))
+
+
+def _reads_of(graph: Graph, schedule: Schedule, y: int, x: int) -> int:
+    """How many inputs of the nodes of statement ``y`` read ``x``."""
+    return sum(e.src == x for k in schedule.statements[y].body for e in graph.node(k).inputs)
 
 
 def _runs_before(ty: tuple, tx: tuple) -> bool:

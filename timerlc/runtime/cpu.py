@@ -497,8 +497,7 @@ class _Statement:
                 mask[self._fancy(batch)] = True
         if self.home is not None and self.window is None and self.rt.slots is not None:
             # (a value of no dims in another's memory: it holds its home's point ``at``)
-            at = home_point(self.rt.plan.buffer(self.id), ())
-            self.rt.slot_owner(self.id, 0)[(0,)] = _slot_code([at])
+            self.rt.slot_owner(self.id, 0)[(0,)] = _slot_code([self.rt.home_point(self.id, ())])
         if self.window is not None and self.rt.slots is not None:
             raw = tuple(batch.coords[d] for d in self.dims)
             for k in range(self.n_outputs):
@@ -507,8 +506,7 @@ class _Statement:
                     where = self._fancy(batch) if wraps is self.window else _wrapped(raw, wraps)
                     coords = [batch.coords[self.dims[j]] for j in wraps]
                     if self.home is not None:  # (recorded as its home's points)
-                        raw = tuple(batch.coords[d] for d in self.dims)
-                        coords = [home_point(self.rt.plan.buffer(self.id), raw)]
+                        coords = [self.rt.home_point(self.id, raw)]
                     self.rt.slot_owner(self.id, k)[where] = _slot_code(coords)
 
     def _first_failure(self, batch: _Batch, failed: "_OpFailed") -> RunError:
@@ -674,6 +672,12 @@ class CpuRuntime:
         self.slots: dict[tuple[int, int], np.ndarray] | None = {} if check_windows else None
         # the buffers that live in another's memory (``Buffer.home``): each its home's arrays
         self.homes = {b.id: b.home.buffer for b in plan.buffers if b.home is not None}
+        # (and where in it: ``Home.at`` as a function of their points' index arrays)
+        self._home_at = {
+            b.id: px.compile_expr(b.home.at[0], b.dims, vector=True)
+            for b in plan.buffers
+            if b.home is not None
+        }
         self._views: dict[int, tuple] = {}  # per such buffer: (its home's arrays, views)
         self.metric_of = {sid: name for name, sid, _ in plan.metrics}
         self.envs = EnvRunner.of_plan(plan, allow_nonfinite)
@@ -863,6 +867,11 @@ class CpuRuntime:
         self._grow(nbytes)
         self._set(sid, bufs)
 
+    def home_point(self, sid: int, idx: tuple) -> np.ndarray:
+        """The index, along its home's dim, where a buffer in another's memory holds its
+        points ``idx`` (index arrays, one per dim): ``Home.at``."""
+        return np.asarray(self._home_at[sid](*idx))
+
     def slot_owner(self, sid: int, out: int) -> np.ndarray:
         """Checking mode: per slot of output ``out`` of ``sid``, the point it holds (of the
         buffer whose memory it is: a buffer in another's memory records its points as that
@@ -876,10 +885,9 @@ class CpuRuntime:
     def check_slots(self, sid: int, out: int, idx: tuple, wraps: dict[int, int], where):
         """Checking mode: a read of a ring buffer must find the points it asks for
         (``wraps``: axis -> slots of output ``out``)."""
-        spec = self.plan.buffer(sid)
-        if spec.home is not None:  # (its point p is its home's at(p))
-            idx = (home_point(spec, idx),)
-            wraps = self.plan.buffer(spec.home.buffer).wraps(out)
+        if sid in self.homes:  # (its point p is its home's at(p))
+            idx = (self.home_point(sid, idx),)
+            wraps = self.plan.buffer(self.homes[sid]).wraps(out)
         held = self.slot_owner(sid, out)[_wrapped(idx, wraps)]
         want = _slot_code([idx[k] for k in wraps])
         wrong = held != np.broadcast_to(want, np.shape(held))
@@ -1181,12 +1189,6 @@ def _env_states(plan: Plan) -> list:
         return state_arrays(plan)
     except EnvError as e:
         raise RunError(f"an environment of the plan could not be made: {e.message}") from None
-
-
-def home_point(spec, idx: tuple):
-    """The index, along its home's dim, where a buffer in another's memory holds its
-    points ``idx`` (index arrays, one per dim): ``Home.at``."""
-    return np.asarray(px.compile_expr(spec.home.at[0], spec.dims, vector=True)(*idx))
 
 
 def _touched(plan: Plan, calls: set[int]) -> list[tuple[int, bool]]:
