@@ -472,8 +472,7 @@ def _count_comparisons(t: TensorInfo):
             raise ProgramError(
                 f"the 'when' conditions of '{t.name}' hold {total} comparisons up to this "
                 f"one; timerlc takes at most {MAX_COMPARISONS} for one tensor: a set of points "
-                "is often "
-                "one comparison (t % 3 == 0 for t == 0 or t == 3 or ...)",
+                "is often one comparison (t % 3 == 0 for t == 0 or t == 3 or ...)",
                 eq.stmt.when.span,
             )
 

@@ -838,11 +838,12 @@ class _Reader:
                 self.fail(f"buffer id {b.id} repeated")
             self.buffers[b.id] = b
         self.path.append(".buffers")
+        donors = {b.donor for b in buffers if b.donor is not None}
         for b in buffers:
             if b.donor is not None and (b.donor not in self.buffers or b.donor == b.id):
                 self.fail(f"buffer {b.id} takes the memory of {b.donor}, not another buffer")
             if b.home is not None:
-                self._check_home(b)
+                self._check_home(b, donors)
         self.path.pop()
         statements = self.field(d, "statements", self.each, self.statement)
         if {s.id for s in statements} != set(self.buffers) or len(statements) != len(buffers):
@@ -1253,11 +1254,11 @@ class _Reader:
             self.fail(f"a shape of {math.prod(shape)} elements (at most {MAX_ELEMENTS})")
         return shape
 
-    def _check_home(self, b: Buffer):
+    def _check_home(self, b: Buffer, donors: set[int]):
         """A buffer in another's memory: the home a ring buffer of one slot along its only
         dim, with one output, in no other memory itself; the buffer a ring buffer of one
         slot along the same dim, its only one, or a block of no dims, with the same output;
-        neither a donor's memory nor a donor."""
+        neither a donor's memory nor a donor (``donors``: the plan's)."""
         h = self.buffers.get(b.home.buffer)
         what = f"buffer {b.id} lives in the memory of buffer {b.home.buffer}"
         if h is None or h.id == b.id:
@@ -1271,11 +1272,7 @@ class _Reader:
             self.fail(f"{what}: a block over dims {', '.join(b.dims)}")
         if h.home is not None or h.outputs != b.outputs or len(b.outputs) != 1:
             self.fail(f"{what}, which has other outputs or lives in another's memory")
-        if (
-            b.donor is not None
-            or h.donor is not None
-            or any(x.donor in (b.id, h.id) for x in self.buffers.values())
-        ):
+        if b.donor is not None or h.donor is not None or {b.id, h.id} & donors:
             self.fail(f"{what}: one of them takes or gives a donor's memory")
 
     def buffer(self, v) -> Buffer:

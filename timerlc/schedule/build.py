@@ -220,8 +220,7 @@ def build_schedule(graph: Graph) -> Schedule:
 
     tree = build(list(stored), pairs, {}, top=True)
     metric_nodes = {graph.tensor(name).node for name in graph.metrics} & stored
-    fuse = _Fuse(graph, pairs, build)
-    fuse.updates = _carried_updates(graph, bodies)
+    fuse = _Fuse(graph, pairs, build, _carried_updates(graph, bodies))
     tree = _stream_metrics(tree, fuse, metric_nodes)
     tree = _join_producers(tree, fuse)
 
@@ -383,14 +382,15 @@ def _members(item) -> list[int]:
 
 class _Fuse:
     """What outer fusion needs to know of the graph: the reads between stored nodes (isl
-    maps), each node's dims and domain, and the level builder of ``build_schedule``."""
+    maps), each node's dims and domain, the level builder of ``build_schedule`` and the
+    updates carried to the next step (``_carried_updates``)."""
 
-    def __init__(self, graph: Graph, pairs, build):
+    def __init__(self, graph: Graph, pairs, build, updates: dict[int, int]):
         self.graph, self.pairs, self.build = graph, pairs, build
         self.dims_of = {n.id: n.dims for n in graph.nodes}
         self._spans: dict[tuple, tuple | None] = {}  # (node, its map) -> (lo, hi), () empty
         self.reads_of: dict[int, set[int]] = {}
-        self.updates: dict[int, int] = {}  # an update carried to the next step -> its merge
+        self.updates = updates  # an update carried to the next step -> its merge
         for a, b in pairs:
             if a != b:
                 self.reads_of.setdefault(a, set()).add(b)
