@@ -323,10 +323,7 @@ def _homes(graph: Graph, schedule: Schedule, windows, inner, maps, kept, readers
         for k, e in enumerate(node.inputs):
             u = e.src
             if (
-                u == m
-                or u not in schedule.statements
-                or u in kept
-                or u in homes
+                not _may_live_in(u, m, schedule, kept, homes)
                 or windows.get(u) != w
                 or u in inner
                 or graph.node(u).dims != node.dims
@@ -359,10 +356,7 @@ def _initial(graph: Graph, schedule: Schedule, m: int, homes, readers, kept):
     for e, where in zip(node.inputs, _applies(graph, m)):
         x = e.src
         if (
-            x == m
-            or x not in schedule.statements
-            or x in kept
-            or x in homes
+            not _may_live_in(x, m, schedule, kept, homes)
             or graph.node(x).dims
             or ops.is_env(graph.node(x).op)
             or graph.node(x).types != node.types
@@ -428,6 +422,12 @@ def _in_place(graph: Graph, schedule: Schedule, m: int, u: int, k: int, maps, ti
         if lo.to_python() == 0 and not _runs_before(times[y], times[u]):
             return False
     return True
+
+
+def _may_live_in(x: int, m: int, schedule: Schedule, kept, homes) -> bool:
+    """Whether ``x`` is a statement other than ``m`` that the run does not keep and that
+    lives in no memory but its own yet: one that may live in ``m``'s (``_homes``)."""
+    return x != m and x in schedule.statements and x not in kept and x not in homes
 
 
 def _applies(graph: Graph, m: int) -> list[isl.Set]:
