@@ -1307,7 +1307,21 @@ class _Lowering:
             def at(idx):
                 return _bcast(x, idx, shape)
 
-        return Val(x.dtype, shape, at, x.vdep, x.cost, _view_layout(op, attrs, x, shape))
+        layout = _view_layout(op, attrs, x, shape)
+        if op == "reshape" and layout is not None and x.cost == 0:
+            # (a strided view: each element's load at its strides, not at its input's index
+            # unravelled from the flat one, divisions and remainders an element; a gather of
+            # a minibatch's rows of a rollout's observations, flattened, then copies runs of
+            # consecutive elements)
+            buf, off, st = layout
+
+            def at(idx):
+                pos = off
+                for e, k in zip(idx, st):
+                    pos = kir.add(pos, kir.mul(e, k))
+                return Load(buf, pos, x.dtype)
+
+        return Val(x.dtype, shape, at, x.vdep, x.cost, layout)
 
     def _reduce(self, op: str, attrs, x: Val, dtype: str, shape: tuple) -> Val:
         rank = len(x.shape)
