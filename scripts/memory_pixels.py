@@ -8,6 +8,7 @@ compiler's count) and its largest buffers.
     python scripts/memory_pixels.py
     python scripts/memory_pixels.py --obs 3x64x64 --set B=64 --set T=128
     python scripts/memory_pixels.py --live --top 20   # what the peak holds
+    python scripts/memory_pixels.py --scratch         # and the kernels' scratch memory
 
 What a CleanRL-style PyTorch PPO holds at the same sizes, for comparison: its rollout's
 observations, ``T * B * obs_dim * 4`` bytes (1.5 GiB at 3x256x256, B=16, T=128), a
@@ -96,6 +97,26 @@ def live_at_peak(plan) -> tuple[int, list[int]]:
     return k, held[k]
 
 
+def scratch(plan) -> str:
+    """The kernels' scratch memory, which the plan's peak leaves out: on the cpu backend each
+    statement's kernel and each loop tree's function has its own for the run (pages it never
+    touches cost nothing); on the cuda backend one for every call, the most any takes."""
+    import dataclasses
+
+    from timerlc.compiler import generate_code
+    from timerlc.runner import format_bytes
+
+    cpu = generate_code(plan).plan.kernels
+    own = [n for _, _, n in cpu.statements] + [n for _, _, n in cpu.trees]
+    cuda = generate_code(dataclasses.replace(plan, kernels=None), target="cuda").plan.kernels
+    calls = [n for _, _, n in cuda.statements] + [n for n, _ in cuda.fused_launches]
+    calls += [n for _, _, n in cuda.loops]
+    return (
+        f"kernels' scratch: cpu {format_bytes(sum(own))} in all ({len(own)} kernels and trees,"
+        f" the largest {format_bytes(max(own, default=0))}); cuda {format_bytes(max(calls))}"
+    )
+
+
 def main(argv=None) -> int:
     from timerlc.compiler import compile_plan, run_passes
     from timerlc.diagnostics import Source
@@ -107,6 +128,11 @@ def main(argv=None) -> int:
     p.add_argument("--programs", default="ppo,reinforce")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--top", type=int, default=6, help="the largest buffers to list")
+    p.add_argument(
+        "--scratch",
+        action="store_true",
+        help="also generate the kernels (cpu and cuda) and print their scratch memory",
+    )
     p.add_argument(
         "--live",
         action="store_true",
@@ -127,6 +153,8 @@ def main(argv=None) -> int:
             f"plan peak {format_bytes(plan.memory_peak)}; one rollout's observations "
             f"{format_bytes(rollout)}"
         )
+        if args.scratch:
+            print("  " + scratch(plan))
         shown = plan.buffers
         if args.live:
             k, held = live_at_peak(plan)

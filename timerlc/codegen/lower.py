@@ -1750,7 +1750,17 @@ class _Lowering:
         batch = tuple(_bshape(sa[:-2], sb[:-2]))
         m, kk, n = sa[-2], sa[-1], sb[-1]
         blas = dtype in ("f32", "f64") and m * n * kk >= BLAS_MIN_MACS
-        if a.cost > 0 or (blas and _matrix(a, sa) is None):
+        tiled = (
+            blas
+            and not batch
+            and len(a.shape) == 2
+            and len(b.shape) == 2
+            and not (a.vdep or b.vdep)  # (once a call, outside the vector loops)
+            and (a.cost > 0 or _matrix(a, sa) is None)
+            and m * kk * kir.SIZES[dtype] > TILED_OPERAND_BYTES
+        )
+        # (a tiled a is computed a tile at a time, _tiled_gemm)
+        if not tiled and (a.cost > 0 or (blas and _matrix(a, sa) is None)):
             a = self.materialize(a)
         if b.cost > 0 or (blas and _matrix(b, sb) is None):
             b = self.materialize(b)
@@ -1800,7 +1810,12 @@ class _Lowering:
 
             return self.loops((m,), lambda idx: row(idx[0]), parallel=True)
 
-        if blas:
+        if tiled:
+
+            def body(bidx):
+                return self._tiled_gemm(a, b, sb, name, base, ldc)
+
+        elif blas:
 
             def body(bidx):  # the BLAS (or the runtime library's loops where it has none)
                 return [self._gemm(a, b, sa, sb, batch, bidx, name, base, full, ldc)]
@@ -1824,6 +1839,77 @@ class _Lowering:
 
             return Val(dtype, shape, at, vdep, 0)
         return res
+
+    def _tiled_gemm(self, a: Val, b: Val, sb, name: str, base: Expr, ldc: int) -> list:
+        """``c = a @ b`` by the BLAS where ``a`` (``m x k``) is no matrix it can read and too
+        large to compute whole (more than ``TILED_OPERAND_BYTES``: a minibatch's rows of
+        image-sized observations, gathered, ``schedule.build._gathered_operands``): ``a``
+        computed a tile of at most ``OPERAND_TILE_BYTES`` at a time into one temporary, and
+        multiplied from there. The tiles run along the longer of ``a``'s axes, and each
+        tile's copy along it innermost (the rows of a gather are the observations, read
+        one after another):
+
+        - along ``k`` (``obs[idx] @ w``): tile ``q`` multiplies ``a[:, ks]`` by ``b[ks, :]``,
+          the first into ``c``, each next one into a second temporary then added to ``c``;
+        - along ``m`` (``obs[idx].T @ g``, a weight's gradient): tile ``q`` is
+          ``c[ms, :] = a[ms, :] @ b``, its copy stored transposed (``a[ms, :]``'s rows are
+          ``obs[idx]``'s columns)."""
+        dtype = a.dtype
+        m, kk = a.shape
+        n = sb[-1]
+        tb, bbuf, boff, ldb = _matrix(b, sb)
+        size = kir.SIZES[dtype]
+        along_k = kk >= m
+        width = max(1, OPERAND_TILE_BYTES // (size * (m if along_k else kk)))
+        total = kk if along_k else m
+        tiles = -(-total // width)
+        if tiles > MAX_OPERAND_TILES:  # (each tile is code of its own)
+            width = -(-total // MAX_OPERAND_TILES)
+            tiles = -(-total // width)
+        tile = self.temp(dtype, width * (m if along_k else kk))
+        part = self.temp(dtype, m * n) if along_k and tiles > 1 else None
+        zero = kir.i64(0)
+        out: list = []
+        for q in range(tiles):
+            lo = q * width
+            w = min(width, total - lo)
+            if along_k:
+
+                def put(idx, lo=lo, w=w):
+                    at = kir.add(kir.mul(idx[0], w), idx[1])
+                    return [Store(tile, at, a.at([idx[0], kir.add(idx[1], kir.i64(lo))]))]
+
+                out += self.loops((m, w), put, True)
+                bat = kir.add(boff, kir.i64(lo if tb else lo * ldb))
+                into, at, ld = (name, base, ldc) if q == 0 else (part, zero, n)
+                out.append(
+                    kir.Gemm(
+                        dtype, False, tb, m, n, w, tile, zero, w, bbuf, bat, ldb, into, at, ld
+                    )
+                )
+                if q > 0:
+
+                    def acc(idx):
+                        c = kir.add(base, kir.add(kir.mul(idx[0], ldc), idx[1]))
+                        p = kir.add(kir.mul(idx[0], n), idx[1])
+                        s = Bin("add", Load(name, c, dtype), Load(part, p, dtype), dtype)
+                        return [Store(name, c, s)]
+
+                    out += self.loops((m, n), acc, True)
+            else:
+
+                def put_t(idx, lo=lo, w=w):
+                    at = kir.add(kir.mul(idx[0], w), idx[1])
+                    return [Store(tile, at, a.at([kir.add(idx[1], kir.i64(lo)), idx[0]]))]
+
+                out += self.loops((kk, w), put_t, True)
+                cat = kir.add(base, kir.i64(lo * ldc))
+                out.append(
+                    kir.Gemm(
+                        dtype, True, tb, w, n, kk, tile, zero, w, bbuf, boff, ldb, name, cat, ldc
+                    )
+                )
+        return out
 
     def _gemm(
         self, a: Val, b: Val, sa, sb, batch, bidx, name: str, base: Expr, full: tuple, ldc: int
@@ -2015,6 +2101,12 @@ def _dynamic_slice(r) -> bool:
 
 SMALL_K = 4  # a product over at most this many terms is an expression per element (_small_k)
 BLAS_MIN_MACS = 2048  # below, generated loops are as fast as a BLAS call (docs/codegen.md)
+# a product's operand the BLAS cannot read that holds more bytes than this is computed a tile
+# of at most OPERAND_TILE_BYTES at a time (``_Lowering._tiled_gemm``), in at most
+# MAX_OPERAND_TILES tiles
+TILED_OPERAND_BYTES = 64 << 20
+OPERAND_TILE_BYTES = 8 << 20
+MAX_OPERAND_TILES = 64
 
 
 def _contiguous(shape: tuple) -> tuple:

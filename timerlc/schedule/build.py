@@ -19,6 +19,7 @@ may run backward, as returns do).
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 import islpy as isl
@@ -72,12 +73,13 @@ def stored_nodes(graph: Graph) -> set[int]:
     for n in graph.nodes:
         for e in n.inputs:
             readers.setdefault(e.src, set()).add(n.id)
+    operands = _gathered_operands(graph, readers, stored)
     while True:
         uses: dict[int, int] = {}
         for nid in stored:
             for k in _body(graph, nid, stored)[:-1]:
                 uses[k] = uses.get(k, 0) + 1
-        shared = {k for k, c in uses.items() if c > 1}
+        shared = {k for k, c in uses.items() if c > 1} - operands
         # the costly nodes first: once they are stored, a chain of cheap ops above them is
         # short (``tanh(x @ w + b)`` is two ops over a stored matmul, not four)
         costly = {k for k in shared if _costly(graph.node(k).op)}
@@ -86,12 +88,57 @@ def stored_nodes(graph: Graph) -> set[int]:
         # stores the tanh; its matmul is computed in the tanh's kernel, no buffer of its own)
         below = {j for k in costly for j in _body(graph, k, stored)[:-1]}
         if costly - below:
-            stored |= {_sole_reader_top(graph, k, readers, stored) for k in costly - below}
+            stored |= {
+                _sole_reader_top(graph, k, readers, stored | operands) for k in costly - below
+            }
             continue
         long = {k for k in shared if len(_body(graph, k, stored)) > CHEAP_CHAIN}
         if not long:
             return stored
         stored |= long
+
+
+# a gather of more bytes than this that only products read is computed in each of them (a
+# tile at a time, ``codegen.lower``), never stored
+GATHER_OPERAND_BYTES = 64 << 20
+
+
+def _gathered_operands(graph: Graph, readers: dict, stored: set[int]) -> set[int]:
+    """The gathers of more than ``GATHER_OPERAND_BYTES`` (``take``: a minibatch's rows of
+    image-sized observations) that products alone read, at the same point, directly or
+    through views that only products read; and those views. Not stored: each product gathers
+    the rows it multiplies, a tile at a time (``codegen.lower``: ``_tiled_gemm``), where a
+    buffer of them would hold a minibatch's observations from the first layers' products to
+    their weights' gradients (PyTorch's ``obs[mb_inds]`` copy)."""
+    out: set[int] = set()
+    for n in graph.nodes:
+        if n.op != "take" or n.id in stored or not n.types[0].shape:
+            continue
+        t = n.types[0]
+        if math.prod(t.shape) * ops.numpy_dtype(t.dtype).itemsize <= GATHER_OPERAND_BYTES:
+            continue
+        views: set[int] = set()
+        if readers.get(n.id) and _products_only(graph, n.id, readers, stored, views):
+            out |= {n.id} | views
+    return out
+
+
+def _products_only(graph: Graph, k: int, readers: dict, stored: set[int], views: set) -> bool:
+    """Whether products alone read node ``k`` (none stored), each at ``k``'s point,
+    directly or through transposes that products alone read (added to ``views``)."""
+    for r in readers.get(k, ()):
+        node = graph.node(r)
+        if r in stored or node.dims != graph.node(k).dims:
+            return False
+        if any(e.src == k and e.access != identity_access(node.dims) for e in node.inputs):
+            return False
+        if node.op == "transpose":
+            views.add(r)
+            if not _products_only(graph, r, readers, stored, views):
+                return False
+        elif node.op != "matmul" or len(node.inputs) != 2:
+            return False
+    return True
 
 
 def _sole_reader_top(graph: Graph, k: int, readers: dict, stored: set[int]) -> int:
