@@ -379,7 +379,10 @@ def test_plans_chains_are_checked():
         (r2, q2, q3)
         for r2, q2 in at
         for q3, f in enumerate(rows[r2][1])
-        if isinstance(f, dict) and "joint" in f.get("gemm", {})
+        if isinstance(f, dict)
+        and "joint" in f.get("gemm", {})
+        and q2 < q3 <= q2 + rows[r2][1][q2]["chain"]["covers"]
+        and not any((r2, q) in at for q in range(q2 + 1, q3))  # (the innermost chain's)
     ]
 
     def chain(k, r=r, q=q):

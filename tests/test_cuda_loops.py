@@ -185,7 +185,7 @@ def test_ppo_s_rollout_is_one_kernel_computing_what_the_launches_compute():
         for sid in r[0]
     }
     rollout = next(r for r in rows if any("env_step" in ops[s] for s in r))
-    assert len(rollout) == 5
+    assert len(rollout) == 4
     # (the policy's activations, a row of 64 floats an environment: in the block's shared
     # memory, _shared_temps)
     assert re.search(
@@ -317,7 +317,7 @@ def test_a_row_s_elements_are_spread_over_the_block_s_threads():
     iterations meet (a store read back, a sum, a draw) stays on the row's thread."""
     gen = _ppo()
     text = gen.text
-    lk = next(lk for lk in gen.plan.kernels.loops if len(lk[0]) == 5)
+    lk = next(lk for lk in gen.plan.kernels.loops if len(lk[0]) == 4)
     assert lk and "tl_g = tl_rb * 64LL + threadIdx.x; tl_g < tl_re * 64LL" in text
     x = kir.Load("x", kir.Ref("e"), "f32")
     own = kir.Store("y", kir.Ref("e"), kir.Un("tanh", x, "f32"))

@@ -95,7 +95,7 @@ def test_compile_for_cuda_writes_the_cuda_kernels_of_the_build(tmp_path):
         functions += [f for g in phases if isinstance(g, dict) for f in ours(g)]
     # loop kernels (cuda/loops.py): the rollout's loop, GAE's and the returns' each one
     loops = plan["kernels"]["loops"]
-    assert len(loops) == 3 and [71, 72, 73] == [s for s in loops[0][0] if s in (71, 72, 73)]
+    assert len(loops) == 3 and [75, 76, 77] == [s for s in loops[0][0] if s in (75, 76, 77)]
     assert text.count("__global__ void tl_loop_") == len(loops)
     names = {f[0] for f in functions}
     assert text.count("__global__ void") == len(names) + len(loops) + 1  # (and tl_set_shift)

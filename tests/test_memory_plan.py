@@ -176,7 +176,14 @@ def test_ppo_plan_windows_frees_and_donations():
     # perm[e], read as perm[j // MB] in the loop over j: one epoch's permutation at a time
     (perm,) = [s.id for s in plan.statements if s.node.op == "random_permutation"]
     assert plan.buffer(perm).window == Window("e", 1)
-    assert frees(plan) and donors(plan)
+    assert frees(plan)
+    # the observation of a step, read by the merge o at the next step and, at an
+    # iteration's first step, at the last step of the iteration before (o[i, b, 0] =
+    # o[i - 1, b, T]): that read comes before the iteration's first step writes, so one
+    # iteration's slots, two steps (memory._reads_first)
+    (step,) = [s.id for s in plan.statements if s.node.op == "env_step"]
+    buf = plan.buffer(step)
+    assert (buf.window, buf.inner, buf.inner_outputs) == (Window("i", 1), Window("t", 2), (0,))
 
 
 @pytest.mark.parametrize(
@@ -442,14 +449,40 @@ def carried_plan() -> tuple[Source, Plan]:
 def test_a_rollout_carried_across_iterations_keeps_two_slots_along_its_steps():
     """The step's value, read at the next step and by the next iteration's first step (at
     ``t = T - 1``), gets a second ring buffer along ``t`` (docs/plan.md, Storage): two slots,
-    where there were ``T``; the run (checking its windows) equals the reference."""
+    where there were ``T``; and one iteration's, since the next iteration's first step reads
+    it before that iteration's first write (``memory._reads_first``). The run (checking its
+    windows) equals the reference."""
     source, plan = carried_plan()
     check_decisions(plan)
     inner = {b.name or b.id: (b.window, b.inner) for b in plan.buffers if b.inner is not None}
-    assert (Window("i", 2), Window("t", 2)) in inner.values(), inner
+    assert (Window("i", 1), Window("t", 2)) in inner.values(), inner
     ref, ref_m, rt, cpu_m = run_both(source, {}, plan)
     assert_same(graph_of(source, {}, optimize=False), ref, ref_m, rt, cpu_m)
     assert ref_m
+
+
+def test_a_step_read_by_every_step_of_the_next_iteration_keeps_two_iterations():
+    """The last step's value read at every step of the next iteration, after that
+    iteration's first write: the iteration's writes would take its slot, so two
+    iterations' slots (``memory._reads_first`` says no); with one, checking mode fails."""
+    text = CARRIED.replace(
+        "total[i] = sum(s[i, 0:B, 0:T])",
+        "late[0, b, t] = s[0, b, t]\n"
+        "late[i, b, t] = s[i, b, t] + stepped[i - 1, b, T - 1]\n"
+        "total[i] = sum(late[i, 0:B, 0:T])",
+    )
+    source = Source("carried_late.rtl", src(text))
+    plan = compile_plan(graph_of(source, {}))
+    check_decisions(plan)
+    inner = {b.id: (b.window, b.inner) for b in plan.buffers if b.inner is not None}
+    assert list(inner.values()) == [(Window("i", 2), Window("t", 2))], inner
+    ref, ref_m, rt, cpu_m = run_both(source, {}, plan)
+    assert_same(graph_of(source, {}, optimize=False), ref, ref_m, rt, cpu_m)
+    data = items.to_json(plan)
+    (buf,) = [b for b in data["buffers"] if "inner" in b["storage"]]
+    buf["storage"]["size"] = 1
+    with pytest.raises(RunError, match="window too small"):
+        CpuRuntime(items.from_json(data), check_windows=True).run()
 
 
 def test_an_inner_window_too_small_is_caught_and_would_be_wrong():
@@ -487,17 +520,25 @@ def test_an_inner_window_along_its_window_s_dim_is_refused():
 
 def test_an_environment_step_keeps_one_observation_and_every_reward_of_its_rollout():
     """REINFORCE's step returns (observation, reward, done): the observation is read at
-    the next step, the rewards and ``done``s after the rollout. A window per output: the
-    observations keep one slot along ``t``, the others every step (docs/plan.md, Storage).
-    The run (checking its windows) equals the reference; the same ring buffer given to the
-    rewards too is caught in checking mode."""
+    the next step (by the merge ``o``, which takes each environment's row of it:
+    ``simplify._forward_env_rows``), the rewards and ``done``s after the rollout. A window
+    per output: the observations keep two slots along ``t``, the others every step
+    (docs/plan.md, Storage). No buffer holds a copy of the rows. The run (checking its
+    windows) equals the reference; the same ring buffer given to the rewards too is caught
+    in checking mode."""
     source = source_of("reinforce")
     plan = compile_plan(graph_of(source, REINFORCE))
     check_decisions(plan)
     (step,) = [s.id for s in plan.statements if s.node.op == "env_step"]
     buf = plan.buffer(step)
-    assert (buf.window, buf.inner, buf.inner_outputs) == (Window("i", 1), Window("t", 1), (0,))
-    assert buf.extents(0) == (1, 1) and buf.extents(1) == buf.extents(2) == (1, REINFORCE["T"])
+    assert (buf.window, buf.inner, buf.inner_outputs) == (Window("i", 1), Window("t", 2), (0,))
+    assert buf.extents(0) == (1, 2) and buf.extents(1) == buf.extents(2) == (1, REINFORCE["T"])
+    rows = [
+        s
+        for s in plan.statements
+        if s.node.op == "index" and (s.node.inputs[0].src, s.node.inputs[0].out) == (step, 0)
+    ]
+    assert not rows  # (the rewards' and dones' rows are read over the rollout: stored)
     ref, ref_m, rt, cpu_m = run_both(source, REINFORCE, plan)
     assert_same(graph_of(source, REINFORCE, optimize=False), ref, ref_m, rt, cpu_m)
     data = items.to_json(plan)

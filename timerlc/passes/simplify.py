@@ -51,6 +51,7 @@ def simplify(graph: Graph) -> Graph:
     for _ in range(len(nodes)):
         changed = _bypass(graph, nodes, identities)
         changed |= _forward_reshapes(nodes)
+        changed |= _forward_env_rows(nodes)
         changed |= _share(nodes, roots)
         if not changed:
             break
@@ -186,6 +187,72 @@ def _forward_reshapes(nodes: list[Node]) -> bool:
             dom = n.domain if e.cond is None else type(n.domain)(n.dims, n.domain.cond & e.cond)
             read = replace(read, cond=None)
             m = Node(len(nodes), "reshape", dom, (read,), r.types, r.attrs, span=r.span)
+            nodes.append(m)
+            inputs[j] = Edge(m.id, identity_access(n.dims), 0, e.cond, e.span)
+        if inputs != list(n.inputs):
+            nodes[k] = replace(n, inputs=tuple(inputs))
+            changed = True
+    return changed
+
+
+def _env_row(n: Node, nodes: list[Node]) -> Edge | None:
+    """The read an ``index`` node makes of an environment's batched output where it takes
+    one environment's row of it (items: the env's batch dim alone, as the front end writes
+    ``o[i, b, t+1] = E.step(...)``), or None."""
+    if n.op != "index" or len(n.inputs) != 1 or n.inputs[0].cond is not None:
+        return None
+    e = n.inputs[0]
+    if not ops.is_env(nodes[e.src].op) or not all(isinstance(a, Point) for a in e.access):
+        return None
+    items = dict(n.attrs).get("items")
+    if not items or len(items) != 1 or items[0][0] != "int":
+        return None
+    d = items[0][1]
+    if not isinstance(d, sympy.Symbol) or str(d) not in n.dims:
+        return None
+    if any(d in a.expr.free_symbols for a in e.access):
+        return None
+    return e
+
+
+def _forward_env_rows(nodes: list[Node]) -> bool:
+    """Each read at other points of an environment's row of its batched output
+    (``_env_row``: the observation ``o[i, b, t+1]`` of ``E.step``, which the merge ``o``
+    reads at ``t - 1``) reads a row of its own, over its domain, of the output at the
+    composed point, which the schedule computes with it: the row is no buffer of its own
+    (a copy of each step's observations, read one step later), the output's buffer keeps the
+    steps instead (the same bytes: the rows are all of it).
+
+    Only rows every read of which is at points: a row also read through a range (a sum of
+    the rewards over a rollout) stays stored, and the output's buffer would keep the steps
+    as well.
+
+    New nodes are appended (``_drop_dead`` renumbers)."""
+    changed = False
+    pointwise = {}
+    for n in nodes:
+        for e in n.inputs:
+            ok = e.out == 0 and all(isinstance(a, Point) for a in e.access)
+            pointwise[e.src] = pointwise.get(e.src, True) and ok
+    for k in range(len(nodes)):
+        n = nodes[k]
+        inputs = list(n.inputs)
+        for j, e in enumerate(inputs):
+            r = nodes[e.src]
+            if not pointwise.get(e.src):
+                continue
+            inner = _env_row(r, nodes)
+            if inner is None:
+                continue
+            if r.dims == n.dims and e.access == identity_access(n.dims):
+                continue  # (computed with n already where nothing else stores it)
+            read = replace(_compose(e, inner, r), cond=None)
+            at = {d: a.expr for d, a in zip(r.dims, e.access)}
+            (item,) = dict(r.attrs)["items"]
+            row = sympy.expand(ix.substitute(item[1], at))
+            attrs = tuple((key, (("int", row),) if key == "items" else v) for key, v in r.attrs)
+            dom = n.domain if e.cond is None else type(n.domain)(n.dims, n.domain.cond & e.cond)
+            m = Node(len(nodes), "index", dom, (read,), r.types, attrs, span=r.span)
             nodes.append(m)
             inputs[j] = Edge(m.id, identity_access(n.dims), 0, e.cond, e.span)
         if inputs != list(n.inputs):

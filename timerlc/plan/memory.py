@@ -274,7 +274,14 @@ def _window(graph: Graph, schedule: Schedule, x: int, readers, maps, buffers, ke
         if not (lo.is_int() and hi.is_int()) or hi.to_python() > 0:
             return None  # unbounded, or a read before the write (no schedule does that)
         far = -lo.to_python()
-        if far and far % scale == 0 and _runs_before(times[y], times[x]):
+        if (
+            far
+            and far % scale == 0
+            and (
+                _runs_before(times[y], times[x])
+                or _reads_first(graph, schedule, x, y, m, phi_x, far)
+            )
+        ):
             # the write that takes the slot, |s| * w later, comes after y's read at that
             # coordinate: w = far / |s| slots (Adam's new moment, read by the next step's
             # merge before the step writes its own: one slot, where there were two)
@@ -454,6 +461,35 @@ def _next_points(graph: Graph, u: int, m: int) -> isl.Set:
 def _reads_of(graph: Graph, schedule: Schedule, y: int, x: int) -> int:
     """How many inputs of the nodes of statement ``y`` read ``x``."""
     return sum(e.src == x for k in schedule.statements[y].body for e in graph.node(k).inputs)
+
+
+def _reads_first(graph: Graph, schedule: Schedule, x: int, y: int, m, phi_x, far: int) -> bool:
+    """Whether, in a nest of two loops, each read ``m`` (``y``'s of ``x``) of a point
+    ``far`` outer coordinates back comes before every write of ``x`` in the reader's outer
+    iteration: then that iteration's writes, which take the slots of the iteration ``far``
+    back, come after it (PPO's first observation of an iteration, the last step's of the
+    iteration before, read before the iteration's first step: one iteration's slots, where
+    there were two; the inner window, ``_inner_window``, keeps the step apart within it)."""
+    tx, ty = schedule.times[x], schedule.times[y]
+    if len(tx) != 5 or len(ty) != 5 or tx[2] != ty[2]:
+        return False
+    if _PHI.match(tx[3]) is None or _PHI.match(ty[3]) is None:
+        return False
+    phi_y = _phi_map(graph, y, ty[1])
+    back = isl.Map(f"{{ [a] -> [a - {far}] }}")
+    far_reads = m.intersect(phi_y.apply_range(back).apply_range(phi_x.reverse()))
+    if far_reads.is_empty():
+        return True
+    same = phi_y.apply_range(phi_x.reverse())  # q -> each p2 of its outer iteration
+    same = same.intersect_domain(far_reads.domain()).intersect_range(_written(graph, x))
+    if same.is_empty():
+        return True
+    inner_y, inner_x = _phi_map(graph, y, ty[3]), _phi_map(graph, x, tx[3])
+    lo = same.apply_domain(inner_y).apply_range(inner_x).deltas().dim_min_val(0)
+    if not lo.is_int():
+        return False
+    first = lo.to_python()  # phi_2 of the earliest such write - phi_2 of the read
+    return first > 0 or (first == 0 and int(ty[4]) < int(tx[4]))
 
 
 def _runs_before(ty: tuple, tx: tuple) -> bool:
