@@ -518,7 +518,7 @@ def test_an_inner_window_along_its_window_s_dim_is_refused():
         items.from_json(data)
 
 
-def test_an_environment_step_keeps_one_observation_and_every_reward_of_its_rollout():
+def test_an_environment_step_keeps_two_observations_and_every_reward_of_its_rollout():
     """REINFORCE's step returns (observation, reward, done): the observation is read at
     the next step (by the merge ``o``, which takes each environment's row of it:
     ``simplify._forward_env_rows``), the rewards and ``done``s after the rollout. A window
@@ -538,7 +538,13 @@ def test_an_environment_step_keeps_one_observation_and_every_reward_of_its_rollo
         for s in plan.statements
         if s.node.op == "index" and (s.node.inputs[0].src, s.node.inputs[0].out) == (step, 0)
     ]
-    assert not rows  # (the rewards' and dones' rows are read over the rollout: stored)
+    assert not rows
+    # (the rewards' and dones' rows are also read over the rollout, through ranges: stored)
+    assert {
+        s.node.inputs[0].out
+        for s in plan.statements
+        if s.node.op == "index" and s.node.inputs[0].src == step
+    } == {1, 2}
     ref, ref_m, rt, cpu_m = run_both(source, REINFORCE, plan)
     assert_same(graph_of(source, REINFORCE, optimize=False), ref, ref_m, rt, cpu_m)
     data = items.to_json(plan)
