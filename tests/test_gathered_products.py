@@ -47,10 +47,12 @@ BYTES = 12 * 45 * 4  # the gathered rows'
 @pytest.fixture
 def small_tiles(monkeypatch):
     """Thresholds under the program's gather: tiles of 100 floats (along D: 8 columns of
-    12 rows, the last of 5; along the gradient's rows: 8 rows of its 12 columns)."""
+    12 rows, the last of 5; along the gradient's rows: 8 rows of its 12 columns); for the
+    cuda target, of 200 (``GPU_SCRATCH``: 16 columns or rows, the last of 13)."""
     monkeypatch.setattr(build, "GATHER_OPERAND_BYTES", BYTES - 1)
     monkeypatch.setattr(lower, "TILED_OPERAND_BYTES", BYTES - 1)
     monkeypatch.setattr(lower, "OPERAND_TILE_BYTES", 400)
+    monkeypatch.setattr(lower, "GPU_SCRATCH", 800)
 
 
 def _graph(text: str = PROGRAM):
@@ -79,6 +81,19 @@ def test_a_large_gather_only_products_read_is_not_stored(small_tiles):
     # layer's product; the gradients: 5 tiles of 8 of the weight's 45 rows, the last of 5
     assert widths.count((8, 12)) == 2 * 5 and widths.count((5, 12)) == 2
     assert widths.count((12, 8)) == 2 * 5 and widths.count((12, 5)) == 2
+
+
+def test_the_cuda_target_s_tiles_are_as_large_as_a_call_s_unblocked_scratch(small_tiles):
+    """On a GPU every call shares one scratch memory: tiles of ``GPU_SCRATCH``, fewer
+    launches a product than the cpu's tiles (each kernel's own scratch there)."""
+    plan = compile_plan(run_passes(_graph()))
+    cu = generate_code(dataclasses.replace(plan, kernels=None), target="cuda")
+    # (each statement's own kernel; the fused ones the trees launch hold them again)
+    widths = sorted(
+        (g.k, g.m) for k in cu.kernels for g in kir.walk_tree(k.body) if isinstance(g, kir.Gemm)
+    )
+    assert widths.count((16, 12)) == 2 * 2 and widths.count((13, 12)) == 2
+    assert widths.count((12, 16)) == 2 * 2 and widths.count((12, 13)) == 2
 
 
 def test_a_gather_under_the_threshold_is_stored_as_before():

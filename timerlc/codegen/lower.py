@@ -142,12 +142,15 @@ def lower_statement(plan: Plan, st: Statement, slot_of: dict, blocks: bool = Tru
     outermost vector dim (``_block``): each block's layers run one after another on its
     rows, whose temporaries stay in the cache, instead of each layer over every point
     (for a CPU's caches; not with ``blocks`` false: a GPU runs each layer over every point)."""
-    low = _Lowering(plan, st, slot_of)
+    # (a large operand's tiles: each kernel's own scratch on a CPU; one scratch for every
+    # call on a GPU, so tiles as large as a call's unblocked scratch there)
+    tile = OPERAND_TILE_BYTES if blocks else GPU_SCRATCH
+    low = _Lowering(plan, st, slot_of, tile=tile)
     k = low.kernel()
     if low.over_points and blocks:
         block = _block(plan, st)
         if block is not None:
-            k = _Lowering(plan, st, slot_of, block).kernel()
+            k = _Lowering(plan, st, slot_of, block, tile).kernel()
     if not blocks:  # (a GPU's temporaries hold every point's values: share their bytes)
         k = _packed_temps(k)
         if low.over_points and low.target is None and k.scratch_bytes > GPU_SCRATCH:
@@ -220,7 +223,7 @@ def _gpu_blocks(plan: Plan, st: Statement, slot_of: dict, k: kir.Kernel):
     block = _block(plan, st, k.scratch_bytes)
     if block is None:
         return None
-    blocked = _Lowering(plan, st, slot_of, block).kernel()
+    blocked = _Lowering(plan, st, slot_of, block, GPU_SCRATCH).kernel()
     (loop,) = blocked.body  # (For over BLOCK_VAR, 0 ..< the blocks: the calls' repeats)
     repeated = dataclasses.replace(
         blocked, params=blocked.params + (BLOCK_VAR,), body=loop.body, repeat=int(loop.hi.value)
@@ -289,8 +292,10 @@ def largest_divisor(n: int, cap: int) -> int:
 
 
 class _Lowering:
-    def __init__(self, plan: Plan, st: Statement, slot_of: dict, block=None):
+    def __init__(self, plan: Plan, st: Statement, slot_of: dict, block=None, tile=None):
         self.plan, self.st, self.slot_of = plan, st, slot_of
+        # the most bytes of a tile of a large operand of a product (``_tiled_gemm``)
+        self.tile = OPERAND_TILE_BYTES if tile is None else tile
         # the block of the vector loops (``_block``: dim, size), where the statement runs
         # block by block; ``lo``: the first value of the dim in the block
         self.block = block
@@ -1844,8 +1849,9 @@ class _Lowering:
         """``c = a @ b`` by the BLAS where ``a`` (``m x k``) is no matrix it can read and too
         large to compute whole (more than ``TILED_OPERAND_BYTES``: a minibatch's rows of
         image-sized observations, gathered, ``schedule.build._gathered_operands``): ``a``
-        computed a tile of at most ``OPERAND_TILE_BYTES`` at a time into one temporary, and
-        multiplied from there. The tiles run along the longer of ``a``'s axes, and each
+        computed a tile of at most ``self.tile`` bytes at a time (``OPERAND_TILE_BYTES``;
+        ``GPU_SCRATCH`` for the cuda target, whose calls share one scratch memory) into one
+        temporary, and multiplied from there. The tiles run along the longer of ``a``'s axes, and each
         tile's copy along it innermost (the rows of a gather are the observations, read
         one after another):
 
@@ -1860,7 +1866,7 @@ class _Lowering:
         tb, bbuf, boff, ldb = _matrix(b, sb)
         size = kir.SIZES[dtype]
         along_k = kk >= m
-        width = max(1, OPERAND_TILE_BYTES // (size * (m if along_k else kk)))
+        width = max(1, self.tile // (size * (m if along_k else kk)))
         total = kk if along_k else m
         tiles = -(-total // width)
         if tiles > MAX_OPERAND_TILES:  # (each tile is code of its own)
