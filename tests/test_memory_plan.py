@@ -180,10 +180,11 @@ def test_ppo_plan_windows_frees_and_donations():
     # the observation of a step, read by the merge o at the next step and, at an
     # iteration's first step, at the last step of the iteration before (o[i, b, 0] =
     # o[i - 1, b, T]): that read comes before the iteration's first step writes, so one
-    # iteration's slots, two steps (memory._reads_first)
+    # iteration's slots (memory._reads_first), and one step's: the merge reads it before
+    # the step writes the next
     (step,) = [s.id for s in plan.statements if s.node.op == "env_step"]
     buf = plan.buffer(step)
-    assert (buf.window, buf.inner, buf.inner_outputs) == (Window("i", 1), Window("t", 2), (0,))
+    assert (buf.window, buf.inner, buf.inner_outputs) == (Window("i", 1), Window("t", 1), (0,))
 
 
 @pytest.mark.parametrize(
@@ -446,19 +447,45 @@ def carried_plan() -> tuple[Source, Plan]:
     return source, compile_plan(graph_of(source, {}))
 
 
-def test_a_rollout_carried_across_iterations_keeps_two_slots_along_its_steps():
+def test_a_rollout_carried_across_iterations_keeps_one_slot_along_its_steps():
     """The step's value, read at the next step and by the next iteration's first step (at
-    ``t = T - 1``), gets a second ring buffer along ``t`` (docs/plan.md, Storage): two slots,
-    where there were ``T``; and one iteration's, since the next iteration's first step reads
-    it before that iteration's first write (``memory._reads_first``). The run (checking its
+    ``t = T - 1``), gets a second ring buffer along ``t`` (docs/plan.md, Storage): one slot,
+    where there were ``T``, since each read comes before the write that takes the slot (the
+    next step's); and one iteration's, since the next iteration's first step reads it
+    before that iteration's first write (``memory._reads_first``). The run (checking its
     windows) equals the reference."""
     source, plan = carried_plan()
     check_decisions(plan)
     inner = {b.name or b.id: (b.window, b.inner) for b in plan.buffers if b.inner is not None}
-    assert (Window("i", 1), Window("t", 2)) in inner.values(), inner
+    assert (Window("i", 1), Window("t", 1)) in inner.values(), inner
     ref, ref_m, rt, cpu_m = run_both(source, {}, plan)
     assert_same(graph_of(source, {}, optimize=False), ref, ref_m, rt, cpu_m)
     assert ref_m
+
+
+def test_a_step_read_after_the_next_step_s_write_keeps_two_slots():
+    """A statement of the step loop after the step's that reads the step's value and the
+    one before (the next step reads it): at each step it reads after the write that would
+    take the earlier value's slot, so two slots along ``t`` (``_inner_window``: a read one
+    step back before the step's write needs one, after it two); with one, checking mode
+    fails."""
+    text = CARRIED.replace(
+        "s[i, b, t+1] = stepped[i, b, t]",
+        "s[i, b, t+1] = stepped[i, b, t] + 0.1 * lag[i, b, t]\n"
+        "lag[i, b, t] = stepped[i, b, t] - stepped[i, b, max(t - 1, 0)]",
+    )
+    source = Source("carried_lag.rtl", src(text))
+    plan = compile_plan(graph_of(source, {}))
+    check_decisions(plan)
+    inner = {b.id: b.inner for b in plan.buffers if b.inner is not None}
+    assert Window("t", 2) in inner.values(), inner
+    ref, ref_m, rt, cpu_m = run_both(source, {}, plan)
+    assert_same(graph_of(source, {}, optimize=False), ref, ref_m, rt, cpu_m)
+    data = items.to_json(plan)
+    (buf,) = [b for b in data["buffers"] if b["storage"].get("inner", {}).get("size") == 2]
+    buf["storage"]["inner"]["size"] = 1
+    with pytest.raises(RunError, match="window too small"):
+        CpuRuntime(items.from_json(data), check_windows=True).run()
 
 
 def test_a_step_read_by_every_step_of_the_next_iteration_keeps_two_iterations():
@@ -475,7 +502,7 @@ def test_a_step_read_by_every_step_of_the_next_iteration_keeps_two_iterations():
     plan = compile_plan(graph_of(source, {}))
     check_decisions(plan)
     inner = {b.id: (b.window, b.inner) for b in plan.buffers if b.inner is not None}
-    assert list(inner.values()) == [(Window("i", 2), Window("t", 2))], inner
+    assert list(inner.values()) == [(Window("i", 2), Window("t", 1))], inner
     ref, ref_m, rt, cpu_m = run_both(source, {}, plan)
     assert_same(graph_of(source, {}, optimize=False), ref, ref_m, rt, cpu_m)
     data = items.to_json(plan)
@@ -518,12 +545,12 @@ def test_an_inner_window_along_its_window_s_dim_is_refused():
         items.from_json(data)
 
 
-def test_an_environment_step_keeps_two_observations_and_every_reward_of_its_rollout():
+def test_an_environment_step_keeps_one_observation_and_every_reward_of_its_rollout():
     """REINFORCE's step returns (observation, reward, done): the observation is read at
     the next step (by the merge ``o``, which takes each environment's row of it:
     ``simplify._forward_env_rows``), the rewards and ``done``s after the rollout. A window
-    per output: the observations keep two slots along ``t``, the others every step
-    (docs/plan.md, Storage). No buffer holds a copy of the rows. The run (checking its
+    per output: the observations keep one slot along ``t`` (the merge reads it before the
+    step writes the next), the others every step (docs/plan.md, Storage). No buffer holds a copy of the rows. The run (checking its
     windows) equals the reference; the same ring buffer given to the rewards too is caught
     in checking mode."""
     source = source_of("reinforce")
@@ -531,8 +558,8 @@ def test_an_environment_step_keeps_two_observations_and_every_reward_of_its_roll
     check_decisions(plan)
     (step,) = [s.id for s in plan.statements if s.node.op == "env_step"]
     buf = plan.buffer(step)
-    assert (buf.window, buf.inner, buf.inner_outputs) == (Window("i", 1), Window("t", 2), (0,))
-    assert buf.extents(0) == (1, 2) and buf.extents(1) == buf.extents(2) == (1, REINFORCE["T"])
+    assert (buf.window, buf.inner, buf.inner_outputs) == (Window("i", 1), Window("t", 1), (0,))
+    assert buf.extents(0) == (1, 1) and buf.extents(1) == buf.extents(2) == (1, REINFORCE["T"])
     rows = [
         s
         for s in plan.statements

@@ -553,7 +553,7 @@ def _inner_window(graph: Graph, schedule: Schedule, x: int, maps, buffers, outer
     if dim is None or scale == 0 or dim == outer[0]:
         return None
     outer_x, inner_x = _phi_map(graph, x, tx[1]), _phi_map(graph, x, tx[3])
-    most = 0
+    size = 1
     late = []  # the points read after the outer iteration that wrote them
     for y, m in maps.items():
         ty = schedule.times[y]
@@ -578,7 +578,14 @@ def _inner_window(graph: Graph, schedule: Schedule, x: int, maps, buffers, outer
             lo, hi = delta.dim_min_val(0), delta.dim_max_val(0)
             if not (lo.is_int() and hi.is_int()) or hi.to_python() > 0:
                 return None
-            most = max(most, -lo.to_python())
+            far = -lo.to_python()
+            if far and far % scale == 0 and int(ty[4]) < int(tx[4]):
+                # the write that takes the slot, |s2| * w later, comes after y's read at
+                # that coordinate (as _window's): w = far / |s2| (the merge o reads the
+                # step's observation before the step writes the next: one slot)
+                size = max(size, far // scale)
+            else:
+                size = max(size, far // scale + 1)
         elif int(ty[2]) > int(tx[2]):
             late.append(now.range())  # after the inner loop, in the same outer iteration
         else:
@@ -594,8 +601,7 @@ def _inner_window(graph: Graph, schedule: Schedule, x: int, maps, buffers, outer
         hi = plane.apply_domain(inner_x).apply_range(inner_x).deltas().dim_max_val(0)
         if not hi.is_int():
             return None
-        most = max(most, hi.to_python())
-    size = most // scale + 1
+        size = max(size, hi.to_python() // scale + 1)
     if size >= buffers[x].box[node.dims.index(dim)]:
         return None
     return dim, size
