@@ -550,9 +550,9 @@ def test_an_environment_step_keeps_one_observation_and_every_reward_of_its_rollo
     the next step (by the merge ``o``, which takes each environment's row of it:
     ``simplify._forward_env_rows``), the rewards and ``done``s after the rollout. A window
     per output: the observations keep one slot along ``t`` (the merge reads it before the
-    step writes the next), the others every step (docs/plan.md, Storage). No buffer holds a copy of the rows. The run (checking its
-    windows) equals the reference; the same ring buffer given to the rewards too is caught
-    in checking mode."""
+    step writes the next), the others every step (docs/plan.md, Storage). No buffer holds
+    a copy of the rows. The run (checking its windows) equals the reference; the same ring
+    buffer given to the rewards too is caught in checking mode."""
     source = source_of("reinforce")
     plan = compile_plan(graph_of(source, REINFORCE))
     check_decisions(plan)

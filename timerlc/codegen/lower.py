@@ -1851,9 +1851,9 @@ class _Lowering:
         image-sized observations, gathered, ``schedule.build._gathered_operands``): ``a``
         computed a tile of at most ``self.tile`` bytes at a time (``OPERAND_TILE_BYTES``;
         ``GPU_SCRATCH`` for the cuda target, whose calls share one scratch memory) into one
-        temporary, and multiplied from there. The tiles run along the longer of ``a``'s axes, and each
-        tile's copy along it innermost (the rows of a gather are the observations, read
-        one after another):
+        temporary, and multiplied from there. The tiles run along the longer of ``a``'s
+        axes, and each tile's copy along it innermost (the rows of a gather are the
+        observations, read one after another):
 
         - along ``k`` (``obs[idx] @ w``): tile ``q`` multiplies ``a[:, ks]`` by ``b[ks, :]``,
           the first into ``c``, each next one into a second temporary then added to ``c``;
