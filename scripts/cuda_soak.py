@@ -20,6 +20,7 @@ few seconds to a minute here (the emulation runs each block's threads as fibers)
     python scripts/cuda_soak.py --gpu                           # on a lent GPU (CuPy)
     .venv/bin/python scripts/cuda_soak.py --random 600 --seed 3  # sizes drawn for 10 min
     .venv/bin/python scripts/cuda_soak.py reinforce I=2 B=100 budget=0.5  # under a budget
+    .venv/bin/python scripts/cuda_soak.py --random 600 --small-tiles  # minibatches in tiles
 
 A failure (an exception of the compile or of either run) is a line starting ``FAIL``.
 
@@ -200,7 +201,10 @@ def main() -> int:
     from cuda_gpu_check import add_matmul_precision
 
     add_matmul_precision(ap)
+    add_small_tiles(ap)
     args = ap.parse_args()
+    if args.small_tiles:
+        small_tiles()
     configs = [(args.program, " ".join(args.sets))] if args.program else CONFIGS
     if args.random is not None:
         import random
@@ -215,6 +219,30 @@ def main() -> int:
 
     draws = ((program, text, text) for program, text in configs)
     return 1 if soaked(draws, one, args.tolerance) else 0
+
+
+def add_small_tiles(ap: argparse.ArgumentParser):
+    ap.add_argument(
+        "--small-tiles",
+        action="store_true",
+        help="lower the thresholds of a gather only products read (any size, not only past "
+        "64 MiB) and of their tiles (a few floats), so that PPO's minibatch products take "
+        "the tiled path at these sizes (schedule.build._gathered_operands, "
+        "codegen.lower._tiled_gemm)",
+    )
+
+
+def small_tiles():
+    """The gathered operands' thresholds and tiles lowered (``--small-tiles``): every
+    gather that only products read is computed in each, 16 bytes a tile on the cpu, 64 on
+    the cuda target (at most 64 tiles a product)."""
+    from timerlc.codegen import lower
+    from timerlc.schedule import build
+
+    build.GATHER_OPERAND_BYTES = 0
+    lower.TILED_OPERAND_BYTES = 0
+    lower.OPERAND_TILE_BYTES = 16
+    lower.GPU_SCRATCH = 64
 
 
 def soaked(draws, one, tolerance: float, program_error: type | None = None) -> int:

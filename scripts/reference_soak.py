@@ -16,6 +16,10 @@ or the memory plan, which both backends share, shows only here::
 
     .venv/bin/python scripts/reference_soak.py --seconds 1800 --seed 3
 
+With ``--small-tiles`` every gather that only products read is computed in each of them,
+a few floats a tile (``cuda_soak.small_tiles``): PPO's minibatch products take the path
+image-sized observations take.
+
 With ``--check-windows`` the plan is interpreted in the runtime's checking mode instead:
 a read of a ring buffer (a window, an inner window) that finds another point than the one
 it asks for fails the draw, where a wrong value might otherwise round away.
@@ -174,8 +178,12 @@ def main() -> int:
         help="interpret the plan, checking that every read of a ring buffer finds its point "
         "(a window too small fails the draw), instead of running its kernels",
     )
+    from cuda_soak import add_small_tiles, small_tiles, soaked
+
+    add_small_tiles(ap)
     args = ap.parse_args()
-    from cuda_soak import soaked
+    if args.small_tiles:
+        small_tiles()
 
     from timerlc.diagnostics import ProgramError
 
