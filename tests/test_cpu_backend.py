@@ -8,6 +8,7 @@ plan's errors, that the runtime never imports the compiler, and what the schedul
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -316,3 +317,6 @@ def test_profile_prints_where_the_cpu_runtime_spent_its_time(tmp_path):
     assert r.exit_code == 0, r.stderr
     assert "cpu runtime:" in r.stderr and "statement calls" in r.stderr
     assert "g_ds loops [t] vector [i, b]" in r.stderr  # the incrementalized discounted sum
+    # (and the kernels' scratch memory, which the buffers' peak leaves out: a statement's
+    # kernel's own, at least 8 bytes each)
+    assert re.search(r"peak buffers [^,]+, kernels' scratch reserved \d", r.stderr), r.stderr

@@ -217,6 +217,7 @@ def test_cuda_emu_runs_a_build_as_the_cpu_backend_does(tmp_path):
     r = cli("run", out, "--backend", "cuda-emu", "--profile")
     assert r.exit_code == 0, r.stderr
     assert "s in the statements' launches" in r.stderr and "  device s " in r.stderr
+    assert "kernels' scratch" in r.stderr
     assert len(list((out / "kernels").glob("emu-*.so"))) == 2
     r = cli("run", PROGRAMS / "reinforce.rtl", *SMALL_REINFORCE, "--metrics", tmp_path / "cpu.csv")
     assert r.exit_code == 0, r.stderr

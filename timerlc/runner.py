@@ -326,7 +326,8 @@ def _print_plan_profile(plan: Plan, rt, wall: float):
     print(
         f"{'device' if hasattr(rt, 'device') else 'cpu'} runtime: {wall:.3f} s run{native}, "
         f"{total:.3f} s in {sum(rt.calls.values())} "
-        f"statement calls; peak buffers {format_bytes(rt.peak_bytes)}",
+        f"statement calls; peak buffers {format_bytes(rt.peak_bytes)}, kernels' scratch "
+        f"reserved {format_bytes(rt.scratch_bytes)}",
         file=sys.stderr,
     )
     _print_products(rt)

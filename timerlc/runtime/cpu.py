@@ -1136,6 +1136,15 @@ class CpuRuntime:
             self.calls[sid] = self.calls.get(sid, 0) + int(counts[sid, 1])
         counts[:] = 0
 
+    @property
+    def scratch_bytes(self) -> int:
+        """The bytes of the kernels' scratch memory, which the buffers' count leaves out:
+        each statement's kernel and each tree function has its own, reserved for the run
+        (zeroed pages, which cost nothing until touched: a statement whose calls all go
+        through a tree function's never touches its own)."""
+        own = sum(getattr(s, "scratch", np.zeros(0)).nbytes for s in self.statements.values())
+        return own + sum(t[1].nbytes for t in self.trees.values())
+
     def value(self, name: str) -> np.ndarray:
         sid, out = self.plan.tensor(name)
         return self.read(sid)[out]

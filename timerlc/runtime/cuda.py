@@ -1772,6 +1772,12 @@ class DeviceRuntime(CpuRuntime):
         return fn, min(-(-threads // THREADS), self.device.grid_limit(fn))
 
     @property
+    def scratch_bytes(self) -> int:
+        """The bytes of the device's scratch memory: one for every call (the calls run one
+        after another in a stream), the most any call needs."""
+        return self._scratch_bytes
+
+    @property
     def whole_module_loaded(self) -> bool:
         """Whether a call needed a function the run's compile left out (``_whole_module``):
         never, where the calls go as the code generator's trees fused them."""
