@@ -1866,13 +1866,13 @@ class _Lowering:
         tb, bbuf, boff, ldb = _matrix(b, sb)
         size = kir.SIZES[dtype]
         along_k = kk >= m
-        width = max(1, self.tile // (size * (m if along_k else kk)))
-        total = kk if along_k else m
+        side, total = (m, kk) if along_k else (kk, m)  # (a tile: side x width, of total)
+        width = max(1, self.tile // (size * side))
         tiles = -(-total // width)
         if tiles > MAX_OPERAND_TILES:  # (each tile is code of its own)
             width = -(-total // MAX_OPERAND_TILES)
             tiles = -(-total // width)
-        tile = self.temp(dtype, width * (m if along_k else kk))
+        tile = self.temp(dtype, width * side)
         part = self.temp(dtype, m * n) if along_k and tiles > 1 else None
         zero = kir.i64(0)
         out: list = []

@@ -183,16 +183,23 @@ def _forward_reshapes(nodes: list[Node]) -> bool:
                 continue  # (computed with n already where nothing else stores it)
             if not all(isinstance(a, Point) for a in e.access):
                 continue
-            read = _compose(e, inner, r)
-            dom = n.domain if e.cond is None else type(n.domain)(n.dims, n.domain.cond & e.cond)
-            read = replace(read, cond=None)
-            m = Node(len(nodes), "reshape", dom, (read,), r.types, r.attrs, span=r.span)
-            nodes.append(m)
-            inputs[j] = Edge(m.id, identity_access(n.dims), 0, e.cond, e.span)
+            inputs[j] = _own_view(nodes, n, e, r, inner, r.attrs)
         if inputs != list(n.inputs):
             nodes[k] = replace(n, inputs=tuple(inputs))
             changed = True
     return changed
+
+
+def _own_view(nodes: list[Node], n: Node, e: Edge, r: Node, inner: Edge, attrs) -> Edge:
+    """For node ``n``'s read ``e`` (at points) of a view ``r`` of ``inner``'s source: a node
+    of ``r``'s op with ``attrs``, over ``n``'s domain (where ``e`` applies), reading that
+    source at the composed points, which the schedule computes with ``n`` (``_forward_*``);
+    appended, and the edge by which ``n`` reads it."""
+    read = replace(_compose(e, inner, r), cond=None)
+    dom = n.domain if e.cond is None else type(n.domain)(n.dims, n.domain.cond & e.cond)
+    m = Node(len(nodes), r.op, dom, (read,), r.types, attrs, span=r.span)
+    nodes.append(m)
+    return Edge(m.id, identity_access(n.dims), 0, e.cond, e.span)
 
 
 def _env_row(n: Node, nodes: list[Node]) -> Edge | None:
@@ -246,15 +253,11 @@ def _forward_env_rows(nodes: list[Node]) -> bool:
                 continue
             if r.dims == n.dims and e.access == identity_access(n.dims):
                 continue  # (computed with n already where nothing else stores it)
-            read = replace(_compose(e, inner, r), cond=None)
             at = {d: a.expr for d, a in zip(r.dims, e.access)}
             (item,) = dict(r.attrs)["items"]
             row = sympy.expand(ix.substitute(item[1], at))
             attrs = tuple((key, (("int", row),) if key == "items" else v) for key, v in r.attrs)
-            dom = n.domain if e.cond is None else type(n.domain)(n.dims, n.domain.cond & e.cond)
-            m = Node(len(nodes), "index", dom, (read,), r.types, attrs, span=r.span)
-            nodes.append(m)
-            inputs[j] = Edge(m.id, identity_access(n.dims), 0, e.cond, e.span)
+            inputs[j] = _own_view(nodes, n, e, r, inner, attrs)
         if inputs != list(n.inputs):
             nodes[k] = replace(n, inputs=tuple(inputs))
             changed = True

@@ -489,14 +489,15 @@ def _reads_first(graph: Graph, schedule: Schedule, x: int, y: int, m, phi_x, far
     if not lo.is_int():
         return False
     first = lo.to_python()  # phi_2 of the earliest such write - phi_2 of the read
-    return first > 0 or (first == 0 and int(ty[4]) < int(tx[4]))
+    return first > 0 or (first == 0 and _runs_before(ty, tx, 4))
 
 
-def _runs_before(ty: tuple, tx: tuple) -> bool:
-    """Whether, at an equal coordinate of their band (``t[1]``), the statement of time vector
+def _runs_before(ty: tuple, tx: tuple, level: int = 2) -> bool:
+    """Whether, at an equal coordinate of their band (``t[level - 1]``: the outer loop's,
+    or with ``level`` 4 the inner loop's of a nest of two), the statement of time vector
     ``ty`` runs before that of ``tx``: an earlier position at the next level (statements of
     one nested loop share theirs: then not)."""
-    return len(ty) > 2 and len(tx) > 2 and int(ty[2]) < int(tx[2])
+    return len(ty) > level and len(tx) > level and int(ty[level]) < int(tx[level])
 
 
 def _inner_windows(graph: Graph, schedule: Schedule, x: int, maps, buffers, outer):
@@ -579,7 +580,7 @@ def _inner_window(graph: Graph, schedule: Schedule, x: int, maps, buffers, outer
             if not (lo.is_int() and hi.is_int()) or hi.to_python() > 0:
                 return None
             far = -lo.to_python()
-            if far and far % scale == 0 and int(ty[4]) < int(tx[4]):
+            if far and far % scale == 0 and _runs_before(ty, tx, 4):
                 # the write that takes the slot, |s2| * w later, comes after y's read at
                 # that coordinate (as _window's): w = far / |s2| (the merge o reads the
                 # step's observation before the step writes the next: one slot)
