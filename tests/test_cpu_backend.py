@@ -320,3 +320,6 @@ def test_profile_prints_where_the_cpu_runtime_spent_its_time(tmp_path):
     # (and the kernels' scratch memory, which the buffers' peak leaves out: a statement's
     # kernel's own, at least 8 bytes each)
     assert re.search(r"peak buffers [^,]+, kernels' scratch reserved \d", r.stderr), r.stderr
+    # (and the threads its kernels ran on: one, where no loop is large enough for the
+    # pool's, runtime.pool)
+    assert "; 1 thread)" in r.stderr, r.stderr

@@ -407,7 +407,7 @@ def compile(file, out_dir, backend, sets, envs, memory_budget, dump_ir, timings)
                 # the machine code for this CPU, so that a run of the build starts at once
                 from timerlc.runtime.native import NativeModule, roots_of
 
-                NativeModule(code, out / "kernels", roots_of(plan))
+                NativeModule(code, out / "kernels", roots_of(plan), threads=False)
                 on_stage("llvm", None)
         manifest = {
             "format_version": BUILD_FORMAT,

@@ -322,7 +322,12 @@ def _print_plan_profile(plan: Plan, rt, wall: float):
         )
     elif rt.module is not None:
         how = "loaded, not compiled," if rt.module.cached else "compiled for this CPU"
-        native = f" (the kernels {how} in {rt.native_seconds:.3f} s)"
+        pool = rt.module.pool
+        threads = 1 + (pool.workers if pool is not None else 0)
+        native = (
+            f" (the kernels {how} in {rt.native_seconds:.3f} s; "
+            f"{threads} thread{'s' if threads > 1 else ''})"
+        )
     print(
         f"{'device' if hasattr(rt, 'device') else 'cpu'} runtime: {wall:.3f} s run{native}, "
         f"{total:.3f} s in {sum(rt.calls.values())} "

@@ -60,6 +60,10 @@ class NativeModule:
     whether it did). A cached object whose bytes do not match their hash is ignored and
     compiled again.
 
+    With ``threads`` (a module that runs, not only compiled for a build), the kernels' parallel
+    loops and products go to the process's pool of threads (``runtime.pool``) where it has
+    one.
+
     With ``roots`` (``roots_of``: the functions a run calls at once), only the functions
     they reach are compiled (``lean_text``: the kernels of statements that run only inside a
     fused kernel are left out, a fifth of PPO's text); a function left out is compiled
@@ -67,7 +71,7 @@ class NativeModule:
     ``whole``).
     """
 
-    def __init__(self, text: str, cache=None, roots=None):
+    def __init__(self, text: str, cache=None, roots=None, threads: bool = True):
         import hashlib
         import os
 
@@ -119,10 +123,22 @@ class NativeModule:
             self.engine.add_object_file(llvm.ObjectFileRef.from_data(o))
         self.engine.finalize_object()
         self._functions: dict[str, object] = {}
+        # the threads (runtime.pool): the kernels' parallel loops and their large products
+        par = "@tl_par = global" in text
+        self.pool = None
+        if threads and (par or (gemms and self.blas is not None)):
+            from timerlc.runtime import pool
+
+            self.pool = pool.get()
+        if par and self.pool is not None:
+            at = self.engine.get_global_value_address("tl_par")
+            ctypes.c_void_p.from_address(at).value = self.pool.run
         for which in gemms:
             at = self.engine.get_global_value_address(f"tl_{which}gemm")
             fallback = GEMM_FALLBACK + {"s": "float", "d": "double"}[which]
             gemm = self.address(fallback) if self.blas is None else self.blas[which]
+            if self.blas is not None and self.pool is not None and self.pool.gemm:
+                gemm = self.pool.gemm[which]
             ctypes.c_void_p.from_address(at).value = gemm
 
     def address(self, name: str) -> int:
@@ -149,7 +165,7 @@ class NativeModule:
         if not self.left_out:
             return self
         if self._whole is None:
-            self._whole = NativeModule(self.text, self.cache)
+            self._whole = NativeModule(self.text, self.cache, threads=self.pool is not None)
         return self._whole
 
 

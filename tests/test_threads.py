@@ -1,0 +1,301 @@
+"""The cpu backend's threads (``runtime.pool``, ``llvm.render``'s outlined loops): which
+loops go to the threads, the pool's chunks, failures and products, and every example program
+run with its loops and products cut into chunks against the reference.
+
+The thresholds are lowered here so that small programs take those paths, and the pool is
+one of the test's own with two workers (on any machine: on one CPU they take turns)."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import weakref
+
+import numpy as np
+import pytest
+import test_cpu_backend as cpu_tests
+from rtl_helpers import NATIVE, TEST_BACKEND
+
+from timerlc.codegen.kir import Bin, Const, Fail, For, Let, Load, Ref, Store
+from timerlc.llvm import render
+from timerlc.runtime import pool
+from timerlc.runtime.native import _llvm, _optimized, cblas, target_machine
+
+_KEPT: list = []  # the tests' pools: modules compiled against one call into it later too
+
+
+@pytest.fixture
+def threads(monkeypatch):
+    """A pool of two workers that cuts products of 64 multiply-adds or more, and loops of
+    16 stores or more handed to it in chunks of 4."""
+    monkeypatch.setattr(render, "PAR_WORK", 16)
+    monkeypatch.setattr(render, "PAR_CHUNK", 4)
+    monkeypatch.setattr(pool, "GEMM_SPLIT_MACS", 64)
+    monkeypatch.setattr(pool, "GEMM_GRAIN", 2)
+    p = pool.Pool(2, cblas())
+    _KEPT.append(p)
+    monkeypatch.setattr(pool, "_POOLS", [p])
+    yield p
+    p.stop()
+
+
+# ------------------------------------------------------------------ which loops go
+
+
+def _i(n):
+    return Const("i64", n)
+
+
+def _loop(body, n=64, parallel=True):
+    return For("e", _i(0), _i(n), tuple(body), parallel)
+
+
+def _row(buf="y", width=4, off=0):
+    """``buf[e * width + j + off] = 1`` for ``j < width``."""
+    idx = Bin(
+        "add", Bin("add", Bin("mul", Ref("e"), _i(width), "i64"), Ref("j"), "i64"), _i(off), "i64"
+    )
+    return For("j", _i(0), _i(width), (Store(buf, idx, Const("f32", 1.0)),))
+
+
+def test_a_parallel_loop_with_enough_work_goes_to_the_threads(monkeypatch):
+    monkeypatch.setattr(render, "PAR_WORK", 256)
+    monkeypatch.setattr(render, "PAR_CHUNK", 64)
+    assert render.threaded(_loop([_row()])) == 16  # 4 stores an iteration: 16 a chunk
+    assert render.threaded(_loop([_row()], n=63)) == 0  # 252 stores: too few
+    assert render.threaded(_loop([_row()], parallel=False)) == 0
+
+
+def test_only_loops_whose_iterations_store_apart_go_to_the_threads(monkeypatch):
+    monkeypatch.setattr(render, "PAR_WORK", 1)
+    assert render.threaded(_loop([_row(), _row("z", 4, 0)]))
+    # two stores into one buffer, rows of 4 apart: each iteration's 0..3 and 2..5 overlap
+    # the next iteration's row
+    assert not render.threaded(_loop([_row(), _row("y", 4, 2)]))
+    assert render.threaded(_loop([_row("y", 2), _row("y", 2, 2)], n=8)) == 0  # rows of 2
+    # one element every iteration writes (a temporary of the loop's, shared)
+    assert not render.threaded(_loop([Store("t", _i(0), Const("f32", 0.0))]))
+    # an index through a local the body sets
+    let = Let("k", "i64", Bin("mul", Ref("e"), _i(4), "i64"))
+    assert not render.threaded(_loop([let, Store("y", Ref("k"), Const("f32", 0.0))]))
+    # an index no sum of multiples of locals
+    idx = Load("perm", Ref("e"), "i64")
+    assert not render.threaded(_loop([Store("y", idx, Const("f32", 0.0))]))
+    # a failure stops the serial loop where it comes
+    assert not render.threaded(_loop([_row(), Fail(3)]))
+    # a local set outside (the same in every iteration) may move the rows
+    moved = Bin("add", Bin("mul", Ref("e"), _i(1), "i64"), Ref("base"), "i64")
+    assert render.threaded(_loop([Store("y", moved, Const("f32", 0.0))]))
+
+
+def test_a_loop_over_a_block_s_rows_goes_to_the_threads(monkeypatch):
+    monkeypatch.setattr(render, "PAR_WORK", 1)
+    lo = Bin("mul", Ref("blk"), _i(8), "i64")
+    s = For("e", lo, Bin("add", lo, _i(8), "i64"), (_row(),), True)
+    assert render.threaded(s)
+    wide = For("e", lo, Bin("mul", Ref("blk"), _i(9), "i64"), (_row(),), True)
+    assert not render.threaded(wide)  # (its iterations vary)
+
+
+# ------------------------------------------------------------------ the pool
+
+_BODY = """
+define i32 @body(ptr %frame, i64 %lo, i64 %hi) {
+entry:
+  %out = load ptr, ptr %frame
+  %fp = getelementptr i64, ptr %frame, i64 1
+  %fail = load i64, ptr %fp
+  br label %head
+head:
+  %i = phi i64 [ %lo, %entry ], [ %i1, %next ]
+  %more = icmp slt i64 %i, %hi
+  br i1 %more, label %body, label %done
+body:
+  %p = getelementptr i64, ptr %out, i64 %i
+  %v = mul i64 %i, 3
+  store i64 %v, ptr %p
+  %r = urem i64 %i, %fail
+  %bad = icmp eq i64 %r, 7
+  %i1 = add i64 %i, 1
+  br i1 %bad, label %failed, label %next
+next:
+  br label %head
+failed:
+  %code = trunc i64 %i to i32
+  ret i32 %code
+done:
+  ret i32 0
+}
+"""
+RUN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, *([ctypes.c_int64] * 4))
+
+
+def _body():
+    llvm = _llvm()
+    tm = target_machine()
+    engine = llvm.create_mcjit_compiler(_optimized(_BODY, tm), tm)
+    engine.finalize_object()
+    _KEPT.append(engine)
+    return engine.get_function_address("body")
+
+
+def test_the_pool_runs_every_chunk_once_and_gives_the_first_failure(threads):
+    body, run = _body(), RUN(threads.run)
+    out = np.zeros(1000, np.int64)
+    frame = np.array([out.ctypes.data, 5], np.int64)  # (i % 5 is never 7: no failure)
+    for _ in range(50):
+        out[:] = -1
+        assert run(body, frame.ctypes.data, 0, 1000, 10, 4) == 0
+        np.testing.assert_array_equal(out, np.arange(1000) * 3)
+    # a range of its own, in chunks at most 64
+    out[:] = -1
+    assert run(body, frame.ctypes.data, 100, 900, 1, 4) == 0
+    np.testing.assert_array_equal(out[100:900], np.arange(100, 900) * 3)
+    assert (out[:100] == -1).all() and (out[900:] == -1).all()
+    # iterations 7, 307, 607, 907 fail (their index is their code): the chunks of 100 fail
+    # at their first, and the call gives the lowest chunk's
+    frame[1] = 300
+    for _ in range(20):
+        assert run(body, frame.ctypes.data, 0, 1000, 100, 4) == 7
+    # a range of fewer than two chunks' iterations runs on the caller alone
+    frame[1] = 5
+    assert run(body, frame.ctypes.data, 0, 10, 6, 4) == 0
+
+
+_MEET = """
+; chunk 0 (the caller's first) waits for another chunk (a worker's) to set frame[0]
+define i32 @meet(ptr %frame, i64 %lo, i64 %hi) {
+entry:
+  %first = icmp eq i64 %lo, 0
+  br i1 %first, label %wait, label %set
+wait:
+  %n = phi i64 [ 0, %entry ], [ %n1, %again ]
+  %v = load atomic i64, ptr %frame acquire, align 8
+  %seen = icmp ne i64 %v, 0
+  br i1 %seen, label %ok, label %again
+again:
+  %n1 = add i64 %n, 1
+  %late = icmp sgt i64 %n1, 20000000000
+  br i1 %late, label %timeout, label %wait
+timeout:
+  ret i32 99
+set:
+  store atomic i64 1, ptr %frame release, align 8
+  br label %ok
+ok:
+  ret i32 0
+}
+"""
+
+
+def test_the_pool_s_workers_run_chunks_beside_the_caller(threads):
+    llvm = _llvm()
+    tm = target_machine()
+    engine = llvm.create_mcjit_compiler(_optimized(_MEET, tm), tm)
+    engine.finalize_object()
+    _KEPT.append(engine)
+    meet, run = engine.get_function_address("meet"), RUN(threads.run)
+    for _ in range(5):
+        flag = np.zeros(1, np.int64)
+        taken = threads.taken
+        # two chunks: the caller takes the first, which ends only once a worker ran the other
+        assert run(meet, flag.ctypes.data, 0, 2, 1, 1) == 0
+        assert threads.taken == taken + 1
+
+
+def test_a_pool_without_workers_runs_the_calls_alone(threads):
+    threads.after_fork()  # (as in a forked child, where no worker runs)
+    body, run = _body(), RUN(threads.run)
+    taken = threads.taken
+    out = np.zeros(500, np.int64)
+    frame = np.array([out.ctypes.data, 5], np.int64)
+    assert run(body, frame.ctypes.data, 0, 500, 5, 4) == 0
+    np.testing.assert_array_equal(out, np.arange(500) * 3)
+    assert threads.taken == taken
+
+
+def test_a_pool_s_code_outlives_its_workers():
+    # (a worker runs the pool's machine code: the pool is kept until it is stopped)
+    ref = weakref.ref(pool.Pool(1, None))
+    gc.collect()
+    assert ref() is not None and ref().taken == 0
+    ref().stop()
+    gc.collect()
+    assert ref() is None
+
+
+GEMM = {
+    "s": (ctypes.c_float, np.float32, 1e-5),
+    "d": (ctypes.c_double, np.float64, 1e-12),
+}
+
+
+@pytest.mark.skipif(cblas() is None, reason="no BLAS of NumPy's found")
+@pytest.mark.parametrize("which", ["s", "d"])
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("m,n,k", [(37, 5, 6), (3, 41, 7), (16, 16, 3)])
+def test_a_product_cut_along_c_s_longer_side_is_the_blas_s(threads, which, ta, tb, m, n, k):
+    ct, dt, tol = GEMM[which]
+    fn = ctypes.CFUNCTYPE(
+        None,
+        *([ctypes.c_int32] * 3),
+        *([ctypes.c_int64] * 3),
+        ct,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ct,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+    )(threads.gemm[which])
+    rng = np.random.default_rng(m * n + k)
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(dt)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(dt)
+    c = np.full((m, n + 3), 99.0, dt)  # (rows of C 3 wider than C: its ldc)
+    for _ in range(20):
+        fn(101, 112 if ta else 111, 112 if tb else 111, m, n, k, 1.0, a.ctypes.data,
+           a.shape[1], b.ctypes.data, b.shape[1], 0.0, c.ctypes.data, n + 3)  # fmt: skip
+    want = (a.T if ta else a) @ (b.T if tb else b)
+    np.testing.assert_allclose(c[:, :n], want, rtol=tol, atol=tol)
+    assert (c[:, n:] == 99.0).all()
+
+
+def test_the_threads_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("TIMERLC_THREADS", "3")
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert pool.threads() == 3
+    monkeypatch.setenv("TIMERLC_THREADS", "many")  # (not a number: ignored)
+    assert pool.threads() == 5
+    monkeypatch.setenv("OMP_NUM_THREADS", "0")
+    monkeypatch.setenv("TIMERLC_THREADS", "100000")
+    assert pool.threads() == pool.MAX_THREADS
+    # else the CPUs the process may use: its affinity, and its control group's quota
+    monkeypatch.delenv("TIMERLC_THREADS")
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(pool.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    monkeypatch.setattr(pool, "_quota", lambda: 3)
+    assert pool.threads() == 3
+    monkeypatch.setattr(pool, "_quota", lambda: pool.MAX_THREADS)
+    assert pool.threads() == 6
+
+
+# ------------------------------------------------------------------ programs
+
+
+@pytest.mark.parametrize("name", sorted(cpu_tests.SMALL))
+def test_program_with_threads_equals_reference(threads, name):
+    if TEST_BACKEND != "cpu" or not NATIVE:
+        pytest.skip("the backend under test runs no LLVM code")
+    graph = cpu_tests.graph_of(name, cpu_tests.SMALL[name])
+    ref, ref_m, rt, cpu_m = cpu_tests.both(name)
+    assert ".par0(" in rt.module.text  # (loops went to the threads)
+    for out in graph.outputs:
+        want, got = ref.value(out), rt.value(out)
+        assert got.dtype == want.dtype and got.shape == want.shape, out
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=out)
+    assert len(cpu_m) == len(ref_m) > 0
+    for (n1, p1, v1), (n2, p2, v2) in zip(sorted(ref_m), sorted(cpu_m)):
+        assert (n1, p1) == (n2, p2)
+        assert np.isclose(v1, v2, rtol=1e-5, atol=1e-6, equal_nan=True), (n1, p1, v1, v2)

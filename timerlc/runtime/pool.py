@@ -1,0 +1,482 @@
+"""The cpu backend's threads: one pool per process that the native kernels hand their
+parallel loops and their large products to (docs/codegen.md, "Threads").
+
+A kernel's parallel loop (``kir.For.parallel``) with enough work is rendered as a function
+of its own, ``fn(frame, lo, hi)`` over a range of its iterations (``llvm.render``), and the
+kernel calls ``tl_pool_run(fn, frame, lo, hi, grain, per)`` through the pointer ``@tl_par``
+its module has, which ``NativeModule`` sets to this pool's. ``tl_pool_run`` cuts the range
+into chunks of at least ``grain`` iterations (at most ``per`` a thread, at most 64), and the
+caller and the pool's workers take chunks until none is left; the caller then waits for
+the chunks a worker took, and returns the first failure code by chunk order (0: none).
+
+The chunks are claimed from one word, the job's tag (a count of jobs), the number of chunks
+and the next chunk: a worker claims chunk ``c`` by a compare-and-swap on the word it read,
+so that it never takes a chunk of a job that has ended (the caller cannot end a job before
+every chunk claimed is done, and the job's fields do not change until then). A worker that
+is slow to come, asleep or gone (a forked child has none) leaves its chunks to the caller:
+the results are the same, only later. Chunk boundaries depend on the range, ``grain`` and
+the number of threads, not on which thread runs what: a run's values are the same from run
+to run.
+
+Workers spin for ``SPIN_CYCLES`` after their last chunk (a PPO minibatch step's kernels
+come microseconds apart), then sleep, a little longer each time up to ``MAX_SLEEP_US``.
+
+The products (``@tl_sgemm``/``@tl_dgemm`` of the kernels) go to ``tl_pool_sgemm``/
+``tl_pool_dgemm``: one of at least ``GEMM_SPLIT_MACS`` multiply-adds is cut along the longer
+of C's sides into a chunk a thread, each the BLAS's gemm on its rows (or columns) of C; a
+smaller one goes to the BLAS as it is. While the pool has workers, the BLAS (NumPy's
+OpenBLAS) runs on one thread: its own threads spin after each call, on the cores the pool's
+want (measured: a 8192 x 64 x 64 product 297 us by OpenBLAS's two threads alone, 388 us cut
+in two beside its spinning thread, 287 us with OpenBLAS on one thread).
+
+The text below is the runtime's own (no program's): it is compiled once per process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import threading
+
+SPIN_CYCLES = 3_000_000  # about a millisecond of the time-stamp counter
+MAX_SLEEP_US = 2000
+GEMM_SPLIT_MACS = 1 << 18  # a product of fewer multiply-adds goes to the BLAS whole
+GEMM_GRAIN = 16  # the fewest rows (columns) of C a product's chunk takes
+MAX_THREADS = 16
+
+_POOL = r"""
+@pj_busy = global i32 0
+@pj_gen = global i64 0
+@pj_next = global i64 0
+@pj_done = global i64 0
+@pj_fn = global ptr null
+@pj_frame = global ptr null
+@pj_lo = global i64 0
+@pj_hi = global i64 0
+@pj_step = global i64 0
+@pj_codes = global [64 x i32] zeroinitializer
+@pj_stop = global i32 0
+@pj_live = global i32 0
+@pj_taken = global i64 0
+
+declare i32 @usleep(i32)
+declare i64 @llvm.readcyclecounter()
+PAUSE_DECLARE
+define internal void @pj_pause() alwaysinline {
+PAUSE_CALL
+  ret void
+}
+
+; chunk %c of the job in flight: its code kept, then counted done
+define internal void @pj_chunk(i64 %c) {
+  %fn = load ptr, ptr @pj_fn
+  %frame = load ptr, ptr @pj_frame
+  %lo0 = load i64, ptr @pj_lo
+  %hi0 = load i64, ptr @pj_hi
+  %step = load i64, ptr @pj_step
+  %off = mul i64 %c, %step
+  %lo = add i64 %lo0, %off
+  %e = add i64 %lo, %step
+  %lt = icmp slt i64 %e, %hi0
+  %hi = select i1 %lt, i64 %e, i64 %hi0
+  %r = call i32 %fn(ptr %frame, i64 %lo, i64 %hi)
+  %cp = getelementptr [64 x i32], ptr @pj_codes, i64 0, i64 %c
+  store i32 %r, ptr %cp
+  %old = atomicrmw add ptr @pj_done, i64 1 release
+  ret void
+}
+
+; fn(frame, lo, hi) over lo ..< hi, in chunks of at least %grain iterations, at most %per a
+; thread, with the pool's workers; alone where it has none, is busy or the range is small
+define i32 @tl_pool_run(ptr %fn, ptr %frame, i64 %lo, i64 %hi, i64 %grain, i64 %per) {
+entry:
+  %n = sub i64 %hi, %lo
+  %live = load atomic i32, ptr @pj_live monotonic, align 4
+  %nolive = icmp eq i32 %live, 0
+  %two = shl i64 %grain, 1
+  %small = icmp slt i64 %n, %two
+  %alone = or i1 %nolive, %small
+  br i1 %alone, label %serial, label %try
+try:
+  %x = cmpxchg ptr @pj_busy, i32 0, i32 1 acquire monotonic
+  %got = extractvalue { i32, i1 } %x, 1
+  br i1 %got, label %split, label %serial
+serial:
+  %r0 = call i32 %fn(ptr %frame, i64 %lo, i64 %hi)
+  ret i32 %r0
+split:
+  %threads = add i32 %live, 1
+  %t64 = zext i32 %threads to i64
+  %want = mul i64 %t64, %per
+  %bygrain = sdiv i64 %n, %grain
+  %c1 = icmp slt i64 %bygrain, %want
+  %ch0 = select i1 %c1, i64 %bygrain, i64 %want
+  %c2 = icmp sgt i64 %ch0, 64
+  %ch1 = select i1 %c2, i64 64, i64 %ch0
+  %nm1 = add i64 %n, -1
+  %s0 = add i64 %nm1, %ch1
+  %step = sdiv i64 %s0, %ch1
+  %s1 = add i64 %n, %step
+  %s2 = add i64 %s1, -1
+  %chunks = sdiv i64 %s2, %step
+  store ptr %fn, ptr @pj_fn
+  store ptr %frame, ptr @pj_frame
+  store i64 %lo, ptr @pj_lo
+  store i64 %hi, ptr @pj_hi
+  store i64 %step, ptr @pj_step
+  store atomic i64 0, ptr @pj_done monotonic, align 8
+  %g0 = load i64, ptr @pj_gen
+  %g = add i64 %g0, 1
+  store i64 %g, ptr @pj_gen
+  %tag = shl i64 %g, 16
+  %nn = shl i64 %chunks, 8
+  %word = or i64 %tag, %nn
+  store atomic i64 %word, ptr @pj_next release, align 8
+  br label %claim
+claim:
+  %old = atomicrmw add ptr @pj_next, i64 1 acq_rel
+  %c = and i64 %old, 255
+  %more = icmp slt i64 %c, %chunks
+  br i1 %more, label %run, label %wait
+run:
+  call void @pj_chunk(i64 %c)
+  br label %claim
+wait:
+  %d = load atomic i64, ptr @pj_done acquire, align 8
+  %all = icmp sge i64 %d, %chunks
+  br i1 %all, label %codes, label %spin
+spin:
+  call void @pj_pause()
+  br label %wait
+codes:
+  %j = phi i64 [ 0, %wait ], [ %j1, %next ]
+  %in = icmp slt i64 %j, %chunks
+  br i1 %in, label %look, label %ok
+look:
+  %cp = getelementptr [64 x i32], ptr @pj_codes, i64 0, i64 %j
+  %code = load i32, ptr %cp
+  %bad = icmp ne i32 %code, 0
+  %j1 = add i64 %j, 1
+  br i1 %bad, label %fail, label %next
+next:
+  br label %codes
+fail:
+  store atomic i32 0, ptr @pj_busy release, align 4
+  ret i32 %code
+ok:
+  store atomic i32 0, ptr @pj_busy release, align 4
+  ret i32 0
+}
+
+; a worker: takes chunks of each job until told to stop; spins SPIN cycles after its last
+; chunk, then sleeps, longer each time (at most MAXSLEEP us)
+define void @tl_pool_worker() {
+entry:
+  %w0 = load atomic i64, ptr @pj_next acquire, align 8
+  %t0 = lshr i64 %w0, 16
+  %now0 = call i64 @llvm.readcyclecounter()
+  br label %top
+top:
+  %seen = phi i64 [ %t0, %entry ], [ %seen, %pause ], [ %seen, %slept ], [ %tag, %claim ]
+  %since = phi i64 [ %now0, %entry ], [ %since, %pause ], [ %since, %slept ], [ %now2, %claim ]
+  %nap = phi i32 [ 16, %entry ], [ %nap, %pause ], [ %nap2, %slept ], [ 16, %claim ]
+  %stop = load atomic i32, ptr @pj_stop monotonic, align 4
+  %quit = icmp ne i32 %stop, 0
+  br i1 %quit, label %out, label %look
+look:
+  %w = load atomic i64, ptr @pj_next acquire, align 8
+  %tag = lshr i64 %w, 16
+  %new = icmp ne i64 %tag, %seen
+  br i1 %new, label %claim, label %idle
+claim:
+  %now2 = call i64 @llvm.readcyclecounter()
+  %cur = load atomic i64, ptr @pj_next acquire, align 8
+  %ctag = lshr i64 %cur, 16
+  %same = icmp eq i64 %ctag, %tag
+  %c = and i64 %cur, 255
+  %n8 = lshr i64 %cur, 8
+  %n = and i64 %n8, 255
+  %left = icmp slt i64 %c, %n
+  %ok = and i1 %same, %left
+  br i1 %ok, label %cas, label %top
+cas:
+  %cur1 = add i64 %cur, 1
+  %x = cmpxchg ptr @pj_next, i64 %cur, i64 %cur1 acq_rel acquire
+  %won = extractvalue { i64, i1 } %x, 1
+  br i1 %won, label %take, label %claim
+take:
+  call void @pj_chunk(i64 %c)
+  %tk = atomicrmw add ptr @pj_taken, i64 1 monotonic
+  br label %claim
+idle:
+  %t = call i64 @llvm.readcyclecounter()
+  %el = sub i64 %t, %since
+  %hot = icmp ult i64 %el, SPIN
+  br i1 %hot, label %pause, label %sleep
+pause:
+  call void @pj_pause()
+  br label %top
+sleep:
+  %u = call i32 @usleep(i32 %nap)
+  %nd = shl i32 %nap, 1
+  %cap = icmp ugt i32 %nd, MAXSLEEP
+  %nap2 = select i1 %cap, i32 MAXSLEEP, i32 %nd
+  br label %slept
+slept:
+  br label %top
+out:
+  ret void
+}
+"""
+
+# a product cut along C's longer side: the frame holds the gemm's arguments (8 bytes each:
+# ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 1 where the cut is along columns)
+_GEMM = r"""
+@tl_blas_{w}gemm = global ptr null
+
+define internal i32 @pj_{w}gemm_chunk(ptr %f, i64 %lo, i64 %hi) {{
+  %g = load ptr, ptr @tl_blas_{w}gemm
+  %ta = load i64, ptr %f
+  %p2 = getelementptr i64, ptr %f, i64 1
+  %tb = load i64, ptr %p2
+  %p3 = getelementptr i64, ptr %f, i64 2
+  %m = load i64, ptr %p3
+  %p4 = getelementptr i64, ptr %f, i64 3
+  %n = load i64, ptr %p4
+  %p5 = getelementptr i64, ptr %f, i64 4
+  %k = load i64, ptr %p5
+  %p6 = getelementptr i64, ptr %f, i64 5
+  %alpha = load {t}, ptr %p6
+  %p7 = getelementptr i64, ptr %f, i64 6
+  %a = load ptr, ptr %p7
+  %p8 = getelementptr i64, ptr %f, i64 7
+  %lda = load i64, ptr %p8
+  %p9 = getelementptr i64, ptr %f, i64 8
+  %b = load ptr, ptr %p9
+  %p10 = getelementptr i64, ptr %f, i64 9
+  %ldb = load i64, ptr %p10
+  %p11 = getelementptr i64, ptr %f, i64 10
+  %beta = load {t}, ptr %p11
+  %p12 = getelementptr i64, ptr %f, i64 11
+  %c = load ptr, ptr %p12
+  %p13 = getelementptr i64, ptr %f, i64 12
+  %ldc = load i64, ptr %p13
+  %p14 = getelementptr i64, ptr %f, i64 13
+  %cols = load i64, ptr %p14
+  %w = sub i64 %hi, %lo
+  %ta32 = trunc i64 %ta to i32
+  %tb32 = trunc i64 %tb to i32
+  %bycol = icmp ne i64 %cols, 0
+  br i1 %bycol, label %col, label %row
+row:
+  %atr = icmp eq i64 %ta, 112
+  %ar = mul i64 %lo, %lda
+  %aoff = select i1 %atr, i64 %lo, i64 %ar
+  %a2 = getelementptr {t}, ptr %a, i64 %aoff
+  %cr = mul i64 %lo, %ldc
+  %c2 = getelementptr {t}, ptr %c, i64 %cr
+  call void %g(i32 101, i32 %ta32, i32 %tb32, i64 %w, i64 %n, i64 %k, {t} %alpha, ptr %a2, i64 %lda, ptr %b, i64 %ldb, {t} %beta, ptr %c2, i64 %ldc)
+  ret i32 0
+col:
+  %btr = icmp eq i64 %tb, 112
+  %br2 = mul i64 %lo, %ldb
+  %boff = select i1 %btr, i64 %br2, i64 %lo
+  %b2 = getelementptr {t}, ptr %b, i64 %boff
+  %c3 = getelementptr {t}, ptr %c, i64 %lo
+  call void %g(i32 101, i32 %ta32, i32 %tb32, i64 %m, i64 %w, i64 %k, {t} %alpha, ptr %a, i64 %lda, ptr %b2, i64 %ldb, {t} %beta, ptr %c3, i64 %ldc)
+  ret i32 0
+}}
+
+define void @tl_pool_{w}gemm(i32 %order, i32 %ta, i32 %tb, i64 %m, i64 %n, i64 %k, {t} %alpha, ptr %a, i64 %lda, ptr %b, i64 %ldb, {t} %beta, ptr %c, i64 %ldc) {{
+entry:
+  %mn = mul i64 %m, %n
+  %mnk = mul i64 %mn, %k
+  %small = icmp slt i64 %mnk, {macs}
+  %rowmajor = icmp eq i32 %order, 101
+  %fits = xor i1 %small, true
+  %cut = and i1 %fits, %rowmajor
+  br i1 %cut, label %split, label %whole
+whole:
+  %g = load ptr, ptr @tl_blas_{w}gemm
+  call void %g(i32 %order, i32 %ta, i32 %tb, i64 %m, i64 %n, i64 %k, {t} %alpha, ptr %a, i64 %lda, ptr %b, i64 %ldb, {t} %beta, ptr %c, i64 %ldc)
+  ret void
+split:
+  %f = alloca [14 x i64]
+  %ta64 = zext i32 %ta to i64
+  store i64 %ta64, ptr %f
+  %tb64 = zext i32 %tb to i64
+  %p2 = getelementptr i64, ptr %f, i64 1
+  store i64 %tb64, ptr %p2
+  %p3 = getelementptr i64, ptr %f, i64 2
+  store i64 %m, ptr %p3
+  %p4 = getelementptr i64, ptr %f, i64 3
+  store i64 %n, ptr %p4
+  %p5 = getelementptr i64, ptr %f, i64 4
+  store i64 %k, ptr %p5
+  %p6 = getelementptr i64, ptr %f, i64 5
+  store {t} %alpha, ptr %p6
+  %p7 = getelementptr i64, ptr %f, i64 6
+  store ptr %a, ptr %p7
+  %p8 = getelementptr i64, ptr %f, i64 7
+  store i64 %lda, ptr %p8
+  %p9 = getelementptr i64, ptr %f, i64 8
+  store ptr %b, ptr %p9
+  %p10 = getelementptr i64, ptr %f, i64 9
+  store i64 %ldb, ptr %p10
+  %p11 = getelementptr i64, ptr %f, i64 10
+  store {t} %beta, ptr %p11
+  %p12 = getelementptr i64, ptr %f, i64 11
+  store ptr %c, ptr %p12
+  %p13 = getelementptr i64, ptr %f, i64 12
+  store i64 %ldc, ptr %p13
+  %rows = icmp sge i64 %m, %n
+  %cols = select i1 %rows, i64 0, i64 1
+  %p14 = getelementptr i64, ptr %f, i64 13
+  store i64 %cols, ptr %p14
+  %side = select i1 %rows, i64 %m, i64 %n
+  %r = call i32 @tl_pool_run(ptr @pj_{w}gemm_chunk, ptr %f, i64 0, i64 %side, i64 {grain}, i64 1)
+  ret void
+}}
+"""
+
+
+def text() -> str:
+    """The pool's LLVM IR (the runtime's own text, the same for every program)."""
+    x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+    body = (
+        _POOL.replace("SPIN", str(SPIN_CYCLES))
+        .replace("MAXSLEEP", str(MAX_SLEEP_US))
+        .replace("PAUSE_DECLARE", "declare void @llvm.x86.sse2.pause()" if x86 else "")
+        .replace("PAUSE_CALL", "  call void @llvm.x86.sse2.pause()" if x86 else "")
+    )
+    for w, t in (("s", "float"), ("d", "double")):
+        body += _GEMM.format(w=w, t=t, macs=GEMM_SPLIT_MACS, grain=GEMM_GRAIN)
+    return body
+
+
+def threads() -> int:
+    """The threads a run's kernels use: ``TIMERLC_THREADS``, else ``OMP_NUM_THREADS``, else
+    the CPUs this process may run on (its affinity, its control group's quota; at most
+    ``MAX_THREADS``). A value that is not a whole number above 0 is ignored."""
+    for name in ("TIMERLC_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return min(int(value), MAX_THREADS)
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(n, _quota(), MAX_THREADS))
+
+
+def _quota() -> int:
+    """The CPUs the process's control group lets it use at once (cgroup v2's ``cpu.max``:
+    its quota over its period, rounded up), or ``MAX_THREADS`` where it sets none: a
+    container of 8 CPUs' affinity but a quota of 2 gets 2 threads, not 8 that take turns."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota == "max":
+            return MAX_THREADS
+        return max(1, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        return MAX_THREADS
+
+
+class Pool:
+    """The process's pool (``get``): its functions' addresses and its workers."""
+
+    def __init__(self, workers: int, blas: dict | None):
+        from timerlc.runtime.native import _llvm, _optimized, target_machine
+
+        llvm = _llvm()
+        tm = target_machine()
+        self.engine = llvm.create_mcjit_compiler(_optimized(text(), tm), tm)
+        self.engine.finalize_object()
+        self.workers = workers
+        self.run = self.engine.get_function_address("tl_pool_run")
+        self.gemm: dict[str, int] = {}
+        if blas:
+            for w in ("s", "d"):
+                at = self.engine.get_global_value_address(f"tl_blas_{w}gemm")
+                ctypes.c_void_p.from_address(at).value = blas[w]
+                self.gemm[w] = self.engine.get_function_address(f"tl_pool_{w}gemm")
+        self._live = ctypes.c_int32.from_address(self.engine.get_global_value_address("pj_live"))
+        self._stop = ctypes.c_int32.from_address(self.engine.get_global_value_address("pj_stop"))
+        self._taken = ctypes.c_int64.from_address(self.engine.get_global_value_address("pj_taken"))
+        worker = ctypes.CFUNCTYPE(None)(self.engine.get_function_address("tl_pool_worker"))
+        self._worker = worker  # (kept alive as long as the pool)
+        self._threads = []
+        for j in range(workers):
+            # ctypes lets go of the GIL for the call: the thread runs native code only
+            t = threading.Thread(target=worker, name=f"timerlc-pool-{j}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        self._live.value = workers
+        _RUNNING.append(self)  # (its code must outlive its workers: until ``stop``)
+        if workers and blas:
+            _blas_threads(1)
+
+    @property
+    def taken(self) -> int:
+        """The chunks the workers have run (the caller's own not counted)."""
+        return self._taken.value
+
+    def stop(self):
+        """Stop the workers (the tests'): the pool's calls then run alone."""
+        self._live.value = 0
+        self._stop.value = 1
+        for t in self._threads:
+            t.join()
+        self._threads = []
+        if self in _RUNNING:
+            _RUNNING.remove(self)
+
+    def after_fork(self):
+        """In a forked child: no worker runs there, so none is counted."""
+        self._live.value = 0
+        self._threads = []
+
+
+_LOCK = threading.Lock()
+_POOLS: list = []
+_RUNNING: list = []  # every pool whose workers run (a worker runs the pool's code)
+
+
+def get() -> Pool | None:
+    """The process's pool, started at the first call where the kernels may use more than
+    one thread (``threads``), else None."""
+    if _POOLS:
+        return _POOLS[0]
+    with _LOCK:
+        if not _POOLS:
+            n = threads()
+            pool = None
+            if n > 1:
+                from timerlc.runtime.native import cblas
+
+                pool = Pool(n - 1, cblas())
+                if hasattr(os, "register_at_fork"):
+                    os.register_at_fork(after_in_child=pool.after_fork)
+            _POOLS.append(pool)
+    return _POOLS[0]
+
+
+def _blas_threads(n: int) -> None:
+    """Have NumPy's OpenBLAS run its calls on ``n`` threads (where it is that BLAS)."""
+    try:
+        import glob
+
+        import numpy
+
+        libs = os.path.join(os.path.dirname(os.path.dirname(numpy.__file__)), "numpy.libs")
+        for path in sorted(glob.glob(os.path.join(libs, "libscipy_openblas64_*.so*"))):
+            lib = ctypes.CDLL(path)
+            fn = getattr(lib, "scipy_openblas_set_num_threads64_", None)
+            if fn is not None:
+                fn.argtypes = [ctypes.c_int]
+                fn(n)
+                return
+    except OSError:
+        pass
