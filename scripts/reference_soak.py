@@ -20,6 +20,11 @@ With ``--small-tiles`` every gather that only products read is computed in each 
 a few floats a tile (``cuda_soak.small_tiles``): PPO's minibatch products take the path
 image-sized observations take.
 
+With ``--threads`` every parallel loop of a kernel goes to the pool of threads in chunks of
+a few iterations, and every product of 64 multiply-adds or more is cut (``llvm.render``'s
+``PAR_WORK``/``PAR_CHUNK``, ``runtime.pool``'s ``GEMM_SPLIT_MACS``), on three threads
+whatever the machine's CPUs (docs/codegen.md, "Threads").
+
 With ``--check-windows`` the plan is interpreted in the runtime's checking mode instead:
 a read of a ring buffer (a window, an inner window) that finds another point than the one
 it asks for fails the draw, where a wrong value might otherwise round away.
@@ -112,6 +117,20 @@ def drawn(rng) -> tuple[str, dict, float | None]:
         return program, sets, rng.choice(BUDGETS)
 
 
+def small_chunks():
+    """``--threads``: the thresholds of the threads' loops and products lowered, three
+    threads (set before the process's pool is made: its text holds the products')."""
+    import os
+
+    from timerlc.llvm import render
+    from timerlc.runtime import pool
+
+    render.PAR_WORK, render.PAR_CHUNK = 16, 4
+    pool.GEMM_SPLIT_MACS, pool.GEMM_GRAIN = 64, 2
+    os.environ["TIMERLC_THREADS"] = "3"
+    assert pool.get() is not None and pool.get().workers == 2
+
+
 def run(program: str, sets: dict, budget: float | None, check_windows: bool = False) -> float:
     """The largest relative difference between the reference and the cpu backend
     (``check_windows``: its statements interpreted, every read of a ring buffer checked to
@@ -181,9 +200,18 @@ def main() -> int:
     from cuda_soak import add_small_tiles, small_tiles, soaked
 
     add_small_tiles(ap)
+    ap.add_argument(
+        "--threads",
+        action="store_true",
+        help="hand every parallel loop to the threads in chunks of a few iterations, and cut "
+        "every product but the smallest, on three threads (llvm.render.PAR_WORK, "
+        "runtime.pool)",
+    )
     args = ap.parse_args()
     if args.small_tiles:
         small_tiles()
+    if args.threads:
+        small_chunks()
 
     from timerlc.diagnostics import ProgramError
 

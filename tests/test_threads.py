@@ -8,6 +8,7 @@ one of the test's own with two workers (on any machine: on one CPU they take tur
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import gc
 import weakref
 
@@ -95,6 +96,30 @@ def test_a_loop_over_a_block_s_rows_goes_to_the_threads(monkeypatch):
     assert render.threaded(s)
     wide = For("e", lo, Bin("mul", Ref("blk"), _i(9), "i64"), (_row(),), True)
     assert not render.threaded(wide)  # (its iterations vary)
+
+
+def _sum_rows(n=64, width=4, extra=()):
+    """``t[j] += x[e * width + j]`` over ``e < n``: a column sum into a temporary."""
+    idx = Bin("add", Bin("mul", Ref("e"), _i(width), "i64"), Ref("j"), "i64")
+    upd = Store(
+        "t", Ref("j"), Bin("add", Load("t", Ref("j"), "f64"), Load("x", idx, "f64"), "f64")
+    )
+    inner = For("j", _i(0), _i(width), (upd, *extra), True)
+    return For("e", _i(0), _i(n), (inner,), False, (("t", "add"),))
+
+
+def test_a_reduction_with_enough_work_goes_to_the_threads_in_chunks_of_its_own(monkeypatch):
+    monkeypatch.setattr(render, "PAR_WORK", 256)
+    monkeypatch.setattr(render, "PAR_CHUNK", 32)
+    assert render.reduced(_sum_rows()) == 8  # 256 updates, chunks of 32: 8 (not by threads)
+    assert render.reduced(_sum_rows(n=63)) == 0  # 252: too few
+    monkeypatch.setattr(render, "PAR_CHUNK", 1)
+    assert render.reduced(_sum_rows()) == render.PAR_REDUCE_CHUNKS  # (at most)
+    # a store of anything but the accumulators, a let of a local: the loop stays whole
+    other = Store("y", Ref("j"), Const("f64", 0.0))
+    assert render.reduced(_sum_rows(extra=(other,))) == 0
+    assert render.reduced(_sum_rows(extra=(Let("k", "i64", Ref("j")),))) == 0
+    assert render.reduced(dataclasses.replace(_sum_rows(), reduce=())) == 0
 
 
 # ------------------------------------------------------------------ the pool
@@ -282,6 +307,25 @@ def test_the_threads_come_from_the_environment(monkeypatch):
 
 
 # ------------------------------------------------------------------ programs
+
+
+def test_loops_and_reductions_give_the_same_values_on_any_number_of_threads(monkeypatch):
+    # (the products whole: a product cut in rows rounds as the BLAS rounds its rows)
+    if TEST_BACKEND != "cpu" or not NATIVE:
+        pytest.skip("the backend under test runs no LLVM code")
+    monkeypatch.setattr(render, "PAR_WORK", 16)
+    monkeypatch.setattr(render, "PAR_CHUNK", 4)
+    monkeypatch.setattr(pool, "GEMM_SPLIT_MACS", 1 << 60)
+    runs = []
+    for workers in (0, 1, 3):
+        p = pool.Pool(workers, cblas())
+        _KEPT.append(p)
+        monkeypatch.setattr(pool, "_POOLS", [p])
+        rt, metrics = cpu_tests.compiled("ppo")
+        assert "%part0 = alloca" in rt.module.text  # (reductions in chunks)
+        runs.append(metrics)  # (its losses, KL and clip fraction: every update's values)
+        p.stop()
+    assert runs[0] and all(other == runs[0] for other in runs[1:])
 
 
 @pytest.mark.parametrize("name", sorted(cpu_tests.SMALL))

@@ -11,6 +11,7 @@ byte in memory. No fast-math flags: floats round as NumPy's do, operation by ope
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 
@@ -749,9 +750,13 @@ class _Function:
             self.emit(f"store {MEM[dt]} {val}, ptr {p}{self.alias.get(s.buf, '')}")
             self.memo.clear()
         elif isinstance(s, For):
-            grain = self.outer and not isinstance(self.k, kir.Tree) and threaded(s)
+            own = self.outer and not isinstance(self.k, kir.Tree)
+            grain = own and threaded(s)
             if grain:
                 self.outline(s, grain)
+                return
+            chunks = own and reduced(s)
+            if chunks and self.outline_reduce(s, chunks):
                 return
             self.for_(s, self.expr(s.lo), self.expr(s.hi))
         elif isinstance(s, If):
@@ -868,6 +873,91 @@ class _Function:
         f.for_(s, "%lo", "%hi")
         f.emit("ret i32 0")
         self.outlined.append("\n".join(head + f.lines) + "\n}\n")
+
+    def outline_reduce(self, s: For, chunks: int) -> bool:
+        """Reduction loop ``s`` (``For.reduce``) in ``chunks`` chunks of its iterations, the
+        same number whatever the threads (``reduced``), handed to the threads as a
+        function over a range of chunks (``outline``): each chunk sums its iterations in
+        their order into accumulators of its own (its own copy of each temporary one, its
+        elements first set to the op's identity), kept in a partial area of the kernel's
+        frame, then the kernel adds the chunks' into its accumulators in chunk order. The
+        terms are summed in another order than the loop's (``For.reduce``'s ops are
+        associative: the IR lets a renderer), the same for every number of threads. False
+        (nothing emitted) where the partial area would pass ``PAR_PARTIALS`` bytes."""
+        temps = {t.name: t for t in self.k.temps}
+        ops = dict(s.reduce)
+        if any(
+            (temps[n].dtype if n in temps else self.locals.get(n)) not in _IDENTITY for n in ops
+        ):
+            return False
+        sizes = {n: temps[n].size if n in temps else 1 for n in ops}
+        kinds = {n: temps[n].dtype if n in temps else self.locals[n] for n in ops}
+        each = sum(sizes[n] * kir.SIZES[kinds[n]] for n in ops)
+        if chunks * each > PAR_PARTIALS:
+            return False
+        j = len(self.outlined)
+        # the partial area (in the entry block), a buffer ``part$j.NAME`` per accumulator
+        area = f"%part{j}"
+        self.frames.append(f"  {area} = alloca [{chunks * each} x i8], align 64")
+        at = 0
+        part = {}
+        for n in ops:
+            part[n] = f"part${j}.{n}"
+            reg = f"%p.part{j}.{len(part)}"
+            self.frames.append(f"  {reg} = getelementptr i8, ptr {area}, i64 {at}")
+            self.ptr[part[n]] = (reg, kinds[n])
+            at += chunks * sizes[n] * kir.SIZES[kinds[n]]
+        trips = _trips(s)
+        step = -(-trips // chunks)
+        c, clo, chi = f"c${j}", f"clo${j}", f"chi${j}"
+
+        def mine(x):  # a temporary accumulator's access, at its chunk's copy
+            if isinstance(x, (Load, Store)) and x.buf in temps and x.buf in ops:
+                base = Bin("mul", Ref(c), Const("i64", sizes[x.buf]), "i64")
+                return dataclasses.replace(x, buf=part[x.buf], index=_add(base, x.index))
+            return x
+
+        first = Bin("add", Ref(clo), Bin("mul", Ref(c), Const("i64", step), "i64"), "i64")
+        last = Bin("minimum", Ref(chi), _add(first, Const("i64", step)), "i64")
+        body = []
+        for n in ops:
+            zero = Const(kinds[n], _IDENTITY[kinds[n]][ops[n]])
+            if n in temps:
+                i = f"i${j}"
+                at_i = _add(Bin("mul", Ref(c), Const("i64", sizes[n]), "i64"), Ref(i))
+                store = Store(part[n], at_i, zero)
+                body.append(For(i, Const("i64", 0), Const("i64", sizes[n]), (store,)))
+            else:
+                body.append(Let(n, kinds[n], zero))
+        body.append(dataclasses.replace(s, lo=first, hi=last, body=_rewrite(s.body, mine)))
+        body += [Store(part[n], Ref(c), Ref(n, kinds[n])) for n in ops if n not in temps]
+        chunk = For(c, Const("i64", 0), Const("i64", chunks), tuple(body))
+        # the range's ends go in the frame as locals of the chunks' function
+        self.locals[clo] = self.locals[chi] = "i64"
+        self.frames.append(f"  %l.{clo} = alloca i64")
+        self.frames.append(f"  %l.{chi} = alloca i64")
+        self.emit(f"store i64 {self.expr(s.lo)}, ptr %l.{clo}")
+        self.emit(f"store i64 {self.expr(s.hi)}, ptr %l.{chi}")
+        self.memo.clear()
+        self.outline(chunk, 1)
+        # the chunks' accumulators into the kernel's, in chunk order
+        combine = []
+        for n, op in ops.items():
+            if n in temps:
+                i = f"i${j}"
+                at_p = _add(Bin("mul", Ref(c), Const("i64", sizes[n]), "i64"), Ref(i))
+                val = Bin(op, Load(n, Ref(i), kinds[n]), Load(part[n], at_p, kinds[n]), kinds[n])
+                add = For(i, Const("i64", 0), Const("i64", sizes[n]), (Store(n, Ref(i), val),))
+                combine.append(add)
+            else:
+                val = Bin(op, Ref(n, kinds[n]), Load(part[n], Ref(c), kinds[n]), kinds[n])
+                combine.append(Let(n, kinds[n], val))
+        for name in (c, f"i${j}"):
+            if name not in self.locals:
+                self.locals[name] = "i64"
+                self.frames.append(f"  %l.{name} = alloca i64")
+        self.for_(For(c, Const("i64", 0), Const("i64", chunks), tuple(combine)), "0", str(chunks))
+        return True
 
     def gemm(self, s: Gemm):
         t = REG[s.dtype]
@@ -1258,6 +1348,63 @@ def _trips(s: For) -> int:
     if any(v for k, v in hi.items() if k is not None):
         return 0
     return max(0, hi.get(None, 0))
+
+
+# a reduction loop (``For.reduce``) with at least PAR_WORK stores and lets to run goes to the
+# threads in chunks of about PAR_CHUNK of them, at least 2 and at most PAR_REDUCE_CHUNKS
+# (``_Function.outline_reduce``), with at most PAR_PARTIALS bytes of the chunks' accumulators
+PAR_REDUCE_CHUNKS = 16
+PAR_PARTIALS = 1 << 16
+# each reduction op's identity, by dtype: a chunk's accumulators start there
+_IDENTITY = {
+    "f32": {"add": 0.0, "mul": 1.0, "maximum": -math.inf, "minimum": math.inf},
+    "f64": {"add": 0.0, "mul": 1.0, "maximum": -math.inf, "minimum": math.inf},
+    "i32": {"add": 0, "mul": 1, "maximum": -(1 << 31), "minimum": (1 << 31) - 1},
+    "i64": {"add": 0, "mul": 1, "maximum": -(1 << 63), "minimum": (1 << 63) - 1},
+}
+
+
+def reduced(s: For) -> int:
+    """The chunks a reduction loop ``s`` is run in by the threads
+    (``_Function.outline_reduce``), else 0: a loop marked ``reduce`` over a constant number
+    of iterations, with at least ``PAR_WORK`` stores and lets in all, none but the
+    accumulators' (``acc = op(acc, x)``, ``t[i] = op(t[i], x)``) and the inner loops'
+    variables, nothing a thread may not run (``_work``). The chunks depend on the loop's
+    work only, not on the threads: so do the sums."""
+    if s.parallel or not s.reduce:
+        return 0
+    trips = _trips(s)
+    each = _work(s.body)
+    if each is None or trips < 2 or trips * each < PAR_WORK:
+        return 0
+    accs = {n for n, _ in s.reduce}
+    for x in kir.walk_tree(s.body):
+        if isinstance(x, Let) and x.name not in accs:
+            return 0
+        if isinstance(x, Store) and x.buf not in accs:
+            return 0
+    return max(2, min(PAR_REDUCE_CHUNKS, trips * each // PAR_CHUNK, trips))
+
+
+def _add(a, b):
+    return Bin("add", a, b, "i64")
+
+
+def _rewrite(x, fn):
+    """``x`` (a statement, an expression, a tuple of them) with ``fn`` applied to every
+    node, inner ones first."""
+    if isinstance(x, tuple):
+        return tuple(_rewrite(y, fn) for y in x)
+    if dataclasses.is_dataclass(x):
+        changes = {}
+        for f in dataclasses.fields(x):
+            v = getattr(x, f.name)
+            if isinstance(v, tuple) or dataclasses.is_dataclass(v):
+                w = _rewrite(v, fn)
+                if w is not v:
+                    changes[f.name] = w
+        return fn(dataclasses.replace(x, **changes) if changes else x)
+    return x
 
 
 def _work(body) -> int | None:
