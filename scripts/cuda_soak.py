@@ -245,6 +245,21 @@ def small_tiles():
     lower.GPU_SCRATCH = 64
 
 
+def small_chunks():
+    """``--threads`` (``reference_soak.py``, ``fuzz.py``): the thresholds of the threads'
+    loops, reductions and products lowered, three threads (set before the process's pool is
+    made: its text holds the products')."""
+    import os
+
+    from timerlc.llvm import render
+    from timerlc.runtime import pool
+
+    render.PAR_WORK, render.PAR_CHUNK = 16, 4
+    pool.GEMM_SPLIT_MACS, pool.GEMM_GRAIN = 64, 2
+    os.environ["TIMERLC_THREADS"] = "3"
+    assert pool.get() is not None and pool.get().workers == 2
+
+
 def soaked(draws, one, tolerance: float, program_error: type | None = None) -> int:
     """Each ``(program, text, what)`` of ``draws`` run by ``one(program, what)`` (its
     largest difference and a note for its line), a line printed for each, ``text`` naming

@@ -12,6 +12,7 @@ a time limit per case.
 
     scripts/fuzz.py --n 10000 --seed 1 --out fuzz-failures/
     scripts/fuzz.py --n 2000 --backend cuda      # the compiles make CUDA kernels (no GPU)
+    scripts/fuzz.py --n 2000 --threads           # the runs' loops on threads, a few a chunk
 
 prints a summary; each failing input and its output go to ``--out``. Exit status 1 when
 any case failed. tests/test_fuzz.py runs a bounded number of cases in CI.
@@ -242,7 +243,9 @@ def cases(n: int, seed: int, compile_every: int = 5, run_every: int = 25):
 
 
 def _small_sets(text: str) -> list[str]:
-    declared = set(re.findall(r"\b([A-Za-z_]\w*)\s*=", " ".join(re.findall(r"config[^\n]*", text))))
+    declared = set(
+        re.findall(r"\b([A-Za-z_]\w*)\s*=", " ".join(re.findall(r"config[^\n]*", text)))
+    )
     return [a for name in SIZE_CONFIGS if name in declared for a in ("--set", f"{name}=2")]
 
 
@@ -364,8 +367,10 @@ def summary(outcomes, wall: float) -> str:
         f"{len(outcomes)} cases in {wall:.0f} s "
         f"({', '.join(f'{c} {k}' for k, c in sorted(commands.items()))})",
         "exit status: "
-        + ", ".join(f"{k if k is not None else 'none'}: {c}" for k, c in sorted(
-            by_status.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))  # fmt: skip
+        + ", ".join(
+            f"{k if k is not None else 'none'}: {c}"
+            for k, c in sorted(by_status.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
+        )  # fmt: skip
         + (f"; slowest {slowest.seconds:.1f} s (case {slowest.case.index})" if slowest else ""),
         f"failures: {len(failed)}",
     ]
@@ -387,7 +392,19 @@ def main(argv=None) -> int:
         help="the compiles' and runs' backend (default: the CLI's; cuda compiles the CUDA "
         "kernels without a GPU, cuda-emu runs them on the CPU)",
     )
+    ap.add_argument(
+        "--threads",
+        action="store_true",
+        help="the cpu runs hand every parallel loop and reduction to the threads in chunks "
+        "of a few iterations, and cut every product but the smallest, on three threads "
+        "(cuda_soak.small_chunks)",
+    )
     args = ap.parse_args(argv)
+    if args.threads:
+        sys.path.insert(0, str(ROOT / "scripts"))
+        from cuda_soak import small_chunks
+
+        small_chunks()
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
     started = time.perf_counter()
 

@@ -117,20 +117,6 @@ def drawn(rng) -> tuple[str, dict, float | None]:
         return program, sets, rng.choice(BUDGETS)
 
 
-def small_chunks():
-    """``--threads``: the thresholds of the threads' loops and products lowered, three
-    threads (set before the process's pool is made: its text holds the products')."""
-    import os
-
-    from timerlc.llvm import render
-    from timerlc.runtime import pool
-
-    render.PAR_WORK, render.PAR_CHUNK = 16, 4
-    pool.GEMM_SPLIT_MACS, pool.GEMM_GRAIN = 64, 2
-    os.environ["TIMERLC_THREADS"] = "3"
-    assert pool.get() is not None and pool.get().workers == 2
-
-
 def run(program: str, sets: dict, budget: float | None, check_windows: bool = False) -> float:
     """The largest relative difference between the reference and the cpu backend
     (``check_windows``: its statements interpreted, every read of a ring buffer checked to
@@ -197,7 +183,7 @@ def main() -> int:
         help="interpret the plan, checking that every read of a ring buffer finds its point "
         "(a window too small fails the draw), instead of running its kernels",
     )
-    from cuda_soak import add_small_tiles, small_tiles, soaked
+    from cuda_soak import add_small_tiles, small_chunks, small_tiles, soaked
 
     add_small_tiles(ap)
     ap.add_argument(
