@@ -259,7 +259,7 @@ GEMM = {
 @pytest.mark.parametrize("which", ["s", "d"])
 @pytest.mark.parametrize("ta", [False, True])
 @pytest.mark.parametrize("tb", [False, True])
-@pytest.mark.parametrize("m,n,k", [(37, 5, 6), (3, 41, 7), (16, 16, 3)])
+@pytest.mark.parametrize("m,n,k", [(37, 5, 6), (3, 41, 7), (16, 16, 3), (5, 3, 40), (6, 4, 100)])
 def test_a_product_cut_along_c_s_longer_side_is_the_blas_s(threads, which, ta, tb, m, n, k):
     ct, dt, tol = GEMM[which]
     fn = ctypes.CFUNCTYPE(

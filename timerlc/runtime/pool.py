@@ -45,6 +45,9 @@ SPIN = 20_000
 MAX_SLEEP_US = 2000
 GEMM_SPLIT_MACS = 1 << 18  # a product of fewer multiply-adds goes to the BLAS whole
 GEMM_GRAIN = 16  # the fewest rows (columns) of C a product's chunk takes
+# a product cut along k (a weight's gradient) keeps its chunks' partial products, but the
+# first's, in at most this many bytes of the caller's stack
+GEMM_PARTIALS = 1 << 18
 MAX_THREADS = 16
 
 _POOL = r"""
@@ -286,6 +289,76 @@ col:
   ret i32 0
 }}
 
+; chunks %clo ..< %chi of a product cut along k (frame: the 13 arguments as above, then
+; the k of a chunk and the partial products' area): chunk 0 into C, chunk c > 0 into the
+; area's (c - 1)-th m x n block
+define internal i32 @pj_{w}gemm_kpart(ptr %f, i64 %clo, i64 %chi) {{
+entry:
+  %g = load ptr, ptr @tl_blas_{w}gemm
+  %ta = load i64, ptr %f
+  %p2 = getelementptr i64, ptr %f, i64 1
+  %tb = load i64, ptr %p2
+  %p3 = getelementptr i64, ptr %f, i64 2
+  %m = load i64, ptr %p3
+  %p4 = getelementptr i64, ptr %f, i64 3
+  %n = load i64, ptr %p4
+  %p5 = getelementptr i64, ptr %f, i64 4
+  %k = load i64, ptr %p5
+  %p6 = getelementptr i64, ptr %f, i64 5
+  %alpha = load {t}, ptr %p6
+  %p7 = getelementptr i64, ptr %f, i64 6
+  %a = load ptr, ptr %p7
+  %p8 = getelementptr i64, ptr %f, i64 7
+  %lda = load i64, ptr %p8
+  %p9 = getelementptr i64, ptr %f, i64 8
+  %b = load ptr, ptr %p9
+  %p10 = getelementptr i64, ptr %f, i64 9
+  %ldb = load i64, ptr %p10
+  %p11 = getelementptr i64, ptr %f, i64 10
+  %beta = load {t}, ptr %p11
+  %p12 = getelementptr i64, ptr %f, i64 11
+  %c = load ptr, ptr %p12
+  %p13 = getelementptr i64, ptr %f, i64 12
+  %ldc = load i64, ptr %p13
+  %p15 = getelementptr i64, ptr %f, i64 14
+  %step = load i64, ptr %p15
+  %p16 = getelementptr i64, ptr %f, i64 15
+  %area = load ptr, ptr %p16
+  %ta32 = trunc i64 %ta to i32
+  %tb32 = trunc i64 %tb to i32
+  %mn = mul i64 %m, %n
+  %atr = icmp eq i64 %ta, 112
+  %btr = icmp eq i64 %tb, 112
+  br label %head
+head:
+  %q = phi i64 [ %clo, %entry ], [ %q1, %body ]
+  %more = icmp slt i64 %q, %chi
+  br i1 %more, label %body, label %done
+body:
+  %k0 = mul i64 %q, %step
+  %rest = sub i64 %k, %k0
+  %short = icmp slt i64 %rest, %step
+  %kw = select i1 %short, i64 %rest, i64 %step
+  %ar = mul i64 %k0, %lda
+  %aoff = select i1 %atr, i64 %ar, i64 %k0
+  %a2 = getelementptr {t}, ptr %a, i64 %aoff
+  %br = mul i64 %k0, %ldb
+  %boff = select i1 %btr, i64 %k0, i64 %br
+  %b2 = getelementptr {t}, ptr %b, i64 %boff
+  %first = icmp eq i64 %q, 0
+  %qm1 = add i64 %q, -1
+  %toff = mul i64 %qm1, %mn
+  %tp = getelementptr {t}, ptr %area, i64 %toff
+  %out = select i1 %first, ptr %c, ptr %tp
+  %ld = select i1 %first, i64 %ldc, i64 %n
+  %be = select i1 %first, {t} %beta, {t} 0.0
+  call void %g(i32 101, i32 %ta32, i32 %tb32, i64 %m, i64 %n, i64 %kw, {t} %alpha, ptr %a2, i64 %lda, ptr %b2, i64 %ldb, {t} %be, ptr %out, i64 %ld)
+  %q1 = add i64 %q, 1
+  br label %head
+done:
+  ret i32 0
+}}
+
 define void @tl_pool_{w}gemm(i32 %order, i32 %ta, i32 %tb, i64 %m, i64 %n, i64 %k, {t} %alpha, ptr %a, i64 %lda, ptr %b, i64 %ldb, {t} %beta, ptr %c, i64 %ldc) {{
 entry:
   %mn = mul i64 %m, %n
@@ -300,7 +373,7 @@ whole:
   call void %g(i32 %order, i32 %ta, i32 %tb, i64 %m, i64 %n, i64 %k, {t} %alpha, ptr %a, i64 %lda, ptr %b, i64 %ldb, {t} %beta, ptr %c, i64 %ldc)
   ret void
 split:
-  %f = alloca [14 x i64]
+  %f = alloca [16 x i64]
   %ta64 = zext i32 %ta to i64
   store i64 %ta64, ptr %f
   %tb64 = zext i32 %tb to i64
@@ -333,7 +406,77 @@ split:
   %p14 = getelementptr i64, ptr %f, i64 13
   store i64 %cols, ptr %p14
   %side = select i1 %rows, i64 %m, i64 %n
+  ; a weight's gradient (k at least 4 times C's longer side): cut along k, a chunk a
+  ; thread, where the partial products fit the area
+  %k4 = mul i64 %side, 4
+  %deep = icmp sge i64 %k, %k4
+  %live = load atomic i32, ptr @pj_live monotonic, align 4
+  %live64 = zext i32 %live to i64
+  %cells = mul i64 %live64, %mn
+  %room = icmp sle i64 %cells, {area}
+  %some = icmp ugt i32 %live, 0
+  %kd = and i1 %deep, %room
+  %kc = and i1 %kd, %some
+  br i1 %kc, label %kcut, label %rcut
+rcut:
   %r = call i32 @tl_pool_run(ptr @pj_{w}gemm_chunk, ptr %f, i64 0, i64 %side, i64 {grain}, i64 1)
+  ret void
+kcut:
+  %parts = alloca {t}, i64 {area}, align 64
+  %threads = add i64 %live64, 1
+  %km1 = add i64 %k, -1
+  %s0 = add i64 %km1, %threads
+  %s1 = sdiv i64 %s0, %threads
+  %s2 = add i64 %s1, 15
+  %step = and i64 %s2, -16
+  %s3 = add i64 %k, %step
+  %s4 = add i64 %s3, -1
+  %chunks = sdiv i64 %s4, %step
+  %p15 = getelementptr i64, ptr %f, i64 14
+  store i64 %step, ptr %p15
+  %p16 = getelementptr i64, ptr %f, i64 15
+  store ptr %parts, ptr %p16
+  %r2 = call i32 @tl_pool_run(ptr @pj_{w}gemm_kpart, ptr %f, i64 0, i64 %chunks, i64 1, i64 64)
+  br label %chead
+chead:
+  %q = phi i64 [ 1, %kcut ], [ %q1, %cnext ]
+  %cm = icmp slt i64 %q, %chunks
+  br i1 %cm, label %cbody, label %cdone
+cbody:
+  %qm1 = add i64 %q, -1
+  %base = mul i64 %qm1, %mn
+  br label %ihead
+ihead:
+  %i = phi i64 [ 0, %cbody ], [ %i1, %jdone ]
+  %im = icmp slt i64 %i, %m
+  br i1 %im, label %jstart, label %cnext
+jstart:
+  %crow = mul i64 %i, %ldc
+  %trow0 = mul i64 %i, %n
+  %trow = add i64 %base, %trow0
+  br label %jhead
+jhead:
+  %j = phi i64 [ 0, %jstart ], [ %j1, %jbody ]
+  %jm = icmp slt i64 %j, %n
+  br i1 %jm, label %jbody, label %jdone
+jbody:
+  %ci = add i64 %crow, %j
+  %cp = getelementptr {t}, ptr %c, i64 %ci
+  %ti = add i64 %trow, %j
+  %tp = getelementptr {t}, ptr %parts, i64 %ti
+  %cv = load {t}, ptr %cp
+  %tv = load {t}, ptr %tp
+  %sum = fadd {t} %cv, %tv
+  store {t} %sum, ptr %cp
+  %j1 = add i64 %j, 1
+  br label %jhead
+jdone:
+  %i1 = add i64 %i, 1
+  br label %ihead
+cnext:
+  %q1 = add i64 %q, 1
+  br label %chead
+cdone:
   ret void
 }}
 """
@@ -349,7 +492,8 @@ def text() -> str:
         .replace("PAUSE_CALL", "  call void @llvm.x86.sse2.pause()" if x86 else "")
     )
     for w, t in (("s", "float"), ("d", "double")):
-        body += _GEMM.format(w=w, t=t, macs=GEMM_SPLIT_MACS, grain=GEMM_GRAIN)
+        area = GEMM_PARTIALS // (4 if w == "s" else 8)
+        body += _GEMM.format(w=w, t=t, macs=GEMM_SPLIT_MACS, grain=GEMM_GRAIN, area=area)
     return body
 
 
