@@ -1508,41 +1508,17 @@ def _affine(e) -> dict | None:
     return None
 
 
-def _refs(body):
-    """The names of the locals ``body``'s expressions read, in order."""
-    for s in body:
-        if isinstance(s, Let):
-            yield from _expr_refs(s.value)
-        elif isinstance(s, Store):
-            yield from _expr_refs(s.index)
-            yield from _expr_refs(s.value)
-        elif isinstance(s, For):
-            yield from _expr_refs(s.lo)
-            yield from _expr_refs(s.hi)
-            yield from _refs(s.body)
-        elif isinstance(s, If):
-            yield from _expr_refs(s.cond)
-            yield from _refs(s.then)
-            yield from _refs(s.orelse)
-
-
-def _expr_refs(e):
-    if isinstance(e, Ref):
-        yield e.name
-    elif isinstance(e, Load):
-        yield from _expr_refs(e.index)
-    elif isinstance(e, (Un, Cast)):
-        yield from _expr_refs(e.x)
-    elif isinstance(e, Bin):
-        yield from _expr_refs(e.a)
-        yield from _expr_refs(e.b)
-    elif isinstance(e, Sel):
-        yield from _expr_refs(e.cond)
-        yield from _expr_refs(e.a)
-        yield from _expr_refs(e.b)
-    elif isinstance(e, Fn):
-        for a in e.args:
-            yield from _expr_refs(a)
+def _refs(x):
+    """The names of the locals ``x`` (statements, expressions, tuples of them) reads, in
+    order."""
+    if isinstance(x, Ref):
+        yield x.name
+    elif isinstance(x, tuple):
+        for y in x:
+            yield from _refs(y)
+    elif dataclasses.is_dataclass(x):
+        for f in dataclasses.fields(x):
+            yield from _refs(getattr(x, f.name))
 
 
 def _collect_locals(body, out: dict):

@@ -231,13 +231,8 @@ out:
 }
 """
 
-# a product cut along C's longer side: the frame holds the gemm's arguments (8 bytes each:
-# ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 1 where the cut is along columns)
-_GEMM = r"""
-@tl_blas_{w}gemm = global ptr null
-
-define internal i32 @pj_{w}gemm_chunk(ptr %f, i64 %lo, i64 %hi) {{
-  %g = load ptr, ptr @tl_blas_{w}gemm
+# a gemm's arguments loaded from its frame (``_GEMM``'s chunk functions)
+_GEMM_ARGS = """  %g = load ptr, ptr @tl_blas_{w}gemm
   %ta = load i64, ptr %f
   %p2 = getelementptr i64, ptr %f, i64 1
   %tb = load i64, ptr %p2
@@ -263,7 +258,15 @@ define internal i32 @pj_{w}gemm_chunk(ptr %f, i64 %lo, i64 %hi) {{
   %c = load ptr, ptr %p12
   %p13 = getelementptr i64, ptr %f, i64 12
   %ldc = load i64, ptr %p13
-  %p14 = getelementptr i64, ptr %f, i64 13
+"""
+
+# a product cut along C's longer side: the frame holds the gemm's arguments (8 bytes each:
+# ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 1 where the cut is along columns)
+_GEMM = r"""
+@tl_blas_{w}gemm = global ptr null
+
+define internal i32 @pj_{w}gemm_chunk(ptr %f, i64 %lo, i64 %hi) {{
+{args}  %p14 = getelementptr i64, ptr %f, i64 13
   %cols = load i64, ptr %p14
   %w = sub i64 %hi, %lo
   %ta32 = trunc i64 %ta to i32
@@ -294,33 +297,7 @@ col:
 ; area's (c - 1)-th m x n block
 define internal i32 @pj_{w}gemm_kpart(ptr %f, i64 %clo, i64 %chi) {{
 entry:
-  %g = load ptr, ptr @tl_blas_{w}gemm
-  %ta = load i64, ptr %f
-  %p2 = getelementptr i64, ptr %f, i64 1
-  %tb = load i64, ptr %p2
-  %p3 = getelementptr i64, ptr %f, i64 2
-  %m = load i64, ptr %p3
-  %p4 = getelementptr i64, ptr %f, i64 3
-  %n = load i64, ptr %p4
-  %p5 = getelementptr i64, ptr %f, i64 4
-  %k = load i64, ptr %p5
-  %p6 = getelementptr i64, ptr %f, i64 5
-  %alpha = load {t}, ptr %p6
-  %p7 = getelementptr i64, ptr %f, i64 6
-  %a = load ptr, ptr %p7
-  %p8 = getelementptr i64, ptr %f, i64 7
-  %lda = load i64, ptr %p8
-  %p9 = getelementptr i64, ptr %f, i64 8
-  %b = load ptr, ptr %p9
-  %p10 = getelementptr i64, ptr %f, i64 9
-  %ldb = load i64, ptr %p10
-  %p11 = getelementptr i64, ptr %f, i64 10
-  %beta = load {t}, ptr %p11
-  %p12 = getelementptr i64, ptr %f, i64 11
-  %c = load ptr, ptr %p12
-  %p13 = getelementptr i64, ptr %f, i64 12
-  %ldc = load i64, ptr %p13
-  %p15 = getelementptr i64, ptr %f, i64 14
+{args}  %p15 = getelementptr i64, ptr %f, i64 14
   %step = load i64, ptr %p15
   %p16 = getelementptr i64, ptr %f, i64 15
   %area = load ptr, ptr %p16
@@ -493,7 +470,10 @@ def text() -> str:
     )
     for w, t in (("s", "float"), ("d", "double")):
         area = GEMM_PARTIALS // (4 if w == "s" else 8)
-        body += _GEMM.format(w=w, t=t, macs=GEMM_SPLIT_MACS, grain=GEMM_GRAIN, area=area)
+        loads = _GEMM_ARGS.format(w=w, t=t)
+        body += _GEMM.format(
+            w=w, t=t, macs=GEMM_SPLIT_MACS, grain=GEMM_GRAIN, area=area, args=loads
+        )
     return body
 
 
