@@ -42,7 +42,8 @@ metric s
 
 
 def per_call(gen, sid: int, blas) -> float:
-    native._CBLAS[:] = [blas]  # what the runtime finds (None: no BLAS)
+    setter = native._blas()[1]  # (its threads' setter kept)
+    native._CBLAS[:] = [(blas, setter)]  # what the runtime finds (None: no BLAS)
     rt = CpuRuntime(gen.plan, native=gen.text, profile=True)
     rt.run()
     return rt.seconds[sid] / rt.calls[sid] * 1e6

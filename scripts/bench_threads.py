@@ -81,7 +81,13 @@ def one_way(way: str, calls: int) -> dict:
     import numpy as np
 
     from timerlc.runtime import pool
-    from timerlc.runtime.native import _llvm, _optimized, cblas, target_machine
+    from timerlc.runtime.native import (
+        _llvm,
+        _optimized,
+        blas_threads,
+        cblas,
+        target_machine,
+    )
 
     blas = cblas()
     if blas is None:
@@ -91,21 +97,9 @@ def one_way(way: str, calls: int) -> dict:
         p = pool.Pool(max(1, pool.threads() - 1), blas)  # (OpenBLAS then on one thread)
         gemm = p.gemm["s"]
     else:
-        pool._blas_threads(1 if way == "openblas-1-thread" else pool.threads())
+        blas_threads(1 if way == "openblas-1-thread" else pool.threads())
         gemm = blas["s"]
-    sgemm = ctypes.CFUNCTYPE(
-        None,
-        *([ctypes.c_int32] * 3),
-        *([ctypes.c_int64] * 3),
-        ctypes.c_float,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_float,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-    )(gemm)
+    sgemm = pool.gemm_type("s")(gemm)
     out = {}
     for m, n, k, ta in SHAPES:
         a = np.random.rand(*((k, m) if ta else (m, k))).astype(np.float32)
@@ -130,9 +124,7 @@ def one_way(way: str, calls: int) -> dict:
                 )(fn)
                 call = lambda run=run, frame=frame, n=n: run(frame.ctypes.data, 0, n)
             else:
-                run = ctypes.CFUNCTYPE(
-                    ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, *([ctypes.c_int64] * 4)
-                )(p.run)
+                run = pool.RUN(p.run)
                 call = lambda run=run, frame=frame, n=n: run(fn, frame.ctypes.data, 0, n, 8192, 4)
             out[f"tanh loop of {n}"] = _timed(call, calls)
     return out

@@ -7,7 +7,6 @@ one of the test's own with two workers (on any machine: on one CPU they take tur
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import gc
 import weakref
@@ -152,7 +151,6 @@ done:
   ret i32 0
 }
 """
-RUN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, *([ctypes.c_int64] * 4))
 
 
 def _body():
@@ -165,7 +163,7 @@ def _body():
 
 
 def test_the_pool_runs_every_chunk_once_and_gives_the_first_failure(threads):
-    body, run = _body(), RUN(threads.run)
+    body, run = _body(), pool.RUN(threads.run)
     out = np.zeros(1000, np.int64)
     frame = np.array([out.ctypes.data, 5], np.int64)  # (i % 5 is never 7: no failure)
     for _ in range(50):
@@ -219,7 +217,7 @@ def test_the_pool_s_workers_run_chunks_beside_the_caller(threads):
     engine = llvm.create_mcjit_compiler(_optimized(_MEET, tm), tm)
     engine.finalize_object()
     _KEPT.append(engine)
-    meet, run = engine.get_function_address("meet"), RUN(threads.run)
+    meet, run = engine.get_function_address("meet"), pool.RUN(threads.run)
     for _ in range(5):
         flag = np.zeros(1, np.int64)
         taken = threads.taken
@@ -230,7 +228,7 @@ def test_the_pool_s_workers_run_chunks_beside_the_caller(threads):
 
 def test_a_pool_without_workers_runs_the_calls_alone(threads):
     threads.after_fork()  # (as in a forked child, where no worker runs)
-    body, run = _body(), RUN(threads.run)
+    body, run = _body(), pool.RUN(threads.run)
     taken = threads.taken
     out = np.zeros(500, np.int64)
     frame = np.array([out.ctypes.data, 5], np.int64)
@@ -249,10 +247,7 @@ def test_a_pool_s_code_outlives_its_workers():
     assert ref() is None
 
 
-GEMM = {
-    "s": (ctypes.c_float, np.float32, 1e-5),
-    "d": (ctypes.c_double, np.float64, 1e-12),
-}
+GEMM = {"s": (np.float32, 1e-5), "d": (np.float64, 1e-12)}
 
 
 @pytest.mark.skipif(cblas() is None, reason="no BLAS of NumPy's found")
@@ -261,20 +256,8 @@ GEMM = {
 @pytest.mark.parametrize("tb", [False, True])
 @pytest.mark.parametrize("m,n,k", [(37, 5, 6), (3, 41, 7), (16, 16, 3), (5, 3, 40), (6, 4, 100)])
 def test_a_product_cut_along_c_s_longer_side_is_the_blas_s(threads, which, ta, tb, m, n, k):
-    ct, dt, tol = GEMM[which]
-    fn = ctypes.CFUNCTYPE(
-        None,
-        *([ctypes.c_int32] * 3),
-        *([ctypes.c_int64] * 3),
-        ct,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ct,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-    )(threads.gemm[which])
+    dt, tol = GEMM[which]
+    fn = pool.gemm_type(which)(threads.gemm[which])
     rng = np.random.default_rng(m * n + k)
     a = rng.standard_normal((k, m) if ta else (m, k)).astype(dt)
     b = rng.standard_normal((n, k) if tb else (k, n)).astype(dt)

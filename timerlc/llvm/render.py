@@ -1322,19 +1322,27 @@ pool:
 def threaded(s: For) -> int:
     """The fewest iterations of a chunk where parallel loop ``s`` is handed to the threads
     (``_Function.outline``), else 0: it must be marked parallel (``kir.For.parallel``), over
-    a constant range, with at least ``PAR_WORK`` stores and lets in all (inner loops over
-    constant ranges), no call of the runtime, no product, no failure (a failed call
-    stops where the serial loop stops), and each iteration's stores must fall in a span of
-    their buffers of its own (``_own_stores``)."""
+    a constant number of iterations, with at least ``PAR_WORK`` stores and lets in all
+    (inner loops over constant ranges), no call of the runtime, no product, no failure (a
+    failed call stops where the serial loop stops), and each iteration's stores must fall in
+    a span of their buffers of its own (``_own_stores``)."""
     if not s.parallel or s.reduce:
         return 0
+    work = _enough(s)
+    if work is None or not _own_stores(s):
+        return 0
+    return max(1, -(-PAR_CHUNK // work[1]))
+
+
+def _enough(s: For) -> tuple[int, int] | None:
+    """(iterations, stores and lets of one) of loop ``s`` where it has at least two
+    iterations, a constant number of them (``_trips``), nothing a thread may not run
+    (``_work``) and ``PAR_WORK`` stores and lets in all; else None."""
     trips = _trips(s)
     each = _work(s.body)
-    if each is None or trips <= 1 or trips * each < PAR_WORK:
-        return 0
-    if not _own_stores(s):
-        return 0
-    return max(1, -(-PAR_CHUNK // each))
+    if each is None or trips < 2 or trips * each < PAR_WORK:
+        return None
+    return trips, each
 
 
 def _trips(s: For) -> int:
@@ -1373,10 +1381,10 @@ def reduced(s: For) -> int:
     work only, not on the threads: so do the sums."""
     if s.parallel or not s.reduce:
         return 0
-    trips = _trips(s)
-    each = _work(s.body)
-    if each is None or trips < 2 or trips * each < PAR_WORK:
+    work = _enough(s)
+    if work is None:
         return 0
+    trips, each = work
     accs = {n for n, _ in s.reduce}
     for x in kir.walk_tree(s.body):
         if isinstance(x, Let) and x.name not in accs:

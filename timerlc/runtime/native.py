@@ -468,15 +468,26 @@ def _write_object(path: str, data: bytes) -> None:
         pass
 
 
-_CBLAS: list = []
+_CBLAS: list = []  # (the gemms' addresses, the library's set-threads function), found once
 
 
 def cblas() -> dict[str, int] | None:
     """The addresses of ``sgemm`` and ``dgemm`` of a CBLAS with 64-bit integers (the
     OpenBLAS that NumPy's wheels bundle), or None (the kernels' own loops run instead)."""
+    return _blas()[0]
+
+
+def blas_threads(n: int) -> None:
+    """Have the BLAS ``cblas`` found run its calls on ``n`` threads (where it can say)."""
+    setter = _blas()[1]
+    if setter is not None:
+        setter(n)
+
+
+def _blas() -> tuple:
     if _CBLAS:
         return _CBLAS[0]
-    found = None
+    found, setter = None, None
     try:
         import glob
         import os
@@ -488,7 +499,10 @@ def cblas() -> dict[str, int] | None:
         names += sorted(glob.glob(os.path.join(libs, "libopenblas64_*.so*")))
         for path in names:
             lib = ctypes.CDLL(path)
-            for prefix, suffix in (("scipy_cblas_", "64_"), ("cblas_", "64_")):
+            for prefix, suffix, threads in (
+                ("scipy_cblas_", "64_", "scipy_openblas_set_num_threads64_"),
+                ("cblas_", "64_", "openblas_set_num_threads64_"),
+            ):
                 try:
                     s = getattr(lib, f"{prefix}sgemm{suffix}")
                     d = getattr(lib, f"{prefix}dgemm{suffix}")
@@ -498,13 +512,16 @@ def cblas() -> dict[str, int] | None:
                     "s": ctypes.cast(s, ctypes.c_void_p).value,
                     "d": ctypes.cast(d, ctypes.c_void_p).value,
                 }
+                setter = getattr(lib, threads, None)
+                if setter is not None:
+                    setter.argtypes = [ctypes.c_int]
                 break
             if found:
                 break
     except OSError:
-        found = None
-    _CBLAS.append(found)
-    return found
+        found, setter = None, None
+    _CBLAS.append((found, setter))
+    return _CBLAS[0]
 
 
 def check_kernels(plan, text: str, where: str = "the build folder") -> None:

@@ -23,8 +23,10 @@ come microseconds apart), then sleep, a little longer each time up to ``MAX_SLEE
 
 The products (``@tl_sgemm``/``@tl_dgemm`` of the kernels) go to ``tl_pool_sgemm``/
 ``tl_pool_dgemm``: one of at least ``GEMM_SPLIT_MACS`` multiply-adds is cut along the longer
-of C's sides into a chunk a thread, each the BLAS's gemm on its rows (or columns) of C; a
-smaller one goes to the BLAS as it is. While the pool has workers, the BLAS (NumPy's
+of C's sides into a chunk a thread, each the BLAS's gemm on its rows (or columns) of C, or,
+for a weight's gradient (``k`` at least 4 times C's longer side), along ``k``, the chunks'
+partial products added into C in chunk order; a smaller one goes to the BLAS as it is.
+While the pool has workers, the BLAS (NumPy's
 OpenBLAS) runs on one thread: its own threads spin after each call, on the cores the pool's
 want (measured: a 8192 x 64 x 64 product 297 us by OpenBLAS's two threads alone, 388 us cut
 in two beside its spinning thread, 287 us with OpenBLAS on one thread).
@@ -506,6 +508,19 @@ def _quota() -> int:
         return MAX_THREADS
 
 
+# the pool's functions as ctypes types (for calls from Python: the tests, the scripts):
+# tl_pool_run(fn, frame, lo, hi, grain, per), and a CBLAS gemm (row-major, 64-bit ints), as
+# tl_pool_sgemm/tl_pool_dgemm and the BLAS's are
+RUN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, *([ctypes.c_int64] * 4))
+
+
+def gemm_type(which: str):
+    """The ctypes type of a CBLAS ``sgemm`` (``which`` "s") or ``dgemm`` ("d")."""
+    t = ctypes.c_float if which == "s" else ctypes.c_double
+    i, p = ctypes.c_int64, ctypes.c_void_p
+    return ctypes.CFUNCTYPE(None, *([ctypes.c_int32] * 3), i, i, i, t, p, i, p, i, t, p, i)
+
+
 class Pool:
     """The process's pool (``get``): its functions' addresses and its workers."""
 
@@ -538,7 +553,9 @@ class Pool:
         self._live.value = workers
         _RUNNING.append(self)  # (its code must outlive its workers: until ``stop``)
         if workers and blas:
-            _blas_threads(1)
+            from timerlc.runtime.native import blas_threads
+
+            blas_threads(1)
 
     @property
     def taken(self) -> int:
@@ -586,22 +603,3 @@ def get() -> Pool | None:
                     os.register_at_fork(after_in_child=pool.after_fork)
             _POOLS.append(pool)
     return _POOLS[0]
-
-
-def _blas_threads(n: int) -> None:
-    """Have NumPy's OpenBLAS run its calls on ``n`` threads (where it is that BLAS)."""
-    try:
-        import glob
-
-        import numpy
-
-        libs = os.path.join(os.path.dirname(os.path.dirname(numpy.__file__)), "numpy.libs")
-        for path in sorted(glob.glob(os.path.join(libs, "libscipy_openblas64_*.so*"))):
-            lib = ctypes.CDLL(path)
-            fn = getattr(lib, "scipy_openblas_set_num_threads64_", None)
-            if fn is not None:
-                fn.argtypes = [ctypes.c_int]
-                fn(n)
-                return
-    except OSError:
-        pass
