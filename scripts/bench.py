@@ -56,6 +56,15 @@ keeps a core busy, give --threads 1: torch's default of a thread per core then w
 busy core at every op (torch_reinforce.py at 16x128 took 1.7 s/iter with 2 threads, 0.035 s
 with 1).
 
+OpenBLAS: timerlc's cpu products call numpy's OpenBLAS, whose kernels follow the CPU unless
+OPENBLAS_CORETYPE names others (XLA and torch do not use it). Some machines set it, with
+OPENBLAS_L2_SIZE, to an older kind: this project's 2-core machines set Haswell (AVX2) on an
+AVX-512 CPU, where PPO's 8192 x 64 x 64 products take 1.8x the time of SkylakeX's kernels.
+The header names the kernels that ran; to measure with the CPU's own, unset both in the
+bench's command alone:
+
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench.py --algos ppo
+
 A run that fails (e.g. a backend this version does not have) or a baseline whose framework
 is not installed shows "n/a" or "not installed"; the benchmark goes on.
 
@@ -182,6 +191,18 @@ def child_env(threads: int | None, device: str = "cpu") -> dict:
             xla = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla).strip()
     return env
+
+
+def blas_kernels() -> str:
+    """Which OpenBLAS kernels timerlc's products ran on (numpy's OpenBLAS, in this process's
+    environment, which the children inherit). ``OPENBLAS_CORETYPE`` (which some machines set
+    to an older kind than their CPU's) changes them; XLA and torch do not use OpenBLAS."""
+    from timerlc.runtime.native import blas_core
+
+    forced = os.environ.get("OPENBLAS_CORETYPE")
+    return f"OpenBLAS kernels: {blas_core() or 'unknown'}" + (
+        f" (OPENBLAS_CORETYPE={forced})" if forced else ""
+    )
 
 
 def run_child(cmd: list[str], timeout: float, env: dict) -> dict:
@@ -633,7 +654,8 @@ def main(argv=None) -> list[dict]:
         f"baselines on: {args.device}; N = {args.n}, M = N or more "
         f"(at least {args.min_diff_seconds:g} s); repeats: {args.repeats}; "
         f"seed: {args.seed}; "
-        f"threads: {args.threads or 'default'}\n"
+        f"threads: {args.threads or 'default'}"
+        f"{'; ' + blas_kernels() if args.backend == 'cpu' else ''}\n"
     )
     main_table, check_table = tables(results, baselines, ours)
     print(main_table)

@@ -8,6 +8,8 @@ plan's errors, that the runtime never imports the compiler, and what the schedul
 from __future__ import annotations
 
 import json
+import os
+import platform
 import re
 import subprocess
 import sys
@@ -321,5 +323,37 @@ def test_profile_prints_where_the_cpu_runtime_spent_its_time(tmp_path):
     # kernel's own, at least 8 bytes each)
     assert re.search(r"peak buffers [^,]+, kernels' scratch reserved \d", r.stderr), r.stderr
     # (and the threads its kernels ran on: one, where no loop is large enough for the
-    # pool's, runtime.pool)
-    assert "; 1 thread)" in r.stderr, r.stderr
+    # pool's, runtime.pool; and the OpenBLAS kernels its products would run on)
+    from timerlc.runtime.native import blas_core, cblas
+
+    blas = f"; OpenBLAS {blas_core()}" if cblas() and blas_core() else ""
+    assert f"; 1 thread{blas})" in r.stderr, r.stderr
+
+
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(flag in line.split() for line in f if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64") or not _cpu_has("avx2"),
+    reason="OpenBLAS's Haswell kernels need an x86-64 CPU with AVX2",
+)
+def test_the_profile_names_the_openblas_kernels_that_OPENBLAS_CORETYPE_picks():
+    """``native.blas_core`` reads the kernels from the library itself: a process started with
+    ``OPENBLAS_CORETYPE=Haswell`` runs those (bench.py's header and ``run --profile`` name
+    them: on an AVX-512 CPU they take 1.8x the time of its own)."""
+    from timerlc.runtime.native import cblas
+
+    if not cblas():
+        pytest.skip("no OpenBLAS with 64-bit integers in this numpy")
+    code = "from timerlc.runtime.native import blas_core; print(blas_core())"
+    env = dict(os.environ, OPENBLAS_CORETYPE="Haswell")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "Haswell"

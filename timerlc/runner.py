@@ -323,10 +323,14 @@ def _print_plan_profile(plan: Plan, rt, wall: float):
     elif rt.module is not None:
         how = "loaded, not compiled," if rt.module.cached else "compiled for this CPU"
         pool = rt.module.pool
+        from timerlc.runtime.native import blas_core, cblas
+
         threads = 1 + (pool.workers if pool is not None else 0)
+        core = blas_core() if cblas() else None
         native = (
             f" (the kernels {how} in {rt.native_seconds:.3f} s; "
-            f"{threads} thread{'s' if threads > 1 else ''})"
+            f"{threads} thread{'s' if threads > 1 else ''}"
+            f"{f'; OpenBLAS {core}' if core else ''})"
         )
     print(
         f"{'device' if hasattr(rt, 'device') else 'cpu'} runtime: {wall:.3f} s run{native}, "

@@ -468,7 +468,7 @@ def _write_object(path: str, data: bytes) -> None:
         pass
 
 
-_CBLAS: list = []  # (the gemms' addresses, the library's set-threads function), found once
+_CBLAS: list = []  # (the gemms' addresses, its set-threads function, its core), found once
 
 
 def cblas() -> dict[str, int] | None:
@@ -484,10 +484,18 @@ def blas_threads(n: int) -> None:
         setter(n)
 
 
+def blas_core() -> str | None:
+    """The kernels the BLAS ``cblas`` found runs (OpenBLAS's name for them: "SkylakeX",
+    "Haswell", ...), or None where it cannot say. OpenBLAS picks them for the CPU unless
+    ``OPENBLAS_CORETYPE`` names others; an older kind runs the products at its own vector
+    width (Haswell's AVX2 takes 1.8x the time of SkylakeX's AVX-512 at PPO's 8192 x 64 x 64)."""
+    return _blas()[2]
+
+
 def _blas() -> tuple:
     if _CBLAS:
         return _CBLAS[0]
-    found, setter = None, None
+    found, setter, core = None, None, None
     try:
         import glob
         import os
@@ -499,9 +507,14 @@ def _blas() -> tuple:
         names += sorted(glob.glob(os.path.join(libs, "libopenblas64_*.so*")))
         for path in names:
             lib = ctypes.CDLL(path)
-            for prefix, suffix, threads in (
-                ("scipy_cblas_", "64_", "scipy_openblas_set_num_threads64_"),
-                ("cblas_", "64_", "openblas_set_num_threads64_"),
+            for prefix, suffix, threads, corename in (
+                (
+                    "scipy_cblas_",
+                    "64_",
+                    "scipy_openblas_set_num_threads64_",
+                    "scipy_openblas_get_corename64_",
+                ),
+                ("cblas_", "64_", "openblas_set_num_threads64_", "openblas_get_corename64_"),
             ):
                 try:
                     s = getattr(lib, f"{prefix}sgemm{suffix}")
@@ -515,12 +528,16 @@ def _blas() -> tuple:
                 setter = getattr(lib, threads, None)
                 if setter is not None:
                     setter.argtypes = [ctypes.c_int]
+                named = getattr(lib, corename, None)
+                if named is not None:
+                    named.argtypes, named.restype = [], ctypes.c_char_p
+                    core = (named() or b"").decode("ascii", "replace").strip() or None
                 break
             if found:
                 break
     except OSError:
-        found, setter = None, None
-    _CBLAS.append((found, setter))
+        found, setter, core = None, None, None
+    _CBLAS.append((found, setter, core if found else None))
     return _CBLAS[0]
 
 
