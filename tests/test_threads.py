@@ -16,7 +16,11 @@ import pytest
 import test_cpu_backend as cpu_tests
 from rtl_helpers import NATIVE, TEST_BACKEND
 
+from timerlc.codegen.generate import generate
 from timerlc.codegen.kir import Bin, Const, Fail, For, Let, Load, Ref, Store
+from timerlc.compiler import compile_plan, run_passes
+from timerlc.diagnostics import Source
+from timerlc.frontend.check import check_source
 from timerlc.llvm import render
 from timerlc.runtime import pool
 from timerlc.runtime.native import _llvm, _optimized, cblas, target_machine
@@ -81,8 +85,8 @@ def test_only_loops_whose_iterations_store_apart_go_to_the_threads(monkeypatch):
     # an index no sum of multiples of locals
     idx = Load("perm", Ref("e"), "i64")
     assert not render.threaded(_loop([Store("y", idx, Const("f32", 0.0))]))
-    # a failure stops the serial loop where it comes
-    assert not render.threaded(_loop([_row(), Fail(3)]))
+    # (a failure may be inside: a chunk stops at its first, test_a_failure_on_the_threads...)
+    assert render.threaded(_loop([_row(), Fail(3)]))
     # a local set outside (the same in every iteration) may move the rows
     moved = Bin("add", Bin("mul", Ref("e"), _i(1), "i64"), Ref("base"), "i64")
     assert render.threaded(_loop([Store("y", moved, Const("f32", 0.0))]))
@@ -326,3 +330,29 @@ def test_program_with_threads_equals_reference(threads, name):
     for (n1, p1, v1), (n2, p2, v2) in zip(sorted(ref_m), sorted(cpu_m)):
         assert (n1, p1) == (n2, p2)
         assert np.isclose(v1, v2, rtol=1e-5, atol=1e-6, equal_nan=True), (n1, p1, v1, v2)
+
+
+def test_a_failure_on_the_threads_names_the_first_failing_point(threads, tmp_path):
+    """A threaded loop whose iterations fail from t = 45 on (an index out of range): the
+    chunks from there fail, the others run on; the kernel fails with the first chunk's
+    code, and the run says what the reference says, the first failing point."""
+    if TEST_BACKEND != "cpu" or not NATIVE:
+        pytest.skip("the backend under test runs no LLVM code")
+    from rtl_helpers import cli
+
+    text = (
+        "config T = 64\ndim t < T\nv[t] = zeros([3])\n"
+        "k[t] = i32(floor(f32(t) / 15.0))\nx[t] = v[t][k[t]]\nout x\n"
+    )
+    graph = check_source(Source("p.rtl", text))
+    gen = generate(compile_plan(run_passes(graph)))
+    assert ".par0(" in gen.text and "ret i32 1" in gen.text  # (a failure in a loop cut)
+    p = tmp_path / "p.rtl"
+    p.write_text(text)
+    said = []
+    for backend in ("reference", "cpu"):
+        r = cli("run", p, "--backend", backend, "--no-progress")
+        assert r.exit_code == 3, r.stderr
+        said.append(r.stderr)
+    assert "while computing x at t=45 (line 5)" in said[0] and "out of range" in said[0]
+    assert said[1] == said[0]

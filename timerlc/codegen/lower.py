@@ -1345,7 +1345,13 @@ class _Lowering:
         rshape = tuple(x.shape[k] for k in axes)
         if op != "logsumexp" and axes and kept and kept[-1] == rank - 1 and count > 0:
             return self._reduce_rows(op, x, axes, kept, keep, count, acc_t, dtype, shape)
-        name = self.temp(dtype, max(math.prod(shape), 1))
+        # one value at each point of the vector loops (a point's logsumexp over its
+        # actions, kept as [1]): a local, not a temporary every point would store into (a
+        # loop over the points can then go to the threads, llvm.render.threaded). One
+        # value for all the points stays a temporary: the cuda renderer's steps hand it
+        # from the grid's reduction to the points' loop through memory.
+        one = math.prod(shape) == 1 and x.vdep
+        name = self.fresh("r") if one else self.temp(dtype, max(math.prod(shape), 1))
 
         def full(outer, inner):
             idx = [None] * rank
@@ -1424,9 +1430,15 @@ class _Lowering:
                     result = Bin("div", result, Const(acc_t, float(count)), acc_t)
                 if result.dtype != dtype:
                     result = Cast(result, dtype)
-            stmts.append(Store(name, kir.linear(oidx, shape), result))
+            if one:
+                stmts.append(Let(name, dtype, result))
+            else:
+                stmts.append(Store(name, kir.linear(oidx, shape), result))
             return stmts
 
+        if one:
+            self.emit(body([kir.i64(0)] * len(shape)), x.vdep)
+            return Val(dtype, shape, lambda idx: Ref(name, dtype), x.vdep, 0, None, True)
         self.emit(self.loops(shape, body, True), x.vdep)
         return self.temp_val(name, dtype, shape, x.vdep)
 

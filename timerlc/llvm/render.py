@@ -844,10 +844,18 @@ class _Function:
             v = self.op(f"load {t}, ptr %l.{name}")
             p = self.op(f"getelementptr i64, ptr {frame}, i64 {at}")
             self.emit(f"store {t} {v}, ptr {p}")
-        self.emit(
+        r = self.op(
             f"call i32 @tl_par_run(ptr @PAR.{j}, ptr {frame}, i64 {lo}, i64 {hi}, i64 {grain})"
         )
+        # a chunk that failed (``Fail``): the kernel fails with the code of the first such
+        # chunk, as the serial loop would with its first failing iteration's
         self.memo.clear()
+        bad = self.op(f"icmp ne i32 {r}, 0")
+        fail, ok = self.label("parfail"), self.label("parok")
+        self.emit(f"br i1 {bad}, label %{fail}, label %{ok}")
+        self.lines.append(f"{fail}:")
+        self.emit(f"ret i32 {r}")
+        self.lines.append(f"{ok}:")
         # the loop's own function
         f = _Function(self.m, self.k)
         f.outer = False
@@ -1323,9 +1331,12 @@ def threaded(s: For) -> int:
     """The fewest iterations of a chunk where parallel loop ``s`` is handed to the threads
     (``_Function.outline``), else 0: it must be marked parallel (``kir.For.parallel``), over
     a constant number of iterations, with at least ``PAR_WORK`` stores and lets in all
-    (inner loops over constant ranges), no call of the runtime, no product, no failure (a
-    failed call stops where the serial loop stops), and each iteration's stores must fall in
-    a span of their buffers of its own (``_own_stores``)."""
+    (inner loops over constant ranges), no call of the runtime, no product, and each
+    iteration's stores must fall in a span of their buffers of its own (``_own_stores``).
+    A failure (``Fail``) may be inside: a chunk stops at its first, the others run on, and
+    the kernel fails with the code of the first chunk that failed, the code the serial
+    loop's first failing iteration gives (the call's outputs are not recorded then, and
+    the runtime computes the call again to name the point, ``CpuRuntime``'s ``rerun``)."""
     if not s.parallel or s.reduce:
         return 0
     work = _enough(s)
@@ -1434,7 +1445,9 @@ def _work(body) -> int | None:
             if a is None or b is None:
                 return None
             n += 1 + max(a, b)
-        else:  # Fail, Loop, Launch, Host, Gemm, Permute
+        elif isinstance(s, Fail):  # (a chunk stops there; the pool gives the first by chunk)
+            n += 1
+        else:  # Loop, Launch, Host, Gemm, Permute
             return None
     return n
 
