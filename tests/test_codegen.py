@@ -953,3 +953,46 @@ def test_a_block_of_a_prime_extent_near_the_limit_is_found_at_once(tmp_path):
         check=False,
     )
     assert r.returncode == 0, r.stderr
+
+
+def test_a_tiny_innermost_loop_is_written_out_so_the_loop_around_it_is_innermost():
+    """A loop of at most ``TINY_TRIPS`` iterations over constants, with no loop inside, is
+    rendered iteration by iteration (``render._tiny``): the two Gumbel draws of each of a
+    rollout's points then sit in the points' loop, which LLVM's vectorizer takes. The draws
+    are those of the loop, bit for bit (the same statements in the same order)."""
+    from timerlc.codegen.kir import Bin, Const, Fn, For, Ref, Store
+    from timerlc.llvm import render
+
+    def i(n):
+        return Const("i64", n)
+
+    def loop(var, n, body):
+        return For(var, i(0), i(n), tuple(body), True)
+
+    draw = Fn("tl_rng_gumbel_f64", (Const("i32", 0), Const("i32", 7), Ref("p"), Ref("e")), "f64")
+    store = Store("y", Bin("add", Bin("mul", Ref("p"), i(2), "i64"), Ref("e"), "i64"), draw)
+    assert render._tiny(loop("e", 2, [store]))
+    assert render._tiny(loop("e", render.TINY_TRIPS, [store]))
+    assert not render._tiny(loop("e", render.TINY_TRIPS + 1, [store]))  # too many
+    assert not render._tiny(loop("e", 2, [loop("f", 2, [store])]))  # a loop inside
+    assert not render._tiny(For("e", i(0), Ref("n"), (store,)))  # not constant
+    assert not render._tiny(loop("e", 2, [store] * (render.TINY_BODY + 1)))  # too long
+    # a program's two draws a point (a categorical's noise): equal to the reference
+    text = src(
+        """
+        config B = 300
+        dim b < B
+        logits[b] = f32(arange(2)) * 0.1 + f32(b) * 0.001
+        a[b] = categorical(logits[b])
+        out a
+        """
+    )
+    graph = check_source(Source("p.rtl", text))
+    gen = generate_code(compile_plan(run_passes(graph)))
+    # (the kernel of the noise: its loop of two draws a point written out, two calls)
+    (k,) = [k for k in gen.kernels if "tl_rng_gumbel_f64" in repr(k.body)]
+    fn = gen.text.split(f"define i32 @{k.name}(", 1)[1].split("\n}\n", 1)[0]
+    assert fn.count("call double @tl_rng_gumbel_f64(") == 2
+    rt = CpuRuntime(gen.plan, native=gen.text)
+    rt.run()
+    np.testing.assert_array_equal(rt.value("a"), outputs(run_graph(graph))["a"])

@@ -758,6 +758,12 @@ class _Function:
             chunks = own and reduced(s)
             if chunks and self.outline_reduce(s, chunks):
                 return
+            if _tiny(s):  # its iterations one after another, the loop around innermost
+                for v in range(int(s.lo.value), int(s.hi.value)):
+                    self.emit(f"store i64 {v}, ptr %l.{s.var}")
+                    self.memo.clear()
+                    self.stmts(s.body)
+                return
             self.for_(s, self.expr(s.lo), self.expr(s.hi))
         elif isinstance(s, If):
             c = self.expr(s.cond)
@@ -1343,6 +1349,27 @@ def threaded(s: For) -> int:
     if work is None or not _own_stores(s):
         return 0
     return max(1, -(-PAR_CHUNK // work[1]))
+
+
+# an innermost loop of at most TINY_TRIPS iterations over constants, of at most TINY_BODY
+# statements, is written out iteration by iteration (``_tiny``): the loop around it is then
+# the innermost, which LLVM's loop vectorizer takes, where a loop of two iterations it left
+# alone: PPO's Gumbel noise at 256 x 128 (two draws for each of 32,768 points) 640 -> 195
+# us on two threads, REINFORCE's log-softmax of the rollout 500 -> 84 us; PPO's compile
+# 1.74 -> 1.82 s (more loops vectorized)
+TINY_TRIPS = 4
+TINY_BODY = 4
+
+
+def _tiny(s: For) -> bool:
+    """Whether loop ``s`` is written out iteration by iteration: constant bounds, at most
+    ``TINY_TRIPS`` iterations, a body of at most ``TINY_BODY`` statements with no loop
+    inside (the values are the loop's: the same statements in the same order)."""
+    if not (isinstance(s.lo, Const) and isinstance(s.hi, Const)):
+        return False
+    if int(s.hi.value) - int(s.lo.value) > TINY_TRIPS or len(s.body) > TINY_BODY:
+        return False
+    return not any(isinstance(x, (For, Loop)) for x in kir.walk_tree(s.body))
 
 
 def _enough(s: For) -> tuple[int, int] | None:
