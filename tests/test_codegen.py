@@ -710,23 +710,35 @@ def test_the_ops_after_a_product_work_in_place_in_its_buffer():
 
 def test_a_check_that_cannot_fail_is_not_made():
     """A slice whose start its ops bound inside the array (PPO's minibatch at
-    ``MBS * (j % MB)``) makes no check (``lower._holds``); one whose start only the loop's
-    range bounds keeps its check."""
+    ``MBS * (j % MB)``) makes no check (``lower._holds``), nor one whose start the range of
+    a vector dim's loop bounds (``_Lowering.dim_ranges``: ``j * 2`` for ``j < 8``, an
+    environment's observation ``obs[b]`` at each of a rollout's ``b``; the index taken as it
+    is, not wrapped from the end); an index computed from values keeps its check."""
     text = """
     config J = 8
     dim j < J
     x = f32(arange(20))
     y[j] = x[(j % 4) * 5 : (j % 4) * 5 + 5] * f32(j)
     z[j] = x[j * 2 : j * 2 + 5] * f32(j)
-    out y, z
+    u[j] = x[j] * 2.0
+    k[j] = i32(floor(f32(j) * 1.5))
+    v[j] = x[k[j]] * f32(j)
+    out y, z, u, v
     """
     graph = check_source(Source("p.rtl", src(text)))
     gen = generate_code(compile_plan(run_passes(graph)))
+    by_name = {gen.plan.buffer(k.sid).name: k for k in gen.kernels}
     fails = {
-        gen.plan.buffer(k.sid).name: any(isinstance(x, kir.Fail) for x in kir.walk_tree(k.body))
-        for k in gen.kernels
+        name: any(isinstance(x, kir.Fail) for x in kir.walk_tree(k.body))
+        for name, k in by_name.items()
     }
-    assert fails["y"] is False and fails["z"] is True
+    assert [fails[n] for n in "yzuv"] == [False, False, False, True]
+    assert "? " not in kir.text(by_name["u"])  # (no wrap of a negative index)
+    rt = CpuRuntime(gen.plan, native=gen.text)
+    rt.run()
+    want = outputs(run_graph(graph))
+    for name in "yzuv":
+        np.testing.assert_array_equal(rt.value(name), want[name])
 
 
 def test_a_gather_at_a_permutation_s_indices_needs_no_check():

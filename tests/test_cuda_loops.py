@@ -197,10 +197,12 @@ def test_ppo_s_rollout_is_one_kernel_computing_what_the_launches_compute():
     a = np.array([float(np.asarray(m[2]).ravel()[0]) for m in got])
     b = np.array([float(np.asarray(m[2]).ravel()[0]) for m in want])
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-    # 17 iterations of the rollout's 7 or more launches and products (11 before its
-    # policy's layers ran as chains, render._Kernel._chains), 3 times: one launch each
+    # 17 iterations of the rollout's 6 or more launches and products (11 before its
+    # policy's layers ran as chains, render._Kernel._chains; 7 before the gathers of the
+    # environments' observations made no check, lower._Lowering.dim_ranges, and fused with
+    # the launches beside them), 3 times: one launch each
     saved = plain.launches + plain.blas_calls - rt.launches - rt.blas_calls
-    assert saved >= 3 * 17 * 6
+    assert saved >= 3 * 17 * 5
 
 
 def test_a_loop_kernel_whose_temporaries_are_all_in_shared_memory_takes_no_scratch():

@@ -420,6 +420,17 @@ class _Lowering:
             self._shared(),
         )
 
+    def dim_ranges(self) -> dict:
+        """The least and greatest values of the vector dims whose loops run over constant
+        ranges (``vector_range``): an index by such a dim needs no check where its range
+        lies inside the array (``_holds``)."""
+        out = {}
+        for d in self.vector:
+            lo, hi = self.vector_range(d)
+            if isinstance(lo, Const) and isinstance(hi, Const) and int(hi.value) > int(lo.value):
+                out[d] = (int(lo.value), int(hi.value) - 1)
+        return out
+
     def vector_range(self, d: str) -> tuple[Expr, Expr]:
         """The values of vector dim ``d`` a call computes (a block's, see ``_block``)."""
         if self.block is not None and d == self.block[0]:
@@ -1074,7 +1085,7 @@ class _Lowering:
     # ------------------------------------------------------------------ indexing
     def check(self, ok: Expr, vdep: bool):
         """Fail the call where ``ok`` does not hold (the runtime then names the point)."""
-        if isinstance(ok, Const) and ok.value is True or _holds(ok):
+        if isinstance(ok, Const) and ok.value is True or _holds(ok, self.dim_ranges()):
             return
         self.emit([If(Un("not", ok, "bool"), (kir.Fail(1),))], vdep)
 
@@ -1175,7 +1186,7 @@ class _Lowering:
                         "bool",
                     )
                     self.check(ok, dep)
-                    fixed[k] = _wrap(e, n)
+                    fixed[k] = _wrap(e, n, self.dim_ranges())
                 else:
                     fixed[k] = Bin("mod", e, kir.i64(n), "i64") if n else e
             elif it[0] == "slice":
@@ -2075,19 +2086,20 @@ def interval(e: Expr, ranges: dict | None = None) -> tuple[int, int] | None:
     return None
 
 
-def _holds(c: Expr) -> bool:
-    """Whether the condition ``c`` holds whatever its variables are (``interval``): a
-    slice of a minibatch at ``65536 * mod(j, 4)`` starts inside its array, a check that
-    cannot fail."""
+def _holds(c: Expr, ranges: dict | None = None) -> bool:
+    """Whether the condition ``c`` holds whatever its variables are (``interval``; the
+    variables in ``ranges`` within theirs): a slice of a minibatch at ``65536 * mod(j, 4)``
+    starts inside its array, an index by a vector dim of 256 points into an axis of 256 lies
+    inside it: a check that cannot fail."""
     if isinstance(c, Const):
         return c.value is True
     if not isinstance(c, Bin):
         return False
     if c.op == "and":
-        return _holds(c.a) and _holds(c.b)
+        return _holds(c.a, ranges) and _holds(c.b, ranges)
     if c.op not in ("lt", "le", "gt", "ge"):
         return False
-    a, b = interval(c.a), interval(c.b)
+    a, b = interval(c.a, ranges), interval(c.b, ranges)
     if a is None or b is None:
         return False
     return {
@@ -2307,10 +2319,14 @@ def _clamp(e: Expr, n: int) -> Expr:
     return Bin("minimum", low, kir.i64(n - 1), "i64")
 
 
-def _wrap(e: Expr, n: int) -> Expr:
-    """A checked index in ``[-n, n)`` as a position in ``[0, n)``."""
+def _wrap(e: Expr, n: int, ranges: dict | None = None) -> Expr:
+    """A checked index in ``[-n, n)`` as a position in ``[0, n)`` (itself where it cannot
+    be negative: ``interval`` with the variables in ``ranges``)."""
     if isinstance(e, Const):
         return kir.i64(e.value % n if n else e.value)
+    known = interval(e, ranges)
+    if known is not None and known[0] >= 0:
+        return e
     return Sel(Bin("lt", e, kir.i64(0), "bool"), kir.add(e, kir.i64(n)), e, "i64")
 
 
