@@ -17,7 +17,7 @@ import test_cpu_backend as cpu_tests
 from rtl_helpers import NATIVE, TEST_BACKEND
 
 from timerlc.codegen.generate import generate
-from timerlc.codegen.kir import Bin, Const, Fail, For, Let, Load, Ref, Store
+from timerlc.codegen.kir import Bin, Const, Fail, For, Let, Load, Ref, Store, Un
 from timerlc.compiler import compile_plan, run_passes
 from timerlc.diagnostics import Source
 from timerlc.frontend.check import check_source
@@ -68,6 +68,18 @@ def test_a_parallel_loop_with_enough_work_goes_to_the_threads(monkeypatch):
     assert render.threaded(_loop([_row()])) == 16  # 4 stores an iteration: 16 a chunk
     assert render.threaded(_loop([_row()], n=63)) == 0  # 252 stores: too few
     assert render.threaded(_loop([_row()], parallel=False)) == 0
+
+
+def test_a_loop_of_math_library_calls_goes_to_the_threads_with_fewer_iterations():
+    """A call of the math library or of the random draws counts ``COSTLY_WORK`` stores
+    more (``render._work``): 8,192 stores of a tanh are enough work, 8,192 plain ones not."""
+    x = Load("x", Ref("e"), "f32")
+    plain = Store("y", Ref("e"), x)
+    costly = Store("y", Ref("e"), Un("tanh", x, "f32"))
+    n = render.PAR_WORK // 4
+    assert render.threaded(_loop([costly], n=n))
+    assert not render.threaded(_loop([plain], n=n))
+    assert render._work([costly]) == 1 + render.COSTLY_WORK
 
 
 def test_only_loops_whose_iterations_store_apart_go_to_the_threads(monkeypatch):

@@ -1453,13 +1453,30 @@ def _rewrite(x, fn):
     return x
 
 
+# a call of the math library or of the random draws counts as this many stores in a loop's
+# work (``_work``): a loop of such calls pays for the hand-over to the threads with fewer
+# iterations (REINFORCE 256 x 128's rollout, 256 environments' tanh layer a step: its
+# statements 0.132-0.150 -> 0.124-0.127 s for 40 iterations; PPO 16 x 128 and REINFORCE
+# 16 x 128 unchanged, three alternations)
+COSTLY_WORK = 4
+_COSTLY_UNARY = frozenset({"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos"})
+
+
+def _costly(e) -> int:
+    """The calls of the math library and of the random draws in expression ``e``."""
+    own = isinstance(e, Fn) or (isinstance(e, Un) and e.op in _COSTLY_UNARY)
+    own = own or (isinstance(e, Bin) and e.op == "pow")
+    return int(own) + sum(_costly(x) for x in kir.children(e))
+
+
 def _work(body) -> int | None:
-    """The stores and lets of one run of ``body`` (None: a statement a thread may not run,
-    or a loop over a range that is not constant)."""
+    """The work of one run of ``body``: its stores and lets, each call of the math library
+    or of the random draws in them ``COSTLY_WORK`` more (None: a statement a thread may not
+    run, or a loop over a range that is not constant)."""
     n = 0
     for s in body:
         if isinstance(s, (Let, Store)):
-            n += 1
+            n += 1 + COSTLY_WORK * _costly(s.value)
         elif isinstance(s, For):
             if not (isinstance(s.lo, Const) and isinstance(s.hi, Const)):
                 return None
