@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import re
 import weakref
 
 import numpy as np
@@ -16,8 +17,9 @@ import pytest
 import test_cpu_backend as cpu_tests
 from rtl_helpers import NATIVE, TEST_BACKEND
 
+from timerlc.codegen import kir
 from timerlc.codegen.generate import generate
-from timerlc.codegen.kir import Bin, Const, Fail, For, Let, Load, Ref, Store, Un
+from timerlc.codegen.kir import Bin, Const, Fail, For, If, Let, Load, Ref, Store, Un
 from timerlc.compiler import compile_plan, run_passes
 from timerlc.diagnostics import Source
 from timerlc.frontend.check import check_source
@@ -71,8 +73,9 @@ def test_a_parallel_loop_with_enough_work_goes_to_the_threads(monkeypatch):
 
 
 def test_a_loop_of_math_library_calls_goes_to_the_threads_with_fewer_iterations():
-    """A call of the math library or of the random draws counts ``COSTLY_WORK`` stores
-    more (``render._work``): 8,192 stores of a tanh are enough work, 8,192 plain ones not."""
+    """A call counts as several stores (``render._work``): an f32 tanh or a random draw
+    ``COSTLY_WORK``, a call of the C library or a draw under a condition ``LIBRARY_WORK``:
+    8,192 stores of a tanh are enough work, 8,192 plain ones not."""
     x = Load("x", Ref("e"), "f32")
     plain = Store("y", Ref("e"), x)
     costly = Store("y", Ref("e"), Un("tanh", x, "f32"))
@@ -80,6 +83,48 @@ def test_a_loop_of_math_library_calls_goes_to_the_threads_with_fewer_iterations(
     assert render.threaded(_loop([costly], n=n))
     assert not render.threaded(_loop([plain], n=n))
     assert render._work([costly]) == 1 + render.COSTLY_WORK
+    # a call of the C library (f64), and a random draw under a condition (not vectorized)
+    f64 = Store("y", Ref("e"), Un("cos", Load("x", Ref("e"), "f64"), "f64"))
+    assert render._work([f64]) == 1 + render.LIBRARY_WORK
+    draw = kir.Fn("tl_rng_uniform_f32", (Const("i32", 0), Const("i32", 1), Ref("e"), _i(0)), "f32")
+    drawn = Store("y", Ref("e"), draw)
+    assert render._work([drawn]) == 1 + render.COSTLY_WORK
+    cond = If(Bin("lt", Ref("e"), _i(3), "bool"), (drawn,), ())
+    assert render._work([cond]) == 2 + render.LIBRARY_WORK
+
+
+def _kernel(body, temps=(("t", 2),)):
+    return kir.Kernel(
+        "k", 0, (), (), tuple(kir.Temp(n, "f32", 0, size) for n, size in temps), tuple(body)
+    )
+
+
+def test_a_temporary_each_iteration_sets_first_is_a_chunk_s_own(monkeypatch):
+    """A small temporary that each iteration of a parallel loop sets in full before it
+    reads it, and that nothing else in the kernel touches, gets a copy a chunk
+    (``render._private``: REINFORCE's one-hot of a point's action); one whose values flow
+    from an iteration to the next, or out of the loop, or that is set under a condition,
+    does not, and the loop stays on one thread."""
+    monkeypatch.setattr(render, "PAR_WORK", 16)
+    clear = For("j", _i(0), _i(2), (Store("t", Ref("j"), Const("f32", 0.0)),), True)
+    bump = Store("t", _i(1), Bin("add", Load("t", _i(1), "f32"), Const("f32", 1.0), "f32"))
+    use = Store("y", Ref("e"), Load("t", _i(1), "f32"))
+    own = _loop([clear, bump, use])
+    assert render._private(own, _kernel([own])) == {"t"}
+    assert render.threaded(own, render._private(own, _kernel([own])))
+    assert not render.threaded(own)  # (shared, every iteration stores into it)
+    # read before it is set: the last iteration's values
+    late = _loop([use, clear, bump])
+    assert render._private(late, _kernel([late])) == frozenset()
+    # read after the loop
+    after = Store("z", _i(0), Load("t", _i(0), "f32"))
+    assert render._private(own, _kernel([own, after])) == frozenset()
+    # set under a condition
+    maybe = _loop([If(Bin("lt", Ref("e"), _i(3), "bool"), (clear,), ()), bump, use])
+    assert render._private(maybe, _kernel([maybe])) == frozenset()
+    # too large
+    big = _kernel([own], (("t", render.PRIVATE_BYTES),))
+    assert render._private(own, big) == frozenset()
 
 
 def test_only_loops_whose_iterations_store_apart_go_to_the_threads(monkeypatch):
@@ -334,6 +379,9 @@ def test_program_with_threads_equals_reference(threads, name):
     graph = cpu_tests.graph_of(name, cpu_tests.SMALL[name])
     ref, ref_m, rt, cpu_m = cpu_tests.both(name)
     assert ".par0(" in rt.module.text  # (loops went to the threads)
+    if name == "reinforce":  # (a chunk's own one-hot of its points' actions, _private)
+        pars = [f for f in rt.module.text.split("\ndefine ") if re.match(r"i32 @\w+\.par\d+\(", f)]
+        assert any("= alloca [8 x i8], align 64" in f.split("\n}\n")[0] for f in pars)
     for out in graph.outputs:
         want, got = ref.value(out), rt.value(out)
         assert got.dtype == want.dtype and got.shape == want.shape, out

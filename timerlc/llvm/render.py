@@ -751,9 +751,10 @@ class _Function:
             self.memo.clear()
         elif isinstance(s, For):
             own = self.outer and not isinstance(self.k, kir.Tree)
-            grain = own and threaded(s)
+            private = _private(s, self.k) if own and s.parallel else frozenset()
+            grain = own and threaded(s, private)
             if grain:
-                self.outline(s, grain)
+                self.outline(s, grain, private)
                 return
             chunks = own and reduced(s)
             if chunks and self.outline_reduce(s, chunks):
@@ -826,7 +827,7 @@ class _Function:
         self.emit(f"br label %{head}")
         self.lines.append(f"{done}:")
 
-    def outline(self, s: For, grain: int):
+    def outline(self, s: For, grain: int, private=frozenset()):
         """Parallel loop ``s`` as a function of its own, ``i32 @PAR.j(frame, lo, hi)`` over a
         range of its iterations, handed to the threads (``tl_par_run``: the pool's
         ``tl_pool_run``, or the function over the whole range where the runtime set no
@@ -874,10 +875,15 @@ class _Function:
             "entry:",
         ]
         head += [f"  %l.{name} = alloca {REG[dt]}" for name, dt in f.locals.items()]
+        temps = {t.name: t for t in self.k.temps}
         for at, name in enumerate(names):
             reg, dt = self.ptr[name]
-            head.append(f"  %f.{at} = getelementptr i64, ptr %frame, i64 {at}")
-            head.append(f"  {reg} = load ptr, ptr %f.{at}")
+            if name in private:  # (a chunk's own copy, ``_private``)
+                t = temps[name]
+                head.append(f"  {reg} = alloca [{t.size * kir.SIZES[t.dtype]} x i8], align 64")
+            else:
+                head.append(f"  %f.{at} = getelementptr i64, ptr %frame, i64 {at}")
+                head.append(f"  {reg} = load ptr, ptr %f.{at}")
             f.ptr[name] = (reg, dt)
         for at, name in enumerate(reads, len(names)):
             t = REG[self.locals[name]]
@@ -1333,20 +1339,21 @@ pool:
 """
 
 
-def threaded(s: For) -> int:
+def threaded(s: For, private=frozenset()) -> int:
     """The fewest iterations of a chunk where parallel loop ``s`` is handed to the threads
     (``_Function.outline``), else 0: it must be marked parallel (``kir.For.parallel``), over
     a constant number of iterations, with at least ``PAR_WORK`` stores and lets in all
     (inner loops over constant ranges), no call of the runtime, no product, and each
     iteration's stores must fall in a span of their buffers of its own (``_own_stores``).
-    A failure (``Fail``) may be inside: a chunk stops at its first, the others run on, and
+    The temporaries in ``private`` (``_private``: each chunk gets a copy of its own) are
+    left out of the stores' check. A failure (``Fail``) may be inside: a chunk stops at its first, the others run on, and
     the kernel fails with the code of the first chunk that failed, the code the serial
     loop's first failing iteration gives (the call's outputs are not recorded then, and
     the runtime computes the call again to name the point, ``CpuRuntime``'s ``rerun``)."""
     if not s.parallel or s.reduce:
         return 0
     work = _enough(s)
-    if work is None or not _own_stores(s):
+    if work is None or not _own_stores(s, private):
         return 0
     return max(1, -(-PAR_CHUNK // work[1]))
 
@@ -1453,39 +1460,53 @@ def _rewrite(x, fn):
     return x
 
 
-# a call of the math library or of the random draws counts as this many stores in a loop's
-# work (``_work``): a loop of such calls pays for the hand-over to the threads with fewer
-# iterations (REINFORCE 256 x 128's rollout, 256 environments' tanh layer a step: its
-# statements 0.132-0.150 -> 0.124-0.127 s for 40 iterations; PPO 16 x 128 and REINFORCE
-# 16 x 128 unchanged, three alternations)
+# what a loop's work (``_work``) counts for a call, in stores: one of the module's own f32
+# functions (``tl_expf``, ``tl_tanhf``, ...) or a random draw (both vectorized, a few ns)
+# COSTLY_WORK; one of the C library (f64 ``exp``, ``sin``, ``cos``, ``pow``) or a random
+# draw under a condition LIBRARY_WORK. A loop of such calls pays for the hand-over to the
+# threads with fewer iterations: REINFORCE 256 x 128's rollout, 256 environments' tanh layer
+# a step, its statements 0.132-0.150 -> 0.124-0.127 s for 40 iterations at COSTLY_WORK 4
+# (PPO and REINFORCE at 16 x 128 unchanged, three alternations); CartPole's step over 256
+# environments (a cos and a sin each, four draws at a reset) at LIBRARY_WORK 16,
+# 0.114-0.124 -> 0.107-0.117 s. The draws of PPO 16 x 128's noise (4,096) on the threads
+# made its iterations slower (0.051-0.053 -> 0.055-0.057 s of statements, five alternations)
 COSTLY_WORK = 4
-_COSTLY_UNARY = frozenset({"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos"})
+LIBRARY_WORK = 16
+_OWN_F32 = frozenset({"exp", "log", "log1p", "tanh", "sigmoid"})  # (tl_expf, ...)
+_LIBRARY = frozenset({"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos"})
 
 
-def _costly(e) -> int:
-    """The calls of the math library and of the random draws in expression ``e``."""
-    own = isinstance(e, Fn) or (isinstance(e, Un) and e.op in _COSTLY_UNARY)
-    own = own or (isinstance(e, Bin) and e.op == "pow")
-    return int(own) + sum(_costly(x) for x in kir.children(e))
+def _costly(e, branch: bool = False) -> int:
+    """What the calls in expression ``e`` count in a loop's work (``_work``); ``branch``:
+    the expression is under a condition, where a random draw is not vectorized."""
+    if isinstance(e, Fn):
+        own = LIBRARY_WORK if branch else COSTLY_WORK
+    elif isinstance(e, Un) and e.op in _OWN_F32 and e.dtype == "f32":
+        own = COSTLY_WORK
+    elif isinstance(e, Un) and e.op in _LIBRARY:
+        own = LIBRARY_WORK
+    else:
+        own = LIBRARY_WORK if isinstance(e, Bin) and e.op == "pow" else 0
+    return own + sum(_costly(x, branch) for x in kir.children(e))
 
 
-def _work(body) -> int | None:
-    """The work of one run of ``body``: its stores and lets, each call of the math library
-    or of the random draws in them ``COSTLY_WORK`` more (None: a statement a thread may not
-    run, or a loop over a range that is not constant)."""
+def _work(body, branch: bool = False) -> int | None:
+    """The work of one run of ``body``: its stores and lets, and the calls in them
+    (``_costly``) (None: a statement a thread may not run, or a loop over a range that is
+    not constant)."""
     n = 0
     for s in body:
         if isinstance(s, (Let, Store)):
-            n += 1 + COSTLY_WORK * _costly(s.value)
+            n += 1 + _costly(s.value, branch)
         elif isinstance(s, For):
             if not (isinstance(s.lo, Const) and isinstance(s.hi, Const)):
                 return None
-            inner = _work(s.body)
+            inner = _work(s.body, branch)
             if inner is None:
                 return None
             n += max(0, int(s.hi.value) - int(s.lo.value)) * inner
         elif isinstance(s, If):
-            a, b = _work(s.then), _work(s.orelse)
+            a, b = _work(s.then, True), _work(s.orelse, True)
             if a is None or b is None:
                 return None
             n += 1 + max(a, b)
@@ -1496,7 +1517,127 @@ def _work(body) -> int | None:
     return n
 
 
-def _own_stores(s: For) -> bool:
+# a temporary of at most PRIVATE_BYTES that a parallel loop sets before it reads it, at each
+# iteration, and that nothing else in the kernel touches, is a chunk's own (``_private``):
+# REINFORCE 256 x 128's gradient of the log-softmax at the actions taken (a one-hot of two
+# floats a point) 245 -> 126 us on two threads
+PRIVATE_BYTES = 4096
+
+
+def _private(s: For, k) -> frozenset:
+    """The temporaries of kernel ``k`` that parallel loop ``s`` may give each chunk a copy of
+    (in the chunk's function's stack frame, ``_Function.outline``): at most
+    ``PRIVATE_BYTES``, touched nowhere in the kernel but in ``s``, and in each iteration of
+    ``s`` first touched by a loop that sets every element (``t[e] = v`` for ``e`` over the
+    temporary's size, ``v`` not reading it), not under a condition: no value flows from
+    one iteration to another, nor in or out of the loop (REINFORCE's gradient of the
+    log-softmax at the actions taken: a point's two logits' one-hot, ``index_add``)."""
+    if isinstance(k, kir.Tree):
+        return frozenset()
+    inside = _touched(s.body)
+    small = {
+        t.name
+        for t in k.temps
+        if t.name in inside and t.size * kir.SIZES[t.dtype] <= PRIVATE_BYTES
+    }
+    if not small:
+        return frozenset()
+    outside: set = set()
+    _touched_outside(k.body, s, outside)
+    sizes = {t.name: t.size for t in k.temps}
+    return frozenset(n for n in small - outside if _set_first(s.body, n, sizes[n]))
+
+
+def _touched(body) -> set:
+    """The buffers that the statements ``body`` load from or store into."""
+    out: set = set()
+    for x in kir.walk_tree(body):
+        if isinstance(x, Store):
+            out.add(x.buf)
+        for e in _exprs(x):
+            out |= _loads(e)
+    return out
+
+
+def _touched_outside(body, s: For, out: set):
+    for x in body:
+        if x is s:
+            continue
+        if isinstance(x, Store):
+            out.add(x.buf)
+        for e in _exprs(x):
+            out |= _loads(e)
+        if isinstance(x, If):
+            _touched_outside(x.then, s, out)
+            _touched_outside(x.orelse, s, out)
+        elif isinstance(x, (For, Loop)):
+            _touched_outside(x.body, s, out)
+        elif not isinstance(x, (Let, Store, Fail)):
+            # a product, a permutation, a launch, a call of the host: whatever it names
+            out |= {v for v in dataclasses.astuple(x) if isinstance(v, str)}
+
+
+def _exprs(x) -> tuple:
+    """The expressions statement ``x`` holds itself (not its body's)."""
+    if isinstance(x, Store):
+        return (x.index, x.value)
+    if isinstance(x, Let):
+        return (x.value,)
+    if isinstance(x, If):
+        return (x.cond,)
+    if isinstance(x, For):
+        return (x.lo, x.hi)
+    if isinstance(x, Loop):
+        return (x.init, x.cond)
+    return ()
+
+
+def _loads(e) -> set:
+    own = {e.buf} if isinstance(e, Load) else set()
+    for c in kir.children(e):
+        own |= _loads(c)
+    return own
+
+
+def _set_first(body, name: str, size: int) -> bool | None:
+    """Whether, in program order through ``body`` (into loops over constant, non-empty
+    ranges, not into conditions), the first statement that touches temporary ``name`` is a
+    loop setting all its ``size`` elements (``_sets_all``); None where none touches it."""
+    for x in body:
+        if _sets_all(x, name, size):
+            return True
+        if name not in _touched([x]):
+            continue
+        if not (isinstance(x, For) and _trips(x) > 0 and name not in _touched_head(x)):
+            return False
+        return _set_first(x.body, name, size)
+    return None
+
+
+def _touched_head(x: For) -> set:
+    out: set = set()
+    for e in _exprs(x):
+        out |= _loads(e)
+    return out
+
+
+def _sets_all(x, name: str, size: int) -> bool:
+    """Whether ``x`` is ``for e in 0 ..< size: name[e] = v`` (``v`` not reading ``name``)."""
+    if not (isinstance(x, For) and len(x.body) == 1 and isinstance(x.lo, Const)):
+        return False
+    (y,) = x.body
+    return (
+        int(x.lo.value) == 0
+        and isinstance(x.hi, Const)
+        and int(x.hi.value) == size
+        and isinstance(y, Store)
+        and y.buf == name
+        and y.index == Ref(x.var)
+        and name not in _loads(y.value)
+    )
+
+
+def _own_stores(s: For, private=frozenset()) -> bool:
     """Whether each iteration of ``s`` stores only into elements no other iteration does:
     every store's index is ``c * var + f`` (``var`` the loop's, ``c`` a constant, the same
     for all stores into the buffer, and the same other terms of locals set outside the
@@ -1516,7 +1657,7 @@ def _own_stores(s: For) -> bool:
             elif isinstance(x, If):
                 if not (visit(x.then, ranges) and visit(x.orelse, ranges)):
                     return False
-            elif isinstance(x, Store):
+            elif isinstance(x, Store) and x.buf not in private:
                 aff = _affine(x.index)
                 if aff is None:
                     return False
