@@ -1346,10 +1346,11 @@ def threaded(s: For, private=frozenset()) -> int:
     (inner loops over constant ranges), no call of the runtime, no product, and each
     iteration's stores must fall in a span of their buffers of its own (``_own_stores``).
     The temporaries in ``private`` (``_private``: each chunk gets a copy of its own) are
-    left out of the stores' check. A failure (``Fail``) may be inside: a chunk stops at its first, the others run on, and
-    the kernel fails with the code of the first chunk that failed, the code the serial
-    loop's first failing iteration gives (the call's outputs are not recorded then, and
-    the runtime computes the call again to name the point, ``CpuRuntime``'s ``rerun``)."""
+    left out of the stores' check. A failure (``Fail``) may be inside: a chunk stops at its
+    first, the others run on, and the kernel fails with the code of the first chunk that
+    failed, the code the serial loop's first failing iteration gives (the call's outputs are
+    not recorded then, and the runtime computes the call again to name the point,
+    ``CpuRuntime``'s ``rerun``)."""
     if not s.parallel or s.reduce:
         return 0
     work = _enough(s)
