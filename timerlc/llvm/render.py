@@ -857,12 +857,7 @@ class _Function:
         # a chunk that failed (``Fail``): the kernel fails with the code of the first such
         # chunk, as the serial loop would with its first failing iteration's
         self.memo.clear()
-        bad = self.op(f"icmp ne i32 {r}, 0")
-        fail, ok = self.label("parfail"), self.label("parok")
-        self.emit(f"br i1 {bad}, label %{fail}, label %{ok}")
-        self.lines.append(f"{fail}:")
-        self.emit(f"ret i32 {r}")
-        self.lines.append(f"{ok}:")
+        self.return_unless_zero(r)
         # the loop's own function
         f = _Function(self.m, self.k)
         f.outer = False
@@ -1036,13 +1031,17 @@ class _Function:
             f"ptr %err, ptr {self.m.sids(sids)}, i64 {len(sids)}, i64 {len(s.args)}, "
             f"ptr {box})"
         )
+        self.return_unless_zero(r)
+        self.memo.clear()
+
+    def return_unless_zero(self, r: str):
+        """Return code ``r`` (an i32 value) from the function where it is not 0."""
         bad = self.op(f"icmp ne i32 {r}, 0")
         fail, ok = self.label("fail"), self.label("ok")
         self.emit(f"br i1 {bad}, label %{fail}, label %{ok}")
         self.lines.append(f"{fail}:")
         self.emit(f"ret i32 {r}")
         self.lines.append(f"{ok}:")
-        self.memo.clear()
 
     def loop(self, s: Loop):
         init = self.expr(s.init)
@@ -1550,54 +1549,30 @@ def _private(s: For, k) -> frozenset:
 
 
 def _touched(body) -> set:
-    """The buffers that the statements ``body`` load from or store into."""
+    """The buffers that the statements ``body`` (and those they hold) read or write."""
     out: set = set()
     for x in kir.walk_tree(body):
-        if isinstance(x, Store):
-            out.add(x.buf)
-        for e in _exprs(x):
-            out |= _loads(e)
+        out |= _own_touched(x)
     return out
 
 
+def _own_touched(x) -> set:
+    """The buffers that statement ``x`` itself reads or writes."""
+    read, written = kir.own_buffers(x)
+    return {*read, *written} | {b for e in kir.own_exprs(x) for b in _loads(e)}
+
+
 def _touched_outside(body, s: For, out: set):
+    """Add to ``out`` the buffers that ``body`` touches outside loop ``s``."""
     for x in body:
-        if x is s:
-            continue
-        if isinstance(x, Store):
-            out.add(x.buf)
-        for e in _exprs(x):
-            out |= _loads(e)
-        if isinstance(x, If):
-            _touched_outside(x.then, s, out)
-            _touched_outside(x.orelse, s, out)
-        elif isinstance(x, (For, Loop)):
-            _touched_outside(x.body, s, out)
-        elif not isinstance(x, (Let, Store, Fail)):
-            # a product, a permutation, a launch, a call of the host: whatever it names
-            out |= {v for v in dataclasses.astuple(x) if isinstance(v, str)}
-
-
-def _exprs(x) -> tuple:
-    """The expressions statement ``x`` holds itself (not its body's)."""
-    if isinstance(x, Store):
-        return (x.index, x.value)
-    if isinstance(x, Let):
-        return (x.value,)
-    if isinstance(x, If):
-        return (x.cond,)
-    if isinstance(x, For):
-        return (x.lo, x.hi)
-    if isinstance(x, Loop):
-        return (x.init, x.cond)
-    return ()
+        if x is not s:
+            out |= _own_touched(x)
+            _touched_outside(kir.nested(x), s, out)
 
 
 def _loads(e) -> set:
-    own = {e.buf} if isinstance(e, Load) else set()
-    for c in kir.children(e):
-        own |= _loads(c)
-    return own
+    """The buffers expression ``e`` loads from."""
+    return {y.buf for y in kir.subexprs(e) if isinstance(y, Load)}
 
 
 def _set_first(body, name: str, size: int) -> bool | None:
@@ -1609,17 +1584,10 @@ def _set_first(body, name: str, size: int) -> bool | None:
             return True
         if name not in _touched([x]):
             continue
-        if not (isinstance(x, For) and _trips(x) > 0 and name not in _touched_head(x)):
+        if not (isinstance(x, For) and _trips(x) > 0 and name not in _own_touched(x)):
             return False
         return _set_first(x.body, name, size)
     return None
-
-
-def _touched_head(x: For) -> set:
-    out: set = set()
-    for e in _exprs(x):
-        out |= _loads(e)
-    return out
 
 
 def _sets_all(x, name: str, size: int) -> bool:
