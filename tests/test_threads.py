@@ -331,6 +331,30 @@ def test_a_product_cut_along_c_s_longer_side_is_the_blas_s(threads, which, ta, t
     assert (c[:, n:] == 99.0).all()
 
 
+@pytest.mark.skipif(cblas() is None, reason="no BLAS of NumPy's found")
+@pytest.mark.parametrize(
+    "m,n,k",
+    [(4, 64, 3000), (64, 2, 3001), (64, 1, 2000), (2, 48, 999), (3, 16, 500), (17, 2, 800)],
+)
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_a_skinny_gram_cut_along_k_is_ours_where_it_can_be(threads, m, n, k, beta):
+    """A weight's gradient C = A^T B of one side at most 4 and the other a multiple of 16 up
+    to 64 (``pool.GRAM_SMALL``, ``GRAM_VECTORS``) is summed by the pool's own grams (an
+    outer product of a row of each a step, ``pool._gram``), each chunk of the cut along
+    ``k``; any other shape, or a C that adds to itself (beta 1), by the BLAS. The same
+    product either way, to float32's rounding of sums of thousands of terms."""
+    fn = pool.gemm_type("s")(threads.gemm["s"])
+    rng = np.random.default_rng(m * n + k)
+    a = rng.standard_normal((k, m)).astype(np.float32)  # (A stored k x m: transposed)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c0 = rng.standard_normal((m, n + 3)).astype(np.float32)
+    c = c0.copy()  # (rows of C 3 wider than C: its ldc)
+    fn(101, 112, 111, m, n, k, 1.0, a.ctypes.data, m, b.ctypes.data, n, beta, c.ctypes.data, n + 3)
+    want = a.T.astype(np.float64) @ b.astype(np.float64) + beta * c0[:, :n]
+    np.testing.assert_allclose(c[:, :n], want, rtol=2e-5, atol=2e-4)
+    np.testing.assert_array_equal(c[:, n:], c0[:, n:])
+
+
 def test_the_threads_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("TIMERLC_THREADS", "3")
     monkeypatch.setenv("OMP_NUM_THREADS", "5")

@@ -72,10 +72,7 @@ class NativeModule:
     """
 
     def __init__(self, text: str, cache=None, roots=None, threads: bool = True):
-        import hashlib
         import os
-
-        import llvmlite
 
         llvm = _llvm()
         self.text, self.cache = text, cache
@@ -89,18 +86,7 @@ class NativeModule:
         gemms = [w for w in ("s", "d") if f"@tl_{w}gemm = global" in text]
         self.blas = cblas() if gemms else None
         gemm_loops = self.blas is None
-        key = hashlib.sha256(
-            "\0".join(
-                [
-                    text,
-                    "gemm loops" if gemm_loops else "BLAS",
-                    llvm.get_host_cpu_name(),
-                    llvm.get_host_cpu_features().flatten(),
-                    llvmlite.__version__,
-                    OPTIONS,
-                ]
-            ).encode()
-        ).hexdigest()[:24]
+        key = code_key(text, "gemm loops" if gemm_loops else "BLAS")
         parts = split_module(text, _workers(), gemm_loops)
         paths = [
             None if cache is None else os.path.join(os.fspath(cache), f"cpu-{key}-{k}.o")
@@ -407,6 +393,45 @@ def _llvm_object(text: str, tm) -> bytes:
 
 
 SHARED_KEPT = 256  # the most objects the user's cache keeps (the newest)
+
+
+def code_key(text: str, mode: str) -> str:
+    """The cache key of the machine code of LLVM IR ``text`` compiled for this CPU: a hash
+    of the text, ``mode``, the CPU, its features, llvmlite's version and the options."""
+    import hashlib
+
+    import llvmlite
+
+    llvm = _llvm()
+    parts = [
+        text,
+        mode,
+        llvm.get_host_cpu_name(),
+        llvm.get_host_cpu_features().flatten(),
+        llvmlite.__version__,
+        OPTIONS,
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def cached_object(text: str, name: str) -> bytes:
+    """The object code of LLVM IR ``text`` (optimized as the kernels are), from the user's
+    cache of machine code (``shared_cache``) where it is there, else compiled here and kept
+    there (the threads' pool: 0.18 s to compile at each start, its grams included)."""
+    import os
+
+    tm = target_machine()
+    folder = shared_cache()
+    path = None
+    if folder is not None:
+        path = os.path.join(os.fspath(folder), f"{name}-{code_key(text, name)}.o")
+        data = _read_object(path)
+        if data is not None:
+            return data
+    data = tm.emit_object(_optimized(text, tm))
+    if path is not None:
+        _write_object(path, data)
+    return data
 
 
 def shared_cache():

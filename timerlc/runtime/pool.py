@@ -25,13 +25,16 @@ The products (``@tl_sgemm``/``@tl_dgemm`` of the kernels) go to ``tl_pool_sgemm`
 ``tl_pool_dgemm``: one of at least ``GEMM_SPLIT_MACS`` multiply-adds is cut along the longer
 of C's sides into a chunk a thread, each the BLAS's gemm on its rows (or columns) of C, or,
 for a weight's gradient (``k`` at least 4 times C's longer side), along ``k``, the chunks'
-partial products added into C in chunk order; a smaller one goes to the BLAS as it is.
+partial products added into C in chunk order (a float32 chunk of a skinny gram, C's one side
+at most ``GRAM_SMALL`` and the other a multiple of 16 up to ``16 * GRAM_VECTORS``, by a gram
+of the pool's own, ``_gram``); a smaller one goes to the BLAS as it is.
 While the pool has workers, the BLAS (NumPy's
 OpenBLAS) runs on one thread: its own threads spin after each call, on the cores the pool's
 want (measured: a 8192 x 64 x 64 product 297 us by OpenBLAS's two threads alone, 388 us cut
 in two beside its spinning thread, 287 us with OpenBLAS on one thread).
 
-The text below is the runtime's own (no program's): it is compiled once per process.
+The text below is the runtime's own (no program's): it is compiled once per process, or
+loaded from the user's cache of machine code (``native.cached_object``).
 """
 
 from __future__ import annotations
@@ -310,7 +313,7 @@ entry:
   %btr = icmp eq i64 %tb, 112
   br label %head
 head:
-  %q = phi i64 [ %clo, %entry ], [ %q1, %body ]
+  %q = phi i64 [ %clo, %entry ], [ %q1, %next ]
   %more = icmp slt i64 %q, %chi
   br i1 %more, label %body, label %done
 body:
@@ -331,7 +334,8 @@ body:
   %out = select i1 %first, ptr %c, ptr %tp
   %ld = select i1 %first, i64 %ldc, i64 %n
   %be = select i1 %first, {t} %beta, {t} 0.0
-  call void %g(i32 101, i32 %ta32, i32 %tb32, i64 %m, i64 %n, i64 %kw, {t} %alpha, ptr %a2, i64 %lda, ptr %b2, i64 %ldb, {t} %be, ptr %out, i64 %ld)
+{kcall}
+next:
   %q1 = add i64 %q, 1
   br label %head
 done:
@@ -461,6 +465,173 @@ cdone:
 """
 
 
+_KCALL = """  call void %g(i32 101, i32 %ta32, i32 %tb32, i64 %m, i64 %n, i64 %kw, {t} %alpha, ptr %a2, i64 %lda, ptr %b2, i64 %ldb, {t} %be, ptr %out, i64 %ld)
+  br label %next"""
+
+# an f32 chunk goes to a gram of ours where it is one (pj_sgram), else to the BLAS
+_KCALL_GRAM = """  %own = call i1 @pj_sgram(i64 %ta, i64 %tb, i64 %m, i64 %n, i64 %kw, float %alpha, ptr %a2, i64 %lda, ptr %b2, i64 %ldb, float %be, ptr %out, i64 %ld)
+  br i1 %own, label %next, label %blas
+blas:
+  call void %g(i32 101, i32 %ta32, i32 %tb32, i64 %m, i64 %n, i64 %kw, float %alpha, ptr %a2, i64 %lda, ptr %b2, i64 %ldb, float %be, ptr %out, i64 %ld)
+  br label %next"""
+
+# a skinny gram C = A^T B (A: k x m, B: k x n, row-major) of C's one side at most GRAM_SMALL
+# and the other a multiple of 16 up to 16 * GRAM_VECTORS, alpha 1 and beta 0: each row of
+# A and B, an outer product added into C's registers (<16 x float> accumulators, one
+# fmuladd a vector a row; the terms in order), where OpenBLAS's sgemm took 6 times the time
+# of reading its operands at these shapes (64 x 32768 by 32768 x 2: 398 us on one thread,
+# a copy of the 8 MiB 134 us)
+GRAM_SMALL = 4
+GRAM_VECTORS = 4
+
+
+def _gram(small: int, vectors: int) -> str:
+    """``@pj_sgram_S_V(w, ldw, s, lds, k, out, ld, wide_n)``: the sum over rows ``r < k``
+    of the outer product of the small operand's row (``S`` floats at ``s + r * lds``) and
+    the wide one's (``16 V`` floats at ``w + r * ldw``) into ``out``: its rows the small
+    side's (``wide_n``: C = S^T W) or its columns (C = W^T S), ``ld`` apart."""
+    name = f"pj_sgram_{small}_{vectors}"
+    accs = [(i, v) for i in range(small) for v in range(vectors)]
+    lines = [
+        (
+            f"define internal void @{name}(ptr %w, i64 %ldw, ptr %s, i64 %lds, i64 %k, "
+            "ptr %out, i64 %ld, i1 %widen) {"
+        ),
+        "entry:",
+        "  br label %head",
+        "head:",
+        "  %r = phi i64 [ 0, %entry ], [ %r1, %body ]",
+    ]
+    lines += [
+        f"  %acc{i}_{v} = phi <16 x float> [ zeroinitializer, %entry ], [ %nacc{i}_{v}, %body ]"
+        for i, v in accs
+    ]
+    lines += ["  %more = icmp slt i64 %r, %k", "  br i1 %more, label %body, label %done", "body:"]
+    lines += ["  %wo = mul i64 %r, %ldw", "  %so = mul i64 %r, %lds"]
+    for v in range(vectors):
+        lines += [
+            f"  %wi{v} = add i64 %wo, {16 * v}",
+            f"  %wp{v} = getelementptr float, ptr %w, i64 %wi{v}",
+            f"  %wv{v} = load <16 x float>, ptr %wp{v}, align 4",
+        ]
+    for i in range(small):
+        lines += [
+            f"  %si{i} = add i64 %so, {i}",
+            f"  %sp{i} = getelementptr float, ptr %s, i64 %si{i}",
+            f"  %sx{i} = load float, ptr %sp{i}, align 4",
+            f"  %sh{i} = insertelement <16 x float> poison, float %sx{i}, i64 0",
+            (
+                f"  %sv{i} = shufflevector <16 x float> %sh{i}, <16 x float> poison, "
+                "<16 x i32> zeroinitializer"
+            ),
+        ]
+    lines += [
+        f"  %nacc{i}_{v} = call <16 x float> @llvm.fmuladd.v16f32(<16 x float> %sv{i}, "
+        f"<16 x float> %wv{v}, <16 x float> %acc{i}_{v})"
+        for i, v in accs
+    ]
+    lines += ["  %r1 = add i64 %r, 1", "  br label %head", "done:"]
+    lines += ["  br i1 %widen, label %rows, label %cols", "rows:"]
+    for i, v in accs:  # C[i, 16 v ..]: a vector a store
+        lines += [
+            f"  %ro{i}_{v} = mul i64 {i}, %ld",
+            f"  %rq{i}_{v} = add i64 %ro{i}_{v}, {16 * v}",
+            f"  %rp{i}_{v} = getelementptr float, ptr %out, i64 %rq{i}_{v}",
+            f"  store <16 x float> %acc{i}_{v}, ptr %rp{i}_{v}, align 4",
+        ]
+    # C[16 v + l, i]: the accumulators through a block of the stack, S x 16 V, then an
+    # element a store
+    lines += ["  ret void", "cols:", f"  %t = alloca [{small * vectors * 16} x float], align 64"]
+    for i, v in accs:
+        lines += [
+            f"  %tp{i}_{v} = getelementptr float, ptr %t, i64 {(i * vectors + v) * 16}",
+            f"  store <16 x float> %acc{i}_{v}, ptr %tp{i}_{v}, align 64",
+        ]
+    lines += [
+        "  br label %chead",
+        "chead:",
+        "  %q = phi i64 [ 0, %cols ], [ %q1, %cbody ]",
+        f"  %cmore = icmp slt i64 %q, {small * vectors * 16}",
+        "  br i1 %cmore, label %cbody, label %cdone",
+        "cbody:",
+        f"  %ci = udiv i64 %q, {vectors * 16}",  # (the small side's element)
+        f"  %cj = urem i64 %q, {vectors * 16}",  # (the wide side's)
+        "  %cv = getelementptr float, ptr %t, i64 %q",
+        "  %cx = load float, ptr %cv, align 4",
+        "  %co = mul i64 %cj, %ld",
+        "  %cq = add i64 %co, %ci",
+        "  %cp = getelementptr float, ptr %out, i64 %cq",
+        "  store float %cx, ptr %cp, align 4",
+        "  %q1 = add i64 %q, 1",
+        "  br label %chead",
+        "cdone:",
+        "  ret void",
+        "}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _grams() -> str:
+    """The grams of ours (``_gram``) and ``@pj_sgram``, which runs the one for a chunk's
+    shape and says whether it did (else the BLAS runs it)."""
+    out = [_gram(si, v) for si in range(1, GRAM_SMALL + 1) for v in range(1, GRAM_VECTORS + 1)]
+    out.append(
+        "declare <16 x float> @llvm.fmuladd.v16f32(<16 x float>, <16 x float>, <16 x float>)"
+    )
+    lines = [
+        (
+            "define internal i1 @pj_sgram(i64 %ta, i64 %tb, i64 %m, i64 %n, i64 %k, float %alpha, "
+            "ptr %a, i64 %lda, ptr %b, i64 %ldb, float %beta, ptr %c, i64 %ldc) {"
+        ),
+        "entry:",
+        "  %at = icmp eq i64 %ta, 112",  # (A transposed: A is stored k x m)
+        "  %bn = icmp eq i64 %tb, 111",  # (B as it is: k x n)
+        "  %one = fcmp oeq float %alpha, 1.0",
+        "  %zero = fcmp oeq float %beta, 0.0",
+        "  %ok1 = and i1 %at, %bn",
+        "  %ok2 = and i1 %one, %zero",
+        "  %ok = and i1 %ok1, %ok2",
+        "  br i1 %ok, label %shape, label %no",
+        "shape:",
+        "  %mwide = icmp sgt i64 %m, %n",
+        "  %wide = select i1 %mwide, i64 %m, i64 %n",
+        "  %small = select i1 %mwide, i64 %n, i64 %m",
+        "  %w = select i1 %mwide, ptr %a, ptr %b",
+        "  %ldw = select i1 %mwide, i64 %lda, i64 %ldb",
+        "  %s = select i1 %mwide, ptr %b, ptr %a",
+        "  %lds = select i1 %mwide, i64 %ldb, i64 %lda",
+        "  %widen = xor i1 %mwide, true",
+        "  %v = lshr i64 %wide, 4",
+        "  %vr = and i64 %wide, 15",
+        "  %whole = icmp eq i64 %vr, 0",
+        "  br i1 %whole, label %pick, label %no",
+        "pick:",
+        "  %key = mul i64 %small, 16",
+        "  %key2 = add i64 %key, %v",
+        "  switch i64 %key2, label %no [",
+    ]
+    lines += [
+        f"    i64 {si * 16 + v}, label %g{si}_{v}"
+        for si in range(1, GRAM_SMALL + 1)
+        for v in range(1, GRAM_VECTORS + 1)
+    ]
+    lines.append("  ]")
+    for si in range(1, GRAM_SMALL + 1):
+        for v in range(1, GRAM_VECTORS + 1):
+            lines += [
+                f"g{si}_{v}:",
+                (
+                    f"  call void @pj_sgram_{si}_{v}(ptr %w, i64 %ldw, ptr %s, i64 %lds, i64 %k, "
+                    "ptr %c, i64 %ldc, i1 %widen)"
+                ),
+                "  ret i1 1",
+            ]
+    lines += ["no:", "  ret i1 0", "}", ""]
+    out.append("\n".join(lines))
+    return "\n".join(out)
+
+
 def text() -> str:
     """The pool's LLVM IR (the runtime's own text, the same for every program)."""
     x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
@@ -473,10 +644,11 @@ def text() -> str:
     for w, t in (("s", "float"), ("d", "double")):
         area = GEMM_PARTIALS // (4 if w == "s" else 8)
         loads = _GEMM_ARGS.format(w=w, t=t)
+        kcall = _KCALL_GRAM if w == "s" else _KCALL.format(t=t)
         body += _GEMM.format(
-            w=w, t=t, macs=GEMM_SPLIT_MACS, grain=GEMM_GRAIN, area=area, args=loads
+            w=w, t=t, macs=GEMM_SPLIT_MACS, grain=GEMM_GRAIN, area=area, args=loads, kcall=kcall
         )
-    return body
+    return body + _grams()
 
 
 def threads() -> int:
@@ -525,11 +697,12 @@ class Pool:
     """The process's pool (``get``): its functions' addresses and its workers."""
 
     def __init__(self, workers: int, blas: dict | None):
-        from timerlc.runtime.native import _llvm, _optimized, target_machine
+        from timerlc.runtime.native import _llvm, cached_object, target_machine
 
         llvm = _llvm()
         tm = target_machine()
-        self.engine = llvm.create_mcjit_compiler(_optimized(text(), tm), tm)
+        self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
+        self.engine.add_object_file(llvm.ObjectFileRef.from_data(cached_object(text(), "pool")))
         self.engine.finalize_object()
         self.workers = workers
         self.run = self.engine.get_function_address("tl_pool_run")
