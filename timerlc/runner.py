@@ -323,10 +323,10 @@ def _print_plan_profile(plan: Plan, rt, wall: float):
     elif rt.module is not None:
         how = "loaded, not compiled," if rt.module.cached else "compiled for this CPU"
         pool = rt.module.pool
-        from timerlc.runtime.native import blas_core, cblas
+        from timerlc.runtime.native import blas_core
 
         threads = 1 + (pool.workers if pool is not None else 0)
-        core = blas_core() if cblas() else None
+        core = blas_core()  # (None where no BLAS was found)
         native = (
             f" (the kernels {how} in {rt.native_seconds:.3f} s; "
             f"{threads} thread{'s' if threads > 1 else ''}"

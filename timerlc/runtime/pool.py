@@ -236,44 +236,37 @@ out:
 }
 """
 
-# a gemm's arguments loaded from its frame (``_GEMM``'s chunk functions)
-_GEMM_ARGS = """  %g = load ptr, ptr @tl_blas_{w}gemm
-  %ta = load i64, ptr %f
-  %p2 = getelementptr i64, ptr %f, i64 1
-  %tb = load i64, ptr %p2
-  %p3 = getelementptr i64, ptr %f, i64 2
-  %m = load i64, ptr %p3
-  %p4 = getelementptr i64, ptr %f, i64 3
-  %n = load i64, ptr %p4
-  %p5 = getelementptr i64, ptr %f, i64 4
-  %k = load i64, ptr %p5
-  %p6 = getelementptr i64, ptr %f, i64 5
-  %alpha = load {t}, ptr %p6
-  %p7 = getelementptr i64, ptr %f, i64 6
-  %a = load ptr, ptr %p7
-  %p8 = getelementptr i64, ptr %f, i64 7
-  %lda = load i64, ptr %p8
-  %p9 = getelementptr i64, ptr %f, i64 8
-  %b = load ptr, ptr %p9
-  %p10 = getelementptr i64, ptr %f, i64 9
-  %ldb = load i64, ptr %p10
-  %p11 = getelementptr i64, ptr %f, i64 10
-  %beta = load {t}, ptr %p11
-  %p12 = getelementptr i64, ptr %f, i64 11
-  %c = load ptr, ptr %p12
-  %p13 = getelementptr i64, ptr %f, i64 12
-  %ldc = load i64, ptr %p13
-"""
+# the frame of a cut product, 8 bytes a field: the gemm's arguments, then 1 where the cut
+# is along C's columns, then a cut along k's chunk of k and its partial products' area
+_FRAME = (
+    "ta", "tb", "m", "n", "k", "alpha", "a", "lda", "b", "ldb", "beta", "c", "ldc",
+    "cols", "step", "area",
+)  # fmt: skip
+_FRAME_TYPES = {"alpha": "{t}", "beta": "{t}", "a": "ptr", "b": "ptr", "c": "ptr", "area": "ptr"}
 
-# a product cut along C's longer side: the frame holds the gemm's arguments (8 bytes each:
-# ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 1 where the cut is along columns)
+
+def _field(name: str, value: str | None = None) -> str:
+    """IR of field ``name`` of the frame ``%f``: loaded into ``%name``, or ``value`` stored
+    there (``{t}``: the product's float type, left for ``_GEMM.format``)."""
+    t = _FRAME_TYPES.get(name, "i64")
+    at = f"  %f.{name} = getelementptr i64, ptr %f, i64 {_FRAME.index(name)}\n"
+    if value is None:
+        return at + f"  %{name} = load {t}, ptr %f.{name}\n"
+    return at + f"  store {t} {value}, ptr %f.{name}\n"
+
+
+# a gemm's arguments loaded from its frame (``_GEMM``'s chunk functions), and stored there
+_GEMM_ARGS = "  %g = load ptr, ptr @tl_blas_{w}gemm\n" + "".join(map(_field, _FRAME[:13]))
+_GEMM_STORES = "".join(
+    _field(n, "%ta64" if n == "ta" else "%tb64" if n == "tb" else f"%{n}") for n in _FRAME[:13]
+)
+
+# a product cut along C's longer side or along k, its arguments in a frame (``_FRAME``)
 _GEMM = r"""
 @tl_blas_{w}gemm = global ptr null
 
 define internal i32 @pj_{w}gemm_chunk(ptr %f, i64 %lo, i64 %hi) {{
-{args}  %p14 = getelementptr i64, ptr %f, i64 13
-  %cols = load i64, ptr %p14
-  %w = sub i64 %hi, %lo
+{args}{cols_load}  %w = sub i64 %hi, %lo
   %ta32 = trunc i64 %ta to i32
   %tb32 = trunc i64 %tb to i32
   %bycol = icmp ne i64 %cols, 0
@@ -302,11 +295,7 @@ col:
 ; area's (c - 1)-th m x n block
 define internal i32 @pj_{w}gemm_kpart(ptr %f, i64 %clo, i64 %chi) {{
 entry:
-{args}  %p15 = getelementptr i64, ptr %f, i64 14
-  %step = load i64, ptr %p15
-  %p16 = getelementptr i64, ptr %f, i64 15
-  %area = load ptr, ptr %p16
-  %ta32 = trunc i64 %ta to i32
+{args}{cut_loads}  %ta32 = trunc i64 %ta to i32
   %tb32 = trunc i64 %tb to i32
   %mn = mul i64 %m, %n
   %atr = icmp eq i64 %ta, 112
@@ -358,37 +347,10 @@ whole:
 split:
   %f = alloca [16 x i64]
   %ta64 = zext i32 %ta to i64
-  store i64 %ta64, ptr %f
   %tb64 = zext i32 %tb to i64
-  %p2 = getelementptr i64, ptr %f, i64 1
-  store i64 %tb64, ptr %p2
-  %p3 = getelementptr i64, ptr %f, i64 2
-  store i64 %m, ptr %p3
-  %p4 = getelementptr i64, ptr %f, i64 3
-  store i64 %n, ptr %p4
-  %p5 = getelementptr i64, ptr %f, i64 4
-  store i64 %k, ptr %p5
-  %p6 = getelementptr i64, ptr %f, i64 5
-  store {t} %alpha, ptr %p6
-  %p7 = getelementptr i64, ptr %f, i64 6
-  store ptr %a, ptr %p7
-  %p8 = getelementptr i64, ptr %f, i64 7
-  store i64 %lda, ptr %p8
-  %p9 = getelementptr i64, ptr %f, i64 8
-  store ptr %b, ptr %p9
-  %p10 = getelementptr i64, ptr %f, i64 9
-  store i64 %ldb, ptr %p10
-  %p11 = getelementptr i64, ptr %f, i64 10
-  store {t} %beta, ptr %p11
-  %p12 = getelementptr i64, ptr %f, i64 11
-  store ptr %c, ptr %p12
-  %p13 = getelementptr i64, ptr %f, i64 12
-  store i64 %ldc, ptr %p13
-  %rows = icmp sge i64 %m, %n
+{stores}  %rows = icmp sge i64 %m, %n
   %cols = select i1 %rows, i64 0, i64 1
-  %p14 = getelementptr i64, ptr %f, i64 13
-  store i64 %cols, ptr %p14
-  %side = select i1 %rows, i64 %m, i64 %n
+{cols_store}  %side = select i1 %rows, i64 %m, i64 %n
   ; a weight's gradient (k at least 4 times C's longer side): cut along k, a chunk a
   ; thread, where the partial products fit the area
   %k4 = mul i64 %side, 4
@@ -415,11 +377,7 @@ kcut:
   %s3 = add i64 %k, %step
   %s4 = add i64 %s3, -1
   %chunks = sdiv i64 %s4, %step
-  %p15 = getelementptr i64, ptr %f, i64 14
-  store i64 %step, ptr %p15
-  %p16 = getelementptr i64, ptr %f, i64 15
-  store ptr %parts, ptr %p16
-  %r2 = call i32 @tl_pool_run(ptr @pj_{w}gemm_kpart, ptr %f, i64 0, i64 %chunks, i64 1, i64 64)
+{cut_stores}  %r2 = call i32 @tl_pool_run(ptr @pj_{w}gemm_kpart, ptr %f, i64 0, i64 %chunks, i64 1, i64 64)
   br label %chead
 chead:
   %q = phi i64 [ 1, %kcut ], [ %q1, %cnext ]
@@ -472,8 +430,7 @@ _KCALL = """  call void %g(i32 101, i32 %ta32, i32 %tb32, i64 %m, i64 %n, i64 %k
 _KCALL_GRAM = """  %own = call i1 @pj_sgram(i64 %ta, i64 %tb, i64 %m, i64 %n, i64 %kw, float %alpha, ptr %a2, i64 %lda, ptr %b2, i64 %ldb, float %be, ptr %out, i64 %ld)
   br i1 %own, label %next, label %blas
 blas:
-  call void %g(i32 101, i32 %ta32, i32 %tb32, i64 %m, i64 %n, i64 %kw, float %alpha, ptr %a2, i64 %lda, ptr %b2, i64 %ldb, float %be, ptr %out, i64 %ld)
-  br label %next"""
+""" + _KCALL.format(t="float")
 
 # a skinny gram C = A^T B (A: k x m, B: k x n, row-major) of C's one side at most GRAM_SMALL
 # and the other a multiple of 16 up to 16 * GRAM_VECTORS, alpha 1 and beta 0: each row of
@@ -645,8 +602,16 @@ def text() -> str:
         area = GEMM_PARTIALS // (4 if w == "s" else 8)
         loads = _GEMM_ARGS.format(w=w, t=t)
         kcall = _KCALL_GRAM if w == "s" else _KCALL.format(t=t)
+        fields = {
+            "args": loads,
+            "stores": _GEMM_STORES.format(t=t),
+            "cols_load": _field("cols"),
+            "cols_store": _field("cols", "%cols"),
+            "cut_loads": _field("step") + _field("area"),
+            "cut_stores": _field("step", "%step") + _field("area", "%parts"),
+        }
         body += _GEMM.format(
-            w=w, t=t, macs=GEMM_SPLIT_MACS, grain=GEMM_GRAIN, area=area, args=loads, kcall=kcall
+            w=w, t=t, macs=GEMM_SPLIT_MACS, grain=GEMM_GRAIN, area=area, kcall=kcall, **fields
         )
     return body + _grams()
 
