@@ -221,7 +221,7 @@ class _Statement:
         self.vector = set(spec.vector)
         self.nodes = {n.id: _Node(n, spec.dims, self.vector, plan) for n in spec.nodes}
         self.node = self.nodes[spec.id]
-        self.template = None  # vector dims' coordinates, where the batches are uniform
+        self._template = None  # vector dims' coordinates, where the batches are uniform
         named = set()
         for r in spec.node.inputs if self.node.op == "merge" else ():
             if r.cond is not None:
@@ -241,15 +241,58 @@ class _Statement:
         }
         box = plan.buffer(spec.id).box
         self.loop_box = tuple(box[self.dims.index(d)] for d in self.loops)
+        self._spec, self._points = spec, None
+        # (the points are found when a call first needs them: a run of native kernels
+        # never does for most statements, and finding them takes time in the domain's
+        # points, 0.9 s for REINFORCE's at 1000 x 256 x 128; the domain and the merges'
+        # conditions are evaluated at the box's corners now, so that a corrupt plan's
+        # ints that NumPy cannot hold are refused when it is loaded)
+        self._guard(lambda: self._corners(spec, box))
+        self.is_env = ops.is_env(self.node.op)
+
+    def _guard(self, find):
         try:
-            self.batches = self._batches(spec, box)
+            return find()
         except (OverflowError, ValueError, TypeError, IndexError) as e:
             # a domain or a merge's condition whose ints NumPy cannot hold (a corrupt plan)
             raise PlanError(
                 f"the plan is not valid: the points of statement {self.id} "
-                f"({runtime._name(self.id)}) cannot be found ({px.clip(str(e))})"
+                f"({self.rt._name(self.id)}) cannot be found ({px.clip(str(e))})"
             ) from e
-        self.is_env = ops.is_env(self.node.op)
+
+    @property
+    def batches(self) -> dict[tuple, _Batch]:
+        """The statement's calls' points by their loop values (empty where every call has
+        the whole box of the vector dims: ``template``)."""
+        if self._points is None:
+            self._template = None
+            self._points = self._guard(lambda: self._batches(self._spec, self._spec_box()))
+        return self._points
+
+    @property
+    def template(self):
+        """The vector dims' coordinates of every call, where the batches are uniform."""
+        if self._points is None:
+            _ = self.batches  # (finds them, and the template)
+        return self._template
+
+    def _spec_box(self) -> tuple[int, ...]:
+        return self.rt.plan.buffer(self.id).box
+
+    def _corners(self, spec: Statement, extents: tuple[int, ...]):
+        """The domain and the merges' conditions evaluated at the corners of the box (where
+        a corrupt plan's huge ints overflow as they would at its points)."""
+        if not self.dims or 0 in extents:
+            return
+        ends = [np.unique(np.array([0, e - 1], np.int64)) for e in extents]
+        grids = [
+            x.reshape([-1 if j == k else 1 for j in range(len(extents))])
+            for k, x in enumerate(ends)
+        ]
+        domain = px.compile_expr(spec.domain, self.dims, vector=True)
+        np.asarray(domain(*grids), bool)
+        values = [g.ravel() for g in np.meshgrid(*ends, indexing="ij")]
+        self._branches(values, len(values[0]))
 
     def _batches(self, spec: Statement, extents: tuple[int, ...]) -> dict[tuple, _Batch]:
         if not self.dims:
@@ -282,7 +325,7 @@ class _Statement:
             # every batch, and reads and writes can be views (basic indexing)
             shape = tuple(int(x) for x in lens)
             grid = np.indices(shape, dtype=np.int64).reshape(len(vec_k), int(np.prod(shape)))
-            self.template = {self.dims[k]: grid[j] + los[j] for j, k in enumerate(vec_k)}
+            self._template = {self.dims[k]: grid[j] + los[j] for j, k in enumerate(vec_k)}
             self.n = int(np.prod(lens))
             self.box = tuple(int(x) for x in lens)
             self.vec_slice = {
