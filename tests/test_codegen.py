@@ -745,7 +745,9 @@ def test_a_gather_at_a_permutation_s_indices_needs_no_check():
     """Indices that are a permutation of ``range(n)`` (or a slice of one, as PPO's
     minibatches are) lie in range: a take at them makes no check of them
     (``lower.IntRanges``; the index is clamped into range instead, so a wrong value, a bug
-    elsewhere, still reads inside the array); indices computed otherwise keep theirs."""
+    elsewhere, still reads inside the array); indices computed otherwise keep theirs, but
+    where the ranges of the values stored decide them (``codegen.checks``: a floor modulo
+    by N lies in ``[0, N)``), and there the check goes after lowering."""
     text = """
     config I = 3, N = 12
     dim i < I
@@ -755,7 +757,9 @@ def test_a_gather_at_a_permutation_s_indices_needs_no_check():
     y[i] = take(x[i], s[i], 0)
     q[i] = (i32(arange(6)) * 2 + i) % N
     z[i] = take(x[i], q[i], 0)
-    out y, z
+    u[i] = i32(f32(arange(6)) * 1.5) + i
+    w[i] = take(x[i], u[i], 0)
+    out y, z, w
     """
     rt, want, gen = native(text)
 
@@ -764,8 +768,8 @@ def test_a_gather_at_a_permutation_s_indices_needs_no_check():
         return any(isinstance(x, kir.Fail) for s in loops for x in kir.walk_tree(s.body))
 
     fails = {gen.plan.buffer(k.sid).name: checks_elements(k) for k in gen.kernels}
-    assert fails["y"] is False and fails["z"] is True
-    for name in ("y", "z"):
+    assert fails["y"] is False and fails["z"] is False and fails["w"] is True
+    for name in ("y", "z", "w"):
         np.testing.assert_array_equal(rt.value(name), want[name])
 
 

@@ -17,7 +17,7 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass
 
-from timerlc.codegen import kir
+from timerlc.codegen import checks, kir, rows
 from timerlc.codegen.lower import Unsupported, lower_statement
 from timerlc.codegen.tree import by_level, lower_tree
 from timerlc.llvm.render import render_module
@@ -50,6 +50,7 @@ class Generated:
     trees: tuple[kir.Tree, ...]
     interpreted: dict[int, str]  # statement -> why it has no kernel
     fused: tuple[kir.Kernel, ...] = ()  # the fused kernels the trees launch (codegen.fuse)
+    rows: tuple[kir.Kernel, ...] = ()  # the row variants the row loops' chunks launch
 
 
 def generate(plan: Plan, target: str = "cpu") -> Generated:
@@ -65,12 +66,20 @@ def generate(plan: Plan, target: str = "cpu") -> Generated:
             interpreted[st.id] = str(e)
     if target == "cuda":
         return _generate_cuda(plan, kernels, interpreted)
+    kernels = checks.prove(plan, kernels)
     fused: dict[tuple, kir.Kernel] = {}
-    trees = lower_tree(plan, {k.sid: k for k in kernels}, fused)
-    # the fused kernels the trees launch (a run's prefixes were fused on the way)
+    by_sid = {k.sid: k for k in kernels}
+    recorded = {sid for _, sid, _ in plan.outputs + plan.metrics}
+    by_rows = rows.row_loops(plan, by_sid, recorded)
+    trees = lower_tree(plan, by_sid, fused, rows=by_rows)
+    # the fused kernels the trees launch (a run's prefixes were fused on the way), and the
+    # row variants of the row loops' chunks
     used = {s.kernel for t in trees for s in kir.walk_tree(t.body) if isinstance(s, kir.Launch)}
     fused_used = [k for k in fused.values() if k.name in used]
-    text = KERNELS_HEADER + digest(plan) + "\n" + render_module(kernels + fused_used, trees)
+    variants = {k.name: k for r in by_rows.values() for k in r.variants.values()}
+    rows_used = [k for name, k in variants.items() if name in used]
+    module = render_module(kernels + fused_used + rows_used, trees)
+    text = KERNELS_HEADER + digest(plan) + "\n" + module
     info = Kernels(
         KERNEL_FILE,
         hashlib.sha256(text.encode()).hexdigest(),
@@ -85,6 +94,7 @@ def generate(plan: Plan, target: str = "cpu") -> Generated:
         tuple(trees),
         interpreted,
         tuple(fused_used),
+        tuple(rows_used),
     )
 
 
@@ -223,7 +233,8 @@ def listing(gen: Generated) -> str:
     (``--dump-ir``: ``NN-kernels.txt``)."""
     head = (
         f"{LISTING_HEAD}{len(gen.kernels)} kernels, {len(gen.fused)} fused kernels, "
-        f"{len(gen.trees)} tree functions, {len(gen.interpreted)} statements interpreted"
+        + (f"{len(gen.rows)} row variants, " if gen.rows else "")
+        + f"{len(gen.trees)} tree functions, {len(gen.interpreted)} statements interpreted"
     )
     launches = dict(gen.plan.kernels.launches) if gen.plan.kernels else {}
     covered = set(gen.plan.kernels.covered) if gen.plan.kernels else set()
@@ -237,6 +248,7 @@ def listing(gen: Generated) -> str:
         rows = zip(gen.plan.kernels.fused, gen.plan.kernels.fused_launches)
         fused = {sids: phases for sids, (_, phases) in rows}
     parts += [_with_launches(kir.text(k), fused.get(k.parts)) for k in gen.fused]
+    parts += [kir.text(k) for k in gen.rows]
     parts += [kir.tree_text(t) for t in gen.trees]
     if gen.interpreted:
         rows = [f"  statement {sid}: {why}" for sid, why in sorted(gen.interpreted.items())]

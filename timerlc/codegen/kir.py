@@ -219,7 +219,7 @@ class Gemm:
     dtype: str
     ta: bool
     tb: bool
-    m: int
+    m: int | Expr  # (an expression in a row variant's products: ``codegen.rows``)
     n: int
     k: int
     a: str
@@ -246,7 +246,24 @@ class Permute:
     scratch: str
 
 
-Stmt = Let | Store | For | If | Fail | Loop | Launch | Host | Gemm | Permute
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """A loop of the tree that runs by chunks of rows (``codegen.rows``): ``loop`` as it
+    runs on one thread, and ``chunk``, the same loop whose launches call each kernel's row
+    variant (two more arguments: the chunk's first row and its end). The threads take
+    chunks of the rows ``lo ..< hi`` (at least ``grain`` rows each), each of them runs
+    ``chunk`` with ``scratch`` bytes of its own; where a chunk fails, or while the run is
+    profiled, ``loop`` runs instead."""
+
+    loop: Loop
+    chunk: Loop
+    lo: int
+    hi: int
+    grain: int
+    scratch: int
+
+
+Stmt = Let | Store | For | If | Fail | Loop | Launch | Host | Gemm | Permute | Rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +311,9 @@ class Kernel:
     # a call runs the body this many times, its last param (``plan.items.BLOCK_LOOP``) 0, 1,
     # ... (the cuda target's blocks of a statement over many points, ``lower``)
     repeat: int = 1
+    # runs inside a chunk of a row loop (``Rows``): on the chunk's thread alone, its products
+    # by the BLAS on that thread
+    alone: bool = False
 
     @property
     def scratch_bytes(self) -> int:
@@ -386,6 +406,8 @@ def nested(s) -> tuple:
         return s.body
     if isinstance(s, If):
         return (*s.then, *s.orelse)
+    if isinstance(s, Rows):
+        return (s.loop, s.chunk)
     return ()
 
 
@@ -498,8 +520,9 @@ def _stmts(body, depth: int, lines: list):
             )
         elif isinstance(s, Gemm):
             ta, tb = "T" if s.ta else "", "T" if s.tb else ""
+            m = s.m if isinstance(s.m, int) else f"({expr_text(s.m)})"
             lines.append(
-                f"{pad}{s.c}[{expr_text(s.coff)}:] = gemm.{s.dtype} {s.m}x{s.k}x{s.n} "
+                f"{pad}{s.c}[{expr_text(s.coff)}:] = gemm.{s.dtype} {m}x{s.k}x{s.n} "
                 f"{s.a}[{expr_text(s.aoff)}:]{ta} (ld {s.lda}) @ "
                 f"{s.b}[{expr_text(s.boff)}:]{tb} (ld {s.ldb}), ldc {s.ldc}"
             )
@@ -511,6 +534,14 @@ def _stmts(body, depth: int, lines: list):
         elif isinstance(s, Launch):
             args = ", ".join(expr_text(a) for a in s.args)
             lines.append(f"{pad}launch {s.kernel}({args})")
+        elif isinstance(s, Rows):
+            lines.append(
+                f"{pad}rows {s.lo} ..< {s.hi} by chunks of at least {s.grain} "
+                f"({s.scratch} bytes of scratch each):"
+            )
+            _stmts((s.chunk,), depth + 1, lines)
+            lines.append(f"{pad}else (a chunk failed, or the run is profiled):")
+            _stmts((s.loop,), depth + 1, lines)
         elif isinstance(s, Host):
             args = ", ".join(expr_text(a) for a in s.args)
             what = "run" if s.mode == 0 else "record"

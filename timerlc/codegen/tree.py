@@ -20,6 +20,7 @@ from timerlc.codegen import kir
 from timerlc.codegen.fuse import concat, fuse, seq
 from timerlc.codegen.kir import If, Launch, Loop
 from timerlc.codegen.lower import plan_expr as _expr
+from timerlc.codegen.rows import loop_key
 from timerlc.plan.items import Call, Free, Plan, SwapIn, SwapOut
 from timerlc.plan.items import If as PlanIf
 from timerlc.plan.items import Loop as PlanLoop
@@ -38,6 +39,7 @@ def lower_tree(
     horizontal: bool = False,
     cost=None,
     chains=None,
+    rows=None,
 ) -> list[kir.Tree]:
     """The tree functions of ``plan`` (``kernels``: by statement, the kernels there are).
     Calls one after another at the same loop values launch one fused kernel where
@@ -46,7 +48,8 @@ def lower_tree(
     launch costs, any two one after the other where that costs less, ``fuse.seq``, or,
     with ``chains``, the launches a kernel's chains save, where those of the two together
     save more: ``cuda.render.chain_saved``); ``fused`` collects them (by their
-    statements)."""
+    statements). ``rows``: the loops that run by chunks of rows (``codegen.rows``, by
+    ``rows.loop_key``), each a ``kir.Rows``."""
     recorded = {sid for _, sid, _ in plan.outputs + plan.metrics}
     fused = {} if fused is None else fused
     refused: set[tuple] = set()  # the runs fuse() refused (a run recurs in the tree)
@@ -55,9 +58,10 @@ def lower_tree(
         if isinstance(item, (Free, SwapIn, SwapOut)):
             continue
         low = _Tree(plan, kernels, recorded, fused, refused, horizontal, cost, chains)
+        low.rows = rows or {}
         if isinstance(item, PlanLoop):
             params = (item.var,)
-            body = low.items(item.body)
+            body = low.items(item.body, (item.var,))
         else:
             params = ()
             body = low.items((item,))
@@ -85,9 +89,10 @@ class _Tree:
         self.costs: dict[str, int] = {}
         self._cap: int | None = None
         self.launched: dict[str, kir.Kernel] = {}  # by name
+        self.rows: dict = {}  # the loops that run by chunks of rows (``lower_tree``)
 
-    def items(self, items) -> list:
-        return self.fuse(self.lower(items))
+    def items(self, items, scope: tuple[str, ...] = ()) -> list:
+        return self.fuse(self.lower(items, scope))
 
     def fuse(self, items: list) -> list:
         """Consecutive launches at the same loop values as one fused kernel where
@@ -181,24 +186,54 @@ class _Tree:
             self._cap = max((k.scratch_bytes for k in self.kernels.values()), default=0)
         return self._cap
 
-    def lower(self, items) -> list:
+    def lower(self, items, scope: tuple[str, ...] = ()) -> list:
         out = []
         for it in items:
             if isinstance(it, PlanLoop):
-                out.append(
-                    Loop(
-                        it.var, _expr(it.init), _expr(it.cond), it.inc, tuple(self.items(it.body))
+                inner = scope + (it.var,)
+                body = tuple(self.items(it.body, inner))
+                loop = Loop(it.var, _expr(it.init), _expr(it.cond), it.inc, body)
+                by_rows = self.rows.get(loop_key(scope, it))
+                if by_rows is not None:
+                    chunk = Loop(
+                        loop.var, loop.init, loop.cond, loop.inc, self.chunk(it.body, by_rows)
                     )
-                )
+                    loop = kir.Rows(
+                        loop, chunk, by_rows.lo, by_rows.hi, by_rows.grain, by_rows.scratch
+                    )
+                out.append(loop)
             elif isinstance(it, PlanIf):
                 out.append(
-                    If(_expr(it.cond), tuple(self.items(it.then)), tuple(self.items(it.orelse)))
+                    If(
+                        _expr(it.cond),
+                        tuple(self.items(it.then, scope)),
+                        tuple(self.items(it.orelse, scope)),
+                    )
                 )
             elif isinstance(it, Call):
                 out += self.call(it)
             else:  # frees and swaps are top-level items only (plan.items checks it)
                 raise TypeError(f"a {type(it).__name__} inside a loop")
         return out
+
+    def chunk(self, items, by_rows) -> tuple:
+        """The body of a row loop's chunk: each call a launch of its statement's row variant
+        (``codegen.rows.variant``), none fused (``row_loops`` took a body of calls and
+        ``if``s, every call's statement with a kernel, none recorded)."""
+        out = []
+        for it in items:
+            if isinstance(it, PlanIf):
+                then, orelse = self.chunk(it.then, by_rows), self.chunk(it.orelse, by_rows)
+                out.append(If(_expr(it.cond), then, orelse))
+                continue
+            k = by_rows.variants[it.statement]
+            self.launched[k.name] = k
+            st = self.plan.statement(it.statement)
+            box = self.plan.buffer(it.statement).box
+            loop_box = tuple(box[st.dims.index(d)] for d in st.loops)
+            args = tuple(_expr(a) for a in it.args)
+            out.append(Launch(k.name, it.statement, args, loop_box))
+        return tuple(out)
 
     def call(self, it: Call) -> list:
         sid = it.statement

@@ -166,6 +166,29 @@ def render_loops(plan: Plan, kernels: dict, launches: dict, recorded: set):
 
 
 def render_loop(plan, around, loop, kernels, launches, recorded, fname) -> LoopKernel:
+    calls, facts, rowk = prove(plan, around, loop, kernels, recorded)
+    scope = tuple(x.var for x in around)
+    rows = facts.rows[1] - facts.rows[0]
+    per_block = max(1, THREADS // max(1, facts.widest))
+    _shared_temps(facts, rowk, per_block)
+    blocks = max(1, min(-(-rows // per_block), 1 << 20))
+    text = _LoopText(plan, scope, loop, rowk, fname, per_block, rows).render()
+    # (its text naming the scratch memory only in its signature, each temporary in a
+    # block's shared memory or a thread's own: the kernel takes none, and a graph's
+    # launches that do need not wait for it, nor it for them: the rollout beside the next
+    # epoch's permutation)
+    scratch = facts.scratch
+    if text.count("scratch") == 1:
+        scratch = 0
+    return LoopKernel(fname, calls, blocks, scratch, text)
+
+
+def prove(plan, around, loop, kernels, recorded) -> tuple[tuple[int, ...], _Facts, dict]:
+    """The proof that the calls of ``loop``'s body (inside the loops ``around``) never meet
+    across rows (``_Facts.check``): the statements the body calls, the facts (the rows:
+    ``facts.rows``; ``facts.scratch``, the bytes of every temporary its own), and each
+    statement's ``_RowKernel``; raises ``Unsupported`` where it cannot be made. The cpu
+    target's row loops (``codegen.rows``) rest on it too."""
     scope = tuple(x.var for x in around)
     calls = body_calls(loop)
     if calls is None:
@@ -229,18 +252,8 @@ def render_loop(plan, around, loop, kernels, launches, recorded, fname) -> LoopK
 
     walk(loop.body, facts.outer_ranges | ({"L": span} if span is not None else {}))
     facts.check()
-    rows = facts.rows[1] - facts.rows[0]
-    per_block = max(1, THREADS // max(1, facts.widest))
-    _shared_temps(facts, rowk, per_block)
-    blocks = max(1, min(-(-rows // per_block), 1 << 20))
-    text = _LoopText(plan, scope, loop, rowk, fname, per_block, rows).render()
-    # (its text naming the scratch memory only in its signature, each temporary in a
-    # block's shared memory or a thread's own: the kernel takes none, and a graph's
-    # launches that do need not wait for it, nor it for them: the rollout beside the next
-    # epoch's permutation)
-    if text.count("scratch") == 1:
-        scratch = 0
-    return LoopKernel(fname, calls, blocks, scratch, text)
+    facts.scratch = scratch
+    return calls, facts, rowk
 
 
 def _calls(items):
@@ -326,6 +339,7 @@ class _Facts:
         self.fresh = 0
         self.decided: dict = {}  # (a condition, its forms' ranges) -> _decide's answer
         self.names: dict = {}  # a condition -> the locals and loop variables it reads
+        self.scratch = 0  # the bytes of the calls' temporaries, each its own (``prove``)
 
     def row_range(self, lo, hi, where: str):
         if not (isinstance(lo, Const) and isinstance(hi, Const)):

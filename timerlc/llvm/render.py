@@ -478,6 +478,7 @@ def render_module(kernels: list[kir.Kernel], trees=(), library: str = "") -> str
     # the BLAS's gemm (CBLAS, 64-bit ints), or the loops below where there is none: the
     # runtime sets these
     head += [f"@tl_{t}gemm = global ptr null" for t in sorted(r.gemm)]
+    head += [f"@tl_{t}gemm1 = global ptr null" for t in sorted(r.gemm1)]
     head += [
         _GEMM_LOOPS.format(fallback=GEMM_FALLBACK, t={"s": "float", "d": "double"}[w])
         for w in sorted(r.gemm)
@@ -505,7 +506,7 @@ def render_module(kernels: list[kir.Kernel], trees=(), library: str = "") -> str
 
         head.append(LIBRARY)
     if r.par:
-        head.append(_PAR_RUN)
+        head.append(_PAR_RUN.replace("ROWS_PER", str(ROWS_PER)))
     return "\n".join(head + r.constants + [library] + bodies + r.metadata) + "\n"
 
 
@@ -516,6 +517,7 @@ class _Module:
         self.boxes: dict[tuple, str] = {}  # the loop boxes of the launches, as constants
         self.launches = False  # whether a tree function calls a kernel (tl_launch)
         self.gemm: set[str] = set()  # "s", "d": the gemm functions the kernels call
+        self.gemm1: set[str] = set()  # those the row variants call (the BLAS on one thread)
         self.f32_math = False  # whether the kernels call tl_expf, tl_tanhf or tl_sigmoidf
         self.rng = False  # whether they draw random numbers (the library of llvm.philox)
         self.metadata: list[str] = []  # !N = ... lines (alias scopes)
@@ -531,6 +533,7 @@ class _Module:
         shapes: dict[tuple, list] = {}
         for k in kernels:
             f = _Function(self, k)
+            f.outer = not k.alone  # (a row variant runs on its chunk's thread)
             own, shared, rest = f.kernel_parts()
             key = (len(k.slots), rest, tuple(f.meta_lines))
             shapes.setdefault(key, []).append((k, own, shared, rest, f.meta_lines))
@@ -599,6 +602,7 @@ class _Function:
         self.outer = True  # not a loop's own function (``outline``): may hand loops out
         self.frames: list[str] = []  # the entry block's allocas of the loops' frames
         self.outlined: list[str] = []  # the functions of its loops the threads run
+        self.chunk_of: kir.Rows | None = None  # the row loop of a chunk's function
 
     def tmp(self) -> str:
         self.n += 1
@@ -651,7 +655,8 @@ class _Function:
         ]
         self.stmts(k.body)
         self.emit("ret i32 0")
-        return "\n".join(out + self.lines) + "\n}\n"
+        out += self.frames  # (the row loops' frames and counts)
+        return "\n".join(out + self.lines) + "\n}\n" + "".join(self.outlined)
 
     def kernel_parts(self) -> tuple[str, str, str]:
         """A kernel's function as (its own head and slots, the head and slots of a body
@@ -785,6 +790,8 @@ class _Function:
             self.lines.append(f"{self.label('dead')}:")
         elif isinstance(s, Loop):
             self.loop(s)
+        elif isinstance(s, kir.Rows):
+            self.rows(s)
         elif isinstance(s, Gemm):
             self.gemm(s)
         elif isinstance(s, Permute):
@@ -978,7 +985,11 @@ class _Function:
         t = REG[s.dtype]
         which = "s" if s.dtype == "f32" else "d"
         self.m.gemm.add(which)
-        fn = self.op(f"load ptr, ptr @tl_{which}gemm")  # set by the runtime before any call
+        # (a row variant's: the BLAS on the chunk's thread, not the pool's cut products)
+        one = "1" if getattr(self.k, "alone", False) else ""
+        if one:
+            self.m.gemm1.add(which)
+        fn = self.op(f"load ptr, ptr @tl_{which}gemm{one}")  # set by the runtime first
         ptrs = []
         for buf, off in ((s.a, s.aoff), (s.b, s.boff), (s.c, s.coff)):
             reg, _ = self.ptr[buf]
@@ -986,8 +997,9 @@ class _Function:
             ptrs.append(self.op(f"getelementptr {t}, ptr {reg}, i64 {o}"))
         a, b, c = ptrs
         ta, tb = 112 if s.ta else 111, 112 if s.tb else 111  # CblasTrans, CblasNoTrans
+        m = s.m if isinstance(s.m, int) else self.expr(s.m)
         self.emit(
-            f"call void {fn}(i32 101, i32 {ta}, i32 {tb}, i64 {s.m}, i64 {s.n}, i64 {s.k}, "
+            f"call void {fn}(i32 101, i32 {ta}, i32 {tb}, i64 {m}, i64 {s.n}, i64 {s.k}, "
             f"{t} 1.0, ptr {a}, i64 {s.lda}, ptr {b}, i64 {s.ldb}, {t} 0.0, ptr {c}, "
             f"i64 {s.ldc})"
         )
@@ -1017,13 +1029,29 @@ class _Function:
         self.memo.clear()
 
     def err(self, j: int) -> str:
-        return self.op(f"getelementptr i64, ptr %err, i64 {j}")
+        errs = "%errs" if self.chunk_of is not None else "%err"
+        return self.op(f"getelementptr i64, ptr {errs}, i64 {j}")
 
     def launch(self, s: Launch):
         """A kernel call through ``tl_launch`` (its box check, the call, the record of a
         failure): a few lines per call, so that a tree of hundreds of calls stays a small
-        function for LLVM."""
+        function for LLVM. In a row loop's chunk, the chunk's rows are the call's last two
+        arguments (a row variant's, ``codegen.rows``), its failure record its own."""
         self.args(s.args)
+        if self.chunk_of is not None:
+            for j, v in enumerate(("%lo", "%hi"), len(s.args)):
+                self.emit(
+                    f"store i64 {v}, ptr {self.op(f'getelementptr i64, ptr %callargs, i64 {j}')}"
+                )
+            box = self.m.box(s.box)
+            r = self.op(
+                f"call i32 @tl_launch(ptr @{s.kernel}, ptr %table, ptr %callargs, "
+                f"ptr %scratch, ptr %errs, ptr {self.m.sids((s.sid,))}, i64 1, "
+                f"i64 {len(s.args)}, ptr {box})"
+            )
+            self.return_unless_zero(r)
+            self.memo.clear()
+            return
         box = self.m.box(s.box)
         sids = s.sids or (s.sid,)
         r = self.op(
@@ -1040,10 +1068,113 @@ class _Function:
         fail, ok = self.label("fail"), self.label("ok")
         self.emit(f"br i1 {bad}, label %{fail}, label %{ok}")
         self.lines.append(f"{fail}:")
+        if self.chunk_of is not None:  # (a row loop's chunk: the first to fail says where)
+            self.emit(f"call void @tl_rows_failed(ptr %claim, ptr %err, ptr %errs, i64 {ERRS})")
         self.emit(f"ret i32 {r}")
         self.lines.append(f"{ok}:")
 
-    def loop(self, s: Loop):
+    def rows(self, s: kir.Rows):
+        """Row loop ``s``: the steps its loop makes counted first (its condition reads only
+        loop variables) and taken from the budget of loop steps; then, unless that runs
+        out or the run is profiled (``@tl_prof``: the kernels' counters are not the
+        threads'), its chunk's loop as a function of its own, ``i32 @NAME.rowsJ(frame, lo,
+        hi)`` over a range of the rows, handed to the threads (``tl_par_rows``); else the
+        loop as it runs on one thread. A chunk that fails (only where every chunk fails
+        alike, ``codegen.rows``) stops, and the first to fail copies its failure record
+        (``err``) to the function's."""
+        self.m.par = True
+        j = len(self.outlined)
+        loop = s.loop
+        count = f"rows${j}.n"
+        self.frames.append(f"  %l.{count} = alloca i64")
+        self.emit(f"store i64 0, ptr %l.{count}")
+        self.emit(f"store i64 {self.expr(loop.init)}, ptr %l.{loop.var}")
+        head, step, counted = self.label("count"), self.label("counting"), self.label("counted")
+        self.emit(f"br label %{head}")
+        self.memo.clear()
+        self.lines.append(f"{head}:")
+        c = self.expr(loop.cond)
+        self.emit(f"br i1 {c}, label %{step}, label %{counted}")
+        self.memo.clear()
+        self.lines.append(f"{step}:")
+        n = self.op(f"load i64, ptr %l.{count}")
+        self.emit(f"store i64 {self.op(f'add i64 {n}, 1')}, ptr %l.{count}")
+        v = self.op(f"load i64, ptr %l.{loop.var}")
+        self.emit(f"store i64 {self.op(f'add i64 {v}, {int(loop.inc)}')}, ptr %l.{loop.var}")
+        self.emit(f"br label %{head}")
+        self.memo.clear()
+        self.lines.append(f"{counted}:")
+        p = self.err(0)
+        left = self.op(f"load i64, ptr {p}")
+        n = self.op(f"load i64, ptr %l.{count}")
+        rest = self.op(f"sub i64 {left}, {n}")
+        short = self.op(f"icmp slt i64 {rest}, 0")
+        prof = self.op("load ptr, ptr @tl_prof")
+        profiled = self.op(f"icmp ne ptr {prof}, null")
+        alone = self.op(f"or i1 {short}, {profiled}")
+        serial, par, done = self.label("serial"), self.label("chunks"), self.label("rowsdone")
+        self.emit(f"br i1 {alone}, label %{serial}, label %{par}")
+        self.memo.clear()
+        self.lines.append(f"{par}:")
+        # the frame: the table, the failure record, the claim on it, the locals read
+        reads = [x for x in dict.fromkeys(_refs(s.chunk)) if x != loop.var]
+        frame = f"%rframe{j}"
+        self.frames.append(f"  {frame} = alloca [{3 + len(reads)} x i64]")
+        self.emit(f"store ptr %table, ptr {frame}")
+        self.emit(f"store ptr %err, ptr {self.op(f'getelementptr i64, ptr {frame}, i64 1')}")
+        self.emit(f"store i64 0, ptr {self.op(f'getelementptr i64, ptr {frame}, i64 2')}")
+        for at, name in enumerate(reads, 3):
+            val = self.op(f"load i64, ptr %l.{name}")
+            self.emit(
+                f"store i64 {val}, ptr {self.op(f'getelementptr i64, ptr {frame}, i64 {at}')}"
+            )
+        fn = f"@{self.k.name}.rows{j}"
+        r = self.op(
+            f"call i32 @tl_par_rows(ptr {fn}, ptr {frame}, i64 {s.lo}, i64 {s.hi}, i64 {s.grain})"
+        )
+        self.memo.clear()
+        bad = self.op(f"icmp ne i32 {r}, 0")
+        fail, ok = self.label("fail"), self.label("ok")
+        self.emit(f"br i1 {bad}, label %{fail}, label %{ok}")
+        self.lines.append(f"{fail}:")
+        self.emit(f"ret i32 {r}")
+        self.lines.append(f"{ok}:")
+        self.emit(f"store i64 {rest}, ptr {p}")
+        self.emit(f"br label %{done}")
+        self.memo.clear()
+        self.lines.append(f"{serial}:")
+        self.loop(loop)
+        self.emit(f"br label %{done}")
+        self.memo.clear()
+        self.lines.append(f"{done}:")
+        # the chunk's function
+        f = _Function(self.m, self.k)
+        f.outer = False
+        f.chunk_of = s
+        f.locals = {loop.var: "i64"}
+        f.locals.update({name: "i64" for name in reads})
+        head = [
+            # (optnone: calls one after another, as a tree function's)
+            f"define i32 {fn}(ptr noalias %frame, i64 %lo, i64 %hi) optnone noinline {{",
+            "entry:",
+            *[f"  %l.{name} = alloca {REG[dt]}" for name, dt in f.locals.items()],
+            f"  %callargs = alloca [{kir.MAX_ARGS + 2} x i64]",
+            f"  %errs = alloca [{ERRS} x i64]",
+            f"  %scratch = alloca [{max(s.scratch, 8)} x i8], align 64",
+            "  %table = load ptr, ptr %frame",
+            "  %f.err = getelementptr i64, ptr %frame, i64 1",
+            "  %err = load ptr, ptr %f.err",
+            "  %claim = getelementptr i64, ptr %frame, i64 2",
+        ]
+        for at, name in enumerate(reads, 3):
+            head.append(f"  %f.{at} = getelementptr i64, ptr %frame, i64 {at}")
+            head.append(f"  %f.{at}.v = load i64, ptr %f.{at}")
+            head.append(f"  store i64 %f.{at}.v, ptr %l.{name}")
+        f.loop(s.chunk, budget=False)
+        f.emit("ret i32 0")
+        self.outlined.append("\n".join(head + f.lines) + "\n}\n")
+
+    def loop(self, s: Loop, budget: bool = True):
         init = self.expr(s.init)
         self.emit(f"store i64 {init}, ptr %l.{s.var}")
         head, body, done = self.label("loop"), self.label("step"), self.label("end")
@@ -1054,14 +1185,15 @@ class _Function:
         self.emit(f"br i1 {c}, label %{body}, label %{done}")
         self.memo.clear()
         self.lines.append(f"{body}:")
-        # a step of the budget of loop steps (a plan's loops cannot run on and on)
-        p = self.err(0)
-        left = self.op(f"load i64, ptr {p}")
-        left1 = self.op(f"sub i64 {left}, 1")
-        self.emit(f"store i64 {left1}, ptr {p}")
-        out = self.op(f"icmp slt i64 {left1}, 0")
-        code = self.op(f"zext i1 {out} to i32")
-        self.fail_unless_zero(code, NO_STEPS_LEFT)
+        if budget:
+            # a step of the budget of loop steps (a plan's loops cannot run on and on)
+            p = self.err(0)
+            left = self.op(f"load i64, ptr {p}")
+            left1 = self.op(f"sub i64 {left}, 1")
+            self.emit(f"store i64 {left1}, ptr {p}")
+            out = self.op(f"icmp slt i64 {left1}, 0")
+            code = self.op(f"zext i1 {out} to i32")
+            self.fail_unless_zero(code, NO_STEPS_LEFT)
         self.stmts(s.body)
         self.memo.clear()
         v = self.op(f"load i64, ptr %l.{s.var}")
@@ -1319,6 +1451,8 @@ class _Function:
 # 823 -> 424 us
 PAR_WORK = 32768
 PAR_CHUNK = 8192
+ROWS_PER = 2  # the most chunks of a row loop a thread takes (``tl_par_rows``)
+ERRS = 2 + kir.MAX_ARGS  # i64 values of a failure record: steps left, statement, loop values
 
 _PAR_RUN = """
 ; the threads' pool (runtime.pool's tl_pool_run), set by the runtime; null: none
@@ -1334,6 +1468,41 @@ alone:
 pool:
   %r2 = call i32 %p(ptr %fn, ptr %frame, i64 %lo, i64 %hi, i64 %grain, i64 4)
   ret i32 %r2
+}
+
+; a row loop's chunks (``_Function.rows``): at most ROWS_PER chunks a thread, each running
+; the whole loop over its rows
+define internal i32 @tl_par_rows(ptr %fn, ptr %frame, i64 %lo, i64 %hi, i64 %grain) {
+  %p = load ptr, ptr @tl_par
+  %none = icmp eq ptr %p, null
+  br i1 %none, label %alone, label %pool
+alone:
+  %r = call i32 %fn(ptr %frame, i64 %lo, i64 %hi)
+  ret i32 %r
+pool:
+  %r2 = call i32 %p(ptr %fn, ptr %frame, i64 %lo, i64 %hi, i64 %grain, i64 ROWS_PER)
+  ret i32 %r2
+}
+
+; a chunk of a row loop failed: the first to claim the tree's failure record fills it
+define internal void @tl_rows_failed(ptr %claim, ptr %err, ptr %errs, i64 %n) noinline {
+entry:
+  %got = cmpxchg ptr %claim, i64 0, i64 1 seq_cst seq_cst
+  %won = extractvalue { i64, i1 } %got, 1
+  br i1 %won, label %head, label %done
+head:
+  %j = phi i64 [ 1, %entry ], [ %j1, %body ]
+  %more = icmp slt i64 %j, %n
+  br i1 %more, label %body, label %done
+body:
+  %ps = getelementptr i64, ptr %errs, i64 %j
+  %v = load i64, ptr %ps
+  %pd = getelementptr i64, ptr %err, i64 %j
+  store i64 %v, ptr %pd
+  %j1 = add i64 %j, 1
+  br label %head
+done:
+  ret void
 }
 """
 
@@ -1706,6 +1875,8 @@ def _collect_locals(body, out: dict):
         elif isinstance(s, If):
             _collect_locals(s.then, out)
             _collect_locals(s.orelse, out)
+        elif isinstance(s, kir.Rows):
+            _collect_locals((s.loop,), out)
 
 
 def const(v, dtype: str) -> str:

@@ -123,9 +123,14 @@ class NativeModule:
             at = self.engine.get_global_value_address(f"tl_{which}gemm")
             fallback = GEMM_FALLBACK + {"s": "float", "d": "double"}[which]
             gemm = self.address(fallback) if self.blas is None else self.blas[which]
+            alone = gemm
             if self.blas is not None and self.pool is not None and self.pool.gemm:
                 gemm = self.pool.gemm[which]
             ctypes.c_void_p.from_address(at).value = gemm
+            # (the row variants' products, inside a chunk of a row loop: on its thread)
+            at = self.engine.get_global_value_address(f"tl_{which}gemm1")
+            if at:
+                ctypes.c_void_p.from_address(at).value = alone
 
     def address(self, name: str) -> int:
         if name in self.left_out:

@@ -54,6 +54,7 @@ GEMM_GRAIN = 16  # the fewest rows (columns) of C a product's chunk takes
 # first's, in at most this many bytes of the caller's stack
 GEMM_PARTIALS = 1 << 18
 MAX_THREADS = 16
+WORKER_STACK = 16 << 20  # bytes of a worker's stack (pages are committed as they are used)
 
 _POOL = r"""
 @pj_busy = global i32 0
@@ -683,11 +684,18 @@ class Pool:
         worker = ctypes.CFUNCTYPE(None)(self.engine.get_function_address("tl_pool_worker"))
         self._worker = worker  # (kept alive as long as the pool)
         self._threads = []
-        for j in range(workers):
-            # ctypes lets go of the GIL for the call: the thread runs native code only
-            t = threading.Thread(target=worker, name=f"timerlc-pool-{j}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        # (a stack of known size: a row loop's chunk keeps its kernels' scratch memory there,
+        # up to codegen.rows.CHUNK_SCRATCH bytes)
+        old_size = threading.stack_size()
+        try:
+            threading.stack_size(WORKER_STACK)
+            for j in range(workers):
+                # ctypes lets go of the GIL for the call: the thread runs native code only
+                t = threading.Thread(target=worker, name=f"timerlc-pool-{j}", daemon=True)
+                t.start()
+                self._threads.append(t)
+        finally:
+            threading.stack_size(old_size)
         self._live.value = workers
         _RUNNING.append(self)  # (its code must outlive its workers: until ``stop``)
         if workers and blas:
