@@ -980,6 +980,10 @@ def test_a_kernel_file_of_another_plan_is_refused(builds, tmp_path):
         (lambda k: k.update(fused=[[0, 10**6]]), "does not exist"),
         (lambda k: k.update(fused=[[0, 0]]), "named twice"),
         (lambda k: k.update(fused=[[0, "os.system"]]), "expected an integer"),
+        (lambda k: k.update(row_loops=[[]]), "expected a list of statements"),
+        (lambda k: k.update(row_loops=[[10**6]]), "has no kernel"),
+        (lambda k: k.update(row_loops=[[k["statements"][0][0]] * 2]), "named twice"),
+        (lambda k: k.update(row_loops=[["os.system"]]), "expected an integer"),
     ],
     ids=[
         "path",
@@ -993,6 +997,10 @@ def test_a_kernel_file_of_another_plan_is_refused(builds, tmp_path):
         "fused-statement",
         "fused-twice",
         "fused-code",
+        "rows-empty",
+        "rows-statement",
+        "rows-twice",
+        "rows-code",
     ],
 )
 def test_a_broken_kernels_field_is_refused(change, says, builds, tmp_path):

@@ -159,6 +159,19 @@ def test_reinforce_s_rollout_runs_by_rows_as_on_one_thread(workers, monkeypatch)
     assert got == want and len(got) > 3
 
 
+def test_a_profile_counts_a_row_loop_at_its_first_statement(monkeypatch):
+    """A profiled run runs the loop by rows too; the whole loop is one call of its first
+    statement (its chunks' calls count nothing), and the plan names the loop's statements
+    for the profile's line (``kernels.row_loops``)."""
+    gen = gen_of(OWN)
+    (group,) = gen.plan.kernels.row_loops
+    got: list = []
+    rt = CpuRuntime(gen.plan, lambda *m: got.append(m), native=gen.text, profile=True)
+    rt.run()
+    assert rt.calls[group[0]] == 2  # (the loop runs once an iteration, I = 2)
+    assert not set(group[1:]) & set(rt.calls)
+
+
 def test_a_check_the_stores_decide_is_taken_out():
     """An action drawn by categorical is the argmax of two values: 0 or 1, as the stores
     into its buffer say; CartPole's step checks it no more (nor does log_softmax's gather

@@ -352,16 +352,21 @@ def _print_plan_profile(plan: Plan, rt, wall: float):
     print(
         f"  seconds{'  device s' if device else ''}    calls   us/call  statement", file=sys.stderr
     )
-    # a fused kernel's time is counted at its first statement (codegen.fuse)
+    # a fused kernel's time is counted at its first statement (codegen.fuse), a row loop's
+    # (codegen.rows) too: a call is then the whole loop
     fused = {f[0]: f[1:] for f in plan.kernels.fused} if plan.kernels else {}
+    by_rows = {f[0]: f[1:] for f in plan.kernels.row_loops} if plan.kernels else {}
     order = sorted(rt.seconds.items(), key=lambda kv: -max(kv[1], device.get(kv[0], 0.0)))
     for sid, sec in order[:15]:
         st = plan.statement(sid)
         name = plan.buffer(sid).name or f"%{sid}"
-        if sid in fused:
-            rest = " ".join(f"%{s}" for s in fused[sid][:6])
-            more = " ..." if len(fused[sid]) > 6 else ""
-            name += f" (fused with {len(fused[sid])}: {rest}{more})"
+        for group, what in ((by_rows, "its loop by rows"), (fused, "fused")):
+            if sid in group:
+                rest = " ".join(f"%{s}" for s in group[sid][:6])
+                more = " ..." if len(group[sid]) > 6 else ""
+                others = f" with {len(group[sid])}: {rest}{more}" if group[sid] else ""
+                name += f" ({what}{others})"
+                break
         ops = " ".join(n.op for n in st.nodes[-4:])
         calls = rt.calls[sid]
         dev = f" {device.get(sid, 0.0):9.3f}" if device else ""

@@ -86,6 +86,11 @@ def generate(plan: Plan, target: str = "cpu") -> Generated:
         tuple((k.sid, k.name, k.scratch_bytes) for k in kernels),
         tuple((t.item, t.name, t.scratch_bytes) for t in trees),
         tuple(k.parts for k in fused_used),
+        row_loops=tuple(
+            dict.fromkeys(
+                s.sids for t in trees for s in kir.walk_tree(t.body) if isinstance(s, kir.Rows)
+            )
+        ),
     )
     return Generated(
         dataclasses.replace(plan, kernels=info),

@@ -252,8 +252,9 @@ class Rows:
     runs on one thread, and ``chunk``, the same loop whose launches call each kernel's row
     variant (two more arguments: the chunk's first row and its end). The threads take
     chunks of the rows ``lo ..< hi`` (at least ``grain`` rows each), each of them runs
-    ``chunk`` with ``scratch`` bytes of its own; where a chunk fails, or while the run is
-    profiled, ``loop`` runs instead."""
+    ``chunk`` with ``scratch`` bytes of its own; where the budget of loop steps would run
+    out, ``loop`` runs instead. ``sids``: the statements the body calls, in order (a
+    profile counts the loop's time at the first)."""
 
     loop: Loop
     chunk: Loop
@@ -261,6 +262,7 @@ class Rows:
     hi: int
     grain: int
     scratch: int
+    sids: tuple[int, ...] = ()
 
 
 Stmt = Let | Store | For | If | Fail | Loop | Launch | Host | Gemm | Permute | Rows
@@ -540,7 +542,7 @@ def _stmts(body, depth: int, lines: list):
                 f"({s.scratch} bytes of scratch each):"
             )
             _stmts((s.chunk,), depth + 1, lines)
-            lines.append(f"{pad}else (a chunk failed, or the run is profiled):")
+            lines.append(f"{pad}else (too few loop steps left):")
             _stmts((s.loop,), depth + 1, lines)
         elif isinstance(s, Host):
             args = ", ".join(expr_text(a) for a in s.args)

@@ -199,7 +199,13 @@ class _Tree:
                         loop.var, loop.init, loop.cond, loop.inc, self.chunk(it.body, by_rows)
                     )
                     loop = kir.Rows(
-                        loop, chunk, by_rows.lo, by_rows.hi, by_rows.grain, by_rows.scratch
+                        loop,
+                        chunk,
+                        by_rows.lo,
+                        by_rows.hi,
+                        by_rows.grain,
+                        by_rows.scratch,
+                        tuple(by_rows.variants),
                     )
                 out.append(loop)
             elif isinstance(it, PlanIf):

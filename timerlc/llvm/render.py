@@ -299,6 +299,31 @@ define i64 @tl_cycles() {{
   ret i64 %c
 }}
 
+; a profiled run: the cycles since c0 and one call counted at statement sid (a row loop's,
+; whose chunks' calls count nothing: the threads would race on the counters)
+define internal void @tl_counted(i64 %sid, i64 %c0) noinline {{
+entry:
+  %prof = load ptr, ptr @tl_prof
+  %on = icmp ne ptr %prof, null
+  br i1 %on, label %count, label %done
+count:
+  %c1 = call i64 @llvm.readcyclecounter()
+  %dc = sub i64 %c1, %c0
+  %i2 = shl i64 %sid, 1
+  %pc = getelementptr i64, ptr %prof, i64 %i2
+  %oc = load i64, ptr %pc
+  %nc = add i64 %oc, %dc
+  store i64 %nc, ptr %pc
+  %i3 = add i64 %i2, 1
+  %pn = getelementptr i64, ptr %prof, i64 %i3
+  %on2 = load i64, ptr %pn
+  %nn = add i64 %on2, 1
+  store i64 %nn, ptr %pn
+  br label %done
+done:
+  ret void
+}}
+
 define internal void @tl_record(ptr %err, i64 %sid, i64 %n, ptr %args) noinline {{
 entry:
   %p = getelementptr i64, ptr %err, i64 1
@@ -497,7 +522,17 @@ def render_module(kernels: list[kir.Kernel], trees=(), library: str = "") -> str
             for b, name in r.boxes.items()
             if b and b[0] == "sids"
         ]
-        head.append(_LAUNCH.format(outside=OUTSIDE_BOX, failed=KERNEL_FAILED))
+        launch = _LAUNCH.format(outside=OUTSIDE_BOX, failed=KERNEL_FAILED)
+        head.append(launch)
+        if r.rows:
+            # the launches of a row loop's chunks: tl_launch, but never counted in a profile
+            start = launch.index("define internal i32 @tl_launch(")
+            one = launch[start : launch.index("\n}\n", start) + 3]
+            head.append(
+                one.replace("@tl_launch(", "@tl_launch_rows(").replace(
+                    "%prof = load ptr, ptr @tl_prof", "%prof = inttoptr i64 0 to ptr"
+                )
+            )
     if r.f32_math:
         head += [d for d in _F32_INTRINSICS if d not in r.declares]
         head.append(_f32_math())
@@ -523,6 +558,7 @@ class _Module:
         self.metadata: list[str] = []  # !N = ... lines (alias scopes)
         self.constants: list[str] = []  # the slot lists of kernels that share a body
         self.par = False  # whether a kernel hands a loop to the threads (``tl_par_run``)
+        self.rows = False  # whether a tree function has a row loop (``tl_launch_rows``)
 
     def kernels(self, kernels) -> list[str]:
         """The functions of ``kernels``. Kernels that differ only in their buffers (the
@@ -1045,7 +1081,7 @@ class _Function:
                 )
             box = self.m.box(s.box)
             r = self.op(
-                f"call i32 @tl_launch(ptr @{s.kernel}, ptr %table, ptr %callargs, "
+                f"call i32 @tl_launch_rows(ptr @{s.kernel}, ptr %table, ptr %callargs, "
                 f"ptr %scratch, ptr %errs, ptr {self.m.sids((s.sid,))}, i64 1, "
                 f"i64 {len(s.args)}, ptr {box})"
             )
@@ -1076,13 +1112,14 @@ class _Function:
     def rows(self, s: kir.Rows):
         """Row loop ``s``: the steps its loop makes counted first (its condition reads only
         loop variables) and taken from the budget of loop steps; then, unless that runs
-        out or the run is profiled (``@tl_prof``: the kernels' counters are not the
-        threads'), its chunk's loop as a function of its own, ``i32 @NAME.rowsJ(frame, lo,
-        hi)`` over a range of the rows, handed to the threads (``tl_par_rows``); else the
-        loop as it runs on one thread. A chunk that fails (only where every chunk fails
-        alike, ``codegen.rows``) stops, and the first to fail copies its failure record
-        (``err``) to the function's."""
-        self.m.par = True
+        out, its chunk's loop as a function of its own, ``i32 @NAME.rowsJ(frame, lo, hi)``
+        over a range of the rows, handed to the threads (``tl_par_rows``); else the loop as
+        it runs on one thread. A chunk that fails (only where every chunk fails alike,
+        ``codegen.rows``) stops, and the first to fail copies its failure record (``err``)
+        to the function's. A profile counts the whole loop at its first statement
+        (``tl_counted``); the chunks' calls count nothing (``tl_launch_rows``: the threads
+        would race on the counters)."""
+        self.m.par = self.m.rows = True
         j = len(self.outlined)
         loop = s.loop
         count = f"rows${j}.n"
@@ -1109,11 +1146,8 @@ class _Function:
         n = self.op(f"load i64, ptr %l.{count}")
         rest = self.op(f"sub i64 {left}, {n}")
         short = self.op(f"icmp slt i64 {rest}, 0")
-        prof = self.op("load ptr, ptr @tl_prof")
-        profiled = self.op(f"icmp ne ptr {prof}, null")
-        alone = self.op(f"or i1 {short}, {profiled}")
         serial, par, done = self.label("serial"), self.label("chunks"), self.label("rowsdone")
-        self.emit(f"br i1 {alone}, label %{serial}, label %{par}")
+        self.emit(f"br i1 {short}, label %{serial}, label %{par}")
         self.memo.clear()
         self.lines.append(f"{par}:")
         # the frame: the table, the failure record, the claim on it, the locals read
@@ -1129,9 +1163,12 @@ class _Function:
                 f"store i64 {val}, ptr {self.op(f'getelementptr i64, ptr {frame}, i64 {at}')}"
             )
         fn = f"@{self.k.name}.rows{j}"
+        c0 = self.op("call i64 @llvm.readcyclecounter()")
         r = self.op(
             f"call i32 @tl_par_rows(ptr {fn}, ptr {frame}, i64 {s.lo}, i64 {s.hi}, i64 {s.grain})"
         )
+        if s.sids:  # (a profile: the whole loop's time at its first statement)
+            self.emit(f"call void @tl_counted(i64 {s.sids[0]}, i64 {c0})")
         self.memo.clear()
         bad = self.op(f"icmp ne i32 {r}, 0")
         fail, ok = self.label("fail"), self.label("ok")

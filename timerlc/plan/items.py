@@ -376,6 +376,10 @@ class Kernels:
     # the module under ``#ifndef TL_FUSED_ONLY`` (cuda.nvrtc.FUSED_ONLY), which a run that
     # is not profiled defines (docs/cuda.md, "What a run compiles")
     covered: tuple[int, ...] = ()
+    # an LLVM kernel file: the statements of each loop of the tree that runs by chunks of
+    # rows (codegen.rows), in the order its body calls them: a profile counts the loop's
+    # time at the first
+    row_loops: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,6 +550,11 @@ def to_json(plan: Plan) -> dict:
                         else {}
                     ),
                     **({"covered": list(plan.kernels.covered)} if plan.kernels.covered else {}),
+                    **(
+                        {"row_loops": [list(k) for k in plan.kernels.row_loops]}
+                        if plan.kernels.row_loops
+                        else {}
+                    ),
                 }
             }
         ),
@@ -892,7 +901,7 @@ class _Reader:
         d = self.obj(
             v,
             ("file", "sha256", "statements", "trees"),
-            ("fused", "launches", "unfailing", "fused_launches", "loops", "covered"),
+            ("fused", "launches", "unfailing", "fused_launches", "loops", "covered", "row_loops"),
         )
         file = self.field(d, "file", self.text, 200)
         if not _KERNEL_FILE.match(file):
@@ -978,6 +987,12 @@ class _Reader:
             loops = self.field(d, "loops", self.each, self.loop_row, with_kernel)
         in_fused = {s for f in fused for s in f}
         covered = self.cuda_statements(d, file, "covered", in_fused, "of fused kernels")
+        row_loops = ()
+        if "row_loops" in d:
+            if file.endswith(".cu"):
+                self.path.append(".row_loops")
+                self.fail("only an LLVM kernel file's plan has row loops")
+            row_loops = self.field(d, "row_loops", self.each, self.row_loop_row, with_kernel)
         return Kernels(
             file,
             sha,
@@ -990,6 +1005,7 @@ class _Reader:
             fused_launches,
             loops,
             covered,
+            row_loops,
         )
 
     def cuda_statements(self, d: dict, file: str, key: str, allowed: set, which: str) -> tuple:
@@ -1193,6 +1209,17 @@ class _Reader:
         for sid in sids:
             if sid not in self.statements:
                 self.fail(f"statement {sid} does not exist")
+        if len(set(sids)) != len(sids):
+            self.fail("a statement named twice")
+        return sids
+
+    def row_loop_row(self, v, with_kernel: set) -> tuple[int, ...]:
+        if not isinstance(v, list) or not v:
+            self.fail(f"expected a list of statements, got {_short(v)}")
+        sids = tuple(self.int_(s) for s in v)
+        for sid in sids:
+            if sid not in with_kernel:
+                self.fail(f"statement {sid} has no kernel")
         if len(set(sids)) != len(sids):
             self.fail("a statement named twice")
         return sids
