@@ -29,6 +29,8 @@ GOLDENS = ROOT / "tests" / "goldens"
 VARIANTS = [
     # four blocks swapped to host memory and back under a 2.5 MiB budget (docs/plan.md, Swaps)
     ("swaps", "tests/programs/swaps.rtl", {}, 5 * (1 << 19)),
+    # 256 environments: the rollout and the returns by chunks of rows (docs/codegen.md)
+    ("reinforce_256", "programs/reinforce.rtl", {"B": "256", "T": "128", "I": "4"}, None),
 ]
 
 

@@ -64,9 +64,11 @@ def generate(plan: Plan, target: str = "cpu") -> Generated:
             kernels.append(lower_statement(plan, st, slot_of, blocks=target == "cpu"))
         except Unsupported as e:
             interpreted[st.id] = str(e)
+    # (the checks the stores' ranges decide: gone before fusion, each statement's kernel
+    # as it is launched alone too)
+    kernels = checks.prove(plan, kernels)
     if target == "cuda":
         return _generate_cuda(plan, kernels, interpreted)
-    kernels = checks.prove(plan, kernels)
     fused: dict[tuple, kir.Kernel] = {}
     by_sid = {k.sid: k for k in kernels}
     recorded = {sid for _, sid, _ in plan.outputs + plan.metrics}
