@@ -394,11 +394,13 @@ def long_n(run: dict, n: int, min_seconds: float) -> int:
     more iterations would take less than ``min_seconds`` (then N + min_seconds / estimate:
     the difference of the two runs spans at least ``min_seconds``)."""
     est = run.get("in_run_seconds_per_iter") if run["ok"] else None
-    if not est or est * n >= min_seconds:
+    if est is None or est * n >= min_seconds:
         return 2 * n
     # (at most 50 N more: an estimate near 0, a run of iterations the clock barely saw,
-    # asked for tens of thousands)
-    return n + min(math.ceil(min_seconds / est), 50 * n)
+    # asked for tens of thousands; an estimate of 0, N iterations within one of the clock's
+    # polls of the metrics file, 5 ms: REINFORCE 16 x 128's ten took 3 ms, and its long run
+    # was 2N, a difference of 10 iterations the clock could not see)
+    return n + (50 * n if est <= 0 else min(math.ceil(min_seconds / est), 50 * n))
 
 
 def said(system: str, iters: int, run: dict) -> str:
