@@ -247,14 +247,16 @@ def small_tiles():
 
 def small_chunks():
     """``--threads`` (``reference_soak.py``, ``fuzz.py``): the thresholds of the threads'
-    loops, reductions and products lowered, three threads (set before the process's pool is
-    made: its text holds the products')."""
+    loops, reductions, row loops and products lowered, three threads (set before the
+    process's pool is made: its text holds the products')."""
     import os
 
+    from timerlc.codegen import rows
     from timerlc.llvm import render
     from timerlc.runtime import pool
 
     render.PAR_WORK, render.PAR_CHUNK = 16, 4
+    rows.ROWS_MIN = 1
     pool.GEMM_SPLIT_MACS, pool.GEMM_GRAIN = 64, 2
     os.environ["TIMERLC_THREADS"] = "3"
     assert pool.get() is not None and pool.get().workers == 2

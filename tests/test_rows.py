@@ -159,6 +159,24 @@ def test_reinforce_s_rollout_runs_by_rows_as_on_one_thread(workers, monkeypatch)
     assert got == want and len(got) > 3
 
 
+def test_a_recurrent_policy_s_loops_run_by_rows_as_on_one_thread(monkeypatch):
+    """RNN REINFORCE: the rollout carries each environment's hidden state from step to step,
+    and backpropagation through time runs backwards along the steps; both by rows, the
+    metrics as on one thread to rounding (its recurrent products by the BLAS on a chunk's
+    rows: OpenBLAS rounds a block of rows alone in other ways than in the whole product,
+    as the pool's cut products, docs/codegen.md)."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "programs" / "rnn_reinforce.rtl"
+    sets = {"I": 2, "B": 64, "T": 24}
+    by_rows = gen_of(path.read_text(), **sets)
+    assert len(by_rows.plan.kernels.row_loops) >= 2
+    _, want = run(gen_of(path.read_text(), by_rows=False, **sets), 3, monkeypatch)
+    _, got = run(by_rows, 3, monkeypatch)
+    assert [m[:2] for m in got] == [m[:2] for m in want] and len(got) > 3
+    np.testing.assert_allclose([m[2] for m in got], [m[2] for m in want], rtol=1e-5, atol=1e-6)
+
+
 def test_a_profile_counts_a_row_loop_at_its_first_statement(monkeypatch):
     """A profiled run runs the loop by rows too; the whole loop is one call of its first
     statement (its chunks' calls count nothing), and the plan names the loop's statements

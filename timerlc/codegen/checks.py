@@ -13,8 +13,8 @@ The ranges (``_Ranges``) are intervals of the ``bool``, ``i32`` and ``i64`` valu
 
 - a buffer's, the union of every value any kernel stores into it (a statement without a
   kernel, whose values the interpreter writes, gives none; so does a buffer that shares
-  its memory with another's values: a ``home``, a buffer whose values live in it, or an
-  environment's state);
+  its memory with another's values: a ``home``, a buffer whose values live in it, a donor
+  and the buffer that takes its memory; and an environment's state);
 - a local's, the union of every value the kernel sets it to (a loop's variable: its
   bounds); a temporary's, the union of every value the kernel stores into it; a
   statement's kernel's arguments, its statement's box (the runtime checks a call's loop
