@@ -334,6 +334,28 @@ def test_run_time_failure_is_exit_3_one_paragraph(tmp_path):
     assert "out of range" in text and "t=2" in text and "x" in text, out.stderr
 
 
+def test_a_failing_op_is_named_at_its_line_by_either_backend(tmp_path):
+    """A tensor of two equations whose second fails at a point: the reference interpreter
+    names the line of the op that failed (the take's), as the cpu runtime does, not the
+    tensor's first equation."""
+    program = """
+    config T = 12, B = 4
+    dim t < T
+    dim b < B
+    c[b] = f32(b) * 0.5
+    s[0, b] = c[b]
+    s[t, b] = s[t-1, b] * 0.5 + take(c[0:B], (t // 6) * 100)
+    out s
+    """
+    said = []
+    for backend in ("reference", "cpu"):
+        out = diagnose(tmp_path, program, "--backend", backend, "--no-progress", cmd="run")
+        assert out.status == 3, out.stderr
+        said.append(out.stderr.strip())
+    assert said[0] == said[1]
+    assert "while computing s at t=6, b=0 (line 6): take: index 100" in said[0]
+
+
 def test_run_time_failure_saves_outputs_and_is_still_exit_3(tmp_path):
     npz = tmp_path / "o.npz"
     out = diagnose(tmp_path, RUNTIME_FAILURE, "--outputs", str(npz), cmd="run")

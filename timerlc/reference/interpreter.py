@@ -221,10 +221,11 @@ class Interpreter:
                 continue
             stack.pop()
 
-    def _where(self, nid: int, p) -> str:
+    def _where(self, nid: int, p, span=None) -> str:
         node = self.graph.node(nid)
         what = node.name or self.owners.get(nid) or f"%{nid}"
-        line = f" (line {node.span.line})" if node.span is not None else ""
+        span = span or node.span
+        line = f" (line {span.line})" if span is not None else ""
         return f"{what} at {pisl.format_point(dict(zip(node.dims, p)))}{line}"
 
     def _edges_at(self, node: Node, point: dict) -> list[tuple[int, Edge]]:
@@ -243,7 +244,9 @@ class Interpreter:
         except (RunError, _Missing):
             raise
         except (ValueError, IndexError, OverflowError, ZeroDivisionError) as e:
-            raise RunError(f"while computing {self._where(nid, p)}: {e}") from None
+            # (the line of the op that failed, as the cpu runtime's message names it)
+            span = getattr(e, "timerlc_span", None)
+            raise RunError(f"while computing {self._where(nid, p, span)}: {e}") from None
         for buf, v in zip(st.bufs, value):
             buf[p] = v
         st.done[p] = True
@@ -282,7 +285,12 @@ class Interpreter:
             except RunError as e:
                 raise RunError(f"while computing {self._where(nid, values)}: {e}") from e
         # the op's kernel at this one point (the numerics the cpu runtime runs over batches)
-        out = ops.run_op(node.op, self._attrs(node), args, (), point, *self._type(node))
+        try:
+            out = ops.run_op(node.op, self._attrs(node), args, (), point, *self._type(node))
+        except (ValueError, IndexError, OverflowError, ZeroDivisionError) as e:
+            if node.span is not None and not hasattr(e, "timerlc_span"):
+                e.timerlc_span = node.span  # (the innermost op's: the one that failed)
+            raise
         return (out,)
 
     def _attrs(self, node: Node) -> dict:
