@@ -299,8 +299,8 @@ define i64 @tl_cycles() {{
   ret i64 %c
 }}
 
-; a profiled run: the cycles since c0 and one call counted at statement sid (a row loop's,
-; whose chunks' calls count nothing: the threads would race on the counters)
+; a profiled run: the cycles since c0 and one call counted at statement sid (a launch's, or
+; a row loop's, whose chunks' calls count nothing: the threads would race on the counters)
 define internal void @tl_counted(i64 %sid, i64 %c0) noinline {{
 entry:
   %prof = load ptr, ptr @tl_prof
@@ -379,18 +379,7 @@ plain:
 timed:
   %c0 = call i64 @llvm.readcyclecounter()
   %r1 = call i32 %fn(ptr %table, ptr %args, ptr %scratch)
-  %c1 = call i64 @llvm.readcyclecounter()
-  %dc = sub i64 %c1, %c0
-  %i2 = shl i64 %sid, 1
-  %pc = getelementptr i64, ptr %prof, i64 %i2
-  %oc = load i64, ptr %pc
-  %nc = add i64 %oc, %dc
-  store i64 %nc, ptr %pc
-  %i3 = add i64 %i2, 1
-  %pn = getelementptr i64, ptr %prof, i64 %i3
-  %on2 = load i64, ptr %pn
-  %nn = add i64 %on2, 1
-  store i64 %nn, ptr %pn
+  call void @tl_counted(i64 %sid, i64 %c0)
   br label %check
 check:
   %r = phi i32 [ %r0, %plain ], [ %r1, %timed ]
@@ -541,7 +530,7 @@ def render_module(kernels: list[kir.Kernel], trees=(), library: str = "") -> str
 
         head.append(LIBRARY)
     if r.par:
-        head.append(_PAR_RUN.replace("ROWS_PER", str(ROWS_PER)))
+        head.append(_PAR_RUN)
     return "\n".join(head + r.constants + [library] + bodies + r.metadata) + "\n"
 
 
@@ -895,7 +884,8 @@ class _Function:
             p = self.op(f"getelementptr i64, ptr {frame}, i64 {at}")
             self.emit(f"store {t} {v}, ptr {p}")
         r = self.op(
-            f"call i32 @tl_par_run(ptr @PAR.{j}, ptr {frame}, i64 {lo}, i64 {hi}, i64 {grain})"
+            f"call i32 @tl_par_run(ptr @PAR.{j}, ptr {frame}, i64 {lo}, i64 {hi}, i64 {grain}, "
+            f"i64 {PAR_PER})"
         )
         # a chunk that failed (``Fail``): the kernel fails with the code of the first such
         # chunk, as the serial loop would with its first failing iteration's
@@ -1113,8 +1103,8 @@ class _Function:
         """Row loop ``s``: the steps its loop makes counted first (its condition reads only
         loop variables) and taken from the budget of loop steps; then, unless that runs
         out, its chunk's loop as a function of its own, ``i32 @NAME.rowsJ(frame, lo, hi)``
-        over a range of the rows, handed to the threads (``tl_par_rows``); else the loop as
-        it runs on one thread. A chunk that fails (only where every chunk fails alike,
+        over a range of the rows, handed to the threads (``tl_par_run``, at most
+        ``ROWS_PER`` chunks a thread); else the loop as it runs on one thread. A chunk that fails (only where every chunk fails alike,
         ``codegen.rows``) stops, and the first to fail copies its failure record (``err``)
         to the function's. A profile counts the whole loop at its first statement
         (``tl_counted``); the chunks' calls count nothing (``tl_launch_rows``: the threads
@@ -1123,24 +1113,11 @@ class _Function:
         j = len(self.outlined)
         loop = s.loop
         count = f"rows${j}.n"
+        self.locals[count] = "i64"
         self.frames.append(f"  %l.{count} = alloca i64")
         self.emit(f"store i64 0, ptr %l.{count}")
-        self.emit(f"store i64 {self.expr(loop.init)}, ptr %l.{loop.var}")
-        head, step, counted = self.label("count"), self.label("counting"), self.label("counted")
-        self.emit(f"br label %{head}")
-        self.memo.clear()
-        self.lines.append(f"{head}:")
-        c = self.expr(loop.cond)
-        self.emit(f"br i1 {c}, label %{step}, label %{counted}")
-        self.memo.clear()
-        self.lines.append(f"{step}:")
-        n = self.op(f"load i64, ptr %l.{count}")
-        self.emit(f"store i64 {self.op(f'add i64 {n}, 1')}, ptr %l.{count}")
-        v = self.op(f"load i64, ptr %l.{loop.var}")
-        self.emit(f"store i64 {self.op(f'add i64 {v}, {int(loop.inc)}')}, ptr %l.{loop.var}")
-        self.emit(f"br label %{head}")
-        self.memo.clear()
-        self.lines.append(f"{counted}:")
+        one_more = Let(count, "i64", Bin("add", Ref(count), kir.i64(1), "i64"))
+        self.loop(dataclasses.replace(loop, body=(one_more,)), budget=False)
         p = self.err(0)
         left = self.op(f"load i64, ptr {p}")
         n = self.op(f"load i64, ptr %l.{count}")
@@ -1165,7 +1142,8 @@ class _Function:
         fn = f"@{self.k.name}.rows{j}"
         c0 = self.op("call i64 @llvm.readcyclecounter()")
         r = self.op(
-            f"call i32 @tl_par_rows(ptr {fn}, ptr {frame}, i64 {s.lo}, i64 {s.hi}, i64 {s.grain})"
+            f"call i32 @tl_par_run(ptr {fn}, ptr {frame}, i64 {s.lo}, i64 {s.hi}, i64 {s.grain}, "
+            f"i64 {ROWS_PER})"
         )
         if s.sids:  # (a profile: the whole loop's time at its first statement)
             self.emit(f"call void @tl_counted(i64 {s.sids[0]}, i64 {c0})")
@@ -1488,14 +1466,17 @@ class _Function:
 # 823 -> 424 us
 PAR_WORK = 32768
 PAR_CHUNK = 8192
-ROWS_PER = 2  # the most chunks of a row loop a thread takes (``tl_par_rows``)
+PAR_PER = 4  # the most chunks of a kernel's loop a thread takes (``tl_par_run``)
+ROWS_PER = 2  # the most chunks of a row loop a thread takes
 ERRS = 2 + kir.MAX_ARGS  # i64 values of a failure record: steps left, statement, loop values
 
 _PAR_RUN = """
 ; the threads' pool (runtime.pool's tl_pool_run), set by the runtime; null: none
 @tl_par = global ptr null
 
-define internal i32 @tl_par_run(ptr %fn, ptr %frame, i64 %lo, i64 %hi, i64 %grain) {
+; fn over lo ..< hi in chunks of at least grain iterations, at most per a thread (a kernel's
+; loop: PAR_PER; a row loop's chunks, each the whole loop over its rows: ROWS_PER)
+define internal i32 @tl_par_run(ptr %fn, ptr %frame, i64 %lo, i64 %hi, i64 %grain, i64 %per) {
   %p = load ptr, ptr @tl_par
   %none = icmp eq ptr %p, null
   br i1 %none, label %alone, label %pool
@@ -1503,21 +1484,7 @@ alone:
   %r = call i32 %fn(ptr %frame, i64 %lo, i64 %hi)
   ret i32 %r
 pool:
-  %r2 = call i32 %p(ptr %fn, ptr %frame, i64 %lo, i64 %hi, i64 %grain, i64 4)
-  ret i32 %r2
-}
-
-; a row loop's chunks (``_Function.rows``): at most ROWS_PER chunks a thread, each running
-; the whole loop over its rows
-define internal i32 @tl_par_rows(ptr %fn, ptr %frame, i64 %lo, i64 %hi, i64 %grain) {
-  %p = load ptr, ptr @tl_par
-  %none = icmp eq ptr %p, null
-  br i1 %none, label %alone, label %pool
-alone:
-  %r = call i32 %fn(ptr %frame, i64 %lo, i64 %hi)
-  ret i32 %r
-pool:
-  %r2 = call i32 %p(ptr %fn, ptr %frame, i64 %lo, i64 %hi, i64 %grain, i64 ROWS_PER)
+  %r2 = call i32 %p(ptr %fn, ptr %frame, i64 %lo, i64 %hi, i64 %grain, i64 %per)
   ret i32 %r2
 }
 
