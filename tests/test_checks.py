@@ -64,7 +64,7 @@ def test_an_index_a_modulo_or_a_floor_division_bounds_needs_no_check():
 def test_a_value_that_depends_on_itself_keeps_its_check():
     """``k`` counts up along ``t``: its values are stores of loads of itself, whose range
     the intervals cannot close; its take keeps the check, which fails at ``t = 5``."""
-    graph, gen = _gen(
+    _, gen = _gen(
         """
         config T = 8, N = 5
         dim t < T
