@@ -44,9 +44,9 @@ from timerlc.codegen.kir import (
     Store,
     Un,
 )
+from timerlc.codegen.lower import fits, interval
 
 _INTS = ("bool", "i32", "i64")
-_LIMITS = {"bool": (0, 1), "i32": (-(1 << 31), (1 << 31) - 1), "i64": (-(1 << 63), (1 << 63) - 1)}
 _BUSY = object()  # (a range being found: asked again, the value depends on itself)
 
 
@@ -60,13 +60,6 @@ def _union(a, b):
     if a is None or b is None:
         return None
     return (min(a[0], b[0]), max(a[1], b[1]))
-
-
-def _fits(r, dtype: str):
-    if r is None or dtype not in _LIMITS:
-        return None
-    lo, hi = _LIMITS[dtype]
-    return r if lo <= r[0] and r[1] <= hi else None
 
 
 class _Ranges:
@@ -189,10 +182,15 @@ class _Kernel:
         return r
 
     def value(self, e):
-        """The range of integer (or bool) expression ``e``, or None."""
+        """The range of integer (or bool) expression ``e``, or None: ``lower.interval``'s
+        arithmetic, its leaves' ranges from the kernels' stores (``_leaf``)."""
+        return interval(e, None, self._leaf) if e.dtype in _INTS else None
+
+    def _leaf(self, e):
+        """The range of an expression ``interval`` does not cover, or None."""
         if e.dtype not in _INTS:
             return None
-        if isinstance(e, Const):
+        if isinstance(e, Const):  # (a bool)
             v = int(e.value)
             return (v, v)
         if isinstance(e, Ref):
@@ -205,40 +203,21 @@ class _Kernel:
         if isinstance(e, Cast):
             if e.x.dtype not in _INTS:
                 return None
-            return _fits(self.value(e.x), e.dtype)
+            return fits(self.value(e.x), e.dtype)
         if isinstance(e, Sel):
-            return _fits(_union(self.value(e.a), self.value(e.b)), e.dtype)
+            return fits(_union(self.value(e.a), self.value(e.b)), e.dtype)
         if isinstance(e, Bin) and e.op in kir.COMPARE or isinstance(e, Un) and e.op == "not":
             got = self.decide(e)
             return (0, 1) if got is None else (int(got), int(got))
         if isinstance(e, Bin) and e.op in ("and", "or"):
             got = self.decide(e)
             return (0, 1) if got is None else (int(got), int(got))
-        if isinstance(e, Bin) and e.op in ("floordiv", "mod"):
-            a, d = self.value(e.a), self.value(e.b)
-            if a is None or d is None or d[0] != d[1] or d[0] <= 0:
-                return None  # (a divisor that is a positive constant)
-            if e.op == "mod":  # (NumPy's: the divisor's sign)
-                return (0, d[0] - 1) if a[0] < 0 or a[1] >= d[0] else a
-            return (a[0] // d[0], a[1] // d[0])
-        if isinstance(e, Bin) and e.op in ("add", "sub", "mul", "minimum", "maximum"):
+        if isinstance(e, Bin) and e.op in ("minimum", "maximum"):
             a, b = self.value(e.a), self.value(e.b)
-            if e.op == "mul" and (a == (0, 0) or b == (0, 0)):
-                return (0, 0)
             if a is None or b is None:
                 return None
-            if e.op == "add":
-                r = (a[0] + b[0], a[1] + b[1])
-            elif e.op == "sub":
-                r = (a[0] - b[1], a[1] - b[0])
-            elif e.op == "mul":
-                ends = [x * y for x in a for y in b]
-                r = (min(ends), max(ends))
-            elif e.op == "minimum":
-                r = (min(a[0], b[0]), min(a[1], b[1]))
-            else:
-                r = (max(a[0], b[0]), max(a[1], b[1]))
-            return _fits(r, e.dtype)  # (a sum that may wrap: none)
+            pick = min if e.op == "minimum" else max
+            return pick(a[0], b[0]), pick(a[1], b[1])
         return None
 
     def decide(self, c) -> bool | None:

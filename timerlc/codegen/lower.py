@@ -2056,34 +2056,56 @@ def _affine(e: Expr, names: set) -> tuple[Expr, dict] | None:
     return None
 
 
-def interval(e: Expr, ranges: dict | None = None) -> tuple[int, int] | None:
+INT_LIMITS = {
+    "bool": (0, 1),
+    "i32": (-(1 << 31), (1 << 31) - 1),
+    "i64": (-(1 << 63), (1 << 63) - 1),
+}
+
+
+def fits(r: tuple[int, int] | None, dtype: str) -> tuple[int, int] | None:
+    """Range ``r`` where values of ``dtype`` hold all of it (an integer dtype), else None."""
+    if r is None or dtype not in INT_LIMITS:
+        return None
+    lo, hi = INT_LIMITS[dtype]
+    return r if lo <= r[0] and r[1] <= hi else None
+
+
+def interval(e: Expr, ranges: dict | None = None, leaf=None) -> tuple[int, int] | None:
     """The least and greatest values of the integer expression ``e`` where its variables
     lie in ``ranges`` (name -> (least, greatest); a variable not there: any value) and its
     constants and ops bound it (``mod(j, 4) * 65536`` lies in ``[0, 196608]`` whatever
-    ``j`` is); None where they do not."""
-    if isinstance(e, Const):
-        ok = not isinstance(e.value, (bool, float))
-        return (int(e.value), int(e.value)) if ok else None
-    if isinstance(e, Ref):
-        return (ranges or {}).get(e.name)
+    ``j`` is); None where they do not. ``leaf``: the range of an expression the sums,
+    products and divisions here do not cover (a load, a cast, a local not in ``ranges``),
+    where the caller knows one (``codegen.checks``: the values kernels store). A result
+    its dtype cannot hold (a sum that may wrap) is none."""
+    if isinstance(e, Const) and not isinstance(e.value, (bool, float)):
+        return int(e.value), int(e.value)
+    if isinstance(e, Ref) and e.name in (ranges or {}):
+        return ranges[e.name]
     if not (isinstance(e, Bin) and e.op in ("add", "sub", "mul", "floordiv", "mod")):
-        return None
-    b = interval(e.b, ranges)
+        return None if leaf is None else leaf(e)
+    a, b = interval(e.a, ranges, leaf), interval(e.b, ranges, leaf)
     if e.op == "mod" and b is not None and b[0] == b[1] and b[0] > 0:
-        return 0, b[0] - 1  # (a floor modulo: the divisor's sign)
-    a = interval(e.a, ranges)
+        # (a floor modulo: the divisor's sign; a dividend within it, itself)
+        inside = a is not None and a[0] >= 0 and a[1] < b[0]
+        return a if inside else (0, b[0] - 1)
+    if e.op == "mul" and (a == (0, 0) or b == (0, 0)):
+        return 0, 0
     if a is None or b is None:
         return None
     if e.op == "add":
-        return a[0] + b[0], a[1] + b[1]
-    if e.op == "sub":
-        return a[0] - b[1], a[1] - b[0]
-    if e.op == "mul":
+        r = a[0] + b[0], a[1] + b[1]
+    elif e.op == "sub":
+        r = a[0] - b[1], a[1] - b[0]
+    elif e.op == "mul":
         ends = [x * y for x in a for y in b]
-        return min(ends), max(ends)
-    if e.op == "floordiv" and b[0] == b[1] and b[0] > 0:
-        return a[0] // b[0], a[1] // b[0]
-    return None
+        r = min(ends), max(ends)
+    elif e.op == "floordiv" and b[0] == b[1] and b[0] > 0:
+        r = a[0] // b[0], a[1] // b[0]
+    else:
+        return None
+    return fits(r, e.dtype)
 
 
 def _holds(c: Expr, ranges: dict | None = None) -> bool:

@@ -234,12 +234,15 @@ class _Tree:
                 continue
             k = by_rows.variants[it.statement]
             self.launched[k.name] = k
-            st = self.plan.statement(it.statement)
-            box = self.plan.buffer(it.statement).box
-            loop_box = tuple(box[st.dims.index(d)] for d in st.loops)
             args = tuple(_expr(a) for a in it.args)
-            out.append(Launch(k.name, it.statement, args, loop_box))
+            out.append(Launch(k.name, it.statement, args, self.loop_box(it.statement)))
         return tuple(out)
+
+    def loop_box(self, sid: int) -> tuple[int, ...]:
+        """The box of statement ``sid``'s calls' loop values (a launch checks them)."""
+        st = self.plan.statement(sid)
+        box = self.plan.buffer(sid).box
+        return tuple(box[st.dims.index(d)] for d in st.loops)
 
     def call(self, it: Call) -> list:
         sid = it.statement
@@ -248,10 +251,7 @@ class _Tree:
         if k is None:
             return [kir.Host(sid, 0, args)]
         self.launched[k.name] = k
-        st = self.plan.statement(sid)
-        box = self.plan.buffer(sid).box
-        loop_box = tuple(box[st.dims.index(d)] for d in st.loops)
-        out = [Launch(k.name, sid, args, loop_box)]
+        out = [Launch(k.name, sid, args, self.loop_box(sid))]
         if sid in self.recorded:
             out.append(kir.Host(sid, 1, args))
         return out

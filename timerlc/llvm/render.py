@@ -1064,25 +1064,18 @@ class _Function:
         function for LLVM. In a row loop's chunk, the chunk's rows are the call's last two
         arguments (a row variant's, ``codegen.rows``), its failure record its own."""
         self.args(s.args)
+        launch, err = "tl_launch", "%err"
         if self.chunk_of is not None:
             for j, v in enumerate(("%lo", "%hi"), len(s.args)):
                 self.emit(
                     f"store i64 {v}, ptr {self.op(f'getelementptr i64, ptr %callargs, i64 {j}')}"
                 )
-            box = self.m.box(s.box)
-            r = self.op(
-                f"call i32 @tl_launch_rows(ptr @{s.kernel}, ptr %table, ptr %callargs, "
-                f"ptr %scratch, ptr %errs, ptr {self.m.sids((s.sid,))}, i64 1, "
-                f"i64 {len(s.args)}, ptr {box})"
-            )
-            self.return_unless_zero(r)
-            self.memo.clear()
-            return
+            launch, err = "tl_launch_rows", "%errs"
         box = self.m.box(s.box)
         sids = s.sids or (s.sid,)
         r = self.op(
-            f"call i32 @tl_launch(ptr @{s.kernel}, ptr %table, ptr %callargs, ptr %scratch, "
-            f"ptr %err, ptr {self.m.sids(sids)}, i64 {len(sids)}, i64 {len(s.args)}, "
+            f"call i32 @{launch}(ptr @{s.kernel}, ptr %table, ptr %callargs, ptr %scratch, "
+            f"ptr {err}, ptr {self.m.sids(sids)}, i64 {len(sids)}, i64 {len(s.args)}, "
             f"ptr {box})"
         )
         self.return_unless_zero(r)
@@ -1104,9 +1097,9 @@ class _Function:
         loop variables) and taken from the budget of loop steps; then, unless that runs
         out, its chunk's loop as a function of its own, ``i32 @NAME.rowsJ(frame, lo, hi)``
         over a range of the rows, handed to the threads (``tl_par_run``, at most
-        ``ROWS_PER`` chunks a thread); else the loop as it runs on one thread. A chunk that fails (only where every chunk fails alike,
-        ``codegen.rows``) stops, and the first to fail copies its failure record (``err``)
-        to the function's. A profile counts the whole loop at its first statement
+        ``ROWS_PER`` chunks a thread); else the loop as it runs on one thread. A chunk that
+        fails (only where every chunk fails alike, ``codegen.rows``) stops, and the first
+        to fail copies its failure record (``err``) to the function's. A profile counts the whole loop at its first statement
         (``tl_counted``); the chunks' calls count nothing (``tl_launch_rows``: the threads
         would race on the counters)."""
         self.m.par = self.m.rows = True
@@ -1148,12 +1141,7 @@ class _Function:
         if s.sids:  # (a profile: the whole loop's time at its first statement)
             self.emit(f"call void @tl_counted(i64 {s.sids[0]}, i64 {c0})")
         self.memo.clear()
-        bad = self.op(f"icmp ne i32 {r}, 0")
-        fail, ok = self.label("fail"), self.label("ok")
-        self.emit(f"br i1 {bad}, label %{fail}, label %{ok}")
-        self.lines.append(f"{fail}:")
-        self.emit(f"ret i32 {r}")
-        self.lines.append(f"{ok}:")
+        self.return_unless_zero(r)
         self.emit(f"store i64 {rest}, ptr {p}")
         self.emit(f"br label %{done}")
         self.memo.clear()

@@ -288,8 +288,8 @@ class Interpreter:
         try:
             out = ops.run_op(node.op, self._attrs(node), args, (), point, *self._type(node))
         except (ValueError, IndexError, OverflowError, ZeroDivisionError) as e:
-            if node.span is not None and not hasattr(e, "timerlc_span"):
-                e.timerlc_span = node.span  # (the innermost op's: the one that failed)
+            if node.span is not None:
+                e.timerlc_span = node.span  # (this op's: the one that failed)
             raise
         return (out,)
 

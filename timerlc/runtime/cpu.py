@@ -241,7 +241,7 @@ class _Statement:
         }
         box = plan.buffer(spec.id).box
         self.loop_box = tuple(box[self.dims.index(d)] for d in self.loops)
-        self._spec, self._points = spec, None
+        self._spec, self._box, self._points = spec, box, None
         # (the points are found when a call first needs them: a run of native kernels
         # never does for most statements, and finding them takes time in the domain's
         # points, 0.9 s for REINFORCE's at 1000 x 256 x 128; the domain and the merges'
@@ -265,8 +265,7 @@ class _Statement:
         """The statement's calls' points by their loop values (empty where every call has
         the whole box of the vector dims: ``template``)."""
         if self._points is None:
-            self._template = None
-            self._points = self._guard(lambda: self._batches(self._spec, self._spec_box()))
+            self._points = self._guard(lambda: self._batches(self._spec, self._box))
         return self._points
 
     @property
@@ -275,9 +274,6 @@ class _Statement:
         if self._points is None:
             _ = self.batches  # (finds them, and the template)
         return self._template
-
-    def _spec_box(self) -> tuple[int, ...]:
-        return self.rt.plan.buffer(self.id).box
 
     def _corners(self, spec: Statement, extents: tuple[int, ...]):
         """The domain and the merges' conditions evaluated at the corners of the box (where
