@@ -401,6 +401,27 @@ fine:
 """
 
 
+# A chunk of a row loop failed (``_Function.rows``): the first to claim the tree function's
+# failure record fills it with the chunk's own (its statement and loop values, tl_record's).
+_ROWS_FAILED = """
+define internal void @tl_rows_failed(ptr %claim, ptr %err, ptr %errs, i64 %n) noinline {
+entry:
+  %got = cmpxchg ptr %claim, i64 0, i64 1 seq_cst seq_cst
+  %won = extractvalue { i64, i1 } %got, 1
+  br i1 %won, label %copy, label %done
+copy:
+  %ps = getelementptr i64, ptr %errs, i64 1
+  %sid = load i64, ptr %ps
+  %args = getelementptr i64, ptr %errs, i64 2
+  %nargs = sub i64 %n, 2
+  call void @tl_record(ptr %err, i64 %sid, i64 %nargs, ptr %args)
+  br label %done
+done:
+  ret void
+}
+"""
+
+
 # The gemm of a machine without a BLAS: the CBLAS row-major signature, c = op(a) @ op(b)
 # (alpha 1 and beta 0: all the kernels pass), row by row, the inner loop along a row of b and
 # of c. The kernels call @tl_sgemm/@tl_dgemm, which the runtime points at the BLAS's gemm or,
@@ -522,6 +543,7 @@ def render_module(kernels: list[kir.Kernel], trees=(), library: str = "") -> str
                     "%prof = load ptr, ptr @tl_prof", "%prof = inttoptr i64 0 to ptr"
                 )
             )
+            head.append(_ROWS_FAILED)
     if r.f32_math:
         head += [d for d in _F32_INTRINSICS if d not in r.declares]
         head.append(_f32_math())
@@ -1476,26 +1498,6 @@ pool:
   ret i32 %r2
 }
 
-; a chunk of a row loop failed: the first to claim the tree's failure record fills it
-define internal void @tl_rows_failed(ptr %claim, ptr %err, ptr %errs, i64 %n) noinline {
-entry:
-  %got = cmpxchg ptr %claim, i64 0, i64 1 seq_cst seq_cst
-  %won = extractvalue { i64, i1 } %got, 1
-  br i1 %won, label %head, label %done
-head:
-  %j = phi i64 [ 1, %entry ], [ %j1, %body ]
-  %more = icmp slt i64 %j, %n
-  br i1 %more, label %body, label %done
-body:
-  %ps = getelementptr i64, ptr %errs, i64 %j
-  %v = load i64, ptr %ps
-  %pd = getelementptr i64, ptr %err, i64 %j
-  store i64 %v, ptr %pd
-  %j1 = add i64 %j, 1
-  br label %head
-done:
-  ret void
-}
 """
 
 
