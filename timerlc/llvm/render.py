@@ -345,7 +345,14 @@ done:
   ret void
 }}
 
-define internal i32 @tl_launch(ptr %fn, ptr %table, ptr %args, ptr %scratch, ptr %err,
+"""
+
+# A kernel call with its box check and its failure record (``_Function.launch``): ``name``
+# ``tl_launch``, whose call a profiled run times (``_TIMED_CALL``), or ``tl_launch_rows``,
+# a row loop's chunks' (``_PLAIN_CALL``: they count nothing, the threads would race on the
+# counters; the loop is counted as one call, ``tl_counted``).
+_LAUNCH_FN = """
+define internal i32 @{name}(ptr %fn, ptr %table, ptr %args, ptr %scratch, ptr %err,
                                ptr %sids, i64 %nsids, i64 %n, ptr %box) noinline {{
 entry:
   %sid = load i64, ptr %sids
@@ -370,20 +377,7 @@ outside:
   call void @tl_record(ptr %err, i64 %sid, i64 %n, ptr %args)
   ret i32 {outside}
 call:
-  %prof = load ptr, ptr @tl_prof
-  %on = icmp ne ptr %prof, null
-  br i1 %on, label %timed, label %plain
-plain:
-  %r0 = call i32 %fn(ptr %table, ptr %args, ptr %scratch)
-  br label %check
-timed:
-  %c0 = call i64 @llvm.readcyclecounter()
-  %r1 = call i32 %fn(ptr %table, ptr %args, ptr %scratch)
-  call void @tl_counted(i64 %sid, i64 %c0)
-  br label %check
-check:
-  %r = phi i32 [ %r0, %plain ], [ %r1, %timed ]
-  %bad = icmp ne i32 %r, 0
+{call}  %bad = icmp ne i32 %r, 0
   br i1 %bad, label %failed, label %fine
 failed:
   ; the n-th statement of a fused kernel returns n
@@ -398,6 +392,24 @@ failed:
 fine:
   ret i32 0
 }}
+"""
+
+_TIMED_CALL = """  %prof = load ptr, ptr @tl_prof
+  %on = icmp ne ptr %prof, null
+  br i1 %on, label %timed, label %plain
+plain:
+  %r0 = call i32 %fn(ptr %table, ptr %args, ptr %scratch)
+  br label %check
+timed:
+  %c0 = call i64 @llvm.readcyclecounter()
+  %r1 = call i32 %fn(ptr %table, ptr %args, ptr %scratch)
+  call void @tl_counted(i64 %sid, i64 %c0)
+  br label %check
+check:
+  %r = phi i32 [ %r0, %plain ], [ %r1, %timed ]
+"""
+
+_PLAIN_CALL = """  %r = call i32 %fn(ptr %table, ptr %args, ptr %scratch)
 """
 
 
@@ -532,17 +544,11 @@ def render_module(kernels: list[kir.Kernel], trees=(), library: str = "") -> str
             for b, name in r.boxes.items()
             if b and b[0] == "sids"
         ]
-        launch = _LAUNCH.format(outside=OUTSIDE_BOX, failed=KERNEL_FAILED)
-        head.append(launch)
+        head.append(_LAUNCH.format())
+        codes = {"outside": OUTSIDE_BOX, "failed": KERNEL_FAILED}
+        head.append(_LAUNCH_FN.format(name="tl_launch", call=_TIMED_CALL, **codes))
         if r.rows:
-            # the launches of a row loop's chunks: tl_launch, but never counted in a profile
-            start = launch.index("define internal i32 @tl_launch(")
-            one = launch[start : launch.index("\n}\n", start) + 3]
-            head.append(
-                one.replace("@tl_launch(", "@tl_launch_rows(").replace(
-                    "%prof = load ptr, ptr @tl_prof", "%prof = inttoptr i64 0 to ptr"
-                )
-            )
+            head.append(_LAUNCH_FN.format(name="tl_launch_rows", call=_PLAIN_CALL, **codes))
             head.append(_ROWS_FAILED)
     if r.f32_math:
         head += [d for d in _F32_INTRINSICS if d not in r.declares]

@@ -1203,23 +1203,23 @@ class _Reader:
         return Operand(space, at, offset, ld, t)
 
     def fused_row(self, v) -> tuple[int, ...]:
-        if not isinstance(v, list) or len(v) < 2:
-            self.fail(f"expected a list of at least 2 statements, got {_short(v)}")
-        sids = tuple(self.int_(s) for s in v)
-        for sid in sids:
-            if sid not in self.statements:
-                self.fail(f"statement {sid} does not exist")
-        if len(set(sids)) != len(sids):
-            self.fail("a statement named twice")
-        return sids
+        return self._sids(v, 2, self.statements, "does not exist")
 
     def row_loop_row(self, v, with_kernel: set) -> tuple[int, ...]:
-        if not isinstance(v, list) or not v:
-            self.fail(f"expected a list of statements, got {_short(v)}")
+        return self._sids(v, 1, with_kernel, "has no kernel")
+
+    def _sids(self, v, least: int, known, missing: str) -> tuple[int, ...]:
+        """A list of at least ``least`` statements, each in ``known`` (else the statement
+        ``missing``), none twice."""
+        if not isinstance(v, list) or len(v) < least:
+            what = (
+                "a list of statements" if least == 1 else f"a list of at least {least} statements"
+            )
+            self.fail(f"expected {what}, got {_short(v)}")
         sids = tuple(self.int_(s) for s in v)
         for sid in sids:
-            if sid not in with_kernel:
-                self.fail(f"statement {sid} has no kernel")
+            if sid not in known:
+                self.fail(f"statement {sid} {missing}")
         if len(set(sids)) != len(sids):
             self.fail("a statement named twice")
         return sids
