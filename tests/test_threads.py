@@ -175,11 +175,17 @@ def test_a_reduction_with_enough_work_goes_to_the_threads_in_chunks_of_its_own(m
     assert render.reduced(_sum_rows(n=63)) == 0  # 252: too few
     monkeypatch.setattr(render, "PAR_CHUNK", 1)
     assert render.reduced(_sum_rows()) == render.PAR_REDUCE_CHUNKS  # (at most)
-    # a store of anything but the accumulators, a let of a local: the loop stays whole
+    # a store of anything but the accumulators: the loop stays whole
     other = Store("y", Ref("j"), Const("f64", 0.0))
     assert render.reduced(_sum_rows(extra=(other,))) == 0
-    assert render.reduced(_sum_rows(extra=(Let("k", "i64", Ref("j")),))) == 0
     assert render.reduced(dataclasses.replace(_sum_rows(), reduce=())) == 0
+    # a local an iteration sets before it reads it, in its block (a gram chain's value at
+    # its point): each chunk's own; read before it is set, or set twice: the loop stays whole
+    kept = Store("t", Ref("j"), Bin("add", Load("t", Ref("j"), "f64"), Ref("k", "f64"), "f64"))
+    let = Let("k", "f64", Load("x", Ref("j"), "f64"))
+    assert render.reduced(_sum_rows(extra=(let, kept))) == render.PAR_REDUCE_CHUNKS
+    assert render.reduced(_sum_rows(extra=(kept, let))) == 0
+    assert render.reduced(_sum_rows(extra=(let, kept, let))) == 0
 
 
 # ------------------------------------------------------------------ the pool

@@ -17,7 +17,7 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass
 
-from timerlc.codegen import checks, kir, rows
+from timerlc.codegen import checks, grams, kir, rows
 from timerlc.codegen.lower import Unsupported, lower_statement
 from timerlc.codegen.tree import by_level, lower_tree
 from timerlc.llvm.render import render_module
@@ -74,11 +74,14 @@ def generate(plan: Plan, target: str = "cpu") -> Generated:
     recorded = {sid for _, sid, _ in plan.outputs + plan.metrics}
     by_rows = rows.row_loops(plan, by_sid, recorded)
     trees = lower_tree(plan, by_sid, fused, rows=by_rows)
-    # the fused kernels the trees launch (a run's prefixes were fused on the way), and the
-    # row variants of the row loops' chunks
-    used = {s.kernel for t in trees for s in kir.walk_tree(t.body) if isinstance(s, kir.Launch)}
-    fused_used = [k for k in fused.values() if k.name in used]
     variants = {k.name: k for r in by_rows.values() for k in r.variants.values()}
+    # a statement's rows with the small grams and the sums that read them (codegen.grams)
+    named = {k.name: k for k in kernels} | {k.name: k for k in fused.values()} | variants
+    trees, chains = grams.gram_chains(plan, trees, named)
+    # the fused kernels the trees launch (a run's prefixes were fused on the way, the gram
+    # chains after), and the row variants of the row loops' chunks
+    used = {s.kernel for t in trees for s in kir.walk_tree(t.body) if isinstance(s, kir.Launch)}
+    fused_used = [k for k in [*fused.values(), *chains] if k.name in used]
     rows_used = [k for name, k in variants.items() if name in used]
     module = render_module(kernels + fused_used + rows_used, trees)
     text = KERNELS_HEADER + digest(plan) + "\n" + module

@@ -1600,12 +1600,45 @@ def reduced(s: For) -> int:
         return 0
     trips, each = work
     accs = {n for n, _ in s.reduce}
+    own = _iteration_lets(s.body, accs)
     for x in kir.walk_tree(s.body):
-        if isinstance(x, Let) and x.name not in accs:
+        if isinstance(x, Let) and x.name not in accs and x.name not in own:
             return 0
         if isinstance(x, Store) and x.buf not in accs:
             return 0
     return max(2, min(PAR_REDUCE_CHUNKS, trips * each // PAR_CHUNK, trips))
+
+
+def _iteration_lets(body, accs) -> set:
+    """The locals ``body`` sets once, each before any read of it in the same block and read
+    nowhere else: an iteration's own (a gram chain's value at its point,
+    ``codegen.grams``), which a chunk of a reduction may hold in locals of its own."""
+    sets: dict[str, int] = {}
+    reads: dict[str, int] = {}
+    for x in kir.walk_tree(body):
+        if isinstance(x, Let):
+            sets[x.name] = sets.get(x.name, 0) + 1
+        for name in _refs(kir.own_exprs(x)):
+            reads[name] = reads.get(name, 0) + 1
+    own = set()
+
+    def visit(block):
+        for j, x in enumerate(block):
+            if isinstance(x, Let) and x.name not in accs and sets.get(x.name) == 1:
+                after = sum(1 for name in _refs(_exprs_of(block[j + 1 :])) if name == x.name)
+                mine = sum(1 for name in _refs(x.value) if name == x.name)
+                if mine == 0 and after == reads.get(x.name, 0):
+                    own.add(x.name)
+            for inner in (x.body,) if isinstance(x, For) else ():
+                visit(inner)
+
+    visit(body)
+    return own
+
+
+def _exprs_of(body) -> tuple:
+    """Every expression of ``body``'s statements, theirs inside included."""
+    return tuple(e for x in kir.walk_tree(body) for e in kir.own_exprs(x))
 
 
 def _add(a, b):
