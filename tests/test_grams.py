@@ -15,14 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rtl_helpers import NATIVE, TEST_BACKEND, src
+from test_rows import run as rows_run
 
 from timerlc.codegen import grams, kir
 from timerlc.compiler import compile_plan, generate_code, run_passes
 from timerlc.diagnostics import Source
 from timerlc.frontend.check import check_source
-from timerlc.runtime import pool
 from timerlc.runtime.cpu import CpuRuntime
-from timerlc.runtime.native import cblas
 
 pytestmark = pytest.mark.skipif(
     TEST_BACKEND != "cpu" or not NATIVE, reason="the backend under test runs no LLVM code"
@@ -61,22 +60,9 @@ def gen_of(text: str, chains: bool = True, **sets):
         grams.gram_chains = keep
 
 
-_KEPT: list = []  # (pools whose code must outlive their workers)
-
-
 def run(gen, workers: int | None = None, monkeypatch=None) -> CpuRuntime:
-    if workers is not None:
-        p = pool.Pool(workers, cblas())
-        _KEPT.append(p)
-        monkeypatch.setattr(pool, "_POOLS", [p])
-    rt = CpuRuntime(gen.plan, lambda *m: None, native=gen.text)
-    try:
-        rt.run()
-    finally:
-        rt.envs.close()
-        if workers is not None:
-            p.stop()
-    return rt
+    """A run of ``gen`` (on a pool of ``workers`` workers, where given: test_rows's)."""
+    return rows_run(gen, workers, monkeypatch)[0]
 
 
 def chains_of(gen) -> list[kir.Kernel]:
