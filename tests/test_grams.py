@@ -6,7 +6,9 @@ What is checked: which programs get a chain (REINFORCE's first layer; a program 
 shape) and which keep their kernels (the rows read by anything else, an output, a gram of
 too many columns, too few rows); that a chain computes the gram and the sums (against
 float64 NumPy), what the kernels it stands for compute (to float32 rounding: its gram's
-terms are summed in float64), and the same bits on any number of threads."""
+terms are summed in float64), and the same bits on any number of threads; and which
+launches, records and orders a chain may move its statements' launches over (kernels and a
+plan made up for it)."""
 
 from __future__ import annotations
 
@@ -183,3 +185,129 @@ def test_reinforce_s_first_layers_gradients_are_gram_chains(program, chains, nam
         np.testing.assert_allclose(
             got.value(name), exp, rtol=1e-5, atol=1e-5 * max(np.abs(exp).max(), 1.0)
         )
+
+
+# ------------------------------------------------------------------ which launches move
+# A plan of buffers by id (1: X, the rows; 2: A; 3: the gram's C; 4: the sums; 5: what
+# the rows are made from; 6, 7: others), statements reading X (3 and 4), and kernels:
+# ``P`` stores X, ``G`` the gram, ``S`` the sums, ``J`` a launch between them.
+ROWS, N = 4096, 16
+
+
+class _Buffer:
+    def __init__(self, sid, donor=None):
+        self.id, self.donor, self.home, self.outputs = sid, donor, None, (None,)
+
+
+class _Plan:
+    def __init__(self, donors=None):
+        donors = donors or {}
+        self.buffers = [_Buffer(sid, donors.get(sid)) for sid in range(1, 10)]
+        self.outputs, self.metrics = [], []
+        read = type("Read", (), {"src": 1, "stored": True})
+        node = type("Node", (), {"inputs": (read,)})
+        self.statements = [type("St", (), {"id": sid, "nodes": (node,)}) for sid in (3, 4)]
+
+    def buffer(self, sid):
+        return self.buffers[sid - 1]
+
+
+def _slot(sid: int, write: bool = False) -> kir.Slot:
+    return kir.Slot(f"b{sid}", "f32", sid, sid, 0, write)
+
+
+def _nest(body, reduce=()) -> kir.For:
+    i64 = kir.i64
+    inner = kir.For("e", i64(0), i64(N), body, True)
+    return kir.For("r", i64(0), i64(ROWS), (inner,), not reduce, reduce)
+
+
+def _at():
+    return kir.add(kir.mul(kir.Ref("r"), N), kir.Ref("e"))
+
+
+def _kernels(j_slots=(), s_reads=()):
+    i64, f32 = kir.i64, "f32"
+    p = kir.Kernel(
+        "s1",
+        1,
+        ("i",),
+        (_slot(5), _slot(1, True)),
+        (),
+        (_nest((kir.Store("b1", _at(), kir.Load("b5", kir.Ref("e"), f32)),)),),
+    )
+    gemm = kir.Gemm(
+        f32, True, False, 4, N, ROWS, "b2", i64(0), 4, "b1", i64(0), N, "b3", i64(0), N
+    )
+    g = kir.Kernel("s3", 3, ("i",), (_slot(1), _slot(2), _slot(3, True)), (), (gemm,))
+    t = kir.Temp("t", "f64", 0, N)
+    add = kir.Bin(
+        "add",
+        kir.Load("t", kir.Ref("e"), "f64"),
+        kir.Cast(kir.Load("b1", _at(), f32), "f64"),
+        "f64",
+    )
+    end = kir.Cast(kir.Load("t", kir.Ref("e"), "f64"), f32)
+    for sid in s_reads:  # (what the sums' end reads besides)
+        end = kir.Bin("add", end, kir.Load(f"b{sid}", kir.Ref("e"), f32), f32)
+    s = kir.Kernel(
+        "s4",
+        4,
+        ("i",),
+        (_slot(1), _slot(4, True), *(_slot(sid) for sid in s_reads)),
+        (t,),
+        (
+            kir.For(
+                "e", i64(0), i64(N), (kir.Store("t", kir.Ref("e"), kir.Const("f64", 0.0)),), True
+            ),
+            _nest((kir.Store("t", kir.Ref("e"), add),), (("t", "add"),)),
+            kir.For("e", i64(0), i64(N), (kir.Store("b4", kir.Ref("e"), end),), True),
+        ),
+    )
+    j = kir.Kernel("s6", 6, ("i",), tuple(j_slots), (), ())
+    return {k.name: k for k in (p, g, s, j)}
+
+
+def _chained(order, plan=None, **kw) -> bool:
+    """Whether the launches ``order`` (kernel names, or Host objects) made a chain."""
+    kernels = _kernels(**kw)
+    body = tuple(
+        x if not isinstance(x, str) else kir.Launch(x, kernels[x].sid, (kir.Ref("c"),), (3,))
+        for x in order
+    )
+    tree = kir.Tree("tree0", 0, ("c",), body, 0)
+    trees, made = grams.gram_chains(plan or _Plan(), [tree], kernels)
+    if made:
+        (chain,) = made
+        launches = [s.kernel for s in trees[0].body if isinstance(s, kir.Launch)]
+        assert launches[0] == chain.name and "s3" not in launches and "s4" not in launches
+        # (the grams' statements before the sums', whatever the tree's order)
+        assert chain.parts == (1, 3, 4)
+    return bool(made)
+
+
+def test_a_gram_chain_moves_launches_only_over_what_they_do_not_meet():
+    between = ["s1", "s3", "s6", "s4"]
+    assert _chained(between, j_slots=(_slot(7, True), _slot(8)))
+    # J writes what the sums' end reads, reads the sums, writes the gram's A: not moved over
+    assert not _chained(between, j_slots=(_slot(7, True),), s_reads=(7,))
+    assert not _chained(between, j_slots=(_slot(4),))
+    assert not _chained(["s1", "s6", "s3", "s4"], j_slots=(_slot(2, True),))
+    # ... nor memory a donation shares with what they touch (9's is 7's)
+    assert _chained(between, j_slots=(_slot(9, True),), s_reads=(7,))
+    assert not _chained(between, _Plan({9: 7}), j_slots=(_slot(9, True),), s_reads=(7,))
+
+
+def test_a_gram_chain_keeps_the_order_of_a_sum_s_end_and_a_gram_s_result():
+    # the sums' end reads the gram's C: after the gram in the tree, so in the chain
+    assert _chained(["s1", "s3", "s4"], s_reads=(3,))
+    # before it in the tree it read C's old value, which the chain has overwritten
+    assert not _chained(["s1", "s4", "s3"], s_reads=(3,))
+    assert _chained(["s1", "s4", "s3"])
+
+
+def test_a_gram_chain_moves_launches_over_records_of_what_they_do_not_write():
+    record_c, record_s = kir.Host(3, 1, ()), kir.Host(4, 1, ())
+    assert _chained(["s1", "s3", record_c, "s4"])  # C recorded after the gram: as before
+    assert not _chained(["s1", "s3", record_s, "s4"])  # the sums' old values recorded
+    assert not _chained(["s1", "s3", kir.Host(6, 0, ()), "s4"])  # a statement the runtime runs
