@@ -47,6 +47,7 @@ from timerlc.codegen.kir import (
 from timerlc.codegen.lower import fits, interval
 
 _INTS = ("bool", "i32", "i64")
+SMALL_TEMP = 8  # the most elements of a temporary whose dynamic stores become selects
 _BUSY = object()  # (a range being found: asked again, the value depends on itself)
 
 
@@ -147,6 +148,8 @@ class _Kernel:
         for p in k.params:
             self.sets.setdefault(p, []).append(("box", loops[p]) if p in loops else None)
         self.memo: dict = {}
+        self.sizes = {t.name: t.size for t in k.temps}
+        self.each: list[str] = []  # (the loops _at_each made)
 
     def _all(self, values):
         r = None
@@ -205,6 +208,9 @@ class _Kernel:
                 return None
             return fits(self.value(e.x), e.dtype)
         if isinstance(e, Sel):
+            got = self.decide(e.cond)
+            if got is not None:  # (one branch only: a negative index's wrap never taken)
+                return fits(self.value(e.a if got else e.b), e.dtype)
             return fits(_union(self.value(e.a), self.value(e.b)), e.dtype)
         if isinstance(e, Bin) and e.op in kir.COMPARE or isinstance(e, Un) and e.op == "not":
             got = self.decide(e)
@@ -254,9 +260,12 @@ class _Kernel:
 
     def without_checks(self, body) -> tuple:
         """``body`` without the ``if``s that only fail where their condition never holds
-        (and without the loops that held only those)."""
+        (and without the loops that held only those); a store into a small temporary at an
+        index its range keeps inside it, a store at each of its elements (``_at_each``)."""
         out = []
         for s in body:
+            if isinstance(s, Store) and s.buf in self.temps:
+                s = self._at_each(s)
             if isinstance(s, If) and not s.orelse and all(isinstance(x, Fail) for x in s.then):
                 if self.decide(s.cond) is False:
                     continue
@@ -271,3 +280,56 @@ class _Kernel:
                 s = dataclasses.replace(s, body=inner)
             out.append(s)
         return tuple(out)
+
+    def _at_each(self, s: Store):
+        """A store ``t[idx] = v`` into a temporary of at most ``SMALL_TEMP`` elements, at an
+        index loaded at the point (a gradient of a gather into its few actions) and
+        whose range lies inside it, as ``t[j] = idx == j ? v : t[j]`` for each element
+        ``j`` (``v``'s loads of ``t[idx]`` at ``t[j]``): every index a constant, so that
+        the temporary can be registers and the loop around it vectorized. The same
+        values: the other elements stay, and ``v`` is computed before its element changes.
+        Else ``s``."""
+        size = self.sizes.get(s.buf, 0)
+        if size > SMALL_TEMP or not any(isinstance(x, Load) for x in kir.subexprs(s.index)):
+            return s  # (a loop's variable: a loop written out makes it a constant)
+        r = self.value(s.index)
+        if r is None or r[0] < 0 or r[1] >= size:
+            return s
+        if any(
+            isinstance(x, Load) and x.buf == s.buf and x.index != s.index
+            for x in kir.subexprs(s.value)
+        ):
+            return s  # (another element of t: left as is)
+        j = f"j${len(self.each)}"
+        self.each.append(j)
+        at = Ref(j)
+
+        def swap(e):
+            if isinstance(e, Load) and e.buf == s.buf:
+                return Load(e.buf, at, e.dtype)
+            return _rebuild(e, swap)
+
+        value = Sel(
+            Bin("eq", s.index, at, "bool"),
+            swap(s.value),
+            Load(s.buf, at, s.value.dtype),
+            s.value.dtype,
+        )
+        return For(j, Const("i64", 0), Const("i64", size), (Store(s.buf, at, value),))
+
+
+def _rebuild(e, fn):
+    """Expression ``e`` with ``fn`` applied to its operands."""
+    if isinstance(e, Load):
+        return Load(e.buf, fn(e.index), e.dtype)
+    if isinstance(e, Un):
+        return Un(e.op, fn(e.x), e.dtype)
+    if isinstance(e, Bin):
+        return Bin(e.op, fn(e.a), fn(e.b), e.dtype)
+    if isinstance(e, Sel):
+        return Sel(fn(e.cond), fn(e.a), fn(e.b), e.dtype)
+    if isinstance(e, Cast):
+        return Cast(fn(e.x), e.dtype)
+    if isinstance(e, kir.Fn):
+        return kir.Fn(e.name, tuple(fn(a) for a in e.args), e.dtype)
+    return e
