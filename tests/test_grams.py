@@ -311,3 +311,21 @@ def test_a_gram_chain_moves_launches_over_records_of_what_they_do_not_write():
     assert _chained(["s1", "s3", record_c, "s4"])  # C recorded after the gram: as before
     assert not _chained(["s1", "s3", record_s, "s4"])  # the sums' old values recorded
     assert not _chained(["s1", "s3", kir.Host(6, 0, ()), "s4"])  # a statement the runtime runs
+
+
+def test_a_gram_alone_is_a_chain_too():
+    """Rows only a gram reads: the chain has no sums."""
+    text = (
+        PROGRAM.replace("s[i] = sum(z[i, 0:R], 0)\n", "")
+        .replace("w[i+1] = w[i] + 0.001 * s[i]\n", "w[i+1] = w[i] * 0.5\n")
+        .replace("out g, s, w, u", "out g, w, u")
+    )
+    gen = gen_of(text)
+    (chain,) = chains_of(gen)
+    assert len(chain.parts) == 2
+    got, want = run(gen), run(gen_of(text, chains=False))
+    for name in "gwu":
+        exp = want.value(name)
+        np.testing.assert_allclose(
+            got.value(name), exp, rtol=1e-5, atol=1e-5 * max(np.abs(exp).max(), 1.0)
+        )
