@@ -307,7 +307,7 @@ class _Kernel:
         def swap(e):
             if isinstance(e, Load) and e.buf == s.buf:
                 return Load(e.buf, at, e.dtype)
-            return _rebuild(e, swap)
+            return kir.map_operands(e, swap)
 
         value = Sel(
             Bin("eq", s.index, at, "bool"),
@@ -316,20 +316,3 @@ class _Kernel:
             s.value.dtype,
         )
         return For(j, Const("i64", 0), Const("i64", size), (Store(s.buf, at, value),))
-
-
-def _rebuild(e, fn):
-    """Expression ``e`` with ``fn`` applied to its operands."""
-    if isinstance(e, Load):
-        return Load(e.buf, fn(e.index), e.dtype)
-    if isinstance(e, Un):
-        return Un(e.op, fn(e.x), e.dtype)
-    if isinstance(e, Bin):
-        return Bin(e.op, fn(e.a), fn(e.b), e.dtype)
-    if isinstance(e, Sel):
-        return Sel(fn(e.cond), fn(e.a), fn(e.b), e.dtype)
-    if isinstance(e, Cast):
-        return Cast(fn(e.x), e.dtype)
-    if isinstance(e, kir.Fn):
-        return kir.Fn(e.name, tuple(fn(a) for a in e.args), e.dtype)
-    return e

@@ -444,10 +444,10 @@ def _build(name: str, k: kir.Kernel, xslot, nest: _Nest, value, grams, reduction
     x = Ref(value_name, xslot.dtype)
     acc = dataclasses.replace(k, body=())
     subs = []
-    for _, ck, _ in grams + reductions:
+    for n, (_, ck, got) in enumerate(grams + reductions):
         refs = {}
-        if ck in [c for _, c, _ in reductions]:
-            loops, _ = _loops((reductions[0][2][1],))
+        if n >= len(grams):  # (a reduction: its loops' variables are the rows')
+            loops, _ = _loops((got[1],))
             refs = {f.var: Ref(v) for f, v in zip(loops, (*nest.vars, nest.evar))}
         sub = _in_names_of(acc, ck, refs)
         subs.append(sub)
@@ -464,7 +464,7 @@ def _build(name: str, k: kir.Kernel, xslot, nest: _Nest, value, grams, reduction
         gname = f"g${name}.{j}"
         size = g.m * g.n
         temps.append(kir.Temp(gname, ACC, base, size))
-        base += -(-size * 8 // ALIGN) * ALIGN
+        base += -(-size * kir.SIZES[ACC] // ALIGN) * ALIGN
         reduce.append((gname, "add"))
         q = f"q${j}"
         inits.append(
@@ -482,7 +482,7 @@ def _build(name: str, k: kir.Kernel, xslot, nest: _Nest, value, grams, reduction
         # C[i * ldc + e] for C's row i and column e: element q of the accumulator
         store = Store(sub.buf(g.c), kir.add(sub.expr(g.coff), Ref(q)), cval)
         ends.append(For(q, kir.i64(0), kir.i64(size), (store,), True))
-        ends += [sub.stmt(x) for x in gafter]
+        ends += [sub.stmt(st) for st in gafter]
     before, after, own = [], [], []
     for (_, ck, (pre, loop, post)), sub in zip(reductions, subs[len(grams) :]):
         xname = _slot_name(ck, xslot)
@@ -515,19 +515,7 @@ def _replace_loads(s, buf: str, value: Ref):
     def expr(e):
         if isinstance(e, Load) and e.buf == buf:
             return value
-        if isinstance(e, Load):
-            return Load(e.buf, expr(e.index), e.dtype)
-        if isinstance(e, kir.Un):
-            return kir.Un(e.op, expr(e.x), e.dtype)
-        if isinstance(e, Bin):
-            return Bin(e.op, expr(e.a), expr(e.b), e.dtype)
-        if isinstance(e, kir.Sel):
-            return kir.Sel(expr(e.cond), expr(e.a), expr(e.b), e.dtype)
-        if isinstance(e, Cast):
-            return Cast(expr(e.x), e.dtype)
-        if isinstance(e, kir.Fn):
-            return kir.Fn(e.name, tuple(expr(a) for a in e.args), e.dtype)
-        return e
+        return kir.map_operands(e, expr)
 
     if isinstance(s, Let):
         return Let(s.name, s.dtype, expr(s.value))

@@ -413,6 +413,23 @@ def nested(s) -> tuple:
     return ()
 
 
+def map_operands(e, fn):
+    """Expression ``e`` with ``fn`` applied to each of its operands (``children``)."""
+    if isinstance(e, Load):
+        return Load(e.buf, fn(e.index), e.dtype)
+    if isinstance(e, Un):
+        return Un(e.op, fn(e.x), e.dtype)
+    if isinstance(e, Bin):
+        return Bin(e.op, fn(e.a), fn(e.b), e.dtype)
+    if isinstance(e, Sel):
+        return Sel(fn(e.cond), fn(e.a), fn(e.b), e.dtype)
+    if isinstance(e, Cast):
+        return Cast(fn(e.x), e.dtype)
+    if isinstance(e, Fn):
+        return Fn(e.name, tuple(fn(a) for a in e.args), e.dtype)
+    return e
+
+
 _LEAVES = (Const, Ref)  # (expressions without operands)
 
 
