@@ -156,7 +156,8 @@ def test_rows_something_else_reads_keep_their_kernels(change):
 def test_a_gram_of_many_columns_or_few_rows_keeps_its_kernels():
     assert chains_of(gen_of(PROGRAM, K=grams.GRAM_M + 1)) == []
     assert chains_of(gen_of(PROGRAM, R=grams.MIN_ROWS - 1)) == []
-    assert len(chains_of(gen_of(PROGRAM, K=grams.GRAM_M, R=grams.MIN_ROWS))) == 1
+    # (a layer of 8 inputs and 64 units: 16 chunks of 4.5 KiB of accumulators)
+    assert len(chains_of(gen_of(PROGRAM, K=grams.GRAM_M, R=grams.MIN_ROWS, H=64))) == 1
 
 
 @pytest.mark.parametrize(

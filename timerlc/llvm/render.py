@@ -1576,7 +1576,7 @@ def _trips(s: For) -> int:
 # threads in chunks of about PAR_CHUNK of them, at least 2 and at most PAR_REDUCE_CHUNKS
 # (``_Function.outline_reduce``), with at most PAR_PARTIALS bytes of the chunks' accumulators
 PAR_REDUCE_CHUNKS = 16
-PAR_PARTIALS = 1 << 16
+PAR_PARTIALS = 1 << 18
 # each reduction op's identity, by dtype: a chunk's accumulators start there
 _IDENTITY = {
     "f32": {"add": 0.0, "mul": 1.0, "maximum": -math.inf, "minimum": math.inf},
