@@ -20,18 +20,23 @@ rows, then the row's elements, row-major) and, after it at the same loop values,
 launches of every statement that reads ``X``, each one of:
 
 - a gram whose right operand is ``X`` over all its rows: ``C = A^T @ X``, ``A`` a matrix
-  of at most ``GRAM_M`` columns whose rows are ``X``'s (``Gemm``, ``ta``);
+  of at most ``GRAM_M`` columns whose rows are ``X``'s (``Gemm``, ``ta``), first in a
+  statement kernel whose other statements read no ``X`` (a guarded copy of the product into
+  the buffer): those run after the chain's loop;
 - a reduction over ``X``'s rows (a kernel, fused or not, whose one loop over ``X`` is a
   ``For.reduce`` nest of the same rows, reading ``X`` at the point ``P`` stored it), with
   what it does before that loop (to temporaries only) and after it.
 
 ``X`` is nothing else's: no output, metric, home or donor, no other statement reads it,
 and every launch of ``P`` and of those statements is one of these. The consumers' launches
-move up to ``P``'s: each only over launches that write nothing it touches and touch nothing
-it writes (buffers by identity: a donor's memory is its statement's), and nothing else
-between (a host call, a loop). No kernel of the chain can fail. The chain is a fused
-kernel of the plan (``kernels.fused``: ``P`` then the consumers' statements, in order);
-the statements' own kernels stay, for a run that launches a statement alone.
+move up to ``P``'s: each only over launches (also inside an ``if`` or a loop) and records
+(``Host`` in mode 1) that write nothing it touches and touch nothing it writes (buffers by
+identity: a donor's memory is its statement's); a statement the runtime runs (``Host`` in
+mode 0) or a row loop stops it. Inside the chain a reduction's loop runs with the grams'
+and its end after their results (``_Context._movable``). No kernel of the chain can fail.
+The chain is a fused kernel of the plan (``kernels.fused``: ``P``, the grams' statements,
+then the sums'); the statements' own kernels stay, for a run that launches a statement
+alone.
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ from timerlc.codegen.kir import (
 
 GRAM_M = 8  # the most columns of a gram's left operand (the layer's inputs) in a chain
 ACC = "f64"  # the gram accumulators' dtype (float32: 10 % faster, as accurate as the BLAS)
-# the rows of X a chain needs at least (below, X fits the caches and the BLAS's gram wins)
+# the rows of X a chain needs at least (at 2,048 to 8,000 rows, which the caches hold, the
+# chain takes what the BLAS's gram and the sums' kernel took)
 MIN_ROWS = 2048
 
 
