@@ -307,11 +307,11 @@ class _Kernel:
         def swap(e):
             if isinstance(e, Load) and e.buf == s.buf:
                 return Load(e.buf, at, e.dtype)
-            return kir.map_operands(e, swap)
+            return e
 
         value = Sel(
             Bin("eq", s.index, at, "bool"),
-            swap(s.value),
+            kir.rewrite(s.value, swap),
             Load(s.buf, at, s.value.dtype),
             s.value.dtype,
         )

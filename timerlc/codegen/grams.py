@@ -45,7 +45,7 @@ import dataclasses
 import math
 
 from timerlc.codegen import kir
-from timerlc.codegen.fuse import ALIGN, _access, _in_names_of, _kernel, parts
+from timerlc.codegen.fuse import ALIGN, _access, _has, _in_names_of, _kernel, parts
 from timerlc.codegen.kir import (
     Bin,
     Cast,
@@ -364,7 +364,7 @@ def _gram(k: kir.Kernel, xslot: kir.Slot, nest: _Nest):
     ``A^T @ X`` over all of ``X``'s rows, of at most ``GRAM_M`` rows (into its buffer or
     a temporary), and reads ``X`` nowhere after it (a copy of the temporary into the
     buffer where a condition holds)."""
-    if k.parts or k.repeat != 1 or not k.body or _has_fail(k.body):
+    if k.parts or k.repeat != 1 or not k.body or _has(k.body, kir.Fail):
         return None
     g, after = k.body[0], k.body[1:]
     x = _slot_name(k, xslot)
@@ -389,7 +389,7 @@ def _reduction(k: kir.Kernel, xslot: kir.Slot, nest: _Nest):
     reduction nest over ``X``'s rows (``For.reduce``) reading it at the point ``P``
     stored it, what comes before it writing temporaries only; else None."""
     x = _slot_name(k, xslot)
-    if x is None or k.repeat != 1 or k.shared or _has_fail(k.body):
+    if x is None or k.repeat != 1 or k.shared or _has(k.body, kir.Fail):
         return None
     at = [j for j, s in enumerate(k.body) if isinstance(s, For) and s.reduce]
     at = [j for j in at if _mentions(k.body[j], x)]
@@ -424,20 +424,9 @@ def _reduction(k: kir.Kernel, xslot: kir.Slot, nest: _Nest):
 
 
 def _mentions(s, buf: str) -> bool:
-    for x in kir.walk_tree((s,)):
-        if isinstance(x, Store) and x.buf == buf:
-            return True
-        if isinstance(x, Gemm) and buf in (x.a, x.b, x.c):
-            return True
-        if isinstance(x, kir.Permute) and buf in (x.out, x.scratch):
-            return True
-        if any(_reads(e, buf) for e in kir.own_exprs(x)):
-            return True
-    return False
-
-
-def _has_fail(body) -> bool:
-    return any(isinstance(s, kir.Fail) for s in kir.walk_tree(body))
+    """Whether statement ``s`` (or one it holds) reads or writes ``buf``."""
+    reads, writes = _access((s,))
+    return buf in reads or buf in writes
 
 
 # ----------------------------------------------------------------------------- the chain
@@ -517,14 +506,4 @@ def _build(name: str, k: kir.Kernel, xslot, nest: _Nest, value, grams, reduction
 
 def _replace_loads(s, buf: str, value: Ref):
     """Statement ``s`` with every load of ``buf`` (in the chain's names) the local ``value``."""
-
-    def expr(e):
-        if isinstance(e, Load) and e.buf == buf:
-            return value
-        return kir.map_operands(e, expr)
-
-    if isinstance(s, Let):
-        return Let(s.name, s.dtype, expr(s.value))
-    if isinstance(s, Store):
-        return Store(s.buf, expr(s.index), expr(s.value))
-    raise TypeError(f"not a statement of a reduction's point: {s!r}")
+    return kir.rewrite(s, lambda e: value if isinstance(e, Load) and e.buf == buf else e)

@@ -21,6 +21,7 @@ Every object is a frozen dataclass: a kernel can be hashed, compared and printed
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 DTYPES = ("bool", "i32", "i64", "f32", "f64")
@@ -413,21 +414,21 @@ def nested(s) -> tuple:
     return ()
 
 
-def map_operands(e, fn):
-    """Expression ``e`` with ``fn`` applied to each of its operands (``children``)."""
-    if isinstance(e, Load):
-        return Load(e.buf, fn(e.index), e.dtype)
-    if isinstance(e, Un):
-        return Un(e.op, fn(e.x), e.dtype)
-    if isinstance(e, Bin):
-        return Bin(e.op, fn(e.a), fn(e.b), e.dtype)
-    if isinstance(e, Sel):
-        return Sel(fn(e.cond), fn(e.a), fn(e.b), e.dtype)
-    if isinstance(e, Cast):
-        return Cast(fn(e.x), e.dtype)
-    if isinstance(e, Fn):
-        return Fn(e.name, tuple(fn(a) for a in e.args), e.dtype)
-    return e
+def rewrite(x, fn):
+    """``x`` (a statement, an expression, a tuple of them) with ``fn`` applied to every
+    node, inner ones first."""
+    if isinstance(x, tuple):
+        return tuple(rewrite(y, fn) for y in x)
+    if dataclasses.is_dataclass(x):
+        changes = {}
+        for f in dataclasses.fields(x):
+            v = getattr(x, f.name)
+            if isinstance(v, tuple) or dataclasses.is_dataclass(v):
+                w = rewrite(v, fn)
+                if w is not v:
+                    changes[f.name] = w
+        return fn(dataclasses.replace(x, **changes) if changes else x)
+    return x
 
 
 _LEAVES = (Const, Ref)  # (expressions without operands)

@@ -1005,7 +1005,7 @@ class _Function:
                 body.append(For(i, Const("i64", 0), Const("i64", sizes[n]), (store,)))
             else:
                 body.append(Let(n, kinds[n], zero))
-        body.append(dataclasses.replace(s, lo=first, hi=last, body=_rewrite(s.body, mine)))
+        body.append(dataclasses.replace(s, lo=first, hi=last, body=kir.rewrite(s.body, mine)))
         body += [Store(part[n], Ref(c), Ref(n, kinds[n])) for n in ops if n not in temps]
         chunk = For(c, Const("i64", 0), Const("i64", chunks), tuple(body))
         # the range's ends go in the frame as locals of the chunks' function
@@ -1643,23 +1643,6 @@ def _exprs_of(body) -> tuple:
 
 def _add(a, b):
     return Bin("add", a, b, "i64")
-
-
-def _rewrite(x, fn):
-    """``x`` (a statement, an expression, a tuple of them) with ``fn`` applied to every
-    node, inner ones first."""
-    if isinstance(x, tuple):
-        return tuple(_rewrite(y, fn) for y in x)
-    if dataclasses.is_dataclass(x):
-        changes = {}
-        for f in dataclasses.fields(x):
-            v = getattr(x, f.name)
-            if isinstance(v, tuple) or dataclasses.is_dataclass(v):
-                w = _rewrite(v, fn)
-                if w is not v:
-                    changes[f.name] = w
-        return fn(dataclasses.replace(x, **changes) if changes else x)
-    return x
 
 
 # what a loop's work (``_work``) counts for a call, in stores: one of the module's own f32
