@@ -6,6 +6,7 @@ the loop tree (failures, callbacks, the budget of loop steps)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 
@@ -433,6 +434,43 @@ def test_a_build_keeps_its_machine_code(tmp_path):
     again = NativeModule(text, build / "kernels")
     assert not again.cached and obj.read_bytes() == good
     assert cli("run", build, "--no-progress").exit_code == 0
+
+
+def test_perf_map_names_each_kernel_at_its_address(tmp_path, monkeypatch):
+    """With ``TIMERLC_PERF_MAP=1`` a module appends ``ADDRESS SIZE NAME`` lines for its
+    functions to ``/tmp/perf-PID.map`` (Linux perf names code made at run time from it):
+    each kernel at the address the module calls it at, the spans apart and in order."""
+    from pathlib import Path
+
+    from rtl_helpers import cli
+
+    from timerlc.runtime import native
+    from timerlc.runtime.plan import load_kernels, load_plan
+
+    build = tmp_path / "build"
+    program = Path(__file__).resolve().parent.parent / "programs" / "returns.rtl"
+    assert cli("compile", program, "-o", build).exit_code == 0
+    plan = load_plan(build)
+    text = load_kernels(build, plan)
+    maps = tmp_path / "perf.map"
+    monkeypatch.setattr(native, "write_perf_map", _perf_map_to(native.write_perf_map, maps))
+    monkeypatch.setenv("TIMERLC_PERF_MAP", "1")
+    module = native.NativeModule(text, build / "kernels")
+    rows = [line.split(" ") for line in maps.read_text().splitlines()]
+    spans = [(int(a, 16), int(n, 16), name) for a, n, name in rows]
+    names = {name: a for a, _, name in spans}
+    kernels = [name for _, name, _ in plan.kernels.statements]
+    assert kernels and all(names[k] == module.address(k) for k in kernels)
+    assert all(a + n <= b for (a, n, _), (b, _, _) in itertools.pairwise(spans))
+    assert all(n > 0 for _, n, _ in spans)
+    monkeypatch.delenv("TIMERLC_PERF_MAP")
+    maps.unlink()
+    native.NativeModule(text, build / "kernels")
+    assert not maps.exists()  # (only where asked)
+
+
+def _perf_map_to(write, path):
+    return lambda engine, text, _=None: write(engine, text, str(path))
 
 
 def test_a_run_of_a_program_keeps_its_machine_code_in_the_user_s_cache(tmp_path, monkeypatch):

@@ -109,6 +109,8 @@ class NativeModule:
             self.engine.add_object_file(llvm.ObjectFileRef.from_data(o))
         self.engine.finalize_object()
         self._functions: dict[str, object] = {}
+        if os.environ.get("TIMERLC_PERF_MAP", "") == "1":
+            write_perf_map(self.engine, text)
         # the threads (runtime.pool): the kernels' parallel loops and their large products
         par = "@tl_par = global" in text
         self.pool = None
@@ -158,6 +160,25 @@ class NativeModule:
         if self._whole is None:
             self._whole = NativeModule(self.text, self.cache, threads=self.pool is not None)
         return self._whole
+
+
+def write_perf_map(engine, text: str, path: str | None = None) -> str:
+    """Name the module's functions for Linux ``perf`` (``TIMERLC_PERF_MAP=1``: a debugging
+    aid, docs/codegen.md): a line ``ADDRESS SIZE NAME`` (hexadecimal) per function of
+    ``text`` the engine has an address for, appended to ``/tmp/perf-PID.map``, where
+    ``perf report`` looks for the names of code made at run time. A function's size is the
+    distance to the next function's address (the last one's, up to 4 KiB): the code between
+    two of them (a constant pool, padding) is counted to the first. Returns the path."""
+    import os
+
+    names = re.findall(r"^define [^@]*@([\w.$]+)\(", text, re.MULTILINE)
+    at = sorted({(a, n) for n in names if (a := engine.get_function_address(n))})
+    path = path or f"/tmp/perf-{os.getpid()}.map"
+    with open(path, "a") as f:
+        for k, (a, n) in enumerate(at):
+            size = at[k + 1][0] - a if k + 1 < len(at) else 4096
+            f.write(f"{a:x} {size:x} {n}\n")
+    return path
 
 
 class _Later:
@@ -577,7 +598,12 @@ def check_kernels(plan, text: str, where: str = "the build folder") -> None:
     plan's digest)."""
     import hashlib
 
-    from timerlc.plan.items import CUDA_KERNELS_HEADER, KERNELS_HEADER, PlanError, digest
+    from timerlc.plan.items import (
+        CUDA_KERNELS_HEADER,
+        KERNELS_HEADER,
+        PlanError,
+        digest,
+    )
 
     k = plan.kernels
     if k is None:

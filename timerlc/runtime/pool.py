@@ -663,13 +663,20 @@ class Pool:
     """The process's pool (``get``): its functions' addresses and its workers."""
 
     def __init__(self, workers: int, blas: dict | None):
-        from timerlc.runtime.native import _llvm, cached_object, target_machine
+        from timerlc.runtime.native import (
+            _llvm,
+            cached_object,
+            target_machine,
+            write_perf_map,
+        )
 
         llvm = _llvm()
         tm = target_machine()
         self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
         self.engine.add_object_file(llvm.ObjectFileRef.from_data(cached_object(text(), "pool")))
         self.engine.finalize_object()
+        if os.environ.get("TIMERLC_PERF_MAP", "") == "1":
+            write_perf_map(self.engine, text())
         self.workers = workers
         self.run = self.engine.get_function_address("tl_pool_run")
         self.gemm: dict[str, int] = {}
