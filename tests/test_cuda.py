@@ -24,7 +24,7 @@ from rtl_helpers import src, table
 from timerlc.codegen import kir
 from timerlc.codegen.kir import For, Gemm, Store
 from timerlc.compiler import compile_plan, generate_code, run_passes
-from timerlc.cuda import nvrtc, products, render
+from timerlc.cuda import facts, nvrtc, products, render, shapes
 from timerlc.cuda.emu import compiler
 from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
@@ -518,7 +518,7 @@ def test_a_statement_s_vector_loop_is_parallel_and_its_temporaries_its_own():
 def test_a_row_s_independent_elements_get_a_thread_each():
     """A statement over rows whose row loop only stores, each iteration its own element
     (a layer's ``tanh(x @ w + b)`` over [n, 64]), runs a thread per element, not per row
-    (``render._spread``: 24x the threads here, a warp's stores side by side); a row loop
+    (``shapes._spread``: 24x the threads here, a warp's stores side by side); a row loop
     whose iterations meet (a softmax's sums) does not. Same values as the cpu."""
     text = """
     config N = 300, H = 24
@@ -542,7 +542,7 @@ def test_a_row_s_independent_elements_get_a_thread_each():
 
 @needs_cxx
 def test_random_draws_in_emulated_kernels_are_bit_identical():
-    """Philox in C (``render._philox_c``): uniform, normal (f32 and f64), Gumbel noise (a
+    """Philox in C (``prelude._philox_c``): uniform, normal (f32 and f64), Gumbel noise (a
     categorical's), the glorot initializer, a ranged uniform, a permutation and bernoulli
     give the LLVM kernels' values, bit for bit (which are ``timerlc/rng.py``'s)."""
     text = """
@@ -1023,9 +1023,8 @@ def test_loops_under_exclusive_guards_share_the_grid_s_threads():
 def test_a_fused_kernel_s_element_loops_merge_into_one_thread_each():
     """A fused kernel's statements at a row (two element loops over one range, the second
     reading the first's element as stored): one loop, a thread per element
-    (``render._merged_elements``); a read of the first's value at another element keeps
+    (``shapes._merged_elements``); a read of the first's value at another element keeps
     them apart."""
-    from timerlc.cuda import render
 
     x = kir.Load("x", kir.Ref("e"), "f32")
     a = For(
@@ -1033,14 +1032,14 @@ def test_a_fused_kernel_s_element_loops_merge_into_one_thread_each():
     )
     same = kir.Store("z", kir.Ref("f"), kir.Un("exp", kir.Load("y", kir.Ref("f"), "f32"), "f32"))
     b = For("f", kir.i64(0), kir.i64(64), (same,))
-    merged = render._merged_elements((a, b))
+    merged = shapes._merged_elements((a, b))
     assert merged is not None and [s.buf for s in merged.body] == ["y", "z"]
     assert merged.body[1].index == kir.Ref("e")  # (the second loop's variable renamed)
     other = kir.Load("y", kir.add(kir.Ref("f"), kir.i64(1)), "f32")
     c = For("f", kir.i64(0), kir.i64(64), (kir.Store("z", kir.Ref("f"), other),))
-    assert render._merged_elements((a, c)) is None
+    assert shapes._merged_elements((a, c)) is None
     d = For("f", kir.i64(0), kir.i64(32), (same,))
-    assert render._merged_elements((a, d)) is None  # (another range)
+    assert shapes._merged_elements((a, d)) is None  # (another range)
 
 
 def test_the_cuda_build_orders_a_step_s_calls_so_that_they_join():
@@ -1206,7 +1205,7 @@ def test_loops_whose_accesses_start_at_one_offset_of_the_call_s_values_merge():
     """Loops over one range whose accesses to a buffer start at one offset that is not a
     constant but is the call's values' alone (a ring buffer's slot, ``mod(j, 2) * 128``:
     Adam's moments of a weight, then its update) meet only at their row too
-    (``render._rows_local``): one loop; not where the offsets differ, nor where the offset
+    (``shapes._rows_local``): one loop; not where the offsets differ, nor where the offset
     reads a local of the loops (each row its own) or the memory."""
     from timerlc.cuda import render
 
@@ -1270,8 +1269,8 @@ def test_a_wide_loop_over_many_rows_stays_out_of_the_merged_rows():
     rows, wide = render.WIDE_ROWS, render.WIDE
     body, _ = render._row_merged(loops(rows, wide))
     assert len(body) == 2
-    (spread,) = render._spread(body[1:])
-    assert render._nest(spread)[1].parallel  # (a thread per element)
+    (spread,) = shapes._spread(body[1:])
+    assert facts._nest(spread)[1].parallel  # (a thread per element)
     assert len(render._row_merged(loops(rows - 1, wide))[0]) == 1
     assert len(render._row_merged(loops(rows, wide - 1))[0]) == 1
     long = render.LONG_ROW
@@ -1353,7 +1352,7 @@ def test_a_sum_s_nest_is_one_loop_over_its_points():
     """A sum into locals over a nest of loops of constant bounds (a 64 x 64 weight's
     squares; the joined sums of two weights' rows, ``_reductions_joined``) is one loop over
     the nest's points (``render._flat_sum``: the grid deals points, not rows); not where an
-    inner iteration passes a local on to the next (``render._carried``)."""
+    inner iteration passes a local on to the next (``facts._carried``)."""
     from timerlc.cuda import render
 
     r, c, acc = kir.Ref("r"), kir.Ref("c"), kir.Ref("acc")
@@ -1391,7 +1390,7 @@ def test_a_sum_s_nest_is_one_loop_over_its_points():
         kir.i64(64),
         (carry, dataclasses.replace(add, value=kir.Bin("add", acc, kir.Ref("t"), "f32"))),
     )
-    assert render._carried(passes.body, {"acc": "add"})
+    assert facts._carried(passes.body, {"acc": "add"})
     kept = dataclasses.replace(loop, body=(passes,), reduce=(("acc", "add"),))
     assert render._flat_sum(kept) is kept
 
@@ -1693,7 +1692,7 @@ def test_bias_gradients_ride_on_their_weight_gradients_products(policy, w, monke
     cast to float32 after them runs in the last block of either way's last function
     (``_sums_tail``). The values are the cpu's either way. Of one column too (a value
     head's: ``sum(dy, 0)`` a scalar's zeros, reduction and cast, without the loop over the
-    one column, ``render._one_column`` gives them; ``s`` then within 3e-5: the sum of ``g``,
+    one column, ``shapes._one_column`` gives them; ``s`` then within 3e-5: the sum of ``g``,
     whose float32 products each way sum in their own order, ``gn`` ``s`` times 1,200)."""
     monkeypatch.setenv("TIMERLC_PRODUCTS", policy)
     monkeypatch.setattr(render, "CHAINS", False)  # (a chain's grams: test_cuda_chains.py)

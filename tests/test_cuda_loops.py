@@ -22,7 +22,7 @@ from rtl_helpers import compiled_run, refuses_changed_plans, src
 
 from timerlc.codegen import kir
 from timerlc.compiler import compile_plan, generate_code, run_passes
-from timerlc.cuda import loops, render
+from timerlc.cuda import loops, shapes
 from timerlc.cuda.emu import compiler
 from timerlc.cuda.render import Unsupported
 from timerlc.diagnostics import RunError, Source
@@ -323,9 +323,9 @@ def test_a_row_s_elements_are_spread_over_the_block_s_threads():
     assert lk and "tl_g = tl_rb * 64LL + threadIdx.x; tl_g < tl_re * 64LL" in text
     x = kir.Load("x", kir.Ref("e"), "f32")
     own = kir.Store("y", kir.Ref("e"), kir.Un("tanh", x, "f32"))
-    assert render._independent_elements(kir.For("e", kir.i64(0), kir.i64(64), (own,)))
+    assert shapes._independent_elements(kir.For("e", kir.i64(0), kir.i64(64), (own,)))
     back = kir.Store("y", kir.i64(0), kir.Load("y", kir.Ref("e"), "f32"))
     same = kir.Store("y", kir.i64(0), x)
     acc = kir.Let("a", "f32", x)
     for body in ((back,), (same,), (acc,), (own, back)):
-        assert not render._independent_elements(kir.For("e", kir.i64(0), kir.i64(64), body))
+        assert not shapes._independent_elements(kir.For("e", kir.i64(0), kir.i64(64), body))

@@ -22,7 +22,7 @@ from timerlc import runner
 from timerlc.codegen import kir
 from timerlc.codegen.generate import _with_launches, generate, listing
 from timerlc.compiler import compile_plan, run_passes
-from timerlc.cuda import nvrtc, products, render
+from timerlc.cuda import nvrtc, products, render, shapes
 from timerlc.cuda.emu import compiler
 from timerlc.plan import items
 from timerlc.runtime import cuda
@@ -523,19 +523,19 @@ def _column_sum_nest(rows, stride_of, k=64, n=2):
 
 
 def test_a_bias_gradient_rides_on_its_gram_where_its_rows_are_the_gram_s():
-    """``render._column_sum``: the column sums of a gram's B over its rows, one loop of them
+    """``shapes._column_sum``: the column sums of a gram's B over its rows, one loop of them
     or a nest (REINFORCE's environments and steps: r = b * 16 + t), in B's row-major
     order; not over other rows, strides or a B of another shape."""
     red, gemm = _column_sum_nest([("r", 64)], {"r": 2})
-    assert render._column_sum(red, gemm) == "t"
+    assert shapes._column_sum(red, gemm) == "t"
     red, gemm = _column_sum_nest([("b", 4), ("t", 16)], {"b": 32, "t": 2})
-    assert render._column_sum(red, gemm) == "t"
+    assert shapes._column_sum(red, gemm) == "t"
     red, gemm = _column_sum_nest([("b", 4), ("t", 16)], {"b": 2, "t": 8})  # (t's outer)
-    assert render._column_sum(red, gemm) is None
+    assert shapes._column_sum(red, gemm) is None
     red, gemm = _column_sum_nest([("b", 4), ("t", 16)], {"b": 32, "t": 2}, k=128)
-    assert render._column_sum(red, gemm) is None
+    assert shapes._column_sum(red, gemm) is None
     red, gemm = _column_sum_nest([("r", 64)], {"r": 3})  # (rows 3 apart: not B's)
-    assert render._column_sum(red, gemm) is None
+    assert shapes._column_sum(red, gemm) is None
 
 
 def _epilogue_nest(rows, n=16, value=None, index=None, c="c"):
@@ -564,26 +564,26 @@ def _epilogue_nest(rows, n=16, value=None, index=None, c="c"):
 
 
 def test_the_elementwise_epilogues_a_rows_product_makes_as_it_stores_c():
-    """``render._epilogue``: a loop (or a nest of loops over the rows in order) around one
+    """``shapes._epilogue``: a loop (or a nest of loops over the rows in order) around one
     over C's columns, storing C's element from C's element (read at that element alone),
     other buffers and the loop values; not one that reads C elsewhere, stores elsewhere,
     reads a local, or spans other rows."""
     nest, gemm, here = _epilogue_nest([("r", 64)])
-    assert render._epilogue(nest, gemm, ()) == ([("r", 64)], "e")
+    assert shapes._epilogue(nest, gemm, ()) == ([("r", 64)], "e")
     nest, gemm, _ = _epilogue_nest([("b", 4), ("t", 16)])  # (REINFORCE's [b, t])
-    assert render._epilogue(nest, gemm, ("j",)) == ([("b", 4), ("t", 16)], "e")
+    assert shapes._epilogue(nest, gemm, ("j",)) == ([("b", 4), ("t", 16)], "e")
     nest, gemm, _ = _epilogue_nest([("t", 16), ("b", 4)])
     bad = gemm.__class__(**{**{f: getattr(gemm, f) for f in gemm.__slots__}, "m": 128})
-    assert render._epilogue(nest, bad, ()) is None  # (not C's rows)
+    assert shapes._epilogue(nest, bad, ()) is None  # (not C's rows)
     moved = kir.Load("c", kir.add(here.index, kir.i64(1)), "f32")  # (C's next element)
     nest, gemm, _ = _epilogue_nest([("r", 64)], value=kir.Bin("add", here, moved, "f32"))
-    assert render._epilogue(nest, gemm, ()) is None
+    assert shapes._epilogue(nest, gemm, ()) is None
     nest, gemm, _ = _epilogue_nest([("r", 64)], index=kir.mul(kir.Ref("e"), 64))
-    assert render._epilogue(nest, gemm, ()) is None  # (stores another element)
+    assert shapes._epilogue(nest, gemm, ()) is None  # (stores another element)
     local = kir.Bin("add", here, kir.Ref("x", "f32"), "f32")
     nest, gemm, _ = _epilogue_nest([("r", 64)], value=local)
-    assert render._epilogue(nest, gemm, ()) is None
-    assert render._epilogue(nest, gemm, ("x",)) is not None  # (a loop value of the call)
+    assert shapes._epilogue(nest, gemm, ()) is None
+    assert shapes._epilogue(nest, gemm, ("x",)) is not None  # (a loop value of the call)
     # merged with another loop over the rows (``_row_merged``), even in one column loop:
     # the epilogue's store apart, the rest as it was; not where the rest reads C
     nest, gemm, here = _epilogue_nest([("r", 64)])
@@ -592,18 +592,18 @@ def test_the_elementwise_epilogues_a_rows_product_makes_as_it_stores_c():
     merged = kir.For(
         "r", nest.lo, nest.hi, (kir.For("e", col.lo, col.hi, (other, *col.body)),), True
     )
-    mine, rest = render._epilogue_apart(merged, gemm, ())
+    mine, rest = shapes._epilogue_apart(merged, gemm, ())
     assert mine == nest and rest.body[0].body == (other,)
     reads_c = kir.Store("g", col.body[0].index, here)
     merged = kir.For(
         "r", nest.lo, nest.hi, (kir.For("e", col.lo, col.hi, (reads_c, *col.body)),), True
     )
-    assert render._epilogue_apart(merged, gemm, ()) == (None, None)
+    assert shapes._epilogue_apart(merged, gemm, ()) == (None, None)
     writes_bias = kir.Store("bias", kir.Ref("e"), kir.Load("h", col.body[0].index, "f32"))
     merged = kir.For(
         "r", nest.lo, nest.hi, (kir.For("e", col.lo, col.hi, (writes_bias, *col.body)),), True
     )
-    assert render._epilogue_apart(merged, gemm, ()) == (None, None)
+    assert shapes._epilogue_apart(merged, gemm, ()) == (None, None)
 
 
 EPILOGUES = """

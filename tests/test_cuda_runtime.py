@@ -26,7 +26,7 @@ from test_cuda import _nvcc
 from timerlc.codegen import kir
 from timerlc.codegen.generate import generate, listing
 from timerlc.compiler import compile_plan, run_passes
-from timerlc.cuda import nvrtc, render
+from timerlc.cuda import nvrtc, prelude, render
 from timerlc.cuda.emu import compiler
 from timerlc.diagnostics import RunError, Source
 from timerlc.frontend.check import check_source
@@ -1877,7 +1877,7 @@ def test_cupy_device_s_launch_passes_the_loop_values_as_the_module_s_struct():
 
     # the module's struct and the runtime's parameter buffers agree
     assert cuda.ARGS == render.ARGS
-    assert f"struct tl_args {{ long long v[{render.ARGS}]; }};" in render.PRELUDE
+    assert f"struct tl_args {{ long long v[{render.ARGS}]; }};" in prelude.PRELUDE
     signature = (
         "void **table, const tl_args args_in, char *scratch, int *err, const long long *shift"
     )
@@ -1885,7 +1885,7 @@ def test_cupy_device_s_launch_passes_the_loop_values_as_the_module_s_struct():
     assert (
         "tl_set_shift(long long *shift, const int *index, long long n,\n"
         "                                        const tl_args d)"
-    ) in render.SHIFT_KERNEL
+    ) in prelude.SHIFT_KERNEL
     seen = []
 
     class _Driver:

@@ -28,7 +28,7 @@ from pathlib import Path
 HEADER = Path(__file__).with_name("emu.h")
 RUNTIME = Path(__file__).with_name("emu_rt.cc")
 # tl_emu_launch(function, table, args, nargs, scratch, err, blocks, shift): the module's
-# entry to each of its functions (``render.PRELUDE``)
+# entry to each of its functions (``prelude.PRELUDE``)
 LAUNCH = ctypes.CFUNCTYPE(
     None,
     ctypes.c_void_p,
@@ -40,7 +40,7 @@ LAUNCH = ctypes.CFUNCTYPE(
     ctypes.c_uint,
     ctypes.c_void_p,
 )
-# tl_set_shift_emu(shift, index, n, d, blocks) (cuda.render.SHIFT_KERNEL)
+# tl_set_shift_emu(shift, index, n, d, blocks) (cuda.prelude.SHIFT_KERNEL)
 SHIFT = ctypes.CFUNCTYPE(
     None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_uint
 )

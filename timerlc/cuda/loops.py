@@ -20,7 +20,7 @@ wait for. The loop is then one launch (``render_loop``):
   rows the block's: no cuBLAS), a run of checks on one thread;
 - every temporary of every statement has scratch memory of its own (``layout``): blocks
   run different statements at once; a row's element loop that only stores is spread over
-  the block's threads (``render._spread``);
+  the block's threads (``shapes._spread``);
 - a failure sets the block's code, which it records (``tl_failed``) and stops; every block
   stops at the iteration after its next once the record is set (thread 0 reads the record
   during an iteration, the block looks at the read at the top of the next: the read's wait
@@ -59,16 +59,10 @@ from timerlc.codegen.kir import (
 )
 from timerlc.codegen.lower import interval as _interval
 from timerlc.codegen.lower import plan_expr
-from timerlc.cuda import render
-from timerlc.cuda.render import (
-    THREADS,
-    Unsupported,
-    _buffers,
-    _lets,
-    _nest,
-    _refs,
-    _written,
-)
+from timerlc.cuda import cexpr, render
+from timerlc.cuda.cexpr import Unsupported
+from timerlc.cuda.facts import _buffers, _lets, _nest, _refs, _written
+from timerlc.cuda.render import THREADS
 from timerlc.plan import arena
 from timerlc.plan import expr as px
 from timerlc.plan.items import Call, Plan, _item_json
@@ -471,7 +465,7 @@ class _RowKernel(render._Kernel):
     """A statement's kernel as part of a loop kernel: its steps over the block's rows."""
 
     def __init__(self, k: kir.Kernel, facts: _Facts):
-        super().__init__(k, blas=False, merge_rows=False)  # (render._spread: yes)
+        super().__init__(k, blas=False, merge_rows=False)  # (shapes._spread: yes)
         self.facts = facts
         # temporaries in the block's shared memory: name -> (array, bytes a row, bytes)
         self.in_shared: dict[str, tuple[str, int, int]] = {}
@@ -506,7 +500,7 @@ class _RowKernel(render._Kernel):
             return super().temp_pointer(tmp, dt, off)
         self.pointed.add(tmp)
         array, c, _ = self.in_shared[tmp]
-        t, b = render.MTYPE[dt], render.buf(tmp)
+        t, b = cexpr.MTYPE[dt], render.buf(tmp)
         # (row r of it at byte C * r: the block's first row at the array's start)
         return f"  {t} *{b} = ({t} *)((char *){array} - tl_rb * {c}LL);"
 
@@ -819,7 +813,7 @@ class _RowKernel(render._Kernel):
                 skip = self.label()
                 self.emit(depth, "if (threadIdx.x == 0) {")
                 for v, dt in _lets(st.body).items():
-                    self.emit(depth + 1, f"{render.CTYPE[dt]} {render.name(v)};")
+                    self.emit(depth + 1, f"{cexpr.CTYPE[dt]} {render.name(v)};")
                 self.stmts(st.body, depth + 1, skip)
                 self.end(depth + 1, skip)
                 self.emit(depth, "}")
@@ -974,7 +968,7 @@ class _LoopText:
                 total += size
                 name = f"tl_w{len(staged)}"
                 staged[key] = (name, cols)
-                t = render.CTYPE[dt]
+                t = cexpr.CTYPE[dt]
                 self.emit(1, f"__shared__ {t} {render.buf(name)}[{rows * cols}];")
                 # (not where the table has no memory for it: a buffer no call of this
                 # launch reaches, which its product's guard keeps it from reading)

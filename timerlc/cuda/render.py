@@ -42,15 +42,20 @@ is set: the runtime reads it only when it next waits for the device. A parallel 
 element loop inside a loop over points, the cpu's blocks of a layer chain) runs on its
 step's thread like any loop, but for ``if c: <parallel loop>``, which becomes the loop of
 ``if c: <its body>``.
-Scalars follow NumPy's semantics for their dtype, as the LLVM
-renderer's do (``docs/codegen.md``): the helpers of ``PRELUDE``. Bools are ``bool`` in
-registers and one byte in memory.
+Scalars follow NumPy's semantics for their dtype, as the LLVM renderer's do
+(``docs/codegen.md``): the helpers of ``prelude.PRELUDE``, spelled by ``cexpr``. Bools are
+``bool`` in registers and one byte in memory.
 
-Random draws call the Philox library of ``_philox_c`` (bit for bit ``timerlc/rng.py``, as the
-LLVM kernels' draws are; the module must be compiled without contracting multiply-adds:
-``--fmad=false``). An environment's kernel (``codegen.envs``) finds its state at the table
+Random draws call the Philox library of ``prelude._philox_c`` (bit for bit
+``timerlc/rng.py``, as the LLVM kernels' draws are; the module must be compiled without
+contracting multiply-adds: ``--fmad=false``). An environment's kernel (``codegen.envs``) finds its state at the table
 entries the runtime keeps for it, as on the cpu. Not rendered yet (``Unsupported``): tree
 functions.
+
+What the renderer asks of statements before it cuts them into steps is in ``cuda.facts``
+(reads, writes, independence, nests) and ``cuda.shapes`` (the loop shapes it recognizes:
+column sums, epilogues, rows a chain's levels keep to); the C text every module starts
+with is ``cuda.prelude``'s.
 """
 
 from __future__ import annotations
@@ -58,9 +63,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import struct
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from timerlc.codegen import kir
 from timerlc.codegen.kir import (
@@ -81,423 +84,83 @@ from timerlc.codegen.kir import (
     Un,
 )
 from timerlc.cuda import products
+from timerlc.cuda.cexpr import (
+    CTYPE,
+    MTYPE,
+    RNG_FUNCTIONS,
+    Unsupported,
+    binary,
+    cast,
+    const,
+    identity,
+    unary,
+)
+from timerlc.cuda.facts import (
+    _FACTS,
+    _TOUCHED,
+    _apart_sums,
+    _assignment,
+    _buffers,
+    _by_id,
+    _carried,
+    _check_supported,
+    _column_loads,
+    _conj,
+    _constant_nest,
+    _exclusive,
+    _exprs,
+    _fails_any,
+    _grid_work,
+    _groups,
+    _independent,
+    _independent_of_run,
+    _joins,
+    _lets,
+    _lin,
+    _nest,
+    _plan_expr,
+    _point_loads,
+    _pushed_in,
+    _read,
+    _refs,
+    _refs_of,
+    _rewrites,
+    _runs,
+    _subst,
+    _uniform,
+    _uniform_checks,
+    _updates,
+    _written,
+)
 from timerlc.cuda.nvrtc import NO_TF32, TF32_ONLY
+from timerlc.cuda.prelude import (
+    PRELUDE,
+    SHIFT_KERNEL,
+    _philox_c,
+    leave_out,
+)
+from timerlc.cuda.shapes import (
+    _column_sum,
+    _epilogue,
+    _epilogue_apart,
+    _gram_loop,
+    _lanes_combine,
+    _level_accesses,
+    _levels_local,
+    _one_column,
+    _own_grid,
+    _product_loop,
+    _row_loop,
+    _row_stride,
+    _rows_local,
+    _spread,
+    _spread_nest,
+    _zeros,
+)
 from timerlc.plan import expr as px
 from timerlc.plan import items
 from timerlc.plan.arena import first_fit
 from timerlc.plan.items import MAX_PHASES
-
-CTYPE = {"bool": "bool", "i32": "int", "i64": "long long", "f32": "float", "f64": "double"}
-MTYPE = {
-    "bool": "unsigned char",
-    "i32": "int",
-    "i64": "long long",
-    "f32": "float",
-    "f64": "double",
-}
-SUFFIX = {"bool": "b", "i32": "i32", "i64": "i64", "f32": "f32", "f64": "f64"}
-
-
-class Unsupported(Exception):
-    """A kernel this renderer does not render yet."""
-
-
-def leave_out(text: str, macro: str) -> str:
-    """``text`` inside ``#ifndef macro``: a compile that defines ``macro`` leaves it out."""
-    end = "" if text.endswith("\n") else "\n"
-    return f"#ifndef {macro}\n{text}{end}#endif\n"
-
-
-# NumPy's semantics for each scalar op and dtype (as timerlc/llvm/render.py computes them)
-PRELUDE = r"""
-#ifndef __CUDACC_RTC__ /* NVRTC has the math library built in */
-#include <math.h>
-#include <string.h>
-#endif
-#define TL_F __host__ __device__ inline
-#ifdef TL_EMU
-#define TL_UNROLL
-#else /* (a loop's next loads go out before its sums wait for the first: UNROLL) */
-#define TL_UNROLL _Pragma("unroll @UNROLL@")
-#endif
-/* a chain's shared memory past what a function may declare (render._Kernel.chain_body):
-   the launch's dynamic shared memory on a GPU, whose bytes the runtime asks for
-   (ChainCall.shared); a block's array of ``count`` on the emulation */
-#ifdef TL_EMU
-#define TL_DYNAMIC_SHARED(name, count) static float4 name[count]
-#else
-#define TL_DYNAMIC_SHARED(name, count) extern __shared__ float4 name[]
-#endif
-typedef long long i64;
-typedef unsigned long long u64;
-typedef unsigned int u32;
-
-/* a call's loop values, passed by value (ARGS of them at most): no copy to the device */
-struct tl_args { long long v[8]; };
-
-/* a call's loop values: the launch's, plus ``shift``'s where it is not null (a launch of a
-   CUDA graph, replayed for other values of the loops around it: runtime/graphs.py) */
-__device__ inline tl_args tl_shifted(const tl_args &a, const long long *shift) {
-  tl_args s = a;
-  if (shift)
-    for (int k = 0; k < 8; k++) s.v[k] += shift[k];
-  return s;
-}
-
-#ifdef TL_EMU
-/* the host's entry to every function of the module on the emulation (cuda/emu.py): ``k``
-   over ``blocks`` blocks (emu.h), its ``nargs`` loop values read from the host's array
-   ``args``, ``shift`` passed on. One entry for all (the functions share a signature): a
-   module compiles in some third less time than with an entry for each function. */
-typedef void (*tl_function)(void **, const tl_args, char *, int *, const long long *);
-struct tl_call {
-  tl_function k;
-  void **table;
-  tl_args a;
-  char *scratch;
-  int *err;
-  const long long *shift;
-};
-static void tl_call_thunk(void *c) {
-  const tl_call *x = (const tl_call *)c;
-  x->k(x->table, x->a, x->scratch, x->err, x->shift);
-}
-extern "C" void tl_emu_launch(tl_function k, void **table, const long long *args,
-                              unsigned nargs, char *scratch, int *err, unsigned blocks,
-                              const long long *shift) {
-  tl_call c = {k, table, {}, scratch, err, shift};
-  memcpy(c.a.v, args, (nargs < 8 ? nargs : 8) * sizeof(long long));
-  tl_emu_run(blocks, tl_emu_threads(), tl_call_thunk, &c);
-}
-#endif
-
-/* the stream's first failure: its code in err[0], then (as long longs from byte 8) the
-   statement that failed and its call's loop values, which the runtime reads when it next
-   waits for the device (runtime/cuda.py: a failure is explained then) */
-__device__ inline void tl_failed(int *err, int code, long long sid, const tl_args &args) {
-  if (atomicCAS(err, 0, code) == 0) {
-    long long *record = (long long *)err;
-    record[1] = sid;
-    for (int k = 0; k < 8; k++) record[2 + k] = args.v[k];
-  }
-}
-
-/* a grid-stride loop's first point for thread ``f`` of a grid of ``step`` threads, where the
-   loop's point 0 goes to thread ``off`` (loops side by side over one grid): ``f - off``, or
-   for the threads before ``off`` the first of their points ``f - off + k * step`` >= 0: one
-   step on where the grid spans the loop's offset, as it mostly does (a division of 64-bit
-   values is a call of some hundred instructions: PPO's copies of the weights, 60 loops side
-   by side, made one each a thread) */
-__device__ inline long long tl_skew(long long f, long long off, long long step) {
-  long long g = f - off;
-  if (g >= 0) return g;
-  if (g + step >= 0) return g + step;
-  return g + ((-g + step - 1) / step) * step;
-}
-
-/* the blocks' tickets of a reduction whose last block combines the partial results (one
-   counter after the failure record: the calls of kernels with scratch memory never run at
-   once, and the last block sets it back to 0) */
-__device__ inline unsigned *tl_count(int *err) { return (unsigned *)((long long *)err + 10); }
-
-/* an array reduction's blocks in groups of tl_group_size(blocks), about the square root of
-   their number: the last block of each group to finish combines the group's partial copies
-   into its first, with a counter a group after tl_count (at most 256 groups: runtime/cuda.py's
-   ERR_WORDS); then the last of those combines the groups' (a last block alone read all the
-   copies, one after another: 2,048 of them were as many loads a thread); 1 where one group
-   would hold them all (no groups: the last block combines the copies) */
-__device__ inline unsigned *tl_groups(int *err) { return (unsigned *)((long long *)err + 11); }
-__device__ inline unsigned tl_group_size(unsigned blocks) {
-  unsigned g = (unsigned)sqrtf((float)blocks);
-  while (g * g < blocks) g++;
-  return g < blocks ? g : 1;
-}
-
-/* a launch's blocks between a product of ours and the loops beside it (render's
-   own_beside): the product's first, as many as it asks for (pb) where the loops keep as many
-   as they ask for (lb) or an eighth of the grid, whichever is fewer, and one at least (a
-   product's block has far more work than a loop's: a 65,536 x 64 x 64 product's 1,024
-   tiles on a grid of 660 lost half their blocks to cheap loops at a half); one block alone
-   makes both */
-__device__ inline unsigned tl_beside_split(unsigned grid, unsigned pb, unsigned lb) {
-  if (grid <= 1) return 1;
-  unsigned l = lb < grid / 8 ? lb : grid / 8;
-  if (l < 1) l = 1;
-  return pb < grid - l ? pb : grid - l;
-}
-
-/* integers wrap (two's complement), as LLVM's add/sub/mul and NumPy's do */
-TL_F int tl_add_i32(int a, int b) { return (int)((u32)a + (u32)b); }
-TL_F int tl_sub_i32(int a, int b) { return (int)((u32)a - (u32)b); }
-TL_F int tl_mul_i32(int a, int b) { return (int)((u32)a * (u32)b); }
-TL_F int tl_neg_i32(int a) { return (int)(0u - (u32)a); }
-TL_F i64 tl_add_i64(i64 a, i64 b) { return (i64)((u64)a + (u64)b); }
-TL_F i64 tl_sub_i64(i64 a, i64 b) { return (i64)((u64)a - (u64)b); }
-TL_F i64 tl_mul_i64(i64 a, i64 b) { return (i64)((u64)a * (u64)b); }
-TL_F i64 tl_neg_i64(i64 a) { return (i64)(0ull - (u64)a); }
-
-/* floor division and modulo: by 0 they give 0, by -1 the negation (wrapping) and 0 */
-#define TL_INTDIV(T, S)                                                        \
-  TL_F T tl_floordiv_##S(T a, T b) {                                          \
-    if (b == 0) return 0;                                                      \
-    if (b == -1) return tl_neg_##S(a);                                         \
-    T q = a / b, r = a % b;                                                    \
-    return (r != 0 && ((r ^ b) < 0)) ? q - 1 : q;                              \
-  }                                                                            \
-  TL_F T tl_mod_##S(T a, T b) {                                                \
-    if (b == 0 || b == -1) return 0;                                           \
-    T r = a % b;                                                               \
-    return (r != 0 && ((r ^ b) < 0)) ? r + b : r;                              \
-  }                                                                            \
-  TL_F T tl_rem_##S(T a, T b) { return (b == 0 || b == -1) ? 0 : a % b; }     \
-  TL_F T tl_pow_##S(T a, T b) {                                                \
-    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);         \
-    T acc = 1, base = a;                                                       \
-    while (b != 0) {                                                           \
-      if (b & 1) acc = tl_mul_##S(acc, base);                                  \
-      base = tl_mul_##S(base, base);                                           \
-      b = (T)((u64)b >> 1);                                                    \
-    }                                                                          \
-    return acc;                                                                \
-  }                                                                            \
-  TL_F T tl_abs_##S(T a) { return a < 0 ? tl_neg_##S(a) : a; }                \
-  TL_F T tl_sign_##S(T a) { return (T)((a > 0) - (a < 0)); }                  \
-  TL_F T tl_max_##S(T a, T b) { return a >= b ? a : b; }                      \
-  TL_F T tl_min_##S(T a, T b) { return a <= b ? a : b; }
-TL_INTDIV(int, i32)
-TL_INTDIV(i64, i64)
-
-/* floats: nan wins minimum and maximum; % has the divisor's sign (a zero too) */
-#define TL_FLOAT(T, S, F)                                                      \
-  TL_F T tl_max_##S(T a, T b) { return (a >= b || a != a) ? a : b; }          \
-  TL_F T tl_min_##S(T a, T b) { return (a <= b || a != a) ? a : b; }          \
-  TL_F T tl_mod_##S(T a, T b) {                                                \
-    T r = fmod##F(a, b);                                                       \
-    if (r != 0) return ((r < 0) != (b < 0)) ? r + b : r;                       \
-    return copysign##F((T)0, b);                                               \
-  }                                                                            \
-  TL_F T tl_floordiv_##S(T a, T b) { return floor##F(a / b); }                 \
-  TL_F T tl_sign_##S(T a) { return a > 0 ? (T)1 : (a < 0 ? (T)-1 : a); }     \
-  TL_F T tl_sigmoid_##S(T a) {                                                 \
-    double d = (double)a, e = exp(-fabs(d));                                   \
-    return (T)(d >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e));                     \
-  }
-TL_FLOAT(float, f32, f)
-TL_FLOAT(double, f64, )
-
-/* a double's bits and back (device code has intrinsics; NVRTC has no string.h) */
-#ifdef __CUDA_ARCH__
-TL_F u64 tl_bits_f64(double x) { return (u64)__double_as_longlong(x); }
-TL_F double tl_f64_bits(u64 b) { return __longlong_as_double((long long)b); }
-#else
-TL_F u64 tl_bits_f64(double x) { u64 b; memcpy(&b, &x, 8); return b; }
-TL_F double tl_f64_bits(u64 b) { double x; memcpy(&x, &b, 8); return x; }
-#endif
-
-/* TF32 (cuda/products.py's TF32 functions, --matmul-precision tensorfloat32): a float as
-   the tensor cores take it, 10 bits of mantissa (cvt.rna: to the nearest, ties away from
-   zero), its bits and its value; and mma.sync m16n8k8, d (16 x 8) += a (16 x 8) @ b (8 x 8)
-   over a warp's fragments (an Ampere's or later: the functions that call it run only where
-   TF32 is asked for). The emulation's own are in emu.h. */
-#ifndef TL_EMU
-__device__ __forceinline__ unsigned tl_tf32(float x) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  unsigned r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-#else
-  return __float_as_uint(x);
-#endif
-}
-__device__ __forceinline__ float tl_tf32_value(float x) { return __uint_as_float(tl_tf32(x)); }
-__device__ __forceinline__ void tl_mma_tf32(float *d, const unsigned *a, const unsigned *b) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-  __trap();
-#endif
-}
-#endif
-
-/* a float to an int truncates; nan and values out of range give the smallest int */
-TL_F int tl_f2i32(double v) {
-  double t = trunc(v);
-  return (t >= -2147483648.0 && t < 2147483648.0) ? (int)t : (int)0x80000000u;
-}
-TL_F i64 tl_f2i64(double v) {
-  double t = trunc(v);
-  return (t >= -9223372036854775808.0 && t < 9223372036854775808.0) ? (i64)t
-                                                                      : (i64)0x8000000000000000ull;
-}
-"""
-
-
-def _philox_c() -> str:
-    """Philox4x32-10 and the draws of ``timerlc/rng.py`` in C, operation by operation as
-    ``timerlc/llvm/philox.py`` computes them (the module is compiled without contracting
-    multiply-adds, ``--fmad=false``, so that every operation rounds once, as NumPy's do)."""
-    from timerlc import rng
-
-    def f(x: float) -> str:
-        return f"{x.hex()}"
-
-    rounds = []
-    for r in range(rng.PHILOX_ROUNDS):
-        k0 = (r * rng.PHILOX_W0) % 2**32
-        k1 = (r * rng.PHILOX_W1) % 2**32
-        rounds.append(
-            f"  {{ u64 p0 = (u64)x0 * {rng.PHILOX_M0}ull, p1 = (u64)x2 * {rng.PHILOX_M1}ull;\n"
-            f"    u32 y0 = (u32)(p1 >> 32) ^ x1 ^ (k0 + {k0}u), "
-            f"y2 = (u32)(p0 >> 32) ^ x3 ^ (k1 + {k1}u);\n"
-            f"    x0 = y0; x1 = (u32)p1; x2 = y2; x3 = (u32)p0; }}"
-        )
-    k = {n: f(getattr(rng, n)) for n in ("LN2_HI", "LN2_LO", "TWOPI_2M53")}
-    k |= {f"LG{i}": f(getattr(rng, f"LG{i}")) for i in range(1, 8)}
-    k |= {f"S{i}": f(getattr(rng, f"S{i}")) for i in range(1, 7)}
-    k |= {f"C{i}": f(getattr(rng, f"C{i}")) for i in range(1, 7)}
-    return (
-        "struct tl_lanes { u32 x0, x1, x2, x3; };\n"
-        "TL_F tl_lanes tl_rng_block(int seed, int site, i64 p, i64 e) {\n"
-        "  u32 x0 = (u32)(u64)e, x1 = (u32)((u64)e >> 32), x2 = (u32)(u64)p, "
-        "x3 = (u32)((u64)p >> 32);\n"
-        "  u32 k0 = (u32)seed, k1 = (u32)site;\n"
-        + "\n".join(rounds)
-        + "\n  tl_lanes r = {x0, x1, x2, x3};\n  return r;\n}\n"
-        + _subst_consts(_RNG_C, k, rng._LOG_SPLIT)
-    )
-
-
-def _subst_consts(text: str, k: dict, split: int) -> str:
-    text = text.replace("$SPLIT", f"{split}ull")
-    for n in sorted(k, key=len, reverse=True):
-        text = text.replace(f"${n}", k[n])
-    return text
-
-
-_RNG_C = r"""
-TL_F u64 tl_rng_n53(u32 a, u32 b) { return ((u64)(a >> 5) << 26) | (u64)(b >> 6); }
-TL_F double tl_rng_log64(double x) {
-  u64 bits = tl_bits_f64(x);
-  i64 e = (i64)(bits >> 52) - 1023;
-  u64 m = bits & ((1ull << 52) - 1);
-  int big = m >= $SPLIT;
-  i64 k = e + big;
-  u64 yb = m | (big ? (0x3FEull << 52) : (0x3FFull << 52));
-  double y = tl_f64_bits(yb);
-  double f = y - 1.0;
-  double hfsq = (0.5 * f) * f;
-  double s = f / (2.0 + f);
-  double z = s * s, w = z * z;
-  double t1 = w * ($LG2 + w * ($LG4 + w * $LG6));
-  double t2 = z * ($LG1 + w * ($LG3 + w * ($LG5 + w * $LG7)));
-  double r = t2 + t1, dk = (double)k;
-  return dk * $LN2_HI - ((hfsq - (s * (hfsq + r) + dk * $LN2_LO)) - f);
-}
-TL_F double tl_rng_ksin(double x) {
-  double z = x * x, v = z * x;
-  double r = $S2 + z * ($S3 + z * ($S4 + z * ($S5 + z * $S6)));
-  return x + v * ($S1 + z * r);
-}
-TL_F double tl_rng_kcos(double x) {
-  double z = x * x;
-  double r = z * ($C1 + z * ($C2 + z * ($C3 + z * ($C4 + z * ($C5 + z * $C6)))));
-  double hz = 0.5 * z, w = 1.0 - hz;
-  return w + (((1.0 - w) - hz) + z * r);
-}
-TL_F double tl_rng_cos_turns53(u64 n) {
-  u64 q = (n + (1ull << 50)) >> 51;
-  i64 j = (i64)n - (i64)(q << 51);
-  double x = (double)j * $TWOPI_2M53;
-  double s = tl_rng_ksin(x), c = tl_rng_kcos(x);
-  double cos0 = (q & 1) ? s : c;
-  u64 q3 = q & 3;
-  return (q3 == 1 || q3 == 2) ? -cos0 : cos0;
-}
-TL_F int tl_rng_bits(int seed, int site, i64 p, i64 e) {
-  return (int)tl_rng_block(seed, site, p, e).x0;
-}
-TL_F float tl_rng_uniform_f32(int seed, int site, i64 p, i64 e) {
-  return (float)(tl_rng_block(seed, site, p, e).x0 >> 8) * 0x1p-24f;
-}
-TL_F double tl_rng_uniform_f64(int seed, int site, i64 p, i64 e) {
-  tl_lanes x = tl_rng_block(seed, site, p, e);
-  return (double)tl_rng_n53(x.x0, x.x1) * 0x1p-53;
-}
-TL_F float tl_rng_uniform_range_f32(int seed, int site, i64 p, i64 e, float lo, float hi) {
-  return lo + (hi - lo) * tl_rng_uniform_f32(seed, site, p, e);
-}
-TL_F double tl_rng_uniform_range_f64(int seed, int site, i64 p, i64 e, double lo, double hi) {
-  return lo + (hi - lo) * tl_rng_uniform_f64(seed, site, p, e);
-}
-TL_F double tl_rng_normal_f64(int seed, int site, i64 p, i64 e) {
-  tl_lanes x = tl_rng_block(seed, site, p, e);
-  u64 a = tl_rng_n53(x.x0, x.x1), b = tl_rng_n53(x.x2, x.x3);
-  double u1 = (double)((1ull << 53) - a) * 0x1p-53;
-  double r = sqrt(-2.0 * tl_rng_log64(u1));
-  return r * tl_rng_cos_turns53(b);
-}
-TL_F float tl_rng_normal_f32(int seed, int site, i64 p, i64 e) {
-  return (float)tl_rng_normal_f64(seed, site, p, e);
-}
-TL_F float tl_rng_normal_affine_f32(int seed, int site, i64 p, i64 e, float mean, float std) {
-  return mean + std * tl_rng_normal_f32(seed, site, p, e);
-}
-TL_F double tl_rng_normal_affine_f64(int seed, int site, i64 p, i64 e, double mean, double std) {
-  return mean + std * tl_rng_normal_f64(seed, site, p, e);
-}
-/* a permutation of 0..n-1: the stable argsort of bits(e) (rng.permutation); the keys
-   (bits << 32 | e) are distinct, so any sort is stable; a bottom-up merge sort in the
-   scratch's 2n words */
-TL_F u64 tl_perm_key_at(int seed, int site, i64 p, i64 e) {
-  return ((u64)(u32)tl_rng_bits(seed, site, p, e) << 32) | (u64)e;
-}
-TL_F void tl_rng_permutation(int seed, int site, i64 p, i64 n, int *out, i64 *scratch) {
-  u64 *a = (u64 *)scratch, *b = (u64 *)scratch + n;
-  for (i64 e = 0; e < n; e++) a[e] = tl_perm_key_at(seed, site, p, e);
-  for (i64 w = 1; w < n; w *= 2) {
-    for (i64 lo = 0; lo < n; lo += 2 * w) {
-      i64 mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
-      i64 i = lo, j = mid, o = lo;
-      while (i < mid && j < hi) b[o++] = a[i] <= a[j] ? a[i++] : a[j++];
-      while (i < mid) b[o++] = a[i++];
-      while (j < hi) b[o++] = a[j++];
-    }
-    u64 *t = a; a = b; b = t;
-  }
-  for (i64 e = 0; e < n; e++) out[e] = (int)(a[e] & 0xFFFFFFFFull);
-}
-/* the same on the grid (a kernel's step per call, render._Kernel.permute): the keys, then
-   each pass of the merge sort by rank (an element's place in its pair of runs is its place
-   in its run plus the partner run's keys below it, a binary search), then the indices */
-TL_F void tl_perm_key(int seed, int site, i64 p, i64 e, u64 *a) {
-  a[e] = tl_perm_key_at(seed, site, p, e);
-}
-/* or by buckets (render._Kernel.perm_buckets): key e's bucket, the top d bits of its draw
-   (the buckets in the keys' order) */
-TL_F unsigned tl_perm_bucket(u64 key, int d) { return d ? (unsigned)(key >> (64 - d)) : 0u; }
-TL_F void tl_perm_merge(const u64 *src, u64 *dst, i64 n, i64 w, i64 e) {
-  u64 x = src[e];
-  i64 run = e / w, lo = run * w, pair = (run & ~1LL) * w;
-  i64 plo = (run & 1) ? pair : pair + w;
-  if (plo > n) plo = n;
-  i64 phi = plo + w < n ? plo + w : n, a = plo, b = phi;
-  while (a < b) {
-    i64 m = a + (b - a) / 2;
-    if (src[m] < x) a = m + 1; else b = m;
-  }
-  dst[pair + (e - lo) + (a - plo)] = x;
-}
-TL_F double tl_rng_gumbel_f64(int seed, int site, i64 p, i64 e) {
-  tl_lanes x = tl_rng_block(seed, site, p, e);
-  u64 n = tl_rng_n53(x.x0, x.x1);
-  double u = (double)((n >> 1) * 2 + 1) * 0x1p-53;
-  return -tl_rng_log64(-tl_rng_log64(u));
-}
-"""
 
 
 def head() -> str:
@@ -670,27 +333,6 @@ class Launches:
     scratch: int
     fails: bool = True  # whether a step can fail (else no failure code to read back)
     repeat: int = 1  # the times a call runs the phases (``kir.Kernel.repeat``)
-
-
-# the shifts of a CUDA graph's call sites (runtime/graphs.py), set on the device before a
-# replay: ``shift[i]`` is ``d.v[index[i] - 1]``, or 0 where ``index[i]`` is 0 (the changes of
-# the outer loops' parts by value, as loop values are: no copy from the host's memory)
-SHIFT_KERNEL = r"""
-extern "C" __global__ void tl_set_shift(long long *shift, const int *index, long long n,
-                                        const tl_args d) {
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (long long)gridDim.x * blockDim.x)
-    shift[i] = index[i] ? d.v[index[i] - 1] : 0;
-}
-#ifdef TL_EMU
-extern "C" void tl_set_shift_emu(long long *shift, const int *index, long long n,
-                                 const long long *d, unsigned blocks) {
-  tl_args a = {};
-  memcpy(a.v, d, 8 * sizeof(long long));
-  TL_EMU_LAUNCH(blocks, tl_set_shift, shift, index, n, a);
-}
-#endif
-"""
 
 
 def render_module(
@@ -3982,111 +3624,7 @@ class _Kernel:
         raise Unsupported(f"the expression {type(e).__name__}")
 
 
-_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-_FMATH = {
-    "exp": "exp",
-    "log": "log",
-    "log1p": "log1p",
-    "sqrt": "sqrt",
-    "tanh": "tanh",
-    "sin": "sin",
-    "cos": "cos",
-    "floor": "floor",
-    "ceil": "ceil",
-    "round": "rint",
-}
-
-
-def unary(op: str, x: str, dt: str) -> str:
-    s = SUFFIX[dt]
-    isf = dt in ("f32", "f64")
-    if op == "not":
-        return f"(!{x})"
-    if op == "neg":
-        return f"(-{x})" if isf else f"tl_neg_{s}({x})"
-    if op in ("abs", "sign"):
-        if isf and op == "abs":
-            return f"fabs{'f' if dt == 'f32' else ''}({x})"
-        return f"tl_{op}_{s}({x})"
-    if op == "sigmoid" and isf:
-        return f"tl_sigmoid_{s}({x})"
-    if op in _FMATH and isf:
-        return f"{_FMATH[op]}{'f' if dt == 'f32' else ''}({x})"
-    raise Unsupported(f"{op} of {dt}")
-
-
-def binary(op: str, a: str, b: str, dt: str) -> str:
-    s = SUFFIX[dt]
-    isf = dt in ("f32", "f64")
-    if op in _CMP:
-        return f"({a} {_CMP[op]} {b})"
-    if op == "and":
-        return f"({a} && {b})"
-    if op == "or":
-        return f"({a} || {b})"
-    if op in ("add", "sub", "mul"):
-        if isf:
-            return f"({a} {'+-*'[('add', 'sub', 'mul').index(op)]} {b})"
-        return f"tl_{op}_{s}({a}, {b})"
-    if op == "div" and isf:
-        return f"({a} / {b})"
-    if op in ("minimum", "maximum"):
-        if dt == "bool":
-            return f"({a} {'&&' if op == 'minimum' else '||'} {b})"
-        return f"tl_{op[:3]}_{s}({a}, {b})"
-    if op == "pow":
-        return f"pow{'f' if dt == 'f32' else ''}({a}, {b})" if isf else f"tl_pow_{s}({a}, {b})"
-    if op in ("floordiv", "mod") or (op == "rem" and not isf):
-        return f"tl_{op}_{s}({a}, {b})"
-    raise Unsupported(f"{op} of {dt}")
-
-
-def cast(x: str, src: str, dst: str) -> str:
-    if src == dst:
-        return x
-    if dst == "bool":
-        return f"({x} != 0)"
-    if src in ("f32", "f64") and dst in ("i32", "i64"):
-        return f"tl_f2{dst}((double)({x}))"
-    return f"(({CTYPE[dst]})({x}))"
-
-
-def const(v, dtype: str) -> str:
-    if dtype == "bool":
-        return "true" if v else "false"
-    if dtype == "i32":
-        return f"({int(v)})" if int(v) != -(2**31) else "((int)0x80000000u)"
-    if dtype == "i64":
-        return f"({int(v)}LL)" if int(v) != -(2**63) else "((long long)0x8000000000000000ull)"
-    x = float(v)
-    f = "f" if dtype == "f32" else ""
-    if math.isnan(x):
-        return f"(({CTYPE[dtype]})tl_f64_bits(0x7FF8000000000000ull))"
-    if math.isinf(x):
-        return f"(({CTYPE[dtype]})({'-' if x < 0 else ''}tl_f64_bits(0x7FF0000000000000ull)))"
-    if dtype == "f32":
-        import numpy as np
-
-        x = float(np.float32(x))
-    bits = struct.unpack(">Q", struct.pack(">d", x))[0]
-    return f"({x.hex()}{f})" if bits else f"(0.0{f})"
-
-
 # ----------------------------------------------------------------------------- analyses
-RNG_FUNCTIONS = frozenset(
-    f"tl_rng_{f}"
-    for f in (
-        "uniform_f32",
-        "uniform_f64",
-        "uniform_range_f32",
-        "uniform_range_f64",
-        "normal_f32",
-        "normal_f64",
-        "normal_affine_f32",
-        "normal_affine_f64",
-        "gumbel_f64",
-    )
-)
 
 
 def _perm_digits(n: int) -> int | None:
@@ -4097,38 +3635,6 @@ def _perm_digits(n: int) -> int | None:
     while (PERM_BUCKET << d) < n:
         d += 1
     return d if (1 << d) <= PERM_BUCKETS else None
-
-
-def _check_supported(body):
-    facts = [_facts(s) for s in body]
-    why = next((f.tree for f in facts if f.tree), None)  # (a tree's statement first)
-    why = why or next((f.call for f in facts if f.call), None)
-    if why is not None:
-        raise Unsupported(why)
-
-
-def _pushed_in(s):
-    """``if c: for v (parallel): body`` as ``for v (parallel): if c: body``, so that the loop
-    is a step of its own, where ``c`` is the same at every iteration and on every thread: it
-    cannot name ``v``, and it reads no memory the loop writes and no local the loop assigns
-    (a thread would see another's writes, or its own uninitialized local); any other
-    statement as it is."""
-    if (
-        isinstance(s, If)
-        and not s.orelse
-        and len(s.then) == 1
-        and isinstance(s.then[0], For)
-        and s.then[0].parallel
-    ):
-        loop = s.then[0]
-        reads = {e.buf for e in kir.subexprs(s.cond) if isinstance(e, Load)}
-        if reads & _written(loop.body) or _refs_of(s.cond) & set(_lets(loop.body)):
-            return s
-        inner = loop.body[0] if len(loop.body) == 1 else None
-        if _nestable(inner):  # (below the parallel loops nested in it: the nest stays whole)
-            return dataclasses.replace(loop, body=(_pushed_in(If(s.cond, (inner,), ())),))
-        return dataclasses.replace(loop, body=(If(s.cond, loop.body, ()),))
-    return s
 
 
 # the most a step before or after a reduction's combination may ask to join it (a 64x64
@@ -4245,349 +3751,6 @@ def _combines(st: _Step, number: int) -> bool:
     )
 
 
-def _column_sum(red, s: Gemm) -> str | None:
-    """The float64 temporary that reduction ``red`` sums the columns of gemm ``s``'s B
-    into (``t[e] = t[e] + f64(B[r, e])`` over B's k rows r and n columns e; r may be a
-    nest of loops, ``r = (r1 * n2 + r2) * n3 + ...``, as REINFORCE's environments and
-    steps), or None."""
-    if not (isinstance(red, For) and len(red.reduce) == 1 and red.reduce[0][1] == "add"):
-        return None
-    acc, rows, inner = red.reduce[0][0], [], red
-    while not inner.parallel or inner is red:  # (the row loops, down to the parallel one)
-        if not (
-            isinstance(inner, For)
-            and inner.lo == kir.i64(0)
-            and isinstance(inner.hi, Const)
-            and len(inner.body) == 1
-            and isinstance(inner.body[0], For)
-        ):
-            return None
-        rows.append((inner.var, inner.hi.value))
-        inner = inner.body[0]
-    if not (
-        math.prod(extent for _, extent in rows) == s.k
-        and (inner.lo, inner.hi) == (kir.i64(0), kir.i64(s.n))
-        and len(inner.body) == 1
-        and isinstance(inner.body[0], Store)
-    ):
-        return None
-    st, e = inner.body[0], Ref(inner.var)
-    v = st.value
-    if not (
-        st.buf == acc
-        and st.index == e
-        and isinstance(v, Bin)
-        and v.op == "add"
-        and v.a == Load(acc, e, "f64")
-        and isinstance(v.b, Cast)
-        and v.b.dtype == "f64"
-        and isinstance(v.b.x, Load)
-        and v.b.x.buf == s.b
-        and v.b.x.dtype == "f32"
-    ):
-        return None
-    from timerlc.codegen.lower import _affine
-
-    stride = 1 if s.tb else s.ldb  # (a row's step in B's memory)
-    want = {inner.var: s.ldb if s.tb else 1}
-    for var, extent in reversed(rows):
-        want[var] = stride
-        stride *= extent
-    got = _affine(v.b.x.index, {inner.var, *(var for var, _ in rows)})
-    if got is None or got[0] != s.boff or got[1] != want:
-        return None
-    return acc
-
-
-def _epilogue(nest, s: Gemm, params) -> tuple | None:
-    """Whether ``nest`` is an elementwise epilogue of gemm ``s``'s C: parallel loops over
-    its m rows (one, or a nest whose iterations in order are C's rows: REINFORCE's
-    environments and steps) around one over its n columns, whose one statement stores C's
-    element (``C[coff + row * ldc + column]``), reading C only there, no local but its
-    loops' variables and the call's loop values (``params``), no draw: what a rows
-    function of ours can store in its place (``_rows_epilogues``). ``(rows, column)``, the
-    row loops' ``(variable, extent)`` outer first and the column loop's variable, or
-    None."""
-    from timerlc.codegen.lower import _affine
-
-    rows, inner = [], nest
-    while isinstance(inner, For) and len(inner.body) == 1 and isinstance(inner.body[0], For):
-        if not (
-            inner.parallel
-            and not inner.reduce
-            and inner.lo == kir.i64(0)
-            and isinstance(inner.hi, Const)
-        ):
-            return None
-        rows.append((inner.var, inner.hi.value))
-        inner = inner.body[0]
-    if not (
-        rows
-        and math.prod(extent for _, extent in rows) == s.m
-        and isinstance(inner, For)
-        and not inner.reduce
-        and (inner.lo, inner.hi) == (kir.i64(0), kir.i64(s.n))
-        and len(inner.body) == 1
-        and isinstance(inner.body[0], Store)
-    ):
-        return None
-    st, names = inner.body[0], {inner.var, *(v for v, _ in rows)}
-    want, stride = {inner.var: 1}, s.ldc
-    for var, extent in reversed(rows):
-        want[var] = stride
-        stride *= extent
-    if st.buf != s.c or _affine(st.index, names) != (s.coff, want):
-        return None
-    allowed = names | set(params)
-    for e in kir.subexprs(st.value):
-        if isinstance(e, Load) and e.buf == s.c:
-            if e.dtype != s.dtype or _affine(e.index, names) != (s.coff, want):
-                return None
-        elif isinstance(e, Ref) and e.name not in allowed or isinstance(e, Fn):
-            return None
-    return rows, inner.var
-
-
-def _epilogue_apart(nest, s: Gemm, params) -> tuple:
-    """``(epilogue, rest)``: ``nest`` itself where it is an epilogue of gemm ``s``'s C
-    (``_epilogue``; rest None); or, where the renderer merged it with other loops over the
-    same rows (``_row_merged``: a layer's bias and ``tanh`` beside another layer's
-    gradient, in one row loop, even one column loop), the epilogue's loops with its store
-    alone and ``nest`` without that store, where nothing else in it touches what the store
-    touches; else ``(None, None)``."""
-    if _epilogue(nest, s, params):
-        return nest, None
-    mine, rest = _store_apart(nest, s.c)
-    if mine is None or rest is None or not _epilogue(mine, s, params):
-        return None, None
-    if not _independent([rest], [mine]):
-        return None, None
-    return mine, rest
-
-
-def _store_apart(x, c: str) -> tuple:
-    """Loops ``x`` as ``(the loops around the one statement that touches buffer c, with
-    it alone; x without it)``, each None where empty; ``(None, None)`` where more than one
-    statement of a body touches ``c`` or one that does is not a loop's or a store."""
-    if isinstance(x, Store):
-        return (x, None) if x.buf == c else (None, None)
-    if not isinstance(x, For):
-        return None, None
-    touching = [k for k, y in enumerate(x.body) if c in _buffers([y])]
-    if len(touching) != 1:
-        return None, None
-    k = touching[0]
-    mine, rest = _store_apart(x.body[k], c)
-    if mine is None:
-        return None, None
-    others = x.body[:k] + ((rest,) if rest is not None else ()) + x.body[k + 1 :]
-    return (
-        dataclasses.replace(x, body=(mine,)),
-        dataclasses.replace(x, body=others) if others else None,
-    )
-
-
-def _one_column(x, s: Gemm | None = None):
-    """A scalar accumulator's statement in the form of an array's of one element
-    (``_gram_sums``, a gram of one column, PPO's value head's: ``_zeros`` and
-    ``_column_sum`` then match): ``t[0] = 0`` as a parallel loop of one that sets it;
-    the reduction ``t[0] = t[0] + f64(B[r])`` (``s``'s B, over the rows' loops) with its
-    store in a parallel loop over B's one column (``c``: ``t[c] = t[c] + f64(B[r + c *
-    stride])``, the column's stride in B's memory). Anything else as it is."""
-    zero = kir.i64(0)
-    if isinstance(x, Store) and x.index == zero and isinstance(x.value, Const):
-        v = f"{x.buf}$one"
-        return For(v, zero, kir.i64(1), (Store(x.buf, Ref(v), x.value),), True)
-    if not (s is not None and isinstance(x, For) and len(x.reduce) == 1):
-        return x
-    acc = x.reduce[0][0]
-
-    def inner(loop: For):
-        (body,) = loop.body if len(loop.body) == 1 else (None,)
-        if isinstance(body, For) and not body.parallel:
-            got = inner(body)
-            return None if got is None else dataclasses.replace(loop, body=(got,))
-        v = body.value if isinstance(body, Store) else None
-        if not (
-            isinstance(body, Store)
-            and body.buf == acc
-            and body.index == zero
-            and isinstance(v, Bin)
-            and v.op == "add"
-            and v.a == Load(acc, zero, "f64")
-            and isinstance(v.b, Cast)
-            and isinstance(v.b.x, Load)
-            and v.b.x.buf == s.b
-        ):
-            return None
-        c = Ref(f"{acc}$one")
-        at = kir.add(v.b.x.index, kir.mul(c, s.ldb if s.tb else 1))
-        term = dataclasses.replace(v.b, x=dataclasses.replace(v.b.x, index=at))
-        store = Store(acc, c, Bin("add", Load(acc, c, "f64"), term, v.dtype))
-        return dataclasses.replace(loop, body=(For(c.name, zero, kir.i64(1), (store,), True),))
-
-    got = inner(x)
-    return x if got is None else got
-
-
-def _zeros(init, acc: str, n: int) -> bool:
-    """Whether ``init`` is a parallel loop that sets the ``n`` elements of ``acc`` to 0."""
-    if not (
-        isinstance(init, For)
-        and init.parallel
-        and (init.lo, init.hi) == (kir.i64(0), kir.i64(n))
-        and len(init.body) == 1
-        and isinstance(init.body[0], Store)
-    ):
-        return False
-    st = init.body[0]
-    return (
-        st.buf == acc
-        and st.index == Ref(init.var)
-        and isinstance(st.value, Const)
-        and st.value.value == 0
-    )
-
-
-def _independent_of_run(loop: For, run: list, shared=()) -> bool:
-    """Whether parallel ``loop`` and the statements ``run`` (on one thread) touch nothing
-    of each other's (``_independent``), and the loop reads no local the run assigns."""
-    return _independent([loop], run, shared) and not _refs([loop]) & set(_lets(run))
-
-
-def _independent(a: list, b: list, shared=()) -> bool:
-    """Whether the statements ``a`` and ``b`` touch nothing of each other's: neither writes
-    a buffer the other reads or writes (parallel loops may then run in any order, on any
-    threads); ``shared``: buffers that may be one memory (``kir.Kernel.shared``: a donor's
-    and its donee's), each standing for all of them."""
-
-    def of(names: set) -> set:
-        return {"\0shared" if x in shared else x for x in names} if shared else names
-
-    wa, wb = of(_written(a)), of(_written(b))
-    return not (wa & of(_buffers(b)) or wb & of(_buffers(a)))
-
-
-def _lets(body) -> dict:
-    """The locals ``body`` assigns, with their dtypes (the first's)."""
-    out: dict = {}
-    for s in kir.walk_tree(body):
-        if isinstance(s, Let):
-            out.setdefault(s.name, s.dtype)
-    return out
-
-
-def _exprs(body):
-    """Every expression of the statements of ``body``, nested ones included."""
-    for s in kir.walk_tree(body):
-        for e in kir.own_exprs(s):
-            yield from kir.subexprs(e)
-
-
-def _refs(body) -> set[str]:
-    """Every local (and loop variable) the statements of ``body`` read."""
-    return set().union(*(_facts(s).refs for s in body))
-
-
-class _Facts(NamedTuple):
-    """What the renderer asks of a statement and the statements inside it, again and again
-    (``_facts``): the locals it reads, a tree's statement in it or a call it has no function
-    for (why it cannot render it: ``_check_supported``), whether it has a failure, a product
-    or a permutation, and whether it calls a function (``_row_loop``)."""
-
-    refs: frozenset
-    tree: str | None
-    call: str | None
-    stops: bool
-    calls: bool
-
-
-# per statement, by its identity: its ``_Facts``, each statement walked once a build
-_FACTS: dict[int, tuple] = {}
-
-
-def _facts(s) -> _Facts:
-    """Statement ``s``'s ``_Facts``."""
-    return _by_id(_FACTS, s, _facts_of)
-
-
-def _facts_of(s) -> _Facts:
-    # (its own expressions, then the facts of the statements it holds, each kept: a nest's
-    # statements are walked once, not once for each statement around them)
-    refs: set[str] = set()
-    tree = call = None
-    calls = False
-    if isinstance(s, (kir.Loop, kir.Launch, kir.Host)):
-        tree = f"a {type(s).__name__} (a tree's statement)"
-    stops = isinstance(s, (Fail, Gemm, Permute))
-    for own in kir.own_exprs(s):
-        for e in kir.subexprs(own):
-            if isinstance(e, Ref):
-                refs.add(e.name)
-            elif isinstance(e, Fn):
-                calls = True
-                if call is None and e.name not in RNG_FUNCTIONS:
-                    call = f"a call of {e.name}"
-    for x in kir.nested(s):
-        f = _facts(x)
-        refs |= f.refs
-        tree = tree or f.tree
-        call = call or f.call
-        stops = stops or f.stops
-        calls = calls or f.calls
-    return _Facts(frozenset(refs), tree, call, stops, calls)
-
-
-def _by_id(store: dict, x, make):
-    """``make(x)``, kept in ``store`` by ``x``'s identity with ``x`` itself (so that its id is
-    not another's while it is there): ``_TOUCHED``, ``_FACTS``, ``_KEYS``, each emptied by
-    ``render_kernels`` (a build's fused kernels share their parts' statements)."""
-    got = store.get(id(x))
-    if got is None or got[0] is not x:
-        got = store[id(x)] = (x, make(x))
-    return got[1]
-
-
-# a statement's buffers (``_touched``), by its identity
-_TOUCHED: dict[int, tuple] = {}
-
-
-def _touched(s) -> tuple[frozenset, frozenset]:
-    """The buffers statement ``s`` reads or writes, and those it writes."""
-    return _by_id(_TOUCHED, s, _touched_of)
-
-
-def _touched_of(s) -> tuple[frozenset, frozenset]:
-    # (its own, then those of the statements it holds, each kept, as ``_facts_of``)
-    both = {e.buf for own in kir.own_exprs(s) for e in kir.subexprs(own) if isinstance(e, Load)}
-    read, wrote = kir.own_buffers(s)
-    both.update(read + wrote)
-    written = set(wrote)
-    for x in kir.nested(s):
-        b, w = _touched(x)
-        both |= b
-        written |= w
-    return frozenset(both), frozenset(written)
-
-
-def _read(s) -> set[str]:
-    """The buffers statement ``s`` reads."""
-    out = {e.buf for e in _exprs((s,)) if isinstance(e, Load)}
-    for x in kir.walk_tree((s,)):
-        out.update(kir.own_buffers(x)[0])
-    return out
-
-
-def _buffers(body) -> set[str]:
-    """Every buffer (slot or temporary) the statements of ``body`` read or write."""
-    return set().union(*(_touched(s)[0] for s in body))
-
-
-def _written(body) -> set[str]:
-    """Every buffer the statements of ``body`` write."""
-    return set().union(*(_touched(s)[1] for s in body))
-
-
 def _extent(loop: For, otherwise: int = THREADS) -> int:
     """The iterations of a parallel loop, where its bounds are constants (else
     ``otherwise``, by default one block's worth: the loop strides over whatever grid it
@@ -4623,15 +3786,6 @@ def _flat_rows(s: For, form: tuple) -> tuple[For, tuple]:
     total = kir.i64(math.prod(_extent(x) for x in nest))
     flat = dataclasses.replace(s, var=point.name, lo=kir.i64(0), hi=total, body=(inner,))
     return flat, ("array", accs, inner)
-
-
-def _constant_nest(nest: list) -> bool:
-    """Whether ``nest`` is two loops or more, each of constant bounds and some iterations
-    (a nest ``_nest_lets`` numbers the points of)."""
-    return len(nest) >= 2 and all(
-        isinstance(x.lo, Const) and isinstance(x.hi, Const) and int(x.hi.value) > int(x.lo.value)
-        for x in nest
-    )
 
 
 def _nest_lets(point: Ref, nest: list) -> tuple:
@@ -4687,19 +3841,6 @@ def _flat_sum(s: For) -> For:
     point = Ref(f"{s.var}.flat")
     body = _nest_lets(point, nest) + tuple(nest[-1].body)
     return dataclasses.replace(s, var=point.name, lo=kir.i64(0), hi=kir.i64(total), body=body)
-
-
-def _carried(body, accs: dict) -> bool:
-    """Whether a statement of ``body`` (a loop's) reads a local that ``body`` assigns later
-    (a value one iteration passes the next), but for the accumulators ``accs``."""
-    later = set(_lets(body)) - set(accs)
-    for x in kir.walk_tree(body):  # (in the order they are written, nested ones too)
-        for e in kir.own_exprs(x):
-            if any(isinstance(r, Ref) and r.name in later for r in kir.subexprs(e)):
-                return True
-        if isinstance(x, Let):
-            later.discard(x.name)
-    return False
 
 
 def _wide(s: For) -> bool:
@@ -4880,85 +4021,6 @@ def _grid_sum(s, k: kir.Kernel) -> bool:
     )
 
 
-def _apart_sums(a: For, b: For, between: list) -> bool:
-    """Whether the reduction ``b`` may run with ``a``, before the statements ``between``: none of them can fail (a check may be what
-    allows ``b``'s reads), it reads nothing they or ``a`` write nor a local they assign,
-    and they touch nothing of its accumulator's."""
-    others = [a, *between]
-    if _fails_any(between):
-        return False
-    accs = {acc for acc, _ in b.reduce}
-    mine = accs | {x.var for x in kir.walk_tree(b.body) if isinstance(x, For)} | {b.var}
-    lets = set(_lets(others)) | {x.var for x in kir.walk_tree(others) if isinstance(x, For)}
-    return (
-        _independent([b], others)
-        and not (_refs([b]) - mine) & lets
-        and not accs & (_refs(others) | lets)
-        and not {acc for acc, _ in a.reduce} & _refs([b])
-    )
-
-
-def _groups(stmts) -> list[list]:
-    """``stmts`` in groups, in order, two statements in one where one writes a buffer the
-    other touches or they share a local (one assigns what the other reads or assigns),
-    directly or through others."""
-    n = len(stmts)
-    parent = list(range(n))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    info = [
-        (_written([x]), _buffers([x]), set(_lets([x])), _refs([x]) | set(_lets([x])))
-        for x in stmts
-    ]
-    for i in range(n):
-        for j in range(i):
-            wi, bi, li, ri = info[i]
-            wj, bj, lj, rj = info[j]
-            if wi & bj or wj & bi or li & rj or lj & ri:
-                parent[root(i)] = root(j)
-    groups: dict[int, list] = {}
-    for i, x in enumerate(stmts):
-        groups.setdefault(root(i), []).append(x)
-    return list(groups.values())
-
-
-def _subst(refs: dict):
-    from timerlc.codegen.fuse import _Subst
-
-    return _Subst(refs, {}, 0)
-
-
-def _rewrites(stmts) -> bool:
-    """Whether each buffer the statements ``stmts`` write is read, by any of them, only after
-    one of them stored into it (in their order, nested statements in theirs; a store's own
-    expressions read before it writes): run again, they make the same values (a merged row
-    loop's temporaries, each written, then read; not ``x = x + 1``, nor a read of a slot
-    another iteration left)."""
-    written = _written(stmts)
-    stored: set[str] = set()
-    for x in kir.walk_tree(stmts):
-        if not isinstance(x, (Store, Let, For, If)):  # (a product's reads are not loads)
-            return False
-        for e in kir.own_exprs(x):
-            for y in kir.subexprs(e):
-                if isinstance(y, Load) and y.buf in written and y.buf not in stored:
-                    return False
-        if isinstance(x, Store):
-            stored.add(x.buf)
-    return True
-
-
-def _own_grid(line: str) -> str:
-    """A line of a product's or a loop's that runs on a part of its launch's blocks
-    (``_Kernel.own_beside``): its block's number and the grid's, those of its part."""
-    return line.replace("blockIdx.x", "tl_bx").replace("gridDim.x", "tl_gx")
-
-
 def _merged(st: _Step) -> bool:
     """Whether step ``st`` is a gram's part function of ours that adds its copies itself
     (``products.merged``: the steps after its sums are its last block's, ``own_lines``)."""
@@ -5043,32 +4105,6 @@ def _chain_count(run: list) -> int | None:
         if st.kind == "blas":
             return next(iter(_chain_rows(st)))
     return None
-
-
-def _lin(e) -> dict | None:
-    """The integer expression ``e`` as a sum of its names each times a constant, and a
-    constant (key None), where it is one (sums, differences, products by constants)."""
-    if isinstance(e, Const) and not isinstance(e.value, (bool, float)):
-        return {None: int(e.value)}
-    if isinstance(e, Ref):
-        return {e.name: 1}
-    if not (isinstance(e, Bin) and e.op in ("add", "sub", "mul")):
-        return None
-    a, b = _lin(e.a), _lin(e.b)
-    if a is None or b is None:
-        return None
-    if e.op == "mul":
-        if set(b) <= {None}:
-            a, b = b, a
-        if not set(a) <= {None}:
-            return None
-        k = a.get(None, 0)
-        return {v: c * k for v, c in b.items()}
-    sign = -1 if e.op == "sub" else 1
-    out = dict(a)
-    for v, c in b.items():
-        out[v] = out.get(v, 0) + sign * c
-    return out
 
 
 def _is_gram(st: _Step) -> bool:
@@ -5278,98 +4314,6 @@ def _chain_remap(run: list, confined: frozenset) -> dict[str, int]:
     return out
 
 
-def _levels_local(items: list) -> bool:
-    """Whether each buffer one of the loops of ``items`` (``(loop, its row levels)``:
-    ``_row_levels``; a row ``r`` the points of its levels, ``sum((v - start) * W)``, the
-    last level's ``W`` 1) writes and another touches is accessed, in all of them, only at
-    ``S * r + f + base``: one row stride ``S`` per buffer, ``f`` within ``[0, S)`` over the
-    inner loops' ranges, ``base`` of the call's values alone and the same for all (a ring
-    buffer's slot) — a thread doing every loop's points of its rows touches nothing of
-    another's rows (``_rows_local``'s rule over one loop variable, here over levels)."""
-    accesses, varying = _level_accesses(items)
-    for uses in accesses.values():
-        if not any(w for _, _, _, w in uses) or len({k for k, _, _, _ in uses}) < 2:
-            continue
-        if _row_stride(uses, items, varying) is None:
-            return False
-    return True
-
-
-def _level_accesses(items: list) -> tuple[dict, set]:
-    """The loads and stores of the loops of ``items`` (``_levels_local``'s), by buffer
-    (``_collect``: ``[(loop number, index, inner ranges, written)]``), and the locals their
-    bodies set."""
-    accesses: dict = {}
-    for k, (loop, levels) in enumerate(items):
-        node = loop
-        for _ in levels[1:]:  # (the nest's levels: each the only statement of the one before)
-            node = node.body[0]
-        _collect(node.body, k, {}, accesses)
-    return accesses, set().union(*(_lets(loop.body) for loop, _ in items))
-
-
-def _row_stride(uses: list, items: list, varying: set) -> int | None:
-    """The row stride ``S`` of a buffer whose every access of ``uses`` (``_level_accesses``'
-    of the loops of ``items``) is at ``S * r + f + base`` (``_levels_local``); else None."""
-    stride, base = None, None
-    for k, index, ranges, _ in uses:
-        levels = items[k][1]
-        lin = _lin(index)
-        if lin is None:
-            return None
-        s = lin.get(levels[-1][0], 0)
-        if s <= 0 or stride not in (None, s):
-            return None
-        stride = s
-        rest = {v: c for v, c in lin.items() if v not in {x for x, _, _ in levels}}
-        w = 1
-        for var, lo, n in reversed(levels):
-            if lin.get(var, 0) != s * w:
-                return None
-            for v, c in _lin(lo).items():  # (the start's part: the base's)
-                rest[v] = rest.get(v, 0) + s * w * c
-            w *= n
-        lo = hi = rest.pop(None, 0)
-        sym = {}
-        for v, c in rest.items():
-            r = ranges.get(v)
-            if v in ranges and r is None or v in varying and c:
-                return None  # (an inner loop's of no constant bounds; a local's)
-            if r is not None:
-                lo += min(c * r[0], c * r[1])
-                hi += max(c * r[0], c * r[1])
-            elif c:
-                sym[v] = c
-        if base not in (None, sym) or lo < 0 or hi >= s:
-            return None
-        base = sym
-    return stride
-
-
-def _collect(stmts, k: int, ranges: dict, accesses: dict):
-    """The loads and stores of ``stmts`` into ``accesses`` (buffer -> ``[(k, index, the
-    inner loops' ranges, written)]``), each inner loop's range where its bounds are
-    constants, else None (``_rows_local``, ``_levels_local``)."""
-    for x in stmts:
-        if isinstance(x, For):
-            inner = dict(ranges)
-            if isinstance(x.lo, Const) and isinstance(x.hi, Const):
-                inner[x.var] = (int(x.lo.value), int(x.hi.value) - 1)
-            else:
-                inner[x.var] = None
-            _collect(x.body, k, inner, accesses)
-            continue
-        if isinstance(x, If):
-            _collect(x.then, k, ranges, accesses)
-            _collect(x.orelse, k, ranges, accesses)
-        if isinstance(x, Store):
-            accesses.setdefault(x.buf, []).append((k, x.index, ranges, True))
-        for e in kir.own_exprs(x):
-            for y in kir.subexprs(e):
-                if isinstance(y, Load):
-                    accesses.setdefault(y.buf, []).append((k, y.index, ranges, False))
-
-
 def _chain_statements(st: _Step) -> list:
     """What a chain's step touches in the chain (a gram's rows and A and B: ``_gram_loop``;
     a rows product's, its epilogue's; a loop step's)."""
@@ -5394,213 +4338,6 @@ def _chain_used(st: _Step) -> list:
         tail = [x for t in own.tail for x in t.statements()] if own is not None else []
         return [st.form, *sums, *tail]
     return [st.form, *([own.epilogue] if own is not None and own.epilogue is not None else [])]
-
-
-def _gram_loop(g: Gemm, var: str) -> For:
-    """Gram ``g``'s reads of A and B (each k x its columns, row by row) as a loop nest over
-    its rows (``var``): row ``r``'s m elements of A and n of B (``_chain_local``)."""
-    row, i, j = Ref(var), Ref(f"{var}_m"), Ref(f"{var}_n")
-
-    def at(off, ld: int, x):
-        return Bin("add", Bin("add", off, Bin("mul", row, kir.i64(ld), "i64"), "i64"), x, "i64")
-
-    a, b = Load(g.a, at(g.aoff, g.lda, i), g.dtype), Load(g.b, at(g.boff, g.ldb, j), g.dtype)
-    both = Bin("mul", a, b, g.dtype)
-    inner = For(f"{var}_n", kir.i64(0), kir.i64(g.n), (Let(f"{var}_v", g.dtype, both),))
-    mid = For(f"{var}_m", kir.i64(0), kir.i64(g.m), (inner,))
-    return For(var, kir.i64(0), kir.i64(g.k), (mid,), True)
-
-
-def _product_loop(g: Gemm, var: str) -> For:
-    """Rows product ``g``'s accesses of A and C as a loop nest over its rows (``var``):
-    row ``r``'s k elements of A read, its n of C written (``_chain_local``)."""
-    row, kk, col = Ref(var), Ref(f"{var}_k"), Ref(f"{var}_n")
-
-    def at(off, ld: int, x):
-        return Bin("add", Bin("add", off, Bin("mul", row, kir.i64(ld), "i64"), "i64"), x, "i64")
-
-    store = Store(g.c, at(g.coff, g.ldc, col), Load(g.a, at(g.aoff, g.lda, kk), g.dtype))
-    inner = For(f"{var}_n", kir.i64(0), kir.i64(g.n), (store,))
-    mid = For(f"{var}_k", kir.i64(0), kir.i64(g.k), (inner,))
-    return For(var, kir.i64(0), kir.i64(g.m), (mid,), True)
-
-
-def _row_loop(s) -> bool:
-    """A parallel loop over a constant range with nothing in it that stops (a failure) or
-    needs the grid (a product, a permutation) or an order (a draw)."""
-    return _nestable(s) and not any(f.stops or f.calls for f in map(_facts, s.body))
-
-
-def _rows_local(loops: list) -> bool:
-    """Whether each buffer one of ``loops`` (over one range) writes and another touches is
-    accessed, in all of them, only at ``C * row + f`` (the loop's variable ``row``, one
-    ``C`` per buffer, ``f`` within ``[0, C)`` over the inner loops' ranges): a thread doing
-    every loop's iteration for its row touches nothing another thread's row does."""
-    from timerlc.codegen.lower import _affine
-
-    accesses: dict = {}  # buffer -> [(loop number, index, inner ranges, written)]
-    for k, loop in enumerate(loops):
-        _collect(loop.body, k, {loop.var: "row"}, accesses)
-    # (a buffer's accesses may all start at one offset that is not a constant, the same for
-    # every thread: of the call's values alone, as a ring buffer's slot, ``mod(j, 2) * 256``)
-    varying = set().union(*(_lets(loop.body) for loop in loops))
-    for uses in accesses.values():
-        if not any(w for _, _, _, w in uses) or len({k for k, _, _, _ in uses}) < 2:
-            continue
-        stride, base = None, None
-        for n, (k, index, ranges, _) in enumerate(uses):
-            row = loops[k].var
-            names = set(ranges)
-            aff = _affine(index, names)
-            if aff is None:
-                return False
-            rest = None if isinstance(aff[0], Const) else aff[0]
-            if rest is not None and (
-                any(isinstance(x, (Load, kir.Fn)) for x in kir.subexprs(rest))
-                or _refs_of(rest) & varying
-            ):
-                return False
-            if n and rest != base:
-                return False
-            base = rest
-            coef = aff[1]
-            c = coef.get(row, 0)
-            if c <= 0 or stride not in (None, c):
-                return False
-            stride = c
-            lo = hi = int(aff[0].value) if rest is None else 0
-            for v, a in coef.items():
-                if v == row:
-                    continue
-                r = ranges.get(v)
-                if r is None or r == "row":
-                    return False
-                lo += min(a * r[0], a * r[1])
-                hi += max(a * r[0], a * r[1])
-            if lo < 0 or hi >= c:
-                return False
-    return True
-
-
-def _spread(body) -> tuple:
-    """``body`` with the element loop of a parallel loop over rows marked parallel where its
-    iterations are independent (its body only stores, each at an index that its variable
-    moves: ``t1[b * 64 + e] = tanh(...)``): the nest is one loop over the grid, a thread per
-    element (``_nest``), where a thread per row would leave most of a GPU idle and each
-    warp's accesses a row apart (PPO's [65536, 64] layers: 65,536 threads, each storing 64
-    floats 256 bytes from its neighbour's; now 4,194,304 threads, a warp's stores in one
-    stretch). A loop kernel's block has a few rows: the same, over its threads."""
-    out = []
-    for s in body:
-        if isinstance(s, For) and s.parallel:
-            s = _spread_nest(s)
-        elif isinstance(s, If):
-            s = dataclasses.replace(s, then=_spread(s.then), orelse=_spread(s.orelse))
-        out.append(s)
-    return tuple(out)
-
-
-def _spread_nest(s: For) -> For:
-    """The parallel loop ``s`` with the loop its nest of parallel loops (``_nest``) ends on
-    marked parallel where that loop's iterations are independent (``_spread``)."""
-    inner = s.body[0] if len(s.body) == 1 else _merged_elements(s.body)
-    if not isinstance(inner, For) or inner.reduce:
-        return s
-    if inner.parallel:
-        return dataclasses.replace(s, body=(_spread_nest(inner),)) if _nestable(inner) else s
-    if _independent_elements(inner):
-        return dataclasses.replace(s, body=(dataclasses.replace(inner, parallel=True),))
-    return s
-
-
-def _merged_elements(body) -> For | None:
-    """The loops ``body`` (a fused kernel's statements at a row: PPO's first layers of the
-    actor and the critic, which read the same observations) as one loop, the later loops'
-    variables renamed to the first's, where they run over one constant range and the one
-    loop's iterations are independent (``_independent_elements``); else None."""
-    from timerlc.codegen.fuse import _Subst
-
-    first = body[0] if body else None
-    if len(body) < 2 or not isinstance(first, For):
-        return None
-    stmts: list = []
-    for x in body:
-        if not (
-            isinstance(x, For)
-            and not x.parallel
-            and not x.reduce
-            and isinstance(x.lo, Const)
-            and x.lo == first.lo
-            and x.hi == first.hi
-        ):
-            return None
-        sub = _Subst({x.var: first.var}, {}, 0)
-        stmts += [sub.stmt(y) for y in x.body] if x.var != first.var else list(x.body)
-    merged = dataclasses.replace(first, body=tuple(stmts))
-    return merged if _independent_elements(merged) else None
-
-
-def _independent_elements(loop: For) -> bool:
-    """Whether ``loop``'s iterations are independent: it only stores, each store at an
-    index its variable moves, no draw, and a buffer it stores is read only at an index the
-    same iteration stored before (a fused kernel's value passed on at its element) or, where
-    the loop stores it at that index alone, the one it stores (in place)."""
-    from timerlc.codegen.fuse import _injective
-
-    if loop.reduce or not (isinstance(loop.lo, Const) and isinstance(loop.hi, Const)):
-        return False
-    if not loop.body or not all(isinstance(x, Store) for x in loop.body):
-        return False
-    stored = {x.buf for x in loop.body}
-    # where each store of a buffer is at one index, an iteration may read that element
-    # before it stores it (an epilogue in place: ``b[e] = tanh(b[e] + c[e])``)
-    at: dict = {}
-    for x in loop.body:
-        at.setdefault(x.buf, []).append(x.index)
-    before: set = set()  # (buffer, index) the iteration stored so far
-    for x in loop.body:
-        if not _injective(x.index, loop.var):
-            return False
-        for e in kir.subexprs(x.value):
-            if (
-                isinstance(e, Load)
-                and e.buf in stored
-                and (e.buf, e.index) not in before
-                and not all(_same_index(e.index, i) for i in at[e.buf])
-            ):
-                return False
-            if isinstance(e, kir.Fn):  # (a draw: its own order)
-                return False
-        before.add((x.buf, x.index))
-    return True
-
-
-def _same_index(a, b) -> bool:
-    """Whether the i64 expressions ``a`` and ``b`` are one value: the same, or the same sum
-    of its variables times constants plus a constant (``(t * 2) + ((b * 256) + e)`` and
-    ``((t * 2) + (b * 256)) + e``)."""
-    if a == b:
-        return True
-    from timerlc.codegen.lower import _affine
-
-    names = {e.name for x in (a, b) for e in kir.subexprs(x) if isinstance(e, Ref)}
-    fa, fb = _affine(a, names), _affine(b, names)
-    if fa is None or fb is None:
-        return False
-    (ra, ca), (rb, cb) = fa, fb
-    if not (isinstance(ra, Const) and isinstance(rb, Const)) or ra.value != rb.value:
-        return False
-    return {v: c for v, c in ca.items() if c} == {v: c for v, c in cb.items() if c}
-
-
-def _joins(run: list, prev, shared=()) -> bool:
-    """Whether the run on one thread ``run`` may be a loop of one point in the parallel step
-    ``prev``'s launch (``_Kernel._steps``): it assigns no local (a later step would read it
-    from the scratch memory), cannot fail, and touches nothing of the step's loops'."""
-    if prev is None or prev.kind not in ("parallel", "either") or not prev.form:
-        return False
-    loops = prev.body if prev.kind == "either" else (prev.body,)
-    return not _lets(run) and not _fails_any(run) and _independent(list(loops), run, shared)
 
 
 def _packed(loops, form) -> list[int]:
@@ -5642,27 +4379,6 @@ def _ranges_of(loops, offsets) -> list | None:
     return [(lo, hi, by[(lo, hi)]) for lo, hi in ranges]
 
 
-def _nestable(x) -> bool:
-    """Whether ``x`` is a parallel loop (not a reduction) whose bounds are constants: one
-    that joins a nest over the grid (``_nest``)."""
-    return (
-        isinstance(x, For)
-        and x.parallel
-        and not x.reduce
-        and isinstance(x.lo, Const)
-        and isinstance(x.hi, Const)
-    )
-
-
-def _nest(loop: For) -> list[For]:
-    """``loop`` and the parallel loops perfectly nested in it whose bounds are constants
-    (each the only statement of the one before): one loop over the grid (``grid_loop``)."""
-    nest = [loop]
-    while len(nest[-1].body) == 1 and _nestable(nest[-1].body[0]):
-        nest.append(nest[-1].body[0])
-    return nest
-
-
 def _grid_extent(loop: For) -> int:
     """The threads a parallel loop asks for: one per point of its nest (``_nest``)."""
     return max(1, min(_extent(loop) * math.prod(_extent(x) for x in _nest(loop)[1:]), 1 << 31))
@@ -5676,244 +4392,9 @@ def _terms(loop: For) -> int:
     return n * max([1] + [_terms(s) for s in inner])
 
 
-def _column_loads(body, var: str, params: set, written: set, shared: set) -> list:
-    """The loads in the statements of ``body`` before any that is not an assignment (an
-    ``if``, a loop, a failure), outside any part of an expression that may not run (a
-    selection's branches, the second operand of a logical one), whose index reads only
-    ``var`` and ``params`` and no memory, of a buffer not in ``written`` (nor sharing memory
-    with one: ``shared``), not bool: the loads a thread whose ``var`` is fixed may read
-    once (``_Kernel.column_loop``)."""
-    allowed = {var} | params
-    return _first_loads(body, lambda refs: refs <= allowed, written, shared)
-
-
-def _assignment(st) -> bool:
-    return isinstance(st, (Let, Store))
-
-
-def _point_loads(body, written: set, shared: set) -> list:
-    """The loads ``_column_loads`` would take, but whose index may read any local the
-    statements of ``body`` do not assign (the point's variables): the loads a point may
-    make before its first statement (``_Kernel.point``)."""
-    lets = set(_lets(body))
-    return _first_loads(body, lambda refs: not refs & lets, written, shared)
-
-
-def _first_loads(body, index_ok, written: set, shared: set) -> list:
-    """``_column_loads``'s loads, of an index whose locals ``index_ok`` takes."""
-    out: list = []
-
-    def visit(e):
-        if isinstance(e, Load):
-            idx = list(kir.subexprs(e.index))
-            if (
-                e.buf not in written
-                and e.buf not in shared
-                and e.dtype != "bool"
-                and not any(isinstance(x, (Load, Fn)) for x in idx)
-                and index_ok(_refs_of(e.index))
-            ):
-                if e not in out:
-                    out.append(e)
-                return
-            visit(e.index)
-            return
-        if isinstance(e, Sel):  # (one of its branches runs)
-            visit(e.cond)
-            return
-        if (
-            isinstance(e, Bin)
-            and e.op in ("and", "or", "minimum", "maximum")
-            and e.dtype == "bool"
-        ):
-            visit(e.a)  # (&&, ||: the second may not run)
-            return
-        for c in kir.children(e):
-            visit(c)
-
-    for st in body:
-        if isinstance(st, Let):
-            visit(st.value)
-        elif isinstance(st, Store):
-            visit(st.index)
-            visit(st.value)
-        else:
-            break
-    return out
-
-
-def _lanes_combine(loop) -> tuple | None:
-    """``(guard, loops)`` where ``loop`` combines an array reduction's copies
-    (``_Kernel._combine``: each element ``q`` of the temporaries, a loop over the blocks'
-    copies in block order for each, under the reduction's guard), else None."""
-    if not isinstance(loop, For):
-        return None
-    guard, inner = None, loop.body
-    if len(inner) == 1 and isinstance(inner[0], If) and not inner[0].orelse:
-        guard, inner = inner[0].cond, inner[0].then
-    q = loop.var
-    if not (
-        q.startswith("tl_q")
-        and isinstance(loop.lo, Const)
-        and isinstance(loop.hi, Const)
-        and inner
-        and all(
-            isinstance(f, For)
-            and f.var == f"tl_b{q.removeprefix('tl_q')}"
-            and isinstance(f.hi, Load)
-            and len(f.body) == 1
-            and isinstance(f.body[0], Store)
-            and f.body[0].index == Ref(q)
-            and isinstance(f.body[0].value, Bin)
-            and isinstance(f.body[0].value.b, Load)
-            for f in inner
-        )
-    ):
-        return None
-    return guard, inner
-
-
 def _array_blocks(size: int, grouped: bool = True) -> int:
     """The most blocks a reduction into a temporary of ``size`` elements runs on (each
     keeps a partial copy of it: at most ``PART_BYTES`` of them in all): ``ARRAY_PARTS``
     where its last blocks combine the copies in groups (``grouped``), else ``PARTS``."""
     most = ARRAY_PARTS if grouped else PARTS
     return max(1, min(most, PART_BYTES // (8 * max(size, 1))))
-
-
-def _uniform_checks(run: list, params: set) -> list:
-    """The statements of ``run`` where each is a check of the call's loop values alone
-    (``if c: fail k``, ``c`` the same on every thread), else []."""
-    ok = all(
-        isinstance(x, If)
-        and not x.orelse
-        and len(x.then) == 1
-        and isinstance(x.then[0], Fail)
-        and _uniform(x.cond, params)
-        for x in run
-    )
-    return list(run) if run and ok else []
-
-
-def _runs(loop: For) -> bool:
-    """Whether the parallel loop runs at least once at every call (constant bounds)."""
-    return (
-        isinstance(loop.lo, Const)
-        and isinstance(loop.hi, Const)
-        and int(loop.hi.value) > int(loop.lo.value)
-    )
-
-
-def _fails_any(run: list) -> bool:
-    return any(isinstance(x, Fail) for x in kir.walk_tree(run))
-
-
-def _uniform(e, params: set) -> bool:
-    """Whether expression ``e`` is the same on every thread of a call: it reads only the
-    call's loop values (no memory, no local, no draw)."""
-    return all(
-        isinstance(x, (Const, Bin, Un, Cast, Sel)) or isinstance(x, Ref) and x.name in params
-        for x in kir.subexprs(e)
-    )
-
-
-def _grid_work(s: If) -> bool:
-    """Whether the ``if`` holds a statement that runs on the grid."""
-    return any(
-        isinstance(x, (Gemm, Permute)) or isinstance(x, For) and (x.parallel or bool(x.reduce))
-        for x in kir.walk_tree(s.then + s.orelse)
-    )
-
-
-def _updates(body, accs: dict) -> bool:
-    """Whether ``body`` stores only into the temporaries ``accs`` (name -> (op, dtype)),
-    each store ``acc[i] = op(acc[i], x)`` (``x`` reading no accumulator), and reads them
-    nowhere else; each is stored."""
-    stores = [s for s in kir.walk_tree(body) if isinstance(s, Store)]
-    loads = [e for e in _exprs(body) if isinstance(e, Load) and e.buf in accs]
-    for s in stores:
-        v = s.value
-        if s.buf not in accs:
-            return False
-        op, dt = accs[s.buf]
-        if not (
-            isinstance(v, Bin)
-            and v.op == op
-            and v.a == Load(s.buf, s.index, dt)
-            and not accs.keys() & {e.buf for e in kir.subexprs(v.b) if isinstance(e, Load)}
-        ):
-            return False
-    return {s.buf for s in stores} == set(accs) and len(loads) == len(stores)
-
-
-_PLAN_OPS = {
-    "add": "add",
-    "sub": "sub",
-    "mul": "mul",
-    "lt": "lt",
-    "le": "le",
-    "gt": "gt",
-    "ge": "ge",
-    "eq": "eq",
-    "ne": "ne",
-    "and": "and",
-    "or": "or",
-    "minimum": "min",
-    "maximum": "max",
-}
-
-
-def _plan_expr(e, params: tuple):
-    """Kernel IR expression ``e`` (an index or a condition over the kernel's parameters) as
-    a plan expression (``plan.expr``), or None where it is not one (a load, a local, a
-    division by other than a positive constant, ...)."""
-    if isinstance(e, Const):
-        if e.dtype == "bool":
-            return bool(e.value)
-        return int(e.value) if e.dtype == "i64" else None
-    if isinstance(e, Ref):
-        return e.name if e.name in params and e.dtype == "i64" else None
-    if isinstance(e, Bin):
-        a, b = _plan_expr(e.a, params), _plan_expr(e.b, params)
-        if a is None or b is None:
-            return None
-        if e.op in ("floordiv", "mod"):
-            if not (isinstance(e.b, Const) and int(e.b.value) > 0):
-                return None
-            return ("fdiv_q" if e.op == "floordiv" else "mod", a, b)
-        op = _PLAN_OPS.get(e.op)
-        return None if op is None else (op, a, b)
-    if isinstance(e, Un) and e.op in ("not", "neg"):
-        x = _plan_expr(e.x, params)
-        return None if x is None else (e.op, x)
-    if isinstance(e, Sel):
-        parts = [_plan_expr(x, params) for x in (e.cond, e.a, e.b)]
-        return None if None in parts else ("select", *parts)
-    return None
-
-
-def _exclusive(a: frozenset, b: frozenset) -> bool:
-    """Whether guards with the literals ``a`` and ``b`` never hold at once (one has a
-    condition that the other negates: the branches of one ``if``)."""
-    return any((c, not holds) in b for c, holds in a)
-
-
-def _conj(guard, cond):
-    return cond if guard is None else Bin("and", guard, cond, "bool")
-
-
-def _refs_of(e) -> set[str]:
-    return {x.name for x in kir.subexprs(e) if isinstance(x, Ref)}
-
-
-def identity(op: str, dt: str) -> str:
-    """The value ``op`` (``kir.REDUCE_OPS``) leaves any value of ``dt`` alone with."""
-    isf = dt in ("f32", "f64")
-    bits = 32 if dt == "i32" else 64
-    v = {
-        "add": 0.0 if isf else 0,
-        "mul": 1.0 if isf else 1,
-        "maximum": -math.inf if isf else -(2 ** (bits - 1)),
-        "minimum": math.inf if isf else 2 ** (bits - 1) - 1,
-    }[op]
-    return const(v, dt)

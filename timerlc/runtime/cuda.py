@@ -317,7 +317,7 @@ class EmuDevice:
         self._issue(lambda: fn(table, values.ctypes.data, n, scratch, err, blocks, shift))
 
     def set_shift(self, fn, shift: int, index: int, n: int, deltas: np.ndarray):
-        """``tl_set_shift`` (``cuda.render.SHIFT_KERNEL``) over the ``n`` shifts at
+        """``tl_set_shift`` (``cuda.prelude.SHIFT_KERNEL``) over the ``n`` shifts at
         ``shift``."""
         d = np.zeros(ARGS, np.int64)
         d[: len(deltas)] = deltas
@@ -798,7 +798,7 @@ class CupyDevice:
         )
 
     def set_shift(self, fn: int, shift: int, index: int, n: int, deltas: np.ndarray):
-        """``tl_set_shift`` (``cuda.render.SHIFT_KERNEL``) over the ``n`` shifts at
+        """``tl_set_shift`` (``cuda.prelude.SHIFT_KERNEL``) over the ``n`` shifts at
         ``shift``: the values by value, in the launches' stream (before the graph)."""
         p = self._shift_params
         p[:] = 0
@@ -1465,7 +1465,7 @@ class DeviceRuntime(CpuRuntime):
         self.graph_refusals.append(f"{type(error).__name__}: {error}")
 
     def shift_function(self):
-        """The module's ``tl_set_shift`` (``cuda.render.SHIFT_KERNEL``)."""
+        """The module's ``tl_set_shift`` (``cuda.prelude.SHIFT_KERNEL``)."""
         if not hasattr(self, "_set_shift"):
             try:
                 self._set_shift = self.device.function(self._module, "tl_set_shift")
