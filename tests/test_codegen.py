@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -709,6 +710,62 @@ def test_a_product_in_a_branch_of_a_merge_computes_into_the_buffer():
     assert not [t for t in k.temps if t.size == 8 * 16], listing  # (no product's temporary)
     for name in ("g", "w"):
         np.testing.assert_allclose(rt.value(name), want[name], rtol=1e-6, atol=1e-6)
+
+
+def _gemm_lines(k) -> tuple[list[str], list[str]]:
+    """The gemm lines of kernel ``k``'s listing before its first vector loop (once a call,
+    over the points at once) and after it (one product a point)."""
+    lines = kir.text(k).splitlines()
+    first = next((n for n, x in enumerate(lines) if "(parallel)" in x), len(lines))
+    gemms = [(n, x) for n, x in enumerate(lines) if "= gemm." in x]
+    return [x for n, x in gemms if n < first], [x for n, x in gemms if n > first]
+
+
+def test_products_of_a_step_taken_at_all_points_or_none_run_over_the_points_at_once():
+    """A recurrence's product per point under a condition that names no vector dim (its
+    domain ``t >= 1``, a merge's inputs by ``t``: each holds at every ``b`` of a call or at
+    none) is one product over the points, before the vector loops, under that condition
+    (``lower._uniform_branch``; RNN REINFORCE's step back through time, 3.8 -> 0.3 us a
+    call); the inputs in order, first match winning (``y``'s product at ``t < 3`` before
+    the one at ``t < 5``). A condition that names a vector dim (``b == 0``) keeps one
+    product a point. The values are the reference's."""
+    text = """
+    config T = 7, B = 12, H = 16
+    dim b < B
+    dim t < T
+    w = reshape(f32(arange(H * H)) * 0.003 - 0.3, [H, H])
+    v = reshape(f32(arange(H * H)) * 0.002 - 0.25, [H, H])
+    x[b, t] = sin(f32(arange(H)) * 0.3 + f32(b) * 0.7 + f32(t) * 0.11)
+    h[b, 0] = x[b, 0]
+    h[b, t+1] = tanh(y[b, t] + q[b, t] + x[b, t]) when t == 0
+    h[b, t+1] = tanh(y[b, t] + q[b, t] + u[b, t] + x[b, t])
+    y[b, t] = h[b, t] @ w when t < 3
+    y[b, t] = h[b, t] @ v.T when t < 5
+    y[b, t] = zeros([H])
+    u[b, t+1] = h[b, t+1] @ v * 0.5
+    q[b, t] = h[b, t] @ w * 0.1 when b == 0
+    q[b, t] = h[b, t] @ v * 0.1
+    out h, y, q
+    """
+    rt, want, gen = native(text)
+    by_name = {gen.plan.buffer(k.sid).name: k for k in gen.kernels}
+    listing = kir.text(by_name["y"])
+    once, each = _gemm_lines(by_name["y"])
+    assert len(once) == 1 and "@ b1_0[0:]T" in once[0] and not each, listing  # (h @ v.T)
+    assert "if (not((t < 3)) && ((t >= 3) && (t < 5))):" in listing, listing  # (its guard)
+    assert _gemm_lines(by_name["q"]) == ([], []), kir.text(by_name["q"])  # (loops a point)
+    for name in ("h", "y", "q"):
+        np.testing.assert_allclose(rt.value(name), want[name], rtol=1e-5, atol=1e-6)
+    # RNN REINFORCE's step back through time: its domain t >= 1 and its merge's input by t
+    path = Path(__file__).resolve().parent.parent / "programs" / "rnn_reinforce.rtl"
+    rt, _, gen = native(path.read_text(), reference=False, B=16, T=20, I=2)
+    graph = check_source(Source("p.rtl", path.read_text()), {"B": "16", "T": "20", "I": "2"})
+    ref = run_graph(run_passes(graph, optimize=False))
+    want = {name: ref.value(name) for name in ("loss", "gnorm")}
+    guarded = [k for k in gen.kernels if _gemm_lines(k)[0] and "  if (t >= 1):" in kir.text(k)]
+    assert guarded and all(not _gemm_lines(k)[1] for k in guarded)
+    for name in ("loss", "gnorm"):  # (the gradient goes through the step)
+        np.testing.assert_allclose(rt.value(name), want[name], rtol=1e-4, atol=1e-6)
 
 
 def test_the_ops_after_a_product_work_in_place_in_its_buffer():

@@ -320,6 +320,9 @@ class _Lowering:
         self.target: str | None = None  # a temporary the values go to before the buffer
         self.branch = False  # lowering an input of a merge (see _merge)
         self.batchable = False  # see kernel()
+        # whether pre holds work that only the points of the statement's domain may do (a
+        # product over the points, a uniform branch's values): guarded by the domain
+        self.pre_guarded = False
         self.known = None  # the range of a gather's indices, where known (int_ranges)
         self.dest = None  # where the statement's matmul may write, straight into its buffer
         self.dest_node = None  # the node whose product that is (the statement's own, or a
@@ -369,8 +372,11 @@ class _Lowering:
             if n.op not in SUPPORTED:
                 raise Unsupported(f"op {n.op}")
         # values may be computed at every point of the vector dims' box at once (before the
-        # vector loops) where every point of the box is one of the statement's
-        self.batchable = bool(st.vector) and self._inside_box(st.domain) is True
+        # vector loops) where every point of the box is one of the statement's, or none of
+        # them: a domain that names no vector dim holds at all points of a call or at none
+        # (RNN REINFORCE's step back through time, t >= 1), that work then under it
+        inside = self._inside_box(st.domain)
+        self.batchable = bool(st.vector) and (inside is True or not self.names_vector(inside))
         own = st.node
         if own.op == "matmul" and self._direct():
             # the product goes straight into the buffer where it can (no temporary, no copy)
@@ -396,7 +402,10 @@ class _Lowering:
                 if d in self.vector:
                     lo, hi = self.vector_range(d)
                     point = (For(d, lo, hi, point, True),)
-        point = tuple(self.pre) + point
+        pre = tuple(self.pre)
+        if pre and inside is not True and (self.over_points or self.pre_guarded):
+            pre = (If(self.index(inside), pre),)
+        point = pre + point
         if self.block is not None:
             d0, per = self.block
             blocks = self.plan.buffer(st.id).box[st.dims.index(d0)] // per
@@ -602,7 +611,11 @@ class _Lowering:
         of range (``x[i-1]`` at ``i = 0``). A merge of one input that always applies (a
         tensor of one equation) is that input: what its value needs that does not depend on
         the vector dims (``max(x[0:K])`` in ``y[k] = x[k] - max(x[0:K])``) is computed once
-        per call, not at every point."""
+        per call, not at every point. So is it for an input that takes every point of a call
+        or none (``_uniform_branch``: its condition, and those of the inputs before it, name
+        no vector dim) and has a product: once per call under the condition that it
+        applies, so that its product runs over the points at once (RNN REINFORCE's step
+        back through time, ``dh[t] = dz[t+1] @ Wh^T`` where ``t < T``)."""
         if len(node.inputs) == 1 and (node.inputs[0].cond is None or node.inputs[0].cond is True):
             if not node.inputs[0].stored:
                 self._in_place(self.nodes[node.inputs[0].src])
@@ -621,8 +634,10 @@ class _Lowering:
                     out = (If(Un("not", self.index(r.cond), "bool"), tuple(out)),)
                 continue
             saved = self.point, self.vals
-            self.point, self.vals, self.branch = [], {}, True
-            batchable, self.batchable = self.batchable, False
+            guard = self._uniform_branch(node, k) if there is None else None
+            self.point, self.vals, self.branch = [], {}, guard is None
+            batchable, self.batchable = self.batchable, self.batchable and guard is not None
+            outer, self.pre = self.pre, ([] if guard is not None else self.pre)
             if self._direct_input(r):  # (a weight's gradient where it is computed)
                 self.dest = (
                     self.slot(self.st.id, 0, write=True),
@@ -637,11 +652,57 @@ class _Lowering:
                 branch = (If(Un("not", self.index(there), "bool"), branch),)
             (self.point, self.vals), self.branch = saved, False
             self.batchable = batchable
+            if guard is not None and self.pre:
+                if isinstance(guard, Const):  # (the first input: it applies wherever any does)
+                    outer.extend(self.pre)
+                else:
+                    outer.append(If(guard, tuple(self.pre)))
+                self.pre_guarded = True
+            self.pre = outer
             if r.cond is None:
                 out = branch
             else:
                 out = (If(self.index(r.cond), branch, out),)
         return list(out)
+
+    def _uniform_branch(self, node, k: int) -> Expr | None:
+        """Where input ``k`` of merge ``node`` applies at every point of a call or at none
+        and has a product, the condition (in the kernel's form) that it applies: its own and
+        no earlier input's (first match wins); else None. Only where the statement's values
+        may be computed over the points at once (``batchable``)."""
+        if not self.batchable:
+            return None
+        conds = [r.cond for r in node.inputs[: k + 1]]
+        if any(c is None or c is True for c in conds[:-1]):
+            return None  # (an earlier input always applies: this one never does)
+        if any(self.names_vector(c) for c in conds if c is not None and c is not True):
+            return None
+        if not self._has_product(node.inputs[k]):
+            return None
+        guard: Expr | None = None
+        for c in conds[:-1]:
+            g = Un("not", self.index(c), "bool")
+            guard = g if guard is None else Bin("and", guard, g, "bool")
+        own = conds[-1]
+        if own is not None and own is not True:
+            c = self.index(own)
+            guard = c if guard is None else Bin("and", guard, c, "bool")
+        return guard if guard is not None else Const("bool", True)
+
+    def _has_product(self, r) -> bool:
+        """Whether the value read ``r`` reaches is computed with a ``matmul`` of the
+        statement's own nodes."""
+        seen, todo = set(), [r]
+        while todo:
+            x = todo.pop()
+            if x.stored or x.src in seen or x.src not in self.nodes:
+                continue
+            seen.add(x.src)
+            n = self.nodes[x.src]
+            if n.op == "matmul":
+                return True
+            todo.extend(n.inputs)
+        return False
 
     def _in_place_input(self, r):
         """Where input ``r`` of the merge being lowered reads a buffer that lives in the

@@ -527,8 +527,12 @@ class _RowKernel(render._Kernel):
         for t in k.temps:
             self.sizes[t.name] = (("s", k.sid, t.name), kir.SIZES[t.dtype], t.offset)
         where = f"statement {k.sid}"
+        outer = ranges
         for j, st in enumerate(self.step_list):
             others = self.others_of(j)
+            # (a step under a guard makes its accesses only where the guard holds: a
+            # product over the rows under the call's condition, lower._uniform_branch)
+            ranges = outer if st.guard is None else self._narrow(st.guard, True, env, outer)
             if st.kind == "serial":
                 if any(isinstance(s, Store) for s in kir.walk_tree(st.body)):
                     raise Unsupported(f"{where}: a run on one thread writes memory")
