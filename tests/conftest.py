@@ -1,6 +1,7 @@
 """The tests run the compiler with its checks between stages (``timerlc.compiler``): every
 graph a pass returns is verified, and every plan must read back through the runtime's own
-checks. Subprocesses the tests start inherit it.
+checks. Subprocesses the tests start inherit it. ``timerlc run FILE.rtl`` keeps no builds
+(``timerlc.buildcache``).
 
 The session's emulated CUDA modules (``timerlc.cuda.emu``) are kept in one folder: a module
 one test compiled (or one xdist worker: the workers inherit the controller's environment,
@@ -13,6 +14,9 @@ import tempfile
 from timerlc.cuda.emu import MODULES_ENV
 
 os.environ["TIMERLC_VERIFY"] = "1"
+# (no builds kept between runs of a program: a test that changes the compiler, as many
+# monkeypatch it, must see its own compile; tests/test_buildcache.py turns it on)
+os.environ["TIMERLC_BUILD_CACHE"] = "0"
 
 
 def pytest_configure(config):

@@ -658,7 +658,10 @@ def run(
     profile,
     debug,
 ):
-    """Run TARGET, a program FILE.rtl or a build folder, and save outputs and metrics."""
+    """Run TARGET, a program FILE.rtl or a build folder, and save outputs and metrics.
+
+    A program run again with the same options loads the build its last run kept instead
+    of compiling it again (TIMERLC_BUILD_CACHE=0: compile each time)."""
 
     def body():
         from timerlc.runner import run_plan, run_reference
@@ -704,15 +707,33 @@ def run(
             )
             return
         source = _read_source(target)
-        graph, plan, code = _compile(
-            source, _overrides(sets, seed), _env_overrides(envs), chosen, memory_budget
-        )
-        if plan is None:
-            run_reference(graph, outputs_path, metrics_path, progress, profile, allow_nonfinite)
-            return
+        overrides, bound = _overrides(sets, seed), _env_overrides(envs)
+        from timerlc import buildcache
+
+        key = kept = None
+        if chosen != "reference" and buildcache.enabled():
+            # (the build of an unchanged program, kept by an earlier run: no compile)
+            key = buildcache.key(target, source.text, overrides, bound, chosen, memory_budget)
+            kept = buildcache.lookup(key)
+        if kept is not None:
+            entry, plan, code = kept
+            _warn_budget(plan)
+        else:
+            graph, plan, code = _compile(source, overrides, bound, chosen, memory_budget)
+            if plan is None:
+                run_reference(
+                    graph, outputs_path, metrics_path, progress, profile, allow_nonfinite
+                )
+                return
+            entry = buildcache.store(key, plan, code, source, bound) if key is not None else None
         from timerlc.runtime.native import shared_cache
         from timerlc.runtime.plan import PlanError
 
+        # (the cpu's machine code, kept with the build, else in the user's cache: the same
+        # program run again loads it; cuda-emu keeps its own module there, a GPU's is CuPy's)
+        cache = None
+        if code is not None and device is None:
+            cache = entry / "kernels" if entry is not None else shared_cache()
         try:
             run_plan(
                 plan,
@@ -722,9 +743,7 @@ def run(
                 profile,
                 allow_nonfinite,
                 code,
-                # (the cpu's machine code, kept in the user's cache: the same program run
-                # again loads it; cuda-emu keeps its own module there, a GPU's is CuPy's)
-                shared_cache() if code is not None and device is None else None,
+                cache,
                 device=device,
             )
         except PlanError as e:  # (the plan just compiled: the compiler's error, not the user's)
