@@ -4,8 +4,8 @@ does not compile it again (LANGUAGE.md 12: run "compiles if needed").
 A build is the plan and its kernel file (and, on the cpu, the machine code the run makes),
 kept in the user's cache (``files.user_cache("builds")``, private to the user) under a key:
 a hash of what the compile reads (the program's text and path, ``--set``, ``--seed``,
-``--env``, the backend, ``--memory-budget``) and of timerlc's own files (``fingerprint``:
-another version of the compiler makes another build). What else the compile read is in
+``--env``, the backend, ``--memory-budget``) and of timerlc's own files and the versions of
+the packages its compile uses (``fingerprint``: another compiler makes another build). What else the compile read is in
 the entry's ``deps.json`` and checked before the entry is used: an environment file
 (``FILE.rtl``: its resolved path and the hash of its bytes), gymnasium's version for a
 ``gym:`` environment. A program whose environment is a plugin of the user's
@@ -35,6 +35,7 @@ ENV = "TIMERLC_BUILD_CACHE"
 DEPS = "deps.json"
 PLAN = "plan.json"
 _SUFFIXES = (".py", ".lark", ".rtl", ".h", ".cc")
+_COMPILER_PACKAGES = ("islpy", "sympy", "lark", "numpy")
 
 
 def enabled() -> bool:
@@ -44,7 +45,9 @@ def enabled() -> bool:
 @functools.lru_cache(maxsize=1)
 def fingerprint() -> str:
     """A hash of timerlc's own files (its code, the grammar, the built-in environments,
-    the CUDA emulation's sources) and version: the compiler that makes a build."""
+    the CUDA emulation's sources), its version and those of the packages the compile uses
+    (islpy's schedules, sympy's index forms, lark, NumPy): the compiler that makes a
+    build."""
     import timerlc
 
     root = Path(timerlc.__file__).resolve().parent
@@ -60,6 +63,13 @@ def fingerprint() -> str:
     grammar = root.parent / "grammar" / "rtl.lark"  # (a checkout's; else the package's copy)
     if grammar.is_file():
         h.update(grammar.read_bytes())
+    from importlib import metadata
+
+    for package in _COMPILER_PACKAGES:  # (what the compile's decisions may depend on)
+        try:
+            h.update(f"{package} {metadata.version(package)}\0".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{package} none\0".encode())
     return h.hexdigest()
 
 
