@@ -114,7 +114,10 @@ def lookup(k: str):
     except (OSError, ValueError, PlanError):
         _remove(entry)
         return None
-    os.utime(entry)  # (most recently used)
+    try:
+        os.utime(entry)  # (the most recently used: the last to go)
+    except OSError:
+        pass
     return entry, plan, code
 
 
