@@ -700,3 +700,38 @@ def test_an_internal_error_while_running_keeps_the_metrics_and_the_outputs(tmp_p
     assert saved["x.__valid__"].any() and not saved["x.__valid__"].all()
     rows = csv.read_text().splitlines()
     assert rows[0] == "name,t,value" and len(rows) == 10, rows  # (the header, 9 points)
+
+
+def test_the_console_script_exits_with_its_command_s_status_and_all_it_wrote(tmp_path):
+    """``cli.main`` ends the process at once (``os._exit``) once its output is flushed:
+    each exit status as the command gave it (0, 1 a program error, 2 a usage error), a long
+    output through a pipe whole; under a profiler, Python's own exit (the profile is
+    written)."""
+    import sys
+    from pathlib import Path
+
+    from rtl_helpers import cli
+
+    def run(*args, cmd=None):
+        return subprocess.run(
+            (cmd or timerlc_cmd()) + [str(a) for a in args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    bad = tmp_path / "bad.rtl"
+    bad.write_text("dim i < \n")
+    got = run("check", bad)
+    assert got.returncode == 1 and "bad.rtl:1" in got.stderr, got.stderr
+    got = run("run", tmp_path / "none.rtl")
+    assert got.returncode == 2 and "none.rtl" in got.stderr
+    program = Path(__file__).resolve().parent.parent / "programs" / "ppo.rtl"
+    build = tmp_path / "build"
+    assert run("compile", program, "-o", build).returncode == 0
+    got = run("inspect", build / "plan.json", "--format", "json")  # (past a pipe's 64 KB)
+    want = cli("inspect", build / "plan.json", "--format", "json").stdout
+    assert got.returncode == 0 and got.stdout == want and len(want) > 100_000
+    prof = tmp_path / "check.prof"
+    profiled = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "timerlc"]
+    assert run("check", program, cmd=profiled).returncode == 0 and prof.stat().st_size > 0
