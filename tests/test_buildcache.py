@@ -10,22 +10,15 @@ from pathlib import Path
 
 import pytest
 from rtl_helpers import cli, src
-from test_rtl_envs import COUNTER
+from test_rtl_envs import COUNTER, USER
 
 from timerlc import buildcache
 from timerlc import cli as timerlc_cli
 
-PROGRAM = """
-config B = 3, T = 20, k = 2
-dim b < B
-dim t < T
-env E = "walk.rtl" batch b
-o[b, 0] = E.reset()
-a[b, t] = (t + b) % 3
-o[b, t+1], r[b, t], d[b, t] = E.step(a[b, t])
-ret = mean(r[0:B, 0:T]) * f32(k)
-metric ret
-"""
+# (test_rtl_envs's program of its environment file walk.rtl, with a config and a metric)
+PROGRAM = USER.replace("T = 30", "T = 30, k = 2").replace(
+    "out o, r, d", "ret = mean(r[0:B, 0:T]) * f32(k)\nmetric ret"
+)
 
 
 @pytest.fixture
