@@ -70,7 +70,9 @@ def report(name: str, sets: dict, top: int) -> int:
     print(f"{name} {size}".rstrip() + f": {len(gen.kernels)} kernels")
     print(
         "  steps: "
-        + ", ".join(f"{kinds[k]} {k}" for k in ("parallel", "either", "blas", "gemm", "reduce", "perm"))
+        + ", ".join(
+            f"{kinds[k]} {k}" for k in ("parallel", "either", "blas", "gemm", "reduce", "perm")
+        )
     )
     print(f"         {kinds['serial']} serial, {total} iterations on one thread per call of each")
     for w, kname in serial[:top]:
@@ -96,7 +98,14 @@ if __name__ == "__main__":
     sys.setrecursionlimit(100000)
     threading.stack_size(512 * 1024 * 1024)
     result: list = []
-    t = threading.Thread(target=lambda: result.append(main()))
+
+    def run():
+        try:
+            result.append(main())
+        except SystemExit as e:  # (argparse's --help and usage errors, in the thread)
+            result.append(e.code if isinstance(e.code, int) else 2)
+
+    t = threading.Thread(target=run)
     t.start()
     t.join()
     sys.exit(result[0] if result else 1)
