@@ -304,6 +304,27 @@ def test_a_pool_without_workers_runs_the_calls_alone(threads):
     assert threads.taken == taken
 
 
+def test_one_thread_keeps_the_blas_on_one_thread_too(monkeypatch):
+    """``TIMERLC_THREADS=1`` (or one CPU): no pool, and the BLAS is told to run on one
+    thread, whose own threads would otherwise take every core and spin there (two runs at
+    once of REINFORCE-TD: 1.53 s of kernels each, 0.26 s alone; with this, 0.28 each). With
+    more threads the pool starts, and with it the BLAS on one thread (its products cut)."""
+    from timerlc.runtime import native
+
+    told = []
+    monkeypatch.setattr(native, "blas_threads", told.append)
+    monkeypatch.setattr(pool, "_POOLS", [])
+    monkeypatch.setenv("TIMERLC_THREADS", "1")
+    assert pool.get() is None and told == [1]
+    monkeypatch.setattr(pool, "_POOLS", [])
+    monkeypatch.setenv("TIMERLC_THREADS", "2")
+    p = pool.get()
+    try:
+        assert p is not None and p.workers == 1 and told == [1, 1]
+    finally:
+        p.stop()
+
+
 def test_a_pool_s_code_outlives_its_workers():
     # (a worker runs the pool's machine code: the pool is kept until it is stopped)
     ref = weakref.ref(pool.Pool(1, None))

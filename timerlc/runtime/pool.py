@@ -31,7 +31,8 @@ of the pool's own, ``_gram``); a smaller one goes to the BLAS as it is.
 While the pool has workers, the BLAS (NumPy's
 OpenBLAS) runs on one thread: its own threads spin after each call, on the cores the pool's
 want (measured: a 8192 x 64 x 64 product 297 us by OpenBLAS's two threads alone, 388 us cut
-in two beside its spinning thread, 287 us with OpenBLAS on one thread).
+in two beside its spinning thread, 287 us with OpenBLAS on one thread). A run of one thread
+(``TIMERLC_THREADS=1``, one CPU) has no pool, and the BLAS runs on one thread too.
 
 The text below is the runtime's own (no program's): it is compiled once per process, or
 loaded from the user's cache of machine code (``native.cached_object``).
@@ -745,7 +746,14 @@ def get() -> Pool | None:
         if not _POOLS:
             n = threads()
             pool = None
-            if n > 1:
+            if n == 1:
+                # (one thread: the BLAS too, whose own threads would take every core and
+                # spin there: two runs at once of REINFORCE-TD with TIMERLC_THREADS=1 took
+                # 1.53 s of kernels each, 0.26 s alone)
+                from timerlc.runtime.native import blas_threads
+
+                blas_threads(1)
+            elif n > 1:
                 from timerlc.runtime.native import cblas
 
                 try:
