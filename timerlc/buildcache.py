@@ -30,6 +30,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from timerlc.files import env_file, user_cache, write_text
+
 KEPT = 32  # the most builds the cache keeps (the most recently used)
 ENV = "TIMERLC_BUILD_CACHE"
 DEPS = "deps.json"
@@ -88,8 +90,6 @@ def key(path: str, text: str, overrides: dict, envs: dict, backend: str, budget)
 
 
 def _folder() -> Path | None:
-    from timerlc.files import user_cache
-
     return user_cache("builds")
 
 
@@ -138,7 +138,6 @@ def store(k: str, plan, code: str | None, source, envs: dict):
         return None
     if deps is None:
         return None
-    from timerlc.files import write_text
     from timerlc.plan import items
 
     entry = folder / k
@@ -202,9 +201,7 @@ def _holds(deps) -> bool:
         if not (isinstance(row, list) and len(row) == 4 and all(isinstance(x, str) for x in row)):
             return False
         name, base, path, digest = row
-        p = Path(name)
-        if not p.is_absolute() and not p.is_file():
-            p = Path(base) / p
+        p = env_file(name, Path(base))
         if str(p.resolve()) != path or _hash(p) != digest:
             return False
     return gym is None or gym == _gym_version()

@@ -21,6 +21,17 @@ from timerlc.diagnostics import UsageError
 VALID_SUFFIX = ".__valid__"
 
 
+def env_file(name: str, base: Path | None) -> Path:
+    """Where an environment file named ``name`` (``env E = "walk.rtl"``) is looked for: as
+    named (from the current directory), else in ``base``, the program's folder. The
+    compile's rule (``frontend.envrtl``) and the kept builds' check of what it read
+    (``buildcache``); whether the file is there is the caller's to ask."""
+    path = Path(name)
+    if not path.is_absolute() and base is not None and not path.is_file():
+        path = base / path
+    return path
+
+
 def probe_writable(path: str, option: str):
     """A file can be created at ``path`` (a temporary one is made next to it, then removed;
     ``path`` itself is not touched), else a ``UsageError`` naming ``option``."""

@@ -49,6 +49,7 @@ from gymnasium import spaces
 from timerlc import rng
 from timerlc.diagnostics import ProgramError, Source, Span, did_you_mean
 from timerlc.envs.base import EnvError, EnvSpec
+from timerlc.files import env_file
 from timerlc.frontend import ast
 from timerlc.frontend.envcalls import call_key, check_call
 from timerlc.ir import index as ix
@@ -98,9 +99,7 @@ def _path(name: str, base: Path | None) -> Path:
                 f"{', '.join(builtin_names())})" + did_you_mean(short, builtin_names())
             )
         return path
-    path = Path(name)
-    if not path.is_absolute() and base is not None and not path.is_file():
-        path = base / path
+    path = env_file(name, base)
     if not path.is_file():
         raise EnvError(f"environment file '{name}' not found")
     return path

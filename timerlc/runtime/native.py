@@ -109,8 +109,7 @@ class NativeModule:
             self.engine.add_object_file(llvm.ObjectFileRef.from_data(o))
         self.engine.finalize_object()
         self._functions: dict[str, object] = {}
-        if os.environ.get("TIMERLC_PERF_MAP", "") == "1":
-            write_perf_map(self.engine, text)
+        name_for_perf(self.engine, text)
         # the threads (runtime.pool): the kernels' parallel loops and their large products
         par = "@tl_par = global" in text
         self.pool = None
@@ -160,6 +159,15 @@ class NativeModule:
         if self._whole is None:
             self._whole = NativeModule(self.text, self.cache, threads=self.pool is not None)
         return self._whole
+
+
+def name_for_perf(engine, text: str) -> None:
+    """``write_perf_map`` where ``TIMERLC_PERF_MAP=1`` asks for it (every module the
+    process loads: the kernels', the pool's)."""
+    import os
+
+    if os.environ.get("TIMERLC_PERF_MAP", "") == "1":
+        write_perf_map(engine, text)
 
 
 def write_perf_map(engine, text: str, path: str | None = None) -> str:

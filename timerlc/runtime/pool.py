@@ -667,8 +667,8 @@ class Pool:
         from timerlc.runtime.native import (
             _llvm,
             cached_object,
+            name_for_perf,
             target_machine,
-            write_perf_map,
         )
 
         llvm = _llvm()
@@ -676,8 +676,7 @@ class Pool:
         self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
         self.engine.add_object_file(llvm.ObjectFileRef.from_data(cached_object(text(), "pool")))
         self.engine.finalize_object()
-        if os.environ.get("TIMERLC_PERF_MAP", "") == "1":
-            write_perf_map(self.engine, text())
+        name_for_perf(self.engine, text())
         self.workers = workers
         self.run = self.engine.get_function_address("tl_pool_run")
         self.gemm: dict[str, int] = {}
