@@ -368,6 +368,12 @@ def mul(a: Expr, k: int) -> Expr:
     return Bin("mul", a, i64(k), "i64")
 
 
+def conj(a: Expr | None, b: Expr) -> Expr:
+    """``a and b`` on bools, ``b`` where there is no ``a`` (a guard built condition by
+    condition)."""
+    return b if a is None else Bin("and", a, b, "bool")
+
+
 def linear(idx: list, shape: tuple) -> Expr:
     """The row-major position of element ``idx`` of an array of ``shape``."""
     out: Expr = i64(0)

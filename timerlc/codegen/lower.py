@@ -681,12 +681,10 @@ class _Lowering:
             return None
         guard: Expr | None = None
         for c in conds[:-1]:
-            g = Un("not", self.index(c), "bool")
-            guard = g if guard is None else Bin("and", guard, g, "bool")
+            guard = kir.conj(guard, Un("not", self.index(c), "bool"))
         own = conds[-1]
         if own is not None and own is not True:
-            c = self.index(own)
-            guard = c if guard is None else Bin("and", guard, c, "bool")
+            guard = kir.conj(guard, self.index(own))
         return guard if guard is not None else Const("bool", True)
 
     def _has_product(self, r) -> bool:

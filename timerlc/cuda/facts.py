@@ -580,9 +580,5 @@ def _exclusive(a: frozenset, b: frozenset) -> bool:
     return any((c, not holds) in b for c, holds in a)
 
 
-def _conj(guard, cond):
-    return cond if guard is None else Bin("and", guard, cond, "bool")
-
-
 def _refs_of(e) -> set[str]:
     return {x.name for x in kir.subexprs(e) if isinstance(x, Ref)}

@@ -105,7 +105,6 @@ from timerlc.cuda.facts import (
     _carried,
     _check_supported,
     _column_loads,
-    _conj,
     _constant_nest,
     _exclusive,
     _exprs,
@@ -1846,9 +1845,9 @@ class _Kernel:
         for s in body:
             if isinstance(s, If) and _uniform(s.cond, params) and _grid_work(s):
                 c = s.cond
-                out += self._guarded(s.then, _conj(guard, c), lits | {(c, True)})
+                out += self._guarded(s.then, kir.conj(guard, c), lits | {(c, True)})
                 not_c = Un("not", c, "bool")
-                out += self._guarded(s.orelse, _conj(guard, not_c), lits | {(c, False)})
+                out += self._guarded(s.orelse, kir.conj(guard, not_c), lits | {(c, False)})
             else:
                 out.append((guard, lits, s))
         return out
